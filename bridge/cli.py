@@ -1,0 +1,160 @@
+"""mcbridge: the command line. Errors become one line on stderr and an exit code (2 for bad
+input, 1 for failures at run time), never a traceback."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, TextColumn, TimeRemainingColumn,
+                           TransferSpeedColumn)
+
+from bridge import __version__
+from bridge.config import Settings, load_settings, parse_size
+from bridge.errors import BridgeError
+from bridge.progress import Progress
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Move ML corpora and checkpoints between local/Lustre, s3://, gs:// and az://.")
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+
+ProfileOpt = Annotated[Optional[str], typer.Option("--profile", help="Profile in the settings file.")]
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="Settings file (YAML).")]
+ConcOpt = Annotated[Optional[int], typer.Option("--concurrency", "-j", min=1, max=256,
+                                                help="Units (files or parts) in flight at once.")]
+ChunkOpt = Annotated[Optional[str], typer.Option("--chunk-size", help="Part size, e.g. 16MiB (default: "
+                                                 "derived from the destination's limits).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")]
+DryOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan; move nothing.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+
+
+def _settings(profile: str | None, config: Path | None, concurrency: int | None = None,
+              chunk_size: str | None = None) -> Settings:
+    transfer: dict[str, Any] = {}
+    if concurrency:
+        transfer["concurrency"] = concurrency
+    if chunk_size:
+        transfer["chunk_size"] = parse_size(chunk_size)
+    return load_settings({"transfer": transfer}, profile=profile, config_path=config)
+
+
+class _Bar:
+    """A rich progress bar fed by the job's Progress object."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and err.is_terminal
+        self.bar = Bar(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                       TimeRemainingColumn(), console=err, transient=False, disable=not self.enabled)
+        self.task = None
+
+    def __enter__(self) -> Progress:
+        progress = Progress()
+        if self.enabled:
+            self.bar.start()
+            self.task = self.bar.add_task("copying", total=None)
+            progress.listeners.append(self._update)
+        return progress
+
+    def _update(self, p: Progress) -> None:
+        self.bar.update(self.task, total=p.bytes_total or None, completed=p.bytes_done,
+                        description=f"{p.files_done} files")
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.bar.stop()
+
+
+def _emit(summary: dict, as_json: bool, line: str) -> None:
+    if as_json:
+        out.print_json(json.dumps(summary, default=str))
+    else:
+        out.print(line)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+@app.command()
+def ls(url: str, profile: ProfileOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """List objects under URL (recursively) with their sizes."""
+    from bridge import ops
+    rows = ops.ls(url, _settings(profile, config))
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    for row in rows:
+        out.print(f"{row['size']:>14}  {row['path']}", markup=False)
+
+
+@app.command()
+def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
+       dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
+       profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+    """Copy SRC to DST: one object, or every object under a directory or prefix (trailing slash)."""
+    from bridge import ops
+    settings = _settings(profile, config, concurrency, chunk_size)
+    if dry_run:
+        summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True)
+        _print_plan(summary, as_json)
+        return
+    with _Bar(not quiet and not as_json) as progress:
+        summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress)
+    _emit(summary, as_json, f"copied {summary['files']} files, {_human(summary['bytes'])} in "
+          f"{summary['elapsed_s']:.1f}s ({_human(summary['rate_bytes_per_s'])}/s); "
+          f"manifest {summary['manifest']}")
+
+
+def _print_plan(summary: dict, as_json: bool) -> None:
+    if as_json:
+        out.print_json(json.dumps(summary))
+        return
+    for row in summary["plan"]:
+        parts = f"{row['parts']} parts of {_human(row['part_size'])}" if row["part_size"] else "1 request"
+        out.print(f"copy {row['path']}  {_human(row['size'])}  ({parts})", markup=False)
+    for rel in summary.get("delete", []):
+        out.print(f"delete {rel}", markup=False)
+    out.print(f"would copy {summary['files']} files, {_human(summary['bytes'])} from {summary['source']} "
+              f"to {summary['destination']} in {summary['units']} units", markup=False)
+
+
+@app.command()
+def version() -> None:
+    """Print bridge's version."""
+    out.print(__version__)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except BridgeError as exc:
+        err.print(f"mcbridge: error: {exc}", markup=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err.print("mcbridge: aborted", markup=False)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        err.print("mcbridge: interrupted; run the same command again to resume", markup=False)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors arrive here in non-standalone mode
+        import click
+        if isinstance(exc, click.ClickException):
+            err.print(f"mcbridge: error: {exc.format_message()}", markup=False, soft_wrap=True)
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

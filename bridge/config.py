@@ -1,0 +1,191 @@
+"""Settings, resolved in one documented order, later sources winning:
+
+    defaults  <  settings file profile  <  environment  <  explicit arguments (CLI flags)
+
+The settings file is YAML, found at ``--config``, ``$MCBRIDGE_CONFIG`` or
+``~/.config/mcbridge/config.yaml``, and holds named profiles::
+
+    profiles:
+      default:
+        s3: {endpoint_url: https://s3.example.internal, region: eu-west-1}
+        gcs: {project: my-project}
+        azure: {account_name: mystorage}
+        transfer: {concurrency: 16, chunk_size: 16MiB}
+
+The environment is read with each SDK's own variable names (``AWS_ENDPOINT_URL``,
+``STORAGE_EMULATOR_HOST``, ``AZURE_STORAGE_CONNECTION_STRING`` ...), so pointing them at an emulator
+just works. Only ``load_settings`` reads the environment; everything else receives a ``Settings``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from bridge.errors import InvalidOption
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "KIB": 1024, "M": 1000**2, "MB": 1000**2,
+          "MIB": 1024**2, "G": 1000**3, "GB": 1000**3, "GIB": 1024**3, "T": 1000**4, "TB": 1000**4,
+          "TIB": 1024**4}
+
+
+def parse_size(value: str | int) -> int:
+    """'8MiB' -> 8388608; '64M' -> 64000000; 1024 -> 1024."""
+    if isinstance(value, int):
+        return value
+    m = _SIZE_RE.match(str(value))
+    unit = (m.group(2) or "").upper() if m else None
+    if not m or unit not in _UNITS:
+        raise InvalidOption(f"invalid size {value!r}: use a number with an optional unit, e.g. 8MiB or 64MB")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class S3Settings(_Section):
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key_id: str | None = None
+    secret_access_key: SecretStr | None = None
+    session_token: SecretStr | None = None
+    profile: str | None = None
+
+
+class GCSSettings(_Section):
+    endpoint: str | None = None          # an emulator, e.g. http://127.0.0.1:4443
+    project: str | None = None
+    credentials_file: str | None = None
+
+
+class AzureSettings(_Section):
+    connection_string: SecretStr | None = None
+    account_name: str | None = None
+    account_key: SecretStr | None = None
+    sas_token: SecretStr | None = None
+    endpoint: str | None = None
+
+
+class TransferSettings(_Section):
+    concurrency: int = Field(8, ge=1, le=256)
+    chunk_size: int | None = None        # None: derived per store from its limits
+    retries: int = Field(5, ge=0, le=20)
+    connect_timeout: float = 5.0
+    read_timeout: float = 120.0
+
+    @field_validator("chunk_size", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return None if v is None else parse_size(v)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="forbid")
+
+    s3: S3Settings = S3Settings()
+    gcs: GCSSettings = GCSSettings()
+    azure: AzureSettings = AzureSettings()
+    transfer: TransferSettings = TransferSettings()
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        # Explicit arguments win; the environment and the profile file are passed in by
+        # load_settings as init values already merged in the documented order.
+        return (init_settings,)
+
+
+# Standard SDK variable names -> (section, field). The first one set wins.
+_ENV_MAP: dict[str, tuple[str, str]] = {
+    "AWS_ENDPOINT_URL_S3": ("s3", "endpoint_url"),
+    "AWS_ENDPOINT_URL": ("s3", "endpoint_url"),
+    "AWS_REGION": ("s3", "region"),
+    "AWS_DEFAULT_REGION": ("s3", "region"),
+    "AWS_ACCESS_KEY_ID": ("s3", "access_key_id"),
+    "AWS_SECRET_ACCESS_KEY": ("s3", "secret_access_key"),
+    "AWS_SESSION_TOKEN": ("s3", "session_token"),
+    "AWS_PROFILE": ("s3", "profile"),
+    "STORAGE_EMULATOR_HOST": ("gcs", "endpoint"),
+    "GOOGLE_CLOUD_PROJECT": ("gcs", "project"),
+    "GOOGLE_APPLICATION_CREDENTIALS": ("gcs", "credentials_file"),
+    "AZURE_STORAGE_CONNECTION_STRING": ("azure", "connection_string"),
+    "AZURE_STORAGE_ACCOUNT": ("azure", "account_name"),
+    "AZURE_STORAGE_ACCOUNT_NAME": ("azure", "account_name"),
+    "AZURE_STORAGE_KEY": ("azure", "account_key"),
+    "AZURE_STORAGE_ACCOUNT_KEY": ("azure", "account_key"),
+    "AZURE_STORAGE_SAS_TOKEN": ("azure", "sas_token"),
+    "MCBRIDGE_CONCURRENCY": ("transfer", "concurrency"),
+    "MCBRIDGE_CHUNK_SIZE": ("transfer", "chunk_size"),
+}
+
+
+def _env_values(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for var, (section, field) in _ENV_MAP.items():
+        value = environ.get(var)
+        if value and field not in out.get(section, {}):
+            out.setdefault(section, {})[field] = value
+    return out
+
+
+def default_config_path(environ: Mapping[str, str]) -> Path:
+    if environ.get("MCBRIDGE_CONFIG"):
+        return Path(environ["MCBRIDGE_CONFIG"])
+    base = environ.get("XDG_CONFIG_HOME") or os.path.join(environ.get("HOME", "~"), ".config")
+    return Path(base).expanduser() / "mcbridge" / "config.yaml"
+
+
+def _file_values(path: Path, profile: str, explicit: bool) -> dict[str, Any]:
+    if not path.exists():
+        if explicit:
+            raise InvalidOption(f"settings file {path} does not exist")
+        return {}
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise InvalidOption(f"settings file {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    profiles = doc.get("profiles", {}) if isinstance(doc, dict) else None
+    if not isinstance(profiles, dict):
+        raise InvalidOption(f"settings file {path}: 'profiles' must be a mapping of profile names")
+    if profile not in profiles:
+        if profile != "default" or explicit:
+            raise InvalidOption(f"settings file {path} has no profile {profile!r}")
+        return {}
+    return profiles[profile] or {}
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(dict(out[key]), value)
+        elif value is not None:
+            out[key] = value
+    return out
+
+
+def load_settings(overrides: Mapping[str, Any] | None = None, *, profile: str | None = None,
+                  config_path: str | os.PathLike | None = None,
+                  environ: Mapping[str, str] | None = None) -> Settings:
+    """Build Settings: defaults < file profile < environment < ``overrides`` (nested dict)."""
+    environ = os.environ if environ is None else environ
+    profile = profile or environ.get("MCBRIDGE_PROFILE") or "default"
+    path = Path(config_path) if config_path else default_config_path(environ)
+    explicit = config_path is not None or "MCBRIDGE_CONFIG" in environ or profile != "default"
+    merged = _merge(_file_values(path, profile, explicit), _env_values(environ))
+    merged = _merge(merged, overrides or {})
+    try:
+        return Settings(**merged)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise InvalidOption(f"invalid setting {where}: {err['msg']}") from None

@@ -1,0 +1,402 @@
+"""The transfer engine.
+
+A copy is planned into small JSON-serialisable units:
+
+    {"op": "put",      "rel": "a/b.txt", "size": 12}                       a whole small file
+    {"op": "part",     "rel": "ckpt.bin", "size": …, "part_size": …, "number": 3}   one part
+    {"op": "complete", "rel": "ckpt.bin", "size": …, "part_size": …}        after its last part
+    {"op": "finalize"}                                                      the manifest, last
+
+``run_unit`` executes one unit against a ``JobContext``; an executor decides where units run.
+Every unit is idempotent: finished work is found in the journal (and, for parts, in the store's
+own list of an unfinished upload) and is not sent again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from bridge import manifest as manifests
+from bridge.config import Settings
+from bridge.errors import (AuthError, BridgeError, BucketNotFound, IntegrityError, InvalidOption,
+                           ObjectNotFound, TransferFailed)
+from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex
+from bridge.journal import Journal, job_key
+from bridge.manifest import FileEntry, Manifest
+from bridge.progress import Progress
+from bridge.retry import call_with_retries
+from bridge.stores import Store, get_store
+from bridge.stores.base import MiB, ObjectInfo
+from bridge.urls import Location, parse
+
+DEFAULT_PART_SIZE = 16 * MiB
+FATAL = (AuthError, BucketNotFound)
+
+
+# -- planning ------------------------------------------------------------------------------
+
+@dataclass
+class FilePlan:
+    rel: str
+    size: int
+    part_size: int = 0   # 0: one request
+
+    @property
+    def parts(self) -> int:
+        return math.ceil(self.size / self.part_size) if self.part_size else 1
+
+
+@dataclass
+class Plan:
+    source: str           # URL of the source root (prefix) or object
+    destination: str      # URL of the destination root (prefix)
+    single: str | None    # when one object is copied: its source URL
+    files: list[FilePlan] = field(default_factory=list)
+    deletions: list[str] = field(default_factory=list)
+    key: str = ""
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def units(self) -> Iterator[dict[str, Any]]:
+        """The units that can start at once; ``complete`` and ``finalize`` follow from results."""
+        for f in self.files:
+            if f.part_size:
+                for n in range(1, f.parts + 1):
+                    yield {"op": "part", "rel": f.rel, "size": f.size, "part_size": f.part_size, "number": n}
+            else:
+                yield {"op": "put", "rel": f.rel, "size": f.size}
+
+    def unit_count(self) -> int:
+        return sum(f.parts + (1 if f.part_size else 0) for f in self.files) + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        return cls(d["source"], d["destination"], d["single"], [FilePlan(**f) for f in d["files"]],
+                   list(d.get("deletions", [])), d.get("key", ""))
+
+
+def part_size_for(size: int, store: Store, requested: int | None) -> int:
+    """Part size for ``size`` bytes on ``store``: the request (or the default), raised to the
+    store's minimum and to what keeps the part count under its limit; 0 for one request."""
+    f = store.features
+    chosen = requested or DEFAULT_PART_SIZE
+    if size <= chosen or not f.multipart:
+        return 0
+    chosen = max(chosen, f.min_part_size, math.ceil(size / f.max_parts))
+    chosen = math.ceil(chosen / MiB) * MiB if chosen > MiB else chosen
+    if chosen > f.max_part_size:
+        raise InvalidOption(f"{size} bytes cannot be split into at most {f.max_parts} parts of at most "
+                            f"{f.max_part_size} bytes on {store.scheme}://")
+    return chosen
+
+
+def _parent(loc: Location) -> Location:
+    head = loc.key.rstrip("/").rpartition("/")[0]
+    return Location(loc.scheme, loc.bucket, head + "/" if head else "")
+
+
+def resolve(source: str, destination: str, settings: Settings) -> tuple[Location, Location, list[tuple[str, ObjectInfo]], str | None]:
+    """Where the objects come from and go: (source root, destination root, [(rel, info)], single)."""
+    src, dst = parse(source), parse(destination)
+    src_store, dst_store = get_store(src, settings), get_store(dst, settings)
+    src_store.check_bucket(src)
+    dst_store.check_bucket(dst)
+    if not src.is_prefix:
+        try:
+            info = src_store.info(src)
+        except ObjectNotFound:
+            info = None
+        if info is not None:
+            root = dst if dst.is_prefix else _parent(dst)
+            rel = src.name if dst.is_prefix else dst.key[len(root.key):]
+            return _parent(src), root, [(rel, info)], str(src)
+        src = src.as_prefix()
+    objects = sorted(src_store.walk(src), key=lambda item: item[0])
+    if not objects and not (src.is_local and _local_dir_exists(src)):
+        raise ObjectNotFound(f"{source}: no such object, prefix or directory")
+    return src, dst.as_prefix(), objects, None
+
+
+def _local_dir_exists(loc: Location) -> bool:
+    import os
+    return os.path.isdir(loc.local_path)
+
+
+def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int | None = None) -> Plan:
+    src_root, dst_root, objects, single = resolve(source, destination, settings)
+    dst_store = get_store(dst_root, settings)
+    files = [FilePlan(rel, info.size, part_size_for(info.size, dst_store, chunk_size)) for rel, info in objects]
+    plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files)
+    plan.key = job_key("copy", plan.source, plan.destination, chunk_size,
+                       *(f"{f.rel}:{f.size}" for f in files))
+    return plan
+
+
+# -- running ---------------------------------------------------------------------------------
+
+class JobContext:
+    """What units of one job share in one process: stores, journal, progress, per-file state."""
+
+    def __init__(self, plan: Plan, settings: Settings, journal: Journal, progress: Progress | None = None):
+        self.plan = plan
+        self.settings = settings
+        self.journal = journal
+        self.progress = progress or Progress()
+        self.src_root = parse(plan.source) if plan.single is None else _parent(parse(plan.single))
+        self.dst_root = parse(plan.destination)
+        self.src = get_store(self.src_root, settings)
+        self.dst = get_store(self.dst_root, settings)
+        self._lock = threading.Lock()
+        self._file_locks: dict[str, threading.Lock] = {}
+        self._hashers: dict[str, OrderedSha256] = {}
+        self._uploads: dict[str, tuple[str, dict]] = {}
+        self._parts_left: dict[str, int] = {f.rel: f.parts for f in plan.files if f.part_size}
+
+    def src_loc(self, rel: str) -> Location:
+        return parse(self.plan.single) if self.plan.single else self.src_root.join(rel)
+
+    def dst_loc(self, rel: str) -> Location:
+        return self.dst_root.join(rel)
+
+    def retrying(self, fn: Callable[[], Any]) -> Any:
+        return call_with_retries(fn, self.settings.transfer.retries, on_retry=lambda _e: self.progress.retried())
+
+    def _file_lock(self, rel: str) -> threading.Lock:
+        with self._lock:
+            return self._file_locks.setdefault(rel, threading.Lock())
+
+    def hasher(self, rel: str) -> OrderedSha256:
+        with self._lock:
+            return self._hashers.setdefault(rel, OrderedSha256())
+
+    def upload(self, unit: dict) -> tuple[str, dict]:
+        """The upload id for a file, continuing a journaled one the store still holds."""
+        rel = unit["rel"]
+        with self._file_lock(rel):
+            if rel in self._uploads:
+                return self._uploads[rel]
+            loc = self.dst_loc(rel)
+            rec = self.journal.get(f"upload:{rel}")
+            held = None
+            if rec and rec["size"] == unit["size"] and rec["part_size"] == unit["part_size"]:
+                held = self.retrying(lambda: self.dst.list_parts(loc, rec["id"]))
+            if held is None:
+                if rec:
+                    self.dst.abort_upload(loc, rec["id"])
+                upload_id = self.retrying(lambda: self.dst.begin_upload(loc, unit["size"]))
+                self.journal.put(f"upload:{rel}", {"id": upload_id, "size": unit["size"],
+                                                   "part_size": unit["part_size"]})
+                held = {}
+            else:
+                upload_id = rec["id"]
+            self._uploads[rel] = (upload_id, held)
+            return self._uploads[rel]
+
+    def parts_finished(self, rel: str) -> bool:
+        with self._lock:
+            self._parts_left[rel] -= 1
+            return self._parts_left[rel] == 0
+
+
+def _metadata(h: FileHash) -> dict[str, str]:
+    return {"bridge_crc32c": h.crc32c, "bridge_sha256": h.sha256}
+
+
+def _put(ctx: JobContext, unit: dict) -> dict:
+    rel = unit["rel"]
+    done = ctx.journal.get(f"file:{rel}")
+    if done and done["size"] == unit["size"]:
+        ctx.progress.skipped(unit["size"])
+        return done
+    data = ctx.retrying(lambda: ctx.src.read(ctx.src_loc(rel)))
+    if len(data) != unit["size"]:
+        raise IntegrityError(f"{ctx.src_loc(rel)}: read {len(data)} bytes, planned {unit['size']}: "
+                             f"the source changed during the copy")
+    h = FileHash.of(data)
+    ctx.retrying(lambda: ctx.dst.put(ctx.dst_loc(rel), data, crc32c=h.crc32c, metadata=_metadata(h)))
+    entry = asdict(manifests.entry_from_hash(rel, h))
+    ctx.journal.put(f"file:{rel}", entry)
+    ctx.progress.moved(len(data))
+    ctx.progress.file_finished()
+    return entry
+
+
+def _part(ctx: JobContext, unit: dict) -> dict:
+    rel, number, part_size = unit["rel"], unit["number"], unit["part_size"]
+    if ctx.journal.get(f"file:{rel}"):
+        length = min(part_size, unit["size"] - (number - 1) * part_size)
+        ctx.progress.skipped(length)
+        return {"skipped": True}
+    hasher = ctx.hasher(rel)
+    try:
+        upload_id, held = ctx.upload(unit)
+        offset = (number - 1) * part_size
+        length = min(part_size, unit["size"] - offset)
+        data = ctx.retrying(lambda: ctx.src.read(ctx.src_loc(rel), offset, length))
+        if len(data) != length:
+            raise IntegrityError(f"{ctx.src_loc(rel)}: short read at {offset}: the source changed")
+        crc = crc_hex(crc32c(data))
+        hasher.feed(number, data)
+        known = ctx.journal.get(f"part:{rel}:{number}")
+        stored = held.get(number)
+        if known and known["crc32c"] == crc and stored and stored.size == length \
+                and stored.crc32c in ("", crc):
+            ctx.progress.skipped(length)
+            return known
+        record = ctx.retrying(lambda: ctx.dst.upload_part(ctx.dst_loc(rel), upload_id, number, offset, data, crc))
+        if record.crc32c != crc:
+            raise IntegrityError(f"{ctx.dst_loc(rel)}: part {number} stored with CRC32C {record.crc32c}, "
+                                 f"sent {crc}")
+        ctx.journal.put(f"part:{rel}:{number}", record.to_dict())
+        ctx.progress.moved(length)
+        return record.to_dict()
+    except BaseException as exc:
+        hasher.fail(exc)
+        raise
+
+
+def _complete(ctx: JobContext, unit: dict) -> dict:
+    rel, size, part_size = unit["rel"], unit["size"], unit["part_size"]
+    done = ctx.journal.get(f"file:{rel}")
+    if done:
+        return done
+    from bridge.stores.base import PartRecord
+    count = math.ceil(size / part_size)
+    parts = []
+    for n in range(1, count + 1):
+        rec = ctx.journal.get(f"part:{rel}:{n}")
+        if rec is None:
+            raise BridgeError(f"{ctx.dst_loc(rel)}: part {n} of {count} is missing; run the copy again")
+        parts.append(PartRecord.from_dict(rec))
+    crc = crc_hex(combine_parts([(int(p.crc32c, 16), p.size) for p in parts]))
+    h = FileHash(size, crc, ctx.hasher(rel).hexdigest())
+    upload_id, _held = ctx.upload(unit)
+    ctx.retrying(lambda: ctx.dst.complete_upload(ctx.dst_loc(rel), upload_id, parts, crc32c=crc,
+                                                 metadata=_metadata(h)))
+    entry = asdict(manifests.entry_from_hash(rel, h, part_size, [p.crc32c for p in parts]))
+    ctx.journal.put(f"file:{rel}", entry)
+    ctx.progress.file_finished()
+    return entry
+
+
+def _finalize(ctx: JobContext, unit: dict) -> dict:
+    root = ctx.dst_root
+    previous = manifests.read(ctx.dst, root, manifests.PREVIOUS)
+    files: dict[str, FileEntry] = dict(previous.files) if previous else {}
+    for rel in unit.get("deleted", []):
+        files.pop(rel, None)
+    for key, entry in ctx.journal.items("file:").items():
+        files[key[len("file:"):]] = FileEntry.from_dict(entry)
+    extra = previous.extra if previous else {}
+    manifests.write(ctx.dst, root, Manifest(ctx.plan.source, ctx.plan.destination, files, extra=extra))
+    if previous:
+        ctx.dst.delete(root.join(manifests.PREVIOUS))
+    for loc, upload_id in list(ctx.dst.list_uploads(root)):
+        ctx.dst.abort_upload(loc, upload_id)  # leftovers of runs that were killed and not resumed
+    return {"manifest": str(root.join(manifests.MANIFEST)), "files": len(files)}
+
+
+OPS: dict[str, Callable[[JobContext, dict], dict]] = {
+    "put": _put, "part": _part, "complete": _complete, "finalize": _finalize,
+}
+
+
+def run_unit(ctx: JobContext, unit: dict) -> dict:
+    return OPS[unit["op"]](ctx, unit)
+
+
+def followups(ctx: JobContext, unit: dict) -> list[dict]:
+    """Units that become ready when ``unit`` has succeeded."""
+    if unit["op"] == "part" and ctx.parts_finished(unit["rel"]):
+        return [{"op": "complete", "rel": unit["rel"], "size": unit["size"], "part_size": unit["part_size"]}]
+    return []
+
+
+def prepare(ctx: JobContext) -> None:
+    """Before any byte moves, an old manifest stops claiming the destination is complete; its
+    entries are kept aside (once, so a resumed run keeps them too) and merged at finalize."""
+    root = ctx.dst_root
+    try:
+        raw = ctx.dst.read(root.join(manifests.MANIFEST))
+    except ObjectNotFound:
+        return
+    try:
+        ctx.dst.info(root.join(manifests.PREVIOUS))
+    except ObjectNotFound:
+        ctx.dst.put(root.join(manifests.PREVIOUS), raw, crc32c=crc_hex(crc32c(raw)), metadata={})
+    ctx.dst.delete(root.join(manifests.MANIFEST))
+
+
+# -- the in-process executor -------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    ok: bool
+    errors: list[str]
+    results: dict[str, Any]
+
+
+class ThreadExecutor:
+    """Runs units on a bounded FIFO thread pool, at most ``concurrency`` at a time, submitting a
+    window of them so that memory stays at about concurrency x part size however big the job."""
+
+    def __init__(self, concurrency: int):
+        self.concurrency = concurrency
+
+    def run(self, ctx: JobContext, units: Iterator[dict], final: dict | None) -> Outcome:
+        errors: list[str] = []
+        failed_files: set[str] = set()
+        stop = threading.Event()
+        pending = iter(units)
+        ready: list[dict] = []
+        with cf.ThreadPoolExecutor(self.concurrency, thread_name_prefix="bridge") as pool:
+            running: dict[cf.Future, dict] = {}
+
+            def fill() -> None:
+                while len(running) < self.concurrency * 2 and not stop.is_set():
+                    unit = ready.pop(0) if ready else next(pending, None)
+                    if unit is None:
+                        return
+                    if unit.get("rel") in failed_files:
+                        continue
+                    running[pool.submit(run_unit, ctx, unit)] = unit
+
+            fill()
+            while running:
+                done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    unit = running.pop(fut)
+                    exc = fut.exception()
+                    if exc is None:
+                        ctx.progress.unit_finished(True)
+                        ready.extend(followups(ctx, unit))
+                        continue
+                    ctx.progress.unit_finished(False)
+                    rel = unit.get("rel")
+                    if rel not in failed_files:
+                        errors.append(_describe(exc))
+                    failed_files.add(rel)
+                    if isinstance(exc, FATAL) or not isinstance(exc, BridgeError):
+                        stop.set()
+                fill()
+        if errors or stop.is_set():
+            return Outcome(False, errors, {})
+        results = run_unit(ctx, final) if final else {}
+        ctx.progress.unit_finished(True)
+        return Outcome(True, [], results)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BridgeError):
+        return str(exc)
+    return f"internal error: {type(exc).__name__}: {exc}"

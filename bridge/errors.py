@@ -1,0 +1,90 @@
+"""Every failure bridge reports is a BridgeError; provider exceptions are translated where they enter.
+
+    BridgeError
+     ├── UsageError                 bad input from the user (exit 2)
+     │    ├── BadURL                malformed URL or unknown scheme
+     │    └── InvalidOption         an option value that cannot work
+     ├── MissingBackend             the extra for a scheme is not installed
+     ├── NotFound
+     │    ├── BucketNotFound        bucket or container does not exist
+     │    └── ObjectNotFound        source object or prefix does not exist
+     ├── AuthError
+     │    ├── CredentialsMissing    no credentials could be found
+     │    └── PermissionDenied      credentials were rejected (never retried)
+     ├── TransientError             worth retrying: throttling, 5xx, resets, timeouts
+     │    └── EndpointUnreachable   nothing answered at the endpoint
+     ├── IntegrityError             bytes do not match their recorded hash (never retried)
+     ├── ManifestError              no manifest, or one that cannot be read
+     └── TransferFailed             a job ended with failed units
+
+The original provider exception is kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+
+class BridgeError(Exception):
+    exit_code = 1
+
+
+class UsageError(BridgeError):
+    exit_code = 2
+
+
+class BadURL(UsageError):
+    pass
+
+
+class InvalidOption(UsageError):
+    pass
+
+
+class MissingBackend(BridgeError):
+    pass
+
+
+class NotFound(BridgeError):
+    pass
+
+
+class BucketNotFound(NotFound):
+    pass
+
+
+class ObjectNotFound(NotFound):
+    pass
+
+
+class AuthError(BridgeError):
+    pass
+
+
+class CredentialsMissing(AuthError):
+    pass
+
+
+class PermissionDenied(AuthError):
+    pass
+
+
+class TransientError(BridgeError):
+    pass
+
+
+class EndpointUnreachable(TransientError):
+    pass
+
+
+class IntegrityError(BridgeError):
+    pass
+
+
+class ManifestError(BridgeError):
+    pass
+
+
+class TransferFailed(BridgeError):
+    pass
+
+
+RETRYABLE: tuple[type[BaseException], ...] = (TransientError,)

@@ -1,0 +1,116 @@
+"""Hashes as small values, CRC32C that combines across parts, and SHA-256 fed in part order."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+from functools import lru_cache
+
+import google_crc32c
+
+_POLY = 0x82F63B78  # CRC32C (Castagnoli), reflected
+
+
+def crc32c(data: bytes | memoryview, value: int = 0) -> int:
+    return google_crc32c.extend(value, data)
+
+
+def crc_hex(value: int) -> str:
+    return f"{value:08x}"
+
+
+def _gf2_times(mat: tuple[int, ...], vec: int) -> int:
+    out, i = 0, 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+def _gf2_square(mat: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(_gf2_times(mat, mat[n]) for n in range(32))
+
+
+@lru_cache(maxsize=64)
+def _shift_operator(length: int) -> tuple[int, ...]:
+    """The GF(2) matrix that advances a CRC register over ``length`` zero bytes."""
+    odd = (_POLY,) + tuple(1 << n for n in range(31))  # one zero bit
+    even = _gf2_square(odd)          # two zero bits
+    odd = _gf2_square(even)          # four zero bits
+    result: tuple[int, ...] | None = None
+    while True:
+        even = _gf2_square(odd)      # first pass: one zero byte
+        if length & 1:
+            result = even if result is None else tuple(_gf2_times(even, result[n]) for n in range(32))
+        length >>= 1
+        if not length:
+            break
+        odd = _gf2_square(even)
+        if length & 1:
+            result = odd if result is None else tuple(_gf2_times(odd, result[n]) for n in range(32))
+        length >>= 1
+        if not length:
+            break
+    assert result is not None
+    return result
+
+
+def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
+    """CRC32C of A+B from crc(A), crc(B) and len(B), as zlib's crc32_combine does."""
+    if len2 == 0:
+        return crc1
+    return _gf2_times(_shift_operator(len2), crc1) ^ crc2
+
+
+def combine_parts(parts: list[tuple[int, int]]) -> int:
+    """Whole-object CRC32C from (crc, length) of consecutive parts."""
+    total = 0
+    for crc, length in parts:
+        total = crc32c_combine(total, crc, length)
+    return total
+
+
+@dataclass(frozen=True)
+class FileHash:
+    size: int
+    crc32c: str   # 8 lowercase hex digits
+    sha256: str   # 64 lowercase hex digits
+
+    @classmethod
+    def of(cls, data: bytes) -> FileHash:
+        return cls(len(data), crc_hex(crc32c(data)), hashlib.sha256(data).hexdigest())
+
+
+class OrderedSha256:
+    """SHA-256 of a file whose parts arrive on several threads: each part waits its turn.
+
+    Parts are started in order on a FIFO pool, so the part a waiter needs is already running;
+    waiting costs only the time to hash the parts before it.
+    """
+
+    def __init__(self, next_part: int = 1):
+        self._hash = hashlib.sha256()
+        self._next = next_part
+        self._cond = threading.Condition()
+        self._failed: BaseException | None = None
+
+    def feed(self, number: int, data: bytes) -> None:
+        with self._cond:
+            while self._next != number and self._failed is None:
+                self._cond.wait(timeout=1.0)
+            if self._failed is not None:
+                raise RuntimeError("an earlier part of this file failed") from self._failed
+            self._hash.update(data)
+            self._next += 1
+            self._cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self._failed = exc
+            self._cond.notify_all()
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()

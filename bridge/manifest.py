@@ -1,0 +1,141 @@
+"""The integrity manifest: ``<root>/_bridge/manifest.json``, written last, as the commit marker.
+
+A prefix without a manifest is incomplete. The document is versioned JSON::
+
+    {"format": "mcbridge-manifest", "version": 1, "bridge_version": "0.1.0",
+     "created": "2026-11-29T15:00:00Z", "source": "...", "destination": "...",
+     "totals": {"files": 2, "bytes": 10},
+     "files": [{"path": "a/b.bin", "size": 10, "crc32c": "…", "sha256": "…",
+                "part_size": 8388608, "parts": ["crc32c hex", …]}, …]}
+
+Entries are sorted by path. For corpora with millions of files the entries go to JSON-lines
+shards of at most ``SHARD_ENTRIES`` each, ``_bridge/manifest.d/files-000000.jsonl`` …, and
+``files`` is replaced by ``file_shards`` (name, entries, sha256 of the shard), so the top document
+stays small and a reader streams one shard at a time. The shards are written before the top
+document, which remains the single commit marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+
+from bridge import __version__
+from bridge.errors import ManifestError, ObjectNotFound
+from bridge.hashing import FileHash, crc32c, crc_hex
+from bridge.stores.base import RESERVED, Store
+from bridge.urls import Location
+
+FORMAT = "mcbridge-manifest"
+VERSION = 1
+SHARD_ENTRIES = 100_000
+MANIFEST = f"{RESERVED}/manifest.json"
+PREVIOUS = f"{RESERVED}/manifest.previous.json"
+
+
+@dataclass
+class FileEntry:
+    path: str
+    size: int
+    crc32c: str
+    sha256: str
+    part_size: int = 0                          # 0: written in one request
+    parts: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FileEntry:
+        return cls(d["path"], int(d["size"]), d["crc32c"], d["sha256"], int(d.get("part_size", 0)),
+                   list(d.get("parts", [])))
+
+    def part_sizes(self) -> list[int]:
+        if not self.part_size or not self.parts:
+            return [self.size]
+        full, last = divmod(self.size, self.part_size)
+        sizes = [self.part_size] * full
+        if last:
+            sizes.append(last)
+        return sizes
+
+
+@dataclass
+class Manifest:
+    source: str
+    destination: str
+    files: dict[str, FileEntry]
+    created: str = ""
+    bridge_version: str = __version__
+    extra: dict = field(default_factory=dict)   # e.g. shard-set indexes
+
+    def totals(self) -> dict:
+        return {"files": len(self.files), "bytes": sum(e.size for e in self.files.values())}
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _put_json(store: Store, loc: Location, data: bytes) -> None:
+    store.put(loc, data, crc32c=crc_hex(crc32c(data)), metadata={})
+
+
+def write(store: Store, root: Location, manifest: Manifest, shard_entries: int = SHARD_ENTRIES) -> None:
+    root = root.as_prefix()
+    entries = [asdict(manifest.files[p]) for p in sorted(manifest.files)]
+    doc: dict = {"format": FORMAT, "version": VERSION, "bridge_version": manifest.bridge_version,
+                 "created": _now(), "source": manifest.source, "destination": manifest.destination,
+                 "totals": manifest.totals(), **manifest.extra}
+    if len(entries) <= shard_entries:
+        doc["files"] = entries
+    else:
+        shards = []
+        for i in range(0, len(entries), shard_entries):
+            name = f"{RESERVED}/manifest.d/files-{i // shard_entries:06d}.jsonl"
+            body = b"".join(json.dumps(e, separators=(",", ":")).encode() + b"\n"
+                            for e in entries[i:i + shard_entries])
+            _put_json(store, root.join(name), body)
+            shards.append({"name": name, "entries": len(entries[i:i + shard_entries]),
+                           "sha256": hashlib.sha256(body).hexdigest()})
+        doc["file_shards"] = shards
+    _put_json(store, root.join(MANIFEST), json.dumps(doc, indent=1).encode())
+
+
+def _entries(store: Store, root: Location, doc: dict) -> Iterator[dict]:
+    if "files" in doc:
+        yield from doc["files"]
+        return
+    for shard in doc.get("file_shards", []):
+        body = store.read(root.join(shard["name"]))
+        if hashlib.sha256(body).hexdigest() != shard["sha256"]:
+            raise ManifestError(f"{root.join(shard['name'])}: manifest shard does not match its hash")
+        for line in body.splitlines():
+            yield json.loads(line)
+
+
+def read(store: Store, root: Location, name: str = MANIFEST) -> Manifest | None:
+    root = root.as_prefix()
+    try:
+        raw = store.read(root.join(name))
+    except ObjectNotFound:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise ManifestError(f"{root.join(name)} is not valid JSON") from exc
+    if doc.get("format") != FORMAT or not isinstance(doc.get("version"), int):
+        raise ManifestError(f"{root.join(name)} is not a bridge manifest")
+    if doc["version"] > VERSION:
+        raise ManifestError(f"{root.join(name)} has version {doc['version']}; this bridge reads "
+                            f"up to {VERSION}: upgrade mcbridge")
+    files = {e["path"]: FileEntry.from_dict(e) for e in _entries(store, root, doc)}
+    extra = {k: v for k, v in doc.items() if k not in {"format", "version", "bridge_version", "created",
+                                                       "source", "destination", "totals", "files",
+                                                       "file_shards"}}
+    return Manifest(doc.get("source", ""), doc.get("destination", ""), files, doc.get("created", ""),
+                    doc.get("bridge_version", ""), extra)
+
+
+def entry_from_hash(path: str, h: FileHash, part_size: int = 0, parts: Iterable[str] = ()) -> FileEntry:
+    return FileEntry(path, h.size, h.crc32c, h.sha256, part_size, list(parts))

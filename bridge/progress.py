@@ -1,0 +1,78 @@
+"""One accounting object passed through every transfer call; the progress bar, ``--json``
+summaries and job status all read from it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Progress:
+    bytes_total: int = 0
+    bytes_done: int = 0
+    bytes_skipped: int = 0
+    units_total: int = 0
+    units_done: int = 0
+    units_failed: int = 0
+    files_done: int = 0
+    retries: int = 0
+    started: float = field(default_factory=time.monotonic)
+    listeners: list[Callable[[Progress], None]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def _changed(self) -> None:
+        for listener in self.listeners:
+            listener(self)
+
+    def plan(self, nbytes: int, units: int) -> None:
+        with self._lock:
+            self.bytes_total += nbytes
+            self.units_total += units
+        self._changed()
+
+    def moved(self, nbytes: int) -> None:
+        with self._lock:
+            self.bytes_done += nbytes
+        self._changed()
+
+    def skipped(self, nbytes: int) -> None:
+        """Bytes already at the destination (resume): counted as done, not as moved."""
+        with self._lock:
+            self.bytes_done += nbytes
+            self.bytes_skipped += nbytes
+        self._changed()
+
+    def unit_finished(self, ok: bool = True) -> None:
+        with self._lock:
+            if ok:
+                self.units_done += 1
+            else:
+                self.units_failed += 1
+        self._changed()
+
+    def file_finished(self) -> None:
+        with self._lock:
+            self.files_done += 1
+
+    def retried(self) -> None:
+        with self._lock:
+            self.retries += 1
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def rate(self) -> float:
+        moved = self.bytes_done - self.bytes_skipped
+        return moved / self.elapsed if self.elapsed > 0 else 0.0
+
+    def snapshot(self) -> dict:
+        return {"bytes_total": self.bytes_total, "bytes_done": self.bytes_done,
+                "bytes_skipped": self.bytes_skipped, "units_total": self.units_total,
+                "units_done": self.units_done, "units_failed": self.units_failed,
+                "files_done": self.files_done, "retries": self.retries,
+                "elapsed_s": round(self.elapsed, 3), "rate_bytes_per_s": round(self.rate)}

@@ -1,0 +1,135 @@
+"""The store interface: a few required methods, and what a store can do beyond them declared as data.
+
+A store is bound to one provider account (one Settings). Its required methods list, describe, read,
+write and delete objects; multipart uploads are an ability (``Features.multipart``) with a fixed
+set of methods, so the engine plans parts the same way for every provider.
+"""
+
+from __future__ import annotations
+
+import abc
+import base64
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from bridge.urls import Location
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+RESERVED = "_bridge"  # bridge's metadata folder; never copied as data
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a store can do besides the required methods; read by the engine and by policies/."""
+
+    checksums: frozenset[str] = frozenset()  # whole-object hashes the store reports itself
+    multipart: bool = False                 # begin/upload_part/list_parts/complete/abort work
+    min_part_size: int = 1
+    max_part_size: int = 5 * GiB
+    max_parts: int = 10_000
+    max_object_size: int = 5 * 1024 * GiB
+    server_side_copy: bool = False          # copy inside the same store without moving bytes through us
+    copy_from_url: bool = False             # pull an object from a URL (presigned GET) into this store
+    compose: bool = False                   # concatenate existing objects server-side
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    location: Location
+    size: int
+    checksums: dict[str, str] = field(default_factory=dict)  # name -> lowercase hex
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PartRecord:
+    """A part the store has accepted. ``token`` is whatever the store needs to complete
+    (S3 ETag, Azure block id, GCS part object name, local offset)."""
+
+    number: int
+    size: int
+    crc32c: str
+    token: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"number": self.number, "size": self.size, "crc32c": self.crc32c, "token": self.token}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PartRecord:
+        return cls(int(d["number"]), int(d["size"]), d["crc32c"], d["token"])
+
+
+def crc_hex_to_b64(hex_value: str) -> str:
+    return base64.b64encode(bytes.fromhex(hex_value)).decode()
+
+
+def crc_b64_to_hex(b64_value: str) -> str:
+    return base64.b64decode(b64_value).hex()
+
+
+def is_reserved(rel: str) -> bool:
+    return rel == RESERVED or rel.startswith(RESERVED + "/") or f"/{RESERVED}/" in f"/{rel}"
+
+
+class Store(abc.ABC):
+    scheme: ClassVar[str]
+    features: ClassVar[Features]
+
+    # -- required -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def list(self, prefix: Location) -> Iterator[ObjectInfo]:
+        """Every object under ``prefix`` (recursive), in no particular order."""
+
+    @abc.abstractmethod
+    def info(self, loc: Location) -> ObjectInfo:
+        """Size and native checksums of one object; ObjectNotFound if absent."""
+
+    @abc.abstractmethod
+    def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
+        """Bytes [offset, offset+length) in one request."""
+
+    @abc.abstractmethod
+    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> None:
+        """Write a whole object in one request; the store checks ``crc32c`` where it can."""
+
+    @abc.abstractmethod
+    def delete(self, loc: Location) -> None: ...
+
+    @abc.abstractmethod
+    def check_bucket(self, loc: Location) -> None:
+        """Raise BucketNotFound unless the bucket/container (or local parent) exists."""
+
+    # -- multipart ability (Features.multipart) -----------------------------------------------
+    def begin_upload(self, loc: Location, size: int) -> str:
+        raise NotImplementedError
+
+    def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
+                    crc32c: str) -> PartRecord:
+        raise NotImplementedError
+
+    def list_parts(self, loc: Location, upload_id: str) -> dict[int, PartRecord] | None:
+        """Parts the store holds for an unfinished upload, or None when the upload is gone."""
+        raise NotImplementedError
+
+    def complete_upload(self, loc: Location, upload_id: str, parts: list[PartRecord], *,
+                        crc32c: str, metadata: dict[str, str]) -> None:
+        raise NotImplementedError
+
+    def abort_upload(self, loc: Location, upload_id: str) -> None:
+        raise NotImplementedError
+
+    def list_uploads(self, prefix: Location) -> Iterator[tuple[Location, str]]:
+        """Unfinished uploads under ``prefix``: (location, upload_id)."""
+        return iter(())
+
+    # -- helpers --------------------------------------------------------------------------
+    def walk(self, prefix: Location) -> Iterator[tuple[str, ObjectInfo]]:
+        """(relative path, info) of every data object under ``prefix``, skipping ``_bridge/``."""
+        root = prefix.as_prefix()
+        for obj in self.list(root):
+            rel = obj.location.relative_to(root)
+            if rel and not is_reserved(rel):
+                yield rel, obj

@@ -1,0 +1,258 @@
+"""Google Cloud Storage over gcsfs's HTTP session (JSON API).
+
+Large objects are uploaded as parallel parts, each a temporary object under the bucket's
+``_bridge/uploads/<upload id>/`` carrying its CRC32C, then composed into the destination (32
+sources per compose, in a tree when there are more). GCS computes the composite's CRC32C itself,
+which is compared with the whole file's CRC32C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from bridge.config import Settings
+from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable,
+                           IntegrityError, ObjectNotFound, PermissionDenied, TransientError)
+from bridge.stores.base import (GiB, MiB, RESERVED, Features, ObjectInfo, PartRecord, Store,
+                                crc_b64_to_hex, crc_hex_to_b64)
+from bridge.urls import Location
+
+try:
+    import aiohttp
+    from fsspec.asyn import sync
+    from gcsfs.core import GCSFileSystem  # gcsfs.core skips the experimental gRPC bucket probe
+    from gcsfs.retry import HttpError
+except ImportError as exc:
+    raise ImportError(str(exc), name=exc.name) from exc
+
+UPLOADS = f"{RESERVED}/uploads/"
+COMPOSE_MAX = 32
+
+
+@contextmanager
+def _translate(loc: Location, endpoint: str):
+    try:
+        yield
+    except BridgeError:
+        raise
+    except FileNotFoundError as exc:
+        raise ObjectNotFound(f"{loc}: no such object") from exc
+    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
+        raise EndpointUnreachable(f"cannot reach the GCS endpoint {endpoint}: {type(exc).__name__}") from exc
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise TransientError(f"{loc}: {type(exc).__name__}: {exc}") from exc
+    except HttpError as exc:
+        code = getattr(exc, "code", 0) or 0
+        if code in (401, 403):
+            raise PermissionDenied(f"{loc}: access denied ({exc.message})") from exc
+        if code == 429 or code >= 500:
+            raise TransientError(f"{loc}: HTTP {code}") from exc
+        raise BridgeError(f"{loc}: GCS error {code}: {exc.message}") from exc
+    except OSError as exc:
+        if str(exc).startswith("Forbidden"):
+            raise PermissionDenied(f"{loc}: access denied") from exc
+        raise BridgeError(f"{loc}: {exc}") from exc
+    except ValueError as exc:
+        raise BridgeError(f"{loc}: GCS rejected the request: {str(exc).splitlines()[-1]}") from exc
+
+
+def _credentials(settings: Settings):
+    """The token argument for gcsfs: anonymous against an emulator, else real credentials,
+    resolved here so that a missing one is an error and not a silent anonymous request."""
+    gcs = settings.gcs
+    if gcs.endpoint:
+        return "anon"
+    if gcs.credentials_file:
+        if not os.path.exists(gcs.credentials_file):
+            raise CredentialsMissing(f"GOOGLE_APPLICATION_CREDENTIALS points at a missing file: "
+                                     f"{gcs.credentials_file}")
+        return gcs.credentials_file
+    try:
+        import google.auth
+        import google.auth.exceptions
+        creds, _project = google.auth.default(
+            scopes=["https://www.googleapis.com/auth/devstorage.full_control"])
+    except google.auth.exceptions.DefaultCredentialsError as exc:
+        raise CredentialsMissing("no Google credentials found: set GOOGLE_APPLICATION_CREDENTIALS "
+                                 "or run 'gcloud auth application-default login'") from exc
+    return creds
+
+
+class GCSStore(Store):
+    scheme = "gs"
+    features = Features(checksums=frozenset({"crc32c", "md5"}), multipart=True, min_part_size=5 * MiB,
+                        max_part_size=5 * 1024 * GiB, max_parts=10_000, max_object_size=5 * 1024 * GiB,
+                        server_side_copy=True, compose=True)
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        endpoint = settings.gcs.endpoint
+        if endpoint and not endpoint.startswith("http"):
+            endpoint = "http://" + endpoint
+        self.endpoint = endpoint or "https://storage.googleapis.com"
+        self._token = _credentials(settings)
+        self.fs = GCSFileSystem(project=settings.gcs.project or "", token=self._token,
+                                endpoint_url=endpoint, skip_instance_cache=True,
+                                requests_timeout=settings.transfer.read_timeout)
+        self._raw_request = type(self.fs)._request.__wrapped__  # our engine owns retries
+
+    # One request, no hidden retry loop; errors translated by the caller.
+    async def _acall(self, method, path, *args, json_out=False, **kwargs):
+        _status, headers, _info, contents = await self._raw_request(self.fs, method, path, *args, **kwargs)
+        return json.loads(contents) if json_out else (headers, contents)
+
+    def _call(self, loc: Location, method: str, path: str, *args, **kwargs):
+        with _translate(loc, self.endpoint):
+            return sync(self.fs.loop, self._acall, method, path, *args, **kwargs)
+
+    @staticmethod
+    def _info(bucket: str, item: dict) -> ObjectInfo:
+        sums = {}
+        if item.get("crc32c"):
+            sums["crc32c"] = crc_b64_to_hex(item["crc32c"])
+        if item.get("md5Hash"):
+            sums["md5"] = crc_b64_to_hex(item["md5Hash"])
+        return ObjectInfo(Location("gs", bucket, item["name"]), int(item.get("size", 0)), sums,
+                          dict(item.get("metadata") or {}))
+
+    def _list_raw(self, prefix: Location) -> Iterator[dict]:
+        token = None
+        while True:
+            params = {"prefix": prefix.key, "maxResults": 1000}
+            if token:
+                params["pageToken"] = token
+            try:
+                page = self._call(prefix, "GET", "b/{}/o", prefix.bucket, json_out=True, **params)
+            except ObjectNotFound as exc:
+                raise BucketNotFound(f"bucket {prefix.bucket!r} does not exist") from exc
+            yield from page.get("items", [])
+            token = page.get("nextPageToken")
+            if not token:
+                return
+
+    def list(self, prefix: Location) -> Iterator[ObjectInfo]:
+        for item in self._list_raw(prefix):
+            yield self._info(prefix.bucket, item)
+
+    def info(self, loc: Location) -> ObjectInfo:
+        return self._info(loc.bucket, self._call(loc, "GET", "b/{}/o/{}", loc.bucket, loc.key, json_out=True))
+
+    def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
+        if length == 0:
+            return b""
+        headers = {}
+        if offset or length is not None:
+            end = "" if length is None else str(offset + length - 1)
+            headers["Range"] = f"bytes={offset}-{end}"
+        _h, body = self._call(loc, "GET", "b/{}/o/{}", loc.bucket, loc.key, alt="media", headers=headers)
+        return body
+
+    def _upload(self, loc: Location, data: bytes, crc32c: str, metadata: dict[str, str]) -> dict:
+        meta = {"name": loc.key, "crc32c": crc_hex_to_b64(crc32c), "metadata": metadata}
+        boundary = "bridge-" + uuid.uuid4().hex
+        body = b"".join([
+            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
+            json.dumps(meta).encode(),
+            f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode(),
+            data,
+            f"\r\n--{boundary}--\r\n".encode(),
+        ])
+        try:
+            return self._call(loc, "POST", f"{self.fs._location}/upload/storage/v1/b/{{}}/o", loc.bucket,
+                              uploadType="multipart", json_out=True, data=body,
+                              headers={"Content-Type": f"multipart/related; boundary={boundary}"})
+        except ObjectNotFound as exc:
+            raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
+
+    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> None:
+        item = self._upload(loc, data, crc32c, metadata)
+        self._check_crc(loc, item, crc32c)
+
+    @staticmethod
+    def _check_crc(loc: Location, item: dict, crc32c: str) -> None:
+        reported = crc_b64_to_hex(item["crc32c"]) if item.get("crc32c") else None
+        if reported != crc32c:
+            raise IntegrityError(f"{loc}: GCS reports CRC32C {reported} for the written object, "
+                                 f"expected {crc32c}")
+
+    def delete(self, loc: Location) -> None:
+        self._call(loc, "DELETE", "b/{}/o/{}", loc.bucket, loc.key)
+
+    def check_bucket(self, loc: Location) -> None:
+        try:
+            self._call(loc, "GET", "b/{}", loc.bucket, json_out=True)
+        except ObjectNotFound as exc:
+            raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
+
+    # -- multipart: part objects, then compose ----------------------------------------------
+    def _part_loc(self, loc: Location, upload_id: str, number: int) -> Location:
+        return Location("gs", loc.bucket, f"{UPLOADS}{upload_id}/{number:06d}")
+
+    def begin_upload(self, loc: Location, size: int) -> str:
+        return uuid.uuid4().hex
+
+    def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
+                    crc32c: str) -> PartRecord:
+        part = self._part_loc(loc, upload_id, number)
+        item = self._upload(part, data, crc32c, {"bridge_target": loc.key})
+        self._check_crc(part, item, crc32c)
+        return PartRecord(number, len(data), crc32c, part.key)
+
+    def list_parts(self, loc: Location, upload_id: str) -> dict[int, PartRecord] | None:
+        prefix = Location("gs", loc.bucket, f"{UPLOADS}{upload_id}/")
+        parts = {}
+        for item in self._list_raw(prefix):
+            number = int(item["name"].rsplit("/", 1)[-1])
+            crc = crc_b64_to_hex(item["crc32c"]) if item.get("crc32c") else ""
+            parts[number] = PartRecord(number, int(item["size"]), crc, item["name"])
+        return parts
+
+    def _compose(self, loc: Location, sources: list[str], metadata: dict[str, str] | None) -> dict:
+        body = {"sourceObjects": [{"name": s} for s in sources], "kind": "storage#composeRequest",
+                "destination": {"name": loc.key, "bucket": loc.bucket,
+                                "contentType": "application/octet-stream",
+                                **({"metadata": metadata} if metadata else {})}}
+        return self._call(loc, "POST", "b/{}/o/{}/compose", loc.bucket, loc.key, json_out=True,
+                          json=body, headers={"Content-Type": "application/json"})
+
+    def complete_upload(self, loc: Location, upload_id: str, parts: list[PartRecord], *,
+                        crc32c: str, metadata: dict[str, str]) -> None:
+        names = [p.token for p in sorted(parts, key=lambda p: p.number)]
+        level = 0
+        temporaries: list[str] = []
+        while len(names) > COMPOSE_MAX:
+            grouped = []
+            for i in range(0, len(names), COMPOSE_MAX):
+                inter = Location("gs", loc.bucket, f"{UPLOADS}{upload_id}/c{level}-{i // COMPOSE_MAX:06d}")
+                self._compose(inter, names[i:i + COMPOSE_MAX], None)
+                grouped.append(inter.key)
+            temporaries += grouped
+            names, level = grouped, level + 1
+        item = self._compose(loc, names, metadata)
+        try:
+            self._check_crc(loc, item, crc32c)
+        except IntegrityError:
+            self.delete(loc)
+            raise
+        self.abort_upload(loc, upload_id)
+
+    def abort_upload(self, loc: Location, upload_id: str) -> None:
+        prefix = Location("gs", loc.bucket, f"{UPLOADS}{upload_id}/")
+        for item in list(self._list_raw(prefix)):
+            try:
+                self.delete(Location("gs", loc.bucket, item["name"]))
+            except ObjectNotFound:
+                pass
+
+    def list_uploads(self, prefix: Location) -> Iterator[tuple[Location, str]]:
+        seen = set()
+        for item in self._list_raw(Location("gs", prefix.bucket, UPLOADS)):
+            upload_id = item["name"][len(UPLOADS):].split("/", 1)[0]
+            target = (item.get("metadata") or {}).get("bridge_target")
+            if upload_id not in seen and target and target.startswith(prefix.key):
+                seen.add(upload_id)
+                yield Location("gs", prefix.bucket, target), upload_id

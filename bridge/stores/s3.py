@@ -1,0 +1,212 @@
+"""Amazon S3 (and S3-compatible endpoints) over s3fs/aiobotocore.
+
+Multipart uploads carry a CRC32C per part, which S3 checks on arrival; the completed object is
+asked for a FULL_OBJECT CRC32C, which S3 checks against the whole file's CRC32C we send.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from bridge.config import Settings
+from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable,
+                           IntegrityError, ObjectNotFound, PermissionDenied, TransientError)
+from bridge.stores.base import (GiB, MiB, Features, ObjectInfo, PartRecord, Store, crc_b64_to_hex,
+                                crc_hex_to_b64)
+from bridge.urls import Location
+
+try:
+    import botocore.exceptions as bce
+    import s3fs
+except ImportError as exc:  # the registry turns this into an install hint
+    raise ImportError(str(exc), name=exc.name) from exc
+
+_THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                   "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "503", "500"}
+
+
+@contextmanager
+def _translate(loc: Location, endpoint: str | None):
+    try:
+        yield
+    except BridgeError:
+        raise
+    except (bce.NoCredentialsError, bce.PartialCredentialsError) as exc:
+        raise CredentialsMissing("no AWS credentials found: set AWS_ACCESS_KEY_ID and "
+                                 "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE") from exc
+    except (bce.EndpointConnectionError, bce.ConnectTimeoutError, ConnectionError) as exc:
+        raise EndpointUnreachable(f"cannot reach the S3 endpoint {endpoint or 'of AWS'}: "
+                                  f"{type(exc).__name__}") from exc
+    except bce.ClientError as exc:
+        raise _from_code(loc, exc.response.get("Error", {}).get("Code", ""), str(exc)) from exc
+    except FileNotFoundError as exc:
+        if "bucket" in str(exc).lower():
+            raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
+        raise ObjectNotFound(f"{loc}: no such object") from exc
+    except PermissionError as exc:
+        raise PermissionDenied(f"{loc}: access denied ({exc})") from exc
+    except OSError as exc:
+        if exc.errno in (errno.ETIMEDOUT, errno.ECONNRESET, errno.EBUSY, errno.EAGAIN):
+            raise TransientError(f"{loc}: {exc}") from exc
+        if isinstance(exc.__cause__, bce.ClientError):
+            code = exc.__cause__.response.get("Error", {}).get("Code", "")
+            raise _from_code(loc, code, str(exc)) from exc
+        raise BridgeError(f"{loc}: {exc}") from exc
+
+
+def _from_code(loc: Location, code: str, text: str) -> BridgeError:
+    if code in ("NoSuchBucket",):
+        return BucketNotFound(f"bucket {loc.bucket!r} does not exist")
+    if code in ("NoSuchKey", "404", "NotFound"):
+        return ObjectNotFound(f"{loc}: no such object")
+    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"):
+        return PermissionDenied(f"{loc}: access denied ({code})")
+    if code in _THROTTLE_CODES:
+        return TransientError(f"{loc}: {code}")
+    if code in ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"):
+        return IntegrityError(f"{loc}: S3 rejected the bytes as not matching their checksum ({code})")
+    return BridgeError(f"{loc}: S3 error {code or text}")
+
+
+class S3Store(Store):
+    scheme = "s3"
+    features = Features(checksums=frozenset({"crc32c"}), multipart=True, min_part_size=5 * MiB,
+                        max_part_size=5 * GiB, max_parts=10_000, max_object_size=5 * 1024 * GiB,
+                        server_side_copy=True, copy_from_url=False)
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        s3, t = settings.s3, settings.transfer
+        self.endpoint = s3.endpoint_url
+        self.fs = s3fs.S3FileSystem(
+            key=s3.access_key_id,
+            secret=s3.secret_access_key.get_secret_value() if s3.secret_access_key else None,
+            token=s3.session_token.get_secret_value() if s3.session_token else None,
+            profile=s3.profile,
+            endpoint_url=s3.endpoint_url,
+            client_kwargs={"region_name": s3.region or "us-east-1"},
+            config_kwargs={"retries": {"max_attempts": max(1, t.retries), "mode": "standard"},
+                           "connect_timeout": t.connect_timeout, "read_timeout": t.read_timeout,
+                           "max_pool_connections": max(10, t.concurrency * 2),
+                           "request_checksum_calculation": "when_required",
+                           "response_checksum_validation": "when_required"},
+            skip_instance_cache=True,
+            use_listings_cache=False,
+        )
+
+    def _call(self, loc: Location, method: str, **kwargs):
+        with _translate(loc, self.endpoint):
+            return self.fs.call_s3(method, **kwargs)
+
+    def list(self, prefix: Location) -> Iterator[ObjectInfo]:
+        token = None
+        while True:
+            kw = {"Bucket": prefix.bucket, "Prefix": prefix.key}
+            if token:
+                kw["ContinuationToken"] = token
+            page = self._call(prefix, "list_objects_v2", **kw)
+            for item in page.get("Contents", []):
+                yield ObjectInfo(Location("s3", prefix.bucket, item["Key"]), int(item["Size"]))
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
+    def info(self, loc: Location) -> ObjectInfo:
+        head = self._call(loc, "head_object", Bucket=loc.bucket, Key=loc.key, ChecksumMode="ENABLED")
+        sums = {}
+        if head.get("ChecksumCRC32C"):
+            value = head["ChecksumCRC32C"]
+            kind = head.get("ChecksumType", "FULL_OBJECT")
+            if "-" not in value and kind == "FULL_OBJECT":
+                sums["crc32c"] = crc_b64_to_hex(value)
+        return ObjectInfo(loc, int(head["ContentLength"]), sums, dict(head.get("Metadata", {})))
+
+    def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
+        kw = {"Bucket": loc.bucket, "Key": loc.key}
+        if offset or length is not None:
+            end = "" if length is None else str(offset + length - 1)
+            if length == 0:
+                return b""
+            kw["Range"] = f"bytes={offset}-{end}"
+        with _translate(loc, self.endpoint):
+            resp = self.fs.call_s3("get_object", **kw)
+            return _sync_read(self.fs, resp["Body"])
+
+    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> None:
+        # S3 checks the body against the CRC32C header on arrival and rejects a mismatch.
+        self._call(loc, "put_object", Bucket=loc.bucket, Key=loc.key, Body=data, ChecksumAlgorithm="CRC32C",
+                   ChecksumCRC32C=crc_hex_to_b64(crc32c), Metadata=metadata)
+
+    def delete(self, loc: Location) -> None:
+        self._call(loc, "delete_object", Bucket=loc.bucket, Key=loc.key)
+
+    def check_bucket(self, loc: Location) -> None:
+        try:
+            self._call(loc, "head_bucket", Bucket=loc.bucket)
+        except ObjectNotFound as exc:
+            raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
+
+    # -- multipart -----------------------------------------------------------------------
+    def begin_upload(self, loc: Location, size: int) -> str:
+        resp = self._call(loc, "create_multipart_upload", Bucket=loc.bucket, Key=loc.key,
+                          ChecksumAlgorithm="CRC32C", ChecksumType="FULL_OBJECT")
+        return resp["UploadId"]
+
+    def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
+                    crc32c: str) -> PartRecord:
+        resp = self._call(loc, "upload_part", Bucket=loc.bucket, Key=loc.key, UploadId=upload_id,
+                          PartNumber=number, Body=data, ChecksumCRC32C=crc_hex_to_b64(crc32c))
+        return PartRecord(number, len(data), crc32c, resp["ETag"])
+
+    def list_parts(self, loc: Location, upload_id: str) -> dict[int, PartRecord] | None:
+        parts: dict[int, PartRecord] = {}
+        marker = 0
+        while True:
+            try:
+                page = self._call(loc, "list_parts", Bucket=loc.bucket, Key=loc.key, UploadId=upload_id,
+                                  PartNumberMarker=marker)
+            except (ObjectNotFound, BridgeError) as exc:
+                if "NoSuchUpload" in str(exc) or isinstance(exc, ObjectNotFound):
+                    return None
+                raise
+            for p in page.get("Parts", []):
+                crc = crc_b64_to_hex(p["ChecksumCRC32C"]) if p.get("ChecksumCRC32C") else ""
+                parts[p["PartNumber"]] = PartRecord(p["PartNumber"], int(p["Size"]), crc, p["ETag"])
+            if not page.get("IsTruncated"):
+                return parts
+            marker = page["NextPartNumberMarker"]
+
+    def complete_upload(self, loc: Location, upload_id: str, parts: list[PartRecord], *,
+                        crc32c: str, metadata: dict[str, str]) -> None:
+        body = {"Parts": [{"PartNumber": p.number, "ETag": p.token,
+                           "ChecksumCRC32C": crc_hex_to_b64(p.crc32c)} for p in parts]}
+        self._call(loc, "complete_multipart_upload", Bucket=loc.bucket, Key=loc.key, UploadId=upload_id,
+                   MultipartUpload=body, ChecksumCRC32C=crc_hex_to_b64(crc32c), ChecksumType="FULL_OBJECT")
+        reported = self.info(loc).checksums.get("crc32c")
+        if reported != crc32c:
+            self.delete(loc)
+            raise IntegrityError(f"{loc}: S3 reports CRC32C {reported} for the completed upload, "
+                                 f"expected {crc32c}; the object was removed")
+
+    def abort_upload(self, loc: Location, upload_id: str) -> None:
+        try:
+            self._call(loc, "abort_multipart_upload", Bucket=loc.bucket, Key=loc.key, UploadId=upload_id)
+        except ObjectNotFound:
+            pass
+
+    def list_uploads(self, prefix: Location) -> Iterator[tuple[Location, str]]:
+        page = self._call(prefix, "list_multipart_uploads", Bucket=prefix.bucket, Prefix=prefix.key)
+        for up in page.get("Uploads", []):
+            yield Location("s3", prefix.bucket, up["Key"]), up["UploadId"]
+
+
+def _sync_read(fs, body) -> bytes:
+    from fsspec.asyn import sync
+
+    async def _read():
+        async with body:
+            return await body.read()
+
+    return sync(fs.loop, _read)
