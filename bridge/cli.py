@@ -134,7 +134,25 @@ def version() -> None:
     out.print(__version__)
 
 
+# Command groups that live in their own modules; each exposes ``register(app)`` and imports its
+# heavy dependencies (Celery, pyarrow) only when one of its commands runs.
+EXTENSIONS = ("bridge.packing.commands", "workers.commands")
+
+
+def _register_extensions() -> None:
+    import importlib
+    for name in EXTENSIONS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue  # that part of bridge is not installed here
+            raise
+        module.register(app)
+
+
 def main() -> None:
+    _register_extensions()
     try:
         app(standalone_mode=False)
     except BridgeError as exc:
