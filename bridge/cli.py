@@ -115,6 +115,57 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
           f"manifest {summary['manifest']}")
 
 
+@app.command()
+def sync(src: str, dst: str, delete: Annotated[bool, typer.Option("--delete", help="Remove from DST what "
+                                                                  "SRC no longer has.")] = False,
+         concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, dry_run: DryOpt = False,
+         as_json: JsonOpt = False, quiet: QuietOpt = False, profile: ProfileOpt = None,
+         config: ConfigOpt = None) -> None:
+    """Make DST equal to SRC: send what is new or changed (by size and checksum, not time), repair
+    what no longer matches the manifest, and with --delete remove what SRC no longer has."""
+    from bridge import ops
+    settings = _settings(profile, config, concurrency, chunk_size)
+    if dry_run:
+        summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
+                           dry_run=True)
+        _print_plan(summary, as_json)
+        return
+    with _Bar(not quiet and not as_json) as progress:
+        summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
+                           progress=progress)
+    r = summary["reasons"]
+    _emit(summary, as_json, f"sent {len(summary['sent'])} files ({r['new']} new, {r['changed']} changed, "
+          f"{r['repaired']} repaired), {r['unchanged']} unchanged, deleted {len(summary['deleted'])}; "
+          f"{_human(summary['bytes'])} in {summary['elapsed_s']:.1f}s; manifest {summary['manifest']}")
+
+
+@app.command()
+def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read and rehash every object "
+                                                        "instead of trusting store-reported checksums.")] = False,
+           concurrency: ConcOpt = None, as_json: JsonOpt = False, profile: ProfileOpt = None,
+           config: ConfigOpt = None) -> None:
+    """Check every object under URL against its manifest; exit 1 naming each missing, extra or
+    mismatched file."""
+    from bridge import ops
+    report = ops.verify(url, _settings(profile, config, concurrency), deep=deep)
+    if as_json:
+        out.print_json(json.dumps(report))
+    else:
+        for path in report["missing"]:
+            out.print(f"missing     {path}", markup=False)
+        for path in report["extra"]:
+            out.print(f"extra       {path}", markup=False)
+        for row in report["mismatched"]:
+            out.print(f"mismatched  {row['path']}: {row['reason']}", markup=False)
+        verdict = "OK" if report["ok"] else "FAILED"
+        out.print(f"{verdict}: {report['checked']} files, {_human(report['bytes'])} checked "
+                  f"({'deep' if deep else 'store checksums'}) at {report['url']}; "
+                  f"{len(report['missing'])} missing, {len(report['extra'])} extra, "
+                  f"{len(report['mismatched'])} mismatched", markup=False)
+    if not report["ok"]:
+        raise typer.Exit(1)
+
+
 def _print_plan(summary: dict, as_json: bool) -> None:
     if as_json:
         out.print_json(json.dumps(summary))
@@ -154,7 +205,7 @@ def _register_extensions() -> None:
 def main() -> None:
     _register_extensions()
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # returns the code of a typer.Exit
     except BridgeError as exc:
         err.print(f"mcbridge: error: {exc}", markup=False, soft_wrap=True)
         sys.exit(exc.exit_code)
@@ -166,12 +217,13 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("mcbridge: interrupted; run the same command again to resume", markup=False)
         sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-        if isinstance(exc, click.ClickException):
+    except Exception as exc:
+        # Usage errors of typer's (vendored) click arrive here in non-standalone mode.
+        if hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int):
             err.print(f"mcbridge: error: {exc.format_message()}", markup=False, soft_wrap=True)
             sys.exit(exc.exit_code)
         raise
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

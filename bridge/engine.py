@@ -66,6 +66,8 @@ class Plan:
 
     def units(self) -> Iterator[dict[str, Any]]:
         """The units that can start at once; ``complete`` and ``finalize`` follow from results."""
+        for rel in self.deletions:
+            yield {"op": "delete", "rel": rel}
         for f in self.files:
             if f.part_size:
                 for n in range(1, f.parts + 1):
@@ -74,7 +76,7 @@ class Plan:
                 yield {"op": "put", "rel": f.rel, "size": f.size}
 
     def unit_count(self) -> int:
-        return sum(f.parts + (1 if f.part_size else 0) for f in self.files) + 1
+        return sum(f.parts + (1 if f.part_size else 0) for f in self.files) + len(self.deletions) + 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -289,11 +291,19 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     return entry
 
 
+def _delete(ctx: JobContext, unit: dict) -> dict:
+    try:
+        ctx.retrying(lambda: ctx.dst.delete(ctx.dst_loc(unit["rel"])))
+    except ObjectNotFound:
+        pass  # already gone: a re-run after a kill
+    return {"deleted": unit["rel"]}
+
+
 def _finalize(ctx: JobContext, unit: dict) -> dict:
     root = ctx.dst_root
     previous = manifests.read(ctx.dst, root, manifests.PREVIOUS)
     files: dict[str, FileEntry] = dict(previous.files) if previous else {}
-    for rel in unit.get("deleted", []):
+    for rel in ctx.plan.deletions:
         files.pop(rel, None)
     for key, entry in ctx.journal.items("file:").items():
         files[key[len("file:"):]] = FileEntry.from_dict(entry)
@@ -307,7 +317,7 @@ def _finalize(ctx: JobContext, unit: dict) -> dict:
 
 
 OPS: dict[str, Callable[[JobContext, dict], dict]] = {
-    "put": _put, "part": _part, "complete": _complete, "finalize": _finalize,
+    "put": _put, "part": _part, "complete": _complete, "delete": _delete, "finalize": _finalize,
 }
 
 

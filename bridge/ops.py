@@ -6,8 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from bridge.config import Settings
-from bridge.engine import JobContext, Plan, ThreadExecutor, plan_copy, prepare
-from bridge.errors import TransferFailed
+import concurrent.futures as cf
+
+from bridge import manifest as manifests
+from bridge.check import mismatch, rehash, reported_crc32c
+from bridge.engine import (FilePlan, JobContext, Plan, ThreadExecutor, part_size_for, plan_copy, prepare,
+                           resolve)
+from bridge.errors import ManifestError, ObjectNotFound, TransferFailed
+from bridge.journal import job_key
 from bridge.journal import FileJournal, default_state_dir
 from bridge.progress import Progress
 from bridge.stores import get_store
@@ -74,3 +80,87 @@ def ls(url: str, settings: Settings) -> list[dict[str, Any]]:
         from bridge.errors import ObjectNotFound
         raise ObjectNotFound(f"{loc}: nothing there")
     return sorted(rows, key=lambda r: r["path"])
+
+
+def verify(url: str, settings: Settings, *, deep: bool = False) -> dict[str, Any]:
+    """Check every object under ``url`` against its manifest: sizes and store-reported checksums,
+    or with ``deep`` a full re-read. Lists missing, extra and mismatched files."""
+    root = parse(url).as_prefix()
+    store = get_store(root, settings)
+    store.check_bucket(root)
+    manifest = manifests.read(store, root)
+    if manifest is None:
+        raise ManifestError(f"no manifest at {root.join(manifests.MANIFEST)}: the copy there is "
+                            f"incomplete, or was not made by mcbridge")
+    present = dict(store.walk(root))
+    missing = sorted(p for p in manifest.files if p not in present)
+    extra = sorted(p for p in present if p not in manifest.files)
+    mismatched = []
+    with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
+        checks = {path: pool.submit(mismatch, store, present[path], entry, deep)
+                  for path, entry in sorted(manifest.files.items()) if path in present}
+        for path, fut in checks.items():
+            reason = fut.result()
+            if reason:
+                mismatched.append({"path": path, "reason": reason})
+    ok = not (missing or extra or mismatched)
+    return {"url": str(root), "ok": ok, "deep": deep, "checked": len(manifest.files),
+            "bytes": manifest.totals()["bytes"], "missing": missing, "extra": extra,
+            "mismatched": mismatched}
+
+
+def _source_crc32c(store, info) -> str:
+    crc = reported_crc32c(store, info) if store.features.checksums or info.metadata else None
+    if crc is None:
+        crc, _ = rehash(store, info.location, info.size, sha=False)
+    return crc
+
+
+def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
+              chunk_size: int | None = None) -> tuple[Plan, dict[str, list[str]]]:
+    """Only what is new, changed (by size and CRC32C, never by time) or no longer matches the
+    destination's manifest; with ``delete``, what the source no longer has."""
+    src_root, dst_root, objects, single = resolve(source, destination, settings)
+    src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
+    manifest = manifests.read(dst_store, dst_root) or manifests.read(dst_store, dst_root, manifests.PREVIOUS)
+    entries = manifest.files if manifest else {}
+    present = dict(dst_store.walk(dst_root))
+    reasons: dict[str, list[str]] = {"new": [], "changed": [], "repaired": [], "unchanged": []}
+
+    def judge(rel: str, info) -> str:
+        entry, there = entries.get(rel), present.get(rel)
+        if there is None or entry is None:
+            return "new"
+        if entry.size != info.size or _source_crc32c(src_store, info) != entry.crc32c:
+            return "changed"
+        if mismatch(dst_store, there, entry) is not None:
+            return "repaired"
+        return "unchanged"
+
+    with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
+        verdicts = list(pool.map(lambda item: judge(*item), objects))
+    files = []
+    for (rel, info), verdict in zip(objects, verdicts):
+        reasons[verdict].append(rel)
+        if verdict != "unchanged":
+            files.append(FilePlan(rel, info.size, part_size_for(info.size, dst_store, chunk_size)))
+    deletions = []
+    if delete and single is None:
+        wanted = {rel for rel, _ in objects}
+        deletions = sorted(p for p in set(present) | set(entries) if p not in wanted and p in present)
+        reasons["deleted"] = deletions
+    plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files, deletions)
+    plan.key = job_key("sync", plan.source, plan.destination, chunk_size, delete,
+                       *(f"{f.rel}:{f.size}" for f in files), *deletions)
+    return plan, reasons
+
+
+def sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
+         chunk_size: int | None = None, progress: Progress | None = None, state_dir: Path | None = None,
+         dry_run: bool = False) -> dict[str, Any]:
+    plan, reasons = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size)
+    counts = {k: len(v) for k, v in reasons.items()}
+    if dry_run:
+        return {"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts}
+    summary = execute(plan, settings, progress, state_dir)
+    return {**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions}

@@ -87,7 +87,7 @@ class S3Store(Store):
             profile=s3.profile,
             endpoint_url=s3.endpoint_url,
             client_kwargs={"region_name": s3.region or "us-east-1"},
-            config_kwargs={"retries": {"max_attempts": max(1, t.retries), "mode": "standard"},
+            config_kwargs={"retries": {"max_attempts": 3, "mode": "standard"},  # the engine retries units
                            "connect_timeout": t.connect_timeout, "read_timeout": t.read_timeout,
                            "max_pool_connections": max(10, t.concurrency * 2),
                            "request_checksum_calculation": "when_required",

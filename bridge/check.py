@@ -1,0 +1,74 @@
+"""Does an object match its manifest entry? Shared by ``verify`` and ``sync``.
+
+Cheap checks ask the store: the size, and the CRC32C the store reports (S3 full-object
+checksum, GCS crc32c) or, where it keeps none, the CRC32C bridge stored in the object's metadata
+(Azure) together with the committed block sizes. A local file reports nothing, so its CRC32C is
+computed from the disk. ``deep`` re-reads every object and compares CRC32C and SHA-256.
+A checksum the store does not report is a failure, never a pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from bridge.errors import ObjectNotFound
+from bridge.hashing import crc32c, crc_hex
+from bridge.manifest import FileEntry
+from bridge.stores.base import MiB, ObjectInfo, Store
+from bridge.urls import Location
+
+READ_SIZE = 16 * MiB
+
+
+def rehash(store: Store, loc: Location, size: int, sha: bool = True) -> tuple[str, str]:
+    """(crc32c, sha256) of an object, read in bounded ranges."""
+    crc, digest = 0, hashlib.sha256() if sha else None
+    offset = 0
+    while offset < size:
+        data = store.read(loc, offset, min(READ_SIZE, size - offset))
+        if not data:
+            break
+        crc = crc32c(data, crc)
+        if digest:
+            digest.update(data)
+        offset += len(data)
+    if offset != size:
+        raise ObjectNotFound(f"{loc}: read {offset} bytes of {size}")
+    return crc_hex(crc), digest.hexdigest() if digest else ""
+
+
+def reported_crc32c(store: Store, info: ObjectInfo) -> str | None:
+    if "crc32c" in store.features.checksums:
+        if "crc32c" not in info.checksums:
+            info = store.info(info.location)  # listings do not always carry checksums (S3)
+        return info.checksums.get("crc32c")
+    return info.metadata.get("bridge_crc32c")
+
+
+def mismatch(store: Store, info: ObjectInfo, entry: FileEntry, deep: bool = False) -> str | None:
+    """Why the object does not match its entry, or None when it does."""
+    if info.size != entry.size:
+        return f"size {info.size}, manifest says {entry.size}"
+    if deep:
+        crc, sha = rehash(store, info.location, info.size)
+        if crc != entry.crc32c:
+            return f"CRC32C {crc}, manifest says {entry.crc32c}"
+        if sha != entry.sha256:
+            return f"SHA-256 {sha}, manifest says {entry.sha256}"
+        return None
+    if not store.features.checksums and info.location.is_local:
+        crc, _ = rehash(store, info.location, info.size, sha=False)
+        return None if crc == entry.crc32c else f"CRC32C {crc}, manifest says {entry.crc32c}"
+    crc = reported_crc32c(store, info)
+    if crc is None:
+        return f"the store reports no CRC32C for it (expected {entry.crc32c})"
+    if crc != entry.crc32c:
+        return f"CRC32C {crc} reported by the store, manifest says {entry.crc32c}"
+    if "bridge_sha256" in info.metadata and info.metadata["bridge_sha256"] != entry.sha256:
+        return "SHA-256 in the object's metadata differs from the manifest"
+    block_sizes = getattr(store, "block_sizes", None)
+    if block_sizes and entry.part_size:
+        sizes = block_sizes(info.location)
+        if sizes != entry.part_sizes():
+            return f"committed blocks {len(sizes)} do not match the {len(entry.parts)} parts in the manifest"
+    return None

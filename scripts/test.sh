@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The test command: bash scripts/test.sh [pytest args]
+#
+# Installs what the suite needs when it is missing, then runs pytest:
+#   .venv                 python3 -m venv, then pip install -e '.[all,dev]'
+#                         (again when pyproject.toml is newer than .venv/.bridge-installed)
+#   tests/node            npm ci: Azurite, the Azure Blob emulator (again when its lock changes)
+#   redis-server          Debian's package, used when no Redis answers on 127.0.0.1:6379
+# moto and fake-gcs-server come with the Python extras. Set PYTHON to pick the interpreter.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '==> %s\n' "$*"; }
+fail() { printf 'error: %s\n' "$*" >&2; exit 1; }
+is_root() { [ "$(id -u)" -eq 0 ]; }
+apt_updated=
+apt_install() {
+    if [ -z "$apt_updated" ]; then
+        apt-get update -qq
+        apt_updated=yes
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
+}
+
+python=${PYTHON:-python3}
+venv=.venv
+stamp=$venv/.bridge-installed
+node_dir=tests/node
+
+[ -f pyproject.toml ] || fail "no pyproject.toml in $(pwd)"
+
+if [ ! -x "$venv/bin/python" ]; then
+    step "creating $venv with $("$python" --version 2>&1)"
+    if ! "$python" -m venv "$venv"; then
+        is_root && command -v apt-get >/dev/null \
+            || fail "$python -m venv failed: install python3-venv"
+        step "installing python3-venv"
+        rm -rf "$venv"
+        apt_install python3-venv
+        "$python" -m venv "$venv"
+    fi
+fi
+
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    step "installing bridge and its extras [all,dev] into $venv"
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q -U pip
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q -e '.[all,dev]'
+    touch "$stamp"
+else
+    step "python packages up to date ($stamp is newer than pyproject.toml)"
+fi
+
+if [ ! -x "$node_dir/node_modules/.bin/azurite-blob" ] \
+    || [ "$node_dir/package-lock.json" -nt "$node_dir/node_modules/.package-lock.json" ]; then
+    command -v npm >/dev/null || fail "npm not found: Azurite needs Node.js 20 and npm"
+    step "installing Azurite with npm ci in $node_dir (node $(node --version))"
+    (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error)
+else
+    step "Azurite installed in $node_dir"
+fi
+
+if command -v redis-server >/dev/null; then
+    step "redis-server found"
+elif is_root && command -v apt-get >/dev/null; then
+    step "installing redis-server"
+    apt_install redis-server
+else
+    step "warning: no redis-server; tests needing Redis fail unless one answers on 127.0.0.1:6379"
+fi
+
+step "pytest $*"
+exec "$venv/bin/python" -m pytest "$@"
