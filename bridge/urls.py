@@ -84,7 +84,7 @@ def parse(url: str) -> Location:
         raise BadURL(f"malformed URL {url!r}: missing bucket name after {scheme}://")
     if not _BUCKET_RULES[scheme].match(bucket):
         raise BadURL(f"malformed URL {url!r}: {bucket!r} is not a valid {scheme} bucket name")
-    if "//" in key:
+    if key.startswith("/") or "//" in key:
         raise BadURL(f"malformed URL {url!r}: empty path segment in key")
     return Location(scheme, bucket, key)
 

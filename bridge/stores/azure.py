@@ -76,7 +76,7 @@ class AzureStore(Store):
     def __init__(self, settings: Settings):
         self.settings = settings
         az, t = settings.azure, settings.transfer
-        retry = ExponentialRetry(initial_backoff=1, increment_base=2, retry_total=2)  # the engine retries units
+        retry = ExponentialRetry(initial_backoff=0.5, increment_base=1.5, retry_total=2)  # the engine retries units
         common = {"retry_policy": retry, "connection_timeout": t.connect_timeout,
                   "read_timeout": t.read_timeout, "max_single_put_size": 256 * MiB}
         if az.connection_string:

@@ -1,0 +1,51 @@
+"""Small helpers shared by tests: settings from an env dict, running the CLI, building trees."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bridge.config import Settings, load_settings
+from bridge.stores import get_store
+from bridge.urls import parse
+
+MCBRIDGE = [sys.executable, "-m", "bridge"]
+NO_CONFIG = "/nonexistent/mcbridge-test-config"
+
+
+def settings_for(env: dict[str, str], **transfer) -> Settings:
+    env = {k: v for k, v in env.items() if k != "MCBRIDGE_CONFIG"}
+    env["XDG_CONFIG_HOME"] = NO_CONFIG  # no user settings file leaks into tests
+    return load_settings({"transfer": transfer} if transfer else None, environ=env)
+
+
+def mcbridge(*args: str, env: dict[str, str], state_dir: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in env.items() if k != "MCBRIDGE_CONFIG"}
+    env.update(MCBRIDGE_STATE_DIR=str(state_dir), XDG_CONFIG_HOME=NO_CONFIG,
+               AWS_EC2_METADATA_DISABLED="true", NO_GCE_CHECK="true")
+    return subprocess.run([*MCBRIDGE, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def make_tree(root: Path) -> dict[str, bytes]:
+    """Nested folders, an empty file, non-ASCII names, a few-MB file and small files."""
+    files = {
+        "empty.txt": b"",
+        "a/b/c/deep.txt": b"deep\n",
+        "données/ünïcödé 名前.txt": "non-ASCII ✓\n".encode(),
+        "big/weights.bin": os.urandom(12 * 1024 * 1024 + 123),
+    }
+    for i in range(20):
+        files[f"small/{i:03d}.json"] = f'{{"i": {i}}}\n'.encode() * (i + 1)
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return files
+
+
+def read_tree(url: str, settings: Settings) -> dict[str, bytes]:
+    root = parse(url).as_prefix()
+    store = get_store(root, settings)
+    return {rel: store.read(info.location) for rel, info in store.walk(root)}

@@ -1,0 +1,100 @@
+"""One suite, run against every store: local first, then each emulator over real HTTP."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge.errors import BucketNotFound, ObjectNotFound
+from bridge.hashing import FileHash, combine_parts, crc32c, crc_hex
+from bridge.stores import get_store
+from bridge.urls import parse
+from tests.helpers import settings_for
+
+
+@pytest.fixture
+def store_env(store_root, emulator_env):
+    settings = settings_for(emulator_env)
+    root = parse(store_root)
+    return get_store(root, settings), root
+
+
+def test_put_read_info_list_delete(store_env):
+    store, root = store_env
+    data = b"hello bridge\n"
+    h = FileHash.of(data)
+    loc = root.join("dir/sub/ü.txt")
+    store.put(loc, data, crc32c=h.crc32c, metadata={"bridge_crc32c": h.crc32c})
+    assert store.read(loc) == data
+    assert store.read(loc, 6, 6) == b"bridge"
+    info = store.info(loc)
+    assert info.size == len(data)
+    if "crc32c" in store.features.checksums:
+        assert info.checksums["crc32c"] == h.crc32c
+    assert [(rel, i.size) for rel, i in store.walk(root)] == [("dir/sub/ü.txt", len(data))]
+    store.delete(loc)
+    with pytest.raises(ObjectNotFound):
+        store.info(loc)
+
+
+def test_empty_object(store_env):
+    store, root = store_env
+    loc = root.join("empty")
+    store.put(loc, b"", crc32c=crc_hex(crc32c(b"")), metadata={})
+    assert store.read(loc) == b""
+    assert store.info(loc).size == 0
+
+
+def test_reserved_folder_is_not_data(store_env):
+    store, root = store_env
+    for rel in ("x", "_bridge/manifest.json", "sub/_bridge/y"):
+        store.put(root.join(rel), b"1", crc32c=crc_hex(crc32c(b"1")), metadata={})
+    assert sorted(rel for rel, _ in store.walk(root)) == ["x"]
+
+
+def test_multipart_upload_resume_and_complete(store_env):
+    store, root = store_env
+    size = store.features.min_part_size
+    size = max(size, 1024)
+    parts = [bytes([i]) * size for i in range(3)] + [b"tail"]
+    data = b"".join(parts)
+    loc = root.join("big/object.bin")
+    upload = store.begin_upload(loc, len(data))
+    offset, records = 0, []
+    for n, part in enumerate(parts[:2], 1):
+        records.append(store.upload_part(loc, upload, n, offset, part, crc_hex(crc32c(part))))
+        offset += len(part)
+    held = store.list_parts(loc, upload)
+    assert sorted(held) == [1, 2] and all(held[n].size == size for n in held)
+    with pytest.raises(ObjectNotFound):
+        store.info(loc)  # nothing visible before completion
+    for n, part in enumerate(parts[2:], 3):
+        records.append(store.upload_part(loc, upload, n, offset, part, crc_hex(crc32c(part))))
+        offset += len(part)
+    whole = crc_hex(combine_parts([(crc32c(p), len(p)) for p in parts]))
+    assert whole == crc_hex(crc32c(data))
+    store.complete_upload(loc, upload, records, crc32c=whole, metadata={"bridge_crc32c": whole})
+    assert store.read(loc) == data
+    info = store.info(loc)
+    assert info.size == len(data)
+    if "crc32c" in store.features.checksums:
+        assert info.checksums["crc32c"] == whole
+
+
+def test_abort_leaves_nothing(store_env):
+    store, root = store_env
+    loc = root.join("aborted.bin")
+    part = b"x" * max(1024, store.features.min_part_size)
+    upload = store.begin_upload(loc, len(part))
+    store.upload_part(loc, upload, 1, 0, part, crc_hex(crc32c(part)))
+    store.abort_upload(loc, upload)
+    assert list(store.walk(root)) == []
+    with pytest.raises(ObjectNotFound):
+        store.info(loc)
+
+
+def test_missing_bucket(store_env):
+    store, root = store_env
+    if root.is_local:
+        pytest.skip("local paths have no bucket")
+    with pytest.raises(BucketNotFound):
+        store.check_bucket(parse(f"{root.scheme}://no-such-bucket-xyz/k"))
