@@ -1,0 +1,190 @@
+"""The transfer engine: manifest contents, verify, resume after SIGKILL, sync and repair."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from bridge import manifest as manifests
+from bridge.hashing import crc32c, crc_hex
+from bridge.stores import get_store
+from bridge.urls import parse
+from tests.helpers import MCBRIDGE, make_tree, mcbridge, read_tree, settings_for
+
+MiB = 1024 * 1024
+
+
+def overwrite(emulator_for, url: str, data: bytes) -> None:
+    """Change an object behind bridge's back, with the provider's own SDK (or the filesystem)."""
+    loc = parse(url)
+    if loc.is_local:
+        Path(loc.local_path).write_bytes(data)
+    elif loc.scheme == "s3":
+        emulator_for("s3").client().put_object(Bucket=loc.bucket, Key=loc.key, Body=data)
+    elif loc.scheme == "gs":
+        emulator_for("gs").client().bucket(loc.bucket).blob(loc.key).upload_from_string(data)
+    else:
+        emulator_for("az").client().get_blob_client(loc.bucket, loc.key).upload_blob(data, overwrite=True)
+
+
+def test_manifest_contents(tmp_path, emulator_env):
+    files = make_tree(tmp_path / "src")
+    r = mcbridge("cp", f"{tmp_path}/src/", f"{tmp_path}/dst/", "--chunk-size", "1MiB", "--json",
+                 env=emulator_env, state_dir=tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["files"] == len(files) and summary["bytes"] == sum(map(len, files.values()))
+    doc = json.loads((tmp_path / "dst/_bridge/manifest.json").read_text())
+    assert doc["format"] == "mcbridge-manifest" and doc["version"] == 1
+    assert doc["source"] == f"{tmp_path}/src/" and doc["destination"] == f"{tmp_path}/dst/"
+    assert doc["bridge_version"] and doc["created"].endswith("Z")
+    assert doc["totals"] == {"files": len(files), "bytes": sum(map(len, files.values()))}
+    entries = {e["path"]: e for e in doc["files"]}
+    assert sorted(entries) == sorted(files) == [e["path"] for e in doc["files"]]
+    for rel, data in files.items():
+        e = entries[rel]
+        assert e["size"] == len(data)
+        assert e["crc32c"] == crc_hex(crc32c(data))
+        assert e["sha256"] == hashlib.sha256(data).hexdigest()
+        if len(data) > MiB:
+            assert e["part_size"] == MiB
+            slices = [data[i:i + MiB] for i in range(0, len(data), MiB)]
+            assert e["parts"] == [crc_hex(crc32c(s)) for s in slices]
+        else:
+            assert e["part_size"] == 0 and e["parts"] == []
+    assert not list((tmp_path / "state").glob("journal/*.jsonl")), "journal removed after success"
+
+
+def test_manifest_shards_for_large_corpora(tmp_path, emulator_env):
+    store = get_store(parse(f"{tmp_path}/"), settings_for(emulator_env))
+    files = {f"f{i:05d}": manifests.FileEntry(f"f{i:05d}", i, "00000000", "0" * 64) for i in range(25)}
+    m = manifests.Manifest("src", "dst", files)
+    manifests.write(store, parse(f"{tmp_path}/"), m, shard_entries=10)
+    doc = json.loads((tmp_path / "_bridge/manifest.json").read_text())
+    assert "files" not in doc and [s["entries"] for s in doc["file_shards"]] == [10, 10, 5]
+    again = manifests.read(store, parse(f"{tmp_path}/"))
+    assert again.files == files
+
+
+@pytest.mark.parametrize("scheme", ["local", "s3", "gs", "az"])
+def test_verify_passes_then_names_the_corrupted_file(scheme, make_root, emulator_for, emulator_env, tmp_path):
+    files = make_tree(tmp_path / "src")
+    dst = make_root(scheme) + "copy/"
+    assert mcbridge("cp", f"{tmp_path}/src/", dst, "--chunk-size", "5MiB", "-q", env=emulator_env,
+                    state_dir=tmp_path).returncode == 0
+    ok = mcbridge("verify", dst, "--json", env=emulator_env, state_dir=tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert json.loads(ok.stdout)["checked"] == len(files)
+    assert mcbridge("verify", dst, "--deep", env=emulator_env, state_dir=tmp_path).returncode == 0
+
+    victim = "small/007.json"
+    overwrite(emulator_for, dst + victim, bytes(b ^ 1 for b in files[victim]))  # same size, other bytes
+    big = "big/weights.bin"
+    overwrite(emulator_for, dst + big, files[big][:-1] + bytes([files[big][-1] ^ 0xFF]))
+    bad = mcbridge("verify", dst, env=emulator_env, state_dir=tmp_path)
+    assert bad.returncode == 1
+    named = {line.split()[1].rstrip(":") for line in bad.stdout.splitlines() if line.startswith("mismatched")}
+    assert named == {victim, big}, bad.stdout
+    deep = mcbridge("verify", dst, "--deep", "--json", env=emulator_env, state_dir=tmp_path)
+    assert deep.returncode == 1
+    assert {m["path"] for m in json.loads(deep.stdout)["mismatched"]} == {victim, big}
+
+
+def test_verify_lists_missing_and_extra(tmp_path, emulator_env):
+    make_tree(tmp_path / "src")
+    dst = tmp_path / "dst"
+    assert mcbridge("cp", f"{tmp_path}/src/", str(dst), "-q", env=emulator_env, state_dir=tmp_path).returncode == 0
+    (dst / "a/b/c/deep.txt").unlink()
+    (dst / "stray.bin").write_bytes(b"?")
+    r = mcbridge("verify", str(dst), "--json", env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 1
+    report = json.loads(r.stdout)
+    assert report["missing"] == ["a/b/c/deep.txt"] and report["extra"] == ["stray.bin"]
+
+
+def _moto_part_puts(moto, key: str) -> int:
+    """UploadPart requests for ``key`` in moto's request log so far."""
+    text = moto.log_path.read_text(errors="replace")
+    return sum(1 for line in text.splitlines() if f"PUT /" in line and key in line and "partNumber=" in line)
+
+
+def test_killed_copy_resumes_without_resending_finished_parts(moto, make_root, emulator_env, tmp_path):
+    size, part = 48 * MiB, 5 * MiB
+    nparts = -(-size // part)
+    src = tmp_path / "ckpt.bin"
+    src.write_bytes(os.urandom(size))
+    dst = make_root("s3") + "models/"
+    state = tmp_path / "state"
+    env = dict(emulator_env, MCBRIDGE_STATE_DIR=str(state), XDG_CONFIG_HOME="/nonexistent")
+    args = [*MCBRIDGE, "cp", str(src), dst, "--chunk-size", "5MiB", "-j", "2", "-q"]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    journaled = 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        journals = list(state.glob("journal/*.jsonl"))
+        journaled = sum(1 for j in journals for line in j.read_text().splitlines() if '"k":"part:' in line)
+        if journaled >= 3:
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert 3 <= journaled < nparts, "the copy must be killed mid-way"
+    key = "models/ckpt.bin"
+    first_run = _moto_part_puts(moto, key)
+    assert mcbridge("verify", dst, env=emulator_env, state_dir=state).returncode == 1  # no manifest yet
+
+    r = mcbridge("cp", str(src), dst, "--chunk-size", "5MiB", "-j", "2", "--json", env=emulator_env,
+                 state_dir=state)
+    assert r.returncode == 0, r.stderr
+    second_run = _moto_part_puts(moto, key) - first_run
+    resent = first_run + second_run - nparts
+    assert first_run >= journaled and first_run + second_run >= nparts, "moto's log must show every part"
+    assert second_run <= nparts - journaled + 2, (first_run, second_run, journaled)
+    assert resent <= 2, f"only parts in flight (at most -j 2) may be sent twice; {resent} were"
+    assert json.loads(r.stdout)["bytes_skipped"] >= journaled * part - part
+    assert read_tree(dst, settings_for(emulator_env))["ckpt.bin"] == src.read_bytes()
+    assert mcbridge("verify", dst, env=emulator_env, state_dir=state).returncode == 0
+    s3 = moto.client()
+    assert s3.list_multipart_uploads(Bucket=parse(dst).bucket).get("Uploads", []) == []
+
+
+@pytest.mark.parametrize("scheme", ["local", "s3", "gs", "az"])
+def test_sync_sends_only_the_changed_file_and_repairs(scheme, make_root, emulator_for, emulator_env, tmp_path):
+    files = make_tree(tmp_path / "src")
+    src, dst = f"{tmp_path}/src/", make_root(scheme) + "mirror/"
+    first = mcbridge("sync", src, dst, "--chunk-size", "5MiB", "--json", env=emulator_env, state_dir=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert sorted(json.loads(first.stdout)["sent"]) == sorted(files)
+
+    (tmp_path / "src/a/b/c/deep.txt").write_bytes(b"DEEP\n")  # same size, new content
+    overwrite(emulator_for, dst + "small/003.json", b"corrupted!" * 1)
+    (tmp_path / "src/small/019.json").unlink()
+    r = mcbridge("sync", src, dst, "--chunk-size", "5MiB", "--delete", "--json", env=emulator_env,
+                 state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert sorted(out["sent"]) == ["a/b/c/deep.txt", "small/003.json"]
+    assert out["reasons"]["changed"] == 1 and out["reasons"]["repaired"] == 1
+    assert out["deleted"] == ["small/019.json"]
+    expected = {rel: data for rel, data in files.items() if rel != "small/019.json"}
+    expected["a/b/c/deep.txt"] = b"DEEP\n"
+    assert read_tree(dst, settings_for(emulator_env)) == expected
+    assert mcbridge("verify", dst, env=emulator_env, state_dir=tmp_path).returncode == 0
+    again = mcbridge("sync", src, dst, "--json", env=emulator_env, state_dir=tmp_path)
+    assert json.loads(again.stdout)["sent"] == []
+
+
+def test_dry_run_moves_nothing(tmp_path, emulator_env):
+    make_tree(tmp_path / "src")
+    r = mcbridge("cp", f"{tmp_path}/src/", f"{tmp_path}/dst/", "--dry-run", "--chunk-size", "5MiB",
+                 env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "big/weights.bin" in r.stdout and "3 parts" in r.stdout and "would copy 24 files" in r.stdout
+    assert not (tmp_path / "dst").exists()
