@@ -1,0 +1,249 @@
+"""Jobs as records in Redis: what was asked, where it stands, what went wrong.
+
+A record is one hash, ``<ns>:job:<id>``. State moves only forward, by compare-and-set in Redis,
+so a cancel and a finishing worker cannot both win::
+
+    queued -> planning -> running -> verifying -> succeeded
+       \\__________\\__________\\__________\\____> failed
+       \\__________\\__________\\_____________> cancelled   (not once verifying: the copy is done)
+
+Progress counters are incremented by the tasks as they go (HINCRBY); the rate is derived when the
+record is read. Errors are redacted before they are stored, and only the first ``MAX_ERRORS`` are
+kept (with a count of all). A finished job's keys expire after ``job_ttl``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.keys import Keys
+from workers.redact import redact
+from workers.specs import JobSpec
+
+STATES = ("queued", "planning", "running", "verifying", "succeeded", "failed", "cancelled")
+ACTIVE = ("queued", "planning", "running", "verifying")
+TERMINAL = ("succeeded", "failed", "cancelled")
+CANCELLABLE = ("queued", "planning", "running")
+MAX_ERRORS = 50
+
+COUNTERS = ("bytes_total", "files_total", "units_total", "tasks_total", "tasks_done", "bytes_done",
+            "bytes_skipped", "units_done", "units_failed", "files_done", "retries", "requeued",
+            "error_count")
+
+_TRANSITION = """
+local cur = redis.call('HGET', KEYS[1], 'state')
+if not cur then return {0, ''} end
+for i = 3, #ARGV do
+  if ARGV[i] == cur then
+    redis.call('HSET', KEYS[1], 'state', ARGV[1], 'updated', ARGV[2])
+    return {1, cur}
+  end
+end
+return {0, cur}
+"""
+
+
+def iso(ts: float | None) -> str | None:
+    return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+@dataclass
+class JobRecord:
+    id: str
+    kind: str
+    state: str
+    spec: dict[str, Any]
+    queue: str
+    created: float
+    updated: float
+    started: float | None = None
+    finished: float | None = None
+    schedule: str | None = None
+    parent: str | None = None
+    children: list[str] = field(default_factory=list)
+    plan_key: str | None = None
+    manifest: str | None = None
+    verify: dict[str, Any] | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    @property
+    def elapsed(self) -> float:
+        if self.started is None:
+            return 0.0
+        return (self.finished or time.time()) - self.started
+
+    @property
+    def rate(self) -> float:
+        moved = self.counters.get("bytes_done", 0) - self.counters.get("bytes_skipped", 0)
+        return moved / self.elapsed if self.elapsed > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.counters
+        return {
+            "id": self.id, "kind": self.kind, "state": self.state, "spec": self.spec, "queue": self.queue,
+            "schedule": self.schedule, "parent": self.parent, "children": self.children,
+            "created": iso(self.created), "started": iso(self.started), "finished": iso(self.finished),
+            "updated": iso(self.updated),
+            "progress": {**{k: c.get(k, 0) for k in COUNTERS if k != "error_count"},
+                         "elapsed_s": round(self.elapsed, 3), "rate_bytes_per_s": round(self.rate)},
+            "errors": self.errors, "error_count": c.get("error_count", 0),
+            "manifest": self.manifest, "verify": self.verify,
+        }
+
+
+class Jobs:
+    """Job records of one deployment."""
+
+    def __init__(self, client, keys: Keys, ttl: float):
+        self.r = client
+        self.keys = keys
+        self.ttl = int(ttl)
+        self._transition = client.register_script(_TRANSITION)
+
+    @staticmethod
+    def new_id() -> str:
+        return uuid.uuid4().hex[:12]
+
+    def create(self, spec: JobSpec, *, queue: str, job_id: str | None = None, schedule: str | None = None,
+               parent: str | None = None) -> str:
+        job_id = job_id or self.new_id()
+        now = time.time()
+        key = self.keys.job(job_id)
+        if not self.r.hsetnx(key, "id", job_id):
+            return job_id  # made already: a planner that ran twice
+        fields = {"kind": spec.kind, "state": "queued", "spec": json.dumps(spec.to_dict()), "queue": queue,
+                  "created": now, "updated": now}
+        if schedule:
+            fields["schedule"] = schedule
+        if parent:
+            fields["parent"] = parent
+        pipe = self.r.pipeline()
+        pipe.hset(key, mapping=fields)
+        pipe.zadd(self.keys.jobs, {job_id: now})
+        pipe.execute()
+        return job_id
+
+    def get(self, job_id: str) -> JobRecord | None:
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(self.keys.job(job_id))
+        pipe.lrange(self.keys.job(job_id, "errors"), 0, -1)
+        raw, errors = pipe.execute()
+        return self._record(raw, errors) if raw.get("state") else None
+
+    @staticmethod
+    def _record(raw: dict[str, str], errors: list[str]) -> JobRecord:
+        def num(name: str) -> float | None:
+            return float(raw[name]) if raw.get(name) else None
+
+        return JobRecord(
+            id=raw["id"], kind=raw["kind"], state=raw["state"], spec=json.loads(raw["spec"]),
+            queue=raw.get("queue", ""), created=float(raw["created"]), updated=float(raw["updated"]),
+            started=num("started"), finished=num("finished"), schedule=raw.get("schedule"),
+            parent=raw.get("parent"), children=json.loads(raw.get("children", "[]")),
+            plan_key=raw.get("plan_key"), manifest=raw.get("manifest"),
+            verify=json.loads(raw["verify"]) if raw.get("verify") else None,
+            counters={k: int(raw[k]) for k in COUNTERS if raw.get(k)}, errors=errors)
+
+    def state(self, job_id: str) -> str | None:
+        return self.r.hget(self.keys.job(job_id), "state")
+
+    def list(self, limit: int = 50, states: tuple[str, ...] | None = None) -> list[JobRecord]:
+        self.r.zremrangebyscore(self.keys.jobs, "-inf", time.time() - self.ttl)
+        out: list[JobRecord] = []
+        ids = self.r.zrevrange(self.keys.jobs, 0, -1)
+        for start in range(0, len(ids), 100):
+            chunk = ids[start:start + 100]
+            pipe = self.r.pipeline(transaction=False)
+            for job_id in chunk:
+                pipe.hgetall(self.keys.job(job_id))
+                pipe.lrange(self.keys.job(job_id, "errors"), 0, 0)
+            replies = pipe.execute()
+            for job_id, raw, errors in zip(chunk, replies[::2], replies[1::2]):
+                if not raw.get("state"):
+                    self.r.zrem(self.keys.jobs, job_id)  # expired
+                    continue
+                if states and raw["state"] not in states:
+                    continue
+                out.append(self._record(raw, errors))
+                if len(out) >= limit:
+                    return out
+        return out
+
+    # -- changes ------------------------------------------------------------------------------
+    def transition(self, job_id: str, to: str, allowed: tuple[str, ...]) -> bool:
+        """Move to ``to`` if the state is one of ``allowed``; False when it is not (or no job)."""
+        moved, _ = self._transition(keys=[self.keys.job(job_id)], args=[to, time.time(), *allowed])
+        if moved and to in TERMINAL:
+            self._expire(job_id)
+        return bool(moved)
+
+    def finish(self, job_id: str, to: str, allowed: tuple[str, ...] = ACTIVE, **fields: Any) -> bool:
+        if fields:
+            self.update(job_id, **fields)
+        if not self.transition(job_id, to, allowed):
+            return False
+        self.r.hset(self.keys.job(job_id), "finished", time.time())
+        return True
+
+    def _expire(self, job_id: str) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for key in (self.keys.job(job_id), self.keys.job(job_id, "errors"), self.keys.job(job_id, "done"),
+                    self.keys.job(job_id, "pending")):
+            pipe.expire(key, self.ttl)
+        pipe.delete(self.keys.job(job_id, "tasks"))
+        pipe.execute()
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        encoded = {k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in fields.items()
+                   if v is not None}
+        if encoded:
+            self.r.hset(self.keys.job(job_id), mapping=encoded)
+
+    def add_progress(self, job_id: str, deltas: dict[str, int]) -> None:
+        deltas = {k: v for k, v in deltas.items() if v}
+        if not deltas:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for name, delta in deltas.items():
+            pipe.hincrby(self.keys.job(job_id), name, delta)
+        pipe.execute()
+
+    def add_errors(self, job_id: str, errors: list[str]) -> None:
+        if not errors:
+            return
+        key = self.keys.job(job_id, "errors")
+        pipe = self.r.pipeline(transaction=False)
+        pipe.rpush(key, *(redact(e) for e in errors))
+        pipe.ltrim(key, 0, MAX_ERRORS - 1)
+        pipe.hincrby(self.keys.job(job_id), "error_count", len(errors))
+        pipe.execute()
+
+    def cancel(self, job_id: str) -> tuple[bool, str | None]:
+        """(cancelled now?, the state it was or is in)."""
+        state = self.state(job_id)
+        if state is None:
+            return False, None
+        if self.finish(job_id, "cancelled", CANCELLABLE):
+            record = self.get(job_id)
+            for child in record.children if record else []:
+                self.cancel(child)
+            return True, state
+        return False, self.state(job_id)
+
+    # -- replication ------------------------------------------------------------------------
+    def record_proven(self, source: str, destination: str, job_id: str) -> None:
+        self.r.hset(self.keys.replicas, f"{source} -> {destination}",
+                    json.dumps({"proven_at": iso(time.time()), "job": job_id}))
+
+    def proven(self, source: str, destinations: list[str]) -> dict[str, dict | None]:
+        raw = self.r.hmget(self.keys.replicas, [f"{source} -> {d}" for d in destinations]) if destinations else []
+        return {d: json.loads(v) if v else None for d, v in zip(destinations, raw)}

@@ -1,0 +1,42 @@
+"""The engine's ``Journal`` kept in Redis, shared by every worker running units of one job.
+
+Records go to one hash per kind of key (``file:``, ``part:``, ``upload:`` ...), so that the
+finalize step reads every ``file:`` record with one scan of one hash however many parts the job
+had. The journal is keyed by the plan's key, like the in-process one: submitting a failed job
+again finds what the first run finished.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class RedisJournal:
+    def __init__(self, client, key: str, ttl: float):
+        self.client = client
+        self.key = key
+        self.ttl = int(ttl)
+
+    def _hash(self, key: str) -> str:
+        kind = key.partition(":")[0]
+        return f"{self.key}:{kind}"
+
+    def get(self, key: str) -> Any | None:
+        raw = self.client.hget(self._hash(key), key)
+        return None if raw is None else json.loads(raw)
+
+    def put(self, key: str, value: Any) -> None:
+        name = self._hash(key)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hset(name, key, json.dumps(value, separators=(",", ":")))
+        pipe.expire(name, self.ttl)
+        pipe.execute()
+
+    def items(self, prefix: str) -> dict[str, Any]:
+        return {k: json.loads(v) for k, v in self.client.hscan_iter(self._hash(prefix)) if k.startswith(prefix)}
+
+    def clear(self) -> None:
+        names = list(self.client.scan_iter(match=f"{self.key}:*", count=100))
+        if names:
+            self.client.delete(*names)

@@ -1,0 +1,87 @@
+"""Redis key names of one deployment, and the Redis client of this process.
+
+Every key starts with the namespace (``BRIDGE_NAMESPACE``, default ``mcbridge``); Celery's own
+keys get the same prefix through kombu's ``global_keyprefix``::
+
+    mcbridge:jobs                     sorted set: job id by creation time
+    mcbridge:job:<id>                 hash: the job record (workers/jobs.py)
+    mcbridge:job:<id>:errors          list: the first errors, redacted
+    mcbridge:job:<id>:done            set: ids of the job's tasks that finished
+    mcbridge:job:<id>:pending         counter: transfer tasks not yet finished
+    mcbridge:job:<id>:tasks           list: the fan-out, kept so a re-run planner re-sends it
+    mcbridge:journal:<plan key>:<kind> hashes: the journal (workers/journal.py)
+    mcbridge:lease:<task id>          string with a TTL: who runs that task (workers/leases.py)
+    mcbridge:running                  hash: task id -> how to queue it again
+    mcbridge:worker:<hostname>        string with a TTL: a live worker and its queues
+    mcbridge:replicas                 hash: "source -> destination" -> when last proven equal
+    mcbridge:schedule:<name>          hash: the last job a schedule started
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+_clients: dict[tuple[str, int], object] = {}
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Keys:
+    namespace: str
+
+    def _k(self, *parts: str) -> str:
+        return ":".join((self.namespace, *parts))
+
+    @property
+    def jobs(self) -> str:
+        return self._k("jobs")
+
+    def job(self, job_id: str, *sub: str) -> str:
+        return self._k("job", job_id, *sub)
+
+    def journal(self, plan_key: str) -> str:
+        return self._k("journal", plan_key)
+
+    def lease(self, task_id: str) -> str:
+        return self._k("lease", task_id)
+
+    @property
+    def running(self) -> str:
+        return self._k("running")
+
+    @property
+    def sweeper(self) -> str:
+        return self._k("sweeper")
+
+    def worker(self, hostname: str) -> str:
+        return self._k("worker", hostname)
+
+    @property
+    def workers_pattern(self) -> str:
+        return self._k("worker", "*")
+
+    @property
+    def replicas(self) -> str:
+        return self._k("replicas")
+
+    def schedule(self, name: str) -> str:
+        return self._k("schedule", name)
+
+    def once(self, token: str) -> str:
+        return self._k("once", token)
+
+
+def redis_client(url: str):
+    """One client per URL and process (a client must not cross a fork)."""
+    import redis
+
+    key = (url, os.getpid())
+    with _lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _clients[key] = redis.Redis.from_url(
+                url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30,
+                health_check_interval=30)
+        return client

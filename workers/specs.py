@@ -1,0 +1,136 @@
+"""What a job asks for, checked before anything is queued.
+
+A spec is plain data (it is stored in the job record and travels in task arguments): URLs,
+options and the name of a settings profile, never a credential. ``JobSpec`` is shared by
+``mcbridge submit`` and the schedules file, so both refuse the same mistakes with the same words.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from bridge.config import parse_size
+from bridge.errors import BridgeError, InvalidOption
+from bridge.urls import Location, parse
+
+KINDS = ("copy", "sync", "replicate")
+VERIFY = ("store", "deep", "none")
+
+
+def _location(url: str) -> Location:
+    try:
+        return parse(url)
+    except BridgeError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _inside(inner: Location, outer: Location) -> bool:
+    if (inner.scheme, inner.bucket) != (outer.scheme, outer.bucket):
+        return False
+    outer_key = outer.as_prefix().key
+    return inner.as_prefix().key.startswith(outer_key) if outer_key else True
+
+
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["copy", "sync", "replicate"]
+    source: str
+    destinations: list[str] = Field(min_length=1)
+    delete: bool | None = None          # sync and replicate; replicate defaults to true
+    chunk_size: int | None = None
+    concurrency: int | None = Field(None, ge=1, le=256)
+    profile: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$")
+    queue: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    verify: Literal["store", "deep", "none"] = "store"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_destination(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "destination" in data:
+            if "destinations" in data:
+                raise ValueError("give destination or destinations, not both")
+            data = {**data, "destinations": [data["destination"]]}
+            del data["destination"]
+        return data
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, url: str) -> str:
+        return str(_location(url))
+
+    @field_validator("destinations")
+    @classmethod
+    def _destinations(cls, urls: list[str]) -> list[str]:
+        out = [str(_location(url)) for url in urls]
+        if len(set(out)) != len(out):
+            raise ValueError("a destination is listed twice")
+        return out
+
+    @field_validator("chunk_size", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return parse_size(value)
+        except BridgeError as exc:
+            raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _coherent(self) -> JobSpec:
+        if self.kind != "replicate" and len(self.destinations) != 1:
+            raise ValueError(f"a {self.kind} job has one destination; use replicate for several")
+        if self.kind == "copy" and self.delete:
+            raise ValueError("delete applies to sync and replicate, not copy")
+        src = parse(self.source)
+        for url in self.destinations:
+            dst = parse(url)
+            if src.is_prefix and _inside(dst, src):
+                raise ValueError(f"destination {url} is inside the source {self.source}")
+            if str(dst.as_prefix()) == str(src.as_prefix()):
+                raise ValueError(f"destination {url} is the source")
+        return self
+
+    # -- use ------------------------------------------------------------------------------
+    @property
+    def destination(self) -> str:
+        return self.destinations[0]
+
+    @property
+    def deletes(self) -> bool:
+        return self.delete if self.delete is not None else self.kind == "replicate"
+
+    def settings_overrides(self) -> dict[str, Any]:
+        """What the spec changes in a worker's settings: transfer options, never credentials."""
+        transfer = {k: v for k, v in (("concurrency", self.concurrency), ("chunk_size", self.chunk_size))
+                    if v is not None}
+        return {"transfer": transfer} if transfer else {}
+
+    def for_destination(self, url: str) -> JobSpec:
+        """The sync that keeps one destination of a replication equal to the source."""
+        return self.model_copy(update={"kind": "sync", "destinations": [url], "delete": self.deletes})
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def error_line(err: dict) -> str:
+    """One pydantic error as 'field: message'."""
+    where = ".".join(str(p) for p in err["loc"])
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = "unknown field"
+    elif err["type"] == "literal_error":
+        message = f"must be one of {err['ctx']['expected']}"
+    return f"{where}: {message}" if where else message
+
+
+def parse_spec(data: dict[str, Any]) -> JobSpec:
+    """A JobSpec, or InvalidOption with the first problem on one line."""
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise InvalidOption(f"invalid job: {error_line(exc.errors()[0])}") from None
