@@ -1,0 +1,82 @@
+"""What the sweeper needs from the broker: send a task, and see deliveries nobody acknowledged.
+
+kombu's Redis transport keeps every delivered, unacknowledged message in a hash (``unacked``)
+with its delivery time in a sorted set (``unacked_index``), and puts it back in its queue only
+after the visibility timeout. A worker killed between receiving a task and starting it leaves
+such a message without a lease; ``Unacked.requeue_unleased`` queues it again after ``grace``
+instead of hours later. The key names come from kombu's channel, not from here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from workers.leases import Leases, TaskRef
+
+log = logging.getLogger(__name__)
+
+# Tasks whose first argument is a job id and which take a lease when they start.
+LEASED_TASKS = ("bridge.plan", "bridge.transfer", "bridge.finalize")
+# Tasks that are safe to send twice (they deduplicate themselves) but take no lease.
+IDEMPOTENT_TASKS = ("bridge.scheduled",)
+
+
+def publisher(app) -> Callable[[TaskRef], None]:
+    def publish(ref: TaskRef) -> None:
+        app.send_task(ref.task, args=ref.args, task_id=ref.id, queue=ref.queue)
+    return publish
+
+
+class Unacked:
+    def __init__(self, app, client):
+        self.app = app
+        self.r = client   # a plain client: these key names already carry the prefix
+
+    def _names(self) -> tuple[str, str]:
+        with self.app.connection_for_write() as conn:
+            channel = conn.default_channel
+            prefix = getattr(channel, "global_keyprefix", "") or ""
+            return prefix + channel.unacked_key, prefix + channel.unacked_index_key
+
+    def drop(self, tag: str) -> None:
+        """Forget a delivery whose task has been queued again by other means."""
+        unacked, index = self._names()
+        pipe = self.r.pipeline()
+        pipe.hdel(unacked, tag)
+        pipe.zrem(index, tag)
+        pipe.execute()
+
+    def requeue_unleased(self, leases: Leases, publish: Callable[[TaskRef], None], grace: float,
+                         skip: set[str]) -> list[str]:
+        r = self.r
+        requeued: list[str] = []
+        unacked, index = self._names()
+        with self.app.connection_for_write() as conn:
+            channel = conn.default_channel
+            for tag in r.zrangebyscore(index, "-inf", time.time() - grace):
+                raw = r.hget(unacked, tag)
+                if raw is None:
+                    r.zrem(index, tag)
+                    continue
+                payload, _exchange, routing_key = json.loads(raw)
+                headers = payload.get("headers") or {}
+                task_id, name = headers.get("id"), headers.get("task")
+                if not task_id or task_id in skip or name not in LEASED_TASKS + IDEMPOTENT_TASKS:
+                    continue
+                if r.exists(leases.keys.lease(task_id)):
+                    continue  # running, and its worker is alive: slow, not lost
+                args, _kwargs, _embed = channel.Message(payload, channel=channel).decode()
+                job = args[0] if args and name in LEASED_TASKS else ""
+                if not (job and r.sismember(leases.keys.job(job, "done"), task_id)):
+                    publish(TaskRef(id=task_id, task=name, args=list(args), queue=routing_key, job=job))
+                    requeued.append(task_id)
+                    log.warning("task %s (%s) was received by a worker that died before starting it; "
+                                "queued again on %s", task_id, name, routing_key)
+                pipe = r.pipeline()
+                pipe.hdel(unacked, tag)
+                pipe.zrem(index, tag)
+                pipe.execute()
+        return requeued
