@@ -1,0 +1,128 @@
+"""The Celery app: ``celery -A workers.app worker|beat|flower`` and ``mcbridge worker|beat`` use it.
+
+Its settings come from ``workers.settings`` (the environment, read once, here). Each worker's
+main process also runs the ``Upkeep`` step: it announces the worker in Redis, sweeps for tasks
+of dead workers (workers/leases.py) and serves the Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from celery import Celery, bootsteps, signals
+
+from workers import metrics, redact
+from workers.settings import WorkerSettings, celery_config
+
+log = logging.getLogger(__name__)
+
+app = Celery("bridge", include=["workers.tasks"])
+settings: WorkerSettings = WorkerSettings.from_env(os.environ)
+_service = None
+
+
+def configure(ws: WorkerSettings) -> None:
+    """Use ``ws`` from now on (the CLI passes its flags this way, never through os.environ)."""
+    global settings, _service
+    settings = ws
+    _service = None
+    app.conf.update(celery_config(ws))
+
+
+configure(settings)
+
+
+def service():
+    """This process's ``Service`` (made on first use, so after the pool has forked)."""
+    global _service
+    if _service is None:
+        from workers.broker import publisher
+        from workers.executor import Service
+        from workers.keys import redis_client
+        _service = Service(settings, redis_client(settings.broker_url), publisher(app))
+    return _service
+
+
+class Upkeep(bootsteps.StartStopStep):
+    """Presence, sweeping and metrics, in the worker's main process."""
+
+    requires = {"celery.worker.components:Pool"}
+
+    def __init__(self, worker, **kwargs):
+        super().__init__(worker, **kwargs)
+        self.stop_event = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.server = None
+
+    def start(self, worker) -> None:
+        import json
+
+        from workers.broker import Unacked
+        from workers.leases import Sweeper
+        svc = service()
+        queues = sorted(worker.app.amqp.queues.consume_from or [])
+        presence = json.dumps({"hostname": worker.hostname, "pid": os.getpid(), "queues": queues,
+                               "concurrency": worker.concurrency, "started": time.time(),
+                               "metrics_port": settings.metrics_port})
+        sweeper = Sweeper(svc.leases, svc.send, Unacked(app, svc.r),
+                          on_requeue=lambda ref: (svc.jobs.add_progress(ref.job, {"requeued": 1})
+                                                  if ref.job else None, metrics.task(ref.task, "requeued")))
+        self.server = metrics.serve(settings.metrics_port, settings.metrics_addr)
+
+        def loop() -> None:
+            while True:
+                try:
+                    svc.r.set(svc.keys.worker(worker.hostname), presence,
+                              px=int(max(settings.sweep * 3, settings.lease) * 1000))
+                    sweeper.sweep(lock_ttl=max(settings.sweep * 2, 5.0))
+                except Exception as exc:  # Redis away: keep the worker up, try again next round
+                    log.warning("upkeep: %s", redact.redact(str(exc)))
+                if self.stop_event.wait(settings.sweep):
+                    return
+
+        self.thread = threading.Thread(target=loop, name="bridge-upkeep", daemon=True)
+        self.thread.start()
+
+    def stop(self, worker) -> None:
+        self.stop_event.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+        try:
+            svc = service()
+            svc.r.delete(svc.keys.worker(worker.hostname))
+        except Exception as exc:
+            log.info("upkeep: could not withdraw this worker: %s", exc)
+        if self.server is not None:
+            self.server.shutdown()
+
+
+app.steps["worker"].add(Upkeep)
+
+_metrics_dir: str | None = None
+
+
+@signals.worker_init.connect
+def _before_pool(**_kwargs) -> None:
+    global _metrics_dir
+    if settings.metrics_port:
+        _metrics_dir = metrics.prepare()
+
+
+@signals.worker_shutdown.connect
+def _after_worker(**_kwargs) -> None:
+    metrics.cleanup(_metrics_dir)
+
+
+@signals.worker_process_shutdown.connect
+def _child_gone(pid=None, **_kwargs) -> None:
+    metrics.process_exited(pid or os.getpid())
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _redact_logs(logger=None, **_kwargs) -> None:
+    redact.install(logger)
+    redact.install()

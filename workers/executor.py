@@ -1,0 +1,435 @@
+"""The Celery executor: a job is planned once, its units fan out as tasks, a finalize step writes
+the manifest when every task is done. Tasks are thin (workers/tasks.py); this is what they do.
+
+    submit ──> bridge.plan ──> bridge.transfer x N ──(pending reaches 0)──> bridge.finalize
+               plan, prepare,   one multipart file, or a   manifest, verify,
+               fan out          batch of small files and   succeeded / failed
+                                deletions, on a thread
+                                pool in one process
+
+One multipart file stays in one task: its SHA-256 is fed in part order in one process
+(``OrderedSha256``), and its parts run on that task's thread pool. Small files go in batches of
+``batch_files`` / ``batch_bytes`` so the few milliseconds a task costs are spread over many.
+Every finished unit is in the Redis journal, so a task run again after its worker died redoes
+only the units that were in flight. The same ``run_unit`` does the work here as in
+``ThreadExecutor`` in process: one code path, two executors.
+
+A task carries its job id and its slice of the plan; the worker loads settings (and the
+credentials in them) for the job's profile from its own environment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from bridge.errors import BridgeError
+from workers import metrics
+from workers.jobs import ACTIVE, Jobs, JobRecord
+from workers.journal import RedisJournal
+from workers.keys import Keys
+from workers.leases import Lease, Leases, TaskRef
+from workers.redact import redact
+from workers.settings import WorkerSettings
+from workers.specs import JobSpec, parse_spec
+
+log = logging.getLogger(__name__)
+
+PLAN, TRANSFER, FINALIZE, SCHEDULED = "bridge.plan", "bridge.transfer", "bridge.finalize", "bridge.scheduled"
+DELETES_PER_TASK = 500
+
+
+def fan_out(plan, batch_files: int, batch_bytes: int) -> list:
+    """Sub-plans, one per task: each multipart file alone (largest first, so the long tasks start
+    early), then small files in batches, then deletions in batches."""
+    from bridge.engine import Plan
+
+    def sub(files=(), deletions=()) -> Plan:
+        return Plan(plan.source, plan.destination, plan.single, list(files), list(deletions), plan.key)
+
+    large = sorted((f for f in plan.files if f.part_size), key=lambda f: -f.size)
+    out = [sub([f]) for f in large]
+    batch: list = []
+    size = 0
+    for f in (f for f in plan.files if not f.part_size):
+        if batch and (len(batch) >= batch_files or size + f.size > batch_bytes):
+            out.append(sub(batch))
+            batch, size = [], 0
+        batch.append(f)
+        size += f.size
+    if batch:
+        out.append(sub(batch))
+    for start in range(0, len(plan.deletions), DELETES_PER_TASK):
+        out.append(sub(deletions=plan.deletions[start:start + DELETES_PER_TASK]))
+    return out
+
+
+def route(ws: WorkerSettings, spec: JobSpec, destination: str | None = None) -> str:
+    """The queue a job's tasks go to: its own, else the first route matching its destination
+    (scheme://bucket, then scheme), else <prefix>.<scheme>. A replication's parent only starts
+    its children, on the control queue."""
+    if spec.queue:
+        return spec.queue
+    if spec.kind == "replicate" and destination is None:
+        return ws.control_queue
+    from bridge.urls import parse
+    loc = parse(destination or spec.destination)
+    for match in (f"{loc.scheme}://{loc.bucket}", loc.scheme):
+        if match in ws.routes:
+            return ws.routes[match]
+    return f"{ws.queue_prefix}.{'local' if loc.is_local else loc.scheme}"
+
+
+class ProgressSink:
+    """Moves a task's ``Progress`` into its job record and the metrics, as deltas, at most every
+    ``interval`` seconds while it runs and once at the end."""
+
+    NAMES = ("bytes_done", "bytes_skipped", "units_done", "units_failed", "files_done", "retries")
+
+    def __init__(self, jobs: Jobs, job_id: str, queue: str, interval: float = 0.5):
+        self.jobs, self.job_id, self.queue, self.interval = jobs, job_id, queue, interval
+        self.sent = dict.fromkeys(self.NAMES, 0)
+        self.last = time.monotonic()
+        self.lock = threading.Lock()
+
+    def __call__(self, progress) -> None:
+        if time.monotonic() - self.last >= self.interval and self.lock.acquire(blocking=False):
+            try:
+                self._flush(progress)
+            finally:
+                self.lock.release()
+
+    def close(self, progress, max_units: int) -> None:
+        with self.lock:
+            self._flush(progress, max_units)
+
+    def _flush(self, progress, max_units: int | None = None) -> None:
+        now = {name: getattr(progress, name) for name in self.NAMES}
+        if max_units is not None:
+            # ThreadExecutor counts its final unit even when there is none (final=None).
+            now["units_done"] = min(now["units_done"], max_units)
+        delta = {name: now[name] - self.sent[name] for name in self.NAMES}
+        self.sent, self.last = now, time.monotonic()
+        try:
+            self.jobs.add_progress(self.job_id, delta)
+        except Exception as exc:  # progress is best effort; the journal is what counts
+            log.warning("job %s: progress not recorded: %s", self.job_id, exc)
+        metrics.transfer(self.queue, moved=delta["bytes_done"] - delta["bytes_skipped"],
+                         skipped=delta["bytes_skipped"], done=delta["units_done"],
+                         failed=delta["units_failed"], retries=delta["retries"])
+
+
+class StopCheck:
+    """Whether a task should stop handing out units: its lease was taken over, or its job was
+    cancelled. The job's state is read at most every ``interval`` seconds."""
+
+    def __init__(self, jobs: Jobs, job_id: str, lease: Lease, interval: float = 0.5):
+        self.jobs, self.job_id, self.lease, self.interval = jobs, job_id, lease, interval
+        self.checked = 0.0
+        self.cancelled = False
+
+    def __call__(self) -> bool:
+        if self.lease.lost.is_set() or self.cancelled:
+            return True
+        if time.monotonic() - self.checked >= self.interval:
+            self.checked = time.monotonic()
+            self.cancelled = self.jobs.state(self.job_id) in ("cancelled", None)
+        return self.cancelled
+
+    def units(self, units: Iterator[dict]) -> Iterator[dict]:
+        for unit in units:
+            if self():
+                return
+            yield unit
+
+
+def _describe(exc: BaseException) -> str:
+    return redact(str(exc) if isinstance(exc, BridgeError) else f"internal error: {type(exc).__name__}: {exc}")
+
+
+class Service:
+    """What the tasks of one process share: settings, Redis, job records, leases, a sender."""
+
+    def __init__(self, ws: WorkerSettings, client, send: Callable[[TaskRef], None]):
+        self.ws = ws
+        self.r = client
+        self.keys = Keys(ws.namespace)
+        self.jobs = Jobs(client, self.keys, ws.job_ttl)
+        self.leases = Leases(client, self.keys, ws.lease)
+        self.send = send
+        self._settings: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- submission ------------------------------------------------------------------------
+    def route(self, spec: JobSpec, destination: str | None = None) -> str:
+        return route(self.ws, spec, destination)
+
+    def submit(self, spec: JobSpec, *, schedule: str | None = None, parent: str | None = None,
+               job_id: str | None = None) -> str:
+        queue = self.route(spec)
+        job_id = self.jobs.create(spec, queue=queue, job_id=job_id, schedule=schedule, parent=parent)
+        self.send(TaskRef(f"{job_id}.plan", PLAN, [job_id], queue, job_id))
+        return job_id
+
+    def fire(self, name: str, spec: dict, fire_id: str) -> dict:
+        """A schedule is due (sent by beat): start its job unless its last one is still going."""
+        if not self.r.set(self.keys.once(fire_id), "1", nx=True, ex=86400):
+            return {"skipped": "duplicate delivery"}
+        last = self.r.hget(self.keys.schedule(name), "job")
+        if last and self.jobs.state(last) in ACTIVE:
+            log.info("schedule %s: job %s from its last run is still %s; not starting another", name, last,
+                     self.jobs.state(last))
+            return {"skipped": "previous run active", "job": last}
+        job_id = self.submit(parse_spec(spec), schedule=name)
+        self.r.hset(self.keys.schedule(name), mapping={"job": job_id, "fired": time.time()})
+        log.info("schedule %s: started job %s", name, job_id)
+        return {"job": job_id}
+
+    # -- running a task --------------------------------------------------------------------
+    def run(self, ref: TaskRef) -> dict:
+        """One delivery of a leased task: take the lease, do the step, mark it done."""
+        lease = self.leases.lease(ref)
+        got = lease.acquire()
+        if got != "ok":
+            metrics.task(ref.task, got)
+            log.info("task %s (%s): %s; nothing to do", ref.id, ref.task, got)
+            return {"skipped": got}
+        step = {PLAN: self._plan, TRANSFER: self._transfer, FINALIZE: self._finalize}[ref.task]
+        outcome: dict[str, Any]
+        with lease.heartbeat():
+            try:
+                outcome = step(lease, *ref.args)
+            except Exception as exc:
+                log.exception("task %s (%s of job %s) failed", ref.id, ref.task, ref.job)
+                outcome = {"error": _describe(exc)}
+                if ref.task == TRANSFER:
+                    self.jobs.add_errors(ref.job, [outcome["error"]])
+                else:
+                    self._end(ref.job, "failed", [outcome["error"]])
+        if lease.lost.is_set():
+            metrics.task(ref.task, "lost")
+            return {"lost": True}
+        counted = ref.task == TRANSFER
+        then = TaskRef(f"{ref.job}.finalize", FINALIZE, [ref.job], ref.queue, ref.job) if counted else None
+        left = lease.complete(counted, then)
+        if counted and left >= 0:
+            self.jobs.add_progress(ref.job, {"tasks_done": 1})
+        if counted and left == 0:
+            self.send(then)
+        metrics.task(ref.task, "error" if "error" in outcome else "ok")
+        return outcome
+
+    # -- steps -----------------------------------------------------------------------------
+    def settings_for(self, spec: JobSpec):
+        """The worker's own settings for the job's profile (cached per process)."""
+        from bridge.config import load_settings
+        key = (spec.profile, json.dumps(spec.settings_overrides(), sort_keys=True))
+        with self._lock:
+            if key not in self._settings:
+                self._settings[key] = load_settings(spec.settings_overrides(), profile=spec.profile)
+            return self._settings[key]
+
+    def journal(self, plan_key: str) -> RedisJournal:
+        return RedisJournal(self.r, self.keys.journal(plan_key), self.ws.journal_ttl)
+
+    def _record(self, job_id: str) -> tuple[JobRecord | None, JobSpec | None]:
+        record = self.jobs.get(job_id)
+        return record, (JobSpec.model_validate(record.spec) if record else None)
+
+    def _plan(self, lease: Lease, job_id: str) -> dict:
+        record, spec = self._record(job_id)
+        if record is None or record.state not in ("queued", "planning", "running"):
+            return {"skipped": record.state if record else "no such job"}
+        if record.state == "queued":
+            self.jobs.transition(job_id, "planning", ("queued",))
+            self.r.hsetnx(self.keys.job(job_id), "started", time.time())
+        if spec.kind == "replicate":
+            return self._start_children(record, spec)
+        tasks = self.r.lrange(self.keys.job(job_id, "tasks"), 0, -1)
+        if not tasks:  # not planned yet (a planner that died before this point planned nothing)
+            try:
+                tasks = self._make_plan(job_id, spec)
+            except BridgeError as exc:
+                self._end(job_id, "failed", [_describe(exc)])
+                return {"error": _describe(exc)}
+        self.jobs.transition(job_id, "running", ("planning",))
+        record = self.jobs.get(job_id)
+        if record is None or record.state != "running":
+            return {"skipped": record.state if record else "no such job"}
+        finalize = TaskRef(f"{job_id}.finalize", FINALIZE, [job_id], record.queue, job_id)
+        sent = 0
+        for raw in tasks:
+            task_id, sub = json.loads(raw)
+            if lease.lost.is_set():
+                break
+            self.send(TaskRef(task_id, TRANSFER, [job_id, sub], record.queue, job_id))
+            sent += 1
+        if not tasks:  # nothing to move: straight to the manifest, handed over so it is not lost
+            self.r.hset(self.keys.running, finalize.id, finalize.encode())
+            self.send(finalize)
+        return {"tasks": sent}
+
+    def _make_plan(self, job_id: str, spec: JobSpec) -> list[str]:
+        from bridge import ops
+        from bridge.engine import JobContext, Plan, plan_copy, prepare
+        settings = self.settings_for(spec)
+        chunk = settings.transfer.chunk_size
+        if spec.kind == "copy":
+            plan = plan_copy(spec.source, spec.destination, settings, chunk)
+        else:
+            plan, _reasons = ops.plan_sync(spec.source, spec.destination, settings, delete=spec.deletes,
+                                           chunk_size=chunk)
+        header = Plan(plan.source, plan.destination, plan.single, [], plan.deletions, plan.key)
+        prepare(JobContext(header, settings, self.journal(plan.key)))
+        subs = fan_out(plan, self.ws.batch_files, self.ws.batch_bytes)
+        tasks = [json.dumps([f"{job_id}.t{n}", sub.to_dict()]) for n, sub in enumerate(subs)]
+        pipe = self.r.pipeline()  # one transaction: a job is fanned out entirely or not at all
+        pipe.set(self.keys.job(job_id, "pending"), len(tasks))
+        if tasks:
+            pipe.rpush(self.keys.job(job_id, "tasks"), *tasks)
+        pipe.hset(self.keys.job(job_id), mapping={
+            "plan_key": plan.key, "plan": json.dumps(header.to_dict()), "bytes_total": plan.bytes,
+            "files_total": len(plan.files), "units_total": plan.unit_count(), "tasks_total": len(tasks)})
+        pipe.execute()
+        return tasks
+
+    def _transfer(self, lease: Lease, job_id: str, sub: dict) -> dict:
+        from bridge.engine import JobContext, Plan, ThreadExecutor
+        from bridge.progress import Progress
+        record, spec = self._record(job_id)
+        if record is None or record.state in ("cancelled", "failed", "succeeded"):
+            return {"skipped": record.state if record else "no such job"}
+        plan = Plan.from_dict(sub)
+        settings = self.settings_for(spec)
+        progress = Progress()
+        sink = ProgressSink(self.jobs, job_id, record.queue)
+        progress.listeners.append(sink)
+        ctx = JobContext(plan, settings, self.journal(record.plan_key), progress)
+        stop = StopCheck(self.jobs, job_id, lease)
+        outcome = ThreadExecutor(settings.transfer.concurrency).run(ctx, stop.units(plan.units()), final=None)
+        sink.close(progress, max_units=plan.unit_count() - 1)
+        if outcome.errors and not lease.lost.is_set():
+            self.jobs.add_errors(job_id, outcome.errors)
+        return {"ok": outcome.ok, "errors": len(outcome.errors), "stopped": stop(),
+                "bytes": progress.bytes_done - progress.bytes_skipped}
+
+    def _finalize(self, lease: Lease, job_id: str) -> dict:
+        record, spec = self._record(job_id)
+        if record is None:
+            return {"skipped": "no such job"}
+        if record.state == "cancelled":
+            self._discard(record, spec)
+            return {"cancelled": True}
+        if record.state not in ("running", "verifying"):
+            return {"skipped": record.state}
+        if record.counters.get("error_count"):
+            self._end(job_id, "failed")
+            return {"failed": record.counters["error_count"]}
+        if not self.jobs.transition(job_id, "verifying", ("running", "verifying")):
+            record, spec = self._record(job_id)
+            if record and record.state == "cancelled":
+                self._discard(record, spec)
+            return {"skipped": record.state if record else "no such job"}
+        from bridge import manifest as manifests
+        from bridge.engine import JobContext, Plan, run_unit
+        settings = self.settings_for(spec)
+        header = Plan.from_dict(json.loads(self.r.hget(self.keys.job(job_id), "plan")))
+        ctx = JobContext(header, settings, self.journal(record.plan_key))
+        if manifests.read(ctx.dst, ctx.dst_root) is None or \
+                manifests.read(ctx.dst, ctx.dst_root, manifests.PREVIOUS) is not None:
+            # Not written yet. (A finalize re-run after writing it finds it and no previous one:
+            # writing again would drop the entries the previous manifest carried over.)
+            run_unit(ctx, {"op": "finalize"})
+        manifest_url = str(ctx.dst_root.join(manifests.MANIFEST))
+        self.jobs.update(job_id, manifest=manifest_url)
+        problems, summary = self._verify(spec, header.destination, settings)
+        self.jobs.update(job_id, verify=summary)
+        if problems:
+            self._end(job_id, "failed", problems)
+            return {"failed": problems[:5]}
+        self._end(job_id, "succeeded")
+        self.journal(record.plan_key).clear()
+        return {"manifest": manifest_url}
+
+    def _verify(self, spec: JobSpec, destination: str, settings) -> tuple[list[str], dict]:
+        """Problems found at the destination against its manifest (extra files count only when
+        the job deletes them), and a summary for the record."""
+        if spec.verify == "none":
+            return [], {"mode": "none"}
+        from bridge import ops
+        report = ops.verify(destination, settings, deep=spec.verify == "deep")
+        problems = [f"missing at the destination: {p}" for p in report["missing"]]
+        problems += [f"does not match its manifest: {m['path']}: {m['reason']}" for m in report["mismatched"]]
+        if spec.deletes:
+            problems += [f"at the destination but not in the source: {p}" for p in report["extra"]]
+        summary = {"mode": spec.verify, "checked": report["checked"], "bytes": report["bytes"],
+                   "missing": len(report["missing"]), "extra": len(report["extra"]),
+                   "mismatched": len(report["mismatched"]), "ok": not problems,
+                   "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        return problems, summary
+
+    def _discard(self, record: JobRecord, spec: JobSpec) -> None:
+        """A cancelled job leaves no manifest and no unfinished uploads behind."""
+        if not record.plan_key:
+            return
+        from bridge.stores import get_store
+        from bridge.urls import parse
+        journal = self.journal(record.plan_key)
+        header = json.loads(self.r.hget(self.keys.job(record.id), "plan") or "{}")
+        try:
+            settings = self.settings_for(spec)
+            root = parse(header.get("destination") or spec.destination)
+            store = get_store(root, settings)
+            for key, upload in journal.items("upload:").items():
+                try:
+                    store.abort_upload(root.join(key[len("upload:"):]), upload["id"])
+                except BridgeError as exc:
+                    log.info("job %s: upload %s not aborted: %s", record.id, key, exc)
+        finally:
+            journal.clear()
+
+    def _end(self, job_id: str, state: str, errors: list[str] | None = None) -> None:
+        if errors:
+            self.jobs.add_errors(job_id, errors)
+        if not self.jobs.finish(job_id, state):
+            return
+        record, spec = self._record(job_id)
+        if record is None:
+            return
+        metrics.job_finished(record.kind, state, record.elapsed)
+        log.info("job %s %s in %.1fs", job_id, state, record.elapsed)
+        if state == "succeeded" and spec.kind == "sync" and spec.deletes and spec.verify != "none":
+            self.jobs.record_proven(spec.source, spec.destination, job_id)
+        if record.parent:
+            self._child_ended(record.parent)
+
+    # -- replication: one sync per destination, the parent ends with the last of them -----
+    def _start_children(self, record: JobRecord, spec: JobSpec) -> dict:
+        children = [f"{record.id}-{n}" for n in range(1, len(spec.destinations) + 1)]
+        if not self.r.hsetnx(self.keys.job(record.id), "children", json.dumps(children)):
+            children = json.loads(self.r.hget(self.keys.job(record.id), "children"))
+        self.r.hsetnx(self.keys.job(record.id), "children_pending", len(children))
+        self.jobs.update(record.id, tasks_total=len(children))
+        self.jobs.transition(record.id, "running", ("planning",))
+        for child_id, destination in zip(children, spec.destinations):
+            if self.jobs.state(child_id) in (None, "queued"):
+                self.submit(spec.for_destination(destination), parent=record.id, job_id=child_id,
+                            schedule=record.schedule)
+        return {"children": children}
+
+    def _child_ended(self, parent_id: str) -> None:
+        left = self.r.hincrby(self.keys.job(parent_id), "children_pending", -1)
+        self.jobs.add_progress(parent_id, {"tasks_done": 1})
+        if left > 0:
+            return
+        parent = self.jobs.get(parent_id)
+        if parent is None:
+            return
+        states = {child: self.jobs.state(child) for child in parent.children}
+        failed = [f"{child}: {state}" for child, state in states.items() if state != "succeeded"]
+        self._end(parent_id, "failed" if failed else "succeeded",
+                  [f"destination job {f}" for f in failed] or None)

@@ -1,0 +1,43 @@
+"""The tasks: thin wrappers that hand a delivery to ``workers.executor.Service``.
+
+Every task's first argument is its job id; none carries a credential. ``plan``, ``transfer``
+and ``finalize`` take a lease when they start (workers/leases.py), so a duplicate delivery does
+nothing and a dead worker's task runs again elsewhere.
+"""
+
+from __future__ import annotations
+
+from workers.app import app, service
+from workers.executor import FINALIZE, PLAN, SCHEDULED, TRANSFER
+from workers.leases import TaskRef
+
+
+def _ref(task, args: list) -> TaskRef:
+    request = task.request
+    return TaskRef(id=request.id, task=task.name, args=list(args), job=args[0],
+                   queue=(request.delivery_info or {}).get("routing_key") or service().ws.control_queue,
+                   tag=(request.properties or {}).get("delivery_tag"), worker=request.hostname or "")
+
+
+@app.task(name=PLAN, bind=True)
+def plan(self, job_id: str) -> dict:
+    """List the source, prepare the destination, fan the units out."""
+    return service().run(_ref(self, [job_id]))
+
+
+@app.task(name=TRANSFER, bind=True)
+def transfer(self, job_id: str, sub_plan: dict) -> dict:
+    """One multipart file, or a batch of small files and deletions, on a thread pool."""
+    return service().run(_ref(self, [job_id, sub_plan]))
+
+
+@app.task(name=FINALIZE, bind=True)
+def finalize(self, job_id: str) -> dict:
+    """Write the manifest and verify the destination (or clean up a cancelled job)."""
+    return service().run(_ref(self, [job_id]))
+
+
+@app.task(name=SCHEDULED, bind=True)
+def scheduled(self, name: str, spec: dict) -> dict:
+    """Sent by beat when a schedule is due: start its job."""
+    return service().fire(name, spec, fire_id=self.request.id)
