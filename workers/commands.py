@@ -1,0 +1,381 @@
+"""The service's commands: ``mcbridge worker|beat``, ``mcbridge submit cp|sync|replicate``,
+``mcbridge jobs list|status|watch|cancel``.
+
+``bridge.cli`` imports this module at start and calls ``register(app)``; Celery, Redis and the
+rest are imported inside the commands, so ``mcbridge --help`` stays fast. Settings come from
+``workers.settings`` (environment), with these flags winning; a bad value, a bad URL or an
+unreachable broker is refused on one line before anything is queued.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+
+BrokerOpt = Annotated[Optional[str], typer.Option(
+    "--broker", help="Redis URL of the broker (default: $BRIDGE_BROKER_URL, else redis://localhost:6379/0).")]
+ConcOpt = Annotated[Optional[int], typer.Option(
+    "--concurrency", "-j", min=1, max=256, help="Units in flight at once in each task (default: the worker's).")]
+ChunkOpt = Annotated[Optional[str], typer.Option("--chunk-size", help="Part size, e.g. 16MiB.")]
+ProfileOpt = Annotated[Optional[str], typer.Option(
+    "--profile", help="Settings profile the workers use for this job (their own credentials).")]
+QueueOpt = Annotated[Optional[str], typer.Option(
+    "--queue", help="Queue for the job's tasks (default: by destination, e.g. bridge.s3).")]
+VerifyOpt = Annotated[str, typer.Option(
+    "--verify", help="After the copy: store (checksums the store reports), deep (re-read) or none.")]
+WaitOpt = Annotated[bool, typer.Option("--wait", help="Follow the job; exit 0 only if it succeeds.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+DryOpt = Annotated[bool, typer.Option("--dry-run", help="Check the job and print it; queue nothing.")]
+DeleteOpt = Annotated[bool, typer.Option("--delete", help="Remove from DST what SRC no longer has.")]
+
+
+def _ws(broker: str | None = None, **overrides: Any):
+    from workers.settings import WorkerSettings
+    return WorkerSettings.from_env(os.environ, broker_url=broker, **overrides)
+
+
+def _safe_url(url: str) -> str:
+    from workers.redact import redact
+    return redact(url)
+
+
+def _connect(ws):
+    """A Redis client that answered PING, or one line saying why not."""
+    from redis.exceptions import RedisError
+
+    from bridge.errors import EndpointUnreachable
+    from workers.keys import redis_client
+    client = redis_client(ws.broker_url)
+    try:
+        client.ping()
+    except (RedisError, OSError) as exc:
+        raise EndpointUnreachable(f"cannot reach the broker at {_safe_url(ws.broker_url)}: {exc}") from None
+    return client
+
+
+def _jobs(ws):
+    from workers.jobs import Jobs
+    from workers.keys import Keys
+    return Jobs(_connect(ws), Keys(ws.namespace), ws.job_ttl)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+# -- worker and beat -----------------------------------------------------------------------------
+
+def worker(
+    concurrency: Annotated[Optional[int], typer.Option(
+        "--concurrency", "-c", min=1, help="Tasks at once (pool processes; default: CPU count).")] = None,
+    queues: Annotated[Optional[str], typer.Option(
+        "--queues", "-Q", help="Comma-separated queues (default: the control queue and every route).")] = None,
+    hostname: Annotated[Optional[str], typer.Option("--hostname", "-n", help="Worker name, e.g. w1@%h.")] = None,
+    pool: Annotated[str, typer.Option("--pool", "-P", help="prefork, threads or solo.")] = "prefork",
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+    metrics_port: Annotated[Optional[int], typer.Option(
+        "--metrics-port", min=0, max=65535, help="Prometheus endpoint (default $BRIDGE_METRICS_PORT or 9808; 0: off).")] = None,
+    broker: BrokerOpt = None,
+) -> None:
+    """Start a worker (Celery's own, with bridge's settings): runs the units of queued jobs."""
+    ws = _ws(broker, metrics_port=metrics_port)
+    _connect(ws)
+    from workers.app import app, configure
+    configure(ws)
+    argv = ["worker", f"--loglevel={loglevel}", f"--pool={pool}", f"--queues={queues or ','.join(ws.default_queues())}"]
+    if concurrency:
+        argv.append(f"--concurrency={concurrency}")
+    if hostname:
+        argv.append(f"--hostname={hostname}")
+    app.worker_main(argv)
+
+
+def beat(
+    schedules: Annotated[Optional[Path], typer.Option(
+        "--schedules", help="YAML file of schedules (default: $BRIDGE_SCHEDULES).")] = None,
+    schedule_db: Annotated[Optional[Path], typer.Option(
+        "--schedule-db", help="Where beat remembers last run times (default: in the state dir).")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Validate the schedules file and exit.")] = False,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
+    broker: BrokerOpt = None,
+) -> None:
+    """Start the scheduler (Celery beat) for the schedules file; run exactly one."""
+    from workers.schedules import load
+    ws = _ws(broker, schedules=str(schedules) if schedules else None)
+    loaded = load(ws.schedules) if ws.schedules else []
+    if check:
+        for s in loaded:
+            out.print(s.describe() + ("" if s.enabled else " (disabled)"), markup=False)
+        out.print(f"{len(loaded)} schedules OK" if ws.schedules else "no schedules file given", markup=False)
+        return
+    if not ws.schedules:
+        err.print("mcbridge: warning: no schedules file (--schedules or BRIDGE_SCHEDULES): beat will send nothing",
+                  markup=False)
+    _connect(ws)
+    from bridge.journal import default_state_dir
+    from workers.app import app, configure
+    configure(ws)
+    db = schedule_db or default_state_dir() / f"beat-{ws.namespace}"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    app.start(["beat", f"--schedule={db}", f"--loglevel={loglevel}"])
+
+
+# -- submit ------------------------------------------------------------------------------------
+
+def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, dry_run: bool,
+            broker: str | None) -> None:
+    from workers.specs import parse_spec
+    spec = parse_spec({k: v for k, v in fields.items() if v is not None})
+    ws = _ws(broker)
+    if dry_run:
+        from workers.executor import route
+        summary = {"spec": spec.to_dict(), "queue": route(ws, spec)}
+        if as_json:
+            out.print_json(json.dumps(summary))
+        else:
+            out.print(f"would queue {spec.kind} {spec.source} -> {', '.join(spec.destinations)} on "
+                      f"{summary['queue']}", markup=False)
+        return
+    client = _connect(ws)
+    from workers.app import configure, service
+    configure(ws)
+    svc = service()
+    queue = svc.route(spec)
+    job_id = svc.submit(spec)
+    if not _consumed(client, svc.keys, queue):
+        err.print(f"mcbridge: warning: no live worker consumes queue {queue}; the job waits for one "
+                  f"(mcbridge worker -Q {queue})", markup=False)
+    if as_json and not wait:
+        out.print_json(json.dumps({"id": job_id, "queue": queue, "spec": spec.to_dict()}))
+    elif not as_json:
+        out.print(job_id, markup=False)
+        err.print(f"queued {spec.kind} job {job_id} on {queue}", markup=False)
+    if wait:
+        raise typer.Exit(_follow(svc.jobs, job_id, quiet=quiet, as_json=as_json))
+
+
+def _consumed(client, keys, queue: str) -> bool:
+    for name in client.scan_iter(match=keys.workers_pattern, count=100):
+        raw = client.get(name)
+        if raw and queue in json.loads(raw).get("queues", []):
+            return True
+    return False
+
+
+def submit_cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
+              profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
+              wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
+              broker: BrokerOpt = None) -> None:
+    """Queue a copy of SRC to DST; prints the job id."""
+    _submit({"kind": "copy", "source": src, "destinations": [dst], "concurrency": concurrency,
+             "chunk_size": chunk_size, "profile": profile, "queue": queue, "verify": verify},
+            wait=wait, as_json=as_json, quiet=quiet, dry_run=dry_run, broker=broker)
+
+
+def submit_sync(src: str, dst: str, delete: DeleteOpt = False, concurrency: ConcOpt = None,
+                chunk_size: ChunkOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
+                verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
+                quiet: QuietOpt = False, dry_run: DryOpt = False, broker: BrokerOpt = None) -> None:
+    """Queue a sync: make DST equal to SRC, sending only what is new or changed; prints the job id."""
+    _submit({"kind": "sync", "source": src, "destinations": [dst], "delete": delete,
+             "concurrency": concurrency, "chunk_size": chunk_size, "profile": profile, "queue": queue,
+             "verify": verify}, wait=wait, as_json=as_json, quiet=quiet, dry_run=dry_run, broker=broker)
+
+
+def submit_replicate(src: str, dsts: Annotated[list[str], typer.Argument(help="One or more destinations.")],
+                     keep_extra: Annotated[bool, typer.Option(
+                         "--keep-extra", help="Leave what SRC does not have (default: delete it).")] = False,
+                     concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, profile: ProfileOpt = None,
+                     queue: QueueOpt = None, verify: VerifyOpt = "store", wait: WaitOpt = False,
+                     as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
+                     broker: BrokerOpt = None) -> None:
+    """Queue a DR replication: keep every DST equal to SRC (sync, then verify), recording when
+    each was last proven equal; prints the job id."""
+    _submit({"kind": "replicate", "source": src, "destinations": dsts, "delete": not keep_extra,
+             "concurrency": concurrency, "chunk_size": chunk_size, "profile": profile, "queue": queue,
+             "verify": verify}, wait=wait, as_json=as_json, quiet=quiet, dry_run=dry_run, broker=broker)
+
+
+# -- following a job ---------------------------------------------------------------------------
+
+def _totals(jobs, record) -> dict[str, int]:
+    """Progress of a job, or the sum of its children's for a replication."""
+    records = [c for c in (jobs.get(child) for child in record.children) if c] if record.children else [record]
+    keys = ("bytes_total", "bytes_done", "bytes_skipped", "files_total", "files_done", "tasks_total", "tasks_done")
+    return {k: sum(r.counters.get(k, 0) for r in records) for k in keys}
+
+
+def _summary_line(jobs, record) -> str:
+    t = _totals(jobs, record)
+    if record.state == "succeeded":
+        moved = t["bytes_done"] - t["bytes_skipped"]
+        line = (f"job {record.id} succeeded: {t['files_total']} files, {_human(t['bytes_total'])} "
+                f"({_human(moved)} sent) in {record.elapsed:.1f}s")
+        return line + (f"; manifest {record.manifest}" if record.manifest else "")
+    if record.state == "failed":
+        first = record.errors[0] if record.errors else "see mcbridge jobs status"
+        more = record.counters.get("error_count", 0) - 1
+        return f"job {record.id} failed: {first}" + (f" (and {more} more)" if more > 0 else "")
+    return f"job {record.id} {record.state}"
+
+
+def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, interval: float = 0.5) -> int:
+    """Follow a job to its end with a progress bar (or state lines); 0 only if it succeeded."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+    from workers.jobs import TERMINAL
+    bar_on = not quiet and not as_json and err.is_terminal
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   console=err, disable=not bar_on)
+    task = bar.add_task("queued", total=None)
+    last_state = None
+    with bar:
+        while True:
+            record = jobs.get(job_id)
+            if record is None:
+                raise _no_job(job_id)
+            t = _totals(jobs, record)
+            bar.update(task, total=t["bytes_total"] or None, completed=min(t["bytes_done"], t["bytes_total"]),
+                       description=f"{record.state} {t['files_done']}/{t['files_total']} files")
+            if record.state != last_state and not bar_on and not quiet and not as_json:
+                err.print(f"job {job_id}: {record.state}", markup=False)
+            last_state = record.state
+            if record.state in TERMINAL:
+                break
+            time.sleep(interval)
+    if as_json:
+        out.print_json(json.dumps(_status_doc(jobs, record)))
+    else:
+        out.print(_summary_line(jobs, record), markup=False)
+    return 0 if record.state == "succeeded" else 1
+
+
+def _no_job(job_id: str):
+    from bridge.errors import InvalidOption
+    return InvalidOption(f"no job {job_id!r} (it never existed, or its record expired)")
+
+
+def _status_doc(jobs, record) -> dict[str, Any]:
+    doc = record.to_dict()
+    if record.children:
+        doc["children"] = [c.to_dict() for c in (jobs.get(child) for child in record.children) if c]
+    if record.kind == "replicate" or (record.kind == "sync" and record.spec.get("delete")):
+        doc["proven_equal"] = jobs.proven(record.spec["source"], record.spec["destinations"])
+    return doc
+
+
+# -- jobs ----------------------------------------------------------------------------------------
+
+def jobs_list(state: Annotated[Optional[str], typer.Option("--state", help="Only jobs in this state "
+                                                            "(or 'active').")] = None,
+              limit: Annotated[int, typer.Option("--limit", min=1)] = 30, as_json: JsonOpt = False,
+              broker: BrokerOpt = None) -> None:
+    """The most recent jobs, newest first."""
+    from bridge.errors import InvalidOption
+    from workers.jobs import ACTIVE, STATES
+    if state and state != "active" and state not in STATES:
+        raise InvalidOption(f"--state {state!r}: use one of {', '.join(STATES)} or active")
+    jobs = _jobs(_ws(broker))
+    records = jobs.list(limit, ACTIVE if state == "active" else ((state,) if state else None))
+    if as_json:
+        out.print_json(json.dumps([r.to_dict() for r in records]))
+        return
+    if not records:
+        out.print("no jobs", markup=False)
+        return
+    out.print(f"{'ID':<14} {'KIND':<9} {'STATE':<10} {'PROGRESS':>22} {'CREATED':<20} ROUTE", markup=False)
+    for r in records:
+        t = _totals(jobs, r)
+        pct = f"{100 * min(t['bytes_done'], t['bytes_total']) / t['bytes_total']:.0f}%" if t["bytes_total"] else "-"
+        progress = f"{_human(min(t['bytes_done'], t['bytes_total']))} {pct}"
+        route = f"{r.spec['source']} -> {', '.join(r.spec['destinations'])}"
+        tag = f" [{r.schedule}]" if r.schedule else ""
+        out.print(f"{r.id:<14} {r.kind:<9} {r.state:<10} {progress:>22} {r.to_dict()['created']:<20} "
+                  f"{route}{tag}", markup=False)
+
+
+def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
+    """Everything about one job: spec, state, progress, errors, verification."""
+    jobs = _jobs(_ws(broker))
+    record = jobs.get(job_id)
+    if record is None:
+        raise _no_job(job_id)
+    doc = _status_doc(jobs, record)
+    if as_json:
+        out.print_json(json.dumps(doc))
+        return
+    t = _totals(jobs, record)
+    p = doc["progress"]
+    lines = [f"job {record.id}  {record.kind}  {record.state}" + (f"  (schedule {record.schedule})" if record.schedule else ""),
+             f"  source       {record.spec['source']}",
+             f"  destination  {', '.join(record.spec['destinations'])}",
+             f"  queue        {record.queue}" + (f"  profile {record.spec['profile']}" if record.spec.get("profile") else ""),
+             f"  created      {doc['created']}  started {doc['started'] or '-'}  finished {doc['finished'] or '-'}"]
+    pct = f" ({100 * min(t['bytes_done'], t['bytes_total']) / t['bytes_total']:.0f}%)" if t["bytes_total"] else ""
+    lines.append(f"  progress     {_human(min(t['bytes_done'], t['bytes_total']))} of {_human(t['bytes_total'])}{pct}, "
+                 f"{t['files_done']}/{t['files_total']} files, {t['tasks_done']}/{t['tasks_total']} tasks, "
+                 f"{_human(p['rate_bytes_per_s'])}/s")
+    lines.append(f"  recovery     {p['retries']} retried requests, {p['requeued']} tasks requeued from lost workers")
+    if record.manifest:
+        lines.append(f"  manifest     {record.manifest}")
+    if record.verify and record.verify.get("mode") != "none":
+        v = record.verify
+        verdict = "OK" if v.get("ok") else "FAILED"
+        lines.append(f"  verified     {verdict} ({v['mode']}): {v['checked']} files, {v['missing']} missing, "
+                     f"{v['mismatched']} mismatched, {v['extra']} extra, at {v['at']}")
+    for child in doc.get("children", []):
+        lines.append(f"  -> {child['spec']['destinations'][0]}  {child['state']}  (job {child['id']})")
+    for dst, proof in (doc.get("proven_equal") or {}).items():
+        lines.append(f"  proven equal {dst}: {proof['proven_at'] + ' (job ' + proof['job'] + ')' if proof else 'never'}")
+    if record.errors:
+        lines.append(f"  errors ({doc['error_count']}):")
+        lines += [f"    {e}" for e in record.errors[:10]]
+    for line in lines:
+        out.print(line, markup=False)
+
+
+def jobs_watch(job_id: str, quiet: QuietOpt = False, as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
+    """Follow a job to its end; exit 0 only if it succeeded."""
+    raise typer.Exit(_follow(_jobs(_ws(broker)), job_id, quiet=quiet, as_json=as_json))
+
+
+def jobs_cancel(job_id: str, broker: BrokerOpt = None) -> None:
+    """Stop a job: no more units start, its unfinished uploads are aborted, no manifest is written."""
+    jobs = _jobs(_ws(broker))
+    cancelled, state = jobs.cancel(job_id)
+    if state is None:
+        raise _no_job(job_id)
+    if not cancelled:
+        err.print(f"mcbridge: job {job_id} is {state}; it can no longer be cancelled", markup=False)
+        raise typer.Exit(1)
+    out.print(f"cancelled job {job_id} (it was {state})", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("worker")(worker)
+    app.command("beat")(beat)
+    submit = typer.Typer(no_args_is_help=True, help="Queue a job for the workers and print its id.")
+    submit.command("cp")(submit_cp)
+    submit.command("sync")(submit_sync)
+    submit.command("replicate")(submit_replicate)
+    app.add_typer(submit, name="submit")
+    jobs = typer.Typer(no_args_is_help=True, help="Jobs queued for the workers: list, status, watch, cancel.")
+    jobs.command("list")(jobs_list)
+    jobs.command("status")(jobs_status)
+    jobs.command("watch")(jobs_watch)
+    jobs.command("cancel")(jobs_cancel)
+    app.add_typer(jobs, name="jobs")
+
