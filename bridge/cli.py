@@ -29,14 +29,19 @@ ConcOpt = Annotated[Optional[int], typer.Option("--concurrency", "-j", min=1, ma
                                                 help="Units (files or parts) in flight at once.")]
 ChunkOpt = Annotated[Optional[str], typer.Option("--chunk-size", help="Part size, e.g. 16MiB (default: "
                                                  "derived from the destination's limits).")]
+StoreSumOpt = Annotated[Optional[str], typer.Option(
+    "--store-checksums", help="After a multipart upload: require the store's whole-object checksum "
+    "(default), read the object back when the store keeps none (readback), or skip the check.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")]
 DryOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan; move nothing.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 
 
 def _settings(profile: str | None, config: Path | None, concurrency: int | None = None,
-              chunk_size: str | None = None) -> Settings:
+              chunk_size: str | None = None, store_checksums: str | None = None) -> Settings:
     transfer: dict[str, Any] = {}
+    if store_checksums:
+        transfer["store_checksums"] = store_checksums
     if concurrency:
         transfer["concurrency"] = concurrency
     if chunk_size:
@@ -99,11 +104,11 @@ def ls(url: str, profile: ProfileOpt = None, config: ConfigOpt = None, as_json: 
 
 @app.command()
 def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
-       dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
+       store_checksums: StoreSumOpt = None, dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
        profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Copy SRC to DST: one object, or every object under a directory or prefix (trailing slash)."""
     from bridge import ops
-    settings = _settings(profile, config, concurrency, chunk_size)
+    settings = _settings(profile, config, concurrency, chunk_size, store_checksums)
     if dry_run:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True)
         _print_plan(summary, as_json)
@@ -118,13 +123,13 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
 @app.command()
 def sync(src: str, dst: str, delete: Annotated[bool, typer.Option("--delete", help="Remove from DST what "
                                                                   "SRC no longer has.")] = False,
-         concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, dry_run: DryOpt = False,
-         as_json: JsonOpt = False, quiet: QuietOpt = False, profile: ProfileOpt = None,
-         config: ConfigOpt = None) -> None:
+         concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
+         dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
+         profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Make DST equal to SRC: send what is new or changed (by size and checksum, not time), repair
     what no longer matches the manifest, and with --delete remove what SRC no longer has."""
     from bridge import ops
-    settings = _settings(profile, config, concurrency, chunk_size)
+    settings = _settings(profile, config, concurrency, chunk_size, store_checksums)
     if dry_run:
         summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
                            dry_run=True)

@@ -23,7 +23,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -79,6 +79,10 @@ class TransferSettings(_Section):
     concurrency: int = Field(8, ge=1, le=256)
     chunk_size: int | None = None        # None: derived per store from its limits
     retries: int = Field(5, ge=0, le=20)
+    # After a multipart upload: compare the whole-object checksum the store reports with ours.
+    # "require" fails when the store reports none; "readback" then reads the object back and
+    # hashes it; "skip" trusts the per-part checksums the service checked on arrival.
+    store_checksums: Literal["require", "readback", "skip"] = "require"
     connect_timeout: float = 5.0
     read_timeout: float = 120.0
 
@@ -125,6 +129,7 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
     "AZURE_STORAGE_SAS_TOKEN": ("azure", "sas_token"),
     "MCBRIDGE_CONCURRENCY": ("transfer", "concurrency"),
     "MCBRIDGE_CHUNK_SIZE": ("transfer", "chunk_size"),
+    "MCBRIDGE_STORE_CHECKSUMS": ("transfer", "store_checksums"),
 }
 
 

@@ -34,7 +34,7 @@ from bridge.stores import Store, get_store
 from bridge.stores.base import MiB, ObjectInfo
 from bridge.urls import Location, parse
 
-DEFAULT_PART_SIZE = 16 * MiB
+DEFAULT_PART_SIZE = 8 * MiB  # x concurrency 8: ~64 MiB of parts in flight
 FATAL = (AuthError, BucketNotFound)
 
 

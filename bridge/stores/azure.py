@@ -136,7 +136,8 @@ class AzureStore(Store):
 
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> None:
         with _translate(loc, self.endpoint):
-            self._blob(loc).upload_blob(data, overwrite=True, metadata=metadata, validate_content=True)
+            self._blob(loc).upload_blob(data if isinstance(data, bytes) else bytes(data), overwrite=True,
+                                        metadata=metadata, validate_content=True)
 
     def delete(self, loc: Location) -> None:
         with _translate(loc, self.endpoint):
@@ -155,7 +156,9 @@ class AzureStore(Store):
                     crc32c: str) -> PartRecord:
         block_id = _block_id(upload_id, number)
         with _translate(loc, self.endpoint):
-            self._blob(loc).stage_block(block_id, data, length=len(data), validate_content=True)
+            # The SDK's transactional MD5 wants bytes (a bytearray from a ranged read is copied).
+            self._blob(loc).stage_block(block_id, data if isinstance(data, bytes) else bytes(data),
+                                        length=len(data), validate_content=True)
         return PartRecord(number, len(data), crc32c, block_id)
 
     def list_parts(self, loc: Location, upload_id: str) -> dict[int, PartRecord] | None:

@@ -7,6 +7,7 @@ asked for a FULL_OBJECT CRC32C, which S3 checks against the whole file's CRC32C 
 from __future__ import annotations
 
 import errno
+import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -132,11 +133,11 @@ class S3Store(Store):
             kw["Range"] = f"bytes={offset}-{end}"
         with _translate(loc, self.endpoint):
             resp = self.fs.call_s3("get_object", **kw)
-            return _sync_read(self.fs, resp["Body"])
+            return _sync_read(self.fs, resp["Body"], int(resp["ContentLength"]))
 
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> None:
         # S3 checks the body against the CRC32C header on arrival and rejects a mismatch.
-        self._call(loc, "put_object", Bucket=loc.bucket, Key=loc.key, Body=data, ChecksumAlgorithm="CRC32C",
+        self._call(loc, "put_object", Bucket=loc.bucket, Key=loc.key, Body=_body(data), ChecksumAlgorithm="CRC32C",
                    ChecksumCRC32C=crc_hex_to_b64(crc32c), Metadata=metadata)
 
     def delete(self, loc: Location) -> None:
@@ -157,7 +158,7 @@ class S3Store(Store):
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
                     crc32c: str) -> PartRecord:
         resp = self._call(loc, "upload_part", Bucket=loc.bucket, Key=loc.key, UploadId=upload_id,
-                          PartNumber=number, Body=data, ChecksumCRC32C=crc_hex_to_b64(crc32c))
+                          PartNumber=number, Body=_body(data), ChecksumCRC32C=crc_hex_to_b64(crc32c))
         return PartRecord(number, len(data), crc32c, resp["ETag"])
 
     def list_parts(self, loc: Location, upload_id: str) -> dict[int, PartRecord] | None:
@@ -184,9 +185,19 @@ class S3Store(Store):
                            "ChecksumCRC32C": crc_hex_to_b64(p.crc32c)} for p in parts]}
         self._call(loc, "complete_multipart_upload", Bucket=loc.bucket, Key=loc.key, UploadId=upload_id,
                    MultipartUpload=body, ChecksumCRC32C=crc_hex_to_b64(crc32c), ChecksumType="FULL_OBJECT")
+        mode = self.settings.transfer.store_checksums
+        if mode == "skip":
+            return
         reported = self.info(loc).checksums.get("crc32c")
+        if reported is None and mode == "readback":
+            from bridge.check import rehash
+            reported, _ = rehash(self, loc, self.info(loc).size, sha=False)
         if reported != crc32c:
             self.delete(loc)
+            if reported is None:
+                raise IntegrityError(f"{loc}: the endpoint reports no CRC32C for the completed upload, so "
+                                     f"it cannot be proven intact; the object was removed (use "
+                                     f"--store-checksums readback for endpoints without S3 checksums)")
             raise IntegrityError(f"{loc}: S3 reports CRC32C {reported} for the completed upload, "
                                  f"expected {crc32c}; the object was removed")
 
@@ -202,11 +213,59 @@ class S3Store(Store):
             yield Location("s3", prefix.bucket, up["Key"]), up["UploadId"]
 
 
-def _sync_read(fs, body) -> bytes:
+class _View(io.RawIOBase):
+    """A read-only file over bytes that never copies them whole. Given bytes, aiohttp copies the
+    unsent rest into the socket transport's buffer, and given a BytesIO it unshares it: either
+    way twice the memory per part in flight. From a file object it sends chunk by chunk."""
+
+    def __init__(self, data: bytes):
+        self._view = memoryview(data)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        n = min(len(buf), len(self._view) - self._pos)
+        buf[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+
+def _body(data: bytes):
+    return _View(data) if len(data) > 1024 * 1024 else data
+
+
+def _sync_read(fs, body, length: int) -> bytes | bytearray:
+    """The body in one buffer of the announced length, filled chunk by chunk (reading it whole
+    would hold the chunks and their join at once: twice the part in memory)."""
     from fsspec.asyn import sync
 
     async def _read():
+        buf, pos = bytearray(length), 0
         async with body:
-            return await body.read()
+            while pos < length:
+                chunk = await body.read(min(1 << 20, length - pos))
+                if not chunk:
+                    break
+                buf[pos:pos + len(chunk)] = chunk
+                pos += len(chunk)
+        if pos != length:
+            raise TransientError(f"connection closed after {pos} of {length} bytes")
+        return buf
 
     return sync(fs.loop, _read)

@@ -1,0 +1,135 @@
+"""``mcbridge pack``, ``unpack``, ``cat`` and ``migrate``. Registered by bridge.cli at start;
+the packing machinery (and pyarrow, for Parquet) is imported only when one of them runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from bridge.cli import (
+    ChunkOpt,
+    ConcOpt,
+    ConfigOpt,
+    DryOpt,
+    JsonOpt,
+    ProfileOpt,
+    QuietOpt,
+    _Bar,
+    _emit,
+    _human,
+    _print_plan,
+    _settings,
+    out,
+)
+from bridge.config import parse_size
+
+FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Shard format: tar (WebDataset) or parquet.")]
+PackOpt = Annotated[Optional[str], typer.Option("--pack", help="Pack into shards on the way: tar or parquet "
+                                                "(default: copy the files as they are).")]
+ShardSizeOpt = Annotated[str, typer.Option("--shard-size", help="Target shard size, e.g. 256MiB; a sample "
+                                           "bigger than this gets a shard of its own.")]
+MaxCountOpt = Annotated[Optional[int], typer.Option("--max-count", min=1, help="At most N files per shard.")]
+PrefixOpt = Annotated[str, typer.Option("--prefix", help="Shard names: PREFIX-000000.tar …, index "
+                                        "PREFIX.index.json.")]
+RowGroupOpt = Annotated[Optional[str], typer.Option("--row-group-size", help="Parquet: data bytes per row "
+                                                    "group (default 32MiB).")]
+MemoryOpt = Annotated[str, typer.Option("--memory", help="Memory budget for shards written at once.")]
+SetPrefixOpt = Annotated[Optional[str], typer.Option("--prefix", help="Which shard set, when the root holds "
+                                                     "several (default: the only one).")]
+OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write to FILE, not stdout.")]
+
+DEFAULT_SHARD_SIZE = "256MiB"
+
+
+def _pack(src: str, dst: str, fmt: str, shard_size: str, max_count: int | None, prefix: str,
+          row_group_size: str | None, memory: str, concurrency: int | None, chunk_size: str | None,
+          dry_run: bool, as_json: bool, quiet: bool, profile: str | None, config: Path | None) -> None:
+    from bridge.packing import job
+    settings = _settings(profile, config, concurrency, chunk_size)
+    options = {"row_group_size": parse_size(row_group_size)} if row_group_size else {}
+    kwargs = dict(fmt=fmt, prefix=prefix, shard_size=parse_size(shard_size), max_count=max_count,
+                  options=options, memory=parse_size(memory))
+    if dry_run:
+        summary = job.pack(src, dst, settings, dry_run=True, **kwargs)
+        if as_json:
+            _emit(summary, True, "")
+            return
+        for row in summary["plan"]:
+            out.print(f"shard {row['shard']}  {row['files']} files  {_human(row['size'])}", markup=False)
+        out.print(f"would pack {summary['files']} files, {_human(summary['bytes'])} from {summary['source']} "
+                  f"into {summary['shards']} {summary['format']} shards at {summary['destination']}", markup=False)
+        return
+    with _Bar(not quiet and not as_json) as progress:
+        summary = job.pack(src, dst, settings, progress=progress, **kwargs)
+    _emit(summary, as_json, f"packed {summary['files']} files, {_human(summary['bytes'])} into "
+          f"{summary['shards']} {summary['format']} shards ({_human(summary['shard_bytes'])}) in "
+          f"{summary['elapsed_s']:.1f}s; index {summary['index']}; manifest {summary['manifest']}")
+
+
+def pack(src: str, dst: str, fmt: FormatOpt = "tar", shard_size: ShardSizeOpt = DEFAULT_SHARD_SIZE,
+         max_count: MaxCountOpt = None, prefix: PrefixOpt = "shard", row_group_size: RowGroupOpt = None,
+         memory: MemoryOpt = "1GiB", concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
+         dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
+         profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+    """Pack the files under SRC into tar (WebDataset) or Parquet shards at DST, with an index."""
+    _pack(src, dst, fmt, shard_size, max_count, prefix, row_group_size, memory, concurrency, chunk_size,
+          dry_run, as_json, quiet, profile, config)
+
+
+def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSizeOpt = DEFAULT_SHARD_SIZE,
+            max_count: MaxCountOpt = None, prefix: PrefixOpt = "shard", row_group_size: RowGroupOpt = None,
+            memory: MemoryOpt = "1GiB", concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
+            dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
+            profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+    """Move a corpus from SRC to DST in one pass, packing it into shards with --pack; the
+    destination gets its index and _bridge/manifest.json."""
+    if pack_format:
+        _pack(src, dst, pack_format, shard_size, max_count, prefix, row_group_size, memory, concurrency,
+              chunk_size, dry_run, as_json, quiet, profile, config)
+        return
+    from bridge import ops
+    settings = _settings(profile, config, concurrency, chunk_size)
+    if dry_run:
+        _print_plan(ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True), as_json)
+        return
+    with _Bar(not quiet and not as_json) as progress:
+        summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress)
+    _emit(summary, as_json, f"migrated {summary['files']} files, {_human(summary['bytes'])} in "
+          f"{summary['elapsed_s']:.1f}s; manifest {summary['manifest']}")
+
+
+def unpack(src: str, dst: str, prefix: SetPrefixOpt = None, concurrency: ConcOpt = None,
+           as_json: JsonOpt = False, quiet: QuietOpt = False, profile: ProfileOpt = None,
+           config: ConfigOpt = None) -> None:
+    """Restore the files packed at SRC (a shard set, its .index.json, or .tar/.parquet shards)
+    into DST, checking every file against its hash; unsafe members stop it before any write."""
+    from bridge.packing.unpack import unpack as run
+    settings = _settings(profile, config, concurrency)
+    with _Bar(not quiet and not as_json) as progress:
+        summary = run(src, dst, settings, prefix=prefix, progress=progress)
+    checked = "every file checked against the index" if summary["verified"] else \
+        "no index: file hashes not checked"
+    _emit(summary, as_json, f"unpacked {summary['files']} files, {_human(summary['bytes'])} from "
+          f"{summary['shards']} shards in {summary['elapsed_s']:.1f}s ({checked}); manifest {summary['manifest']}")
+
+
+def cat(shardset: str, path: str, prefix: SetPrefixOpt = None, output: OutputOpt = None,
+        profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+    """Print one file of the shard set SHARDSET, read by a single ranged request through its index."""
+    from bridge.packing.reading import cat as read_one
+    data, _where = read_one(shardset, path, _settings(profile, config), prefix)
+    if output is not None:
+        output.write_bytes(data)
+        return
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(pack)
+    app.command()(unpack)
+    app.command()(cat)
+    app.command()(migrate)

@@ -1,0 +1,428 @@
+"""Packing as a job: a plan of JSON-serialisable units, run on a thread pool here or by workers.
+
+    {"op": "shard", "number": 3, "name": "shard-000003.tar", "size": …, "files": [[rel, size], …]}
+    {"op": "index"}       after every shard: the shard set's index, then stale shards removed
+    {"op": "finalize"}    the _bridge/manifest.json, last
+
+Shards are cut from the sorted listing before anything is read (WebDataset samples whole, at
+most ``shard_size`` bytes and ``max_count`` files each, unless one sample alone is bigger), so the
+units are independent and run in parallel. Each finished shard is journaled; a run that is
+stopped and started again skips shards that are already stored.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bridge import manifest as manifests
+from bridge.config import Settings
+from bridge.engine import resolve
+from bridge.errors import AuthError, BridgeError, BucketNotFound, InvalidOption, ObjectNotFound, TransferFailed
+from bridge.journal import FileJournal, Journal, default_state_dir, job_key
+from bridge.manifest import FileEntry, Manifest
+from bridge.packing import index as indexes
+from bridge.packing import layout
+from bridge.packing.sink import put_whole, stream_part_size
+from bridge.packing.writer import FORMATS, ShardFormat, ShardWriter, get_format
+from bridge.progress import Progress
+from bridge.stores import Store, get_store
+from bridge.stores.base import GiB, MiB
+from bridge.urls import Location, parse
+
+DEFAULT_SHARD_SIZE = 256 * MiB
+DEFAULT_MEMORY = 1 * GiB
+FATAL = (AuthError, BucketNotFound)
+
+
+@dataclass
+class ShardPlan:
+    number: int
+    name: str
+    size: int                         # exact for tar, an estimate for parquet
+    files: list[list[Any]]            # [rel, size], in pack order
+
+    def unit(self) -> dict[str, Any]:
+        return {"op": "shard", **asdict(self)}
+
+
+@dataclass
+class PackPlan:
+    source: str                       # what was asked for: a prefix, or one object
+    source_root: str                  # the prefix that shard member paths are relative to
+    destination: str
+    format: str
+    prefix: str
+    shard_size: int
+    max_count: int | None
+    part_size: int
+    options: dict[str, Any] = field(default_factory=dict)   # format options, e.g. row_group_size
+    shards: list[ShardPlan] = field(default_factory=list)
+    key: str = ""
+
+    @property
+    def files(self) -> int:
+        return sum(len(s.files) for s in self.shards)
+
+    @property
+    def bytes(self) -> int:
+        return sum(size for s in self.shards for _rel, size in s.files)
+
+    @property
+    def shard_bytes(self) -> int:
+        return sum(s.size for s in self.shards)
+
+    def units(self) -> list[dict[str, Any]]:
+        return [s.unit() for s in self.shards]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PackPlan:
+        return cls(**{**d, "shards": [ShardPlan(**s) for s in d["shards"]]})
+
+    def summary(self) -> dict[str, Any]:
+        return {"source": self.source, "destination": self.destination, "format": self.format,
+                "prefix": self.prefix, "files": self.files, "bytes": self.bytes, "shards": len(self.shards),
+                "shard_bytes": self.shard_bytes, "index": layout.index_name(self.prefix)}
+
+
+# -- planning ----------------------------------------------------------------------------------------
+
+def plan_pack(source: str, destination: str, settings: Settings, *, fmt: str = "tar", prefix: str = "shard",
+              shard_size: int = DEFAULT_SHARD_SIZE, max_count: int | None = None,
+              options: dict[str, Any] | None = None) -> PackPlan:
+    """Cut the source tree into shards; refuse, before anything is written, what cannot work."""
+    layout.check_prefix(prefix)
+    shard_format = get_format(fmt, options)
+    src_root, dst_root, objects, single = resolve(source, destination, settings)
+    dst_store = get_store(dst_root, settings)
+    if shard_size <= 0:
+        raise InvalidOption("--shard-size must be positive")
+    if shard_size > dst_store.features.max_object_size:
+        raise InvalidOption(f"--shard-size {shard_size} is over the {dst_store.scheme}:// object limit of "
+                            f"{dst_store.features.max_object_size} bytes")
+    if max_count is not None and max_count < 1:
+        raise InvalidOption("--max-count must be at least 1")
+    if single is None and _inside(dst_root, src_root):
+        raise InvalidOption(f"the destination {dst_root} is inside the source {src_root}: the shards "
+                            f"would be packed into themselves")
+    files = sorted(((rel, info.size) for rel, info in objects), key=lambda f: layout.pack_order(f[0]))
+    _check_files(files, shard_format)
+    groups = _samples(files)
+    plan = PackPlan(str(src_root) if single is None else single, str(src_root), str(dst_root), fmt, prefix,
+                    shard_size, max_count, stream_part_size(dst_store, shard_size, settings.transfer.chunk_size),
+                    dict(options or {}))
+    plan.shards = _cut(groups, shard_format, prefix, shard_size, max_count)
+    plan.key = job_key("pack", plan.source, plan.destination, fmt, prefix, shard_size, max_count,
+                       sorted(plan.options.items()), *(f"{rel}:{size}" for rel, size in files))
+    return plan
+
+
+def _inside(inner: Location, outer: Location) -> bool:
+    return (inner.scheme, inner.bucket) == (outer.scheme, outer.bucket) and \
+        inner.as_prefix().key.startswith(outer.as_prefix().key)
+
+
+def _check_files(files: list[tuple[str, int]], fmt: ShardFormat) -> None:
+    for rel, size in files:
+        path, problem = layout.normalize_member(rel)
+        if problem or path != rel:
+            raise InvalidOption(f"cannot pack {rel!r}: the name {problem or 'is not a plain relative path'}; "
+                                f"unpacking it would not restore it safely")
+        if size > fmt.max_file_size:
+            raise InvalidOption(f"cannot pack {rel!r}: {size} bytes is over the {fmt.name} limit of "
+                                f"{fmt.max_file_size} bytes per file; use --format tar")
+
+
+def _samples(files: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
+    groups: list[list[tuple[str, int]]] = []
+    last_key = None
+    for rel, size in files:
+        key = layout.sample_key(rel)
+        if key != last_key or not groups:
+            groups.append([])
+            last_key = key
+        groups[-1].append((rel, size))
+    return groups
+
+
+def _cut(groups: list[list[tuple[str, int]]], fmt: ShardFormat, prefix: str, shard_size: int,
+         max_count: int | None) -> list[ShardPlan]:
+    shards: list[ShardPlan] = []
+    current: list[list[Any]] = []
+    current_bytes = 0
+
+    def close() -> None:
+        nonlocal current, current_bytes
+        if current:
+            number = len(shards)
+            shards.append(ShardPlan(number, layout.shard_name(prefix, number, fmt.extension),
+                                    fmt.shard_size(current_bytes), current))
+        current, current_bytes = [], 0
+
+    for group in groups:
+        group_bytes = sum(fmt.file_size(rel, size) for rel, size in group)
+        too_big = fmt.shard_size(current_bytes + group_bytes) > shard_size
+        too_many = max_count is not None and len(current) + len(group) > max_count
+        if current and (too_big or too_many):
+            close()
+        current.extend([rel, size] for rel, size in group)
+        current_bytes += group_bytes
+    close()
+    return shards
+
+
+# -- running ----------------------------------------------------------------------------------------
+
+class PackContext:
+    """What the units of one packing job share in one process."""
+
+    def __init__(self, plan: PackPlan, settings: Settings, journal: Journal, progress: Progress | None = None):
+        self.plan, self.settings, self.journal = plan, settings, journal
+        self.progress = progress or Progress()
+        self.fmt = get_format(plan.format, plan.options)
+        self.src_root = parse(plan.source_root)
+        self.dst_root = parse(plan.destination)
+        self.src = get_store(self.src_root, settings)
+        self.dst = get_store(self.dst_root, settings)
+        self._read_pool: cf.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def retries(self) -> int:
+        return self.settings.transfer.retries
+
+    def read_pool(self) -> cf.ThreadPoolExecutor | None:
+        """Reads run ahead on a shared pool for remote sources; local reads are cheap inline."""
+        if self.src_root.is_local:
+            return None
+        with self._lock:
+            if self._read_pool is None:
+                self._read_pool = cf.ThreadPoolExecutor(self.settings.transfer.concurrency,
+                                                        thread_name_prefix="bridge-read")
+            return self._read_pool
+
+    def writers(self, memory: int = DEFAULT_MEMORY) -> int:
+        """Shards written at once: the concurrency setting, within a memory budget."""
+        per_writer = self.fmt.memory_per_writer(self.plan.part_size)
+        return max(1, min(self.settings.transfer.concurrency, len(self.plan.shards) or 1,
+                          memory // per_writer))
+
+    def close(self) -> None:
+        if self._read_pool is not None:
+            self._read_pool.shutdown(cancel_futures=True)
+
+
+def _shard(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
+    name = unit["name"]
+    done = ctx.journal.get(f"shard:{name}")
+    if done and _stored(ctx.dst, ctx.dst_root.join(name), done["size"]):
+        ctx.progress.skipped(unit["size"])
+        for _ in unit["files"]:
+            ctx.progress.file_finished()
+        return done
+    writer = ShardWriter(ctx.fmt, src=ctx.src, src_root=ctx.src_root, dst=ctx.dst, dst_root=ctx.dst_root,
+                         prefix=ctx.plan.prefix, part_size=ctx.plan.part_size, retries=ctx.retries,
+                         progress=ctx.progress, read_pool=ctx.read_pool())
+    record = writer.write(name, [(rel, size) for rel, size in unit["files"]])
+    if ctx.fmt.exact_sizes and record["size"] != unit["size"]:
+        raise BridgeError(f"internal error: {name} has {record['size']} bytes, planned {unit['size']}")
+    ctx.journal.put(f"shard:{name}", record)
+    return record
+
+
+def _stored(store: Store, loc: Location, size: int) -> bool:
+    try:
+        return store.info(loc).size == size
+    except ObjectNotFound:
+        return False
+
+
+def _records(ctx: PackContext) -> list[dict[str, Any]]:
+    records = []
+    for shard in ctx.plan.shards:
+        record = ctx.journal.get(f"shard:{shard.name}")
+        if record is None:
+            raise BridgeError(f"{ctx.dst_root.join(shard.name)} was not written; run the job again")
+        records.append(record)
+    return records
+
+
+def _index(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
+    """Write the index (the shard set's commit marker), then remove shards of an older, larger set
+    under the same prefix, which the new index no longer names."""
+    plan = ctx.plan
+    doc = indexes.build(shard_format=plan.format, prefix=plan.prefix, source=plan.source,
+                        shard_size=plan.shard_size, max_count=plan.max_count, records=_records(ctx))
+    body = indexes.dumps(doc)
+    name = layout.index_name(plan.prefix)
+    written = put_whole(ctx.dst, ctx.dst_root.join(name), body, retries=ctx.retries)
+    stale = _remove_stale(ctx)
+    ctx.journal.put("index", {"name": name, "size": written.size, "crc32c": written.crc32c,
+                              "sha256": written.sha256, "stale": stale})
+    return {"index": str(ctx.dst_root.join(name)), "pointer": indexes.pointer(name, body, doc), "stale": stale}
+
+
+def _remove_stale(ctx: PackContext) -> list[str]:
+    """Shards (and their lists) numbered past the new set, or in the other format. Bridge numbers
+    shards from 0 without gaps, so probing names finds them without listing the root."""
+    removed: list[str] = []
+    for ext in FORMATS:   # format names are their extensions
+        number = len(ctx.plan.shards) if ext == ctx.fmt.extension else 0
+        while number < layout.MAX_SHARDS:
+            name = layout.shard_name(ctx.plan.prefix, number, ext)
+            gone = [rel for rel in (name, layout.list_name(ctx.plan.prefix, name))
+                    if _delete_if_there(ctx.dst, ctx.dst_root.join(rel))]
+            if not gone:
+                break
+            removed += gone
+            number += 1
+    return removed
+
+
+def _delete_if_there(store: Store, loc: Location) -> bool:
+    try:
+        store.info(loc)
+    except ObjectNotFound:
+        return False
+    store.delete(loc)
+    return True
+
+
+def _finalize(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
+    records, index = _records(ctx), ctx.journal.get("index")
+    entries = []
+    for r in records:
+        entries.append(FileEntry(r["name"], r["size"], r["crc32c"], r["sha256"], r["part_size"], r["parts"]))
+        entries.append(FileEntry(r["list"]["name"], r["list"]["size"], r["list"]["crc32c"], r["list"]["sha256"]))
+    entries.append(FileEntry(index["name"], index["size"], index["crc32c"], index["sha256"]))
+    body = ctx.dst.read(ctx.dst_root.join(index["name"]))
+    shard_set = indexes.pointer(index["name"], body, indexes.parse(body, ctx.dst_root.join(index["name"])))
+    where = commit_manifest(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination, entries,
+                            removed=index["stale"], shard_sets={ctx.plan.prefix: shard_set})
+    return {"manifest": where}
+
+
+OPS = {"shard": _shard, "index": _index, "finalize": _finalize}
+
+
+def run_unit(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
+    return OPS[unit["op"]](ctx, unit)
+
+
+# -- the manifest ---------------------------------------------------------------------------------------
+
+def demote_manifest(store: Store, root: Location) -> None:
+    """Before anything is rewritten, the manifest stops claiming the root is complete (kept aside
+    once, as the engine does, and merged back when the job commits)."""
+    root = root.as_prefix()
+    try:
+        raw = store.read(root.join(manifests.MANIFEST))
+    except ObjectNotFound:
+        return
+    try:
+        store.info(root.join(manifests.PREVIOUS))
+    except ObjectNotFound:
+        put_whole(store, root.join(manifests.PREVIOUS), raw, retries=1)
+    store.delete(root.join(manifests.MANIFEST))
+
+
+def commit_manifest(store: Store, root: Location, source: str, destination: str, entries: list[FileEntry], *,
+                    removed: list[str] = (), shard_sets: dict[str, Any] | None = None) -> str:
+    root = root.as_prefix()
+    previous = manifests.read(store, root, manifests.PREVIOUS) or manifests.read(store, root)
+    files = dict(previous.files) if previous else {}
+    extra = dict(previous.extra) if previous else {}
+    for rel in removed:
+        files.pop(rel, None)
+    files.update({e.path: e for e in entries})
+    if shard_sets:
+        extra["shard_sets"] = {**extra.get("shard_sets", {}), **shard_sets}
+    manifests.write(store, root, Manifest(source, destination, files, extra=extra))
+    try:
+        store.delete(root.join(manifests.PREVIOUS))
+    except ObjectNotFound:
+        pass
+    for loc, upload_id in list(store.list_uploads(root)):
+        store.abort_upload(loc, upload_id)   # left by runs that were killed and not resumed
+    return str(root.join(manifests.MANIFEST))
+
+
+# -- the in-process executor -------------------------------------------------------------------------
+
+def prepare(ctx: PackContext) -> None:
+    """The old index and manifest stop vouching for the root before any shard is rewritten."""
+    demote_manifest(ctx.dst, ctx.dst_root)
+    if ctx.journal.get("index") is None:
+        try:
+            ctx.dst.delete(ctx.dst_root.join(layout.index_name(ctx.plan.prefix)))
+        except ObjectNotFound:
+            pass
+
+
+def execute(plan: PackPlan, settings: Settings, progress: Progress | None = None,
+            state_dir: Path | None = None, memory: int = DEFAULT_MEMORY) -> dict[str, Any]:
+    progress = progress or Progress()
+    journal = FileJournal((state_dir or default_state_dir()) / "journal" / f"{plan.key}.jsonl")
+    ctx = PackContext(plan, settings, journal, progress)
+    progress.plan(plan.shard_bytes, len(plan.shards) + 2)
+    try:
+        prepare(ctx)
+        errors = _run_shards(ctx, ctx.writers(memory))
+        if errors:
+            first = errors[0]
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise TransferFailed(f"packing did not complete: {first}{more}; run it again to resume")
+        index = run_unit(ctx, {"op": "index"})
+        progress.unit_finished(True)
+        final = run_unit(ctx, {"op": "finalize"})
+        progress.unit_finished(True)
+    finally:
+        ctx.close()
+        journal.close()
+    journal.path.unlink(missing_ok=True)   # committed: a new run starts afresh
+    return {**plan.summary(), "ok": True, "index": index["index"], "stale_removed": len(index["stale"]),
+            "manifest": final["manifest"], **progress.snapshot()}
+
+
+def _run_shards(ctx: PackContext, writers: int) -> list[str]:
+    """Shard units on a pool of ``writers`` threads; a fatal error stops the shards not started."""
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def guarded(unit: dict[str, Any]) -> dict[str, Any] | None:
+        return None if stop.is_set() else run_unit(ctx, unit)
+
+    with cf.ThreadPoolExecutor(writers, thread_name_prefix="bridge-shard") as pool:
+        futures = {pool.submit(guarded, unit): unit for unit in ctx.plan.units()}
+        for future in cf.as_completed(futures):
+            exc = future.exception()
+            if exc is None:
+                ctx.progress.unit_finished(True)
+                continue
+            ctx.progress.unit_finished(False)
+            errors.append(str(exc) if isinstance(exc, BridgeError) else
+                          f"internal error: {type(exc).__name__}: {exc}")
+            if isinstance(exc, FATAL) or not isinstance(exc, BridgeError):
+                stop.set()
+    return errors
+
+
+def pack(source: str, destination: str, settings: Settings, *, fmt: str = "tar", prefix: str = "shard",
+         shard_size: int = DEFAULT_SHARD_SIZE, max_count: int | None = None,
+         options: dict[str, Any] | None = None, progress: Progress | None = None,
+         state_dir: Path | None = None, dry_run: bool = False, memory: int = DEFAULT_MEMORY) -> dict[str, Any]:
+    """Pack the tree at ``source`` into a shard set at ``destination``; return a JSON-able summary."""
+    plan = plan_pack(source, destination, settings, fmt=fmt, prefix=prefix, shard_size=shard_size,
+                     max_count=max_count, options=options)
+    if dry_run:
+        return {"dry_run": True, **plan.summary(),
+                "plan": [{"shard": s.name, "files": len(s.files), "size": s.size} for s in plan.shards]}
+    return execute(plan, settings, progress, state_dir, memory)
+
+

@@ -1,0 +1,126 @@
+"""Reading shard sets: one file through the index by a single ranged read (``cat``), and a
+seekable file object over any stored object for ``tarfile`` and ``pyarrow``."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+
+from bridge.config import Settings
+from bridge.errors import IntegrityError, ObjectNotFound, UsageError
+from bridge.packing import index as indexes
+from bridge.progress import Progress
+from bridge.retry import call_with_retries
+from bridge.stores import Store, get_store
+from bridge.stores.base import MiB
+from bridge.urls import Location, parse
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only, seekable view of one stored object, fetched by ranged reads of at least
+    ``window`` bytes. When reads go front to back, it also hashes the whole object on the way
+    (``sha256`` is then set once the last byte has been fetched)."""
+
+    def __init__(self, store: Store, loc: Location, size: int, *, window: int = 8 * MiB, retries: int = 5,
+                 progress: Progress | None = None):
+        super().__init__()
+        self.store, self.loc, self.size, self.window, self.retries = store, loc, size, window, retries
+        self.progress = progress
+        self.requests = 0
+        self._pos = 0
+        self._buf = b""
+        self._buf_start = 0
+        self._hasher = hashlib.sha256()
+        self._hashed = 0
+        self.sha256: str | None = None if size else self._hasher.hexdigest()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def _fetch(self, start: int, length: int) -> bytes:
+        data = call_with_retries(lambda: self.store.read(self.loc, start, length), self.retries,
+                                 on_retry=(lambda _e: self.progress.retried()) if self.progress else None)
+        self.requests += 1
+        if len(data) != length:
+            raise IntegrityError(f"{self.loc}: short read at {start}: the object changed while being read")
+        if start == self._hashed:
+            self._hasher.update(data)
+            self._hashed += length
+            if self._hashed == self.size:
+                self.sha256 = self._hasher.hexdigest()
+        return data
+
+    def read(self, n: int = -1) -> bytes:
+        if n is None or n < 0:
+            n = self.size - self._pos
+        n = max(0, min(n, self.size - self._pos))
+        if not n:
+            return b""
+        end_buf = self._buf_start + len(self._buf)
+        if self._buf_start <= self._pos and self._pos + n <= end_buf:
+            out = self._buf[self._pos - self._buf_start:self._pos - self._buf_start + n]
+        else:
+            # keep what is buffered past pos; fetch only what is missing, contiguously
+            keep = self._buf[self._pos - self._buf_start:] if self._buf_start <= self._pos < end_buf else b""
+            start = self._pos + len(keep)
+            length = min(max(n - len(keep), self.window), self.size - start)
+            self._buf = keep + self._fetch(start, length)
+            self._buf_start = self._pos
+            out = self._buf[:n]
+        self._pos += len(out)
+        return out
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def hash_rest(self) -> None:
+        """Fetch whatever was never read (padding, skipped headers) so ``sha256`` covers it all."""
+        while self._hashed < self.size:
+            length = min(self.window, self.size - self._hashed)
+            self._fetch(self._hashed, length)
+
+
+def open_set(url: str, settings: Settings, prefix: str | None) -> tuple[Store, indexes.ShardSet]:
+    """The shard set at ``url``: a root holding one, or its ``.index.json`` itself."""
+    loc = parse(url)
+    store = get_store(loc, settings)
+    if loc.key.endswith(".index.json"):
+        head, _, name = loc.key.rpartition("/")
+        return store, indexes.read(store, Location(loc.scheme, loc.bucket, head + "/" if head else ""), name)
+    shard_set = indexes.find(store, loc.as_prefix(), prefix)
+    if shard_set is None:
+        raise ObjectNotFound(f"{loc.as_prefix()}: no shard-set index (*.index.json) there")
+    return store, shard_set
+
+
+def cat(url: str, path: str, settings: Settings, prefix: str | None = None) -> tuple[bytes, dict]:
+    """One file's bytes out of a shard set: the index, the shard's list, then one ranged read of
+    the shard. The bytes are checked against the file's SHA-256."""
+    store, shard_set = open_set(url, settings, prefix)
+    shard = shard_set.shard_for(path)
+    entry = None
+    if shard is not None:
+        entry = next((e for e in indexes.read_list(store, shard_set, shard) if e["path"] == path), None)
+    if entry is None:
+        raise ObjectNotFound(f"{path!r} is not in the shard set {shard_set.root.join(shard_set.name)}")
+    if "offset" not in entry:
+        raise UsageError(f"{path!r} has no byte range in the index: use mcbridge unpack")
+    loc = shard_set.root.join(shard["name"])
+    data = call_with_retries(lambda: store.read(loc, entry["offset"], entry["length"]), settings.transfer.retries)
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise IntegrityError(f"{path!r} read from {loc} does not match its SHA-256 in the index")
+    return data, {"shard": str(loc), "offset": entry["offset"], "length": entry["length"],
+                  "sha256": entry["sha256"]}

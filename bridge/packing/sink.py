@@ -1,0 +1,142 @@
+"""Write one object as its bytes are produced, without staging it on disk.
+
+Bytes collect in memory up to one part; the first full part starts a multipart upload and every
+later full part goes out as soon as it fills, so a writer holds at most about one part however
+big the object grows. An object that ends smaller than one part is sent in a single request.
+The object's size is not known when the upload begins, so stores get 0 as its size hint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+from bridge.errors import BridgeError, InvalidOption
+from bridge.hashing import combine_parts, crc32c, crc_hex
+from bridge.progress import Progress
+from bridge.retry import call_with_retries
+from bridge.stores.base import MiB, PartRecord, Store
+from bridge.urls import Location
+
+DEFAULT_PART_SIZE = 16 * MiB
+
+
+def stream_part_size(store: Store, expected_size: int, requested: int | None = None) -> int:
+    """A part size for an object of about ``expected_size`` bytes whose final size is unknown:
+    the request (or 16 MiB), raised to the store's minimum and so that twice the expected size
+    still fits in the store's part count."""
+    f = store.features
+    chosen = max(requested or DEFAULT_PART_SIZE, f.min_part_size, math.ceil(2 * expected_size / f.max_parts))
+    if chosen > f.max_part_size:
+        raise InvalidOption(f"{expected_size} bytes cannot be streamed in at most {f.max_parts} parts of at "
+                            f"most {f.max_part_size} bytes on {store.scheme}://: lower --shard-size")
+    return chosen
+
+
+@dataclass
+class Written:
+    """What was stored: the whole object's size and hashes, and its parts (none: one request)."""
+
+    size: int
+    crc32c: str
+    sha256: str
+    part_size: int = 0
+    parts: list[str] = field(default_factory=list)
+
+
+class StreamingUpload:
+    """A write-only file that becomes the object at ``loc`` when closed. Not thread-safe: one
+    writer per object."""
+
+    def __init__(self, store: Store, loc: Location, *, part_size: int, retries: int,
+                 progress: Progress | None = None):
+        self.store, self.loc, self.part_size = store, loc, part_size
+        self.retries = retries
+        self.progress = progress or Progress()
+        self._buf = bytearray()
+        self._pos = 0
+        self._sha = hashlib.sha256()
+        self._upload_id: str | None = None
+        self._parts: list[PartRecord] = []
+        self._sent = 0
+        self._done = False
+
+    def _retrying(self, fn):
+        return call_with_retries(fn, self.retries, on_retry=lambda _e: self.progress.retried())
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        n = len(data)
+        self._sha.update(data)
+        self._buf += data
+        self._pos += n
+        while len(self._buf) >= self.part_size:
+            self._send_part(self.part_size)
+        return n
+
+    def tell(self) -> int:
+        return self._pos
+
+    def hexdigest(self) -> str:
+        """SHA-256 of the bytes written so far."""
+        return self._sha.hexdigest()
+
+    def _send_part(self, n: int) -> None:
+        data = bytes(self._buf[:n])
+        del self._buf[:n]
+        if self._upload_id is None:
+            self._upload_id = self._retrying(lambda: self.store.begin_upload(self.loc, 0))
+        number, offset = len(self._parts) + 1, self._sent
+        crc = crc_hex(crc32c(data))
+        record = self._retrying(lambda: self.store.upload_part(self.loc, self._upload_id, number, offset,
+                                                               data, crc))
+        if record.crc32c != crc:
+            raise BridgeError(f"{self.loc}: part {number} stored with CRC32C {record.crc32c}, sent {crc}")
+        self._parts.append(record)
+        self._sent += n
+        self.progress.moved(n)
+
+    def close(self) -> Written:
+        """Finish the object; the store checks the whole object's CRC32C where it can."""
+        if self._done:
+            raise BridgeError(f"{self.loc}: upload already finished")
+        self._done = True
+        sha = self._sha.hexdigest()
+        if self._upload_id is None:
+            data = bytes(self._buf)
+            crc = crc_hex(crc32c(data))
+            self._retrying(lambda: self.store.put(self.loc, data, crc32c=crc,
+                                                  metadata=_metadata(crc, sha)))
+            self.progress.moved(len(data))
+            return Written(len(data), crc, sha)
+        if self._buf:
+            self._send_part(len(self._buf))
+        crc = crc_hex(combine_parts([(int(p.crc32c, 16), p.size) for p in self._parts]))
+        self._retrying(lambda: self.store.complete_upload(self.loc, self._upload_id, self._parts, crc32c=crc,
+                                                          metadata=_metadata(crc, sha)))
+        return Written(self._pos, crc, sha, self.part_size, [p.crc32c for p in self._parts])
+
+    def abort(self) -> None:
+        """Drop what was sent; the error that led here is the one worth reporting."""
+        self._done = True
+        self._buf.clear()
+        if self._upload_id is not None:
+            try:
+                self.store.abort_upload(self.loc, self._upload_id)
+            except BridgeError:
+                pass  # finalize of a later run removes uploads left unfinished
+
+
+def _metadata(crc: str, sha: str) -> dict[str, str]:
+    return {"bridge_crc32c": crc, "bridge_sha256": sha}
+
+
+def put_whole(store: Store, loc: Location, data: bytes, *, retries: int, progress: Progress | None = None,
+              sha256: str | None = None) -> Written:
+    """One small object in one request, with the same metadata as streamed ones."""
+    sha, crc = sha256 or hashlib.sha256(data).hexdigest(), crc_hex(crc32c(data))
+    call_with_retries(lambda: store.put(loc, data, crc32c=crc, metadata=_metadata(crc, sha)), retries,
+                      on_retry=(lambda _e: progress.retried()) if progress else None)
+    if progress:
+        progress.moved(len(data))
+    return Written(len(data), crc, sha)

@@ -1,0 +1,359 @@
+"""Restoring a tree from shards, refusing anything unsafe before a single file is written.
+
+Phase 1 lists every member of every shard: from the index when there is one (and every file's
+bytes are then checked against its SHA-256, and every tar shard against its own), else from the
+tar headers or the Parquet ``path`` column of each ``*.tar`` / ``*.parquet`` under the source.
+Members that are absolute, climb out with ``..``, are links, devices or FIFOs, appear twice, are
+both a file and a directory, or (for a local target) would land outside it through a symlink
+already there, stop the whole unpack with one error naming them. Phase 2 extracts, shards in
+parallel, by byte ranges; an index-less Parquet shard is read row group by row group.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import os
+import tarfile
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from bridge.config import Settings
+from bridge.errors import BridgeError, IntegrityError, MissingBackend, ObjectNotFound, TransferFailed
+from bridge.manifest import FileEntry
+from bridge.packing import index as indexes
+from bridge.packing import layout
+from bridge.packing.job import commit_manifest, demote_manifest
+from bridge.packing.layout import UnsafeMember
+from bridge.packing.reading import RangeFile
+from bridge.packing.sink import StreamingUpload, put_whole, stream_part_size
+from bridge.packing.writer import format_for_shard
+from bridge.progress import Progress
+from bridge.stores import Store, get_store
+from bridge.stores.base import MiB
+from bridge.urls import Location, parse
+
+STREAM_OVER = 16 * MiB      # members bigger than this go out as multipart uploads
+LIST_PROBLEMS = 5
+
+
+@dataclass
+class Member:
+    path: str                  # where it restores to, normalized
+    size: int
+    offset: int | None         # of its bytes in the shard; None: read through pyarrow
+    sha256: str | None         # None: the shard came without an index
+    row_group: int | None = None
+    row: int | None = None
+
+
+@dataclass
+class Shard:
+    name: str
+    loc: Location
+    format: str
+    size: int
+    sha256: str | None
+    members: list[Member]
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, shard: str, name: str, reason: str) -> None:
+        self.items.append(f"{shard}: member {name!r} {reason}")
+
+    def raise_if_any(self, source: str) -> None:
+        if self.items:
+            more = f" (and {len(self.items) - LIST_PROBLEMS} more)" if len(self.items) > LIST_PROBLEMS else ""
+            raise UnsafeMember(f"refusing to unpack {source}: {'; '.join(self.items[:LIST_PROBLEMS])}{more}; "
+                               f"nothing was written")
+
+
+# -- phase 1: what is there, and is all of it safe ------------------------------------------------------
+
+def _window(loc: Location) -> int:
+    return 1 * MiB if loc.is_local else 8 * MiB
+
+
+def _from_index(store: Store, shard_set: indexes.ShardSet, problems: _Problems) -> list[Shard]:
+    shards = []
+    for s in shard_set.shards:
+        members = []
+        for e in indexes.read_list(store, shard_set, s):
+            path, problem = layout.normalize_member(e["path"])
+            if problem:
+                problems.add(s["name"], e["path"], problem)
+            members.append(Member(path, e["length"], e["offset"], e["sha256"], e.get("row_group"), e.get("row")))
+        shards.append(Shard(s["name"], shard_set.root.join(s["name"]), shard_set.shard_format, s["size"],
+                            s["sha256"], members))
+    return shards
+
+
+def _tar_members(store: Store, loc: Location, size: int, name: str, retries: int,
+                 problems: _Problems) -> list[Member]:
+    """Member headers only: tarfile seeks over the data on a ranged view of the shard."""
+    members = []
+    view = RangeFile(store, loc, size, window=_window(loc), retries=retries)
+    try:
+        with tarfile.open(fileobj=view, mode="r:") as archive:
+            for info in archive:
+                path, problem = layout.normalize_member(info.name)
+                kind = _unsafe_kind(info)
+                if kind or problem:
+                    problems.add(name, info.name, kind or problem)
+                elif info.isreg():
+                    members.append(Member(path, info.size, info.offset_data, None))
+    except tarfile.TarError as exc:
+        raise IntegrityError(f"{loc}: not a readable tar archive ({exc})") from exc
+    return members
+
+
+def _unsafe_kind(info: tarfile.TarInfo) -> str | None:
+    if info.issym() or info.islnk():
+        return f"is a link (to {info.linkname!r})"
+    if info.ischr() or info.isblk():
+        return "is a device"
+    if info.isfifo():
+        return "is a FIFO"
+    if not (info.isreg() or info.isdir()):
+        return f"has an unsupported type {info.type!r}"
+    return None
+
+
+def _parquet_file(store: Store, loc: Location, size: int, retries: int):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise MissingBackend("Parquet shards need the 'pack' extra: pip install 'mcbridge[pack]'") from exc
+    source = loc.local_path if loc.is_local else RangeFile(store, loc, size, window=256 * 1024, retries=retries)
+    try:
+        return pq.ParquetFile(source)
+    except Exception as exc:   # pyarrow raises ArrowInvalid and OSError subclasses alike
+        raise IntegrityError(f"{loc}: not a readable Parquet file ({exc})") from exc
+
+
+def _parquet_members(store: Store, loc: Location, size: int, name: str, retries: int,
+                     problems: _Problems) -> list[Member]:
+    pf = _parquet_file(store, loc, size, retries)
+    if not {"path", "data"} <= set(pf.schema_arrow.names):
+        raise IntegrityError(f"{loc}: a Parquet shard needs 'path' and 'data' columns")
+    members = []
+    for group in range(pf.num_row_groups):
+        table = pf.read_row_group(group, columns=["path"])
+        for row, raw in enumerate(table.column("path").to_pylist()):
+            path, problem = layout.normalize_member(raw or "")
+            if problem:
+                problems.add(name, raw, problem)
+            members.append(Member(path, -1, None, None, group, row))
+    return members
+
+
+def _without_index(store: Store, src: Location, retries: int, problems: _Problems) -> list[Shard]:
+    if src.is_prefix:
+        found = [(rel, info) for rel, info in store.walk(src) if format_for_shard(rel)]
+        root = src
+    else:
+        info = store.info(src)
+        found, root = [(src.name, info)], Location(src.scheme, src.bucket, src.key[:-len(src.name)])
+    if not found:
+        raise ObjectNotFound(f"{src}: no shard-set index and no .tar or .parquet shards there")
+    shards = []
+    for rel, info in sorted(found, key=lambda f: f[0]):
+        fmt = format_for_shard(rel)
+        reader = _tar_members if fmt == "tar" else _parquet_members
+        members = reader(store, root.join(rel), info.size, rel, retries, problems)
+        shards.append(Shard(rel, root.join(rel), fmt, info.size, None, members))
+    return shards
+
+
+def _check_tree(shards: list[Shard], dst_root: Location, problems: _Problems) -> None:
+    owner: dict[str, str] = {}
+    for shard in shards:
+        for m in shard.members:
+            if m.path in owner:
+                problems.add(shard.name, m.path, f"appears twice (also in {owner[m.path]})")
+            owner[m.path] = shard.name
+    for path, shard in owner.items():
+        head = path
+        while "/" in head:
+            head = head.rpartition("/")[0]
+            if head in owner:
+                problems.add(shard, path, f"needs {head!r} to be a directory, but it is also a file")
+                break
+    if dst_root.is_local:
+        _check_local_target(owner, dst_root, problems)
+
+
+def _check_local_target(owner: dict[str, str], dst_root: Location, problems: _Problems) -> None:
+    target = os.path.realpath(dst_root.local_path)
+    seen: dict[str, bool] = {}
+    for path, shard in owner.items():
+        parent = path.rpartition("/")[0]
+        if parent not in seen:
+            real = os.path.realpath(os.path.join(target, parent))
+            seen[parent] = real == target or real.startswith(target + os.sep)
+        if not seen[parent]:
+            problems.add(shard, path, "would be written outside the target through a symlink in it")
+        elif os.path.isdir(os.path.join(target, path)):
+            problems.add(shard, path, "would replace a directory in the target")
+
+
+# -- phase 2: extract ---------------------------------------------------------------------------------
+
+class _Extractor:
+    def __init__(self, src: Store, dst: Store, dst_root: Location, settings: Settings, progress: Progress):
+        self.src, self.dst, self.dst_root, self.progress = src, dst, dst_root, progress
+        self.retries = settings.transfer.retries
+        self.part_size = stream_part_size(dst, STREAM_OVER, settings.transfer.chunk_size)
+        concurrency = settings.transfer.concurrency
+        # remote targets take one request per file: keep several in flight for each shard reader
+        self._puts = None if dst_root.is_local else cf.ThreadPoolExecutor(concurrency, thread_name_prefix="bridge-put")
+        self._slots = threading.BoundedSemaphore(2 * concurrency)
+
+    def close(self) -> None:
+        if self._puts:
+            self._puts.shutdown(cancel_futures=True)
+
+    def shard(self, shard: Shard) -> list[FileEntry]:
+        if shard.members and shard.members[0].offset is None:
+            return self._parquet_rows(shard)
+        view = RangeFile(self.src, shard.loc, shard.size, window=_window(shard.loc), retries=self.retries,
+                         progress=self.progress)
+        pending: list[cf.Future] = []
+        try:
+            for m in sorted(shard.members, key=lambda m: m.offset):
+                view.seek(m.offset)
+                if m.size > STREAM_OVER:
+                    pending.append(_done(self._stream(view, shard, m)))
+                    continue
+                data = view.read(m.size)
+                sha = hashlib.sha256(data).hexdigest()
+                self._check(shard, m, sha)
+                pending.append(self._put(m.path, data, sha))
+            entries = [f.result() for f in pending]
+        finally:
+            for f in pending:
+                f.cancel()
+        if shard.sha256 and shard.format == "tar":
+            view.hash_rest()
+            if view.sha256 != shard.sha256:
+                raise IntegrityError(f"{shard.loc}: shard does not match its SHA-256 in the index")
+        return entries
+
+    def _check(self, shard: Shard, m: Member, sha: str) -> None:
+        if m.sha256 and sha != m.sha256:
+            raise IntegrityError(f"{shard.loc}: {m.path} does not match its SHA-256 in the index")
+
+    def _put(self, path: str, data: bytes, sha: str) -> cf.Future:
+        if self._puts is None:
+            return _done(self._put_now(path, data, sha))
+        self._slots.acquire()
+        future = self._puts.submit(self._put_now, path, data, sha)
+        future.add_done_callback(lambda _f: self._slots.release())
+        return future
+
+    def _put_now(self, path: str, data: bytes, sha: str) -> FileEntry:
+        w = put_whole(self.dst, self.dst_root.join(path), data, retries=self.retries, progress=self.progress,
+                      sha256=sha)
+        self.progress.file_finished()
+        return FileEntry(path, w.size, w.crc32c, w.sha256)
+
+    def _stream(self, view: RangeFile, shard: Shard, m: Member) -> FileEntry:
+        sink = StreamingUpload(self.dst, self.dst_root.join(m.path), part_size=self.part_size,
+                               retries=self.retries, progress=self.progress)
+        try:
+            left = m.size
+            while left:
+                chunk = view.read(min(left, self.part_size))
+                sink.write(chunk)
+                left -= len(chunk)
+            if m.sha256 and sink.hexdigest() != m.sha256:
+                raise IntegrityError(f"{shard.loc}: {m.path} does not match its SHA-256 in the index")
+            w = sink.close()
+        except BaseException:
+            sink.abort()
+            raise
+        self.progress.file_finished()
+        return FileEntry(m.path, w.size, w.crc32c, w.sha256, w.part_size, w.parts)
+
+    def _parquet_rows(self, shard: Shard) -> list[FileEntry]:
+        pf = _parquet_file(self.src, shard.loc, shard.size, self.retries)
+        where = {(m.row_group, m.row): m for m in shard.members}
+        has_sha = "sha256" in pf.schema_arrow.names
+        pending = []
+        for group in range(pf.num_row_groups):
+            columns = ["data", "sha256"] if has_sha else ["data"]
+            table = pf.read_row_group(group, columns=columns)
+            datas = table.column("data").to_pylist()
+            shas = table.column("sha256").to_pylist() if has_sha else [None] * len(datas)
+            for row, (data, stored) in enumerate(zip(datas, shas, strict=True)):
+                m = where[(group, row)]
+                sha = hashlib.sha256(data).hexdigest()
+                if stored and stored != sha:
+                    raise IntegrityError(f"{shard.loc}: {m.path} does not match its sha256 column")
+                pending.append(self._put(m.path, data, sha))
+        return [f.result() for f in pending]
+
+
+def _done(value: Any) -> cf.Future:
+    future: cf.Future = cf.Future()
+    future.set_result(value)
+    return future
+
+
+# -- the command ---------------------------------------------------------------------------------------
+
+def unpack(source: str, destination: str, settings: Settings, *, prefix: str | None = None,
+           progress: Progress | None = None) -> dict[str, Any]:
+    """Restore the tree packed at ``source`` into ``destination``; return a JSON-able summary."""
+    progress = progress or Progress()
+    src = parse(source)
+    store = get_store(src, settings)
+    store.check_bucket(src)
+    dst_root = parse(destination).as_prefix()
+    dst = get_store(dst_root, settings)
+    dst.check_bucket(dst_root)
+    problems = _Problems()
+    shard_set = None
+    if src.key.endswith(".index.json"):
+        from bridge.packing.reading import open_set
+        _store, shard_set = open_set(source, settings, prefix)
+    elif src.is_prefix or not format_for_shard(src.key):
+        shard_set = indexes.find(store, src.as_prefix(), prefix)
+    retries = settings.transfer.retries
+    shards = _from_index(store, shard_set, problems) if shard_set else _without_index(store, src, retries, problems)
+    _check_tree(shards, dst_root, problems)
+    problems.raise_if_any(source)
+
+    total = sum(m.size for s in shards for m in s.members if m.size > 0)
+    progress.plan(total, len(shards) + 1)
+    demote_manifest(dst, dst_root)
+    extractor = _Extractor(store, dst, dst_root, settings, progress)
+    errors: list[str] = []
+    entries: list[FileEntry] = []
+    try:
+        with cf.ThreadPoolExecutor(max(1, min(settings.transfer.concurrency, len(shards))),
+                                   thread_name_prefix="bridge-unpack") as pool:
+            futures = {pool.submit(extractor.shard, s): s for s in shards}
+            for future in cf.as_completed(futures):
+                exc = future.exception()
+                progress.unit_finished(exc is None)
+                if exc is None:
+                    entries += future.result()
+                else:
+                    errors.append(str(exc) if isinstance(exc, BridgeError) else
+                                  f"internal error: {type(exc).__name__}: {exc}")
+    finally:
+        extractor.close()
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise TransferFailed(f"unpack did not complete: {errors[0]}{more}")
+    where = commit_manifest(dst, dst_root, source, str(dst_root), entries)
+    progress.unit_finished(True)
+    return {"source": source, "destination": str(dst_root), "shards": len(shards), "files": len(entries),
+            "bytes": sum(e.size for e in entries), "verified": shard_set is not None,
+            "index": str(shard_set.root.join(shard_set.name)) if shard_set else None,
+            "manifest": where, **progress.snapshot()}

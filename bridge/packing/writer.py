@@ -1,0 +1,230 @@
+"""Writing one shard: the steps are fixed here; a format only encodes.
+
+``ShardWriter.write`` opens a streaming upload for the shard's predictable name, reads each
+file of the shard (ahead of time, on a shared pool, when the source is remote), hashes it, hands
+it to the format's encoder, closes the upload, and writes the shard's file list. Formats are
+found through ``FORMATS`` (module, class, the extra that installs them); each declares its limits
+so a plan can refuse what it cannot hold before anything is written.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import concurrent.futures as cf
+import hashlib
+import importlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from bridge.errors import IntegrityError, InvalidOption, MissingBackend
+from bridge.packing import layout
+from bridge.packing.sink import StreamingUpload, Written, put_whole
+from bridge.progress import Progress
+from bridge.retry import call_with_retries
+from bridge.stores.base import MiB, Store
+from bridge.urls import Location
+
+READ_AHEAD_BYTES = 16 * MiB   # per shard writer, remote sources only
+READ_AHEAD_FILES = 64
+
+
+class ShardEncoder(abc.ABC):
+    """Turns a shard's files, in order, into bytes on ``sink``; records where each one landed."""
+
+    def __init__(self, sink: StreamingUpload):
+        self.sink = sink
+        self.placements: list[dict[str, int]] = []   # one per file, in order: offset, length, ...
+
+    @abc.abstractmethod
+    def add(self, rel: str, data: bytes, sha256: str) -> None: ...
+
+    def add_stream(self, rel: str, size: int, chunks: Iterable[bytes]) -> None:
+        raise NotImplementedError
+
+    @abc.abstractmethod
+    def finish(self) -> None: ...
+
+
+class ShardFormat(abc.ABC):
+    """A shard format: its extension, its limits and its size arithmetic, and an encoder."""
+
+    name: ClassVar[str]
+    extension: ClassVar[str]
+    max_file_size: ClassVar[int]          # larger files are refused at planning
+    streams_large_files: ClassVar[bool]   # whether add_stream works (files bigger than a part)
+    exact_sizes: ClassVar[bool]           # whether shard_size() is exact, not an estimate
+
+    def __init__(self, options: dict[str, Any]):
+        self.options = options
+
+    @abc.abstractmethod
+    def file_size(self, rel: str, size: int) -> int:
+        """Bytes one file adds to a shard."""
+
+    @abc.abstractmethod
+    def shard_size(self, files_bytes: int) -> int:
+        """A shard's size from the sum of ``file_size`` of its files."""
+
+    def memory_per_writer(self, part_size: int) -> int:
+        return 2 * part_size + READ_AHEAD_BYTES
+
+    @abc.abstractmethod
+    def encoder(self, sink: StreamingUpload) -> ShardEncoder: ...
+
+
+@dataclass(frozen=True)
+class FormatEntry:
+    target: str   # "module:Class"
+    extra: str    # the pip extra that installs what it needs ("" when nothing)
+
+
+FORMATS: dict[str, FormatEntry] = {
+    "tar": FormatEntry("bridge.packing.tarfmt:TarFormat", ""),
+    "parquet": FormatEntry("bridge.packing.parquetfmt:ParquetFormat", "pack"),
+}
+
+
+def get_format(name: str, options: dict[str, Any] | None = None) -> ShardFormat:
+    entry = FORMATS.get(name)
+    if entry is None:
+        raise InvalidOption(f"unknown shard format {name!r}: use one of {', '.join(sorted(FORMATS))}")
+    module_name, _, cls_name = entry.target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise MissingBackend(f"--format {name} needs the '{entry.extra}' extra: pip install "
+                             f"'mcbridge[{entry.extra}]' ({exc.name} is missing)") from exc
+    return getattr(module, cls_name)(options or {})
+
+
+def format_for_shard(name: str) -> str | None:
+    for fmt in FORMATS:
+        if name.endswith("." + fmt):
+            return fmt
+    return None
+
+
+# -- reading the files of one shard -------------------------------------------------------------
+
+def read_checked(store: Store, loc: Location, size: int, retries: int, progress: Progress) -> bytes:
+    data = call_with_retries(lambda: store.read(loc), retries, on_retry=lambda _e: progress.retried())
+    if len(data) != size:
+        raise IntegrityError(f"{loc}: read {len(data)} bytes, listed {size}: the source changed "
+                             f"during packing")
+    return data
+
+
+def source_files(store: Store, root: Location, files: list[tuple[str, int]], *, stream_over: int,
+                 pool: cf.Executor | None, retries: int, progress: Progress
+                 ) -> Iterator[tuple[str, int, bytes | None]]:
+    """(rel, size, bytes) in order; bytes is None for files over ``stream_over``, which the
+    writer streams in ranges. With a pool, reads run ahead within a bounded window."""
+    if pool is None:
+        for rel, size in files:
+            yield rel, size, None if size > stream_over else read_checked(store, root.join(rel), size,
+                                                                          retries, progress)
+        return
+    window: collections.deque = collections.deque()
+    ahead = 0
+    todo = iter(files)
+    try:
+        while True:
+            while len(window) < READ_AHEAD_FILES and ahead < READ_AHEAD_BYTES:
+                item = next(todo, None)
+                if item is None:
+                    break
+                rel, size = item
+                future = None if size > stream_over else pool.submit(read_checked, store, root.join(rel),
+                                                                     size, retries, progress)
+                window.append((rel, size, future))
+                ahead += size if future else 0
+            if not window:
+                return
+            rel, size, future = window.popleft()
+            if future is None:
+                yield rel, size, None
+                continue
+            ahead -= size
+            yield rel, size, future.result()
+    finally:
+        for _rel, _size, future in window:
+            if future:
+                future.cancel()
+
+
+def ranged_chunks(store: Store, loc: Location, size: int, chunk: int, retries: int, progress: Progress,
+                  hasher) -> Iterator[bytes]:
+    for offset in range(0, size, chunk):
+        length = min(chunk, size - offset)
+        data = call_with_retries(lambda offset=offset, length=length: store.read(loc, offset, length), retries,
+                                 on_retry=lambda _e: progress.retried())
+        if len(data) != length:
+            raise IntegrityError(f"{loc}: short read at {offset}: the source changed during packing")
+        hasher.update(data)
+        yield data
+
+
+# -- one shard -------------------------------------------------------------------------------------
+
+class ShardWriter:
+    """Writes one planned shard and its file list; returns the shard's index record."""
+
+    def __init__(self, fmt: ShardFormat, *, src: Store, src_root: Location, dst: Store, dst_root: Location,
+                 prefix: str, part_size: int, retries: int, progress: Progress,
+                 read_pool: cf.Executor | None = None):
+        self.fmt, self.src, self.src_root, self.dst, self.dst_root = fmt, src, src_root, dst, dst_root
+        self.prefix, self.part_size, self.retries = prefix, part_size, retries
+        self.progress, self.read_pool = progress, read_pool
+
+    def write(self, name: str, files: list[tuple[str, int]]) -> dict[str, Any]:
+        for rel, size in files:   # the plan checked these; a hand-made unit may not have been
+            if size > self.fmt.max_file_size:
+                raise InvalidOption(f"{rel}: {size} bytes is over the {self.fmt.name} limit of "
+                                    f"{self.fmt.max_file_size} bytes per file")
+        sink = StreamingUpload(self.dst, self.dst_root.join(name), part_size=self.part_size,
+                               retries=self.retries, progress=self.progress)
+        try:
+            encoder = self.fmt.encoder(sink)
+            hashes = self._encode(encoder, files)
+            encoder.finish()
+            written = sink.close()
+        except BaseException:
+            sink.abort()
+            raise
+        entries = [{"path": rel, **placement, "sha256": sha}
+                   for (rel, _size), placement, sha in zip(files, encoder.placements, hashes, strict=True)]
+        return self._record(name, files, written, self._write_list(name, entries))
+
+    def _encode(self, encoder: ShardEncoder, files: list[tuple[str, int]]) -> list[str]:
+        stream_over = self.part_size if self.fmt.streams_large_files else self.fmt.max_file_size
+        hashes = []
+        for rel, size, data in source_files(self.src, self.src_root, files, stream_over=stream_over,
+                                            pool=self.read_pool, retries=self.retries, progress=self.progress):
+            if data is None:
+                hasher = hashlib.sha256()
+                encoder.add_stream(rel, size, ranged_chunks(self.src, self.src_root.join(rel), size,
+                                                            self.part_size, self.retries, self.progress, hasher))
+                hashes.append(hasher.hexdigest())
+            else:
+                sha = hashlib.sha256(data).hexdigest()
+                encoder.add(rel, data, sha)
+                hashes.append(sha)
+            self.progress.file_finished()
+        return hashes
+
+    def _write_list(self, name: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        rel = layout.list_name(self.prefix, name)
+        body = b"".join(json.dumps(e, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+                        for e in entries)
+        written = put_whole(self.dst, self.dst_root.join(rel), body, retries=self.retries)
+        return {"name": rel, "size": written.size, "sha256": written.sha256, "crc32c": written.crc32c}
+
+    def _record(self, name: str, files: list[tuple[str, int]], written: Written,
+                listing: dict[str, Any]) -> dict[str, Any]:
+        return {"name": name, "size": written.size, "sha256": written.sha256, "crc32c": written.crc32c,
+                "files": len(files), "bytes": sum(size for _rel, size in files),
+                "first": files[0][0] if files else "", "last": files[-1][0] if files else "",
+                "list": listing, "part_size": written.part_size, "parts": written.parts}
