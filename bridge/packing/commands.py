@@ -9,21 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from bridge.cli import (
-    ChunkOpt,
-    ConcOpt,
-    ConfigOpt,
-    DryOpt,
-    JsonOpt,
-    ProfileOpt,
-    QuietOpt,
-    _Bar,
-    _emit,
-    _human,
-    _print_plan,
-    _settings,
-    out,
-)
+from bridge.cli import (ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, ProfileOpt, QuietOpt, StoreSumOpt, _Bar,
+                        _emit, _human, _print_plan, _settings, out)
 from bridge.config import parse_size
 
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Shard format: tar (WebDataset) or parquet.")]
@@ -46,9 +33,10 @@ DEFAULT_SHARD_SIZE = "256MiB"
 
 def _pack(src: str, dst: str, fmt: str, shard_size: str, max_count: int | None, prefix: str,
           row_group_size: str | None, memory: str, concurrency: int | None, chunk_size: str | None,
-          dry_run: bool, as_json: bool, quiet: bool, profile: str | None, config: Path | None) -> None:
+          store_checksums: str | None, dry_run: bool, as_json: bool, quiet: bool, profile: str | None,
+          config: Path | None) -> None:
     from bridge.packing import job
-    settings = _settings(profile, config, concurrency, chunk_size)
+    settings = _settings(profile, config, concurrency, chunk_size, store_checksums)
     options = {"row_group_size": parse_size(row_group_size)} if row_group_size else {}
     kwargs = dict(fmt=fmt, prefix=prefix, shard_size=parse_size(shard_size), max_count=max_count,
                   options=options, memory=parse_size(memory))
@@ -72,26 +60,26 @@ def _pack(src: str, dst: str, fmt: str, shard_size: str, max_count: int | None, 
 def pack(src: str, dst: str, fmt: FormatOpt = "tar", shard_size: ShardSizeOpt = DEFAULT_SHARD_SIZE,
          max_count: MaxCountOpt = None, prefix: PrefixOpt = "shard", row_group_size: RowGroupOpt = None,
          memory: MemoryOpt = "1GiB", concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
-         dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
-         profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+         store_checksums: StoreSumOpt = None, dry_run: DryOpt = False, as_json: JsonOpt = False,
+         quiet: QuietOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Pack the files under SRC into tar (WebDataset) or Parquet shards at DST, with an index."""
     _pack(src, dst, fmt, shard_size, max_count, prefix, row_group_size, memory, concurrency, chunk_size,
-          dry_run, as_json, quiet, profile, config)
+          store_checksums, dry_run, as_json, quiet, profile, config)
 
 
 def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSizeOpt = DEFAULT_SHARD_SIZE,
             max_count: MaxCountOpt = None, prefix: PrefixOpt = "shard", row_group_size: RowGroupOpt = None,
             memory: MemoryOpt = "1GiB", concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
-            dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
-            profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+            store_checksums: StoreSumOpt = None, dry_run: DryOpt = False, as_json: JsonOpt = False,
+            quiet: QuietOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Move a corpus from SRC to DST in one pass, packing it into shards with --pack; the
     destination gets its index and _bridge/manifest.json."""
     if pack_format:
         _pack(src, dst, pack_format, shard_size, max_count, prefix, row_group_size, memory, concurrency,
-              chunk_size, dry_run, as_json, quiet, profile, config)
+              chunk_size, store_checksums, dry_run, as_json, quiet, profile, config)
         return
     from bridge import ops
-    settings = _settings(profile, config, concurrency, chunk_size)
+    settings = _settings(profile, config, concurrency, chunk_size, store_checksums)
     if dry_run:
         _print_plan(ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True), as_json)
         return

@@ -1,0 +1,500 @@
+"""Packing on local paths: shards readable by webdataset, pyarrow, DuckDB and Polars; identical
+when packed twice; unpack restores the tree and refuses unsafe members before writing anything."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from bridge.errors import InvalidOption, ManifestError, TransferFailed
+from bridge.manifest import read as read_manifest
+from bridge.packing import index as indexes
+from bridge.packing import job
+from bridge.packing.layout import UnsafeMember, pack_order, sample_key
+from bridge.packing.reading import cat
+from bridge.packing.unpack import unpack
+from bridge.stores import get_store
+from bridge.urls import parse
+from tests.helpers import mcbridge, settings_for
+
+SAMPLES = 1000   # two files each: a few thousand small files in all
+
+
+def write_tree(root: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def corpus(samples: int = SAMPLES, seed: int = 5) -> dict[str, bytes]:
+    """WebDataset-style samples (key.jpg + key.cls) in a few folders, plus awkward names."""
+    rng = random.Random(seed)
+    files = {}
+    for i in range(samples):
+        key = f"part{i % 4}/sample{i:05d}"
+        files[f"{key}.jpg"] = rng.randbytes(rng.randint(0, 3000))
+        files[f"{key}.cls"] = str(i % 10).encode()
+    files["part0/sample00001.extra.json"] = b'{"a": 1}'          # a second file of one sample
+    files["naïve/ünïcödé 名前.txt"] = "non-ASCII ✓\n".encode()  # pax header
+    files["deep/" + "d" * 90 + "/" + "n" * 60 + ".bin"] = b"long name"
+    files["empty.txt"] = b""
+    return files
+
+
+def read_back(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and "_bridge" not in p.relative_to(root).parts}
+
+
+@pytest.fixture(scope="module")
+def settings():
+    return settings_for(dict(os.environ))
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> tuple[Path, dict[str, bytes]]:
+    root = tmp_path_factory.mktemp("tree") / "src"
+    files = corpus()
+    write_tree(root, files)
+    return root, files
+
+
+@pytest.fixture(scope="module")
+def packed(tree, settings, tmp_path_factory) -> dict[str, Path]:
+    """The tree packed once as tar and once as Parquet, in several shards each."""
+    src, _files = tree
+    base = tmp_path_factory.mktemp("packed")
+    out = {}
+    for fmt, size in (("tar", 512 * 1024), ("parquet", 400 * 1024)):
+        out[fmt] = base / fmt
+        job.pack(f"{src}/", f"{out[fmt]}/", settings, fmt=fmt, shard_size=size,
+                 options={"row_group_size": 128 * 1024}, state_dir=base / "state")
+    return out
+
+
+def shards_of(root: Path, ext: str) -> list[Path]:
+    return sorted(root.glob(f"shard-*.{ext}"))
+
+
+def test_webdataset_reads_tar_shards_sample_by_sample(tree, packed):
+    import webdataset as wds
+    _src, files = tree
+    urls = [str(p) for p in shards_of(packed["tar"], "tar")]
+    assert len(urls) > 3
+    seen: dict[str, bytes] = {}
+    keys = []
+    for sample in wds.WebDataset(urls, shardshuffle=False, empty_check=False):
+        keys.append(sample["__key__"])
+        for ext, data in sample.items():
+            if not ext.startswith("__"):
+                seen[f"{sample['__key__']}.{ext}"] = data
+    assert len(keys) == len(set(keys)), "a sample was split across shards or members"
+    expected = {rel: data for rel, data in files.items() if sample_key(rel) != rel}   # webdataset skips no-dot names
+    assert seen == expected
+
+
+def test_tar_members_are_fixed_regular_files_in_pack_order(tree, packed):
+    _src, files = tree
+    names = []
+    for shard in shards_of(packed["tar"], "tar"):
+        with tarfile.open(shard) as archive:
+            for info in archive:
+                assert info.isreg() and info.mtime == 0 and info.uid == info.gid == 0 and info.mode == 0o644
+                assert info.uname == info.gname == ""
+                names.append(info.name)
+    assert names == sorted(files, key=pack_order)
+
+
+def test_pyarrow_reads_parquet_shards_row_by_row(tree, packed):
+    import pyarrow.parquet as pq
+    _src, files = tree
+    rows = {}
+    shard_set = indexes.read(get_store(parse(str(packed["parquet"])), settings_for(dict(os.environ))),
+                             parse(f"{packed['parquet']}/"), "shard.index.json")
+    for shard in shards_of(packed["parquet"], "parquet"):
+        pf = pq.ParquetFile(shard)
+        assert pf.num_row_groups > 1   # row groups are sized too
+        for group in range(pf.num_row_groups):
+            for row in pf.read_row_group(group).to_pylist():
+                assert row["size"] == len(row["data"])
+                assert row["sha256"] == hashlib.sha256(row["data"]).hexdigest()
+                rows[row["path"]] = row["data"]
+    assert rows == files
+    assert shard_set.doc["totals"]["files"] == len(files)
+
+
+def test_duckdb_and_polars_read_parquet_shards(tree, packed):
+    duckdb = pytest.importorskip("duckdb")
+    pl = pytest.importorskip("polars")
+    _src, files = tree
+    pattern = f"{packed['parquet']}/shard-*.parquet"
+    [(count, total)] = duckdb.sql(f"select count(*), sum(size) from read_parquet('{pattern}')").fetchall()
+    assert (count, total) == (len(files), sum(map(len, files.values())))
+    one = "naïve/ünïcödé 名前.txt"
+    [(data,)] = duckdb.sql(f"select data from read_parquet('{pattern}') where path = '{one}'").fetchall()
+    assert bytes(data) == files[one]
+    frame = pl.read_parquet(pattern)
+    assert dict(zip(frame["path"].to_list(), frame["data"].to_list(), strict=True)) == files
+
+
+def test_packing_twice_gives_identical_shards_and_index(tree, packed, settings, tmp_path):
+    src, _files = tree
+    for fmt in ("tar", "parquet"):
+        again = tmp_path / fmt
+        job.pack(f"{src}/", f"{again}/", settings, fmt=fmt, shard_size=512 * 1024 if fmt == "tar" else 400 * 1024,
+                 options={"row_group_size": 128 * 1024}, state_dir=tmp_path / "state")
+        first = shards_of(packed[fmt], fmt)
+        assert [p.name for p in shards_of(again, fmt)] == [p.name for p in first]
+        for a in first:
+            assert (again / a.name).read_bytes() == a.read_bytes(), a.name
+        assert (again / "shard.index.json").read_bytes() == (packed[fmt] / "shard.index.json").read_bytes()
+
+
+def test_index_places_every_file_for_one_ranged_read(tree, packed, settings):
+    _src, files = tree
+    for fmt, root in packed.items():
+        store = get_store(parse(str(root)), settings)
+        shard_set = indexes.read(store, parse(f"{root}/"), "shard.index.json")
+        seen = 0
+        for shard in shard_set.shards:
+            body = (root / shard["name"]).read_bytes()
+            assert len(body) == shard["size"]
+            assert hashlib.sha256(body).hexdigest() == shard["sha256"]
+            for entry in indexes.read_list(store, shard_set, shard):
+                assert body[entry["offset"]:entry["offset"] + entry["length"]] == files[entry["path"]]
+                assert entry["sha256"] == hashlib.sha256(files[entry["path"]]).hexdigest()
+                if fmt == "parquet":
+                    assert {"row_group", "row"} <= set(entry)
+                seen += 1
+        assert seen == len(files)
+
+
+def test_unpack_restores_a_byte_identical_tree(tree, packed, settings, tmp_path):
+    _src, files = tree
+    for fmt, root in packed.items():
+        target = tmp_path / fmt
+        summary = unpack(f"{root}/", f"{target}/", settings)
+        assert summary["verified"] and summary["files"] == len(files)
+        assert read_back(target) == files
+        manifest = read_manifest(get_store(parse(str(target)), settings), parse(f"{target}/"))
+        assert set(manifest.files) == set(files)
+
+
+def test_cat_reads_one_file_with_one_ranged_read(tree, packed, settings, monkeypatch):
+    _src, files = tree
+    store = get_store(parse("/"), settings)
+    reads = []
+    original = type(store).read
+
+    def counting(self, loc, offset=0, length=None):
+        reads.append((loc.name, offset, length))
+        return original(self, loc, offset, length)
+
+    monkeypatch.setattr(type(store), "read", counting)
+    for root in packed.values():
+        reads.clear()
+        path = "part2/sample00502.jpg"
+        data, where = cat(f"{root}/", path, settings)
+        assert data == files[path]
+        on_shards = [r for r in reads if r[0].startswith("shard-") and not r[0].endswith(".jsonl")]
+        assert on_shards == [(Path(where["shard"]).name, where["offset"], len(data))]
+        assert len(reads) == 3   # index, the shard's list, the shard
+
+
+def test_cli_cat_prints_the_bytes(tree, packed, tmp_path):
+    _src, files = tree
+    path = "naïve/ünïcödé 名前.txt"
+    r = mcbridge("cat", str(packed["tar"]), path, env=dict(os.environ), state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.encode() == files[path]
+    r = mcbridge("cat", str(packed["parquet"]), "nope.txt", env=dict(os.environ), state_dir=tmp_path)
+    assert r.returncode == 1 and r.stderr.startswith("mcbridge: error:") and "Traceback" not in r.stderr
+
+
+def test_manifest_lists_shards_and_points_at_the_index(packed, settings):
+    for fmt, root in packed.items():
+        store = get_store(parse(str(root)), settings)
+        manifest = read_manifest(store, parse(f"{root}/"))
+        names = {p.name for p in shards_of(root, fmt)}
+        assert names <= set(manifest.files)
+        assert "shard.index.json" in manifest.files
+        pointer = manifest.extra["shard_sets"]["shard"]
+        assert pointer["index"] == "shard.index.json" and pointer["format"] == fmt
+        assert pointer["sha256"] == hashlib.sha256((root / "shard.index.json").read_bytes()).hexdigest()
+        assert list(indexes.check(store, parse(f"{root}/"), pointer, deep=True)) == []
+
+
+def test_check_reports_a_corrupted_or_missing_shard(tree, settings, tmp_path):
+    src, _files = tree
+    root = tmp_path / "set"
+    job.pack(f"{src}/", f"{root}/", settings, shard_size=512 * 1024, state_dir=tmp_path / "state")
+    store = get_store(parse(str(root)), settings)
+    pointer = read_manifest(store, parse(f"{root}/")).extra["shard_sets"]["shard"]
+    shard = root / "shard-000001.tar"
+    body = bytearray(shard.read_bytes())
+    body[1000] ^= 0xFF
+    shard.write_bytes(bytes(body))
+    (root / "shard-000002.tar").unlink()
+    problems = list(indexes.check(store, parse(f"{root}/"), pointer, deep=True))
+    assert any("shard-000001.tar" in p and "SHA-256" in p for p in problems)
+    assert any("shard-000002.tar: shard missing" in p for p in problems)
+    with pytest.raises(TransferFailed, match="shard-00000[12].tar"):
+        unpack(f"{root}/", f"{tmp_path / 'out'}/", settings)
+
+
+# -- unpack refuses unsafe members before writing anything -----------------------------------------------
+
+def crafted_tar(path: Path, members: list[tarfile.TarInfo]) -> None:
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as archive:
+        good = tarfile.TarInfo("fine/first.txt")
+        good.size = 2
+        archive.addfile(good, io.BytesIO(b"ok"))
+        for info in members:
+            archive.addfile(info, io.BytesIO(b"x" * info.size) if info.isreg() else None)
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.size = 1 if kind == tarfile.REGTYPE else 0
+    info.linkname = link
+    return info
+
+
+@pytest.mark.parametrize("bad,reason", [
+    (member("../evil.txt"), "climbs out"),
+    (member("a/../../evil.txt"), "climbs out"),
+    (member("/tmp/evil-absolute.txt"), "absolute"),
+    (member("link", tarfile.SYMTYPE, "/etc/passwd"), "is a link"),
+    (member("hard", tarfile.LNKTYPE, "fine/first.txt"), "is a link"),
+    (member("dev", tarfile.CHRTYPE), "is a device"),
+    (member("_bridge/manifest.json"), "reserved"),
+], ids=["dotdot", "nested-dotdot", "absolute", "symlink", "hardlink", "device", "reserved"])
+def test_unpack_refuses_a_crafted_tar_and_writes_nothing(bad, reason, settings, tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    crafted_tar(shards / "evil-000000.tar", [bad])
+    target = tmp_path / "deep" / "target"
+    target.mkdir(parents=True)
+    before = sorted(p for p in tmp_path.rglob("*"))
+    with pytest.raises(UnsafeMember, match=reason) as caught:
+        unpack(f"{shards}/", f"{target}/", settings)
+    assert "nothing was written" in str(caught.value)
+    assert sorted(p for p in tmp_path.rglob("*")) == before
+    assert not Path("/tmp/evil-absolute.txt").exists()
+
+
+def test_cli_unpack_of_a_crafted_tar_is_one_line_error(tmp_path):
+    crafted_tar(tmp_path / "x.tar", [member("../../evil.txt")])
+    r = mcbridge("unpack", str(tmp_path / "x.tar"), str(tmp_path / "out"), env=dict(os.environ),
+                 state_dir=tmp_path / "state")
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "climbs out" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path.parent / "evil.txt").exists()
+
+
+def test_unpack_refuses_an_index_that_names_unsafe_paths(tree, settings, tmp_path):
+    """A crafted index (lists and hashes rewritten consistently) is refused like a crafted tar."""
+    src, _files = tree
+    root = tmp_path / "set"
+    job.pack(f"{src}/", f"{root}/", settings, shard_size=512 * 1024, state_dir=tmp_path / "state")
+    doc = json.loads((root / "shard.index.json").read_text())
+    listing = root / doc["shards"][0]["list"]["name"]
+    lines = listing.read_text().splitlines()
+    entry = json.loads(lines[0])
+    entry["path"] = "../../escaped.txt"
+    body = ("\n".join([json.dumps(entry)] + lines[1:]) + "\n").encode()
+    listing.write_bytes(body)
+    doc["shards"][0]["list"]["sha256"] = hashlib.sha256(body).hexdigest()
+    (root / "shard.index.json").write_text(json.dumps(doc))
+    with pytest.raises(UnsafeMember, match="climbs out"):
+        unpack(f"{root}/", f"{tmp_path / 'out'}/", settings)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "escaped.txt").exists()
+
+
+def test_unpack_refuses_to_follow_a_symlink_out_of_the_target(settings, tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    crafted_tar(shards / "s-000000.tar", [member("inside/file.txt")])
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "inside").symlink_to(outside)
+    with pytest.raises(UnsafeMember, match="outside the target through a symlink"):
+        unpack(f"{shards}/", f"{target}/", settings)
+    assert list(outside.iterdir()) == []
+
+
+def test_unpack_without_an_index_restores_foreign_tar_shards(settings, tmp_path):
+    """Shards written by other tools (here: tarfile, with directories and ./ names) unpack too."""
+    shards = tmp_path / "wds"
+    shards.mkdir()
+    with tarfile.open(shards / "train-000000.tar", "w") as archive:
+        archive.addfile(member("./a", tarfile.DIRTYPE))
+        for name, data in (("./a/x.txt", b"xx"), ("./a/y.bin", b"\x00y")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    summary = unpack(f"{shards}/", f"{tmp_path / 'out'}/", settings)
+    assert not summary["verified"]
+    assert read_back(tmp_path / "out") == {"a/x.txt": b"xx", "a/y.bin": b"\x00y"}
+
+
+# -- planning --------------------------------------------------------------------------------------------
+
+def test_shards_respect_size_and_count_and_never_split_a_sample(tree, settings, tmp_path):
+    src, files = tree
+    plan = job.plan_pack(f"{src}/", f"{tmp_path}/out/", settings, shard_size=64 * 1024, max_count=101)
+    assert len(plan.shards) > 10
+    assert [s.name for s in plan.shards[:2]] == ["shard-000000.tar", "shard-000001.tar"]
+    keys_seen: dict[str, str] = {}
+    for shard in plan.shards:
+        assert len(shard.files) <= 101
+        assert shard.size <= 64 * 1024 or len({sample_key(rel) for rel, _ in shard.files}) == 1
+        for rel, _size in shard.files:
+            assert keys_seen.setdefault(sample_key(rel), shard.name) == shard.name
+    assert sum(len(s.files) for s in plan.shards) == len(files)
+    assert job.PackPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
+
+
+def test_plan_refuses_what_cannot_work(tree, settings, tmp_path):
+    src, _files = tree
+    with pytest.raises(InvalidOption, match="inside the source"):
+        job.plan_pack(f"{src}/", f"{src}/shards/", settings)
+    with pytest.raises(InvalidOption, match="shard prefix"):
+        job.plan_pack(f"{src}/", f"{tmp_path}/o/", settings, prefix="a/b")
+    with pytest.raises(InvalidOption, match="unknown shard format"):
+        job.plan_pack(f"{src}/", f"{tmp_path}/o/", settings, fmt="zip")
+    with pytest.raises(InvalidOption, match="max-count"):
+        job.plan_pack(f"{src}/", f"{tmp_path}/o/", settings, max_count=0)
+    from bridge.packing import parquetfmt
+    big = tmp_path / "big"
+    write_tree(big, {"ok.bin": b"1", "huge.bin": b"x" * 2048})
+    original = parquetfmt.ParquetFormat.max_file_size
+    try:
+        parquetfmt.ParquetFormat.max_file_size = 1024
+        with pytest.raises(InvalidOption, match="huge.bin"):
+            job.plan_pack(f"{big}/", f"{tmp_path}/o/", settings, fmt="parquet")
+    finally:
+        parquetfmt.ParquetFormat.max_file_size = original
+
+
+def test_cli_errors_are_one_line_with_exit_2_for_bad_options(tree, tmp_path):
+    src, _files = tree
+    r = mcbridge("pack", str(src), str(tmp_path / "o"), "--format", "zip", env=dict(os.environ), state_dir=tmp_path)
+    assert r.returncode == 2 and "unknown shard format" in r.stderr and "Traceback" not in r.stderr
+    r = mcbridge("pack", str(src), str(tmp_path / "o"), "--shard-size", "lots", env=dict(os.environ),
+                 state_dir=tmp_path)
+    assert r.returncode == 2 and "invalid size" in r.stderr
+
+
+# -- big files, repacking, resuming ------------------------------------------------------------------
+
+def test_big_files_stream_through_tar_in_parts(settings, tmp_path):
+    small_parts = settings_for(dict(os.environ), chunk_size=64 * 1024)
+    files = {"ckpt/model.bin": os.urandom(300 * 1024 + 7), "ckpt/meta.json": b"{}"}
+    write_tree(tmp_path / "src", files)
+    summary = job.pack(f"{tmp_path / 'src'}/", f"{tmp_path / 'set'}/", small_parts, state_dir=tmp_path / "st")
+    manifest = read_manifest(get_store(parse("/"), small_parts), parse(f"{tmp_path / 'set'}/"))
+    assert manifest.files["shard-000000.tar"].part_size == 64 * 1024   # streamed in parts
+    assert summary["bytes_done"] == summary["bytes_total"]
+    unpack(f"{tmp_path / 'set'}/", f"{tmp_path / 'out'}/", small_parts)
+    assert read_back(tmp_path / "out") == files
+
+
+def test_repacking_with_fewer_shards_removes_the_stale_ones(tree, settings, tmp_path):
+    src, files = tree
+    root = tmp_path / "set"
+    job.pack(f"{src}/", f"{root}/", settings, shard_size=128 * 1024, state_dir=tmp_path / "st")
+    many = len(shards_of(root, "tar"))
+    summary = job.pack(f"{src}/", f"{root}/", settings, shard_size=1024 * 1024, state_dir=tmp_path / "st")
+    assert len(shards_of(root, "tar")) == summary["shards"] < many
+    assert summary["stale_removed"] == 2 * (many - summary["shards"])
+    store = get_store(parse("/"), settings)
+    manifest = read_manifest(store, parse(f"{root}/"))
+    assert sorted(n for n in manifest.files if n.endswith(".tar")) == [p.name for p in shards_of(root, "tar")]
+    assert list(indexes.check(store, parse(f"{root}/"), manifest.extra["shard_sets"]["shard"])) == []
+    unpack(f"{root}/", f"{tmp_path / 'out'}/", settings)
+    assert read_back(tmp_path / "out") == files
+
+
+def test_a_stopped_pack_resumes_without_rewriting_finished_shards(tree, settings, tmp_path, monkeypatch):
+    from bridge.packing import writer
+    src, files = tree
+    plan = job.plan_pack(f"{src}/", f"{tmp_path / 'set'}/", settings, shard_size=256 * 1024)
+    original = writer.ShardWriter.write
+    calls = []
+
+    def failing_once(self, name, shard_files):
+        calls.append(name)
+        if name == "shard-000002.tar" and calls.count(name) == 1:
+            from bridge.errors import TransientError
+            raise TransientError("simulated outage")
+        return original(self, name, shard_files)
+
+    monkeypatch.setattr(writer.ShardWriter, "write", failing_once)
+    with pytest.raises(Exception, match="simulated outage"):
+        job.execute(plan, settings, state_dir=tmp_path / "st")
+    assert not (tmp_path / "set" / "shard.index.json").exists()   # no commit marker for half a set
+    written = len(calls)
+    summary = job.execute(plan, settings, state_dir=tmp_path / "st")
+    assert calls[written:] == ["shard-000002.tar"]
+    assert summary["bytes_skipped"] > 0
+    unpack(f"{tmp_path / 'set'}/", f"{tmp_path / 'out'}/", settings)
+    assert read_back(tmp_path / "out") == files
+
+
+def test_parquet_values_are_located_across_many_pages():
+    """pyarrow cuts data pages every 20,000 rows; offsets must survive the page headers."""
+    from bridge.packing.parquetfmt import ParquetEncoder
+
+    class Sink:
+        def __init__(self):
+            self.buf = bytearray()
+
+        def write(self, data):
+            self.buf += data
+            return len(data)
+
+        def tell(self):
+            return len(self.buf)
+
+    sink = Sink()
+    encoder = ParquetEncoder(sink, row_group_size=1 << 30)
+    values = [i.to_bytes(3, "little") for i in range(45_000)]
+    for i, value in enumerate(values):
+        encoder.add(f"f{i:06d}", value, hashlib.sha256(value).hexdigest())
+    encoder.finish()
+    assert len(encoder.placements) == len(values)
+    for value, placed in zip(values, encoder.placements, strict=True):
+        assert sink.buf[placed["offset"]:placed["offset"] + placed["length"]] == value
+
+
+def test_help_does_not_import_pyarrow_or_webdataset(tmp_path):
+    code = ("import sys\nfrom bridge import cli\ncli._register_extensions()\n"
+            "names = [c.name or c.callback.__name__ for c in cli.app.registered_commands]\n"
+            "assert {'pack', 'unpack', 'cat', 'migrate'} <= set(names), names\n"
+            "assert 'pyarrow' not in sys.modules and 'webdataset' not in sys.modules\n")
+    import subprocess
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = mcbridge("--help", env=dict(os.environ), state_dir=tmp_path)
+    assert r.returncode == 0 and "pack" in r.stdout and "migrate" in r.stdout
+
+
+def test_an_index_from_a_newer_bridge_is_refused(packed, settings, tmp_path):
+    doc = json.loads((packed["tar"] / "shard.index.json").read_text())
+    doc["version"] = 99
+    (tmp_path / "shard.index.json").write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="upgrade"):
+        cat(str(tmp_path / "shard.index.json"), "empty.txt", settings)
