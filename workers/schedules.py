@@ -92,17 +92,20 @@ def check_cron(expr: str) -> str | None:
 # -- locating a field in the YAML text ---------------------------------------------------------
 
 def _line_of(node: yaml.Node | None, path: tuple, keys: bool = False) -> int | None:
-    """1-based line of the node at ``path`` (the deepest one that exists); of its key when ``keys``."""
+    """1-based line of the node at ``path``; of its key when ``keys``. When the path ends early
+    (a missing field), the line of the last key found, i.e. of what lacks the field."""
     line = node.start_mark.line + 1 if node is not None else None
+    key_line: int | None = None
     for step in path:
         if isinstance(node, yaml.MappingNode):
             for key, value in reversed(node.value):  # the last of duplicate keys wins, as in YAML
                 if key.value == str(step):
                     node = value
                     line = (key if keys and step == path[-1] else value).start_mark.line + 1
+                    key_line = key.start_mark.line + 1
                     break
             else:
-                return line
+                return key_line or line
         elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
             node = node.value[step]
             line = node.start_mark.line + 1
@@ -145,7 +148,7 @@ def parse(text: str, filename: str = "schedules.yaml") -> list[Schedule]:
     schedules: list[Schedule] = []
     for name, body in doc["schedules"].items():
         where = f"schedules.{name}"
-        line = _line_of(root, ("schedules", name))
+        line = _line_of(root, ("schedules", name), keys=True)
         if not isinstance(name, str) or not _NAME_RE.match(name):
             problem(_line_of(root, ("schedules", name), keys=True), where,
                     "a schedule name uses letters, digits, '_', '.', '-'")

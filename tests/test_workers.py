@@ -1,0 +1,398 @@
+"""workers/ without worker processes: settings, specs, schedules, redaction, and the Redis parts
+(journal, job records, leases, the sweeper) against a real Redis, in a namespace of their own.
+
+Real workers, beat and emulators are in tests/test_workers_service.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from bridge.errors import InvalidOption
+from workers.settings import WorkerSettings, celery_config, describe, parse_routes
+from workers.specs import JobSpec, parse_spec
+
+
+@pytest.fixture
+def namespace(redis_url):
+    from workers.testing import purge_namespace
+    ns = f"mcbt-{uuid.uuid4().hex[:10]}"
+    yield ns
+    purge_namespace(redis_url, ns)
+
+
+@pytest.fixture
+def ws(redis_url, namespace) -> WorkerSettings:
+    return WorkerSettings.from_env({"BRIDGE_BROKER_URL": redis_url, "BRIDGE_NAMESPACE": namespace,
+                                    "BRIDGE_LEASE": "1s", "BRIDGE_SWEEP": "0.2s"})
+
+
+@pytest.fixture
+def client(ws):
+    from workers.keys import redis_client
+    return redis_client(ws.broker_url)
+
+
+# -- settings ------------------------------------------------------------------------------
+
+def test_defaults_recover_a_dead_worker_within_a_minute():
+    ws = WorkerSettings.from_env({})
+    assert ws.broker_url == "redis://localhost:6379/0"
+    assert ws.recovery_bound <= 60
+    assert ws.visibility_timeout > 10 * ws.lease  # redelivery by Redis is only the backstop
+
+
+def test_celery_config_is_json_only_acks_late_and_prefixed():
+    ws = WorkerSettings.from_env({"BRIDGE_NAMESPACE": "dep1", "BRIDGE_RESULT_BACKEND": "redis://r:1/2"})
+    conf = celery_config(ws)
+    assert conf["accept_content"] == ["json"] and conf["task_serializer"] == "json"
+    assert conf["task_acks_late"] and conf["task_reject_on_worker_lost"]
+    assert conf["worker_prefetch_multiplier"] == 1
+    assert conf["broker_transport_options"]["visibility_timeout"] > ws.lease
+    assert conf["broker_transport_options"]["global_keyprefix"] == "dep1:"
+    assert conf["result_backend_transport_options"]["global_keyprefix"] == "dep1:"
+    assert conf["result_backend"] == "redis://r:1/2" and conf["result_expires"] > 0
+
+
+def test_every_setting_is_documented_with_its_variable():
+    rows = describe()
+    assert all(env.startswith("BRIDGE_") and doc for env, _default, doc in rows)
+    assert len({env for env, _, _ in rows}) == len(rows)
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"BRIDGE_LEASE": "soon"}, "BRIDGE_LEASE='soon'"),
+    ({"BRIDGE_METRICS_PORT": "70000"}, "BRIDGE_METRICS_PORT"),
+    ({"BRIDGE_NAMESPACE": "a b"}, "BRIDGE_NAMESPACE"),
+    ({"BRIDGE_ROUTES": "s3"}, "MATCH=QUEUE"),
+    ({"BRIDGE_LEASE": "13h"}, "longer than BRIDGE_LEASE"),
+])
+def test_bad_settings_are_one_line_naming_the_variable(env, words):
+    with pytest.raises(InvalidOption) as info:
+        WorkerSettings.from_env(env)
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_routes_pick_the_most_specific_match():
+    from workers.executor import route
+    ws = WorkerSettings.from_env({"BRIDGE_ROUTES": "s3=bridge.aws, gs://models-eu=bridge.eu"})
+    assert parse_routes("s3=q1") == {"s3": "q1"}
+    spec = lambda dst, **kw: parse_spec({"kind": "copy", "source": "/data/x/", "destination": dst, **kw})
+    assert route(ws, spec("s3://bucket/a/")) == "bridge.aws"
+    assert route(ws, spec("gs://models-eu/a/")) == "bridge.eu"
+    assert route(ws, spec("gs://other/a/")) == "bridge.gs"
+    assert route(ws, spec("/mnt/lustre/a/")) == "bridge.local"
+    assert route(ws, spec("az://c1-c/a/", queue="mine")) == "mine"
+    assert "bridge.aws" in ws.default_queues() and ws.control_queue in ws.default_queues()
+
+
+# -- specs ---------------------------------------------------------------------------------
+
+def test_a_spec_carries_urls_and_options_never_credentials():
+    spec = parse_spec({"kind": "sync", "source": "s3://corpus/train/", "destination": "gs://dr-b/train/",
+                       "delete": True, "chunk_size": "16MiB", "profile": "prod"})
+    assert spec.destinations == ["gs://dr-b/train/"] and spec.chunk_size == 16 * 2**20
+    assert spec.settings_overrides() == {"transfer": {"chunk_size": 16 * 2**20}}
+    assert set(spec.to_dict()) <= set(JobSpec.model_fields)
+    assert parse_spec({"kind": "replicate", "source": "s3://corpus/", "destinations": ["gs://a-b/", "az://c-d/"]}).deletes
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"kind": "copy", "source": "ftp://x/y", "destination": "s3://bkt/"}, "unknown scheme"),
+    ({"kind": "copy", "source": "s3://bkt/a/", "destination": "s3://bkt/a/b/"}, "inside the source"),
+    ({"kind": "copy", "source": "s3://bkt/a/", "destinations": ["gs://x-y/", "az://x-y/"]}, "one destination"),
+    ({"kind": "copy", "source": "s3://bkt/a/", "destination": "gs://x-y/", "delete": True}, "not copy"),
+    ({"kind": "move", "source": "s3://bkt/a/", "destination": "gs://x-y/"}, "kind"),
+    ({"kind": "copy", "source": "s3://bkt/a/", "destination": "gs://x-y/", "password": "x"}, "unknown field"),
+    ({"kind": "copy", "source": "s3://bkt/a/", "destination": "gs://x-y/", "chunk_size": "lots"}, "invalid size"),
+])
+def test_bad_specs_are_refused_on_one_line(fields, words):
+    with pytest.raises(InvalidOption) as info:
+        parse_spec(fields)
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+# -- schedules -----------------------------------------------------------------------------
+
+GOOD = """\
+schedules:
+  golden-nightly:
+    cron: "0 2 * * *"
+    kind: sync
+    source: gs://models/golden/
+    destination: s3://models-dr/golden/
+    delete: true
+  corpus-dr:
+    every: 6h
+    kind: replicate
+    source: s3://corpus/train/
+    destinations: [gs://corpus-dr/train/, az://corpus-dr/train/]
+  paused:
+    every: 1d
+    enabled: false
+    kind: copy
+    source: /data/a/
+    destination: s3://b-b/a/
+"""
+
+
+def test_a_schedules_file_becomes_beat_entries():
+    from celery.schedules import crontab, schedule
+    from workers.schedules import beat_entries, parse
+    schedules = parse(GOOD)
+    assert [s.name for s in schedules] == ["golden-nightly", "corpus-dr", "paused"]
+    entries = beat_entries(schedules, "bridge")
+    assert set(entries) == {"mcbridge:golden-nightly", "mcbridge:corpus-dr"}  # paused is disabled
+    nightly = entries["mcbridge:golden-nightly"]
+    assert isinstance(nightly["schedule"], crontab) and nightly["task"] == "bridge.scheduled"
+    assert nightly["args"][1]["kind"] == "sync" and nightly["options"] == {"queue": "bridge"}
+    assert isinstance(entries["mcbridge:corpus-dr"]["schedule"], schedule)
+    assert entries["mcbridge:corpus-dr"]["schedule"].run_every.total_seconds() == 6 * 3600
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (('"0 2 * * *"', '"0 25 * * *"'), "schedules.yaml:3: schedules.golden-nightly.cron: hour '25'"),
+    (('"0 2 * * *"', '"0 2 * *"'), "schedules.yaml:3: schedules.golden-nightly.cron: '0 2 * *' has 4 fields"),
+    (("kind: sync", "kind: sink"), "schedules.yaml:4: schedules.golden-nightly.kind: must be one of"),
+    (("    delete: true", "    delete: true\n    verifyy: deep"), "schedules.yaml:8: schedules.golden-nightly.verifyy: unknown field"),
+    (("every: 6h", "every: often"), "schedules.yaml:9: schedules.corpus-dr.every: 'often' is not a duration"),
+    (("az://corpus-dr/train/", "ftp://corpus-dr/train/"), "schedules.yaml:12: schedules.corpus-dr.destinations"),
+    (("    every: 6h\n", ""), "schedules.yaml:8: schedules.corpus-dr: give exactly one of cron"),
+    (("  paused:", "  golden-nightly:"), "schedules.yaml:13: schedules.golden-nightly: defined twice"),
+    (("    source: gs://models/golden/\n", ""), "schedules.yaml:2: schedules.golden-nightly.source: Field required"),
+    (("schedules:\n", "schedules:\n  - oops\n"), "schedules.yaml:3: not valid YAML"),
+])
+def test_a_bad_schedules_file_names_the_line_and_field(edit, expected):
+    from workers.schedules import ScheduleError, parse
+    with pytest.raises(ScheduleError) as info:
+        parse(GOOD.replace(*edit, 1))
+    assert any(line.startswith(expected) for line in info.value.problems), info.value.problems
+
+
+def test_beat_check_validates_the_file(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD.replace('"0 2 * * *"', '"0 2 * * 9"'))
+    bad = subprocess.run([sys.executable, "-m", "bridge", "beat", "--check", "--schedules", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and f"{path}:3: schedules.golden-nightly.cron: day-of-week '9'" in bad.stderr
+    path.write_text(GOOD)
+    good = subprocess.run([sys.executable, "-m", "bridge", "beat", "--check", "--schedules", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert good.returncode == 0 and "3 schedules OK" in good.stdout
+
+
+# -- redaction ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, secret", [
+    ("cannot reach redis://:hunter2@10.0.0.1:6379/0", "hunter2"),
+    ("DefaultEndpointsProtocol=https;AccountName=a;AccountKey=c2VjcmV0a2V5==;EndpointSuffix=x", "c2VjcmV0a2V5"),
+    ("GET https://a.blob.core.windows.net/c/b?sv=2021&sig=AbCdEf%2B123&se=2030 failed", "AbCdEf%2B123"),
+    ("https://b.s3.amazonaws.com/k?X-Amz-Credential=AKIA123&X-Amz-Signature=deadbeef", "deadbeef"),
+    ("aws_secret_access_key=wJalrXUtnFEMI/K7MDENG", "wJalrXUtnFEMI"),
+    ('{"password": "pa55word"}', "pa55word"),
+])
+def test_secrets_are_redacted(text, secret):
+    from workers.redact import redact
+    assert secret not in redact(text)
+    assert "***" in redact(text)
+
+
+def test_the_log_filter_redacts_messages_and_tracebacks():
+    import logging
+    from workers.redact import RedactingFilter
+    record = logging.LogRecord("x", logging.ERROR, __file__, 1, "connect %s", ("redis://:s3cr3t@h/0",), None)
+    RedactingFilter().filter(record)
+    assert "s3cr3t" not in record.getMessage()
+
+
+# -- Redis: journal, job records ------------------------------------------------------------
+
+def test_the_redis_journal_is_the_engines_journal(client, namespace):
+    from workers.journal import RedisJournal
+    journal = RedisJournal(client, f"{namespace}:journal:k1", ttl=60)
+    journal.put("file:a/b.txt", {"size": 3})
+    journal.put("part:big.bin:1", {"crc32c": "00000001"})
+    journal.put("part:big.bin:2", {"crc32c": "00000002"})
+    assert journal.get("file:a/b.txt") == {"size": 3} and journal.get("file:nope") is None
+    assert set(journal.items("part:big.bin:")) == {"part:big.bin:1", "part:big.bin:2"}
+    assert set(journal.items("file:")) == {"file:a/b.txt"}
+    assert 0 < client.ttl(f"{namespace}:journal:k1:part") <= 60
+    journal.clear()
+    assert journal.items("part:") == {} and not list(client.scan_iter(match=f"{namespace}:journal:*"))
+
+
+def test_job_states_move_forward_only_and_cancel_wins_once(client, ws):
+    from workers.jobs import Jobs
+    from workers.keys import Keys
+    jobs = Jobs(client, Keys(ws.namespace), ttl=3600)
+    spec = parse_spec({"kind": "copy", "source": "s3://src-b/", "destination": "gs://dst-b/", "profile": "prod"})
+    job_id = jobs.create(spec, queue="bridge.gs")
+    record = jobs.get(job_id)
+    assert record.state == "queued" and record.spec["profile"] == "prod" and record.queue == "bridge.gs"
+    assert jobs.transition(job_id, "planning", ("queued",))
+    assert not jobs.transition(job_id, "planning", ("queued",))
+    assert jobs.transition(job_id, "running", ("planning",))
+    jobs.add_progress(job_id, {"bytes_done": 10, "units_done": 2})
+    jobs.add_errors(job_id, ["GET https://x/y?sig=SECRET failed"])
+    assert jobs.cancel(job_id) == (True, "running")
+    assert jobs.cancel(job_id) == (False, "cancelled")
+    assert not jobs.finish(job_id, "succeeded")
+    record = jobs.get(job_id)
+    assert record.state == "cancelled" and record.finished and record.counters["bytes_done"] == 10
+    assert "SECRET" not in json.dumps(record.to_dict())
+    assert [r.id for r in jobs.list(states=("cancelled",))] == [job_id]
+    assert 0 < client.ttl(Keys(ws.namespace).job(job_id)) <= 3600
+
+
+# -- Redis: leases and the sweeper -----------------------------------------------------------
+
+def _lease_parts(client, ws):
+    from workers.keys import Keys
+    from workers.leases import Leases
+    return Leases(client, Keys(ws.namespace), ws.lease)
+
+
+def test_a_duplicate_delivery_finds_the_task_busy_then_done(client, ws):
+    from workers.leases import TaskRef
+    leases = _lease_parts(client, ws)
+    client.set(leases.keys.job("j1", "pending"), 1)
+    first = leases.lease(TaskRef("j1.t0", "bridge.transfer", ["j1", {}], "q", "j1"))
+    second = leases.lease(TaskRef("j1.t0", "bridge.transfer", ["j1", {}], "q", "j1"))
+    assert first.acquire() == "ok"
+    assert second.acquire() == "busy"
+    then = TaskRef("j1.finalize", "bridge.finalize", ["j1"], "q", "j1")
+    assert first.complete(True, then) == 0
+    assert second.acquire() == "done"
+    assert second.complete(True, then) == -1  # counted once
+    assert TaskRef.decode(client.hget(leases.keys.running, "j1.finalize")).task == "bridge.finalize"
+    assert not client.hexists(leases.keys.running, "j1.t0")
+
+
+def test_a_slow_task_keeps_its_lease_and_is_never_requeued(client, ws):
+    from workers.leases import Sweeper, TaskRef
+    leases = _lease_parts(client, ws)
+    published: list[TaskRef] = []
+    sweeper = Sweeper(leases, published.append)
+    lease = leases.lease(TaskRef("j2.t0", "bridge.transfer", ["j2", {}], "q", "j2"))
+    assert lease.acquire() == "ok"
+    with lease.heartbeat():
+        deadline = time.monotonic() + 4 * ws.lease   # four lease lifetimes of "work"
+        while time.monotonic() < deadline:
+            sweeper.sweep()
+            time.sleep(ws.sweep)
+    assert published == [] and not lease.lost.is_set() and lease.renewals >= 8
+
+
+def test_a_dead_holders_task_is_requeued_once_after_its_lease_expires(client, ws):
+    from workers.leases import Sweeper, TaskRef
+    leases = _lease_parts(client, ws)
+    published: list[TaskRef] = []
+    sweeper = Sweeper(leases, published.append)
+    ref = TaskRef("j3.t0", "bridge.transfer", ["j3", {"files": []}], "bridge.s3", "j3", tag="tag-1", worker="w1@x")
+    assert leases.lease(ref).acquire() == "ok"   # then the holder "dies": no heartbeat, no release
+    died = time.monotonic()
+    while not published:
+        assert time.monotonic() - died < ws.recovery_bound + 2, "not requeued in time"
+        sweeper.sweep()
+        time.sleep(ws.sweep)
+    assert ws.lease * 0.9 <= time.monotonic() - died
+    assert [(p.id, p.task, p.args, p.queue) for p in published] == [("j3.t0", "bridge.transfer", ["j3", {"files": []}], "bridge.s3")]
+    sweeper.sweep()
+    assert len(published) == 1 and not client.hexists(leases.keys.running, "j3.t0")
+    # the requeued delivery runs it: nobody holds it, it is not done
+    assert leases.lease(TaskRef("j3.t0", "bridge.transfer", ["j3", {}], "bridge.s3", "j3")).acquire() == "ok"
+
+
+def test_a_holder_whose_lease_was_taken_over_learns_it(client, ws):
+    from workers.leases import TaskRef
+    leases = _lease_parts(client, ws)
+    lease = leases.lease(TaskRef("j4.t0", "bridge.transfer", ["j4"], "q", "j4"))
+    assert lease.acquire() == "ok"
+    client.set(leases.keys.lease("j4.t0"), "someone-else")
+    assert not lease.renew() and lease.lost.is_set()
+
+
+def test_only_one_sweeper_sweeps_at_a_time(client, ws):
+    from workers.leases import Sweeper, TaskRef
+    leases = _lease_parts(client, ws)
+    published: list[TaskRef] = []
+    ref = TaskRef("j5.t0", "bridge.transfer", ["j5"], "q", "j5", since=time.time() - 60)
+    client.hset(leases.keys.running, ref.id, ref.encode())
+    barrier = threading.Barrier(4)
+
+    def sweep() -> None:
+        barrier.wait()
+        Sweeper(leases, published.append).sweep()
+
+    threads = [threading.Thread(target=sweep) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(published) == 1
+
+
+# -- fan-out -------------------------------------------------------------------------------
+
+def test_fan_out_keeps_each_multipart_file_whole_and_batches_small_ones():
+    from bridge.engine import FilePlan, Plan
+    from workers.executor import fan_out
+    files = [FilePlan(f"s/{i:03d}", 1000) for i in range(130)] + [FilePlan("big1", 100, 10), FilePlan("big2", 300, 10)]
+    plan = Plan("s3://a-a/", "gs://b-b/", None, files, [f"old/{i}" for i in range(3)], "key1")
+    subs = fan_out(plan, batch_files=64, batch_bytes=10**9)
+    assert [s.files[0].rel for s in subs[:2]] == ["big2", "big1"] and all(len(s.files) == 1 for s in subs[:2])
+    assert [len(s.files) for s in subs[2:5]] == [64, 64, 2]
+    assert subs[5].deletions == ["old/0", "old/1", "old/2"] and not subs[5].files
+    assert all(s.key == "key1" and s.destination == "gs://b-b/" for s in subs)
+    assert sum(s.unit_count() - 1 for s in subs) == plan.unit_count() - 1
+    assert [len(s.files) for s in fan_out(plan, 1000, 5000)[2:]][:3] == [5, 5, 5]
+
+
+# -- commands -------------------------------------------------------------------------------
+
+def test_help_does_not_import_celery_or_redis():
+    code = ("import sys; from bridge import cli; cli._register_extensions(); "
+            "print(sorted(m for m in ('celery', 'kombu', 'redis') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "[]", result.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["submit", "cp", "ftp://x/y", "s3://dst-b/"], "unknown scheme 'ftp'"),
+    (["submit", "cp", "s3://src-b/a/", "s3://src-b/a/b/"], "inside the source"),
+    (["submit", "sync", "s3://src-b/a/", "gs://dst-b/", "--chunk-size", "big"], "invalid size"),
+    (["submit", "cp", "s3://src-b/a/", "gs://dst-b/", "--verify", "maybe"], "verify"),
+    (["jobs", "status", "nosuchjob"], "no job 'nosuchjob'"),
+])
+def test_bad_input_is_refused_on_one_line_before_anything_is_queued(args, words, ws, client):
+    env = {**os.environ, "BRIDGE_BROKER_URL": ws.broker_url, "BRIDGE_NAMESPACE": ws.namespace}
+    result = subprocess.run([sys.executable, "-m", "bridge", *args], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mcbridge: error:") and words in lines[0], result.stderr
+    assert not list(client.scan_iter(match=f"{ws.namespace}:*"))
+
+
+def test_an_unreachable_broker_is_one_line_without_its_password():
+    env = {**os.environ, "BRIDGE_BROKER_URL": "redis://:hunter2@127.0.0.1:1/0"}
+    result = subprocess.run([sys.executable, "-m", "bridge", "submit", "cp", "s3://src-b/", "gs://dst-b/"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "cannot reach the broker" in result.stderr
+    assert "hunter2" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_submit_dry_run_names_the_queue():
+    result = subprocess.run([sys.executable, "-m", "bridge", "submit", "cp", "/data/x/", "az://dst-c/x/",
+                             "--dry-run", "--json"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "BRIDGE_BROKER_URL": "redis://127.0.0.1:1/0"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["queue"] == "bridge.az"
