@@ -28,8 +28,18 @@ BIN = Path(sys.executable).parent
 MiB = 1024 * 1024
 
 
+REPEAT = 1
+
+
 def run(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, int]:
-    """(seconds, peak RSS bytes) of one command; raises if it fails."""
+    """(seconds, peak RSS bytes) of a command: the fastest of REPEAT runs (this machine is shared
+    and noisy), and the largest peak; raises if any run fails. Each run writes to its own
+    destination ("{run}" in the command is replaced by the run's number) so none can skip work."""
+    results = [_run_once([c.replace("{run}", str(i)) for c in cmd], env, log) for i in range(REPEAT)]
+    return min(r[0] for r in results), max(r[1] for r in results)
+
+
+def _run_once(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, int]:
     with open(log, "ab") as out:
         out.write(("\n$ " + " ".join(cmd) + "\n").encode())
         out.flush()
@@ -81,7 +91,10 @@ def main() -> None:
     ap.add_argument("--endpoints", default="rclone,moto")
     ap.add_argument("--cases", default="a,b,c")
     ap.add_argument("--bridge-args", default="", help="extra arguments for mcbridge cp")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per tool and case; the fastest counts")
     args = ap.parse_args()
+    global REPEAT
+    REPEAT = args.repeat
     cases = set(args.cases.split(","))
     work = Path(tempfile.mkdtemp(prefix="mcbridge-bench-"))
     log = work / "bench.log"
@@ -110,35 +123,35 @@ def main() -> None:
                 sums = ["--store-checksums", "skip"] if name == "rclone" else []
                 if "a" in cases:
                     case = f"(a) {args.size_mib} MiB local->S3"
-                    t, m = run([str(BIN / "mcbridge"), "cp", str(big), "s3://bench/a-bridge/", "-q", *sums, *extra],
+                    t, m = run([str(BIN / "mcbridge"), "cp", str(big), "s3://bench/a-bridge-{run}/", "-q", *sums, *extra],
                                env, log)
                     record(case, name, "bridge", t, m, size)
                     t, m = run([str(BIN / "s5cmd"), "--endpoint-url", s3.endpoint, "cp", str(big),
-                                "s3://bench/a-s5cmd/"], env, log)
+                                "s3://bench/a-s5cmd-{run}/"], env, log)
                     record(case, name, "s5cmd", t, m, size)
-                    t, m = run([str(BIN / "rclone"), "copy", str(big), "s3e:bench/a-rclone/"], env, log)
+                    t, m = run([str(BIN / "rclone"), "copy", str(big), "s3e:bench/a-rclone-{run}/"], env, log)
                     record(case, name, "rclone", t, m, size)
                 if "b" in cases:
                     case = f"(b) {args.files} x 16 KiB local->S3"
                     nbytes = args.files * 16 * 1024
-                    t, m = run([str(BIN / "mcbridge"), "cp", f"{small}/", "s3://bench/b-bridge/", "-q", *extra],
+                    t, m = run([str(BIN / "mcbridge"), "cp", f"{small}/", "s3://bench/b-bridge-{run}/", "-q", *extra],
                                env, log)
                     record(case, name, "bridge", t, m, nbytes)
                     t, m = run([str(BIN / "s5cmd"), "--endpoint-url", s3.endpoint, "cp", f"{small}/*",
-                                "s3://bench/b-s5cmd/"], env, log)
+                                "s3://bench/b-s5cmd-{run}/"], env, log)
                     record(case, name, "s5cmd", t, m, nbytes)
-                    t, m = run([str(BIN / "rclone"), "copy", str(small), "s3e:bench/b-rclone/"], env, log)
+                    t, m = run([str(BIN / "rclone"), "copy", str(small), "s3e:bench/b-rclone-{run}/"], env, log)
                     record(case, name, "rclone", t, m, nbytes)
                 if "c" in cases and azurite is not None:
                     case = f"(c) {args.size_mib} MiB S3->Azure"
                     azurite.create_bucket(f"c-{name}")
                     s3.client().upload_file(str(big), "bench", "c-src/checkpoint.bin") if "a" not in cases else None
-                    src_key = "a-bridge/checkpoint.bin" if "a" in cases else "c-src/checkpoint.bin"
+                    src_key = "a-bridge-0/checkpoint.bin" if "a" in cases else "c-src/checkpoint.bin"
                     cenv = az_env(env, azurite)
-                    t, m = run([str(BIN / "mcbridge"), "cp", f"s3://bench/{src_key}", f"az://c-{name}/bridge/",
+                    t, m = run([str(BIN / "mcbridge"), "cp", f"s3://bench/{src_key}", f"az://c-{name}/bridge-{{run}}/",
                                 "-q", *extra], cenv, log)
                     record(case, name, "bridge", t, m, size)
-                    t, m = run([str(BIN / "rclone"), "copy", f"s3e:bench/{src_key}", f"az:c-{name}/rclone/"],
+                    t, m = run([str(BIN / "rclone"), "copy", f"s3e:bench/{src_key}", f"az:c-{name}/rclone-{{run}}/"],
                                cenv, log)
                     record(case, name, "rclone", t, m, size)
     finally:

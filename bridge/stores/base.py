@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import base64
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -19,6 +20,41 @@ MiB = 1024 * 1024
 GiB = 1024 * MiB
 
 RESERVED = "_bridge"  # bridge's metadata folder; never copied as data
+
+
+class BufferReader(io.RawIOBase):
+    """A read-only file over a buffer (bytes or bytearray) that never copies it whole.
+
+    HTTP clients copy a bytes body's unsent rest into their socket buffer (aiohttp), unshare a
+    BytesIO, or insist on bytes (azure's content validation): each costs a second copy of every
+    part in flight. From a file object they read and send chunk by chunk."""
+
+    def __init__(self, data: bytes):
+        self._view = memoryview(data)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        n = min(len(buf), len(self._view) - self._pos)
+        buf[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def __len__(self) -> int:
+        return len(self._view)
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,13 @@ asked for a FULL_OBJECT CRC32C, which S3 checks against the whole file's CRC32C 
 from __future__ import annotations
 
 import errno
-import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError)
-from bridge.stores.base import (GiB, MiB, Features, ObjectInfo, PartRecord, Store, crc_b64_to_hex,
+from bridge.stores.base import (GiB, MiB, BufferReader, Features, ObjectInfo, PartRecord, Store, crc_b64_to_hex,
                                 crc_hex_to_b64)
 from bridge.urls import Location
 
@@ -213,41 +212,8 @@ class S3Store(Store):
             yield Location("s3", prefix.bucket, up["Key"]), up["UploadId"]
 
 
-class _View(io.RawIOBase):
-    """A read-only file over bytes that never copies them whole. Given bytes, aiohttp copies the
-    unsent rest into the socket transport's buffer, and given a BytesIO it unshares it: either
-    way twice the memory per part in flight. From a file object it sends chunk by chunk."""
-
-    def __init__(self, data: bytes):
-        self._view = memoryview(data)
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, buf) -> int:
-        n = min(len(buf), len(self._view) - self._pos)
-        buf[:n] = self._view[self._pos:self._pos + n]
-        self._pos += n
-        return n
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-    def __len__(self) -> int:
-        return len(self._view)
-
-
 def _body(data: bytes):
-    return _View(data) if len(data) > 1024 * 1024 else data
+    return BufferReader(data) if len(data) > 1024 * 1024 else data
 
 
 def _sync_read(fs, body, length: int) -> bytes | bytearray:
