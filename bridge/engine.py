@@ -305,14 +305,19 @@ def _finalize(ctx: JobContext, unit: dict) -> dict:
     files: dict[str, FileEntry] = dict(previous.files) if previous else {}
     for rel in ctx.plan.deletions:
         files.pop(rel, None)
-    for key, entry in ctx.journal.items("file:").items():
+    written = ctx.journal.items("file:")
+    for key, entry in written.items():
         files[key[len("file:"):]] = FileEntry.from_dict(entry)
     extra = previous.extra if previous else {}
     manifests.write(ctx.dst, root, Manifest(ctx.plan.source, ctx.plan.destination, files, extra=extra))
     if previous:
         ctx.dst.delete(root.join(manifests.PREVIOUS))
+    # Unfinished uploads to the objects just written are leftovers of runs that were killed and
+    # not resumed; uploads to other keys may belong to another job running now, and stay.
+    targets = {str(ctx.dst_loc(key[len("file:"):])) for key in written}
     for loc, upload_id in list(ctx.dst.list_uploads(root)):
-        ctx.dst.abort_upload(loc, upload_id)  # leftovers of runs that were killed and not resumed
+        if str(loc) in targets:
+            ctx.dst.abort_upload(loc, upload_id)
     return {"manifest": str(root.join(manifests.MANIFEST)), "files": len(files)}
 
 

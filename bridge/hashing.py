@@ -9,6 +9,8 @@ from functools import lru_cache
 
 import crc32c as _crc32c  # hardware CRC32C; takes any buffer, bytearray included
 
+from bridge.errors import TransferFailed
+
 _POLY = 0x82F63B78  # CRC32C (Castagnoli), reflected
 
 
@@ -102,7 +104,8 @@ class OrderedSha256:
             while self._next != number and self._failed is None:
                 self._cond.wait(timeout=1.0)
             if self._failed is not None:
-                raise RuntimeError("an earlier part of this file failed") from self._failed
+                raise TransferFailed(f"part {number} not hashed: an earlier part of this file failed "
+                                     f"({self._failed})") from self._failed
             self._hash.update(data)
             self._next += 1
             self._cond.notify_all()
