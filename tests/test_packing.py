@@ -498,3 +498,15 @@ def test_an_index_from_a_newer_bridge_is_refused(packed, settings, tmp_path):
     (tmp_path / "shard.index.json").write_text(json.dumps(doc))
     with pytest.raises(ManifestError, match="upgrade"):
         cat(str(tmp_path / "shard.index.json"), "empty.txt", settings)
+
+
+@pytest.mark.parametrize("rel,size", [("a/b.jpg", 8192), ("x" * 100, 0), ("y" * 101, 5), ("naïve/ü 名.txt", 3),
+                                      ("big.bin", 8 ** 11 + 3), ("z" * 300 + "é", 9)])
+def test_tar_headers_are_what_tarfile_writes(rel, size):
+    """bridge lays out headers itself (fast, and independent of the Python version); they match
+    tarfile's own POSIX/pax output for the fixed metadata."""
+    from bridge.packing.tarfmt import header_size, member_header
+    info = tarfile.TarInfo(rel)
+    info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o644, 0, 0, "", ""
+    assert member_header(rel, size) == info.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
+    assert header_size(rel, size) == len(member_header(rel, size))

@@ -46,7 +46,7 @@ class ShardPlan:
     files: list[list[Any]]            # [rel, size], in pack order
 
     def unit(self) -> dict[str, Any]:
-        return {"op": "shard", **asdict(self)}
+        return {"op": "shard", "number": self.number, "name": self.name, "size": self.size, "files": self.files}
 
 
 @dataclass
@@ -197,10 +197,8 @@ class PackContext:
     def retries(self) -> int:
         return self.settings.transfer.retries
 
-    def read_pool(self) -> cf.ThreadPoolExecutor | None:
-        """Reads run ahead on a shared pool for remote sources; local reads are cheap inline."""
-        if self.src_root.is_local:
-            return None
+    def read_pool(self) -> cf.ThreadPoolExecutor:
+        """Reads (and per-file hashes) run ahead of the shard writers on one shared pool."""
         with self._lock:
             if self._read_pool is None:
                 self._read_pool = cf.ThreadPoolExecutor(self.settings.transfer.concurrency,
@@ -263,9 +261,10 @@ def _index(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
     name = layout.index_name(plan.prefix)
     written = put_whole(ctx.dst, ctx.dst_root.join(name), body, retries=ctx.retries)
     stale = _remove_stale(ctx)
+    pointer = indexes.pointer(name, body, doc)
     ctx.journal.put("index", {"name": name, "size": written.size, "crc32c": written.crc32c,
-                              "sha256": written.sha256, "stale": stale})
-    return {"index": str(ctx.dst_root.join(name)), "pointer": indexes.pointer(name, body, doc), "stale": stale}
+                              "sha256": written.sha256, "stale": stale, "pointer": pointer})
+    return {"index": str(ctx.dst_root.join(name)), "pointer": pointer, "stale": stale}
 
 
 def _remove_stale(ctx: PackContext) -> list[str]:
@@ -301,10 +300,8 @@ def _finalize(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
         entries.append(FileEntry(r["name"], r["size"], r["crc32c"], r["sha256"], r["part_size"], r["parts"]))
         entries.append(FileEntry(r["list"]["name"], r["list"]["size"], r["list"]["crc32c"], r["list"]["sha256"]))
     entries.append(FileEntry(index["name"], index["size"], index["crc32c"], index["sha256"]))
-    body = ctx.dst.read(ctx.dst_root.join(index["name"]))
-    shard_set = indexes.pointer(index["name"], body, indexes.parse(body, ctx.dst_root.join(index["name"])))
     where = commit_manifest(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination, entries,
-                            removed=index["stale"], shard_sets={ctx.plan.prefix: shard_set})
+                            removed=index["stale"], shard_sets={ctx.plan.prefix: index["pointer"]})
     return {"manifest": where}
 
 
@@ -335,7 +332,8 @@ def demote_manifest(store: Store, root: Location) -> None:
 def commit_manifest(store: Store, root: Location, source: str, destination: str, entries: list[FileEntry], *,
                     removed: list[str] = (), shard_sets: dict[str, Any] | None = None) -> str:
     root = root.as_prefix()
-    previous = manifests.read(store, root, manifests.PREVIOUS) or manifests.read(store, root)
+    kept_aside = manifests.read(store, root, manifests.PREVIOUS)
+    previous = kept_aside or manifests.read(store, root)
     files = dict(previous.files) if previous else {}
     extra = dict(previous.extra) if previous else {}
     for rel in removed:
@@ -344,10 +342,8 @@ def commit_manifest(store: Store, root: Location, source: str, destination: str,
     if shard_sets:
         extra["shard_sets"] = {**extra.get("shard_sets", {}), **shard_sets}
     manifests.write(store, root, Manifest(source, destination, files, extra=extra))
-    try:
+    if kept_aside:
         store.delete(root.join(manifests.PREVIOUS))
-    except ObjectNotFound:
-        pass
     for loc, upload_id in list(store.list_uploads(root)):
         store.abort_upload(loc, upload_id)   # left by runs that were killed and not resumed
     return str(root.join(manifests.MANIFEST))

@@ -54,7 +54,8 @@ class StreamingUpload:
         self.store, self.loc, self.part_size = store, loc, part_size
         self.retries = retries
         self.progress = progress or Progress()
-        self._buf = bytearray()
+        self._chunks: list[bytes] = []   # written, not yet sent
+        self._buffered = 0
         self._pos = 0
         self._sha = hashlib.sha256()
         self._upload_id: str | None = None
@@ -68,11 +69,22 @@ class StreamingUpload:
     def write(self, data: bytes | bytearray | memoryview) -> int:
         n = len(data)
         self._sha.update(data)
-        self._buf += data
+        self._chunks.append(bytes(data))
+        self._buffered += n
         self._pos += n
-        while len(self._buf) >= self.part_size:
-            self._send_part(self.part_size)
+        if self._buffered >= self.part_size:
+            self._send_full_parts()
         return n
+
+    def _send_full_parts(self) -> None:
+        pending = b"".join(self._chunks)
+        view = memoryview(pending)
+        sent = 0
+        while len(pending) - sent >= self.part_size:
+            self._send_part(bytes(view[sent:sent + self.part_size]) if len(pending) > self.part_size else pending)
+            sent += self.part_size
+        self._chunks = [pending[sent:]] if sent < len(pending) else []
+        self._buffered = len(pending) - sent
 
     def tell(self) -> int:
         return self._pos
@@ -81,9 +93,8 @@ class StreamingUpload:
         """SHA-256 of the bytes written so far."""
         return self._sha.hexdigest()
 
-    def _send_part(self, n: int) -> None:
-        data = bytes(self._buf[:n])
-        del self._buf[:n]
+    def _send_part(self, data: bytes) -> None:
+        n = len(data)
         if self._upload_id is None:
             self._upload_id = self._retrying(lambda: self.store.begin_upload(self.loc, 0))
         number, offset = len(self._parts) + 1, self._sent
@@ -103,14 +114,14 @@ class StreamingUpload:
         self._done = True
         sha = self._sha.hexdigest()
         if self._upload_id is None:
-            data = bytes(self._buf)
+            data = b"".join(self._chunks)
             crc = crc_hex(crc32c(data))
             self._retrying(lambda: self.store.put(self.loc, data, crc32c=crc,
                                                   metadata=_metadata(crc, sha)))
             self.progress.moved(len(data))
             return Written(len(data), crc, sha)
-        if self._buf:
-            self._send_part(len(self._buf))
+        if self._buffered:
+            self._send_part(b"".join(self._chunks))
         crc = crc_hex(combine_parts([(int(p.crc32c, 16), p.size) for p in self._parts]))
         self._retrying(lambda: self.store.complete_upload(self.loc, self._upload_id, self._parts, crc32c=crc,
                                                           metadata=_metadata(crc, sha)))
@@ -119,7 +130,7 @@ class StreamingUpload:
     def abort(self) -> None:
         """Drop what was sent; the error that led here is the one worth reporting."""
         self._done = True
-        self._buf.clear()
+        self._chunks.clear()
         if self._upload_id is not None:
             try:
                 self.store.abort_upload(self.loc, self._upload_id)

@@ -9,27 +9,54 @@ therefore every member's data offset, are known before a byte is read.
 
 from __future__ import annotations
 
-import tarfile
 from collections.abc import Iterable
 
 from bridge.errors import IntegrityError
 from bridge.packing.writer import ShardEncoder, ShardFormat
 
-BLOCK = tarfile.BLOCKSIZE
-RECORD = tarfile.RECORDSIZE
+BLOCK = 512
+RECORD = 20 * BLOCK
 MODE = 0o644
 MTIME = 0
 _USTAR_NAME = 100
-_USTAR_SIZE = 8 ** 11   # octal size field; larger sizes go into a pax header
+_USTAR_SIZE = 8 ** 11   # the octal size field's limit; larger sizes go into a pax header
+_PAX_NAME = b"././@PaxHeader"
+
+
+def _ustar(name: bytes, size: int, typeflag: bytes, mode: int = MODE) -> bytes:
+    """One POSIX ustar header block, laid out as Python's tarfile writes it (kept here so the
+    bytes do not depend on the Python version)."""
+    block = b"".join([
+        name[:_USTAR_NAME].ljust(_USTAR_NAME, b"\0"),
+        b"%07o\0" % mode, b"%07o\0" % 0, b"%07o\0" % 0,      # mode, uid, gid
+        b"%011o\0" % size, b"%011o\0" % MTIME,
+        b" " * 8,                                              # checksum, counted as spaces
+        typeflag, bytes(100),                                  # type, link name
+        b"ustar\x0000", bytes(32), bytes(32),                  # magic and version, user, group
+        bytes(8), bytes(8), bytes(155), bytes(12),             # devmajor, devminor, prefix, pad
+    ])
+    return block[:148] + b"%06o\0 " % sum(block) + block[156:]
+
+
+def _pax_record(key: str, value: str) -> bytes:
+    body = f" {key}={value}\n".encode()
+    length = len(body) + len(str(len(body)))
+    length += len(str(length)) - len(str(len(body)))
+    return str(length).encode() + body
 
 
 def member_header(rel: str, size: int) -> bytes:
-    info = tarfile.TarInfo(rel)
-    info.size, info.mtime, info.mode = size, MTIME, MODE
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.type = tarfile.REGTYPE
-    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
+    """The header(s) of one regular file: a ustar block, preceded by a pax block when the name is
+    long or not ASCII, or the size too big for the octal field."""
+    records = b""
+    if not rel.isascii() or len(rel) > _USTAR_NAME:
+        records += _pax_record("path", rel)
+    if size >= _USTAR_SIZE:
+        records += _pax_record("size", str(size))
+    own = _ustar(rel.encode("ascii", "replace"), size if size < _USTAR_SIZE else 0, b"0")
+    if not records:
+        return own
+    return _ustar(_PAX_NAME, len(records), b"x", mode=0) + records + bytes(padding(len(records))) + own
 
 
 def header_size(rel: str, size: int) -> int:

@@ -1,7 +1,7 @@
 """Writing one shard: the steps are fixed here; a format only encodes.
 
 ``ShardWriter.write`` opens a streaming upload for the shard's predictable name, reads each
-file of the shard (ahead of time, on a shared pool, when the source is remote), hashes it, hands
+file of the shard (ahead of time, in batches on a shared pool), hashes it, hands
 it to the format's encoder, closes the upload, and writes the shard's file list. Formats are
 found through ``FORMATS`` (module, class, the extra that installs them); each declares its limits
 so a plan can refuse what it cannot hold before anything is written.
@@ -27,8 +27,9 @@ from bridge.retry import call_with_retries
 from bridge.stores.base import MiB, Store
 from bridge.urls import Location
 
-READ_AHEAD_BYTES = 16 * MiB   # per shard writer, remote sources only
-READ_AHEAD_FILES = 64
+READ_AHEAD_BYTES = 16 * MiB   # read ahead of each shard writer
+READ_BATCH_FILES = 64         # small files read and hashed together, one pool task
+READ_BATCH_BYTES = 1 * MiB
 
 
 class ShardEncoder(abc.ABC):
@@ -117,40 +118,73 @@ def read_checked(store: Store, loc: Location, size: int, retries: int, progress:
     return data
 
 
+Batch = list[tuple[str, int]]
+
+
+def _read_batch(store: Store, root: Location, batch: Batch, retries: int,
+                progress: Progress) -> list[tuple[bytes, str]]:
+    """Read and hash a run of small files; hashing and I/O release the GIL, so batches on a pool
+    overlap with the encoder of the same shard."""
+    out = []
+    for rel, size in batch:
+        data = read_checked(store, root.join(rel), size, retries, progress)
+        out.append((data, hashlib.sha256(data).hexdigest()))
+    return out
+
+
+def _batches(files: list[tuple[str, int]], stream_over: int) -> Iterator[tuple[Batch, bool]]:
+    """Consecutive small files in runs of at most READ_BATCH_FILES / READ_BATCH_BYTES;
+    a file over ``stream_over`` is a run of its own, flagged to be streamed."""
+    batch: Batch = []
+    nbytes = 0
+    for rel, size in files:
+        if size > stream_over:
+            if batch:
+                yield batch, False
+                batch, nbytes = [], 0
+            yield [(rel, size)], True
+            continue
+        batch.append((rel, size))
+        nbytes += size
+        if len(batch) >= READ_BATCH_FILES or nbytes >= READ_BATCH_BYTES:
+            yield batch, False
+            batch, nbytes = [], 0
+    if batch:
+        yield batch, False
+
+
 def source_files(store: Store, root: Location, files: list[tuple[str, int]], *, stream_over: int,
-                 pool: cf.Executor | None, retries: int, progress: Progress
-                 ) -> Iterator[tuple[str, int, bytes | None]]:
-    """(rel, size, bytes) in order; bytes is None for files over ``stream_over``, which the
-    writer streams in ranges. With a pool, reads run ahead within a bounded window."""
-    if pool is None:
-        for rel, size in files:
-            yield rel, size, None if size > stream_over else read_checked(store, root.join(rel), size,
-                                                                          retries, progress)
-        return
+                 pool: cf.Executor, retries: int, progress: Progress
+                 ) -> Iterator[tuple[str, int, bytes | None, str | None]]:
+    """(rel, size, bytes, sha256) in order, read ahead on ``pool`` within a bounded window of
+    READ_AHEAD_BYTES; bytes and sha256 are None for files over ``stream_over``, which the writer
+    streams in ranges."""
     window: collections.deque = collections.deque()
     ahead = 0
-    todo = iter(files)
+    todo = _batches(files, stream_over)
     try:
         while True:
-            while len(window) < READ_AHEAD_FILES and ahead < READ_AHEAD_BYTES:
+            while ahead < READ_AHEAD_BYTES:
                 item = next(todo, None)
                 if item is None:
                     break
-                rel, size = item
-                future = None if size > stream_over else pool.submit(read_checked, store, root.join(rel),
-                                                                     size, retries, progress)
-                window.append((rel, size, future))
-                ahead += size if future else 0
+                batch, stream = item
+                future = None if stream else pool.submit(_read_batch, store, root, batch, retries, progress)
+                nbytes = 0 if stream else sum(size for _rel, size in batch)
+                window.append((batch, future, nbytes))
+                ahead += nbytes
             if not window:
                 return
-            rel, size, future = window.popleft()
+            batch, future, nbytes = window.popleft()
             if future is None:
-                yield rel, size, None
+                rel, size = batch[0]
+                yield rel, size, None, None
                 continue
-            ahead -= size
-            yield rel, size, future.result()
+            ahead -= nbytes
+            for (rel, size), (data, sha) in zip(batch, future.result(), strict=True):
+                yield rel, size, data, sha
     finally:
-        for _rel, _size, future in window:
+        for _batch, future, _n in window:
             if future:
                 future.cancel()
 
@@ -173,8 +207,7 @@ class ShardWriter:
     """Writes one planned shard and its file list; returns the shard's index record."""
 
     def __init__(self, fmt: ShardFormat, *, src: Store, src_root: Location, dst: Store, dst_root: Location,
-                 prefix: str, part_size: int, retries: int, progress: Progress,
-                 read_pool: cf.Executor | None = None):
+                 prefix: str, part_size: int, retries: int, progress: Progress, read_pool: cf.Executor):
         self.fmt, self.src, self.src_root, self.dst, self.dst_root = fmt, src, src_root, dst, dst_root
         self.prefix, self.part_size, self.retries = prefix, part_size, retries
         self.progress, self.read_pool = progress, read_pool
@@ -201,15 +234,14 @@ class ShardWriter:
     def _encode(self, encoder: ShardEncoder, files: list[tuple[str, int]]) -> list[str]:
         stream_over = self.part_size if self.fmt.streams_large_files else self.fmt.max_file_size
         hashes = []
-        for rel, size, data in source_files(self.src, self.src_root, files, stream_over=stream_over,
-                                            pool=self.read_pool, retries=self.retries, progress=self.progress):
+        for rel, size, data, sha in source_files(self.src, self.src_root, files, stream_over=stream_over,
+                                                 pool=self.read_pool, retries=self.retries, progress=self.progress):
             if data is None:
                 hasher = hashlib.sha256()
                 encoder.add_stream(rel, size, ranged_chunks(self.src, self.src_root.join(rel), size,
                                                             self.part_size, self.retries, self.progress, hasher))
                 hashes.append(hasher.hexdigest())
             else:
-                sha = hashlib.sha256(data).hexdigest()
                 encoder.add(rel, data, sha)
                 hashes.append(sha)
             self.progress.file_finished()
