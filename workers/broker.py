@@ -10,13 +10,10 @@ instead of hours later. The key names come from kombu's channel, not from here.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Callable
 
 from workers.leases import Leases, TaskRef
-
-log = logging.getLogger(__name__)
 
 # Tasks whose first argument is a job id and which take a lease when they start.
 LEASED_TASKS = ("bridge.plan", "bridge.transfer", "bridge.finalize")
@@ -49,7 +46,7 @@ class Unacked:
         pipe.zrem(index, tag)
         pipe.execute()
 
-    def requeue_unleased(self, leases: Leases, publish: Callable[[TaskRef], None], grace: float,
+    def requeue_unleased(self, leases: Leases, requeue: Callable[[TaskRef, str], None], grace: float,
                          skip: set[str]) -> list[str]:
         r = self.r
         requeued: list[str] = []
@@ -71,10 +68,9 @@ class Unacked:
                 args, _kwargs, _embed = channel.Message(payload, channel=channel).decode()
                 job = args[0] if args and name in LEASED_TASKS else ""
                 if not (job and r.sismember(leases.keys.job(job, "done"), task_id)):
-                    publish(TaskRef(id=task_id, task=name, args=list(args), queue=routing_key, job=job))
+                    requeue(TaskRef(id=task_id, task=name, args=list(args), queue=routing_key, job=job),
+                            "was received by a worker that died before starting it")
                     requeued.append(task_id)
-                    log.warning("task %s (%s) was received by a worker that died before starting it; "
-                                "queued again on %s", task_id, name, routing_key)
                 pipe = r.pipeline()
                 pipe.hdel(unacked, tag)
                 pipe.zrem(index, tag)

@@ -226,12 +226,19 @@ class Sweeper:
         try:
             requeued = self._expired_leases()
             if self.unacked is not None:
-                requeued += self.unacked.requeue_unleased(self.leases, self.publish, grace=self.leases.ttl,
+                requeued += self.unacked.requeue_unleased(self.leases, self.requeue, grace=self.leases.ttl,
                                                           skip=set(requeued))
             return requeued
         finally:
             if r.get(k.sweeper) == token:
                 r.delete(k.sweeper)
+
+    def requeue(self, ref: TaskRef, why: str) -> None:
+        self.publish(ref)
+        log.warning("task %s (%s of job %s) %s; queued again on %s", ref.id, ref.task, ref.job or "-", why,
+                    ref.queue)
+        if self.on_requeue:
+            self.on_requeue(ref)
 
     def _expired_leases(self) -> list[str]:
         r, k = self.leases.r, self.leases.keys
@@ -243,15 +250,12 @@ class Sweeper:
             ref = TaskRef.decode(raw)
             if now - ref.since < self.leases.ttl:
                 continue  # a hand-over just made: give its own sender the time to send it
-            # Send first, then drop the registration: a sweeper dying in between costs one
-            # duplicate delivery, which finds the task done or busy; never a lost task.
-            self.publish(ref)
+            # Send first, then drop the registration (unless the new delivery has already
+            # replaced it): a sweeper dying in between costs one duplicate delivery, which finds
+            # the task done or busy; never a lost task.
+            self.requeue(ref, f"lost its worker {ref.worker}" if ref.token else "was handed over")
             if self.unacked is not None and ref.tag:
                 self.unacked.drop(ref.tag)
-            if self.leases._claim(keys=[k.running, k.lease(task_id)], args=[task_id, raw]):
-                requeued.append(task_id)
-                log.warning("task %s (%s of job %s) lost its worker %s; queued again on %s",
-                            task_id, ref.task, ref.job, ref.worker or "?", ref.queue)
-                if self.on_requeue:
-                    self.on_requeue(ref)
+            self.leases._claim(keys=[k.running, k.lease(task_id)], args=[task_id, raw])
+            requeued.append(task_id)
         return requeued

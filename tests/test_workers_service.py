@@ -1,0 +1,331 @@
+"""The service end to end: real Redis, real worker and beat processes, the emulators.
+
+Each test runs in a namespace of its own (keys, queues and channels), so it never sees another
+test's or another user's work on the same Redis, and removes its keys afterwards. Transfers are
+counted where they land: moto logs every request, so a part sent twice is two log lines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.emulators import free_port
+from workers.jobs import TERMINAL, Jobs
+from workers.keys import Keys, redis_client
+from workers.testing import ServiceProcess, purge_namespace
+
+MiB = 1024 * 1024
+pytestmark = pytest.mark.timeout(240)
+
+
+class Harness:
+    """Workers, beat and the CLI of one test, in one namespace."""
+
+    def __init__(self, env: dict[str, str], tmp_path: Path):
+        self.env = env
+        self.tmp_path = tmp_path
+        self.processes: list[ServiceProcess] = []
+        self.keys = Keys(env["BRIDGE_NAMESPACE"])
+        self.redis = redis_client(env["BRIDGE_BROKER_URL"])
+        self.jobs = Jobs(self.redis, self.keys, ttl=3600)
+
+    def worker(self, name: str, *, threads: int = 4, **kwargs) -> ServiceProcess:
+        env = {**self.env, "MCBRIDGE_CONCURRENCY": str(threads)}
+        worker = ServiceProcess.worker(env, name, self.tmp_path, **kwargs)
+        self.processes.append(worker)
+        return worker.start()
+
+    def beat(self, schedules: Path) -> ServiceProcess:
+        beat = ServiceProcess.beat(self.env, schedules, self.tmp_path)
+        self.processes.append(beat)
+        return beat.start()
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "bridge", *args], env=self.env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def submit(self, *args: str) -> str:
+        result = self.cli("submit", *args)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    def wait(self, job_id: str, timeout: float = 120, states=TERMINAL):
+        deadline = time.monotonic() + timeout
+        while True:
+            record = self.jobs.get(job_id)
+            if record and record.state in states:
+                return record
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {p.name}\n{p.log_tail(25)}" for p in self.processes)
+                raise AssertionError(f"job {job_id} is {record.state if record else None} after {timeout}s\n{logs}")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        for process in self.processes:
+            process.stop()
+
+
+@pytest.fixture
+def service(redis_url, emulator_env, tmp_path):
+    namespace = f"mcbt-{uuid.uuid4().hex[:10]}"
+    env = {**emulator_env, "BRIDGE_BROKER_URL": redis_url, "BRIDGE_NAMESPACE": namespace,
+           "BRIDGE_LEASE": "3s", "BRIDGE_SWEEP": "0.5s", "BRIDGE_METRICS_PORT": "0",
+           "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+    harness = Harness(env, tmp_path)
+    yield harness
+    harness.close()
+    purge_namespace(redis_url, namespace)
+
+
+def write_tree(root: Path, big: dict[str, int], small: int, small_size: int = 4096) -> dict[str, str]:
+    """Files under ``root``; returns relative path -> SHA-256."""
+    hashes: dict[str, str] = {}
+    for rel, size in big.items():
+        data = os.urandom(size)
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        hashes[rel] = hashlib.sha256(data).hexdigest()
+    for i in range(small):
+        rel = f"small/{i // 100:02d}/{i:04d}.bin"
+        data = os.urandom(small_size + i)
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        hashes[rel] = hashlib.sha256(data).hexdigest()
+    return hashes
+
+
+def s3_hashes(moto, bucket: str, prefix: str = "") -> dict[str, str]:
+    client = moto.client()
+    out = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for obj in page.get("Contents", []):
+            rel = obj["Key"][len(prefix):]
+            if not rel.startswith("_bridge/"):
+                out[rel] = hashlib.sha256(client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()).hexdigest()
+    return out
+
+
+def moto_puts(moto, bucket: str) -> tuple[Counter, Counter]:
+    """(whole-object PUTs by key, part PUTs by (key, part number)) that moto answered 200,
+    leaving out bridge's own _bridge/ files."""
+    line = re.compile(rf'"PUT /{re.escape(bucket)}/(?P<key>[^ ?]+)(?P<query>\?[^ ]*)? HTTP/1\.1" 200')
+    whole, parts = Counter(), Counter()
+    for m in line.finditer(moto.log_path.read_text(errors="replace")):
+        if m["key"].startswith("_bridge/"):
+            continue
+        number = re.search(r"partNumber=(\d+)", m["query"] or "")
+        if number:
+            parts[(m["key"], int(number[1]))] += 1
+        else:
+            whole[m["key"]] += 1
+    return whole, parts
+
+
+def metric_total(port: int, name: str) -> float:
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def test_a_job_of_100_mb_and_300_small_files_between_two_emulators(service, emulator_for, make_root):
+    """Azure -> S3 through two workers whose lease (2 s) is far shorter than the big file's task:
+    every part is sent exactly once, the job verifies, and the workers' metrics count it."""
+    azure, moto = emulator_for("az"), emulator_for("s3")
+    src, dst = make_root("az"), make_root("s3")
+    container, bucket = src[len("az://"):].rstrip("/"), dst[len("s3://"):].rstrip("/")
+    big = os.urandom(100 * 10**6)
+    smalls = {f"small/{i:03d}.txt": os.urandom(500 + 7 * i) for i in range(300)}
+    client = azure.client().get_container_client(container)
+    client.upload_blob("ckpt/model.bin", big, max_concurrency=4)
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda item: client.upload_blob(*item), smalls.items()))
+    expected = {rel: hashlib.sha256(data).hexdigest() for rel, data in smalls.items()}
+    expected["ckpt/model.bin"] = hashlib.sha256(big).hexdigest()
+
+    service.env["BRIDGE_LEASE"] = "2s"
+    ports = [free_port(), free_port()]
+    for name, port in zip(("w1", "w2"), ports):
+        service.worker(name, concurrency=2, metrics_port=port)
+    for worker in service.processes:
+        worker.wait_ready()
+
+    result = service.cli("submit", "cp", src, dst, "--chunk-size", "8MiB", "--wait", "--json")
+    assert result.returncode == 0, result.stderr + result.stdout
+    status = json.loads(result.stdout)
+    assert status["state"] == "succeeded", status["errors"]
+    assert status["verify"]["ok"] and status["verify"]["checked"] == 301
+    assert status["progress"]["files_done"] == 301 and status["progress"]["requeued"] == 0
+    assert status["progress"]["bytes_total"] == len(big) + sum(map(len, smalls.values()))
+
+    assert s3_hashes(moto, bucket) == expected
+    whole, parts = moto_puts(moto, bucket)
+    parts_expected = math.ceil(len(big) / (8 * MiB))
+    assert sorted(parts) == [("ckpt/model.bin", n) for n in range(1, parts_expected + 1)]
+    assert set(parts.values()) == {1}, "a part was sent twice: a slow task ran twice"
+    assert whole == Counter(smalls.keys()), "a small file was sent twice"
+    manifest = json.loads(moto.client().get_object(Bucket=bucket, Key="_bridge/manifest.json")["Body"].read())
+    assert {e["path"]: e["sha256"] for e in manifest["files"]} == expected
+
+    moved = sum(metric_total(port, "bridge_bytes_moved_total") for port in ports)
+    assert moved == status["progress"]["bytes_total"]
+    assert sum(metric_total(port, "bridge_job_duration_seconds_count") for port in ports) == 1
+    listed = service.cli("jobs", "list", "--json")
+    assert [job["id"] for job in json.loads(listed.stdout)] == [status["id"]]
+
+
+def test_a_worker_killed_with_sigkill_mid_job_costs_only_its_units_in_flight(service, emulator_for, make_root,
+                                                                            tmp_path):
+    moto = emulator_for("s3")
+    src = tmp_path / "src"
+    big = {f"ckpt/shard-{i}.bin": 40 * MiB for i in range(3)}
+    hashes = write_tree(src, big, small=200)
+    dst = make_root("s3")
+    bucket = dst[len("s3://"):].rstrip("/")
+    threads, tasks_at_once = 2, 2
+    w1 = service.worker("w1", concurrency=tasks_at_once, threads=threads)
+    w2 = service.worker("w2", concurrency=tasks_at_once, threads=threads)
+    w1.wait_ready()
+    w2.wait_ready()
+    job_id = service.submit("cp", f"{src}/", dst, "--chunk-size", "5MiB")
+
+    # Kill w1 while it is inside a multipart file: some of its parts journaled, not all.
+    deadline = time.monotonic() + 60
+    victim = None
+    while victim is None:
+        assert time.monotonic() < deadline, "w1 never got a multipart file"
+        for task_id, raw in service.redis.hgetall(service.keys.running).items():
+            ref = json.loads(raw)
+            if ref["worker"] != w1.hostname or ref["task"] != "bridge.transfer":
+                continue
+            files = ref["args"][1]["files"]
+            if files and files[0]["part_size"]:
+                plan_key = ref["args"][1]["key"]
+                done = service.redis.hkeys(f"{service.keys.journal(plan_key)}:part")
+                if any(k.startswith(f"part:{files[0]['rel']}:") for k in done):
+                    victim = files[0]["rel"]
+        time.sleep(0.02)
+    w1.kill()
+    killed_at = time.monotonic()
+
+    record = service.wait(job_id, timeout=120)
+    recovered_in = time.monotonic() - killed_at
+    assert record.state == "succeeded", record.errors
+    assert recovered_in < 60, f"the job took {recovered_in:.0f}s after the kill"
+    assert record.counters.get("requeued", 0) >= 1
+    assert record.verify["ok"] and record.verify["checked"] == len(hashes)
+    assert s3_hashes(moto, bucket) == hashes
+
+    whole, parts = moto_puts(moto, bucket)
+    expected_parts = {(rel, n) for rel in big for n in range(1, 9)}
+    assert set(parts) == expected_parts and set(whole) == {rel for rel in hashes if rel not in big}
+    resent = sum(parts.values()) - len(parts) + sum(whole.values()) - len(whole)
+    # What w1 had in flight: at most its pool's tasks, each with its thread pool's units.
+    assert resent <= tasks_at_once * threads, (victim, resent, parts, whole)
+    print(f"SIGKILL mid-{victim}: job done {recovered_in:.1f}s after the kill; {resent} units sent again")
+
+
+def test_cancel_stops_a_running_job_and_leaves_no_manifest(service, emulator_for, make_root, tmp_path):
+    moto = emulator_for("s3")
+    src = tmp_path / "src"
+    write_tree(src, {f"big-{i}.bin": 48 * MiB for i in range(2)}, small=200)
+    dst = make_root("s3")
+    bucket = dst[len("s3://"):].rstrip("/")
+    service.worker("w1", concurrency=1, threads=1).wait_ready()
+    waiting = subprocess.Popen([sys.executable, "-m", "bridge", "submit", "cp", f"{src}/", dst, "--chunk-size",
+                                "5MiB", "--wait", "--quiet"], env=service.env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while True:
+        records = service.jobs.list()
+        if records and records[0].counters.get("bytes_done", 0) > 0:
+            job_id = records[0].id
+            break
+        assert time.monotonic() < deadline and waiting.poll() is None, waiting.communicate()
+        time.sleep(0.05)
+
+    cancelled = service.cli("jobs", "cancel", job_id)
+    assert cancelled.returncode == 0 and "cancelled job" in cancelled.stdout, cancelled.stderr
+    stdout, stderr = waiting.communicate(timeout=60)
+    assert waiting.returncode == 1 and f"job {job_id} cancelled" in stdout, stderr
+
+    plan_key = service.jobs.get(job_id).plan_key
+    deadline = time.monotonic() + 60   # the queued tasks drain, finalize cleans up
+    while list(service.redis.scan_iter(match=f"{service.keys.journal(plan_key)}:*")):
+        assert time.monotonic() < deadline, "the cancelled job's journal was not discarded"
+        time.sleep(0.2)
+    record = service.jobs.get(job_id)
+    assert record.state == "cancelled" and record.counters.get("bytes_done", 0) < record.counters["bytes_total"]
+    s3 = moto.client()
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+    assert not any(k.startswith("_bridge/manifest") for k in keys) and len(keys) < 202
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads"), "an upload was left unfinished"
+    status = service.cli("jobs", "status", job_id)
+    assert "cancelled" in status.stdout.splitlines()[0]
+
+
+def test_scheduled_sync_and_replication_fire_and_produce_verified_copies(service, emulator_for, make_root,
+                                                                        tmp_path):
+    azure, moto, gcs = emulator_for("az"), emulator_for("s3"), emulator_for("gs")
+    src = tmp_path / "golden"
+    hashes = write_tree(src, {"model.safetensors": 6 * MiB}, small=20)
+    mirror, dr_s3, dr_gs = make_root("az"), make_root("s3"), make_root("gs")
+    schedules = tmp_path / "schedules.yaml"
+    schedules.write_text(f"""\
+schedules:
+  golden-mirror:
+    every: 2s
+    kind: sync
+    source: {src}/
+    destination: {mirror}golden/
+    delete: true
+  golden-dr:
+    every: 2s
+    kind: replicate
+    source: {src}/
+    destinations: [{dr_s3}golden/, {dr_gs}golden/]
+""")
+    service.worker("w1", concurrency=2).wait_ready()
+    service.beat(schedules)
+
+    fired: dict[str, str] = {}
+    deadline = time.monotonic() + 90
+    while len(fired) < 2:
+        assert time.monotonic() < deadline, f"schedules did not fire: {fired}\n{service.processes[1].log_tail()}"
+        for record in service.jobs.list():
+            if record.schedule and not record.parent and record.state == "succeeded":
+                fired.setdefault(record.schedule, record.id)
+        time.sleep(0.2)
+
+    mirror_job = service.jobs.get(fired["golden-mirror"])
+    assert mirror_job.kind == "sync" and mirror_job.verify["ok"]
+    dr_job = service.jobs.get(fired["golden-dr"])
+    assert dr_job.kind == "replicate" and len(dr_job.children) == 2
+    proven = service.jobs.proven(str(src) + "/", [f"{dr_s3}golden/", f"{dr_gs}golden/"])
+    assert all(proof and proof["job"].startswith(dr_job.id) for proof in proven.values()), proven
+
+    assert s3_hashes(moto, dr_s3[len("s3://"):].rstrip("/"), "golden/") == hashes
+    container = azure.client().get_container_client(mirror[len("az://"):].rstrip("/"))
+    assert {b.name[len("golden/"):]: hashlib.sha256(container.download_blob(b.name).readall()).hexdigest()
+            for b in container.list_blobs(name_starts_with="golden/") if "/_bridge/" not in b.name} == hashes
+    bucket = gcs.client().bucket(dr_gs[len("gs://"):].rstrip("/"))
+    assert {b.name[len("golden/"):]: hashlib.sha256(b.download_as_bytes()).hexdigest()
+            for b in bucket.list_blobs(prefix="golden/") if "/_bridge/" not in b.name} == hashes
+
+    status = service.cli("jobs", "status", dr_job.id)
+    assert "proven equal" in status.stdout and "never" not in status.stdout, status.stdout
