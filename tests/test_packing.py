@@ -510,3 +510,14 @@ def test_tar_headers_are_what_tarfile_writes(rel, size):
     info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o644, 0, 0, "", ""
     assert member_header(rel, size) == info.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
     assert header_size(rel, size) == len(member_header(rel, size))
+
+
+def test_commit_aborts_leftover_uploads_to_its_shards_only(tree, settings, tmp_path):
+    src, _files = tree
+    root = parse(f"{tmp_path / 'set'}/")
+    store = get_store(root, settings)
+    mine = store.begin_upload(root.join("shard-000000.tar"), 0)     # a killed run's upload
+    theirs = store.begin_upload(root.join("other/ckpt.bin"), 0)     # another job's, still running
+    job.pack(f"{src}/", str(root), settings, shard_size=1024 * 1024, state_dir=tmp_path / "st")
+    assert store.list_parts(root.join("shard-000000.tar"), mine) is None
+    assert store.list_parts(root.join("other/ckpt.bin"), theirs) == {}

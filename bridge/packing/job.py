@@ -344,8 +344,12 @@ def commit_manifest(store: Store, root: Location, source: str, destination: str,
     manifests.write(store, root, Manifest(source, destination, files, extra=extra))
     if kept_aside:
         store.delete(root.join(manifests.PREVIOUS))
+    # Unfinished uploads to the objects just written are leftovers of runs that were killed and
+    # not resumed; uploads to other keys may belong to another job running now, and stay.
+    targets = {str(root.join(e.path)) for e in entries}
     for loc, upload_id in list(store.list_uploads(root)):
-        store.abort_upload(loc, upload_id)   # left by runs that were killed and not resumed
+        if str(loc) in targets:
+            store.abort_upload(loc, upload_id)
     return str(root.join(manifests.MANIFEST))
 
 
