@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from functools import cached_property
 
 from workers.leases import Leases, TaskRef
 
@@ -32,6 +33,7 @@ class Unacked:
         self.app = app
         self.r = client   # a plain client: these key names already carry the prefix
 
+    @cached_property
     def _names(self) -> tuple[str, str]:
         with self.app.connection_for_write() as conn:
             channel = conn.default_channel
@@ -40,7 +42,7 @@ class Unacked:
 
     def drop(self, tag: str) -> None:
         """Forget a delivery whose task has been queued again by other means."""
-        unacked, index = self._names()
+        unacked, index = self._names
         pipe = self.r.pipeline()
         pipe.hdel(unacked, tag)
         pipe.zrem(index, tag)
@@ -50,7 +52,7 @@ class Unacked:
                          skip: set[str]) -> list[str]:
         r = self.r
         requeued: list[str] = []
-        unacked, index = self._names()
+        unacked, index = self._names
         with self.app.connection_for_write() as conn:
             channel = conn.default_channel
             for tag in r.zrangebyscore(index, "-inf", time.time() - grace):

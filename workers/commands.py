@@ -36,6 +36,9 @@ WaitOpt = Annotated[bool, typer.Option("--wait", help="Follow the job; exit 0 on
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 DryOpt = Annotated[bool, typer.Option("--dry-run", help="Check the job and print it; queue nothing.")]
+StoreSumOpt = Annotated[Optional[str], typer.Option(
+    "--store-checksums", help="After a multipart upload: require the store's whole-object checksum, "
+    "readback, or skip (as in mcbridge cp).")]
 DeleteOpt = Annotated[bool, typer.Option("--delete", help="Remove from DST what SRC no longer has.")]
 
 
@@ -177,37 +180,44 @@ def _consumed(client, keys, queue: str) -> bool:
 
 
 def submit_cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
-              profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
-              wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
-              broker: BrokerOpt = None) -> None:
+              store_checksums: StoreSumOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
+              verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
+              quiet: QuietOpt = False, dry_run: DryOpt = False, broker: BrokerOpt = None) -> None:
     """Queue a copy of SRC to DST; prints the job id."""
-    _submit({"kind": "copy", "source": src, "destinations": [dst], "concurrency": concurrency,
-             "chunk_size": chunk_size, "profile": profile, "queue": queue, "verify": verify},
-            wait=wait, as_json=as_json, quiet=quiet, dry_run=dry_run, broker=broker)
+    options = dict(locals())
+    _submit(_fields("copy", options, destinations=[dst]), **_how(options))
 
 
 def submit_sync(src: str, dst: str, delete: DeleteOpt = False, concurrency: ConcOpt = None,
-                chunk_size: ChunkOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
-                verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
-                quiet: QuietOpt = False, dry_run: DryOpt = False, broker: BrokerOpt = None) -> None:
+                chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None, profile: ProfileOpt = None,
+                queue: QueueOpt = None, verify: VerifyOpt = "store", wait: WaitOpt = False,
+                as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
+                broker: BrokerOpt = None) -> None:
     """Queue a sync: make DST equal to SRC, sending only what is new or changed; prints the job id."""
-    _submit({"kind": "sync", "source": src, "destinations": [dst], "delete": delete,
-             "concurrency": concurrency, "chunk_size": chunk_size, "profile": profile, "queue": queue,
-             "verify": verify}, wait=wait, as_json=as_json, quiet=quiet, dry_run=dry_run, broker=broker)
+    options = dict(locals())
+    _submit(_fields("sync", options, destinations=[dst], delete=delete), **_how(options))
 
 
 def submit_replicate(src: str, dsts: Annotated[list[str], typer.Argument(help="One or more destinations.")],
                      keep_extra: Annotated[bool, typer.Option(
                          "--keep-extra", help="Leave what SRC does not have (default: delete it).")] = False,
-                     concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, profile: ProfileOpt = None,
-                     queue: QueueOpt = None, verify: VerifyOpt = "store", wait: WaitOpt = False,
-                     as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
-                     broker: BrokerOpt = None) -> None:
+                     concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
+                     store_checksums: StoreSumOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
+                     verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
+                     quiet: QuietOpt = False, dry_run: DryOpt = False, broker: BrokerOpt = None) -> None:
     """Queue a DR replication: keep every DST equal to SRC (sync, then verify), recording when
     each was last proven equal; prints the job id."""
-    _submit({"kind": "replicate", "source": src, "destinations": dsts, "delete": not keep_extra,
-             "concurrency": concurrency, "chunk_size": chunk_size, "profile": profile, "queue": queue,
-             "verify": verify}, wait=wait, as_json=as_json, quiet=quiet, dry_run=dry_run, broker=broker)
+    options = dict(locals())
+    _submit(_fields("replicate", options, destinations=dsts, delete=not keep_extra), **_how(options))
+
+
+def _fields(kind: str, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    names = ("concurrency", "chunk_size", "store_checksums", "profile", "queue", "verify")
+    return {"kind": kind, "source": options["src"], **{n: options[n] for n in names}, **extra}
+
+
+def _how(options: dict[str, Any]) -> dict[str, Any]:
+    return {n: options[n] for n in ("wait", "as_json", "quiet", "dry_run", "broker")}
 
 
 # -- following a job ---------------------------------------------------------------------------

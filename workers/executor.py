@@ -344,6 +344,7 @@ class Service:
             # Not written yet. (A finalize re-run after writing it finds it and no previous one:
             # writing again would drop the entries the previous manifest carried over.)
             run_unit(ctx, {"op": "finalize"})
+            self.jobs.add_progress(job_id, {"units_done": 1})
         manifest_url = str(ctx.dst_root.join(manifests.MANIFEST))
         self.jobs.update(job_id, manifest=manifest_url)
         problems, summary = self._verify(spec, header.destination, settings)

@@ -45,6 +45,7 @@ class JobSpec(BaseModel):
     profile: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$")
     queue: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     verify: Literal["store", "deep", "none"] = "store"
+    store_checksums: Literal["require", "readback", "skip"] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -105,8 +106,8 @@ class JobSpec(BaseModel):
 
     def settings_overrides(self) -> dict[str, Any]:
         """What the spec changes in a worker's settings: transfer options, never credentials."""
-        transfer = {k: v for k, v in (("concurrency", self.concurrency), ("chunk_size", self.chunk_size))
-                    if v is not None}
+        transfer = {k: v for k, v in (("concurrency", self.concurrency), ("chunk_size", self.chunk_size),
+                                      ("store_checksums", self.store_checksums)) if v is not None}
         return {"transfer": transfer} if transfer else {}
 
     def for_destination(self, url: str) -> JobSpec:
