@@ -237,7 +237,7 @@ class _Extractor:
         finally:
             for f in pending:
                 f.cancel()
-        if shard.sha256 and shard.format == "tar":
+        if shard.sha256:
             view.hash_rest()
             if view.sha256 != shard.sha256:
                 raise IntegrityError(f"{shard.loc}: shard does not match its SHA-256 in the index")
