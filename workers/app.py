@@ -104,11 +104,23 @@ app.steps["worker"].add(Upkeep)
 _metrics_dir: str | None = None
 
 
+PRELOAD = ("bridge.engine", "bridge.ops", "bridge.check", "bridge.stores.local", "bridge.stores.s3",
+           "bridge.stores.gcs", "bridge.stores.azure")
+
+
 @signals.worker_init.connect
 def _before_pool(**_kwargs) -> None:
+    """Before the pool forks: metrics in multiprocess mode, and the engine and store SDKs imported
+    once here rather than in every pool process on its first task (about a second each)."""
     global _metrics_dir
     if settings.metrics_port:
         _metrics_dir = metrics.prepare()
+    import importlib
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:  # an extra that is not installed: its scheme fails when used
+            log.debug("not preloaded: %s (%s)", name, exc)
 
 
 @signals.worker_shutdown.connect

@@ -243,7 +243,7 @@ def _summary_line(jobs, record) -> str:
     return f"job {record.id} {record.state}"
 
 
-def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, interval: float = 0.5) -> int:
+def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, interval: float = 0.2) -> int:
     """Follow a job to its end with a progress bar (or state lines); 0 only if it succeeded."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
     from workers.jobs import TERMINAL
