@@ -220,7 +220,7 @@ def _put(ctx: JobContext, unit: dict) -> dict:
     if done and done["size"] == unit["size"]:
         ctx.progress.skipped(unit["size"])
         return done
-    data = ctx.retrying(lambda: ctx.src.read(ctx.src_loc(rel)))
+    data = ctx.dst.body(ctx.retrying(lambda: ctx.src.read(ctx.src_loc(rel))))
     if len(data) != unit["size"]:
         raise IntegrityError(f"{ctx.src_loc(rel)}: read {len(data)} bytes, planned {unit['size']}: "
                              f"the source changed during the copy")
@@ -244,7 +244,7 @@ def _part(ctx: JobContext, unit: dict) -> dict:
         upload_id, held = ctx.upload(unit)
         offset = (number - 1) * part_size
         length = min(part_size, unit["size"] - offset)
-        data = ctx.retrying(lambda: ctx.src.read(ctx.src_loc(rel), offset, length))
+        data = ctx.dst.body(ctx.retrying(lambda: ctx.src.read(ctx.src_loc(rel), offset, length)))
         if len(data) != length:
             raise IntegrityError(f"{ctx.src_loc(rel)}: short read at {offset}: the source changed")
         crc = crc_hex(crc32c(data))

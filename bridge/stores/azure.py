@@ -154,6 +154,9 @@ class AzureStore(Store):
             self._blob(loc).upload_blob(_as_bytes(data), overwrite=True, metadata=metadata,
                                         validate_content=self._validate)
 
+    def body(self, data: bytes | bytearray) -> bytes:
+        return _as_bytes(data)
+
     def delete(self, loc: Location) -> None:
         with _translate(loc, self.endpoint):
             self._blob(loc).delete_blob()

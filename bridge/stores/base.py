@@ -161,6 +161,11 @@ class Store(abc.ABC):
         """Unfinished uploads under ``prefix``: (location, upload_id)."""
         return iter(())
 
+    def body(self, data: bytes | bytearray) -> bytes | bytearray:
+        """The form this store sends a body in; called right after a read, so that a conversion
+        (a copy) does not live beside the original while the upload runs."""
+        return data
+
     # -- helpers --------------------------------------------------------------------------
     def walk(self, prefix: Location) -> Iterator[tuple[str, ObjectInfo]]:
         """(relative path, info) of every data object under ``prefix``, skipping ``_bridge/``."""

@@ -56,7 +56,7 @@ class LocalStore(Store):
                 dirnames.sort()
                 for name in sorted(filenames):
                     full = os.path.join(dirpath, name)
-                    if name.endswith(PARTIAL) or ".bridge-tmp-" in name or not os.path.isfile(full):
+                    if PARTIAL in name or ".bridge-tmp-" in name or not os.path.isfile(full):
                         continue
                     yield ObjectInfo(Location("file", "", full.lstrip("/")), os.stat(full).st_size)
 
