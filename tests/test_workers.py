@@ -344,7 +344,7 @@ def test_only_one_sweeper_sweeps_at_a_time(client, ws):
 
 def test_fan_out_keeps_each_multipart_file_whole_and_batches_small_ones():
     from bridge.engine import FilePlan, Plan
-    from workers.executor import fan_out
+    from workers.kinds import fan_out
     files = [FilePlan(f"s/{i:03d}", 1000) for i in range(130)] + [FilePlan("big1", 100, 10), FilePlan("big2", 300, 10)]
     plan = Plan("s3://a-a/", "gs://b-b/", None, files, [f"old/{i}" for i in range(3)], "key1")
     subs = fan_out(plan, batch_files=64, batch_bytes=10**9)

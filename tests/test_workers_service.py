@@ -329,3 +329,24 @@ schedules:
 
     status = service.cli("jobs", "status", dr_job.id)
     assert "proven equal" in status.stdout and "never" not in status.stdout, status.stdout
+
+
+def test_a_pack_job_writes_one_shard_per_task_and_unpacks_to_the_same_files(service, make_root, tmp_path):
+    src = tmp_path / "corpus"
+    hashes = write_tree(src, {}, small=120, small_size=2048)
+    dst = make_root("az")
+    service.worker("w1", concurrency=2).wait_ready()
+    result = service.cli("submit", "pack", f"{src}/", f"{dst}shards/", "--format", "tar", "--shard-size", "64KiB",
+                         "--wait", "--json")
+    assert result.returncode == 0, result.stderr + result.stdout
+    status = json.loads(result.stdout)
+    assert status["state"] == "succeeded" and status["verify"]["ok"], status["errors"]
+    shards = status["progress"]["tasks_total"]
+    assert shards >= 4 and status["progress"]["files_total"] == 120
+
+    out = tmp_path / "unpacked"
+    unpacked = service.cli("unpack", f"{dst}shards/", f"{out}/", "-q")
+    assert unpacked.returncode == 0, unpacked.stderr
+    got = {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+           for p in out.rglob("*") if p.is_file() and "_bridge" not in p.parts}
+    assert got == hashes

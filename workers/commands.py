@@ -1,4 +1,4 @@
-"""The service's commands: ``mcbridge worker|beat``, ``mcbridge submit cp|sync|replicate``,
+"""The service's commands: ``mcbridge worker|beat``, ``mcbridge submit cp|sync|replicate|pack``,
 ``mcbridge jobs list|status|watch|cancel``.
 
 ``bridge.cli`` imports this module at start and calls ``register(app)``; Celery, Redis and the
@@ -211,6 +211,25 @@ def submit_replicate(src: str, dsts: Annotated[list[str], typer.Argument(help="O
     _submit(_fields("replicate", options, destinations=dsts, delete=not keep_extra), **_how(options))
 
 
+def submit_pack(src: str, dst: str,
+                shard_format: Annotated[str, typer.Option("--format", "-f", help="tar (WebDataset) or parquet.")] = "tar",
+                shard_size: Annotated[str, typer.Option("--shard-size", help="Target shard size.")] = "256MiB",
+                max_count: Annotated[Optional[int], typer.Option("--max-count", min=1,
+                                                                 help="At most N files per shard.")] = None,
+                prefix: Annotated[str, typer.Option("--prefix", help="Shard names: PREFIX-000000.tar ...")] = "shard",
+                row_group_size: Annotated[Optional[str], typer.Option("--row-group-size",
+                                                                      help="Parquet: bytes per row group.")] = None,
+                concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
+                profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
+                wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
+                broker: BrokerOpt = None) -> None:
+    """Queue packing the files under SRC into shards at DST (as mcbridge pack), one task per
+    shard; prints the job id."""
+    options = dict(locals())
+    _submit(_fields("pack", options, destinations=[dst], shard_format=shard_format, shard_size=shard_size,
+                    max_count=max_count, shard_prefix=prefix, row_group_size=row_group_size), **_how(options))
+
+
 def _fields(kind: str, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
     names = ("concurrency", "chunk_size", "store_checksums", "profile", "queue", "verify")
     return {"kind": kind, "source": options["src"], **{n: options[n] for n in names}, **extra}
@@ -381,6 +400,7 @@ def register(app: typer.Typer) -> None:
     submit.command("cp")(submit_cp)
     submit.command("sync")(submit_sync)
     submit.command("replicate")(submit_replicate)
+    submit.command("pack")(submit_pack)
     app.add_typer(submit, name="submit")
     jobs = typer.Typer(no_args_is_help=True, help="Jobs queued for the workers: list, status, watch, cancel.")
     jobs.command("list")(jobs_list)

@@ -2,17 +2,17 @@
 the manifest when every task is done. Tasks are thin (workers/tasks.py); this is what they do.
 
     submit ──> bridge.plan ──> bridge.transfer x N ──(pending reaches 0)──> bridge.finalize
-               plan, prepare,   one multipart file, or a   manifest, verify,
-               fan out          batch of small files and   succeeded / failed
-                                deletions, on a thread
-                                pool in one process
+               plan, prepare,   one multipart file, a batch   manifest (and index), verify,
+               fan out          of small files, or a shard,   succeeded / failed
+                                on a thread pool in one
+                                process
 
 One multipart file stays in one task: its SHA-256 is fed in part order in one process
 (``OrderedSha256``), and its parts run on that task's thread pool. Small files go in batches of
 ``batch_files`` / ``batch_bytes`` so the few milliseconds a task costs are spread over many.
 Every finished unit is in the Redis journal, so a task run again after its worker died redoes
-only the units that were in flight. The same ``run_unit`` does the work here as in
-``ThreadExecutor`` in process: one code path, two executors.
+only the units that were in flight. What a unit is depends on the kind of job (workers/kinds.py);
+the units themselves are bridge's own, the same ones its in-process executors run.
 
 A task carries its job id and its slice of the plan; the worker loads settings (and the
 credentials in them) for the job's profile from its own environment.
@@ -40,32 +40,6 @@ from workers.specs import JobSpec, parse_spec
 log = logging.getLogger(__name__)
 
 PLAN, TRANSFER, FINALIZE, SCHEDULED = "bridge.plan", "bridge.transfer", "bridge.finalize", "bridge.scheduled"
-DELETES_PER_TASK = 500
-
-
-def fan_out(plan, batch_files: int, batch_bytes: int) -> list:
-    """Sub-plans, one per task: each multipart file alone (largest first, so the long tasks start
-    early), then small files in batches, then deletions in batches."""
-    from bridge.engine import Plan
-
-    def sub(files=(), deletions=()) -> Plan:
-        return Plan(plan.source, plan.destination, plan.single, list(files), list(deletions), plan.key)
-
-    large = sorted((f for f in plan.files if f.part_size), key=lambda f: -f.size)
-    out = [sub([f]) for f in large]
-    batch: list = []
-    size = 0
-    for f in (f for f in plan.files if not f.part_size):
-        if batch and (len(batch) >= batch_files or size + f.size > batch_bytes):
-            out.append(sub(batch))
-            batch, size = [], 0
-        batch.append(f)
-        size += f.size
-    if batch:
-        out.append(sub(batch))
-    for start in range(0, len(plan.deletions), DELETES_PER_TASK):
-        out.append(sub(deletions=plan.deletions[start:start + DELETES_PER_TASK]))
-    return out
 
 
 def route(ws: WorkerSettings, spec: JobSpec, destination: str | None = None) -> str:
@@ -273,48 +247,39 @@ class Service:
             self.send(finalize)
         return {"tasks": sent}
 
+    def kind(self, spec: JobSpec):
+        from workers.kinds import kind_for
+        return kind_for(spec, self.ws.batch_files, self.ws.batch_bytes)
+
     def _make_plan(self, job_id: str, spec: JobSpec) -> list[str]:
-        from bridge import ops
-        from bridge.engine import JobContext, Plan, plan_copy, prepare
-        settings = self.settings_for(spec)
-        chunk = settings.transfer.chunk_size
-        if spec.kind == "copy":
-            plan = plan_copy(spec.source, spec.destination, settings, chunk)
-        else:
-            plan, _reasons = ops.plan_sync(spec.source, spec.destination, settings, delete=spec.deletes,
-                                           chunk_size=chunk)
-        header = Plan(plan.source, plan.destination, plan.single, [], plan.deletions, plan.key)
-        prepare(JobContext(header, settings, self.journal(plan.key)))
-        subs = fan_out(plan, self.ws.batch_files, self.ws.batch_bytes)
-        tasks = [json.dumps([f"{job_id}.t{n}", sub.to_dict()]) for n, sub in enumerate(subs)]
+        planned = self.kind(spec).plan(spec, self.settings_for(spec), self.journal)
+        tasks = [json.dumps([f"{job_id}.t{n}", sub]) for n, sub in enumerate(planned.subs)]
         pipe = self.r.pipeline()  # one transaction: a job is fanned out entirely or not at all
         pipe.set(self.keys.job(job_id, "pending"), len(tasks))
         if tasks:
             pipe.rpush(self.keys.job(job_id, "tasks"), *tasks)
-        pipe.hset(self.keys.job(job_id), mapping={
-            "plan_key": plan.key, "plan": json.dumps(header.to_dict()), "bytes_total": plan.bytes,
-            "files_total": len(plan.files), "units_total": plan.unit_count(), "tasks_total": len(tasks)})
+        pipe.hset(self.keys.job(job_id), mapping={"plan_key": planned.key, "plan": json.dumps(planned.header),
+                                                  **planned.totals, "tasks_total": len(tasks)})
         pipe.execute()
         return tasks
 
+    def _header(self, job_id: str) -> dict:
+        return json.loads(self.r.hget(self.keys.job(job_id), "plan") or "null")
+
     def _transfer(self, lease: Lease, job_id: str, sub: dict) -> dict:
-        from bridge.engine import JobContext, Plan, ThreadExecutor
         from bridge.progress import Progress
         record, spec = self._record(job_id)
         if record is None or record.state in ("cancelled", "failed", "succeeded"):
             return {"skipped": record.state if record else "no such job"}
-        plan = Plan.from_dict(sub)
-        settings = self.settings_for(spec)
         progress = Progress()
         sink = ProgressSink(self.jobs, job_id, record.queue)
         progress.listeners.append(sink)
-        ctx = JobContext(plan, settings, self.journal(record.plan_key), progress)
         stop = StopCheck(self.jobs, job_id, lease)
-        outcome = ThreadExecutor(settings.transfer.concurrency).run(ctx, stop.units(plan.units()), final=None)
-        sink.close(progress, max_units=plan.unit_count() - 1)
-        if outcome.errors and not lease.lost.is_set():
-            self.jobs.add_errors(job_id, outcome.errors)
-        return {"ok": outcome.ok, "errors": len(outcome.errors), "stopped": stop(),
+        ran = self.kind(spec).run(sub, self.settings_for(spec), self.journal(record.plan_key), progress, stop.units)
+        sink.close(progress, max_units=ran.units)
+        if ran.errors and not lease.lost.is_set():
+            self.jobs.add_errors(job_id, ran.errors)
+        return {"ok": not ran.errors, "errors": len(ran.errors), "stopped": stop(),
                 "bytes": progress.bytes_done - progress.bytes_skipped}
 
     def _finalize(self, lease: Lease, job_id: str) -> dict:
@@ -334,20 +299,13 @@ class Service:
             if record and record.state == "cancelled":
                 self._discard(record, spec)
             return {"skipped": record.state if record else "no such job"}
-        from bridge import manifest as manifests
-        from bridge.engine import JobContext, Plan, run_unit
         settings = self.settings_for(spec)
-        header = Plan.from_dict(json.loads(self.r.hget(self.keys.job(job_id), "plan")))
-        ctx = JobContext(header, settings, self.journal(record.plan_key))
-        if manifests.read(ctx.dst, ctx.dst_root) is None or \
-                manifests.read(ctx.dst, ctx.dst_root, manifests.PREVIOUS) is not None:
-            # Not written yet. (A finalize re-run after writing it finds it and no previous one:
-            # writing again would drop the entries the previous manifest carried over.)
-            run_unit(ctx, {"op": "finalize"})
-            self.jobs.add_progress(job_id, {"units_done": 1})
-        manifest_url = str(ctx.dst_root.join(manifests.MANIFEST))
+        header = self._header(job_id)
+        manifest_url = self.kind(spec).commit(header, settings, self.journal(record.plan_key))
         self.jobs.update(job_id, manifest=manifest_url)
-        problems, summary = self._verify(spec, header.destination, settings)
+        self.jobs.add_progress(job_id, {"units_done": record.counters.get("units_total", 1)
+                                        - record.counters.get("units_done", 0)})
+        problems, summary = self._verify(spec, header["destination"], settings)
         self.jobs.update(job_id, verify=summary)
         if problems:
             self._end(job_id, "failed", problems)
@@ -375,21 +333,16 @@ class Service:
 
     def _discard(self, record: JobRecord, spec: JobSpec) -> None:
         """A cancelled job leaves no manifest and no unfinished uploads behind."""
-        if not record.plan_key:
+        header = self._header(record.id)
+        if not record.plan_key or header is None:
             return
-        from bridge.stores import get_store
-        from bridge.urls import parse
         journal = self.journal(record.plan_key)
-        header = json.loads(self.r.hget(self.keys.job(record.id), "plan") or "{}")
         try:
-            settings = self.settings_for(spec)
-            root = parse(header.get("destination") or spec.destination)
-            store = get_store(root, settings)
-            for key, upload in journal.items("upload:").items():
+            for store, loc, upload_id in self.kind(spec).leftovers(header, self.settings_for(spec), journal):
                 try:
-                    store.abort_upload(root.join(key[len("upload:"):]), upload["id"])
+                    store.abort_upload(loc, upload_id)
                 except BridgeError as exc:
-                    log.info("job %s: upload %s not aborted: %s", record.id, key, exc)
+                    log.info("job %s: upload to %s not aborted: %s", record.id, loc, exc)
         finally:
             journal.clear()
 

@@ -15,7 +15,8 @@ from bridge.config import parse_size
 from bridge.errors import BridgeError, InvalidOption
 from bridge.urls import Location, parse
 
-KINDS = ("copy", "sync", "replicate")
+KINDS = ("copy", "sync", "replicate", "pack")
+PACK_FIELDS = ("shard_format", "shard_size", "max_count", "shard_prefix", "row_group_size")
 VERIFY = ("store", "deep", "none")
 
 
@@ -36,7 +37,7 @@ def _inside(inner: Location, outer: Location) -> bool:
 class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["copy", "sync", "replicate"]
+    kind: Literal["copy", "sync", "replicate", "pack"]
     source: str
     destinations: list[str] = Field(min_length=1)
     delete: bool | None = None          # sync and replicate; replicate defaults to true
@@ -46,6 +47,12 @@ class JobSpec(BaseModel):
     queue: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     verify: Literal["store", "deep", "none"] = "store"
     store_checksums: Literal["require", "readback", "skip"] | None = None
+    # pack only: the shard set (bridge/packing)
+    shard_format: Literal["tar", "parquet"] | None = None
+    shard_size: int | None = None
+    max_count: int | None = Field(None, ge=1)
+    shard_prefix: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    row_group_size: int | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -70,7 +77,7 @@ class JobSpec(BaseModel):
             raise ValueError("a destination is listed twice")
         return out
 
-    @field_validator("chunk_size", mode="before")
+    @field_validator("chunk_size", "shard_size", "row_group_size", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
         if value is None:
@@ -84,8 +91,12 @@ class JobSpec(BaseModel):
     def _coherent(self) -> JobSpec:
         if self.kind != "replicate" and len(self.destinations) != 1:
             raise ValueError(f"a {self.kind} job has one destination; use replicate for several")
-        if self.kind == "copy" and self.delete:
-            raise ValueError("delete applies to sync and replicate, not copy")
+        if self.kind in ("copy", "pack") and self.delete:
+            raise ValueError(f"delete applies to sync and replicate, not {self.kind}")
+        if self.kind != "pack":
+            given = [name for name in PACK_FIELDS if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} applies to pack jobs only")
         src = parse(self.source)
         for url in self.destinations:
             dst = parse(url)

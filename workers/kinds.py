@@ -1,0 +1,178 @@
+"""What each kind of job plans, runs and commits, in terms of bridge's own units.
+
+    Files   copy and sync (bridge.engine): put / part / complete / delete units; a task is one
+            multipart file or a batch of small files and deletions
+    Shards  pack (bridge.packing.job): one task per shard; the index, then the manifest, last
+
+Each kind turns a spec into a header (what finalize needs, without the file lists) and sub-plans
+(one per task, JSON), runs one sub-plan with a thread pool, commits the header at the end, and
+names the unfinished uploads a cancelled job leaves. The executor (workers/executor.py) does the
+rest the same way for every kind. A replication has no work of its own: it starts one sync per
+destination.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from workers.specs import JobSpec
+
+
+@dataclass
+class Planned:
+    key: str                     # the plan's key: the journal's name
+    header: dict[str, Any]       # enough for commit() and leftovers()
+    subs: list[dict[str, Any]]   # one per task
+    totals: dict[str, int]       # bytes_total, files_total, units_total
+
+
+@dataclass
+class Ran:
+    errors: list[str]
+    units: int                   # units this task was given (the most it can count as done)
+
+
+DELETES_PER_TASK = 500
+
+
+def fan_out(plan, batch_files: int, batch_bytes: int) -> list:
+    """Sub-plans, one per task: each multipart file alone (largest first, so the long tasks start
+    early), then small files in batches, then deletions in batches."""
+    from bridge.engine import Plan
+
+    def sub(files=(), deletions=()) -> Plan:
+        return Plan(plan.source, plan.destination, plan.single, list(files), list(deletions), plan.key)
+
+    large = sorted((f for f in plan.files if f.part_size), key=lambda f: -f.size)
+    out = [sub([f]) for f in large]
+    batch: list = []
+    size = 0
+    for f in (f for f in plan.files if not f.part_size):
+        if batch and (len(batch) >= batch_files or size + f.size > batch_bytes):
+            out.append(sub(batch))
+            batch, size = [], 0
+        batch.append(f)
+        size += f.size
+    if batch:
+        out.append(sub(batch))
+    for start in range(0, len(plan.deletions), DELETES_PER_TASK):
+        out.append(sub(deletions=plan.deletions[start:start + DELETES_PER_TASK]))
+    return out
+
+
+def _manifest_written(store, root) -> bool:
+    """The manifest is there and nothing is kept aside: a finalize ran to the end already. (The
+    job's plan step removed any older manifest before a byte moved.) Writing it again would lose
+    the entries the kept-aside manifest carried over."""
+    from bridge import manifest as manifests
+    return manifests.read(store, root) is not None and manifests.read(store, root, manifests.PREVIOUS) is None
+
+
+class Files:
+    """copy and sync."""
+
+    def __init__(self, batch_files: int, batch_bytes: int):
+        self.batch_files, self.batch_bytes = batch_files, batch_bytes
+
+    def plan(self, spec: JobSpec, settings, journal_for: Callable[[str], Any]) -> Planned:
+        from bridge import ops
+        from bridge.engine import JobContext, Plan, plan_copy, prepare
+        chunk = settings.transfer.chunk_size
+        if spec.kind == "copy":
+            plan = plan_copy(spec.source, spec.destination, settings, chunk)
+        else:
+            plan, _reasons = ops.plan_sync(spec.source, spec.destination, settings, delete=spec.deletes,
+                                           chunk_size=chunk)
+        header = Plan(plan.source, plan.destination, plan.single, [], plan.deletions, plan.key)
+        prepare(JobContext(header, settings, journal_for(plan.key)))
+        subs = [sub.to_dict() for sub in fan_out(plan, self.batch_files, self.batch_bytes)]
+        return Planned(plan.key, header.to_dict(), subs, {"bytes_total": plan.bytes, "files_total": len(plan.files),
+                                                          "units_total": plan.unit_count()})
+
+    def run(self, sub: dict, settings, journal, progress, units: Callable[[Iterator[dict]], Iterator[dict]]) -> Ran:
+        from bridge.engine import JobContext, Plan, ThreadExecutor
+        plan = Plan.from_dict(sub)
+        ctx = JobContext(plan, settings, journal, progress)
+        outcome = ThreadExecutor(settings.transfer.concurrency).run(ctx, units(plan.units()), final=None)
+        return Ran(outcome.errors, plan.unit_count() - 1)
+
+    def commit(self, header: dict, settings, journal) -> str:
+        from bridge import manifest as manifests
+        from bridge.engine import JobContext, Plan, run_unit
+        ctx = JobContext(Plan.from_dict(header), settings, journal)
+        if not _manifest_written(ctx.dst, ctx.dst_root):
+            run_unit(ctx, {"op": "finalize"})
+        return str(ctx.dst_root.join(manifests.MANIFEST))
+
+    def leftovers(self, header: dict, settings, journal) -> Iterator[tuple[Any, Any, str]]:
+        """(store, location, upload id) of the uploads the job began."""
+        from bridge.stores import get_store
+        from bridge.urls import parse
+        root = parse(header["destination"])
+        store = get_store(root, settings)
+        for key, upload in journal.items("upload:").items():
+            yield store, root.join(key[len("upload:"):]), upload["id"]
+
+
+class Shards:
+    """pack: a shard set (WebDataset tar or Parquet) with its index."""
+
+    def plan(self, spec: JobSpec, settings, journal_for: Callable[[str], Any]) -> Planned:
+        from bridge.packing import job as packing
+        options = {"row_group_size": spec.row_group_size} if spec.row_group_size else {}
+        plan = packing.plan_pack(spec.source, spec.destination, settings, fmt=spec.shard_format or "tar",
+                                 prefix=spec.shard_prefix or "shard",
+                                 shard_size=spec.shard_size or packing.DEFAULT_SHARD_SIZE,
+                                 max_count=spec.max_count, options=options)
+        header = dataclasses.replace(plan, shards=[dataclasses.replace(s, files=[]) for s in plan.shards])
+        packing.prepare(packing.PackContext(header, settings, journal_for(plan.key)))
+        subs = [dataclasses.replace(plan, shards=[shard]).to_dict() for shard in plan.shards]
+        return Planned(plan.key, header.to_dict(), subs, {"bytes_total": plan.shard_bytes, "files_total": plan.files,
+                                                          "units_total": len(plan.shards) + 2})
+
+    def run(self, sub: dict, settings, journal, progress, units: Callable[[Iterator[dict]], Iterator[dict]]) -> Ran:
+        from bridge.errors import BridgeError
+        from bridge.packing import job as packing
+        plan = packing.PackPlan.from_dict(sub)
+        ctx = packing.PackContext(plan, settings, journal, progress)
+        errors: list[str] = []
+        try:
+            for unit in units(iter(plan.units())):
+                try:
+                    packing.run_unit(ctx, unit)
+                    progress.unit_finished(True)
+                except BridgeError as exc:
+                    progress.unit_finished(False)
+                    errors.append(str(exc))
+        finally:
+            ctx.close()
+        return Ran(errors, len(plan.shards))
+
+    def commit(self, header: dict, settings, journal) -> str:
+        from bridge import manifest as manifests
+        from bridge.packing import job as packing
+        ctx = packing.PackContext(packing.PackPlan.from_dict(header), settings, journal)
+        try:
+            if not _manifest_written(ctx.dst, ctx.dst_root):
+                packing.run_unit(ctx, {"op": "index"})
+                packing.run_unit(ctx, {"op": "finalize"})
+        finally:
+            ctx.close()
+        return str(ctx.dst_root.join(manifests.MANIFEST))
+
+    def leftovers(self, header: dict, settings, journal) -> Iterator[tuple[Any, Any, str]]:
+        from bridge.stores import get_store
+        from bridge.urls import parse
+        root = parse(header["destination"]).as_prefix()
+        store = get_store(root, settings)
+        shards = {str(root.join(s["name"])) for s in header["shards"]}
+        for loc, upload_id in list(store.list_uploads(root)):
+            if str(loc) in shards:
+                yield store, loc, upload_id
+
+
+def kind_for(spec: JobSpec, batch_files: int, batch_bytes: int) -> Files | Shards:
+    return Shards() if spec.kind == "pack" else Files(batch_files, batch_bytes)
