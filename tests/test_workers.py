@@ -340,6 +340,18 @@ def test_only_one_sweeper_sweeps_at_a_time(client, ws):
     assert len(published) == 1
 
 
+def test_a_task_whose_worker_keeps_dying_fails_its_job_instead_of_looping(client, ws, tmp_path):
+    from workers.executor import Service
+    sent = []
+    svc = Service(ws, client, sent.append)
+    job_id = svc.submit(parse_spec({"kind": "copy", "source": f"{tmp_path}/", "destination": f"{tmp_path}-copy/"}))
+    client.hset(svc.keys.job(job_id, "attempts"), f"{job_id}.plan", ws.max_attempts)
+    outcome = svc.run(sent[0])
+    assert "started 5 times without finishing" in outcome["error"]
+    record = svc.jobs.get(job_id)
+    assert record.state == "failed" and "giving up" in record.errors[0]
+
+
 # -- fan-out -------------------------------------------------------------------------------
 
 def test_fan_out_keeps_each_multipart_file_whole_and_batches_small_ones():

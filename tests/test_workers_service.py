@@ -188,6 +188,17 @@ def test_a_job_of_100_mb_and_300_small_files_between_two_emulators(service, emul
     listed = service.cli("jobs", "list", "--json")
     assert [job["id"] for job in json.loads(listed.stdout)] == [status["id"]]
 
+    # Credentials stay with the workers: not in Redis (records, tasks, results), not in a log.
+    from tests.emulators import AZURITE_KEY
+    for key in service.redis.scan_iter(match=f"{service.keys.namespace}:*"):
+        kind = service.redis.type(key)
+        dump = {"hash": service.redis.hgetall, "list": lambda k: service.redis.lrange(k, 0, -1),
+                "string": service.redis.get, "set": service.redis.smembers,
+                "zset": lambda k: service.redis.zrange(k, 0, -1)}[kind](key)
+        assert AZURITE_KEY[:20] not in json.dumps(dump, default=str), key
+    for worker in service.processes:
+        assert AZURITE_KEY[:20] not in worker.log_path.read_text()
+
 
 def test_a_worker_killed_with_sigkill_mid_job_costs_only_its_units_in_flight(service, emulator_for, make_root,
                                                                             tmp_path):

@@ -174,8 +174,12 @@ class Service:
             return {"skipped": got}
         step = {PLAN: self._plan, TRANSFER: self._transfer, FINALIZE: self._finalize}[ref.task]
         outcome: dict[str, Any]
+        attempts = self.r.hincrby(self.keys.job(ref.job, "attempts"), ref.id, 1)
         with lease.heartbeat():
             try:
+                if attempts > self.ws.max_attempts:
+                    raise BridgeError(f"task {ref.id} was started {attempts - 1} times without finishing (its "
+                                      f"worker died each time: out of memory?); giving up on it")
                 outcome = step(lease, *ref.args)
             except Exception as exc:
                 log.exception("task %s (%s of job %s) failed", ref.id, ref.task, ref.job)

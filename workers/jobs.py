@@ -197,7 +197,7 @@ class Jobs:
     def _expire(self, job_id: str) -> None:
         pipe = self.r.pipeline(transaction=False)
         for key in (self.keys.job(job_id), self.keys.job(job_id, "errors"), self.keys.job(job_id, "done"),
-                    self.keys.job(job_id, "pending")):
+                    self.keys.job(job_id, "pending"), self.keys.job(job_id, "attempts")):
             pipe.expire(key, self.ttl)
         pipe.delete(self.keys.job(job_id, "tasks"))
         pipe.execute()

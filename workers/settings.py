@@ -88,6 +88,10 @@ class WorkerSettings:
         "whose worker died runs again about lease + sweep after the last heartbeat.")
     sweep: float = _setting(
         "BRIDGE_SWEEP", 5.0, parse_duration, "How often workers look for expired leases.")
+    max_attempts: int = _setting(
+        "BRIDGE_MAX_ATTEMPTS", 5, int,
+        "A task whose worker dies this many times while running it (a crash it causes, such as "
+        "running out of memory) fails its job instead of being run again.")
     visibility_timeout: float = _setting(
         "BRIDGE_VISIBILITY_TIMEOUT", 12 * 3600.0, parse_duration,
         "Redis hands an unacknowledged message to another worker after this. Leases recover dead "
@@ -138,8 +142,8 @@ class WorkerSettings:
                 raise InvalidOption(f"{f.metadata['env']}={raw!r}: {exc}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)
-        if settings.lease <= 0 or settings.sweep <= 0:
-            raise InvalidOption("BRIDGE_LEASE and BRIDGE_SWEEP must be positive")
+        if settings.lease <= 0 or settings.sweep <= 0 or settings.max_attempts < 1:
+            raise InvalidOption("BRIDGE_LEASE, BRIDGE_SWEEP and BRIDGE_MAX_ATTEMPTS must be positive")
         if settings.visibility_timeout <= settings.lease:
             raise InvalidOption("BRIDGE_VISIBILITY_TIMEOUT must be longer than BRIDGE_LEASE")
         return settings
