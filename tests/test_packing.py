@@ -521,3 +521,26 @@ def test_commit_aborts_leftover_uploads_to_its_shards_only(tree, settings, tmp_p
     job.pack(f"{src}/", str(root), settings, shard_size=1024 * 1024, state_dir=tmp_path / "st")
     assert store.list_parts(root.join("shard-000000.tar"), mine) is None
     assert store.list_parts(root.join("other/ckpt.bin"), theirs) == {}
+
+
+def test_a_failed_part_stops_the_shard_and_drops_its_upload(settings, tmp_path, monkeypatch):
+    from bridge.errors import PermissionDenied
+    from bridge.packing.sink import StreamingUpload
+    store = get_store(parse("/"), settings)
+    original = type(store).upload_part
+
+    def refuse_second(self, loc, upload_id, number, offset, data, crc32c):
+        if number == 2:
+            raise PermissionDenied(f"{loc}: access denied (simulated)")
+        return original(self, loc, upload_id, number, offset, data, crc32c)
+
+    monkeypatch.setattr(type(store), "upload_part", refuse_second)
+    loc = parse(f"{tmp_path}/obj.bin")
+    sink = StreamingUpload(store, loc, part_size=1000, retries=3)
+    with pytest.raises(PermissionDenied):
+        for _ in range(10):
+            sink.write(os.urandom(700))
+        sink.close()
+    sink.abort()
+    assert list(store.list_uploads(parse(f"{tmp_path}/"))) == []
+    assert not (tmp_path / "obj.bin").exists()

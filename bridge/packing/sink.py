@@ -1,13 +1,15 @@
 """Write one object as its bytes are produced, without staging it on disk.
 
 Bytes collect in memory up to one part; the first full part starts a multipart upload and every
-later full part goes out as soon as it fills, so a writer holds at most about one part however
-big the object grows. An object that ends smaller than one part is sent in a single request.
-The object's size is not known when the upload begins, so stores get 0 as its size hint.
+later full part goes out as soon as it fills, on a thread of its own while the next one fills, so
+a writer holds about three parts at most (filling, being joined, in flight) however big the
+object grows. An object that ends smaller than one part is sent in a single request. Its size
+is not known when the upload begins, so stores get 0 as their size hint.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -62,6 +64,8 @@ class StreamingUpload:
         self._parts: list[PartRecord] = []
         self._sent = 0
         self._done = False
+        self._sender: cf.ThreadPoolExecutor | None = None   # one part goes out while the next fills
+        self._in_flight: cf.Future | None = None
 
     def _retrying(self, fn):
         return call_with_retries(fn, self.retries, on_retry=lambda _e: self.progress.retried())
@@ -94,18 +98,33 @@ class StreamingUpload:
         return self._sha.hexdigest()
 
     def _send_part(self, data: bytes) -> None:
-        n = len(data)
+        """Start sending one part once the previous one has arrived: at most one in flight."""
+        self._collect()
         if self._upload_id is None:
             self._upload_id = self._retrying(lambda: self.store.begin_upload(self.loc, 0))
+            self._sender = cf.ThreadPoolExecutor(1, thread_name_prefix="bridge-part")
         number, offset = len(self._parts) + 1, self._sent
+        self._sent += len(data)
+        self._in_flight = self._sender.submit(self._upload_part, number, offset, data)
+
+    def _upload_part(self, number: int, offset: int, data: bytes) -> PartRecord:
         crc = crc_hex(crc32c(data))
         record = self._retrying(lambda: self.store.upload_part(self.loc, self._upload_id, number, offset,
                                                                data, crc))
         if record.crc32c != crc:
             raise BridgeError(f"{self.loc}: part {number} stored with CRC32C {record.crc32c}, sent {crc}")
-        self._parts.append(record)
-        self._sent += n
-        self.progress.moved(n)
+        self.progress.moved(len(data))
+        return record
+
+    def _collect(self) -> None:
+        if self._in_flight is not None:
+            future, self._in_flight = self._in_flight, None
+            self._parts.append(future.result())
+
+    def _stop_sender(self) -> None:
+        if self._sender is not None:
+            self._sender.shutdown(wait=True)
+            self._sender = None
 
     def close(self) -> Written:
         """Finish the object; the store checks the whole object's CRC32C where it can."""
@@ -122,6 +141,8 @@ class StreamingUpload:
             return Written(len(data), crc, sha)
         if self._buffered:
             self._send_part(b"".join(self._chunks))
+        self._collect()
+        self._stop_sender()
         crc = crc_hex(combine_parts([(int(p.crc32c, 16), p.size) for p in self._parts]))
         self._retrying(lambda: self.store.complete_upload(self.loc, self._upload_id, self._parts, crc32c=crc,
                                                           metadata=_metadata(crc, sha)))
@@ -131,6 +152,8 @@ class StreamingUpload:
         """Drop what was sent; the error that led here is the one worth reporting."""
         self._done = True
         self._chunks.clear()
+        self._in_flight = None
+        self._stop_sender()   # the part in flight ends (or fails) before the upload is dropped
         if self._upload_id is not None:
             try:
                 self.store.abort_upload(self.loc, self._upload_id)

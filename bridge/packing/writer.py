@@ -70,7 +70,7 @@ class ShardFormat(abc.ABC):
         """A shard's size from the sum of ``file_size`` of its files."""
 
     def memory_per_writer(self, part_size: int) -> int:
-        return 2 * part_size + READ_AHEAD_BYTES
+        return 3 * part_size + READ_AHEAD_BYTES   # see sink.StreamingUpload
 
     @abc.abstractmethod
     def encoder(self, sink: StreamingUpload) -> ShardEncoder: ...
