@@ -36,14 +36,15 @@ configure(settings)
 
 
 def service():
-    """This process's ``Service`` (made on first use, so after the pool has forked)."""
+    """This process's ``Service``, made on first use in each process (a pool process forked
+    later must not share its parent's)."""
     global _service
-    if _service is None:
+    if _service is None or _service[0] != os.getpid():
         from workers.broker import publisher
         from workers.executor import Service
         from workers.keys import redis_client
-        _service = Service(settings, redis_client(settings.broker_url), publisher(app))
-    return _service
+        _service = (os.getpid(), Service(settings, redis_client(settings.broker_url), publisher(app)))
+    return _service[1]
 
 
 class Upkeep(bootsteps.StartStopStep):
