@@ -544,3 +544,15 @@ def test_a_failed_part_stops_the_shard_and_drops_its_upload(settings, tmp_path, 
     sink.abort()
     assert list(store.list_uploads(parse(f"{tmp_path}/"))) == []
     assert not (tmp_path / "obj.bin").exists()
+
+
+def test_unpack_from_the_index_url_and_pack_dry_run(tree, packed, settings, tmp_path):
+    src, files = tree
+    summary = unpack(str(packed["parquet"] / "shard.index.json"), f"{tmp_path / 'out'}/", settings)
+    assert summary["verified"] and read_back(tmp_path / "out") == files
+    r = mcbridge("pack", str(src), str(tmp_path / "dry"), "--shard-size", "1MiB", "--dry-run", "--json",
+                 env=dict(os.environ), state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["dry_run"] and plan["files"] == len(files) and plan["shards"] == len(plan["plan"]) > 1
+    assert not (tmp_path / "dry").exists()

@@ -26,7 +26,7 @@ from bridge.packing import index as indexes
 from bridge.packing import layout
 from bridge.packing.job import commit_manifest, demote_manifest
 from bridge.packing.layout import UnsafeMember
-from bridge.packing.reading import RangeFile
+from bridge.packing.reading import RangeFile, open_set
 from bridge.packing.sink import StreamingUpload, put_whole, stream_part_size
 from bridge.packing.writer import format_for_shard
 from bridge.progress import Progress
@@ -319,7 +319,6 @@ def unpack(source: str, destination: str, settings: Settings, *, prefix: str | N
     problems = _Problems()
     shard_set = None
     if src.key.endswith(".index.json"):
-        from bridge.packing.reading import open_set
         _store, shard_set = open_set(source, settings, prefix)
     elif src.is_prefix or not format_for_shard(src.key):
         shard_set = indexes.find(store, src.as_prefix(), prefix)
