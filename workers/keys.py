@@ -8,6 +8,7 @@ keys get the same prefix through kombu's ``global_keyprefix``::
     mcbridge:job:<id>:errors          list: the first errors, redacted
     mcbridge:job:<id>:done            set: ids of the job's tasks that finished
     mcbridge:job:<id>:pending         counter: transfer tasks not yet finished
+    mcbridge:job:<id>:attempts        hash: task id -> how many times it was started
     mcbridge:job:<id>:tasks           list: the fan-out, kept so a re-run planner re-sends it
     mcbridge:journal:<plan key>:<kind> hashes: the journal (workers/journal.py)
     mcbridge:lease:<task id>          string with a TTL: who runs that task (workers/leases.py)
