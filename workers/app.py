@@ -73,14 +73,19 @@ class Upkeep(bootsteps.StartStopStep):
                                                   if ref.job else None, metrics.task(ref.task, "requeued")))
         self.server = metrics.serve(settings.metrics_port, settings.metrics_addr)
 
+        from kombu.exceptions import OperationalError
+        from redis.exceptions import RedisError
+
         def loop() -> None:
             while True:
                 try:
                     svc.r.set(svc.keys.worker(worker.hostname), presence,
                               px=int(max(settings.sweep * 3, settings.lease) * 1000))
                     sweeper.sweep(lock_ttl=max(settings.sweep * 2, 5.0))
-                except Exception as exc:  # Redis away: keep the worker up, try again next round
+                except (RedisError, OperationalError, OSError) as exc:  # broker away: next round
                     log.warning("upkeep: %s", redact.redact(str(exc)))
+                except Exception:  # a bug must not stop the sweeping for good
+                    log.exception("upkeep failed; trying again in %ss", settings.sweep)
                 if self.stop_event.wait(settings.sweep):
                     return
 

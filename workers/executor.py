@@ -88,9 +88,10 @@ class ProgressSink:
             now["units_done"] = min(now["units_done"], max_units)
         delta = {name: now[name] - self.sent[name] for name in self.NAMES}
         self.sent, self.last = now, time.monotonic()
+        from redis.exceptions import RedisError
         try:
             self.jobs.add_progress(self.job_id, delta)
-        except Exception as exc:  # progress is best effort; the journal is what counts
+        except RedisError as exc:  # progress is best effort; the journal is what counts
             log.warning("job %s: progress not recorded: %s", self.job_id, exc)
         metrics.transfer(self.queue, moved=delta["bytes_done"] - delta["bytes_skipped"],
                          skipped=delta["bytes_skipped"], done=delta["units_done"],

@@ -176,11 +176,12 @@ class Lease:
         interval = self.leases.ttl / 3
 
         def beat() -> None:
+            from redis.exceptions import RedisError
             while not stop.wait(interval):
                 try:
                     if not self.renew():
                         return
-                except Exception as exc:  # Redis down: keep trying until the lease is really gone
+                except RedisError as exc:  # Redis away: keep trying; renew() notices a lost lease
                     log.warning("task %s: could not renew its lease: %s", self.ref.id, exc)
 
         thread = threading.Thread(target=beat, name=f"lease-{self.ref.id}", daemon=True)
