@@ -309,9 +309,10 @@ def _finalize(ctx: JobContext, unit: dict) -> dict:
     for key, entry in written.items():
         files[key[len("file:"):]] = FileEntry.from_dict(entry)
     extra = previous.extra if previous else {}
-    manifests.write(ctx.dst, root, Manifest(ctx.plan.source, ctx.plan.destination, files, extra=extra))
+    manifest = Manifest(ctx.plan.source, ctx.plan.destination, files, extra=extra)
+    ctx.retrying(lambda: manifests.write(ctx.dst, root, manifest))
     if previous:
-        ctx.dst.delete(root.join(manifests.PREVIOUS))
+        ctx.retrying(lambda: ctx.dst.delete(root.join(manifests.PREVIOUS)))
     # Unfinished uploads to the objects just written are leftovers of runs that were killed and
     # not resumed; uploads to other keys may belong to another job running now, and stay.
     targets = {str(ctx.dst_loc(key[len("file:"):])) for key in written}
@@ -406,8 +407,10 @@ class ThreadExecutor:
                 fill()
         if errors or stop.is_set():
             return Outcome(False, errors, {})
-        results = run_unit(ctx, final) if final else {}
-        ctx.progress.unit_finished(True)
+        results = {}
+        if final:
+            results = run_unit(ctx, final)
+            ctx.progress.unit_finished(True)
         return Outcome(True, [], results)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from bridge.config import Settings
 import concurrent.futures as cf
+import gc
 
 from bridge import manifest as manifests
 from bridge.check import mismatch, rehash, reported_crc32c
@@ -24,6 +25,14 @@ def journal_for(plan: Plan, state_dir: Path | None) -> FileJournal:
     return FileJournal((state_dir or default_state_dir()) / "journal" / f"{plan.key}.jsonl")
 
 
+def _quiet_gc() -> None:
+    """The SDKs leave ~10^6 long-lived objects (service models, clients) that the cyclic GC
+    would walk again and again during a transfer: a profile showed it as the largest single CPU
+    cost of a cloud-to-cloud copy. Freeze them out of its reach once the stores exist."""
+    gc.collect()
+    gc.freeze()
+
+
 def plan_summary(plan: Plan) -> dict[str, Any]:
     return {"source": plan.source, "destination": plan.destination, "files": len(plan.files),
             "bytes": plan.bytes, "units": plan.unit_count(),
@@ -38,6 +47,7 @@ def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
     progress = progress or Progress()
     journal = journal_for(plan, state_dir)
     ctx = JobContext(plan, settings, journal, progress)
+    _quiet_gc()
     progress.plan(plan.bytes, plan.unit_count())
     prepare(ctx)
     outcome = ThreadExecutor(settings.transfer.concurrency).run(
