@@ -27,25 +27,11 @@ import time
 import uuid
 from pathlib import Path
 
+from bench.bench_transfer import make_data
 from tests.emulators import MotoServer, RcloneS3, Redis
 from workers.testing import ServiceProcess, purge_namespace
 
 MiB = 1024 * 1024
-
-
-def make_data(root: Path, size_mib: int, files: int) -> tuple[Path, Path]:
-    big = root / "big" / "checkpoint.bin"
-    big.parent.mkdir(parents=True)
-    block = os.urandom(MiB)
-    with open(big, "wb") as f:
-        for i in range(size_mib):
-            f.write(block[i % 251:] + block[: i % 251])
-    small = root / "small"
-    for i in range(files):
-        d = small / f"{i // 500:03d}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / f"{i:06d}.bin").write_bytes(os.urandom(16 * 1024))
-    return big, small
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:

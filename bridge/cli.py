@@ -16,7 +16,7 @@ from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, TextColum
 from bridge import __version__
 from bridge.config import Settings, load_settings, parse_size
 from bridge.errors import BridgeError
-from bridge.progress import Progress
+from bridge.progress import Progress, human_bytes
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Move ML corpora and checkpoints between local/Lustre, s3://, gs:// and az://.")
@@ -82,14 +82,6 @@ def _emit(summary: dict, as_json: bool, line: str) -> None:
         out.print(line)
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
 @app.command()
 def ls(url: str, profile: ProfileOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """List objects under URL (recursively) with their sizes."""
@@ -115,8 +107,8 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
         return
     with _Bar(not quiet and not as_json) as progress:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress)
-    _emit(summary, as_json, f"copied {summary['files']} files, {_human(summary['bytes'])} in "
-          f"{summary['elapsed_s']:.1f}s ({_human(summary['rate_bytes_per_s'])}/s); "
+    _emit(summary, as_json, f"copied {summary['files']} files, {human_bytes(summary['bytes'])} in "
+          f"{summary['elapsed_s']:.1f}s ({human_bytes(summary['rate_bytes_per_s'])}/s); "
           f"manifest {summary['manifest']}")
 
 
@@ -141,7 +133,7 @@ def sync(src: str, dst: str, delete: Annotated[bool, typer.Option("--delete", he
     r = summary["reasons"]
     _emit(summary, as_json, f"sent {len(summary['sent'])} files ({r['new']} new, {r['changed']} changed, "
           f"{r['repaired']} repaired), {r['unchanged']} unchanged, deleted {len(summary['deleted'])}; "
-          f"{_human(summary['bytes'])} in {summary['elapsed_s']:.1f}s; manifest {summary['manifest']}")
+          f"{human_bytes(summary['bytes'])} in {summary['elapsed_s']:.1f}s; manifest {summary['manifest']}")
 
 
 @app.command()
@@ -163,7 +155,7 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
         for row in report["mismatched"]:
             out.print(f"mismatched  {row['path']}: {row['reason']}", markup=False)
         verdict = "OK" if report["ok"] else "FAILED"
-        out.print(f"{verdict}: {report['checked']} files, {_human(report['bytes'])} checked "
+        out.print(f"{verdict}: {report['checked']} files, {human_bytes(report['bytes'])} checked "
                   f"({'deep' if deep else 'store checksums'}) at {report['url']}; "
                   f"{len(report['missing'])} missing, {len(report['extra'])} extra, "
                   f"{len(report['mismatched'])} mismatched", markup=False)
@@ -176,11 +168,11 @@ def _print_plan(summary: dict, as_json: bool) -> None:
         out.print_json(json.dumps(summary))
         return
     for row in summary["plan"]:
-        parts = f"{row['parts']} parts of {_human(row['part_size'])}" if row["part_size"] else "1 request"
-        out.print(f"copy {row['path']}  {_human(row['size'])}  ({parts})", markup=False)
+        parts = f"{row['parts']} parts of {human_bytes(row['part_size'])}" if row["part_size"] else "1 request"
+        out.print(f"copy {row['path']}  {human_bytes(row['size'])}  ({parts})", markup=False)
     for rel in summary.get("delete", []):
         out.print(f"delete {rel}", markup=False)
-    out.print(f"would copy {summary['files']} files, {_human(summary['bytes'])} from {summary['source']} "
+    out.print(f"would copy {summary['files']} files, {human_bytes(summary['bytes'])} from {summary['source']} "
               f"to {summary['destination']} in {summary['units']} units", markup=False)
 
 

@@ -76,3 +76,12 @@ class Progress:
                 "units_done": self.units_done, "units_failed": self.units_failed,
                 "files_done": self.files_done, "retries": self.retries,
                 "elapsed_s": round(self.elapsed, 3), "rate_bytes_per_s": round(self.rate)}
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)

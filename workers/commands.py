@@ -18,6 +18,8 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
+from bridge.progress import human_bytes
+
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False, soft_wrap=True)
 
@@ -70,14 +72,6 @@ def _jobs(ws):
     from workers.jobs import Jobs
     from workers.keys import Keys
     return Jobs(_connect(ws), Keys(ws.namespace), ws.job_ttl)
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
 
 
 # -- worker and beat -----------------------------------------------------------------------------
@@ -252,8 +246,8 @@ def _summary_line(jobs, record) -> str:
     t = _totals(jobs, record)
     if record.state == "succeeded":
         moved = t["bytes_done"] - t["bytes_skipped"]
-        line = (f"job {record.id} succeeded: {t['files_total']} files, {_human(t['bytes_total'])} "
-                f"({_human(moved)} sent) in {record.elapsed:.1f}s")
+        line = (f"job {record.id} succeeded: {t['files_total']} files, {human_bytes(t['bytes_total'])} "
+                f"({human_bytes(moved)} sent) in {record.elapsed:.1f}s")
         return line + (f"; manifest {record.manifest}" if record.manifest else "")
     if record.state == "failed":
         first = record.errors[0] if record.errors else "see mcbridge jobs status"
@@ -329,7 +323,7 @@ def jobs_list(state: Annotated[Optional[str], typer.Option("--state", help="Only
     for r in records:
         t = _totals(jobs, r)
         pct = f"{100 * min(t['bytes_done'], t['bytes_total']) / t['bytes_total']:.0f}%" if t["bytes_total"] else "-"
-        progress = f"{_human(min(t['bytes_done'], t['bytes_total']))} {pct}"
+        progress = f"{human_bytes(min(t['bytes_done'], t['bytes_total']))} {pct}"
         route = f"{r.spec['source']} -> {', '.join(r.spec['destinations'])}"
         tag = f" [{r.schedule}]" if r.schedule else ""
         out.print(f"{r.id:<14} {r.kind:<9} {r.state:<10} {progress:>22} {r.to_dict()['created']:<20} "
@@ -354,9 +348,9 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
              f"  queue        {record.queue}" + (f"  profile {record.spec['profile']}" if record.spec.get("profile") else ""),
              f"  created      {doc['created']}  started {doc['started'] or '-'}  finished {doc['finished'] or '-'}"]
     pct = f" ({100 * min(t['bytes_done'], t['bytes_total']) / t['bytes_total']:.0f}%)" if t["bytes_total"] else ""
-    lines.append(f"  progress     {_human(min(t['bytes_done'], t['bytes_total']))} of {_human(t['bytes_total'])}{pct}, "
+    lines.append(f"  progress     {human_bytes(min(t['bytes_done'], t['bytes_total']))} of {human_bytes(t['bytes_total'])}{pct}, "
                  f"{t['files_done']}/{t['files_total']} files, {t['tasks_done']}/{t['tasks_total']} tasks, "
-                 f"{_human(p['rate_bytes_per_s'])}/s")
+                 f"{human_bytes(p['rate_bytes_per_s'])}/s")
     lines.append(f"  recovery     {p['retries']} retried requests, {p['requeued']} tasks requeued from lost workers")
     if record.manifest:
         lines.append(f"  manifest     {record.manifest}")

@@ -10,7 +10,8 @@ from typing import Annotated, Optional
 import typer
 
 from bridge.cli import (ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, ProfileOpt, QuietOpt, StoreSumOpt, _Bar,
-                        _emit, _human, _print_plan, _settings, out)
+                        _emit, _print_plan, _settings, out)
+from bridge.progress import human_bytes as _human
 from bridge.config import parse_size
 
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Shard format: tar (WebDataset) or parquet.")]
