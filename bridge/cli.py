@@ -177,6 +177,21 @@ def _print_plan(summary: dict, as_json: bool) -> None:
 
 
 @app.command()
+def uploads(url: str, abort: Annotated[bool, typer.Option("--abort", help="Abort them.")] = False,
+            as_json: JsonOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+    """List (or --abort) the unfinished multipart uploads under URL that killed copies left behind.
+    A copy aborts the leftovers of the objects it writes by itself."""
+    from bridge import ops
+    rows = ops.uploads(url, _settings(profile, config), abort=abort)
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    for row in rows:
+        out.print(f"{'aborted' if abort else 'unfinished'}  {row['object']}  ({row['upload_id']})", markup=False)
+    out.print(f"{len(rows)} unfinished uploads{' aborted' if abort else ''} under {url}", markup=False)
+
+
+@app.command()
 def version() -> None:
     """Print bridge's version."""
     out.print(__version__)

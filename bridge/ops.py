@@ -174,3 +174,17 @@ def sync(source: str, destination: str, settings: Settings, *, delete: bool = Fa
         return {"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts}
     summary = execute(plan, settings, progress, state_dir)
     return {**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions}
+
+
+def uploads(url: str, settings: Settings, *, abort: bool = False) -> list[dict[str, Any]]:
+    """Unfinished multipart uploads under ``url`` (left by copies that were killed and never run
+    again); with ``abort``, remove them."""
+    root = parse(url).as_prefix()
+    store = get_store(root, settings)
+    store.check_bucket(root)
+    rows = []
+    for loc, upload_id in list(store.list_uploads(root)):
+        if abort:
+            store.abort_upload(loc, upload_id)
+        rows.append({"object": str(loc), "upload_id": upload_id, "aborted": abort})
+    return rows

@@ -199,3 +199,17 @@ def test_dry_run_moves_nothing(tmp_path, emulator_env):
     assert r.returncode == 0, r.stderr
     assert "big/weights.bin" in r.stdout and "3 parts" in r.stdout and "would copy 24 files" in r.stdout
     assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "local"])
+def test_abandoned_uploads_are_listed_and_aborted(scheme, make_root, emulator_env, tmp_path):
+    root = make_root(scheme)
+    settings = settings_for(emulator_env)
+    store = get_store(parse(root), settings)
+    loc = parse(root + "abandoned/ckpt.bin")
+    upload = store.begin_upload(loc, 6 * MiB)
+    store.upload_part(loc, upload, 1, 0, b"x" * (5 * MiB), crc_hex(crc32c(b"x" * (5 * MiB))))
+    listed = mcbridge("uploads", root, "--json", env=emulator_env, state_dir=tmp_path)
+    assert [r["object"] for r in json.loads(listed.stdout)] == [str(loc)]
+    assert mcbridge("uploads", root, "--abort", env=emulator_env, state_dir=tmp_path).returncode == 0
+    assert list(store.list_uploads(parse(root))) == []
