@@ -556,3 +556,36 @@ def test_unpack_from_the_index_url_and_pack_dry_run(tree, packed, settings, tmp_
     plan = json.loads(r.stdout)
     assert plan["dry_run"] and plan["files"] == len(files) and plan["shards"] == len(plan["plan"]) > 1
     assert not (tmp_path / "dry").exists()
+
+
+def test_shards_are_written_in_parallel_within_the_memory_budget(tree, tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from bridge.packing import writer
+    src, _files = tree
+    settings = settings_for(dict(os.environ), concurrency=4)
+    running, peak, lock = [0], [0], threading.Lock()
+    original = writer.ShardWriter.write
+
+    def tracked(self, name, files):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.05)
+        try:
+            return original(self, name, files)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(writer.ShardWriter, "write", tracked)
+    plan = job.plan_pack(f"{src}/", f"{tmp_path / 'a'}/", settings, shard_size=128 * 1024)
+    assert len(plan.shards) >= 8
+    job.execute(plan, settings, state_dir=tmp_path / "st")
+    assert peak[0] == 4                                   # the concurrency setting
+    per_writer = job.get_format("tar").memory_per_writer(plan.part_size)
+    peak[0] = 0
+    plan = job.plan_pack(f"{src}/", f"{tmp_path / 'b'}/", settings, shard_size=128 * 1024)
+    job.execute(plan, settings, state_dir=tmp_path / "st", memory=2 * per_writer)
+    assert peak[0] == 2                                   # the memory budget
