@@ -11,8 +11,8 @@ import typer
 
 from bridge.cli import (ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, ProfileOpt, QuietOpt, StoreSumOpt, _Bar,
                         _emit, _print_plan, _settings, out)
-from bridge.progress import human_bytes as _human
 from bridge.config import parse_size
+from bridge.progress import human_bytes
 
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Shard format: tar (WebDataset) or parquet.")]
 PackOpt = Annotated[Optional[str], typer.Option("--pack", help="Pack into shards on the way: tar or parquet "
@@ -47,14 +47,14 @@ def _pack(src: str, dst: str, fmt: str, shard_size: str, max_count: int | None, 
             _emit(summary, True, "")
             return
         for row in summary["plan"]:
-            out.print(f"shard {row['shard']}  {row['files']} files  {_human(row['size'])}", markup=False)
-        out.print(f"would pack {summary['files']} files, {_human(summary['bytes'])} from {summary['source']} "
+            out.print(f"shard {row['shard']}  {row['files']} files  {human_bytes(row['size'])}", markup=False)
+        out.print(f"would pack {summary['files']} files, {human_bytes(summary['bytes'])} from {summary['source']} "
                   f"into {summary['shards']} {summary['format']} shards at {summary['destination']}", markup=False)
         return
     with _Bar(not quiet and not as_json) as progress:
         summary = job.pack(src, dst, settings, progress=progress, **kwargs)
-    _emit(summary, as_json, f"packed {summary['files']} files, {_human(summary['bytes'])} into "
-          f"{summary['shards']} {summary['format']} shards ({_human(summary['shard_bytes'])}) in "
+    _emit(summary, as_json, f"packed {summary['files']} files, {human_bytes(summary['bytes'])} into "
+          f"{summary['shards']} {summary['format']} shards ({human_bytes(summary['shard_bytes'])}) in "
           f"{summary['elapsed_s']:.1f}s; index {summary['index']}; manifest {summary['manifest']}")
 
 
@@ -86,7 +86,7 @@ def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSi
         return
     with _Bar(not quiet and not as_json) as progress:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress)
-    _emit(summary, as_json, f"migrated {summary['files']} files, {_human(summary['bytes'])} in "
+    _emit(summary, as_json, f"migrated {summary['files']} files, {human_bytes(summary['bytes'])} in "
           f"{summary['elapsed_s']:.1f}s; manifest {summary['manifest']}")
 
 
@@ -101,7 +101,7 @@ def unpack(src: str, dst: str, prefix: SetPrefixOpt = None, concurrency: ConcOpt
         summary = run(src, dst, settings, prefix=prefix, progress=progress)
     checked = "every file checked against the index" if summary["verified"] else \
         "no index: file hashes not checked"
-    _emit(summary, as_json, f"unpacked {summary['files']} files, {_human(summary['bytes'])} from "
+    _emit(summary, as_json, f"unpacked {summary['files']} files, {human_bytes(summary['bytes'])} from "
           f"{summary['shards']} shards in {summary['elapsed_s']:.1f}s ({checked}); manifest {summary['manifest']}")
 
 
