@@ -37,7 +37,7 @@ DryOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan; move no
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 
 
-def _settings(profile: str | None, config: Path | None, concurrency: int | None = None,
+def settings_from_flags(profile: str | None, config: Path | None, concurrency: int | None = None,
               chunk_size: str | None = None, store_checksums: str | None = None) -> Settings:
     transfer: dict[str, Any] = {}
     if store_checksums:
@@ -49,7 +49,7 @@ def _settings(profile: str | None, config: Path | None, concurrency: int | None 
     return load_settings({"transfer": transfer}, profile=profile, config_path=config)
 
 
-class _Bar:
+class ProgressBar:
     """A rich progress bar fed by the job's Progress object."""
 
     def __init__(self, enabled: bool):
@@ -75,7 +75,7 @@ class _Bar:
             self.bar.stop()
 
 
-def _emit(summary: dict, as_json: bool, line: str) -> None:
+def emit(summary: dict, as_json: bool, line: str) -> None:
     if as_json:
         out.print_json(json.dumps(summary, default=str))
     else:
@@ -86,7 +86,7 @@ def _emit(summary: dict, as_json: bool, line: str) -> None:
 def ls(url: str, profile: ProfileOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """List objects under URL (recursively) with their sizes."""
     from bridge import ops
-    rows = ops.ls(url, _settings(profile, config))
+    rows = ops.ls(url, settings_from_flags(profile, config))
     if as_json:
         out.print_json(json.dumps(rows))
         return
@@ -100,14 +100,14 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
        profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Copy SRC to DST: one object, or every object under a directory or prefix (trailing slash)."""
     from bridge import ops
-    settings = _settings(profile, config, concurrency, chunk_size, store_checksums)
+    settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums)
     if dry_run:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True)
-        _print_plan(summary, as_json)
+        print_plan(summary, as_json)
         return
-    with _Bar(not quiet and not as_json) as progress:
+    with ProgressBar(not quiet and not as_json) as progress:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress)
-    _emit(summary, as_json, f"copied {summary['files']} files, {human_bytes(summary['bytes'])} in "
+    emit(summary, as_json, f"copied {summary['files']} files, {human_bytes(summary['bytes'])} in "
           f"{summary['elapsed_s']:.1f}s ({human_bytes(summary['rate_bytes_per_s'])}/s); "
           f"manifest {summary['manifest']}")
 
@@ -121,17 +121,17 @@ def sync(src: str, dst: str, delete: Annotated[bool, typer.Option("--delete", he
     """Make DST equal to SRC: send what is new or changed (by size and checksum, not time), repair
     what no longer matches the manifest, and with --delete remove what SRC no longer has."""
     from bridge import ops
-    settings = _settings(profile, config, concurrency, chunk_size, store_checksums)
+    settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums)
     if dry_run:
         summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
                            dry_run=True)
-        _print_plan(summary, as_json)
+        print_plan(summary, as_json)
         return
-    with _Bar(not quiet and not as_json) as progress:
+    with ProgressBar(not quiet and not as_json) as progress:
         summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
                            progress=progress)
     r = summary["reasons"]
-    _emit(summary, as_json, f"sent {len(summary['sent'])} files ({r['new']} new, {r['changed']} changed, "
+    emit(summary, as_json, f"sent {len(summary['sent'])} files ({r['new']} new, {r['changed']} changed, "
           f"{r['repaired']} repaired), {r['unchanged']} unchanged, deleted {len(summary['deleted'])}; "
           f"{human_bytes(summary['bytes'])} in {summary['elapsed_s']:.1f}s; manifest {summary['manifest']}")
 
@@ -144,7 +144,7 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
     """Check every object under URL against its manifest; exit 1 naming each missing, extra or
     mismatched file."""
     from bridge import ops
-    report = ops.verify(url, _settings(profile, config, concurrency), deep=deep)
+    report = ops.verify(url, settings_from_flags(profile, config, concurrency), deep=deep)
     if as_json:
         out.print_json(json.dumps(report))
     else:
@@ -154,6 +154,11 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
             out.print(f"extra       {path}", markup=False)
         for row in report["mismatched"]:
             out.print(f"mismatched  {row['path']}: {row['reason']}", markup=False)
+        for shard_set in report["shard_sets"]:
+            for problem in shard_set["problems"]:
+                out.print(f"shard set   {shard_set['index']}: {problem}", markup=False)
+            if shard_set["ok"]:
+                out.print(f"shard set   {shard_set['index']}: intact", markup=False)
         verdict = "OK" if report["ok"] else "FAILED"
         out.print(f"{verdict}: {report['checked']} files, {human_bytes(report['bytes'])} checked "
                   f"({'deep' if deep else 'store checksums'}) at {report['url']}; "
@@ -163,7 +168,7 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
         raise typer.Exit(1)
 
 
-def _print_plan(summary: dict, as_json: bool) -> None:
+def print_plan(summary: dict, as_json: bool) -> None:
     if as_json:
         out.print_json(json.dumps(summary))
         return
@@ -182,7 +187,7 @@ def uploads(url: str, abort: Annotated[bool, typer.Option("--abort", help="Abort
     """List (or --abort) the unfinished multipart uploads under URL that killed copies left behind.
     A copy aborts the leftovers of the objects it writes by itself."""
     from bridge import ops
-    rows = ops.uploads(url, _settings(profile, config), abort=abort)
+    rows = ops.uploads(url, settings_from_flags(profile, config), abort=abort)
     if as_json:
         out.print_json(json.dumps(rows))
         return

@@ -24,7 +24,7 @@ from typing import Any
 from bridge import manifest as manifests
 from bridge.config import Settings
 from bridge.errors import (AuthError, BridgeError, BucketNotFound, IntegrityError, InvalidOption,
-                           ObjectNotFound, TransferFailed)
+                           ObjectNotFound)
 from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex
 from bridge.journal import Journal, job_key
 from bridge.manifest import FileEntry, Manifest

@@ -15,6 +15,7 @@
      │    └── EndpointUnreachable   nothing answered at the endpoint
      ├── IntegrityError             bytes do not match their recorded hash (never retried)
      ├── ManifestError              no manifest, or one that cannot be read
+     ├── UnsafeMember               a shard member that must not be unpacked (absolute, .., link)
      └── TransferFailed             a job ended with failed units
 
 The original provider exception is kept as ``__cause__``.
@@ -81,6 +82,10 @@ class IntegrityError(BridgeError):
 
 class ManifestError(BridgeError):
     pass
+
+
+class UnsafeMember(BridgeError):
+    """A shard holds a member that must not be restored: absolute, climbing out, a link or device."""
 
 
 class TransferFailed(BridgeError):

@@ -79,7 +79,6 @@ def ls(url: str, settings: Settings) -> list[dict[str, Any]]:
     store = get_store(loc, settings)
     store.check_bucket(loc)
     if not loc.is_prefix:
-        from bridge.errors import ObjectNotFound
         try:
             info = store.info(loc)
             return [{"path": info.location.name, "size": info.size}]
@@ -87,7 +86,6 @@ def ls(url: str, settings: Settings) -> list[dict[str, Any]]:
             loc = loc.as_prefix()
     rows = [{"path": rel, "size": info.size} for rel, info in store.walk(loc)]
     if not rows and not (loc.is_local and Path(loc.local_path).is_dir()):
-        from bridge.errors import ObjectNotFound
         raise ObjectNotFound(f"{loc}: nothing there")
     return sorted(rows, key=lambda r: r["path"])
 
@@ -113,10 +111,16 @@ def verify(url: str, settings: Settings, *, deep: bool = False) -> dict[str, Any
             reason = fut.result()
             if reason:
                 mismatched.append({"path": path, "reason": reason})
-    ok = not (missing or extra or mismatched)
+    shard_sets = []
+    for prefix, entry in sorted(manifest.extra.get("shard_sets", {}).items()):
+        from bridge.packing import index  # only manifests of packed corpora name shard sets
+        problems = list(index.check(store, root, entry, deep=deep))
+        shard_sets.append({"prefix": prefix, "index": entry.get("index"), "ok": not problems,
+                           "problems": problems})
+    ok = not (missing or extra or mismatched) and all(s["ok"] for s in shard_sets)
     return {"url": str(root), "ok": ok, "deep": deep, "checked": len(manifest.files),
             "bytes": manifest.totals()["bytes"], "missing": missing, "extra": extra,
-            "mismatched": mismatched}
+            "mismatched": mismatched, "shard_sets": shard_sets}
 
 
 def _source_crc32c(store, info) -> str:

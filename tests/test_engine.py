@@ -112,7 +112,7 @@ def test_verify_lists_missing_and_extra(tmp_path, emulator_env):
 def _moto_part_puts(moto, key: str) -> int:
     """UploadPart requests for ``key`` in moto's request log so far."""
     text = moto.log_path.read_text(errors="replace")
-    return sum(1 for line in text.splitlines() if f"PUT /" in line and key in line and "partNumber=" in line)
+    return sum(1 for line in text.splitlines() if "PUT /" in line and key in line and "partNumber=" in line)
 
 
 def _journaled_parts(state: Path) -> int:

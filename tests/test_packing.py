@@ -589,3 +589,22 @@ def test_shards_are_written_in_parallel_within_the_memory_budget(tree, tmp_path,
     plan = job.plan_pack(f"{src}/", f"{tmp_path / 'b'}/", settings, shard_size=128 * 1024)
     job.execute(plan, settings, state_dir=tmp_path / "st", memory=2 * per_writer)
     assert peak[0] == 2                                   # the memory budget
+
+
+def test_verify_checks_the_shard_set_through_its_index(tree, settings, tmp_path):
+    src, _files = tree
+    root = tmp_path / "set"
+    job.pack(f"{src}/", f"{root}/", settings, shard_size=512 * 1024, state_dir=tmp_path / "state")
+    good = mcbridge("verify", str(root), "--deep", "--json", env=dict(os.environ), state_dir=tmp_path)
+    assert good.returncode == 0, good.stdout + good.stderr
+    sets = json.loads(good.stdout)["shard_sets"]
+    assert [(s["index"], s["ok"]) for s in sets] == [("shard.index.json", True)]
+    shard = root / "shard-000001.tar"
+    body = bytearray(shard.read_bytes())
+    body[1000] ^= 0xFF
+    shard.write_bytes(bytes(body))
+    bad = mcbridge("verify", str(root), "--deep", "--json", env=dict(os.environ), state_dir=tmp_path)
+    assert bad.returncode == 1
+    report = json.loads(bad.stdout)
+    assert [m["path"] for m in report["mismatched"]] == ["shard-000001.tar"]
+    assert any("shard-000001.tar" in p for p in report["shard_sets"][0]["problems"])

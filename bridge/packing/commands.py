@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from bridge.cli import (ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, ProfileOpt, QuietOpt, StoreSumOpt, _Bar,
-                        _emit, _print_plan, _settings, out)
+from bridge.cli import (ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, ProfileOpt, QuietOpt, StoreSumOpt, ProgressBar,
+                        emit, print_plan, settings_from_flags, out)
 from bridge.config import parse_size
 from bridge.progress import human_bytes
 
@@ -37,23 +37,23 @@ def _pack(src: str, dst: str, fmt: str, shard_size: str, max_count: int | None, 
           store_checksums: str | None, dry_run: bool, as_json: bool, quiet: bool, profile: str | None,
           config: Path | None) -> None:
     from bridge.packing import job
-    settings = _settings(profile, config, concurrency, chunk_size, store_checksums)
+    settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums)
     options = {"row_group_size": parse_size(row_group_size)} if row_group_size else {}
     kwargs = dict(fmt=fmt, prefix=prefix, shard_size=parse_size(shard_size), max_count=max_count,
                   options=options, memory=parse_size(memory))
     if dry_run:
         summary = job.pack(src, dst, settings, dry_run=True, **kwargs)
         if as_json:
-            _emit(summary, True, "")
+            emit(summary, True, "")
             return
         for row in summary["plan"]:
             out.print(f"shard {row['shard']}  {row['files']} files  {human_bytes(row['size'])}", markup=False)
         out.print(f"would pack {summary['files']} files, {human_bytes(summary['bytes'])} from {summary['source']} "
                   f"into {summary['shards']} {summary['format']} shards at {summary['destination']}", markup=False)
         return
-    with _Bar(not quiet and not as_json) as progress:
+    with ProgressBar(not quiet and not as_json) as progress:
         summary = job.pack(src, dst, settings, progress=progress, **kwargs)
-    _emit(summary, as_json, f"packed {summary['files']} files, {human_bytes(summary['bytes'])} into "
+    emit(summary, as_json, f"packed {summary['files']} files, {human_bytes(summary['bytes'])} into "
           f"{summary['shards']} {summary['format']} shards ({human_bytes(summary['shard_bytes'])}) in "
           f"{summary['elapsed_s']:.1f}s; index {summary['index']}; manifest {summary['manifest']}")
 
@@ -80,13 +80,13 @@ def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSi
               chunk_size, store_checksums, dry_run, as_json, quiet, profile, config)
         return
     from bridge import ops
-    settings = _settings(profile, config, concurrency, chunk_size, store_checksums)
+    settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums)
     if dry_run:
-        _print_plan(ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True), as_json)
+        print_plan(ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True), as_json)
         return
-    with _Bar(not quiet and not as_json) as progress:
+    with ProgressBar(not quiet and not as_json) as progress:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress)
-    _emit(summary, as_json, f"migrated {summary['files']} files, {human_bytes(summary['bytes'])} in "
+    emit(summary, as_json, f"migrated {summary['files']} files, {human_bytes(summary['bytes'])} in "
           f"{summary['elapsed_s']:.1f}s; manifest {summary['manifest']}")
 
 
@@ -96,12 +96,12 @@ def unpack(src: str, dst: str, prefix: SetPrefixOpt = None, concurrency: ConcOpt
     """Restore the files packed at SRC (a shard set, its .index.json, or .tar/.parquet shards)
     into DST, checking every file against its hash; unsafe members stop it before any write."""
     from bridge.packing.unpack import unpack as run
-    settings = _settings(profile, config, concurrency)
-    with _Bar(not quiet and not as_json) as progress:
+    settings = settings_from_flags(profile, config, concurrency)
+    with ProgressBar(not quiet and not as_json) as progress:
         summary = run(src, dst, settings, prefix=prefix, progress=progress)
     checked = "every file checked against the index" if summary["verified"] else \
         "no index: file hashes not checked"
-    _emit(summary, as_json, f"unpacked {summary['files']} files, {human_bytes(summary['bytes'])} from "
+    emit(summary, as_json, f"unpacked {summary['files']} files, {human_bytes(summary['bytes'])} from "
           f"{summary['shards']} shards in {summary['elapsed_s']:.1f}s ({checked}); manifest {summary['manifest']}")
 
 
@@ -109,7 +109,7 @@ def cat(shardset: str, path: str, prefix: SetPrefixOpt = None, output: OutputOpt
         profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Print one file of the shard set SHARDSET, read by a single ranged request through its index."""
     from bridge.packing.reading import cat as read_one
-    data, _where = read_one(shardset, path, _settings(profile, config), prefix)
+    data, _where = read_one(shardset, path, settings_from_flags(profile, config), prefix)
     if output is not None:
         output.write_bytes(data)
         return

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from bridge.errors import BridgeError, InvalidOption
+from bridge.errors import InvalidOption, UnsafeMember  # noqa: F401 (UnsafeMember re-exported)
 from bridge.stores.base import RESERVED
 
 INDEX_FORMAT = "mcbridge-shardset"
@@ -26,10 +26,6 @@ MAX_SHARDS = 1_000_000            # six digits
 _SAMPLE_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")   # webdataset.tariterators.base_plus_ext
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,99}$")
 _SHARD = re.compile(r"^(?P<prefix>.+)-(?P<number>\d{6})\.(?P<ext>tar|parquet)$")
-
-
-class UnsafeMember(BridgeError):
-    """A shard holds a member that must not be restored: absolute, climbing out, a link or device."""
 
 
 def sample_key(path: str) -> str:

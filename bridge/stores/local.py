@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from bridge.config import Settings
-from bridge.errors import BridgeError, BucketNotFound, ObjectNotFound, PermissionDenied
+from bridge.errors import BridgeError, ObjectNotFound, PermissionDenied
 from bridge.stores.base import GiB, Features, ObjectInfo, PartRecord, Store
 from bridge.urls import Location
 
