@@ -354,12 +354,14 @@ schedules:
     assert "proven equal" in status.stdout and "never" not in status.stdout, status.stdout
 
 
-def test_a_pack_job_writes_one_shard_per_task_and_unpacks_to_the_same_files(service, make_root, tmp_path):
+@pytest.mark.parametrize("command", [["pack", "--format", "tar"], ["migrate", "--pack", "tar"]],
+                         ids=["submit-pack", "submit-migrate"])
+def test_a_pack_job_writes_one_shard_per_task_and_unpacks_to_the_same_files(command, service, make_root, tmp_path):
     src = tmp_path / "corpus"
     hashes = write_tree(src, {}, small=120, small_size=2048)
     dst = make_root("az")
     service.worker("w1", concurrency=2).wait_ready()
-    result = service.cli("submit", "pack", f"{src}/", f"{dst}shards/", "--format", "tar", "--shard-size", "64KiB",
+    result = service.cli("submit", command[0], f"{src}/", f"{dst}shards/", *command[1:], "--shard-size", "64KiB",
                          "--wait", "--json")
     assert result.returncode == 0, result.stderr + result.stdout
     status = json.loads(result.stdout)

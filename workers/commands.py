@@ -224,6 +224,30 @@ def submit_pack(src: str, dst: str,
                     max_count=max_count, shard_prefix=prefix, row_group_size=row_group_size), **_how(options))
 
 
+def submit_migrate(src: str, dst: str,
+                   pack: Annotated[Optional[str], typer.Option(
+                       "--pack", help="Pack into tar (WebDataset) or parquet shards on the way; "
+                       "without it, a plain copy.")] = None,
+                   shard_size: Annotated[str, typer.Option("--shard-size", help="Target shard size.")] = "256MiB",
+                   max_count: Annotated[Optional[int], typer.Option("--max-count", min=1,
+                                                                    help="At most N files per shard.")] = None,
+                   prefix: Annotated[str, typer.Option("--prefix", help="Shard names: PREFIX-000000.tar ...")] = "shard",
+                   concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
+                   profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
+                   wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
+                   dry_run: DryOpt = False, broker: BrokerOpt = None) -> None:
+    """Queue a corpus migration (as mcbridge migrate): with --pack, packed into shards on the
+    way, one task per shard; without, a copy. Prints the job id."""
+    options = dict(locals())
+    if pack is None:
+        _submit(_fields("copy", options, destinations=[dst]), **_how(options))
+        return
+    if pack not in ("tar", "parquet"):
+        raise typer.BadParameter(f"--pack takes tar or parquet, not {pack!r}")
+    _submit(_fields("pack", options, destinations=[dst], shard_format=pack, shard_size=shard_size,
+                    max_count=max_count, shard_prefix=prefix, row_group_size=None), **_how(options))
+
+
 def _fields(kind: str, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
     names = ("concurrency", "chunk_size", "store_checksums", "profile", "queue", "verify")
     return {"kind": kind, "source": options["src"], **{n: options[n] for n in names}, **extra}
@@ -395,6 +419,7 @@ def register(app: typer.Typer) -> None:
     submit.command("sync")(submit_sync)
     submit.command("replicate")(submit_replicate)
     submit.command("pack")(submit_pack)
+    submit.command("migrate")(submit_migrate)
     app.add_typer(submit, name="submit")
     jobs = typer.Typer(no_args_is_help=True, help="Jobs queued for the workers: list, status, watch, cancel.")
     jobs.command("list")(jobs_list)
