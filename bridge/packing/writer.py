@@ -13,13 +13,13 @@ import abc
 import collections
 import concurrent.futures as cf
 import hashlib
-import importlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from bridge.errors import IntegrityError, InvalidOption, MissingBackend
+from bridge import registry
+from bridge.errors import IntegrityError, InvalidOption
 from bridge.packing import layout
 from bridge.packing.sink import StreamingUpload, Written, put_whole
 from bridge.progress import Progress
@@ -92,13 +92,7 @@ def get_format(name: str, options: dict[str, Any] | None = None) -> ShardFormat:
     entry = FORMATS.get(name)
     if entry is None:
         raise InvalidOption(f"unknown shard format {name!r}: use one of {', '.join(sorted(FORMATS))}")
-    module_name, _, cls_name = entry.target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise MissingBackend(f"--format {name} needs the '{entry.extra}' extra: pip install "
-                             f"'mcbridge[{entry.extra}]' ({exc.name} is missing)") from exc
-    return getattr(module, cls_name)(options or {})
+    return registry.load(entry.target, entry.extra, f"--format {name}")(options or {})
 
 
 def format_for_shard(name: str) -> str | None:

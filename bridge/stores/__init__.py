@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import threading
 from dataclasses import dataclass
 
 from bridge.config import Settings
-from bridge.errors import BadURL, MissingBackend
+from bridge import registry
+from bridge.errors import BadURL
 from bridge.stores.base import Features, ObjectInfo, PartRecord, Store
 from bridge.urls import Location
 
@@ -35,13 +35,7 @@ def store_class(scheme: str) -> type[Store]:
     backend = REGISTRY.get(scheme)
     if backend is None:
         raise BadURL(f"no store for scheme {scheme!r}")
-    module_name, _, cls_name = backend.target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise MissingBackend(f"{scheme}:// needs the '{backend.extra}' extra: "
-                             f"pip install 'mcbridge[{backend.extra}]' ({exc.name} is missing)") from exc
-    return getattr(module, cls_name)
+    return registry.load(backend.target, backend.extra, f"{scheme}://")
 
 
 def get_store(loc: Location | str, settings: Settings) -> Store:
