@@ -170,7 +170,10 @@ def test_a_job_of_100_mb_and_300_small_files_between_two_emulators(service, emul
     status = json.loads(result.stdout)
     assert status["state"] == "succeeded", status["errors"]
     assert status["verify"]["ok"] and status["verify"]["checked"] == 301
-    assert status["progress"]["files_done"] == 301 and status["progress"]["requeued"] == 0
+    # On a loaded machine a heartbeat can come late and the sweeper may queue the big file's task
+    # again (CI saw it once); the duplicate must then find it busy and do nothing, which the
+    # exactly-once counts of moto's log below prove. How often it happens is timing, not tested.
+    assert status["progress"]["files_done"] == 301
     assert status["progress"]["bytes_total"] == len(big) + sum(map(len, smalls.values()))
 
     assert s3_hashes(moto, bucket) == expected
