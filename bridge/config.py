@@ -83,6 +83,8 @@ class TransferSettings(_Section):
     # "require" fails when the store reports none; "readback" then reads the object back and
     # hashes it; "skip" trusts the per-part checksums the service checked on arrival.
     store_checksums: Literal["require", "readback", "skip"] = "require"
+    # Where the journal of unfinished copies lives (load_settings fills in the default).
+    state_dir: str | None = None
     connect_timeout: float = 5.0
     read_timeout: float = 120.0
 
@@ -130,6 +132,7 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
     "MCBRIDGE_CONCURRENCY": ("transfer", "concurrency"),
     "MCBRIDGE_CHUNK_SIZE": ("transfer", "chunk_size"),
     "MCBRIDGE_STORE_CHECKSUMS": ("transfer", "store_checksums"),
+    "MCBRIDGE_STATE_DIR": ("transfer", "state_dir"),
 }
 
 
@@ -140,6 +143,12 @@ def _env_values(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         if value and field not in out.get(section, {}):
             out.setdefault(section, {})[field] = value
     return out
+
+
+def default_state_dir(environ: Mapping[str, str]) -> Path:
+    """$XDG_STATE_HOME/mcbridge, else ~/.local/state/mcbridge."""
+    base = environ.get("XDG_STATE_HOME") or os.path.join(environ.get("HOME", "~"), ".local", "state")
+    return Path(base).expanduser() / "mcbridge"
 
 
 def default_config_path(environ: Mapping[str, str]) -> Path:
@@ -188,6 +197,8 @@ def load_settings(overrides: Mapping[str, Any] | None = None, *, profile: str | 
     explicit = config_path is not None or "MCBRIDGE_CONFIG" in environ or profile != "default"
     merged = _merge(_file_values(path, profile, explicit), _env_values(environ))
     merged = _merge(merged, overrides or {})
+    if not merged.get("transfer", {}).get("state_dir"):
+        merged.setdefault("transfer", {})["state_dir"] = str(default_state_dir(environ))
     try:
         return Settings(**merged)
     except ValidationError as exc:

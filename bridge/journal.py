@@ -26,14 +26,6 @@ def job_key(*parts: object) -> str:
     return hashlib.sha256("\x00".join(map(str, parts)).encode()).hexdigest()[:20]
 
 
-def default_state_dir(environ: dict[str, str] | None = None) -> Path:
-    environ = dict(os.environ) if environ is None else environ
-    base = environ.get("MCBRIDGE_STATE_DIR") or os.path.join(
-        environ.get("XDG_STATE_HOME") or os.path.join(environ.get("HOME", "~"), ".local", "state"),
-        "mcbridge")
-    return Path(base).expanduser()
-
-
 class FileJournal:
     def __init__(self, path: Path):
         self.path = path

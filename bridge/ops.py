@@ -15,14 +15,15 @@ from bridge.engine import (FilePlan, JobContext, Plan, ThreadExecutor, part_size
                            resolve)
 from bridge.errors import ManifestError, ObjectNotFound, TransferFailed
 from bridge.journal import job_key
-from bridge.journal import FileJournal, default_state_dir
+from bridge.journal import FileJournal
 from bridge.progress import Progress
 from bridge.stores import get_store
 from bridge.urls import parse
 
 
-def journal_for(plan: Plan, state_dir: Path | None) -> FileJournal:
-    return FileJournal((state_dir or default_state_dir()) / "journal" / f"{plan.key}.jsonl")
+def journal_for(plan: Plan, settings: Settings, state_dir: Path | None = None) -> FileJournal:
+    base = state_dir or Path(settings.transfer.state_dir)
+    return FileJournal(base / "journal" / f"{plan.key}.jsonl")
 
 
 def _quiet_gc() -> None:
@@ -45,7 +46,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
 def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
             state_dir: Path | None = None, final_extra: dict | None = None) -> dict[str, Any]:
     progress = progress or Progress()
-    journal = journal_for(plan, state_dir)
+    journal = journal_for(plan, settings, state_dir)
     ctx = JobContext(plan, settings, journal, progress)
     _quiet_gc()
     progress.plan(plan.bytes, plan.unit_count())

@@ -64,3 +64,9 @@ def test_urls():
     assert parse("/tmp/").is_prefix
     with pytest.raises(BadURL):
         parse("ftp://host/x")
+
+
+def test_state_dir_from_environment_or_default(tmp_path):
+    assert load_settings(environ={"MCBRIDGE_STATE_DIR": str(tmp_path)}).transfer.state_dir == str(tmp_path)
+    assert load_settings(environ={"XDG_STATE_HOME": "/x/state"}).transfer.state_dir == "/x/state/mcbridge"
+    assert load_settings(environ={"HOME": "/home/u"}).transfer.state_dir == "/home/u/.local/state/mcbridge"

@@ -123,10 +123,10 @@ def beat(
         err.print("mcbridge: warning: no schedules file (--schedules or BRIDGE_SCHEDULES): beat will send nothing",
                   markup=False)
     _connect(ws)
-    from bridge.journal import default_state_dir
+    from bridge.config import default_state_dir
     from workers.app import app, configure
     configure(ws)
-    db = schedule_db or default_state_dir() / f"beat-{ws.namespace}"
+    db = schedule_db or default_state_dir(os.environ) / f"beat-{ws.namespace}"
     db.parent.mkdir(parents=True, exist_ok=True)
     app.start(["beat", f"--schedule={db}", f"--loglevel={loglevel}"])
 

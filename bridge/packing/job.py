@@ -22,7 +22,7 @@ from bridge import manifest as manifests
 from bridge.config import Settings
 from bridge.engine import resolve
 from bridge.errors import AuthError, BridgeError, BucketNotFound, InvalidOption, ObjectNotFound, TransferFailed
-from bridge.journal import FileJournal, Journal, default_state_dir, job_key
+from bridge.journal import FileJournal, Journal, job_key
 from bridge.manifest import FileEntry, Manifest
 from bridge.packing import index as indexes
 from bridge.packing import layout
@@ -368,7 +368,7 @@ def prepare(ctx: PackContext) -> None:
 def execute(plan: PackPlan, settings: Settings, progress: Progress | None = None,
             state_dir: Path | None = None, memory: int = DEFAULT_MEMORY) -> dict[str, Any]:
     progress = progress or Progress()
-    journal = FileJournal((state_dir or default_state_dir()) / "journal" / f"{plan.key}.jsonl")
+    journal = FileJournal((state_dir or Path(settings.transfer.state_dir)) / "journal" / f"{plan.key}.jsonl")
     ctx = PackContext(plan, settings, journal, progress)
     progress.plan(plan.shard_bytes, len(plan.shards) + 2)
     try:
