@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bridge import manifest as manifests
+from bridge import names
 from bridge.config import Settings
 from bridge.errors import (AuthError, BridgeError, BucketNotFound, IntegrityError, InvalidOption,
                            ObjectNotFound)
@@ -134,8 +135,20 @@ def _local_dir_exists(loc: Location) -> bool:
     return os.path.isdir(loc.local_path)
 
 
+def check_route(src_root: Location, dst_root: Location, objects: list[tuple[str, ObjectInfo]],
+                single: str | None) -> None:
+    """Before any byte moves: a destination inside its source would copy into itself (one level
+    deeper each run), and every name must be one the destination holds as written."""
+    if single is None and dst_root.is_within(src_root):
+        raise InvalidOption(f"the destination {dst_root} is the source {src_root} or inside it: "
+                            f"each run would copy the last one's copy again")
+    names.refuse(names.problems_for((rel for rel, _ in objects), dst_root.scheme, dst_root.key),
+                 f"cannot copy to {dst_root}")
+
+
 def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int | None = None) -> Plan:
     src_root, dst_root, objects, single = resolve(source, destination, settings)
+    check_route(src_root, dst_root, objects, single)
     dst_store = get_store(dst_root, settings)
     files = [FilePlan(rel, info.size, part_size_for(info.size, dst_store, chunk_size)) for rel, info in objects]
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files)

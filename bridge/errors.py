@@ -15,7 +15,9 @@
      │    └── EndpointUnreachable   nothing answered at the endpoint
      ├── IntegrityError             bytes do not match their recorded hash (never retried)
      ├── ManifestError              no manifest, or one that cannot be read
-     ├── UnsafeMember               a shard member that must not be unpacked (absolute, .., link)
+     ├── UnsafeName                 a name the destination cannot hold as written, or one that would
+     │    │                         land outside it (.., absolute, empty segment, NUL, a backslash to Azure)
+     │    └── UnsafeMember          a shard member that must not be unpacked (absolute, .., link)
      └── TransferFailed             a job ended with failed units
 
 The original provider exception is kept as ``__cause__``.
@@ -84,7 +86,12 @@ class ManifestError(BridgeError):
     pass
 
 
-class UnsafeMember(BridgeError):
+class UnsafeName(BridgeError):
+    """A name refused before any byte moves: it would escape a local destination, or the
+    destination would store it under another name (and the copy would then not verify)."""
+
+
+class UnsafeMember(UnsafeName):
     """A shard holds a member that must not be restored: absolute, climbing out, a link or device."""
 
 

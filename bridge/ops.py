@@ -11,8 +11,8 @@ import gc
 
 from bridge import manifest as manifests
 from bridge.check import mismatch, rehash, reported_crc32c
-from bridge.engine import (FilePlan, JobContext, Plan, ThreadExecutor, part_size_for, plan_copy, prepare,
-                           resolve)
+from bridge.engine import (FilePlan, JobContext, Plan, ThreadExecutor, check_route, part_size_for, plan_copy,
+                           prepare, resolve)
 from bridge.errors import ManifestError, ObjectNotFound, TransferFailed
 from bridge.journal import job_key
 from bridge.journal import FileJournal
@@ -136,6 +136,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     """Only what is new, changed (by size and CRC32C, never by time) or no longer matches the
     destination's manifest; with ``delete``, what the source no longer has."""
     src_root, dst_root, objects, single = resolve(source, destination, settings)
+    check_route(src_root, dst_root, objects, single)
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
     manifest = manifests.read(dst_store, dst_root) or manifests.read(dst_store, dst_root, manifests.PREVIOUS)
     entries = manifest.files if manifest else {}

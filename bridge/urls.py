@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from bridge.errors import BadURL
+from bridge.names import local_join
 
 CLOUD_SCHEMES = ("s3", "gs", "az")
 _BUCKET_RULES = {
@@ -41,12 +42,21 @@ class Location:
         return self.key.rstrip("/").rsplit("/", 1)[-1]
 
     def join(self, rel: str) -> Location:
-        """The location of ``rel`` under this one, joined with '/' whatever the platform."""
+        """The location of ``rel`` under this one, joined with '/' whatever the platform. An
+        object key is kept exactly (``/abs`` and ``a//b`` are keys too); a local path must stay
+        a plain path under this one (UnsafeName otherwise)."""
         base = self.key if self.is_prefix else self.key + "/"
-        return Location(self.scheme, self.bucket, base + rel.lstrip("/"))
+        if self.is_local:
+            return Location(self.scheme, self.bucket, local_join(base, rel))
+        return Location(self.scheme, self.bucket, base + rel)
 
     def as_prefix(self) -> Location:
         return self if self.is_prefix else Location(self.scheme, self.bucket, self.key + "/")
+
+    def is_within(self, outer: Location) -> bool:
+        """Whether this location, taken as a prefix, is ``outer``'s prefix or under it."""
+        return (self.scheme, self.bucket) == (outer.scheme, outer.bucket) and \
+            self.as_prefix().key.startswith(outer.as_prefix().key)
 
     def relative_to(self, prefix: Location) -> str:
         return self.key[len(prefix.as_prefix().key):]

@@ -27,13 +27,6 @@ def _location(url: str) -> Location:
         raise ValueError(str(exc)) from None
 
 
-def _inside(inner: Location, outer: Location) -> bool:
-    if (inner.scheme, inner.bucket) != (outer.scheme, outer.bucket):
-        return False
-    outer_key = outer.as_prefix().key
-    return inner.as_prefix().key.startswith(outer_key) if outer_key else True
-
-
 class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -100,7 +93,7 @@ class JobSpec(BaseModel):
         src = parse(self.source)
         for url in self.destinations:
             dst = parse(url)
-            if src.is_prefix and _inside(dst, src):
+            if src.is_prefix and dst.is_within(src):
                 raise ValueError(f"destination {url} is inside the source {self.source}")
             if str(dst.as_prefix()) == str(src.as_prefix()):
                 raise ValueError(f"destination {url} is the source")

@@ -108,7 +108,7 @@ def plan_pack(source: str, destination: str, settings: Settings, *, fmt: str = "
                             f"{dst_store.features.max_object_size} bytes")
     if max_count is not None and max_count < 1:
         raise InvalidOption("--max-count must be at least 1")
-    if single is None and _inside(dst_root, src_root):
+    if single is None and dst_root.is_within(src_root):
         raise InvalidOption(f"the destination {dst_root} is inside the source {src_root}: the shards "
                             f"would be packed into themselves")
     files = sorted(((rel, info.size) for rel, info in objects), key=lambda f: layout.pack_order(f[0]))
@@ -121,11 +121,6 @@ def plan_pack(source: str, destination: str, settings: Settings, *, fmt: str = "
     plan.key = job_key("pack", plan.source, plan.destination, fmt, prefix, shard_size, max_count,
                        sorted(plan.options.items()), *(f"{rel}:{size}" for rel, size in files))
     return plan
-
-
-def _inside(inner: Location, outer: Location) -> bool:
-    return (inner.scheme, inner.bucket) == (outer.scheme, outer.bucket) and \
-        inner.as_prefix().key.startswith(outer.as_prefix().key)
 
 
 def _check_files(files: list[tuple[str, int]], fmt: ShardFormat) -> None:

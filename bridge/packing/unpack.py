@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from bridge import names
 from bridge.config import Settings
 from bridge.errors import BridgeError, IntegrityError, MissingBackend, ObjectNotFound, TransferFailed
 from bridge.manifest import FileEntry
@@ -183,6 +184,11 @@ def _check_tree(shards: list[Shard], dst_root: Location, problems: _Problems) ->
             if head in owner:
                 problems.add(shard, path, f"needs {head!r} to be a directory, but it is also a file")
                 break
+    for path, shard in owner.items():
+        problem = names.local_problem(path) if dst_root.is_local else \
+            names.cloud_problem(dst_root.key + path, dst_root.scheme)
+        if problem:
+            problems.add(shard, path, problem)
     if dst_root.is_local:
         _check_local_target(owner, dst_root, problems)
 

@@ -13,10 +13,9 @@ from contextlib import contextmanager
 
 from bridge.config import Settings
 from bridge.errors import BridgeError, ObjectNotFound, PermissionDenied
+from bridge.names import PARTIAL, TEMPORARY, check_local_path
 from bridge.stores.base import GiB, Features, ObjectInfo, PartRecord, Store
 from bridge.urls import Location
-
-PARTIAL = ".bridge-partial"
 
 
 @contextmanager
@@ -56,7 +55,7 @@ class LocalStore(Store):
                 dirnames.sort()
                 for name in sorted(filenames):
                     full = os.path.join(dirpath, name)
-                    if PARTIAL in name or ".bridge-tmp-" in name or not os.path.isfile(full):
+                    if PARTIAL in name or TEMPORARY in name or not os.path.isfile(full):
                         continue
                     yield ObjectInfo(Location("file", "", full.lstrip("/")), os.stat(full).st_size)
 
@@ -74,7 +73,8 @@ class LocalStore(Store):
 
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> None:
         path = loc.local_path
-        tmp = f"{path}.bridge-tmp-{uuid.uuid4().hex[:8]}"
+        check_local_path(path)
+        tmp = f"{path}{TEMPORARY}{uuid.uuid4().hex[:8]}"
         with _translate(loc):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             try:
@@ -86,6 +86,7 @@ class LocalStore(Store):
                 raise
 
     def delete(self, loc: Location) -> None:
+        check_local_path(loc.local_path)
         with _translate(loc):
             os.unlink(loc.local_path)
 
@@ -94,6 +95,7 @@ class LocalStore(Store):
 
     # -- multipart: parts pwrite'd into one partial file -----------------------------------
     def _partial(self, loc: Location, upload_id: str) -> str:
+        check_local_path(loc.local_path)  # every multipart write goes through here
         return f"{loc.local_path}.{upload_id}{PARTIAL}"
 
     def begin_upload(self, loc: Location, size: int) -> str:

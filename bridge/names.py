@@ -1,0 +1,143 @@
+"""Which object names a destination can hold, and the one way a relative name becomes a local path.
+
+Object stores hold keys that a file system cannot (``x/../../escape.txt``, ``a//b``, ``/abs``),
+and each store rewrites or refuses some names of the others (Azure turns ``\\`` into ``/``).
+A copy that wrote such a name would land outside its destination, or exit 0 and then fail
+``verify``. So every name is judged for the destination before any byte moves, and the names
+that cannot be held are refused together, in one line, never skipped or silently rewritten.
+
+``local_join`` is the only place a relative name becomes a local path (``Location.join`` calls
+it for local locations), and ``check_local_path`` lets the local store refuse, as a second line,
+any write to a path that is not already in normal form.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from bridge.errors import UnsafeName
+
+PARTIAL = ".bridge-partial"     # the local store's unfinished multipart files ...
+TEMPORARY = ".bridge-tmp-"      # ... and whole files being written; its listing hides both
+NAME_MAX = 255                  # bytes in one local path segment (Linux and macOS)
+KEY_MAX = 1024                  # bytes in an S3 or GCS key, characters in an Azure blob name
+AZURE_SEGMENTS = 254            # path segments in an Azure blob name
+SHOWN = 5                       # names quoted in one error line
+
+
+def quote(name: str) -> str:
+    """A name as it appears in a message: repr-quoted, so a newline in it stays on one line."""
+    return repr(name)
+
+
+def local_problem(rel: str) -> str | None:
+    """Why ``rel`` cannot be a path under a local folder, or None."""
+    if "\x00" in rel:
+        return "has a NUL byte"
+    if rel.startswith("/"):
+        return "is an absolute path"
+    if rel.endswith("/"):
+        return "ends with '/' (a folder marker), which a local file cannot"
+    for segment in rel.split("/"):
+        if segment == "":
+            return "has an empty path segment ('//')"
+        if segment == "..":
+            return "climbs out of the destination with '..'"
+        if segment == ".":
+            return "has a '.' path segment"
+        if len(segment.encode("utf-8", "surrogateescape")) > NAME_MAX:
+            return f"has a path segment over {NAME_MAX} bytes"
+        if PARTIAL in segment or TEMPORARY in segment:
+            return "looks like one of bridge's unfinished local files"
+    return None
+
+
+def cloud_problem(key: str, scheme: str) -> str | None:
+    """Why ``key`` (the whole object name) cannot be held as written by the ``scheme`` store."""
+    try:
+        raw = key.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid UTF-8, as object names must be"
+    if "\x00" in key:
+        return "has a NUL byte"
+    if len(raw) > KEY_MAX:
+        return f"is {len(raw)} bytes long as a key; the limit is {KEY_MAX}"
+    if scheme == "gs":
+        if "\r" in key or "\n" in key:
+            return "has a line break, which GCS object names cannot hold"
+        if key in (".", ".."):
+            return "is '.' or '..', which GCS object names cannot be"
+    if scheme == "az":
+        if "\\" in key:
+            return "has a backslash, which Azure turns into '/'"
+        segments = key.split("/")
+        if "." in segments or ".." in segments:
+            return "has a '.' or '..' path segment, which Azure resolves away"
+        if key.endswith("."):
+            return "ends with '.', which Azure drops"
+        if len(segments) > AZURE_SEGMENTS:
+            return f"has more than {AZURE_SEGMENTS} path segments, Azure's limit"
+    return None
+
+
+def local_join(base: str, rel: str) -> str:
+    """``base`` (a local key: an absolute path without its leading '/', ending with '/' or
+    empty) joined with ``rel``; UnsafeName if ``rel`` is not a plain relative path."""
+    problem = local_problem(rel)
+    if problem:
+        raise UnsafeName(f"refusing the local path {quote(rel)} under /{base}: it {problem}")
+    return base + rel
+
+
+def check_local_path(path: str) -> None:
+    """The local store writes only to absolute paths in normal form: a path with '..', '.',
+    empty segments or a NUL was built from a hostile name somewhere, and is refused."""
+    if "\x00" in path or not path.startswith("/") or os.path.normpath(path) != path or path.startswith("//"):
+        raise UnsafeName(f"refusing to write the local path {quote(path)}: it is not a plain absolute path")
+
+
+def problems_for(rels: Iterable[str], dst_scheme: str, dst_base: str) -> list[tuple[str, str]]:
+    """(name, reason) for each relative name the destination cannot hold as written.
+
+    ``dst_base`` is the destination root's key (the absolute path, for a local folder)."""
+    rels = list(rels)
+    found = []
+    if dst_scheme == "file":
+        found = [(rel, p) for rel in rels if (p := local_problem(rel))]
+        files = set(rels)
+        for rel in rels:
+            head = rel
+            while "/" in head:
+                head = head.rpartition("/")[0]
+                if head in files:
+                    found.append((rel, f"needs {quote(head)} to be a folder, but it is also a file"))
+                    break
+        found += _through_links(dst_base, [r for r in rels if not local_problem(r)])
+    else:
+        found = [(rel, p) for rel in rels if (p := cloud_problem(dst_base + rel, dst_scheme))]
+    return found
+
+
+def _through_links(base: str, rels: list[str]) -> list[tuple[str, str]]:
+    """Names whose folder, already in the destination, is a link that leads out of it."""
+    root = os.path.realpath("/" + base)
+    inside: dict[str, bool] = {}
+    found = []
+    for rel in rels:
+        parent = rel.rpartition("/")[0]
+        if parent not in inside:
+            real = os.path.realpath(os.path.join(root, parent))
+            inside[parent] = real == root or real.startswith(root.rstrip("/") + "/")
+        if not inside[parent]:
+            found.append((rel, "would be written outside the destination through a link in it"))
+    return found
+
+
+def refuse(found: list[tuple[str, str]], what: str) -> None:
+    """Raise one UnsafeName naming the first few of ``found`` (and how many more)."""
+    if not found:
+        return
+    shown = "; ".join(f"{quote(name)} {reason}" for name, reason in found[:SHOWN])
+    more = f" (and {len(found) - SHOWN} more)" if len(found) > SHOWN else ""
+    raise UnsafeName(f"{what}: {shown}{more}; nothing was copied")
