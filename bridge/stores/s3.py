@@ -207,9 +207,20 @@ class S3Store(Store):
             pass
 
     def list_uploads(self, prefix: Location) -> Iterator[tuple[Location, str]]:
-        page = self._call(prefix, "list_multipart_uploads", Bucket=prefix.bucket, Prefix=prefix.key)
-        for up in page.get("Uploads", []):
-            yield Location("s3", prefix.bucket, up["Key"]), up["UploadId"]
+        # At most 1,000 uploads a page; the next page starts after the (key, upload id) markers.
+        markers: dict[str, str] = {}
+        while True:
+            page = self._call(prefix, "list_multipart_uploads", Bucket=prefix.bucket, Prefix=prefix.key,
+                              **markers)
+            for up in page.get("Uploads", []):
+                yield Location("s3", prefix.bucket, up["Key"]), up["UploadId"]
+            if not page.get("IsTruncated"):
+                return
+            markers = {"KeyMarker": page.get("NextKeyMarker", ""),
+                       "UploadIdMarker": page.get("NextUploadIdMarker", "")}
+            if not markers["KeyMarker"]:
+                raise BridgeError(f"{prefix}: the endpoint truncated the list of uploads without "
+                                  f"saying where the next page starts")
 
 
 def _body(data: bytes):
