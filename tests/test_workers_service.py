@@ -378,3 +378,27 @@ def test_a_pack_job_writes_one_shard_per_task_and_unpacks_to_the_same_files(comm
     got = {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
            for p in out.rglob("*") if p.is_file() and "_bridge" not in p.parts}
     assert got == hashes
+
+
+def test_beat_keeps_its_schedule_in_the_state_dir(redis_url, tmp_path):
+    """compose and k8s mount $MCBRIDGE_STATE_DIR: beat's last-run database must live there."""
+    namespace = f"mcbt-{uuid.uuid4().hex[:10]}"
+    state, home = tmp_path / "state", tmp_path / "home"
+    env = {**os.environ, "BRIDGE_BROKER_URL": redis_url, "BRIDGE_NAMESPACE": namespace,
+           "MCBRIDGE_STATE_DIR": str(state), "HOME": str(home), "XDG_CONFIG_HOME": str(tmp_path / "no-config")}
+    env.pop("XDG_STATE_HOME", None)
+    schedules = tmp_path / "schedules.yaml"
+    schedules.write_text("schedules:\n  nightly:\n    cron: \"0 2 * * *\"\n    kind: sync\n"
+                         f"    source: {tmp_path}/src/\n    destination: {tmp_path}/dst/\n")
+    beat = ServiceProcess(["beat", "--schedules", str(schedules), "--loglevel", "INFO"], env, "beat", tmp_path)
+    try:
+        beat.start()
+        deadline = time.monotonic() + 60
+        while not list(state.glob(f"beat-{namespace}*")) and beat.process.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(state.glob(f"beat-{namespace}*")), beat.log_tail()
+        assert not list(home.rglob("beat-*")), "nothing outside the state dir"
+    finally:
+        beat.stop()
+        purge_namespace(redis_url, namespace)

@@ -105,7 +105,7 @@ def beat(
     schedules: Annotated[Optional[Path], typer.Option(
         "--schedules", help="YAML file of schedules (default: $BRIDGE_SCHEDULES).")] = None,
     schedule_db: Annotated[Optional[Path], typer.Option(
-        "--schedule-db", help="Where beat remembers last run times (default: in the state dir).")] = None,
+        "--schedule-db", help="Where beat remembers last run times (default: beat-NAMESPACE in $MCBRIDGE_STATE_DIR).")] = None,
     check: Annotated[bool, typer.Option("--check", help="Validate the schedules file and exit.")] = False,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
     broker: BrokerOpt = None,
@@ -123,10 +123,13 @@ def beat(
         err.print("mcbridge: warning: no schedules file (--schedules or BRIDGE_SCHEDULES): beat will send nothing",
                   markup=False)
     _connect(ws)
-    from bridge.config import default_state_dir
+    from bridge.config import load_settings
     from workers.app import app, configure
     configure(ws)
-    db = schedule_db or default_state_dir(os.environ) / f"beat-{ws.namespace}"
+    # The state dir as every command resolves it ($MCBRIDGE_STATE_DIR, the settings file...):
+    # it is the volume compose and k8s mount, so last run times survive a restart of beat.
+    state_dir = Path(load_settings(environ=os.environ).transfer.state_dir)
+    db = schedule_db or state_dir / f"beat-{ws.namespace}"
     db.parent.mkdir(parents=True, exist_ok=True)
     app.start(["beat", f"--schedule={db}", f"--loglevel={loglevel}"])
 
