@@ -80,10 +80,13 @@ class LocalStore(Store):
             try:
                 with open(tmp, "wb") as f:
                     f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())  # the bytes are on disk before the name points at them
                 os.replace(tmp, path)
             except BaseException:
                 _unlink_quietly(tmp)
                 raise
+            _fsync_dir(os.path.dirname(path))  # and the rename itself survives a power loss
 
     def delete(self, loc: Location) -> None:
         check_local_path(loc.local_path)
@@ -138,7 +141,13 @@ class LocalStore(Store):
                         crc32c: str, metadata: dict[str, str]) -> None:
         path = self._partial(loc, upload_id)
         with _translate(loc):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # every part's pwrite, before the file takes its final name
+            finally:
+                os.close(fd)
             os.replace(path, loc.local_path)
+            _fsync_dir(os.path.dirname(loc.local_path))
             _unlink_quietly(path + ".parts")
 
     def abort_upload(self, loc: Location, upload_id: str) -> None:
@@ -154,6 +163,14 @@ class LocalStore(Store):
                     stem = name[: -len(PARTIAL)]
                     target, _, upload_id = stem.rpartition(".")
                     yield Location("file", "", os.path.join(dirpath, target).lstrip("/")), upload_id
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _unlink_quietly(path: str) -> None:
