@@ -17,6 +17,7 @@ from bridge import __version__
 from bridge.config import Settings, load_settings, parse_size
 from bridge.errors import BridgeError
 from bridge.progress import Progress, human_bytes
+from bridge.redact import redact
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Move ML corpora and checkpoints between local/Lustre, s3://, gs:// and az://.")
@@ -219,13 +220,20 @@ def _register_extensions() -> None:
         module.register(app)
 
 
+def fail(message: str, code: int) -> None:
+    """The one way an error leaves the CLI: secrets masked, one line (a message that lists several
+    problems on lines of their own, or an SDK text with a line break, is joined with '; ')."""
+    line = "; ".join(part.strip() for part in redact(message).splitlines() if part.strip())
+    err.print(f"mcbridge: error: {line}", markup=False, soft_wrap=True)
+    sys.exit(code)
+
+
 def main() -> None:
     _register_extensions()
     try:
         code = app(standalone_mode=False)  # returns the code of a typer.Exit
     except BridgeError as exc:
-        err.print(f"mcbridge: error: {exc}", markup=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        fail(str(exc), exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
@@ -237,9 +245,9 @@ def main() -> None:
     except Exception as exc:
         # Usage errors of typer's (vendored) click arrive here in non-standalone mode.
         if hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int):
-            err.print(f"mcbridge: error: {exc.format_message()}", markup=False, soft_wrap=True)
-            sys.exit(exc.exit_code)
-        raise
+            fail(exc.format_message(), exc.exit_code)
+        # A bug of ours: still one line, and an SDK's text in it may quote a signed URL.
+        fail(f"internal error: {type(exc).__name__}: {exc}", 1)
     sys.exit(code if isinstance(code, int) else 0)
 
 

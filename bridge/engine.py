@@ -30,6 +30,7 @@ from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_h
 from bridge.journal import Journal, job_key
 from bridge.manifest import FileEntry, Manifest
 from bridge.progress import Progress
+from bridge.redact import redact
 from bridge.retry import call_with_retries
 from bridge.stores import Store, get_store
 from bridge.stores.base import MiB, ObjectInfo
@@ -413,7 +414,7 @@ class ThreadExecutor:
                     ctx.progress.unit_finished(False)
                     rel = unit.get("rel")
                     if rel not in failed_files:
-                        errors.append(_describe(exc))
+                        errors.append(describe(exc))
                     failed_files.add(rel)
                     if isinstance(exc, FATAL) or not isinstance(exc, BridgeError):
                         stop.set()
@@ -427,7 +428,8 @@ class ThreadExecutor:
         return Outcome(True, [], results)
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """A failed unit's error as recorded and reported: an SDK's text may quote a signed URL."""
     if isinstance(exc, BridgeError):
-        return str(exc)
-    return f"internal error: {type(exc).__name__}: {exc}"
+        return redact(str(exc))
+    return redact(f"internal error: {type(exc).__name__}: {exc}")

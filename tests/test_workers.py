@@ -200,14 +200,14 @@ def test_beat_check_validates_the_file(tmp_path):
     ('{"password": "pa55word"}', "pa55word"),
 ])
 def test_secrets_are_redacted(text, secret):
-    from workers.redact import redact
+    from bridge.redact import redact
     assert secret not in redact(text)
     assert "***" in redact(text)
 
 
 def test_the_log_filter_redacts_messages_and_tracebacks():
     import logging
-    from workers.redact import RedactingFilter
+    from bridge.redact import RedactingFilter
     record = logging.LogRecord("x", logging.ERROR, __file__, 1, "connect %s", ("redis://:s3cr3t@h/0",), None)
     RedactingFilter().filter(record)
     assert "s3cr3t" not in record.getMessage()

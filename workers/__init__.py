@@ -8,7 +8,7 @@
     broker.py     the little the sweeper needs to know about kombu's Redis transport
     jobs.py       job records in Redis;  journal.py  the engine's journal in Redis
     specs.py      what a job asks for;   schedules.py  YAML schedules for beat
-    metrics.py    Prometheus;  redact.py  no secret in a record or a log line
+    metrics.py    Prometheus (secrets are kept out by bridge.redact)
     commands.py   mcbridge worker|beat|submit|jobs;  testing.py  real processes for tests
 
 Nothing under ``bridge/`` imports this package or Celery.

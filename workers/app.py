@@ -14,7 +14,8 @@ import time
 
 from celery import Celery, bootsteps, signals
 
-from workers import metrics, redact
+from bridge import redact
+from workers import metrics
 from workers.settings import WorkerSettings, celery_config
 
 log = logging.getLogger(__name__)

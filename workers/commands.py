@@ -50,7 +50,7 @@ def _ws(broker: str | None = None, **overrides: Any):
 
 
 def _safe_url(url: str) -> str:
-    from workers.redact import redact
+    from bridge.redact import redact
     return redact(url)
 
 

@@ -33,7 +33,7 @@ from workers.jobs import ACTIVE, Jobs, JobRecord
 from workers.journal import RedisJournal
 from workers.keys import Keys
 from workers.leases import Lease, Leases, TaskRef
-from workers.redact import redact
+from bridge.redact import redact
 from workers.settings import WorkerSettings
 from workers.specs import JobSpec, parse_spec
 

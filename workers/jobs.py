@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.keys import Keys
-from workers.redact import redact
+from bridge.redact import redact
 from workers.specs import JobSpec
 
 STATES = ("queued", "planning", "running", "verifying", "succeeded", "failed", "cancelled")

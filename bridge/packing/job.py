@@ -20,7 +20,7 @@ from typing import Any
 
 from bridge import manifest as manifests
 from bridge.config import Settings
-from bridge.engine import resolve
+from bridge.engine import describe, resolve
 from bridge.errors import AuthError, BridgeError, BucketNotFound, InvalidOption, ObjectNotFound, TransferFailed
 from bridge.journal import FileJournal, Journal, job_key
 from bridge.manifest import FileEntry, Manifest
@@ -401,8 +401,7 @@ def _run_shards(ctx: PackContext, writers: int) -> list[str]:
                 ctx.progress.unit_finished(True)
                 continue
             ctx.progress.unit_finished(False)
-            errors.append(str(exc) if isinstance(exc, BridgeError) else
-                          f"internal error: {type(exc).__name__}: {exc}")
+            errors.append(describe(exc))
             if isinstance(exc, FATAL) or not isinstance(exc, BridgeError):
                 stop.set()
     return errors

@@ -21,7 +21,8 @@ from typing import Any
 
 from bridge import names
 from bridge.config import Settings
-from bridge.errors import BridgeError, IntegrityError, MissingBackend, ObjectNotFound, TransferFailed
+from bridge.errors import IntegrityError, MissingBackend, ObjectNotFound, TransferFailed
+from bridge.engine import describe
 from bridge.manifest import FileEntry
 from bridge.packing import index as indexes
 from bridge.packing import layout
@@ -349,8 +350,7 @@ def unpack(source: str, destination: str, settings: Settings, *, prefix: str | N
                 if exc is None:
                     entries += future.result()
                 else:
-                    errors.append(str(exc) if isinstance(exc, BridgeError) else
-                                  f"internal error: {type(exc).__name__}: {exc}")
+                    errors.append(describe(exc))
     finally:
         extractor.close()
     if errors:

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from bridge.config import Settings
-from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable,
+from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable, InvalidOption,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError)
 from bridge.stores.base import GiB, MiB, Features, ObjectInfo, PartRecord, Store
 from bridge.urls import Location
@@ -94,8 +94,13 @@ class AzureStore(Store):
         common = {"retry_policy": retry, "connection_timeout": t.connect_timeout,
                   "read_timeout": t.read_timeout, "max_single_put_size": 256 * MiB}
         if az.connection_string:
-            self.client = BlobServiceClient.from_connection_string(
-                az.connection_string.get_secret_value(), **common)
+            try:
+                self.client = BlobServiceClient.from_connection_string(
+                    az.connection_string.get_secret_value(), **common)
+            except ValueError as exc:  # its text is generic; the string itself may hold a key
+                raise InvalidOption("the Azure connection string (AZURE_STORAGE_CONNECTION_STRING) is "
+                                    "malformed: expected 'Name=value;' pairs with an AccountName and "
+                                    "AccountKey or SharedAccessSignature, or a BlobEndpoint") from exc
         elif az.account_name and (az.account_key or az.sas_token):
             url = az.endpoint or f"https://{az.account_name}.blob.core.windows.net"
             cred = ({"account_name": az.account_name, "account_key": az.account_key.get_secret_value()}
