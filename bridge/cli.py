@@ -14,8 +14,10 @@ from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, TextColum
                            TransferSpeedColumn)
 
 from bridge import __version__
+from bridge import bwlimit as limits
+from bridge.bwlimit import parse_rate
 from bridge.config import Settings, load_settings, parse_size
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, InvalidOption
 from bridge.progress import Progress, human_bytes
 from bridge.redact import redact
 
@@ -33,14 +35,27 @@ ChunkOpt = Annotated[Optional[str], typer.Option("--chunk-size", help="Part size
 StoreSumOpt = Annotated[Optional[str], typer.Option(
     "--store-checksums", help="After a multipart upload: require the store's whole-object checksum "
     "(default), read the object back when the store keeps none (readback), or skip the check.")]
+BwlimitOpt = Annotated[Optional[str], typer.Option(
+    "--bwlimit", help="Bytes per second across all of the job's connections, e.g. 50MiB (0: none). "
+    "kill -USR2 the running process to toggle it off and on.")]
+BwlimitFileOpt = Annotated[Optional[Path], typer.Option(
+    "--bwlimit-file", help="Read the limit from FILE at start and again on each SIGUSR2.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")]
 DryOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan; move nothing.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 
 
 def settings_from_flags(profile: str | None, config: Path | None, concurrency: int | None = None,
-              chunk_size: str | None = None, store_checksums: str | None = None) -> Settings:
+              chunk_size: str | None = None, store_checksums: str | None = None, *,
+              bwlimit: str | None = None, bwlimit_file: Path | None = None) -> Settings:
     transfer: dict[str, Any] = {}
+    if bwlimit_file is not None:
+        try:
+            bwlimit = bwlimit_file.read_text()
+        except OSError as exc:
+            raise InvalidOption(f"--bwlimit-file {bwlimit_file}: {exc.strerror or exc}") from None
+    if bwlimit is not None:
+        transfer["bwlimit"] = parse_rate(bwlimit) or 0
     if store_checksums:
         transfer["store_checksums"] = store_checksums
     if concurrency:
@@ -51,16 +66,22 @@ def settings_from_flags(profile: str | None, config: Path | None, concurrency: i
 
 
 class ProgressBar:
-    """A rich progress bar fed by the job's Progress object."""
+    """A rich progress bar fed by the job's Progress object, which carries the job's bandwidth
+    limit (changed by SIGUSR2 while the job runs)."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, settings: Settings | None = None, bwlimit_file: Path | None = None):
         self.enabled = enabled and err.is_terminal
+        self.settings, self.bwlimit_file = settings, bwlimit_file
         self.bar = Bar(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                        TimeRemainingColumn(), console=err, transient=False, disable=not self.enabled)
         self.task = None
 
     def __enter__(self) -> Progress:
         progress = Progress()
+        if self.settings is not None:
+            rate = self.settings.transfer.bwlimit
+            progress.limiter = limits.local(rate)
+            limits.install_signal(progress.limiter, rate, self.bwlimit_file)
         if self.enabled:
             self.bar.start()
             self.task = self.bar.add_task("copying", total=None)
@@ -97,16 +118,18 @@ def ls(url: str, profile: ProfileOpt = None, config: ConfigOpt = None, as_json: 
 
 @app.command()
 def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
-       store_checksums: StoreSumOpt = None, dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
+       store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
+       dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
        profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Copy SRC to DST: one object, or every object under a directory or prefix (trailing slash)."""
     from bridge import ops
-    settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums)
+    settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
+                                   bwlimit_file=bwlimit_file)
     if dry_run:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True)
         print_plan(summary, as_json)
         return
-    with ProgressBar(not quiet and not as_json) as progress:
+    with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress)
     emit(summary, as_json, f"copied {summary['files']} files, {human_bytes(summary['bytes'])} in "
           f"{summary['elapsed_s']:.1f}s ({human_bytes(summary['rate_bytes_per_s'])}/s); "
@@ -117,18 +140,20 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
 def sync(src: str, dst: str, delete: Annotated[bool, typer.Option("--delete", help="Remove from DST what "
                                                                   "SRC no longer has.")] = False,
          concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
+         bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
          dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
          profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Make DST equal to SRC: send what is new or changed (by size and checksum, not time), repair
     what no longer matches the manifest, and with --delete remove what SRC no longer has."""
     from bridge import ops
-    settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums)
+    settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
+                                   bwlimit_file=bwlimit_file)
     if dry_run:
         summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
                            dry_run=True)
         print_plan(summary, as_json)
         return
-    with ProgressBar(not quiet and not as_json) as progress:
+    with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
         summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
                            progress=progress)
     r = summary["reasons"]

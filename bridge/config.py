@@ -10,7 +10,7 @@ The settings file is YAML, found at ``--config``, ``$MCBRIDGE_CONFIG`` or
         s3: {endpoint_url: https://s3.example.internal, region: eu-west-1}
         gcs: {project: my-project}
         azure: {account_name: mystorage}
-        transfer: {concurrency: 16, chunk_size: 16MiB}
+        transfer: {concurrency: 16, chunk_size: 16MiB, bwlimit: 50MiB}
 
 The environment is read with each SDK's own variable names (``AWS_ENDPOINT_URL``,
 ``STORAGE_EMULATOR_HOST``, ``AZURE_STORAGE_CONNECTION_STRING`` ...), so pointing them at an emulator
@@ -87,11 +87,19 @@ class TransferSettings(_Section):
     state_dir: str | None = None
     connect_timeout: float = 5.0
     read_timeout: float = 120.0
+    # Bytes per second across all of a job's connections (e.g. 50MiB); None: unlimited.
+    bwlimit: int | None = None
 
     @field_validator("chunk_size", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
         return None if v is None else parse_size(v)
+
+    @field_validator("bwlimit", mode="before")
+    @classmethod
+    def _rate(cls, v: Any) -> Any:
+        from bridge.bwlimit import parse_rate
+        return parse_rate(v)
 
 
 class Settings(BaseSettings):
@@ -133,6 +141,7 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
     "MCBRIDGE_CHUNK_SIZE": ("transfer", "chunk_size"),
     "MCBRIDGE_STORE_CHECKSUMS": ("transfer", "store_checksums"),
     "MCBRIDGE_STATE_DIR": ("transfer", "state_dir"),
+    "MCBRIDGE_BWLIMIT": ("transfer", "bwlimit"),
 }
 
 

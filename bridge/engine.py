@@ -234,6 +234,7 @@ def _put(ctx: JobContext, unit: dict) -> dict:
     if done and done["size"] == unit["size"]:
         ctx.progress.skipped(unit["size"])
         return done
+    ctx.progress.throttle(unit["size"])
     data = ctx.dst.body(ctx.retrying(lambda: ctx.src.read(ctx.src_loc(rel))))
     if len(data) != unit["size"]:
         raise IntegrityError(f"{ctx.src_loc(rel)}: read {len(data)} bytes, planned {unit['size']}: "
@@ -258,6 +259,7 @@ def _part(ctx: JobContext, unit: dict) -> dict:
         upload_id, held = ctx.upload(unit)
         offset = (number - 1) * part_size
         length = min(part_size, unit["size"] - offset)
+        ctx.progress.throttle(length)
         data = ctx.dst.body(ctx.retrying(lambda: ctx.src.read(ctx.src_loc(rel), offset, length)))
         if len(data) != length:
             raise IntegrityError(f"{ctx.src_loc(rel)}: short read at {offset}: the source changed")

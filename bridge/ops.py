@@ -9,6 +9,7 @@ from bridge.config import Settings
 import concurrent.futures as cf
 import gc
 
+from bridge import bwlimit
 from bridge import manifest as manifests
 from bridge.check import mismatch, rehash, reported_crc32c
 from bridge.engine import (FilePlan, JobContext, Plan, ThreadExecutor, check_route, part_size_for, plan_copy,
@@ -46,6 +47,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
 def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
             state_dir: Path | None = None, final_extra: dict | None = None) -> dict[str, Any]:
     progress = progress or Progress()
+    if progress.limiter is None and settings.transfer.bwlimit:
+        progress.limiter = bwlimit.local(settings.transfer.bwlimit)
     journal = journal_for(plan, settings, state_dir)
     ctx = JobContext(plan, settings, journal, progress)
     _quiet_gc()

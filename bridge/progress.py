@@ -7,6 +7,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bridge.bwlimit import Limiter
 
 
 @dataclass
@@ -21,6 +25,7 @@ class Progress:
     retries: int = 0
     started: float = field(default_factory=time.monotonic)
     listeners: list[Callable[[Progress], None]] = field(default_factory=list)
+    limiter: Limiter | None = None   # the job's bandwidth limit (bridge/bwlimit.py)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def _changed(self) -> None:
@@ -32,6 +37,11 @@ class Progress:
             self.bytes_total += nbytes
             self.units_total += units
         self._changed()
+
+    def throttle(self, nbytes: int) -> None:
+        """Wait until the job's bandwidth limit lets ``nbytes`` more through."""
+        if self.limiter is not None:
+            self.limiter.take(nbytes)
 
     def moved(self, nbytes: int) -> None:
         with self._lock:

@@ -1,5 +1,5 @@
 """The service's commands: ``mcbridge worker|beat``, ``mcbridge submit cp|sync|replicate|pack``,
-``mcbridge jobs list|status|watch|cancel``.
+``mcbridge jobs list|status|watch|cancel|limit``.
 
 ``bridge.cli`` imports this module at start and calls ``register(app)``; Celery, Redis and the
 rest are imported inside the commands, so ``mcbridge --help`` stays fast. Settings come from
@@ -41,6 +41,9 @@ DryOpt = Annotated[bool, typer.Option("--dry-run", help="Check the job and print
 StoreSumOpt = Annotated[Optional[str], typer.Option(
     "--store-checksums", help="After a multipart upload: require the store's whole-object checksum, "
     "readback, or skip (as in mcbridge cp).")]
+BwlimitOpt = Annotated[Optional[str], typer.Option(
+    "--bwlimit", help="Bytes per second across all of the job's workers, e.g. 50MiB; change it later "
+    "with mcbridge jobs limit.")]
 DeleteOpt = Annotated[bool, typer.Option("--delete", help="Remove from DST what SRC no longer has.")]
 
 
@@ -177,7 +180,7 @@ def _consumed(client, keys, queue: str) -> bool:
 
 
 def submit_cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
-              store_checksums: StoreSumOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
+              store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
               verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
               quiet: QuietOpt = False, dry_run: DryOpt = False, broker: BrokerOpt = None) -> None:
     """Queue a copy of SRC to DST; prints the job id."""
@@ -186,7 +189,7 @@ def submit_cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: Chunk
 
 
 def submit_sync(src: str, dst: str, delete: DeleteOpt = False, concurrency: ConcOpt = None,
-                chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None, profile: ProfileOpt = None,
+                chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None,
                 queue: QueueOpt = None, verify: VerifyOpt = "store", wait: WaitOpt = False,
                 as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
                 broker: BrokerOpt = None) -> None:
@@ -199,7 +202,7 @@ def submit_replicate(src: str, dsts: Annotated[list[str], typer.Argument(help="O
                      keep_extra: Annotated[bool, typer.Option(
                          "--keep-extra", help="Leave what SRC does not have (default: delete it).")] = False,
                      concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
-                     store_checksums: StoreSumOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
+                     store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
                      verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
                      quiet: QuietOpt = False, dry_run: DryOpt = False, broker: BrokerOpt = None) -> None:
     """Queue a DR replication: keep every DST equal to SRC (sync, then verify), recording when
@@ -217,7 +220,7 @@ def submit_pack(src: str, dst: str,
                 row_group_size: Annotated[Optional[str], typer.Option("--row-group-size",
                                                                       help="Parquet: bytes per row group.")] = None,
                 concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
-                profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
+                bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
                 wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
                 broker: BrokerOpt = None) -> None:
     """Queue packing the files under SRC into shards at DST (as mcbridge pack), one task per
@@ -236,7 +239,7 @@ def submit_migrate(src: str, dst: str,
                                                                     help="At most N files per shard.")] = None,
                    prefix: Annotated[str, typer.Option("--prefix", help="Shard names: PREFIX-000000.tar ...")] = "shard",
                    concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
-                   profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
+                   bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
                    wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
                    dry_run: DryOpt = False, broker: BrokerOpt = None) -> None:
     """Queue a corpus migration (as mcbridge migrate): with --pack, packed into shards on the
@@ -252,7 +255,7 @@ def submit_migrate(src: str, dst: str,
 
 
 def _fields(kind: str, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    names = ("concurrency", "chunk_size", "store_checksums", "profile", "queue", "verify")
+    names = ("concurrency", "chunk_size", "store_checksums", "bwlimit", "profile", "queue", "verify")
     return {"kind": kind, "source": options["src"], **{n: options[n] for n in names}, **extra}
 
 
@@ -414,6 +417,25 @@ def jobs_cancel(job_id: str, broker: BrokerOpt = None) -> None:
     out.print(f"cancelled job {job_id} (it was {state})", markup=False)
 
 
+def jobs_limit(job_id: str, rate: Annotated[str, typer.Argument(help="Bytes per second, e.g. 50MiB; 0 or off: none.")],
+               broker: BrokerOpt = None) -> None:
+    """Change a job's bandwidth limit while it runs; all of its workers follow within seconds."""
+    from bridge.bwlimit import parse_rate
+    from workers.jobs import TERMINAL
+    from workers.limits import set_limit
+    value = parse_rate(rate)
+    jobs = _jobs(_ws(broker))
+    record = jobs.get(job_id)
+    if record is None:
+        raise _no_job(job_id)
+    if record.state in TERMINAL:
+        err.print(f"mcbridge: job {job_id} is {record.state}; there is nothing left to limit", markup=False)
+        raise typer.Exit(1)
+    for target in (job_id, *record.children):  # a replication's destinations run as jobs of their own
+        set_limit(jobs.r, jobs.keys, target, value)
+    out.print(f"job {job_id}: bandwidth limit {human_bytes(value) + '/s' if value else 'off'}", markup=False)
+
+
 def register(app: typer.Typer) -> None:
     app.command("worker")(worker)
     app.command("beat")(beat)
@@ -429,5 +451,6 @@ def register(app: typer.Typer) -> None:
     jobs.command("status")(jobs_status)
     jobs.command("watch")(jobs_watch)
     jobs.command("cancel")(jobs_cancel)
+    jobs.command("limit")(jobs_limit)
     app.add_typer(jobs, name="jobs")
 

@@ -276,7 +276,8 @@ class Service:
         record, spec = self._record(job_id)
         if record is None or record.state in ("cancelled", "failed", "succeeded"):
             return {"skipped": record.state if record else "no such job"}
-        progress = Progress()
+        from workers.limits import job_limiter
+        progress = Progress(limiter=job_limiter(self.r, self.keys, job_id, self.settings_for(spec).transfer.bwlimit))
         sink = ProgressSink(self.jobs, job_id, record.queue)
         progress.listeners.append(sink)
         stop = StopCheck(self.jobs, job_id, lease)

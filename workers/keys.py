@@ -10,6 +10,7 @@ keys get the same prefix through kombu's ``global_keyprefix``::
     mcbridge:job:<id>:pending         counter: transfer tasks not yet finished
     mcbridge:job:<id>:attempts        hash: task id -> how many times it was started
     mcbridge:job:<id>:tasks           list: the fan-out, kept so a re-run planner re-sends it
+    mcbridge:job:<id>:bw              hash: the job's bandwidth budget (workers/limits.py)
     mcbridge:journal:<plan key>:<kind> hashes: the journal (workers/journal.py)
     mcbridge:lease:<task id>          string with a TTL: who runs that task (workers/leases.py)
     mcbridge:running                  hash: task id -> how to queue it again

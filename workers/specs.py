@@ -40,6 +40,7 @@ class JobSpec(BaseModel):
     queue: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     verify: Literal["store", "deep", "none"] = "store"
     store_checksums: Literal["require", "readback", "skip"] | None = None
+    bwlimit: int | None = None           # bytes/s across the job's workers; `jobs limit` changes it
     # pack only: the shard set (bridge/packing)
     shard_format: Literal["tar", "parquet"] | None = None
     shard_size: int | None = None
@@ -80,6 +81,15 @@ class JobSpec(BaseModel):
         except BridgeError as exc:
             raise ValueError(str(exc)) from None
 
+    @field_validator("bwlimit", mode="before")
+    @classmethod
+    def _rate(cls, value: Any) -> Any:
+        from bridge.bwlimit import parse_rate
+        try:
+            return parse_rate(value)
+        except BridgeError as exc:
+            raise ValueError(str(exc)) from None
+
     @model_validator(mode="after")
     def _coherent(self) -> JobSpec:
         if self.kind != "replicate" and len(self.destinations) != 1:
@@ -111,7 +121,8 @@ class JobSpec(BaseModel):
     def settings_overrides(self) -> dict[str, Any]:
         """What the spec changes in a worker's settings: transfer options, never credentials."""
         transfer = {k: v for k, v in (("concurrency", self.concurrency), ("chunk_size", self.chunk_size),
-                                      ("store_checksums", self.store_checksums)) if v is not None}
+                                      ("store_checksums", self.store_checksums),
+                                      ("bwlimit", self.bwlimit)) if v is not None}
         return {"transfer": transfer} if transfer else {}
 
     def for_destination(self, url: str) -> JobSpec:

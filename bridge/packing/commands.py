@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from bridge.cli import (ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, ProfileOpt, QuietOpt, StoreSumOpt, ProgressBar,
+from bridge.cli import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, ProfileOpt, QuietOpt, StoreSumOpt, ProgressBar,
                         emit, print_plan, settings_from_flags, out)
 from bridge.config import parse_size
 from bridge.progress import human_bytes
@@ -35,9 +35,10 @@ DEFAULT_SHARD_SIZE = "256MiB"
 def _pack(src: str, dst: str, fmt: str, shard_size: str, max_count: int | None, prefix: str,
           row_group_size: str | None, memory: str, concurrency: int | None, chunk_size: str | None,
           store_checksums: str | None, dry_run: bool, as_json: bool, quiet: bool, profile: str | None,
-          config: Path | None) -> None:
+          config: Path | None, bwlimit: str | None = None, bwlimit_file: Path | None = None) -> None:
     from bridge.packing import job
-    settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums)
+    settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
+                                   bwlimit_file=bwlimit_file)
     options = {"row_group_size": parse_size(row_group_size)} if row_group_size else {}
     kwargs = dict(fmt=fmt, prefix=prefix, shard_size=parse_size(shard_size), max_count=max_count,
                   options=options, memory=parse_size(memory))
@@ -51,7 +52,7 @@ def _pack(src: str, dst: str, fmt: str, shard_size: str, max_count: int | None, 
         out.print(f"would pack {summary['files']} files, {human_bytes(summary['bytes'])} from {summary['source']} "
                   f"into {summary['shards']} {summary['format']} shards at {summary['destination']}", markup=False)
         return
-    with ProgressBar(not quiet and not as_json) as progress:
+    with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
         summary = job.pack(src, dst, settings, progress=progress, **kwargs)
     emit(summary, as_json, f"packed {summary['files']} files, {human_bytes(summary['bytes'])} into "
           f"{summary['shards']} {summary['format']} shards ({human_bytes(summary['shard_bytes'])}) in "
@@ -61,30 +62,33 @@ def _pack(src: str, dst: str, fmt: str, shard_size: str, max_count: int | None, 
 def pack(src: str, dst: str, fmt: FormatOpt = "tar", shard_size: ShardSizeOpt = DEFAULT_SHARD_SIZE,
          max_count: MaxCountOpt = None, prefix: PrefixOpt = "shard", row_group_size: RowGroupOpt = None,
          memory: MemoryOpt = "1GiB", concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
-         store_checksums: StoreSumOpt = None, dry_run: DryOpt = False, as_json: JsonOpt = False,
+         store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
+         dry_run: DryOpt = False, as_json: JsonOpt = False,
          quiet: QuietOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Pack the files under SRC into tar (WebDataset) or Parquet shards at DST, with an index."""
     _pack(src, dst, fmt, shard_size, max_count, prefix, row_group_size, memory, concurrency, chunk_size,
-          store_checksums, dry_run, as_json, quiet, profile, config)
+          store_checksums, dry_run, as_json, quiet, profile, config, bwlimit, bwlimit_file)
 
 
 def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSizeOpt = DEFAULT_SHARD_SIZE,
             max_count: MaxCountOpt = None, prefix: PrefixOpt = "shard", row_group_size: RowGroupOpt = None,
             memory: MemoryOpt = "1GiB", concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
-            store_checksums: StoreSumOpt = None, dry_run: DryOpt = False, as_json: JsonOpt = False,
+            store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
+            dry_run: DryOpt = False, as_json: JsonOpt = False,
             quiet: QuietOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Move a corpus from SRC to DST in one pass, packing it into shards with --pack; the
     destination gets its index and _bridge/manifest.json."""
     if pack_format:
         _pack(src, dst, pack_format, shard_size, max_count, prefix, row_group_size, memory, concurrency,
-              chunk_size, store_checksums, dry_run, as_json, quiet, profile, config)
+              chunk_size, store_checksums, dry_run, as_json, quiet, profile, config, bwlimit, bwlimit_file)
         return
     from bridge import ops
-    settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums)
+    settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
+                                   bwlimit_file=bwlimit_file)
     if dry_run:
         print_plan(ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True), as_json)
         return
-    with ProgressBar(not quiet and not as_json) as progress:
+    with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress)
     emit(summary, as_json, f"migrated {summary['files']} files, {human_bytes(summary['bytes'])} in "
           f"{summary['elapsed_s']:.1f}s; manifest {summary['manifest']}")

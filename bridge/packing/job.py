@@ -363,6 +363,9 @@ def prepare(ctx: PackContext) -> None:
 def execute(plan: PackPlan, settings: Settings, progress: Progress | None = None,
             state_dir: Path | None = None, memory: int = DEFAULT_MEMORY) -> dict[str, Any]:
     progress = progress or Progress()
+    if progress.limiter is None and settings.transfer.bwlimit:
+        from bridge.bwlimit import local
+        progress.limiter = local(settings.transfer.bwlimit)
     journal = FileJournal((state_dir or Path(settings.transfer.state_dir)) / "journal" / f"{plan.key}.jsonl")
     ctx = PackContext(plan, settings, journal, progress)
     progress.plan(plan.shard_bytes, len(plan.shards) + 2)

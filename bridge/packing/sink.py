@@ -109,6 +109,7 @@ class StreamingUpload:
 
     def _upload_part(self, number: int, offset: int, data: bytes) -> PartRecord:
         crc = crc_hex(crc32c(data))
+        self.progress.throttle(len(data))
         record = self._retrying(lambda: self.store.upload_part(self.loc, self._upload_id, number, offset,
                                                                data, crc))
         if record.crc32c != crc:
@@ -135,6 +136,7 @@ class StreamingUpload:
         if self._upload_id is None:
             data = b"".join(self._chunks)
             crc = crc_hex(crc32c(data))
+            self.progress.throttle(len(data))
             self._retrying(lambda: self.store.put(self.loc, data, crc32c=crc,
                                                   metadata=_metadata(crc, sha)))
             self.progress.moved(len(data))

@@ -1,0 +1,140 @@
+"""Bandwidth limits: one token bucket per job, shared by every connection of the job.
+
+Transfers call ``Progress.throttle(n)`` before moving n bytes (the engine before it reads a
+file or a part, the shard writer before it sends a part); the job's ``Limiter`` makes the caller
+wait until the bucket lets those bytes through. The limit is bytes per second across all of the
+job's threads (and, in the service, across all of its workers); ``None`` means unlimited.
+
+The bucket is a token bucket with a burst of one slice, kept as the time its budget is used up
+to (a "theoretical arrival time", GCRA): reserving n bytes moves that time n / rate into the
+future and tells the caller how long to wait. Callers take at most ``SLICE`` bytes at a time, so
+threads share the budget evenly and a changed rate is felt within a slice or so. Where the state
+lives is the bucket's business: ``TokenBucket`` keeps it in this process; the service keeps it in
+Redis so that all workers of a job draw from one budget (workers/limits.py).
+
+A running ``mcbridge cp|sync|migrate|pack`` changes its limit on SIGUSR2 (``install_signal``):
+with ``--bwlimit-file FILE`` it reads the new rate from FILE, otherwise it toggles the limit off
+and back on, as rclone does.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from bridge.errors import InvalidOption
+
+SLICE = 1024 * 1024
+_OFF = ("", "0", "off", "none", "unlimited")
+
+
+def parse_rate(value: str | int | None) -> int | None:
+    """'50MiB' or '50MiB/s' -> 52428800 bytes per second; '0', 'off' or None -> None (unlimited)."""
+    from bridge.config import parse_size
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return value or None
+    text = str(value).strip().lower()
+    if text in _OFF:
+        return None
+    try:
+        rate = parse_size(text.removesuffix("/s"))
+    except InvalidOption:
+        raise InvalidOption(f"invalid bandwidth limit {value!r}: use bytes per second with an optional "
+                            f"unit, e.g. 50MiB (or 0/off for none)") from None
+    return rate or None
+
+
+class Bucket(Protocol):
+    @property
+    def rate(self) -> int | None: ...
+
+    def reserve(self, nbytes: int) -> float:
+        """Take ``nbytes`` from the budget; the seconds to wait before sending them."""
+
+
+class TokenBucket:
+    """The bucket of one process: thread-safe, the rate changeable at any time."""
+
+    def __init__(self, rate: int | None = None, clock: Callable[[], float] = time.monotonic):
+        self._rate = rate or None
+        self._clock = clock
+        self._tat = 0.0   # when the budget taken so far is used up
+        self._lock = threading.Lock()
+
+    @property
+    def rate(self) -> int | None:
+        return self._rate
+
+    def reserve(self, nbytes: int) -> float:
+        with self._lock:
+            if not self._rate:
+                return 0.0
+            now = self._clock()
+            start = max(self._tat, now)
+            self._tat = start + nbytes / self._rate
+            return start - now
+
+    def set_rate(self, rate: int | None) -> None:
+        """A new rate; bytes already reserved but not yet due are re-timed at it."""
+        with self._lock:
+            rate = rate or None
+            now = self._clock()
+            if rate and self._rate and self._tat > now:
+                self._tat = now + (self._tat - now) * self._rate / rate
+            elif not rate:
+                self._tat = 0.0
+            self._rate = rate
+
+
+class Limiter:
+    """What a job's transfers wait on. Unlimited costs one attribute read per call."""
+
+    def __init__(self, bucket: Bucket, sleep: Callable[[float], None] = time.sleep):
+        self.bucket = bucket
+        self._sleep = sleep
+
+    @property
+    def rate(self) -> int | None:
+        return self.bucket.rate
+
+    def take(self, nbytes: int) -> None:
+        while nbytes > 0 and self.bucket.rate:
+            piece = min(nbytes, SLICE)
+            nbytes -= piece
+            wait = self.bucket.reserve(piece)
+            if wait > 0:
+                self._sleep(wait)
+
+
+def local(rate: int | None) -> Limiter:
+    return Limiter(TokenBucket(rate))
+
+
+def install_signal(limiter: Limiter, configured: int | None, rate_file: Path | None = None) -> None:
+    """On SIGUSR2: the rate in ``rate_file`` (re-read each time), or without a file, the limit
+    toggled between off and ``configured``. Only for a process-local bucket, in the main thread."""
+    bucket = limiter.bucket
+    if not isinstance(bucket, TokenBucket) or threading.current_thread() is not threading.main_thread():
+        return
+    remembered = {"rate": configured}
+
+    def changed(_signum, _frame) -> None:
+        if rate_file is not None:
+            try:
+                bucket.set_rate(parse_rate(rate_file.read_text()))
+            except (OSError, InvalidOption):
+                return  # a file being rewritten or a typo keeps the current limit
+            return
+        if bucket.rate:
+            remembered["rate"] = bucket.rate
+            bucket.set_rate(None)
+        else:
+            bucket.set_rate(remembered["rate"])
+
+    signal.signal(signal.SIGUSR2, changed)

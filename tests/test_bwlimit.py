@@ -1,0 +1,159 @@
+"""Bandwidth limits: the bucket's arithmetic, a copy held to its rate, a limit changed while a
+copy runs (SIGUSR2 in process, ``mcbridge jobs limit`` for a service job).
+
+Two tests here measure elapsed time because the rate *is* the behaviour under test (issue 13);
+their bounds are wide enough for a shared machine: a limit only ever makes a copy slower, so the
+lower bound cannot be reached by a slow machine, and the upper bounds leave seconds of room.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bridge import ops
+from bridge.bwlimit import Limiter, TokenBucket, parse_rate
+from bridge.errors import InvalidOption
+from tests.helpers import NO_CONFIG, mcbridge, settings_for
+from tests.test_workers_service import service  # noqa: F401  (the fixture)
+
+MiB = 1024 * 1024
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_rates_parse_with_units_and_off_means_unlimited():
+    assert parse_rate("50MiB") == 50 * MiB
+    assert parse_rate("50MiB/s") == 50 * MiB
+    assert parse_rate("1.5M") == 1_500_000
+    assert parse_rate("0") is None and parse_rate("off") is None and parse_rate(None) is None
+    with pytest.raises(InvalidOption, match="invalid bandwidth limit 'fast'"):
+        parse_rate("fast")
+
+
+def test_the_bucket_lets_bytes_through_at_its_rate_and_retimes_a_changed_rate():
+    clock = FakeClock()
+    bucket = TokenBucket(10 * MiB, clock=clock)
+    limiter = Limiter(bucket, sleep=clock.sleep)
+    limiter.take(1 * MiB)            # the first slice goes at once
+    assert clock.now == 100.0
+    limiter.take(40 * MiB)           # 40 more slices: each waits for the one before it
+    assert clock.now == pytest.approx(100.0 + 40 / 10)
+    # Reserved ahead (as other threads would have): 2 s of backlog at 10 MiB/s is 0.5 s at 40.
+    assert bucket.reserve(20 * MiB) == pytest.approx(0.1)
+    bucket.set_rate(40 * MiB)
+    assert bucket.reserve(1) == pytest.approx((0.1 + 2.0) / 4)
+    bucket.set_rate(None)
+    before = clock.now
+    limiter.take(500 * MiB)          # unlimited: no waiting at all
+    assert clock.now == before
+
+
+def test_a_96_mib_copy_at_24_mib_per_second_takes_about_4_seconds(tmp_path):
+    src = tmp_path / "src" / "ckpt.bin"
+    src.parent.mkdir()
+    src.write_bytes(os.urandom(96 * MiB))
+    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state")}, bwlimit="24MiB")
+    start = time.perf_counter()
+    summary = ops.copy(str(src), f"{tmp_path}/dst/", settings)
+    elapsed = time.perf_counter() - start
+    assert (tmp_path / "dst" / "ckpt.bin").read_bytes() == src.read_bytes()
+    assert summary["files"] == 1
+    assert 3.4 <= elapsed <= 4.6, f"96 MiB at 24 MiB/s took {elapsed:.2f}s (expected ~4 s, within 15%)"
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_sigusr2_rereads_the_limit_file_of_a_running_copy(tmp_path):
+    """48 MiB at 1 MiB/s would take 48 s; the file says 0 (none) and a SIGUSR2 makes it finish."""
+    src = tmp_path / "ckpt.bin"
+    src.write_bytes(os.urandom(48 * MiB))
+    rate_file = tmp_path / "bwlimit"
+    rate_file.write_text("1MiB\n")
+    env = {**os.environ, "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "XDG_CONFIG_HOME": NO_CONFIG}
+    proc = subprocess.Popen([sys.executable, "-m", "bridge", "cp", str(src), f"{tmp_path}/dst/", "-q",
+                             "--chunk-size", "4MiB", "--bwlimit-file", str(rate_file)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # The partial file appears once the copy runs, so the handler is in place by then.
+        _wait_for(lambda: any(p.name.endswith(".bridge-partial") for p in (tmp_path / "dst").glob("*"))
+                  if (tmp_path / "dst").exists() else False, 60, "the copy to start")
+        assert proc.poll() is None
+        rate_file.write_text("0\n")
+        proc.send_signal(signal.SIGUSR2)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert (tmp_path / "dst" / "ckpt.bin").read_bytes() == src.read_bytes()
+
+
+def test_bwlimit_flags_refuse_bad_values_on_one_line(tmp_path):
+    src = tmp_path / "a.txt"
+    src.write_text("a")
+    result = mcbridge("cp", str(src), f"{tmp_path}/dst/", "--bwlimit", "fast", env=dict(os.environ),
+                      state_dir=tmp_path / "state")
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("mcbridge: error: invalid bandwidth limit 'fast': use bytes per second "
+                                     "with an optional unit, e.g. 50MiB (or 0/off for none)")
+    missing = mcbridge("cp", str(src), f"{tmp_path}/dst/", "--bwlimit-file", str(tmp_path / "nope"),
+                       env=dict(os.environ), state_dir=tmp_path / "state")
+    assert missing.returncode == 2 and "--bwlimit-file" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_a_service_job_whose_limit_is_raised_midway_finishes_sooner(service, tmp_path):  # noqa: F811
+    """Two 24 MiB files (one task each, on two workers sharing one budget) at 3 MiB/s would take
+    16 s; raised to 64 MiB/s after a few seconds, the job ends well before that."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a.bin", "b.bin"):
+        (src / name).write_bytes(os.urandom(24 * MiB))
+    total, rate = 48 * MiB, 3 * MiB
+    for name in ("w1", "w2"):
+        service.worker(name, concurrency=1)
+    for worker in service.processes:
+        worker.wait_ready()
+    job_id = service.submit("cp", f"{src}/", f"{tmp_path}/dst/", "--chunk-size", "4MiB", "--bwlimit", "3MiB")
+    _wait_for(lambda: (service.jobs.get(job_id) and
+                       service.jobs.get(job_id).counters.get("bytes_done", 0) > 0), 90, "bytes to move")
+    time.sleep(2)
+    record = service.jobs.get(job_id)
+    assert record.state == "running"
+    limited_for = time.time() - record.started
+    done_then = record.counters.get("bytes_done", 0)
+    # Shared by both workers, the budget lets through at most rate x time (plus what the threads
+    # reserved ahead: one 4 MiB part each) — not twice that, as two budgets would.
+    assert done_then <= rate * limited_for + 2 * 4 * MiB, (done_then, limited_for)
+    result = service.cli("jobs", "limit", job_id, "64MiB")
+    assert result.returncode == 0, result.stderr
+    assert "64.0 MiB/s" in result.stdout
+    record = service.wait(job_id, timeout=60)
+    assert record.state == "succeeded", record.errors
+    at_original_rate = total / rate
+    assert record.elapsed < 0.75 * at_original_rate, \
+        f"raised after {limited_for:.1f}s, the job took {record.elapsed:.1f}s (16 s at the original rate)"
+    for name in ("a.bin", "b.bin"):
+        assert (tmp_path / "dst" / name).read_bytes() == (src / name).read_bytes()
+    done = service.cli("jobs", "limit", job_id, "1MiB")
+    assert done.returncode == 1 and "succeeded" in done.stderr
