@@ -93,7 +93,12 @@ class TransferSettings(_Section):
     @field_validator("chunk_size", mode="before")
     @classmethod
     def _size(cls, v: Any) -> Any:
-        return None if v is None else parse_size(v)
+        if v is None:
+            return None
+        size = parse_size(v)
+        if size < 1:  # 0 used to fall back to the default silently
+            raise InvalidOption(f"chunk size {v!r} must be at least 1 byte")
+        return size
 
     @field_validator("bwlimit", mode="before")
     @classmethod

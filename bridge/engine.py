@@ -147,10 +147,18 @@ def check_route(src_root: Location, dst_root: Location, objects: list[tuple[str,
                  f"cannot copy to {dst_root}")
 
 
+def check_chunk_size(chunk_size: int | None, store: Store) -> None:
+    """A requested part size the destination can never take is bad input, whatever the files."""
+    if chunk_size is not None and chunk_size > store.features.max_part_size:
+        raise InvalidOption(f"--chunk-size {chunk_size} is over the {store.scheme}:// limit of "
+                            f"{store.features.max_part_size} bytes per part")
+
+
 def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int | None = None) -> Plan:
     src_root, dst_root, objects, single = resolve(source, destination, settings)
     check_route(src_root, dst_root, objects, single)
     dst_store = get_store(dst_root, settings)
+    check_chunk_size(chunk_size, dst_store)
     files = [FilePlan(rel, info.size, part_size_for(info.size, dst_store, chunk_size)) for rel, info in objects]
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files)
     plan.key = job_key("copy", plan.source, plan.destination, chunk_size,

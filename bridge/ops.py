@@ -12,8 +12,8 @@ import gc
 from bridge import bwlimit
 from bridge import manifest as manifests
 from bridge.check import mismatch, rehash, reported_crc32c
-from bridge.engine import (FilePlan, JobContext, Plan, ThreadExecutor, check_route, part_size_for, plan_copy,
-                           prepare, resolve)
+from bridge.engine import (FilePlan, JobContext, Plan, ThreadExecutor, check_chunk_size, check_route,
+                           part_size_for, plan_copy, prepare, resolve)
 from bridge.errors import ManifestError, ObjectNotFound, TransferFailed
 from bridge.journal import job_key
 from bridge.journal import FileJournal
@@ -141,6 +141,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     src_root, dst_root, objects, single = resolve(source, destination, settings)
     check_route(src_root, dst_root, objects, single)
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
+    check_chunk_size(chunk_size, dst_store)
     manifest = manifests.read(dst_store, dst_root) or manifests.read(dst_store, dst_root, manifests.PREVIOUS)
     entries = manifest.files if manifest else {}
     present = dict(dst_store.walk(dst_root))

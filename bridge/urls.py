@@ -18,6 +18,7 @@ _BUCKET_RULES = {
     "az": re.compile(r"^[a-z0-9](?!.*--)[a-z0-9\-]{1,61}[a-z0-9]$"),
 }
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+_NEAR_SCHEME_RE = re.compile(r"^(s3|gs|az|file):", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,12 @@ def parse(url: str) -> Location:
     if not m:
         if "://" in url or url.startswith(":"):
             raise BadURL(f"malformed URL {url!r}: expected SCHEME://BUCKET/KEY")
+        near = _NEAR_SCHEME_RE.match(url)
+        if near:  # s3:/b/k or gs:b/k: a typo of a URL, not a local folder named "s3:"
+            scheme = near.group(1).lower()
+            hint = "file:///PATH (or ./ before a local name with a colon)" if scheme == "file" else \
+                f"{scheme}://BUCKET/KEY"
+            raise BadURL(f"malformed URL {url!r}: expected {hint}")
         return _local(url)
     scheme = m.group(1).lower()
     if scheme == "file":

@@ -98,3 +98,73 @@ def test_unreachable_endpoint(scheme, src_file, tmp_path):
 def test_verify_without_manifest(tmp_path):
     (tmp_path / "d").mkdir()
     one_line_error(mcbridge("verify", str(tmp_path / "d"), env=BARE, state_dir=tmp_path), 1, "no manifest")
+
+
+# -- malformed input (issue 8) ------------------------------------------------------------------
+
+@pytest.mark.parametrize("url", ["s3:/bucket/x", "s3:bucket/x", "gs:/bucket/x", "gs:bucket", "az:/cont/x",
+                                 "AZ:cont/x", "file:/tmp/x"])
+def test_a_url_of_a_known_scheme_missing_its_slashes_is_bad_input(url, src_file, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a folder "s3:" would appear; python -m then finds bridge on PYTHONPATH
+    env = {**BARE, **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"}}
+    r = mcbridge("cp", src_file, url, env=env, state_dir=tmp_path / "state")
+    one_line_error(r, 2, f"malformed URL {url!r}")
+    assert not any(p.name.lower().startswith(url.split(":")[0].lower()) for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("size,needle", [("0", "at least 1 byte"), ("-8MiB", "invalid size"),
+                                         ("lots", "invalid size"), ("0MiB", "at least 1 byte")])
+@pytest.mark.parametrize("command", ["cp", "sync"])
+def test_bad_chunk_sizes_exit_2(command, size, needle, src_file, tmp_path):
+    out = tmp_path / "out"
+    r = mcbridge(command, f"--chunk-size={size}", src_file, str(out), env=BARE, state_dir=tmp_path / "state")
+    one_line_error(r, 2, needle)
+    assert not out.exists()
+
+
+def test_a_chunk_size_over_the_destination_limit_exits_2(src_file, make_root, env_for, tmp_path):
+    dst = make_root("s3")
+    r = mcbridge("cp", "--chunk-size", "6GiB", src_file, dst, env=env_for("s3"), state_dir=tmp_path)
+    one_line_error(r, 2, "over the s3:// limit")
+    r = mcbridge("cp", "--chunk-size", "5GiB", src_file, dst, env=env_for("s3"), state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr   # the limit itself is allowed
+
+
+@pytest.mark.parametrize("value", ["garbage", "AccountKey=abc", "a=b;c"])
+def test_a_malformed_azure_connection_string_is_one_line(value, src_file, tmp_path):
+    r = mcbridge("cp", src_file, "az://cont/f.txt", env={**BARE, "AZURE_STORAGE_CONNECTION_STRING": value},
+                 state_dir=tmp_path)
+    assert r.returncode in (1, 2)
+    one_line_error(r, r.returncode, "connection string")
+
+
+@pytest.mark.parametrize("command", ["cp", "sync"])
+@pytest.mark.parametrize("dst", ["sub/", "sub/deeper/", ""])
+def test_a_local_destination_inside_its_source_exits_2(command, dst, tmp_path):
+    src = tmp_path / "a"
+    src.mkdir()
+    (src / "x.txt").write_text("x")
+    r = mcbridge(command, f"{src}/", f"{src}/{dst}", env=BARE, state_dir=tmp_path / "state")
+    one_line_error(r, 2, "inside it")
+    assert sorted(p.name for p in src.iterdir()) == ["x.txt"]
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "az"])
+def test_a_bucket_prefix_inside_its_source_prefix_exits_2(scheme, make_root, emulator_for, env_for, tmp_path):
+    root = make_root(scheme)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f.txt").write_text("x")
+    env = env_for(scheme)
+    assert mcbridge("cp", f"{src}/", root + "x/", env=env, state_dir=tmp_path / "state").returncode == 0
+    for command in ("cp", "sync"):
+        r = mcbridge(command, root + "x/", root + "x/y/", env=env, state_dir=tmp_path / "state")
+        one_line_error(r, 2, "inside it")
+    r = mcbridge("cp", root + "x/", root + "xy/", env=env, state_dir=tmp_path / "state")  # a sibling is fine
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_newline_in_a_name_keeps_the_error_on_one_line(tmp_path):
+    missing = tmp_path / "no\nsuch.txt"
+    one_line_error(mcbridge("cp", str(missing), str(tmp_path / "out"), env=BARE, state_dir=tmp_path), 1,
+                   "no such object")
