@@ -5,16 +5,22 @@ checksum, GCS crc32c) or, where it keeps none, the CRC32C bridge stored in the o
 (Azure) together with the committed block sizes. A local file reports nothing, so its CRC32C is
 computed from the disk. ``deep`` re-reads every object and compares CRC32C and SHA-256.
 A checksum the store does not report is a failure, never a pass.
+
+All of that vouches only for the object version bridge committed. The manifest records that
+version's identity (ETag, generation, version id, last-modified, inode and times); an object
+whose identity has changed since was rewritten behind bridge's back, possibly keeping size,
+metadata and even checksums, so even the cheap check re-reads it and compares CRC32C and SHA-256.
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 from bridge.errors import ObjectNotFound
 from bridge.hashing import crc32c, crc_hex
 from bridge.manifest import FileEntry
-from bridge.stores.base import MiB, ObjectInfo, Store
+from bridge.stores.base import MiB, ObjectInfo, Store, identity_changed
 from bridge.urls import Location
 
 READ_SIZE = 16 * MiB
@@ -45,17 +51,53 @@ def reported_crc32c(store: Store, info: ObjectInfo) -> str | None:
     return info.metadata.get("bridge_crc32c")
 
 
+@dataclass(frozen=True)
+class Verdict:
+    problem: str | None = None    # why the object does not match its entry; None when it does
+    rehashed: str | None = None   # why a cheap check re-read it anyway (its identity changed)
+
+
 def mismatch(store: Store, info: ObjectInfo, entry: FileEntry, deep: bool = False) -> str | None:
     """Why the object does not match its entry, or None when it does."""
+    return judge(store, info, entry, deep).problem
+
+
+def judge(store: Store, info: ObjectInfo, entry: FileEntry, deep: bool = False) -> Verdict:
     if info.size != entry.size:
-        return f"size {info.size}, manifest says {entry.size}"
+        return Verdict(f"size {info.size}, manifest says {entry.size}")
     if deep:
-        crc, sha = rehash(store, info.location, info.size)
-        if crc != entry.crc32c:
-            return f"CRC32C {crc}, manifest says {entry.crc32c}"
-        if sha != entry.sha256:
-            return f"SHA-256 {sha}, manifest says {entry.sha256}"
+        return Verdict(_bytes_differ(store, info, entry))
+    changed = _identity_change(store, info, entry)
+    if changed:
+        # Another version than the one committed: what the store reports of it, and metadata
+        # anyone can copy, prove nothing; only its bytes can.
+        differ = _bytes_differ(store, info, entry)
+        if differ:
+            return Verdict(f"rewritten since the manifest was written ({changed}): {differ}", changed)
+        return Verdict(None, f"{changed} since the manifest was written; bytes proven equal by rehash")
+    return Verdict(_cheap_problem(store, info, entry))
+
+
+def _identity_change(store: Store, info: ObjectInfo, entry: FileEntry) -> str | None:
+    if not entry.identity:
+        return None   # a manifest from before identities: trusted as it always was
+    seen = info.identity or store.info(info.location).identity
+    if not identity_changed(entry.identity, seen):
         return None
+    fields = sorted(k for k in entry.identity.keys() & seen.keys() if entry.identity[k] != seen[k])
+    return f"its {', '.join(fields)} changed" if fields else "its identity is unknown"
+
+
+def _bytes_differ(store: Store, info: ObjectInfo, entry: FileEntry) -> str | None:
+    crc, sha = rehash(store, info.location, info.size)
+    if crc != entry.crc32c:
+        return f"CRC32C {crc}, manifest says {entry.crc32c}"
+    if sha != entry.sha256:
+        return f"SHA-256 {sha}, manifest says {entry.sha256}"
+    return None
+
+
+def _cheap_problem(store: Store, info: ObjectInfo, entry: FileEntry) -> str | None:
     if not store.features.checksums and info.location.is_local:
         crc, _ = rehash(store, info.location, info.size, sha=False)
         return None if crc == entry.crc32c else f"CRC32C {crc}, manifest says {entry.crc32c}"

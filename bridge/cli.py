@@ -180,6 +180,8 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
             out.print(f"extra       {path}", markup=False)
         for row in report["mismatched"]:
             out.print(f"mismatched  {row['path']}: {row['reason']}", markup=False)
+        for row in report["rehashed"]:
+            out.print(f"rehashed    {row['path']}: {row['reason']}", markup=False)
         for shard_set in report["shard_sets"]:
             for problem in shard_set["problems"]:
                 out.print(f"shard set   {shard_set['index']}: {problem}", markup=False)
@@ -189,7 +191,9 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
         out.print(f"{verdict}: {report['checked']} files, {human_bytes(report['bytes'])} checked "
                   f"({'deep' if deep else 'store checksums'}) at {report['url']}; "
                   f"{len(report['missing'])} missing, {len(report['extra'])} extra, "
-                  f"{len(report['mismatched'])} mismatched", markup=False)
+                  f"{len(report['mismatched'])} mismatched"
+                  + (f", {len(report['rehashed'])} rewritten with equal bytes" if report["rehashed"] else ""),
+                  markup=False)
     if not report["ok"]:
         raise typer.Exit(1)
 

@@ -248,8 +248,8 @@ def _put(ctx: JobContext, unit: dict) -> dict:
         raise IntegrityError(f"{ctx.src_loc(rel)}: read {len(data)} bytes, planned {unit['size']}: "
                              f"the source changed during the copy")
     h = FileHash.of(data)
-    ctx.retrying(lambda: ctx.dst.put(ctx.dst_loc(rel), data, crc32c=h.crc32c, metadata=_metadata(h)))
-    entry = asdict(manifests.entry_from_hash(rel, h))
+    committed = ctx.retrying(lambda: ctx.dst.put(ctx.dst_loc(rel), data, crc32c=h.crc32c, metadata=_metadata(h)))
+    entry = asdict(manifests.entry_from_hash(rel, h, committed=committed))
     ctx.journal.put(f"file:{rel}", entry)
     ctx.progress.moved(len(data))
     ctx.progress.file_finished()
@@ -309,7 +309,8 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     upload_id, _held = ctx.upload(unit)
     ctx.retrying(lambda: ctx.dst.complete_upload(ctx.dst_loc(rel), upload_id, parts, crc32c=crc,
                                                  metadata=_metadata(h)))
-    entry = asdict(manifests.entry_from_hash(rel, h, part_size, [p.crc32c for p in parts]))
+    committed = manifests.committed_info(ctx.dst, ctx.dst_loc(rel), h, ctx.retrying)
+    entry = asdict(manifests.entry_from_hash(rel, h, part_size, [p.crc32c for p in parts], committed))
     ctx.journal.put(f"file:{rel}", entry)
     ctx.progress.file_finished()
     return entry

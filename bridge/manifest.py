@@ -6,9 +6,23 @@ A prefix without a manifest is incomplete. The document is versioned JSON::
      "created": "2026-11-29T15:00:00Z", "source": "...", "destination": "...",
      "totals": {"files": 2, "bytes": 10},
      "files": [{"path": "a/b.bin", "size": 10, "crc32c": "…", "sha256": "…",
-                "part_size": 8388608, "parts": ["crc32c hex", …]}, …]}
+                "part_size": 8388608, "parts": ["crc32c hex", …],
+                "computed": ["crc32c", "sha256"], "reported": {"crc32c": "…"},
+                "identity": {"etag": "…", "last_modified": "2026-11-29T15:00:00Z"}}, …]}
 
-Entries are sorted by path. For corpora with millions of files the entries go to JSON-lines
+Entries are sorted by path. Each entry says where its hashes come from: ``computed`` names those
+bridge computed from the bytes as they passed through it; ``reported`` holds what the store said
+of the written object at commit (S3 full-object CRC32C, GCS crc32c and md5, Azure Content-MD5 of
+a one-request upload; nothing for local files). ``identity`` is what named that exact version of
+the object on its store at commit (S3 ETag and version id, GCS generation, Azure ETag and
+last-modified, a local file's inode, size, mtime and ctime): when a listing shows another one,
+the object was rewritten since, and the cheap ``verify`` and ``sync`` re-read it instead of
+trusting what the store (or metadata bridge wrote) reports.
+
+These three fields were added without changing ``version``: they are optional (an entry without
+them reads as computed by bridge, with no identity, and is checked as before) and an older
+reader ignores them. The version goes to 2 when an entry may lack a computed hash (a server-side
+copy committed from what the store reports), which an older reader could not check. For corpora with millions of files the entries go to JSON-lines
 shards of at most ``SHARD_ENTRIES`` each, ``_bridge/manifest.d/files-000000.jsonl`` …, and
 ``files`` is replaced by ``file_shards`` (name, entries, sha256 of the shard), so the top document
 stays small and a reader streams one shard at a time. The shards are written before the top
@@ -20,18 +34,19 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 
 from bridge import __version__
-from bridge.errors import ManifestError, ObjectNotFound
+from bridge.errors import IntegrityError, ManifestError, ObjectNotFound
 from bridge.hashing import FileHash, crc32c, crc_hex
-from bridge.stores.base import RESERVED, Store
+from bridge.stores.base import RESERVED, ObjectInfo, Store
 from bridge.urls import Location
 
 FORMAT = "mcbridge-manifest"
 VERSION = 1
 SHARD_ENTRIES = 100_000
+COMPUTED = ("crc32c", "sha256")   # what bridge hashes every byte it moves with
 MANIFEST = f"{RESERVED}/manifest.json"
 PREVIOUS = f"{RESERVED}/manifest.previous.json"
 
@@ -44,11 +59,15 @@ class FileEntry:
     sha256: str
     part_size: int = 0                          # 0: written in one request
     parts: list[str] = field(default_factory=list)
+    computed: list[str] = field(default_factory=lambda: list(COMPUTED))  # hashes bridge took from the bytes
+    reported: dict[str, str] = field(default_factory=dict)   # hashes the store reported at commit
+    identity: dict[str, str] = field(default_factory=dict)   # the object version committed
 
     @classmethod
     def from_dict(cls, d: dict) -> FileEntry:
         return cls(d["path"], int(d["size"]), d["crc32c"], d["sha256"], int(d.get("part_size", 0)),
-                   list(d.get("parts", [])))
+                   list(d.get("parts", [])), list(d.get("computed", COMPUTED)), dict(d.get("reported", {})),
+                   dict(d.get("identity", {})))
 
     def part_sizes(self) -> list[int]:
         if not self.part_size or not self.parts:
@@ -137,5 +156,25 @@ def read(store: Store, root: Location, name: str = MANIFEST) -> Manifest | None:
                     doc.get("bridge_version", ""), extra)
 
 
-def entry_from_hash(path: str, h: FileHash, part_size: int = 0, parts: Iterable[str] = ()) -> FileEntry:
-    return FileEntry(path, h.size, h.crc32c, h.sha256, part_size, list(parts))
+def entry_from_hash(path: str, h: FileHash, part_size: int = 0, parts: Iterable[str] = (),
+                    committed: ObjectInfo | None = None) -> FileEntry:
+    """The entry of a file whose bytes bridge hashed, with what the store answered at commit."""
+    return FileEntry(path, h.size, h.crc32c, h.sha256, part_size, list(parts), **provenance(committed))
+
+
+def provenance(committed: ObjectInfo | None) -> dict:
+    """``reported`` and ``identity`` for an entry, from what the store said of the written object."""
+    if committed is None:
+        return {}
+    return {"reported": dict(committed.checksums), "identity": dict(committed.identity)}
+
+
+def committed_info(store: Store, loc: Location, h: FileHash, retrying: Callable) -> ObjectInfo:
+    """What the store says of an object just completed from parts: its identity for the manifest.
+    Asked right after the commit (whose checksum the store has checked): should the object already
+    be another one, its size or the hashes in bridge's metadata differ from ours and the copy fails."""
+    info = retrying(lambda: store.info(loc))
+    if info.size != h.size or info.metadata.get("bridge_crc32c", h.crc32c) != h.crc32c \
+            or info.metadata.get("bridge_sha256", h.sha256) != h.sha256:
+        raise IntegrityError(f"{loc}: was changed right after its upload completed; run the copy again")
+    return info

@@ -11,6 +11,7 @@ import gc
 
 from bridge import bwlimit
 from bridge import manifest as manifests
+from bridge import check
 from bridge.check import mismatch, rehash, reported_crc32c
 from bridge.engine import (FilePlan, JobContext, Plan, ThreadExecutor, check_chunk_size, check_route,
                            part_size_for, plan_copy, prepare, resolve)
@@ -107,14 +108,16 @@ def verify(url: str, settings: Settings, *, deep: bool = False) -> dict[str, Any
     present = dict(store.walk(root))
     missing = sorted(p for p in manifest.files if p not in present)
     extra = sorted(p for p in present if p not in manifest.files)
-    mismatched = []
+    mismatched, rehashed = [], []
     with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
-        checks = {path: pool.submit(mismatch, store, present[path], entry, deep)
+        checks = {path: pool.submit(check.judge, store, present[path], entry, deep)
                   for path, entry in sorted(manifest.files.items()) if path in present}
         for path, fut in checks.items():
-            reason = fut.result()
-            if reason:
-                mismatched.append({"path": path, "reason": reason})
+            verdict = fut.result()
+            if verdict.problem:
+                mismatched.append({"path": path, "reason": verdict.problem})
+            elif verdict.rehashed:
+                rehashed.append({"path": path, "reason": verdict.rehashed})
     shard_sets = []
     for prefix, entry in sorted(manifest.extra.get("shard_sets", {}).items()):
         from bridge.packing import index  # only manifests of packed corpora name shard sets
@@ -124,7 +127,7 @@ def verify(url: str, settings: Settings, *, deep: bool = False) -> dict[str, Any
     ok = not (missing or extra or mismatched) and all(s["ok"] for s in shard_sets)
     return {"url": str(root), "ok": ok, "deep": deep, "checked": len(manifest.files),
             "bytes": manifest.totals()["bytes"], "missing": missing, "extra": extra,
-            "mismatched": mismatched, "shard_sets": shard_sets}
+            "mismatched": mismatched, "rehashed": rehashed, "shard_sets": shard_sets}
 
 
 def _source_crc32c(store, info) -> str:

@@ -258,7 +258,8 @@ def _index(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
     stale = _remove_stale(ctx)
     pointer = indexes.pointer(name, body, doc)
     ctx.journal.put("index", {"name": name, "size": written.size, "crc32c": written.crc32c,
-                              "sha256": written.sha256, "stale": stale, "pointer": pointer})
+                              "sha256": written.sha256, "stale": stale, "pointer": pointer,
+                              "committed": written.committed})
     return {"index": str(ctx.dst_root.join(name)), "pointer": pointer, "stale": stale}
 
 
@@ -292,9 +293,13 @@ def _finalize(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
     records, index = _records(ctx), ctx.journal.get("index")
     entries = []
     for r in records:
-        entries.append(FileEntry(r["name"], r["size"], r["crc32c"], r["sha256"], r["part_size"], r["parts"]))
-        entries.append(FileEntry(r["list"]["name"], r["list"]["size"], r["list"]["crc32c"], r["list"]["sha256"]))
-    entries.append(FileEntry(index["name"], index["size"], index["crc32c"], index["sha256"]))
+        entries.append(FileEntry(r["name"], r["size"], r["crc32c"], r["sha256"], r["part_size"], r["parts"],
+                                 **r.get("committed", {})))
+        listing = r["list"]
+        entries.append(FileEntry(listing["name"], listing["size"], listing["crc32c"], listing["sha256"],
+                                 **listing.get("committed", {})))
+    entries.append(FileEntry(index["name"], index["size"], index["crc32c"], index["sha256"],
+                             **index.get("committed", {})))
     where = commit_manifest(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination, entries,
                             removed=index["stale"], shard_sets={ctx.plan.prefix: index["pointer"]})
     return {"manifest": where}

@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass, field
 
 from bridge.errors import BridgeError, InvalidOption
-from bridge.hashing import combine_parts, crc32c, crc_hex
+from bridge.hashing import FileHash, combine_parts, crc32c, crc_hex
+from bridge.manifest import committed_info, provenance
 from bridge.progress import Progress
 from bridge.retry import call_with_retries
 from bridge.stores.base import MiB, PartRecord, Store
@@ -45,6 +46,7 @@ class Written:
     sha256: str
     part_size: int = 0
     parts: list[str] = field(default_factory=list)
+    committed: dict = field(default_factory=dict)   # the manifest entry's reported hashes and identity
 
 
 class StreamingUpload:
@@ -137,10 +139,10 @@ class StreamingUpload:
             data = b"".join(self._chunks)
             crc = crc_hex(crc32c(data))
             self.progress.throttle(len(data))
-            self._retrying(lambda: self.store.put(self.loc, data, crc32c=crc,
-                                                  metadata=_metadata(crc, sha)))
+            committed = self._retrying(lambda: self.store.put(self.loc, data, crc32c=crc,
+                                                              metadata=_metadata(crc, sha)))
             self.progress.moved(len(data))
-            return Written(len(data), crc, sha)
+            return Written(len(data), crc, sha, committed=provenance(committed))
         if self._buffered:
             self._send_part(b"".join(self._chunks))
         self._collect()
@@ -148,7 +150,9 @@ class StreamingUpload:
         crc = crc_hex(combine_parts([(int(p.crc32c, 16), p.size) for p in self._parts]))
         self._retrying(lambda: self.store.complete_upload(self.loc, self._upload_id, self._parts, crc32c=crc,
                                                           metadata=_metadata(crc, sha)))
-        return Written(self._pos, crc, sha, self.part_size, [p.crc32c for p in self._parts])
+        committed = committed_info(self.store, self.loc, FileHash(self._pos, crc, sha), self._retrying)
+        return Written(self._pos, crc, sha, self.part_size, [p.crc32c for p in self._parts],
+                       provenance(committed))
 
     def abort(self) -> None:
         """Drop what was sent; the error that led here is the one worth reporting."""
@@ -171,8 +175,8 @@ def put_whole(store: Store, loc: Location, data: bytes, *, retries: int, progres
               sha256: str | None = None) -> Written:
     """One small object in one request, with the same metadata as streamed ones."""
     sha, crc = sha256 or hashlib.sha256(data).hexdigest(), crc_hex(crc32c(data))
-    call_with_retries(lambda: store.put(loc, data, crc32c=crc, metadata=_metadata(crc, sha)), retries,
-                      on_retry=(lambda _e: progress.retried()) if progress else None)
+    committed = call_with_retries(lambda: store.put(loc, data, crc32c=crc, metadata=_metadata(crc, sha)),
+                                  retries, on_retry=(lambda _e: progress.retried()) if progress else None)
     if progress:
         progress.moved(len(data))
-    return Written(len(data), crc, sha)
+    return Written(len(data), crc, sha, committed=provenance(committed))

@@ -266,7 +266,7 @@ class _Extractor:
         w = put_whole(self.dst, self.dst_root.join(path), data, retries=self.retries, progress=self.progress,
                       sha256=sha)
         self.progress.file_finished()
-        return FileEntry(path, w.size, w.crc32c, w.sha256)
+        return FileEntry(path, w.size, w.crc32c, w.sha256, **w.committed)
 
     def _stream(self, view: RangeFile, shard: Shard, m: Member) -> FileEntry:
         sink = StreamingUpload(self.dst, self.dst_root.join(m.path), part_size=self.part_size,
@@ -284,7 +284,7 @@ class _Extractor:
             sink.abort()
             raise
         self.progress.file_finished()
-        return FileEntry(m.path, w.size, w.crc32c, w.sha256, w.part_size, w.parts)
+        return FileEntry(m.path, w.size, w.crc32c, w.sha256, w.part_size, w.parts, **w.committed)
 
     def _parquet_rows(self, shard: Shard) -> list[FileEntry]:
         pf = _parquet_file(self.src, shard.loc, shard.size, self.retries)

@@ -246,11 +246,13 @@ class ShardWriter:
         body = b"".join(json.dumps(e, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
                         for e in entries)
         written = put_whole(self.dst, self.dst_root.join(rel), body, retries=self.retries)
-        return {"name": rel, "size": written.size, "sha256": written.sha256, "crc32c": written.crc32c}
+        return {"name": rel, "size": written.size, "sha256": written.sha256, "crc32c": written.crc32c,
+                "committed": written.committed}
 
     def _record(self, name: str, files: list[tuple[str, int]], written: Written,
                 listing: dict[str, Any]) -> dict[str, Any]:
         return {"name": name, "size": written.size, "sha256": written.sha256, "crc32c": written.crc32c,
                 "files": len(files), "bytes": sum(size for _rel, size in files),
                 "first": files[0][0] if files else "", "last": files[-1][0] if files else "",
-                "list": listing, "part_size": written.part_size, "parts": written.parts}
+                "list": listing, "part_size": written.part_size, "parts": written.parts,
+                "committed": written.committed}

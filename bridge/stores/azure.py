@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable, InvalidOption,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError)
-from bridge.stores.base import GiB, MiB, Features, ObjectInfo, PartRecord, Store
+from bridge.stores.base import GiB, MiB, Features, ObjectInfo, PartRecord, Store, utc_seconds
 from bridge.urls import Location
 
 try:
@@ -68,6 +68,15 @@ def _transactional_checksum() -> str | bool:
 
 def _as_bytes(data) -> bytes:
     return data if isinstance(data, bytes) else bytes(data)
+
+
+def _identity(etag: str | None, last_modified) -> dict[str, str]:
+    """Azure gives every write of a blob (bytes or metadata) a new ETag; listings give it
+    without the quotes that property and upload answers carry."""
+    ident = {"etag": etag.strip('"')} if etag else {}
+    if last_modified:
+        ident["last_modified"] = utc_seconds(last_modified)
+    return ident
 
 
 def _block_id(upload_id: str, number: int) -> str:
@@ -127,20 +136,22 @@ class AzureStore(Store):
         container = self.client.get_container_client(prefix.bucket)
         with _translate(prefix, self.endpoint):
             for blob in container.list_blobs(name_starts_with=prefix.key or None, include=["metadata"]):
-                yield self._info(prefix.bucket, blob.name, blob.size, blob.content_settings, blob.metadata)
+                yield self._info(prefix.bucket, blob.name, blob.size, blob.content_settings, blob.metadata,
+                                 blob.etag, blob.last_modified)
 
     @staticmethod
-    def _info(container, name, size, content_settings, metadata) -> ObjectInfo:
+    def _info(container, name, size, content_settings, metadata, etag, last_modified) -> ObjectInfo:
         sums = {}
         md5 = getattr(content_settings, "content_md5", None)
         if md5:
             sums["md5"] = bytes(md5).hex()
-        return ObjectInfo(Location("az", container, name), int(size), sums, dict(metadata or {}))
+        return ObjectInfo(Location("az", container, name), int(size), sums, dict(metadata or {}),
+                          _identity(etag, last_modified))
 
     def info(self, loc: Location) -> ObjectInfo:
         with _translate(loc, self.endpoint):
             p = self._blob(loc).get_blob_properties()
-        return self._info(loc.bucket, loc.key, p.size, p.content_settings, p.metadata)
+        return self._info(loc.bucket, loc.key, p.size, p.content_settings, p.metadata, p.etag, p.last_modified)
 
     def block_sizes(self, loc: Location) -> list[int]:
         with _translate(loc, self.endpoint):
@@ -154,10 +165,12 @@ class AzureStore(Store):
             return self._blob(loc).download_blob(offset=offset if (offset or length is not None) else None, length=length,
                                                  max_concurrency=1).readall()
 
-    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> None:
+    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
         with _translate(loc, self.endpoint):
-            self._blob(loc).upload_blob(_as_bytes(data), overwrite=True, metadata=metadata,
-                                        validate_content=self._validate)
+            resp = self._blob(loc).upload_blob(_as_bytes(data), overwrite=True, metadata=metadata,
+                                               validate_content=self._validate)
+        sums = {"md5": bytes(resp["content_md5"]).hex()} if resp.get("content_md5") else {}
+        return ObjectInfo(loc, len(data), sums, dict(metadata), _identity(resp.get("etag"), resp.get("last_modified")))
 
     def body(self, data: bytes | bytearray) -> bytes:
         return _as_bytes(data)

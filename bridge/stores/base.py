@@ -78,6 +78,28 @@ class ObjectInfo:
     size: int
     checksums: dict[str, str] = field(default_factory=dict)  # name -> lowercase hex
     metadata: dict[str, str] = field(default_factory=dict)
+    # What names this exact version of the object on its store (S3 ETag and version id, GCS
+    # generation, Azure ETag and last-modified, a local file's inode and times): a rewrite, even
+    # one that keeps size, metadata and checksums, changes it. Compared with identity_changed.
+    identity: dict[str, str] = field(default_factory=dict)
+
+
+def identity_changed(recorded: dict[str, str], seen: dict[str, str]) -> bool:
+    """Whether ``seen`` names another version of the object than ``recorded``. Only the fields
+    both carry are compared (an S3 listing has no version id, a PUT answer no last-modified); an
+    empty record (a manifest written before identities) proves nothing and changes nothing, but a
+    record with no field in common with what is seen cannot vouch for it."""
+    if not recorded:
+        return False
+    common = recorded.keys() & seen.keys()
+    return not common or any(recorded[k] != seen[k] for k in common)
+
+
+def utc_seconds(when) -> str:
+    """A store's timestamp (an aware datetime) as ISO-8601 UTC to the second: listings and HEAD
+    answers give the same instant in different forms and precisions."""
+    from datetime import timezone
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -117,19 +139,22 @@ class Store(abc.ABC):
     # -- required -------------------------------------------------------------------------
     @abc.abstractmethod
     def list(self, prefix: Location) -> Iterator[ObjectInfo]:
-        """Every object under ``prefix`` (recursive), in no particular order."""
+        """Every object under ``prefix`` (recursive), in no particular order, with the identity
+        the listing gives (so that checking an object against its manifest costs no request)."""
 
     @abc.abstractmethod
     def info(self, loc: Location) -> ObjectInfo:
-        """Size and native checksums of one object; ObjectNotFound if absent."""
+        """Size, native checksums, metadata and identity of one object; ObjectNotFound if absent."""
 
     @abc.abstractmethod
     def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
         """Bytes [offset, offset+length) in one request."""
 
     @abc.abstractmethod
-    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> None:
-        """Write a whole object in one request; the store checks ``crc32c`` where it can."""
+    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
+        """Write a whole object in one request; the store checks ``crc32c`` where it can. Returns
+        what the store's answer says of the written object: the checksums it reports and its
+        identity (possibly fewer fields than ``info`` gives, never a second request)."""
 
     @abc.abstractmethod
     def delete(self, loc: Location) -> None: ...

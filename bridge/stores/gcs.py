@@ -116,8 +116,10 @@ class GCSStore(Store):
             sums["crc32c"] = crc_b64_to_hex(item["crc32c"])
         if item.get("md5Hash"):
             sums["md5"] = crc_b64_to_hex(item["md5Hash"])
+        # The generation changes with every write of the object's bytes and only then.
+        identity = {"generation": str(item["generation"])} if item.get("generation") else {}
         return ObjectInfo(Location("gs", bucket, item["name"]), int(item.get("size", 0)), sums,
-                          dict(item.get("metadata") or {}))
+                          dict(item.get("metadata") or {}), identity)
 
     def _list_raw(self, prefix: Location) -> Iterator[dict]:
         token = None
@@ -168,9 +170,10 @@ class GCSStore(Store):
         except ObjectNotFound as exc:
             raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
 
-    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> None:
+    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
         item = self._upload(loc, data, crc32c, metadata)
         self._check_crc(loc, item, crc32c)
+        return self._info(loc.bucket, item)
 
     @staticmethod
     def _check_crc(loc: Location, item: dict, crc32c: str) -> None:

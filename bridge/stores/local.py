@@ -57,21 +57,22 @@ class LocalStore(Store):
                     full = os.path.join(dirpath, name)
                     if PARTIAL in name or TEMPORARY in name or not os.path.isfile(full):
                         continue
-                    yield ObjectInfo(Location("file", "", full.lstrip("/")), os.stat(full).st_size)
+                    st = os.stat(full)
+                    yield ObjectInfo(Location("file", "", full.lstrip("/")), st.st_size, identity=_identity(st))
 
     def info(self, loc: Location) -> ObjectInfo:
         with _translate(loc):
             st = os.stat(loc.local_path)
         if not os.path.isfile(loc.local_path):
             raise ObjectNotFound(f"{loc}: not a regular file")
-        return ObjectInfo(loc, st.st_size)
+        return ObjectInfo(loc, st.st_size, identity=_identity(st))
 
     def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
         with _translate(loc), open(loc.local_path, "rb") as f:
             f.seek(offset)
             return f.read() if length is None else f.read(length)
 
-    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> None:
+    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
         path = loc.local_path
         check_local_path(path)
         tmp = f"{path}{TEMPORARY}{uuid.uuid4().hex[:8]}"
@@ -87,6 +88,7 @@ class LocalStore(Store):
                 _unlink_quietly(tmp)
                 raise
             _fsync_dir(os.path.dirname(path))  # and the rename itself survives a power loss
+            return ObjectInfo(loc, len(data), identity=_identity(os.stat(path)))
 
     def delete(self, loc: Location) -> None:
         check_local_path(loc.local_path)
@@ -171,6 +173,13 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _identity(st: os.stat_result) -> dict[str, str]:
+    """The inode and its times. Writing a file changes its ctime, which, unlike the mtime,
+    os.utime cannot set back: a rewrite in place that restores the mtime still shows."""
+    return {"inode": str(st.st_ino), "size": str(st.st_size), "mtime_ns": str(st.st_mtime_ns),
+            "ctime_ns": str(st.st_ctime_ns)}
 
 
 def _unlink_quietly(path: str) -> None:

@@ -14,7 +14,7 @@ from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError)
 from bridge.stores.base import (GiB, MiB, BufferReader, Features, ObjectInfo, PartRecord, Store, crc_b64_to_hex,
-                                crc_hex_to_b64)
+                                crc_hex_to_b64, utc_seconds)
 from bridge.urls import Location
 
 try:
@@ -108,7 +108,8 @@ class S3Store(Store):
                 kw["ContinuationToken"] = token
             page = self._call(prefix, "list_objects_v2", **kw)
             for item in page.get("Contents", []):
-                yield ObjectInfo(Location("s3", prefix.bucket, item["Key"]), int(item["Size"]))
+                yield ObjectInfo(Location("s3", prefix.bucket, item["Key"]), int(item["Size"]),
+                                 identity=_identity(item))
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return
@@ -121,7 +122,7 @@ class S3Store(Store):
             kind = head.get("ChecksumType", "FULL_OBJECT")
             if "-" not in value and kind == "FULL_OBJECT":
                 sums["crc32c"] = crc_b64_to_hex(value)
-        return ObjectInfo(loc, int(head["ContentLength"]), sums, dict(head.get("Metadata", {})))
+        return ObjectInfo(loc, int(head["ContentLength"]), sums, dict(head.get("Metadata", {})), _identity(head))
 
     def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
         kw = {"Bucket": loc.bucket, "Key": loc.key}
@@ -134,10 +135,12 @@ class S3Store(Store):
             resp = self.fs.call_s3("get_object", **kw)
             return _sync_read(self.fs, resp["Body"], int(resp["ContentLength"]))
 
-    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> None:
+    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
         # S3 checks the body against the CRC32C header on arrival and rejects a mismatch.
-        self._call(loc, "put_object", Bucket=loc.bucket, Key=loc.key, Body=_body(data), ChecksumAlgorithm="CRC32C",
-                   ChecksumCRC32C=crc_hex_to_b64(crc32c), Metadata=metadata)
+        resp = self._call(loc, "put_object", Bucket=loc.bucket, Key=loc.key, Body=_body(data),
+                          ChecksumAlgorithm="CRC32C", ChecksumCRC32C=crc_hex_to_b64(crc32c), Metadata=metadata)
+        sums = {"crc32c": crc_b64_to_hex(resp["ChecksumCRC32C"])} if resp.get("ChecksumCRC32C") else {}
+        return ObjectInfo(loc, len(data), sums, dict(metadata), _identity(resp))
 
     def delete(self, loc: Location) -> None:
         self._call(loc, "delete_object", Bucket=loc.bucket, Key=loc.key)
@@ -221,6 +224,18 @@ class S3Store(Store):
             if not markers["KeyMarker"]:
                 raise BridgeError(f"{prefix}: the endpoint truncated the list of uploads without "
                                   f"saying where the next page starts")
+
+
+def _identity(answer: dict) -> dict[str, str]:
+    """ETag (an MD5 of the bytes for one PUT, of the parts' MD5s for a multipart upload, random
+    under SSE-KMS: a rewrite with other bytes changes it), the version id when the bucket keeps
+    versions, and the last-modified time when the answer carries one (listings, HEAD)."""
+    ident = {"etag": answer["ETag"].strip('"')} if answer.get("ETag") else {}
+    if answer.get("VersionId") and answer["VersionId"] != "null":
+        ident["version_id"] = answer["VersionId"]
+    if answer.get("LastModified"):
+        ident["last_modified"] = utc_seconds(answer["LastModified"])
+    return ident
 
 
 def _body(data: bytes):
