@@ -231,3 +231,22 @@ def test_unpack_refuses_a_member_name_the_destination_would_rewrite(make_root, e
     assert "backslash" in refused(r, "back\\slash.txt")
     container = emulator_for("az").client().get_container_client(parse(dst).bucket)
     assert list(container.list_blob_names()) == []
+
+
+@pytest.mark.parametrize("kind", ["copy", "sync"])
+def test_the_service_plans_through_the_same_check(kind, make_root, emulator_for, env_for, tmp_path):
+    """A worker's planning task refuses hostile keys before it prepares the destination or fans out."""
+    pytest.importorskip("celery")
+    from tests.helpers import settings_for
+    from workers.kinds import Files
+    from workers.specs import JobSpec
+    root = make_root("s3")
+    put_keys(emulator_for("s3"), root, {"x/../../escape.txt": b"pwned", "ok.txt": b"ok"})
+    spec = JobSpec(kind=kind, source=root, destinations=[f"{tmp_path}/dl/"])
+
+    def journal_for(_key):
+        raise AssertionError("planning went on to prepare the destination")
+
+    with pytest.raises(UnsafeName, match="climbs out"):
+        Files(100, 1 << 30).plan(spec, settings_for(env_for("s3")), journal_for)
+    assert not (tmp_path / "dl").exists()
