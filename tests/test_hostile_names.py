@@ -108,7 +108,7 @@ def test_a_name_that_is_both_file_and_folder_is_refused_for_local(make_root, emu
     root = make_root("s3")
     put_keys(emulator_for("s3"), root, {"a": b"file", "a/b.txt": b"under it"})
     r = mcbridge("cp", root, f"{tmp_path}/dl/", env=env_for("s3"), state_dir=tmp_path / "state")
-    assert "also a file" in refused(r, "a/b.txt")
+    assert "is a file, and also the folder of other names" in refused(r, "a")
     assert not (tmp_path / "dl").exists()
 
 
