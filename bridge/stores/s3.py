@@ -80,6 +80,8 @@ class S3Store(Store):
         self.settings = settings
         s3, t = settings.s3, settings.transfer
         self.endpoint = s3.endpoint_url
+        from bridge.stores.s3direct import DirectGet
+        self._direct = DirectGet.for_settings(settings)  # None: reads go through aiobotocore
         self.fs = s3fs.S3FileSystem(
             key=s3.access_key_id,
             secret=s3.secret_access_key.get_secret_value() if s3.secret_access_key else None,
@@ -131,6 +133,8 @@ class S3Store(Store):
             if length == 0:
                 return b""
             kw["Range"] = f"bytes={offset}-{end}"
+        if self._direct is not None:
+            return self._direct.get(loc, _from_code, offset, length)
         with _translate(loc, self.endpoint):
             resp = self.fs.call_s3("get_object", **kw)
             return _sync_read(self.fs, resp["Body"], int(resp["ContentLength"]))
