@@ -11,7 +11,7 @@ import pytest
 from bridge import ops
 from bridge.errors import BucketNotFound, ObjectNotFound
 from bridge.stores import get_store
-from bridge.stores.s3direct import DirectGet
+from bridge.stores.s3direct import Direct
 from bridge.urls import parse
 from tests.emulators import RcloneS3
 from tests.helpers import settings_for
@@ -39,7 +39,7 @@ def test_ranged_and_whole_reads_come_back_byte_exact(s3, tmp_path):
     s3.client().put_object(Bucket="direct", Key="a dir/ckpt #1.bin", Body=data)
     settings = settings_for({**s3.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")})
     store = get_store(parse("s3://direct/"), settings)
-    assert isinstance(store._direct, DirectGet)
+    assert isinstance(store._direct, Direct)
     loc = parse("s3://direct/a dir/ckpt #1.bin")
     assert bytes(store.read(loc)) == data
     assert bytes(store.read(loc, 5 * MiB, 3)) == data[5 * MiB:5 * MiB + 3]
@@ -57,6 +57,22 @@ def test_missing_objects_and_buckets_are_bridge_errors(s3, tmp_path):
 
 
 def test_profiles_and_the_default_endpoint_keep_the_sdk_path(moto):
-    assert DirectGet.for_settings(settings_for({**moto.env(), "AWS_PROFILE": "other"})) is None
+    assert Direct.for_settings(settings_for({**moto.env(), "AWS_PROFILE": "other"})) is None
     env = {k: v for k, v in moto.env().items() if k != "AWS_ENDPOINT_URL"}
-    assert DirectGet.for_settings(settings_for(env)) is None
+    assert Direct.for_settings(settings_for(env)) is None
+
+
+def test_puts_carry_the_checksum_and_metadata(s3):
+    store = get_store(parse("s3://direct/"), settings_for(s3.env()))
+    from bridge.hashing import FileHash
+    data = os.urandom(100_000)
+    h = FileHash.of(data)
+    store.put(parse("s3://direct/small/ü x.bin"), data, crc32c=h.crc32c,
+              metadata={"bridge_crc32c": h.crc32c, "bridge_sha256": h.sha256})
+    got = s3.client().get_object(Bucket="direct", Key="small/ü x.bin")
+    assert got["Body"].read() == data
+    # (rclone serve s3 gives metadata names back capitalised, whoever wrote them)
+    assert {k.lower(): v for k, v in got["Metadata"].items()} == {"bridge_crc32c": h.crc32c,
+                                                                  "bridge_sha256": h.sha256}
+    with pytest.raises(BucketNotFound):
+        store.put(parse("s3://no-such-bucket-here/k"), b"x", crc32c="00000000", metadata={})

@@ -80,8 +80,8 @@ class S3Store(Store):
         self.settings = settings
         s3, t = settings.s3, settings.transfer
         self.endpoint = s3.endpoint_url
-        from bridge.stores.s3direct import DirectGet
-        self._direct = DirectGet.for_settings(settings)  # None: reads go through aiobotocore
+        from bridge.stores.s3direct import Direct
+        self._direct = Direct.for_settings(settings)  # None: reads go through aiobotocore
         self.fs = s3fs.S3FileSystem(
             key=s3.access_key_id,
             secret=s3.secret_access_key.get_secret_value() if s3.secret_access_key else None,
@@ -141,8 +141,11 @@ class S3Store(Store):
 
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
         # S3 checks the body against the CRC32C header on arrival and rejects a mismatch.
-        resp = self._call(loc, "put_object", Bucket=loc.bucket, Key=loc.key, Body=_body(data),
-                          ChecksumAlgorithm="CRC32C", ChecksumCRC32C=crc_hex_to_b64(crc32c), Metadata=metadata)
+        if self._direct is not None:
+            resp = self._direct.put(loc, data, crc_hex_to_b64(crc32c), metadata, _from_code)
+        else:
+            resp = self._call(loc, "put_object", Bucket=loc.bucket, Key=loc.key, Body=_body(data),
+                              ChecksumAlgorithm="CRC32C", ChecksumCRC32C=crc_hex_to_b64(crc32c), Metadata=metadata)
         sums = {"crc32c": crc_b64_to_hex(resp["ChecksumCRC32C"])} if resp.get("ChecksumCRC32C") else {}
         return ObjectInfo(loc, len(data), sums, dict(metadata), _identity(resp))
 
