@@ -43,6 +43,23 @@ def rehash(store: Store, loc: Location, size: int, sha: bool = True) -> tuple[st
     return crc_hex(crc), digest.hexdigest() if digest else ""
 
 
+def rehash_parts(store: Store, loc: Location, size: int, part_size: int) -> tuple[str, str, list[str]]:
+    """(crc32c, sha256, [sha256 of each part]) of an object, in one pass of bounded reads."""
+    crc, whole, parts, offset = 0, hashlib.sha256(), [], 0
+    while offset < size:
+        part, end = hashlib.sha256(), min(offset + part_size, size)
+        while offset < end:
+            data = store.read(loc, offset, min(READ_SIZE, end - offset))
+            if not data:
+                raise ObjectNotFound(f"{loc}: read {offset} bytes of {size}")
+            crc = crc32c(data, crc)
+            whole.update(data)
+            part.update(data)
+            offset += len(data)
+        parts.append(part.hexdigest())
+    return crc_hex(crc), whole.hexdigest(), parts
+
+
 def reported_crc32c(store: Store, info: ObjectInfo) -> str | None:
     if "crc32c" in store.features.checksums:
         if "crc32c" not in info.checksums:
@@ -89,11 +106,20 @@ def _identity_change(store: Store, info: ObjectInfo, entry: FileEntry) -> str | 
 
 
 def _bytes_differ(store: Store, info: ObjectInfo, entry: FileEntry) -> str | None:
-    crc, sha = rehash(store, info.location, info.size)
+    """Re-read, checking every hash the entry has: a resumed copy may have part hashes only."""
+    if entry.part_sha256 and entry.part_size:
+        crc, sha, part_sha = rehash_parts(store, info.location, info.size, entry.part_size)
+    else:
+        (crc, sha), part_sha = rehash(store, info.location, info.size), []
     if crc != entry.crc32c:
         return f"CRC32C {crc}, manifest says {entry.crc32c}"
-    if sha != entry.sha256:
+    if entry.sha256 and sha != entry.sha256:
         return f"SHA-256 {sha}, manifest says {entry.sha256}"
+    if not entry.sha256 and not entry.part_sha256:
+        return "the manifest has no SHA-256 for it"
+    bad = [n for n, (got, want) in enumerate(zip(part_sha, entry.part_sha256), 1) if got != want]
+    if bad:
+        return f"SHA-256 of part {bad[0]} differs from the manifest"
     return None
 
 

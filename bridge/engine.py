@@ -15,6 +15,7 @@ own list of an unfinished upload) and is not sent again.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from typing import Any
 from bridge import manifest as manifests
 from bridge import names
 from bridge.config import Settings
+from bridge.check import rehash
 from bridge.errors import (AuthError, BridgeError, BucketNotFound, IntegrityError, InvalidOption,
                            ObjectNotFound)
 from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex
@@ -47,6 +49,9 @@ class FilePlan:
     rel: str
     size: int
     part_size: int = 0   # 0: one request
+    # What names this version of the source object (its ObjectInfo.identity): journaled with the file's upload and records, so a source rewritten between a kill
+    # and the re-run, even at the same size, is sent again rather than finished from old parts.
+    source_id: dict[str, str] = field(default_factory=dict)
 
     @property
     def parts(self) -> int:
@@ -159,11 +164,17 @@ def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int
     check_route(src_root, dst_root, objects, single)
     dst_store = get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
-    files = [FilePlan(rel, info.size, part_size_for(info.size, dst_store, chunk_size)) for rel, info in objects]
+    files = [file_plan(rel, info, dst_store, chunk_size) for rel, info in objects]
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files)
-    plan.key = job_key("copy", plan.source, plan.destination, chunk_size,
-                       *(f"{f.rel}:{f.size}" for f in files))
+    # Not the file list: a re-run after the source gained or lost files is the same job, and
+    # finds its finished files and parts by path, size and source identity (JobContext.matches).
+    plan.key = job_key("copy", plan.source, plan.destination, chunk_size)
     return plan
+
+
+def file_plan(rel: str, info: ObjectInfo, dst_store: Store, chunk_size: int | None) -> FilePlan:
+    return FilePlan(rel, info.size, part_size_for(info.size, dst_store, chunk_size),
+                    dict(info.identity))
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -185,6 +196,13 @@ class JobContext:
         self._hashers: dict[str, OrderedSha256] = {}
         self._uploads: dict[str, tuple[str, dict]] = {}
         self._parts_left: dict[str, int] = {f.rel: f.parts for f in plan.files if f.part_size}
+        self._files: dict[str, FilePlan] = {f.rel: f for f in plan.files}
+
+    def matches(self, rec: dict | None, unit: dict) -> bool:
+        """Whether a journaled record was made for this version of the unit's source file."""
+        planned = self._files.get(unit["rel"])
+        source_id = planned.source_id if planned else {}
+        return bool(rec) and rec.get("size") == unit["size"] and rec.get("source_id", {}) == source_id
 
     def src_loc(self, rel: str) -> Location:
         return parse(self.plan.single) if self.plan.single else self.src_root.join(rel)
@@ -212,19 +230,25 @@ class JobContext:
             loc = self.dst_loc(rel)
             rec = self.journal.get(f"upload:{rel}")
             held = None
-            if rec and rec["size"] == unit["size"] and rec["part_size"] == unit["part_size"]:
+            if self.matches(rec, unit) and rec["part_size"] == unit["part_size"]:
                 held = self.retrying(lambda: self.dst.list_parts(loc, rec["id"]))
             if held is None:
                 if rec:
                     self.dst.abort_upload(loc, rec["id"])
                 upload_id = self.retrying(lambda: self.dst.begin_upload(loc, unit["size"]))
+                planned = self._files.get(rel)
                 self.journal.put(f"upload:{rel}", {"id": upload_id, "size": unit["size"],
-                                                   "part_size": unit["part_size"]})
+                                                   "part_size": unit["part_size"],
+                                                   "source_id": planned.source_id if planned else {}})
                 held = {}
             else:
                 upload_id = rec["id"]
             self._uploads[rel] = (upload_id, held)
             return self._uploads[rel]
+
+    def journaled(self, rel: str, entry: dict) -> dict:
+        planned = self._files.get(rel)
+        return {**entry, "source_id": planned.source_id if planned else {}}
 
     def parts_finished(self, rel: str) -> bool:
         with self._lock:
@@ -239,7 +263,7 @@ def _metadata(h: FileHash) -> dict[str, str]:
 def _put(ctx: JobContext, unit: dict) -> dict:
     rel = unit["rel"]
     done = ctx.journal.get(f"file:{rel}")
-    if done and done["size"] == unit["size"]:
+    if ctx.matches(done, unit):
         ctx.progress.skipped(unit["size"])
         return done
     ctx.progress.throttle(unit["size"])
@@ -250,7 +274,7 @@ def _put(ctx: JobContext, unit: dict) -> dict:
     h = FileHash.of(data)
     committed = ctx.retrying(lambda: ctx.dst.put(ctx.dst_loc(rel), data, crc32c=h.crc32c, metadata=_metadata(h)))
     entry = asdict(manifests.entry_from_hash(rel, h, committed=committed))
-    ctx.journal.put(f"file:{rel}", entry)
+    ctx.journal.put(f"file:{rel}", ctx.journaled(rel, entry))
     ctx.progress.moved(len(data))
     ctx.progress.file_finished()
     return entry
@@ -258,7 +282,7 @@ def _put(ctx: JobContext, unit: dict) -> dict:
 
 def _part(ctx: JobContext, unit: dict) -> dict:
     rel, number, part_size = unit["rel"], unit["number"], unit["part_size"]
-    if ctx.journal.get(f"file:{rel}"):
+    if ctx.matches(ctx.journal.get(f"file:{rel}"), unit):
         length = min(part_size, unit["size"] - (number - 1) * part_size)
         ctx.progress.skipped(length)
         return {"skipped": True}
@@ -267,25 +291,34 @@ def _part(ctx: JobContext, unit: dict) -> dict:
         upload_id, held = ctx.upload(unit)
         offset = (number - 1) * part_size
         length = min(part_size, unit["size"] - offset)
+        known = ctx.journal.get(f"part:{rel}:{number}")
+        stored = held.get(number)
+        finished = bool(known and known.get("sha256") and known["size"] == length and stored
+                        and stored.size == length and stored.crc32c in ("", known["crc32c"]))
+        if finished and not ctx.src_root.is_local:
+            # Reading it again from a cloud source would pay its egress twice: the journal has
+            # its CRC32C and SHA-256, and the file's whole SHA-256 comes from elsewhere (_complete).
+            hasher.feed(number, None)
+            ctx.progress.skipped(length)
+            return known
         ctx.progress.throttle(length)
         data = ctx.dst.body(ctx.retrying(lambda: ctx.src.read(ctx.src_loc(rel), offset, length)))
         if len(data) != length:
             raise IntegrityError(f"{ctx.src_loc(rel)}: short read at {offset}: the source changed")
         crc = crc_hex(crc32c(data))
         hasher.feed(number, data)
-        known = ctx.journal.get(f"part:{rel}:{number}")
-        stored = held.get(number)
-        if known and known["crc32c"] == crc and stored and stored.size == length \
-                and stored.crc32c in ("", crc):
+        if finished and known["crc32c"] == crc:
             ctx.progress.skipped(length)
             return known
+        sha = hashlib.sha256(data).hexdigest()
         record = ctx.retrying(lambda: ctx.dst.upload_part(ctx.dst_loc(rel), upload_id, number, offset, data, crc))
         if record.crc32c != crc:
             raise IntegrityError(f"{ctx.dst_loc(rel)}: part {number} stored with CRC32C {record.crc32c}, "
                                  f"sent {crc}")
-        ctx.journal.put(f"part:{rel}:{number}", record.to_dict())
+        done = {**record.to_dict(), "sha256": sha}
+        ctx.journal.put(f"part:{rel}:{number}", done)
         ctx.progress.moved(length)
-        return record.to_dict()
+        return done
     except BaseException as exc:
         hasher.fail(exc)
         raise
@@ -298,20 +331,37 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
         return done
     from bridge.stores.base import PartRecord
     count = math.ceil(size / part_size)
-    parts = []
+    parts, part_sha256 = [], []
     for n in range(1, count + 1):
         rec = ctx.journal.get(f"part:{rel}:{n}")
         if rec is None:
             raise BridgeError(f"{ctx.dst_loc(rel)}: part {n} of {count} is missing; run the copy again")
         parts.append(PartRecord.from_dict(rec))
+        part_sha256.append(rec.get("sha256", ""))
     crc = crc_hex(combine_parts([(int(p.crc32c, 16), p.size) for p in parts]))
-    h = FileHash(size, crc, ctx.hasher(rel).hexdigest())
+    # The whole-file SHA-256 exists when every part passed here in order; a resume that skipped
+    # finished parts takes it from a local destination (no egress), or leaves it out.
+    whole = ctx.hasher(rel).whole(count)
+    h = FileHash(size, crc, whole or "")
     upload_id, _held = ctx.upload(unit)
-    ctx.retrying(lambda: ctx.dst.complete_upload(ctx.dst_loc(rel), upload_id, parts, crc32c=crc,
-                                                 metadata=_metadata(h)))
-    committed = manifests.committed_info(ctx.dst, ctx.dst_loc(rel), h, ctx.retrying)
-    entry = asdict(manifests.entry_from_hash(rel, h, part_size, [p.crc32c for p in parts], committed))
-    ctx.journal.put(f"file:{rel}", entry)
+    dst = ctx.dst_loc(rel)
+    ctx.retrying(lambda: ctx.dst.complete_upload(dst, upload_id, parts, crc32c=crc, metadata=_metadata(h)))
+    note = ""
+    if whole is None and dst.is_local:
+        again, whole = rehash(ctx.dst, dst, size)
+        if again != crc:
+            raise IntegrityError(f"{dst}: CRC32C {again} on disk after completing, expected {crc}")
+        h = FileHash(size, crc, whole)
+    elif whole is None:
+        note = "sha256 left out: a resumed copy did not read finished parts again; part_sha256 covers every byte"
+    committed = manifests.committed_info(ctx.dst, dst, h, ctx.retrying)
+    entry = manifests.entry_from_hash(rel, h, part_size, [p.crc32c for p in parts], committed)
+    if all(part_sha256):
+        entry.part_sha256 = part_sha256
+    if note:
+        entry.computed, entry.note = ["crc32c", "part_sha256"], note
+    entry = asdict(entry)
+    ctx.journal.put(f"file:{rel}", ctx.journaled(rel, entry))
     ctx.progress.file_finished()
     return entry
 
@@ -328,11 +378,11 @@ def _finalize(ctx: JobContext, unit: dict) -> dict:
     root = ctx.dst_root
     previous = manifests.read(ctx.dst, root, manifests.PREVIOUS)
     files: dict[str, FileEntry] = dict(previous.files) if previous else {}
-    for rel in ctx.plan.deletions:
-        files.pop(rel, None)
     written = ctx.journal.items("file:")
     for key, entry in written.items():
         files[key[len("file:"):]] = FileEntry.from_dict(entry)
+    for rel in ctx.plan.deletions:  # after: a file written by a killed run may be deleted by this one
+        files.pop(rel, None)
     extra = previous.extra if previous else {}
     manifest = Manifest(ctx.plan.source, ctx.plan.destination, files, extra=extra)
     ctx.retrying(lambda: manifests.write(ctx.dst, root, manifest))

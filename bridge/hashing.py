@@ -98,17 +98,28 @@ class OrderedSha256:
         self._next = next_part
         self._cond = threading.Condition()
         self._failed: BaseException | None = None
+        self._gap = next_part != 1   # a part not fed: the digest is not the file's
 
-    def feed(self, number: int, data: bytes) -> None:
+    def feed(self, number: int, data: bytes | None) -> None:
+        """Hash part ``number`` after the parts before it; ``None``: the part is not read (a
+        resumed copy skipped it), which only advances the turn and leaves no whole-file digest."""
         with self._cond:
             while self._next != number and self._failed is None:
                 self._cond.wait(timeout=1.0)
             if self._failed is not None:
                 raise TransferFailed(f"part {number} not hashed: an earlier part of this file failed "
                                      f"({self._failed})") from self._failed
-            self._hash.update(data)
+            if data is None:
+                self._gap = True
+            else:
+                self._hash.update(data)
             self._next += 1
             self._cond.notify_all()
+
+    def whole(self, parts: int) -> str | None:
+        """The file's SHA-256 when all ``parts`` were fed here in order, else None."""
+        with self._cond:
+            return None if self._gap or self._next != parts + 1 else self._hash.hexdigest()
 
     def fail(self, exc: BaseException) -> None:
         with self._cond:

@@ -6,9 +6,22 @@ A prefix without a manifest is incomplete. The document is versioned JSON::
      "created": "2026-11-29T15:00:00Z", "source": "...", "destination": "...",
      "totals": {"files": 2, "bytes": 10},
      "files": [{"path": "a/b.bin", "size": 10, "crc32c": "…", "sha256": "…",
-                "part_size": 8388608, "parts": ["crc32c hex", …],
+                "part_size": 8388608, "parts": ["crc32c hex", …], "part_sha256": ["hex", …],
                 "computed": ["crc32c", "sha256"], "reported": {"crc32c": "…"},
-                "identity": {"etag": "…", "last_modified": "2026-11-29T15:00:00Z"}}, …]}
+                "identity": {"etag": "…", "last_modified": "2026-11-29T15:00:00Z"}, "note": ""}, …]}
+
+Hashes of a multipart file, and resume without paying egress twice. Each part's CRC32C and
+SHA-256 are computed as it passes and journaled with it, so a part never has to be read again to
+be accounted for; ``parts`` and ``part_sha256`` list them in order, and ``crc32c`` is combined
+from the parts' CRC32Cs. The whole-file ``sha256`` is fed in part order when every part passes
+through one process in one run. A resumed copy skips finished parts without reading them from a
+cloud source (from a local source, which costs no egress, it re-reads them and so keeps the
+whole-file SHA-256); it then hashes a local destination once complete, and otherwise leaves
+``sha256`` empty and says so in ``note``: ``part_sha256`` still covers every byte, and
+``verify --deep`` checks whatever the entry has (whole-file SHA-256, per-part SHA-256, CRC32C).
+An entry without ``part_sha256`` (one-request files, older manifests) has its whole ``sha256``;
+one without a whole ``sha256`` has ``computed`` ``["crc32c", "part_sha256"]`` (a reader from
+before part hashes reports it as a mismatch under ``--deep``: a failure, never a false pass).
 
 Entries are sorted by path. Each entry says where its hashes come from: ``computed`` names those
 bridge computed from the bytes as they passed through it; ``reported`` holds what the store said
@@ -62,12 +75,14 @@ class FileEntry:
     computed: list[str] = field(default_factory=lambda: list(COMPUTED))  # hashes bridge took from the bytes
     reported: dict[str, str] = field(default_factory=dict)   # hashes the store reported at commit
     identity: dict[str, str] = field(default_factory=dict)   # the object version committed
+    part_sha256: list[str] = field(default_factory=list)   # per part, when every part has one
+    note: str = ""                              # why a hash is left out ("" : none is)
 
     @classmethod
     def from_dict(cls, d: dict) -> FileEntry:
         return cls(d["path"], int(d["size"]), d["crc32c"], d["sha256"], int(d.get("part_size", 0)),
                    list(d.get("parts", [])), list(d.get("computed", COMPUTED)), dict(d.get("reported", {})),
-                   dict(d.get("identity", {})))
+                   dict(d.get("identity", {})), list(d.get("part_sha256", [])), d.get("note", ""))
 
     def part_sizes(self) -> list[int]:
         if not self.part_size or not self.parts:

@@ -14,7 +14,7 @@ from bridge import manifest as manifests
 from bridge import check
 from bridge.check import mismatch, rehash, reported_crc32c
 from bridge.engine import (FilePlan, JobContext, Plan, ThreadExecutor, check_chunk_size, check_route,
-                           part_size_for, plan_copy, prepare, resolve)
+                           file_plan, part_size_for, plan_copy, prepare, resolve)
 from bridge.errors import ManifestError, ObjectNotFound, TransferFailed
 from bridge.journal import job_key
 from bridge.journal import FileJournal
@@ -166,15 +166,15 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     for (rel, info), verdict in zip(objects, verdicts):
         reasons[verdict].append(rel)
         if verdict != "unchanged":
-            files.append(FilePlan(rel, info.size, part_size_for(info.size, dst_store, chunk_size)))
+            files.append(file_plan(rel, info, dst_store, chunk_size))
     deletions = []
     if delete and single is None:
         wanted = {rel for rel, _ in objects}
         deletions = sorted(p for p in set(present) | set(entries) if p not in wanted and p in present)
         reasons["deleted"] = deletions
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files, deletions)
-    plan.key = job_key("sync", plan.source, plan.destination, chunk_size, delete,
-                       *(f"{f.rel}:{f.size}" for f in files), *deletions)
+    # As for copy, not the file list: what a killed sync finished is found again by path.
+    plan.key = job_key("sync", plan.source, plan.destination, chunk_size, delete)
     return plan, reasons
 
 

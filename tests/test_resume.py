@@ -1,0 +1,121 @@
+"""Resume after SIGKILL: a changed source listing is the same job, and a resumed copy from a cloud
+source never reads a finished part again. Bytes are counted where they are served: moto logs
+every request, one line per part sent (PUT ...partNumber=) or read (GET of the object, 206)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from bridge.urls import parse
+from tests.helpers import MCBRIDGE, mcbridge
+from tests.test_engine import _journaled_parts, _moto_part_puts
+
+MiB = 1024 * 1024
+
+
+def _kill_after(args: list[str], env: dict, state: Path, parts: int) -> int:
+    """Run the CLI, SIGKILL it once at least ``parts`` parts are journaled; the count then."""
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and _journaled_parts(state) < parts:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    time.sleep(1.0)  # requests in flight at the kill still reach moto and are logged after it
+    return _journaled_parts(state)
+
+
+def _env(emulator_env: dict, state: Path) -> dict:
+    return dict(emulator_env, MCBRIDGE_STATE_DIR=str(state), XDG_CONFIG_HOME="/nonexistent")
+
+
+def test_a_file_added_after_a_kill_does_not_restart_the_copy(moto, make_root, emulator_env, tmp_path):
+    size, part = 48 * MiB + 7, 5 * MiB
+    nparts = -(-size // part)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ckpt.bin").write_bytes(os.urandom(size))
+    dst = make_root("s3") + "models/"
+    state = tmp_path / "state"
+    args = [*MCBRIDGE, "cp", f"{src}/", dst, "--chunk-size", "5MiB", "-j", "2", "-q"]
+    journaled = _kill_after(args, _env(emulator_env, state), state, 3)
+    assert 3 <= journaled < nparts, "the copy must be killed mid-way"
+    key = "models/ckpt.bin"
+    first_run = _moto_part_puts(moto, key)
+
+    (src / "added.txt").write_bytes(b"a file that appeared after the kill\n")
+    r = mcbridge("cp", f"{src}/", dst, "--chunk-size", "5MiB", "-j", "2", "--json", env=emulator_env,
+                 state_dir=state)
+    assert r.returncode == 0, r.stderr
+    second_run = _moto_part_puts(moto, key) - first_run
+    assert second_run <= nparts - journaled, (first_run, second_run, journaled)
+    assert first_run + second_run - nparts <= 2, "only parts in flight at the kill (-j 2) may be sent twice"
+    client = moto.client()
+    bucket = parse(dst).bucket
+    assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == (src / "ckpt.bin").read_bytes()
+    assert client.get_object(Bucket=bucket, Key="models/added.txt")["Body"].read().startswith(b"a file")
+    assert mcbridge("verify", dst, "--deep", env=emulator_env, state_dir=state).returncode == 0
+
+
+def _moto_object_gets(moto, bucket: str, key: str) -> int:
+    text = moto.log_path.read_text(errors="replace")
+    return sum(1 for line in text.splitlines() if f"GET /{bucket}/{key} HTTP" in line)  # 206 lines are coloured
+
+
+def test_s3_to_local_killed_three_times_reads_each_part_once(moto, make_root, emulator_env, tmp_path):
+    size, part = 60 * MiB + 11, 5 * MiB
+    nparts = -(-size // part)
+    data = os.urandom(size)
+    root = make_root("s3")
+    bucket = parse(root).bucket
+    moto.client().put_object(Bucket=bucket, Key="ckpt/weights.bin", Body=data)
+    dst = tmp_path / "dst"
+    state = tmp_path / "state"
+    env = _env(emulator_env, state)
+    args = [*MCBRIDGE, "cp", f"{root}ckpt/weights.bin", f"{dst}/", "--chunk-size", "5MiB", "-j", "2", "-q"]
+    seen = 0
+    for share in (0.25, 0.5, 0.75):
+        seen = _kill_after(args, env, state, max(seen + 1, int(nparts * share)))
+    assert seen < nparts, "the third run must be killed before the end"
+    r = mcbridge("cp", f"{root}ckpt/weights.bin", f"{dst}/", "--chunk-size", "5MiB", "-j", "2", "--json",
+                 env=emulator_env, state_dir=state)
+    assert r.returncode == 0, r.stderr
+    assert (dst / "weights.bin").read_bytes() == data
+    gets = _moto_object_gets(moto, bucket, "ckpt/weights.bin")
+    # Each part once, plus at most what was in flight (-j 2) at each of the three kills.
+    assert nparts <= gets <= nparts + 3 * 2, (gets, nparts)
+
+    entry = json.loads((dst / "_bridge/manifest.json").read_text())["files"][0]
+    assert entry["sha256"] == hashlib.sha256(data).hexdigest(), "a local destination gives the whole SHA-256"
+    assert entry["part_sha256"] == [hashlib.sha256(data[i:i + part]).hexdigest() for i in range(0, size, part)]
+    assert mcbridge("verify", f"{dst}/", "--deep", env=emulator_env, state_dir=state).returncode == 0
+
+
+def test_cloud_to_cloud_resume_keeps_part_hashes_and_verify_deep_checks_them(moto, make_root, emulator_env,
+                                                                             emulator_for, tmp_path):
+    size, part = 40 * MiB + 3, 5 * MiB
+    nparts = -(-size // part)
+    data = os.urandom(size)
+    src, dst = make_root("s3"), make_root("s3") + "copy/"
+    moto.client().put_object(Bucket=parse(src).bucket, Key="w.bin", Body=data)
+    state = tmp_path / "state"
+    args = [*MCBRIDGE, "cp", f"{src}w.bin", dst, "--chunk-size", "5MiB", "-j", "2", "-q"]
+    assert 2 <= _kill_after(args, _env(emulator_env, state), state, 2) < nparts
+    r = mcbridge("cp", f"{src}w.bin", dst, "--chunk-size", "5MiB", "-j", "2", env=emulator_env, state_dir=state)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(moto.client().get_object(Bucket=parse(dst).bucket, Key="copy/_bridge/manifest.json")["Body"].read())
+    entry = doc["files"][0]
+    assert entry["sha256"] == "" and "part_sha256" in entry["note"], "no whole SHA-256 is claimed unread"
+    assert entry["part_sha256"] == [hashlib.sha256(data[i:i + part]).hexdigest() for i in range(0, size, part)]
+    assert mcbridge("verify", dst, "--deep", env=emulator_env, state_dir=state).returncode == 0
+    tampered = bytearray(data)
+    tampered[part + 1] ^= 0xFF  # in part 2; CRC32C alone would also catch it, SHA-256 names the part
+    moto.client().put_object(Bucket=parse(dst).bucket, Key="copy/w.bin", Body=bytes(tampered))
+    bad = mcbridge("verify", dst, "--deep", "--json", env=emulator_env, state_dir=state)
+    assert bad.returncode == 1 and json.loads(bad.stdout)["mismatched"][0]["path"] == "w.bin"
