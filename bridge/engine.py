@@ -391,7 +391,7 @@ def _finalize(ctx: JobContext, unit: dict) -> dict:
     # Unfinished uploads to the objects just written are leftovers of runs that were killed and
     # not resumed; uploads to other keys may belong to another job running now, and stay.
     targets = {str(ctx.dst_loc(key[len("file:"):])) for key in written}
-    for loc, upload_id in list(ctx.dst.list_uploads(root)):
+    for loc, upload_id in [] if ctx.dst.commit_discards_uploads else list(ctx.dst.list_uploads(root)):
         if str(loc) in targets:
             ctx.dst.abort_upload(loc, upload_id)
     return {"manifest": str(root.join(manifests.MANIFEST)), "files": len(files)}

@@ -201,7 +201,7 @@ def test_dry_run_moves_nothing(tmp_path, emulator_env):
     assert not (tmp_path / "dst").exists()
 
 
-@pytest.mark.parametrize("scheme", ["s3", "gs", "local"])
+@pytest.mark.parametrize("scheme", ["s3", "gs", "az", "local"])
 def test_abandoned_uploads_are_listed_and_aborted(scheme, make_root, emulator_env, tmp_path):
     root = make_root(scheme)
     settings = settings_for(emulator_env)

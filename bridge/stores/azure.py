@@ -10,6 +10,8 @@ each block's size, which ``mcbridge verify`` compares with the manifest.
 from __future__ import annotations
 
 import base64
+import binascii
+import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +23,7 @@ from bridge.stores.base import GiB, MiB, Features, ObjectInfo, PartRecord, Store
 from bridge.urls import Location
 
 try:
+    from azure.core import MatchConditions
     from azure.core.exceptions import (ClientAuthenticationError, HttpResponseError,
                                        ResourceNotFoundError, ServiceRequestError,
                                        ServiceResponseError)
@@ -84,8 +87,15 @@ def _block_id(upload_id: str, number: int) -> str:
     return base64.b64encode(f"{upload_id}-{number:06d}".encode()).decode()
 
 
+_UPLOAD_ID = re.compile(r"[0-9a-f]{16}")   # begin_upload's ids
+
+
 def _block_number(block_id: str) -> tuple[str, int]:
-    raw = base64.b64decode(block_id).decode(errors="replace")
+    """(upload id, part number) of one of bridge's block ids; ("", -1) for another writer's."""
+    try:
+        raw = base64.b64decode(block_id, validate=True).decode(errors="replace")
+    except (binascii.Error, ValueError):
+        return "", -1
     upload_id, _, number = raw.rpartition("-")
     return upload_id, int(number) if number.isdigit() else -1
 
@@ -218,7 +228,62 @@ class AzureStore(Store):
         with _translate(loc, self.endpoint):
             self._blob(loc).commit_block_list(blocks, metadata=metadata)
 
+    # Put Blob and Put Block List both discard a blob's uncommitted blocks: a finished copy leaves
+    # no upload behind at the names it wrote, so the engine need not look for any there.
+    commit_discards_uploads = True
+
     def abort_upload(self, loc: Location, upload_id: str) -> None:
-        # Uncommitted blocks cannot be deleted one by one: Azure drops them on the next commit,
-        # or after seven days. Nothing is visible at the destination meanwhile.
-        return None
+        """Discard the upload's uncommitted blocks, keeping what the blob's name shows.
+
+        Azure deletes no uncommitted block alone: it drops all of a blob's uncommitted blocks on
+        its next commit (or after seven days). So a blob that has committed content is committed
+        again as it is (the same block list, metadata and content headers, under an If-Match on
+        its ETag so that a concurrent writer wins); its bytes and metadata stay, its ETag and
+        last-modified change. One written in a single Put Blob has no block list to commit: its
+        bytes are read and committed as one block. A blob with nothing committed is deleted. Uncommitted
+        blocks of other uploads to the same blob go too: this is for leftovers.
+        """
+        blob = self._blob(loc)
+        with _translate(loc, self.endpoint):
+            try:
+                committed, uncommitted = blob.get_block_list("all")
+            except ResourceNotFoundError:
+                return
+            if not any(_block_number(b.id)[0] == upload_id for b in uncommitted):
+                return
+            try:
+                props = blob.get_blob_properties()
+            except ResourceNotFoundError:
+                blob.delete_blob()   # only uncommitted blocks: deleting the name discards them
+                return
+            same = {"etag": props.etag, "match_condition": MatchConditions.IfNotModified}
+            if committed:
+                blob.commit_block_list([BlobBlock(block_id=b.id) for b in committed], metadata=props.metadata,
+                                       content_settings=props.content_settings, **same)
+            else:
+                # Its bytes become one block (numbered 0, which no upload uses, and as long as the
+                # others, as Azure requires) committed alone.
+                data = blob.download_blob(**same).readall()
+                block_id = _block_id(upload_id, 0)
+                blob.stage_block(block_id, data, length=len(data), validate_content=self._validate)
+                blob.commit_block_list([BlobBlock(block_id=block_id)], metadata=props.metadata,
+                                       content_settings=props.content_settings, **same)
+
+    def list_uploads(self, prefix: Location) -> Iterator[tuple[Location, str]]:
+        """Blobs under ``prefix`` holding uncommitted blocks of bridge's block-id form, one row per
+        upload id. Listings do not tell which blobs have uncommitted blocks: each is asked."""
+        container = self.client.get_container_client(prefix.bucket)
+        with _translate(prefix, self.endpoint):
+            names = [b.name for b in container.list_blobs(name_starts_with=prefix.key or None,
+                                                          include=["uncommittedblobs"])]
+        for name in names:
+            loc = Location("az", prefix.bucket, name)
+            try:
+                with _translate(loc, self.endpoint):
+                    _committed, uncommitted = self._blob(loc).get_block_list("uncommitted")
+            except ObjectNotFound:
+                continue
+            owners = {owner for owner, number in map(_block_number, (b.id for b in uncommitted))
+                      if number > 0 and _UPLOAD_ID.fullmatch(owner)}
+            for owner in sorted(owners):
+                yield loc, owner

@@ -135,6 +135,8 @@ def is_reserved(rel: str) -> bool:
 class Store(abc.ABC):
     scheme: ClassVar[str]
     features: ClassVar[Features]
+    # True where writing an object discards any unfinished upload to its name (Azure).
+    commit_discards_uploads: ClassVar[bool] = False
 
     # -- required -------------------------------------------------------------------------
     @abc.abstractmethod
