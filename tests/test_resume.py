@@ -14,9 +14,15 @@ from pathlib import Path
 
 from bridge.urls import parse
 from tests.helpers import MCBRIDGE, mcbridge
-from tests.test_engine import _journaled_parts, _moto_part_puts
+from tests.test_engine import _journaled_parts
 
 MiB = 1024 * 1024
+
+
+def _moto_part_puts(moto, bucket: str, key: str) -> int:
+    """UploadPart requests for this object in moto's log so far (the log is the session's)."""
+    text = moto.log_path.read_text(errors="replace")
+    return sum(1 for line in text.splitlines() if f"PUT /{bucket}/{key}?" in line and "partNumber=" in line)
 
 
 def _kill_after(args: list[str], env: dict, state: Path, parts: int) -> int:
@@ -46,18 +52,17 @@ def test_a_file_added_after_a_kill_does_not_restart_the_copy(moto, make_root, em
     args = [*MCBRIDGE, "cp", f"{src}/", dst, "--chunk-size", "5MiB", "-j", "2", "-q"]
     journaled = _kill_after(args, _env(emulator_env, state), state, 3)
     assert 3 <= journaled < nparts, "the copy must be killed mid-way"
-    key = "models/ckpt.bin"
-    first_run = _moto_part_puts(moto, key)
+    key, bucket = "models/ckpt.bin", parse(dst).bucket
+    first_run = _moto_part_puts(moto, bucket, key)
 
     (src / "added.txt").write_bytes(b"a file that appeared after the kill\n")
     r = mcbridge("cp", f"{src}/", dst, "--chunk-size", "5MiB", "-j", "2", "--json", env=emulator_env,
                  state_dir=state)
     assert r.returncode == 0, r.stderr
-    second_run = _moto_part_puts(moto, key) - first_run
+    second_run = _moto_part_puts(moto, bucket, key) - first_run
     assert second_run <= nparts - journaled, (first_run, second_run, journaled)
     assert first_run + second_run - nparts <= 2, "only parts in flight at the kill (-j 2) may be sent twice"
     client = moto.client()
-    bucket = parse(dst).bucket
     assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == (src / "ckpt.bin").read_bytes()
     assert client.get_object(Bucket=bucket, Key="models/added.txt")["Body"].read().startswith(b"a file")
     assert mcbridge("verify", dst, "--deep", env=emulator_env, state_dir=state).returncode == 0
