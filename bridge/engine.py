@@ -417,6 +417,7 @@ def prepare(ctx: JobContext) -> None:
     """Before any byte moves, an old manifest stops claiming the destination is complete; its
     entries are kept aside (once, so a resumed run keeps them too) and merged at finalize."""
     root = ctx.dst_root
+    ctx.dst.clean_temporaries({_parent(ctx.dst_loc(f.rel)) for f in ctx.plan.files})
     try:
         raw = ctx.dst.read(root.join(manifests.MANIFEST))
     except ObjectNotFound:

@@ -7,6 +7,12 @@ Members that are absolute, climb out with ``..``, are links, devices or FIFOs, a
 both a file and a directory, or (for a local target) would land outside it through a symlink
 already there, stop the whole unpack with one error naming them. Phase 2 extracts, shards in
 parallel, by byte ranges; an index-less Parquet shard is read row group by row group.
+
+Resume: every restored file is journaled (path, size, hashes, and the SHA-256 the index gave),
+and every shard once its own SHA-256 was checked. A re-run after a kill skips journaled files
+whose size and indexed SHA-256 still match (a shard wholly done is not read at all), removes the
+temporaries a killed writer left in the folders it writes to, and, at commit, aborts unfinished
+uploads to the files it restored: the tree ends exact, with no stray file.
 """
 
 from __future__ import annotations
@@ -16,13 +22,15 @@ import hashlib
 import os
 import tarfile
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from bridge import names
 from bridge.config import Settings
-from bridge.errors import IntegrityError, MissingBackend, ObjectNotFound, TransferFailed
 from bridge.engine import describe
+from bridge.errors import IntegrityError, MissingBackend, ObjectNotFound, TransferFailed
+from bridge.journal import FileJournal, Journal, job_key
 from bridge.manifest import FileEntry
 from bridge.packing import index as indexes
 from bridge.packing import layout
@@ -211,8 +219,10 @@ def _check_local_target(owner: dict[str, str], dst_root: Location, problems: _Pr
 # -- phase 2: extract ---------------------------------------------------------------------------------
 
 class _Extractor:
-    def __init__(self, src: Store, dst: Store, dst_root: Location, settings: Settings, progress: Progress):
+    def __init__(self, src: Store, dst: Store, dst_root: Location, settings: Settings, progress: Progress,
+                 journal: Journal):
         self.src, self.dst, self.dst_root, self.progress = src, dst, dst_root, progress
+        self.journal = journal
         self.retries = settings.transfer.retries
         self.part_size = stream_part_size(dst, STREAM_OVER, settings.transfer.chunk_size)
         concurrency = settings.transfer.concurrency
@@ -224,14 +234,37 @@ class _Extractor:
         if self._puts:
             self._puts.shutdown(cancel_futures=True)
 
+    def done(self, m: Member) -> FileEntry | None:
+        """The entry of a member a killed run already restored, if it is this same member."""
+        rec = self.journal.get(f"file:{m.path}")
+        if not rec or (m.size >= 0 and rec["size"] != m.size) or rec.get("member_sha256") != m.sha256:
+            return None
+        return FileEntry.from_dict(rec)
+
+    def restored(self, m: Member, entry: FileEntry) -> FileEntry:
+        self.journal.put(f"file:{m.path}", {**asdict(entry), "member_sha256": m.sha256})
+        return entry
+
     def shard(self, shard: Shard) -> list[FileEntry]:
+        if self.journal.get(f"shard:{shard.name}"):
+            entries = [self.done(m) for m in shard.members]
+            if all(entries):
+                for e in entries:
+                    self.progress.skipped(e.size)
+                return entries
         if shard.members and shard.members[0].offset is None:
-            return self._parquet_rows(shard)
+            entries = self._parquet_rows(shard)
+            self.journal.put(f"shard:{shard.name}", True)
+            return entries
         view = RangeFile(self.src, shard.loc, shard.size, window=_window(shard.loc), retries=self.retries,
                          progress=self.progress)
         pending: list[cf.Future] = []
         try:
             for m in sorted(shard.members, key=lambda m: m.offset):
+                if (entry := self.done(m)) is not None:
+                    self.progress.skipped(entry.size)
+                    pending.append(_done(entry))
+                    continue
                 view.seek(m.offset)
                 if m.size > STREAM_OVER:
                     pending.append(_done(self._stream(view, shard, m)))
@@ -239,34 +272,35 @@ class _Extractor:
                 data = view.read(m.size)
                 sha = hashlib.sha256(data).hexdigest()
                 self._check(shard, m, sha)
-                pending.append(self._put(m.path, data, sha))
+                pending.append(self._put(m, data, sha))
             entries = [f.result() for f in pending]
         finally:
             for f in pending:
                 f.cancel()
         if shard.sha256:
-            view.hash_rest()
+            view.hash_rest()   # reads what a resumed run skipped too: the shard is checked whole
             if view.sha256 != shard.sha256:
                 raise IntegrityError(f"{shard.loc}: shard does not match its SHA-256 in the index")
+        self.journal.put(f"shard:{shard.name}", True)
         return entries
 
     def _check(self, shard: Shard, m: Member, sha: str) -> None:
         if m.sha256 and sha != m.sha256:
             raise IntegrityError(f"{shard.loc}: {m.path} does not match its SHA-256 in the index")
 
-    def _put(self, path: str, data: bytes, sha: str) -> cf.Future:
+    def _put(self, m: Member, data: bytes, sha: str) -> cf.Future:
         if self._puts is None:
-            return _done(self._put_now(path, data, sha))
+            return _done(self._put_now(m, data, sha))
         self._slots.acquire()
-        future = self._puts.submit(self._put_now, path, data, sha)
+        future = self._puts.submit(self._put_now, m, data, sha)
         future.add_done_callback(lambda _f: self._slots.release())
         return future
 
-    def _put_now(self, path: str, data: bytes, sha: str) -> FileEntry:
-        w = put_whole(self.dst, self.dst_root.join(path), data, retries=self.retries, progress=self.progress,
+    def _put_now(self, m: Member, data: bytes, sha: str) -> FileEntry:
+        w = put_whole(self.dst, self.dst_root.join(m.path), data, retries=self.retries, progress=self.progress,
                       sha256=sha)
         self.progress.file_finished()
-        return FileEntry(path, w.size, w.crc32c, w.sha256, **w.committed)
+        return self.restored(m, FileEntry(m.path, w.size, w.crc32c, w.sha256, **w.committed))
 
     def _stream(self, view: RangeFile, shard: Shard, m: Member) -> FileEntry:
         sink = StreamingUpload(self.dst, self.dst_root.join(m.path), part_size=self.part_size,
@@ -284,7 +318,8 @@ class _Extractor:
             sink.abort()
             raise
         self.progress.file_finished()
-        return FileEntry(m.path, w.size, w.crc32c, w.sha256, w.part_size, w.parts, **w.committed)
+        return self.restored(m, FileEntry(m.path, w.size, w.crc32c, w.sha256, w.part_size, w.parts,
+                                          **w.committed))
 
     def _parquet_rows(self, shard: Shard) -> list[FileEntry]:
         pf = _parquet_file(self.src, shard.loc, shard.size, self.retries)
@@ -301,8 +336,17 @@ class _Extractor:
                 sha = hashlib.sha256(data).hexdigest()
                 if stored and stored != sha:
                     raise IntegrityError(f"{shard.loc}: {m.path} does not match its sha256 column")
-                pending.append(self._put(m.path, data, sha))
+                entry = self.done(m)
+                if entry is not None and entry.sha256 == sha and entry.size == len(data):
+                    self.progress.skipped(entry.size)
+                    pending.append(_done(entry))
+                    continue
+                pending.append(self._put(m, data, sha))
         return [f.result() for f in pending]
+
+
+def _folder(loc: Location) -> Location:
+    return Location(loc.scheme, loc.bucket, loc.key.rpartition("/")[0] + "/")
 
 
 def _done(value: Any) -> cf.Future:
@@ -314,7 +358,7 @@ def _done(value: Any) -> cf.Future:
 # -- the command ---------------------------------------------------------------------------------------
 
 def unpack(source: str, destination: str, settings: Settings, *, prefix: str | None = None,
-           progress: Progress | None = None) -> dict[str, Any]:
+           progress: Progress | None = None, state_dir: Path | None = None) -> dict[str, Any]:
     """Restore the tree packed at ``source`` into ``destination``; return a JSON-able summary."""
     progress = progress or Progress()
     src = parse(source)
@@ -337,7 +381,11 @@ def unpack(source: str, destination: str, settings: Settings, *, prefix: str | N
     total = sum(m.size for s in shards for m in s.members if m.size > 0)
     progress.plan(total, len(shards) + 1)
     demote_manifest(dst, dst_root)
-    extractor = _Extractor(store, dst, dst_root, settings, progress)
+    folders = {_folder(dst_root.join(m.path)) for s in shards for m in s.members}
+    dst.clean_temporaries(folders)
+    key = job_key("unpack", source, str(dst_root), prefix)
+    journal = FileJournal((state_dir or Path(settings.transfer.state_dir)) / "journal" / f"{key}.jsonl")
+    extractor = _Extractor(store, dst, dst_root, settings, progress, journal)
     errors: list[str] = []
     entries: list[FileEntry] = []
     try:
@@ -354,9 +402,13 @@ def unpack(source: str, destination: str, settings: Settings, *, prefix: str | N
     finally:
         extractor.close()
     if errors:
+        journal.close()
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise TransferFailed(f"unpack did not complete: {errors[0]}{more}")
+        raise TransferFailed(f"unpack did not complete: {errors[0]}{more}; run it again to resume")
     where = commit_manifest(dst, dst_root, source, str(dst_root), entries)
+    journal.clear()
+    journal.close()
+    journal.path.unlink(missing_ok=True)
     progress.unit_finished(True)
     return {"source": source, "destination": str(dst_root), "shards": len(shards), "files": len(entries),
             "bytes": sum(e.size for e in entries), "verified": shard_set is not None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import base64
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -187,6 +187,11 @@ class Store(abc.ABC):
     def list_uploads(self, prefix: Location) -> Iterator[tuple[Location, str]]:
         """Unfinished uploads under ``prefix``: (location, upload_id)."""
         return iter(())
+
+    def clean_temporaries(self, folders: Iterable[Location]) -> int:
+        """Remove what killed runs left in ``folders`` outside any upload (a local store's
+        temporaries); object stores write nothing visible before an object is whole."""
+        return 0
 
     def body(self, data: bytes | bytearray) -> bytes | bytearray:
         """The form this store sends a body in; called right after a read, so that a conversion

@@ -5,10 +5,13 @@ finished part in a sidecar so that a killed copy can continue."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
+import socket
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from bridge.config import Settings
@@ -16,6 +19,36 @@ from bridge.errors import BridgeError, ObjectNotFound, PermissionDenied
 from bridge.names import PARTIAL, TEMPORARY, check_local_path
 from bridge.stores.base import GiB, Features, ObjectInfo, PartRecord, Store
 from bridge.urls import Location
+
+OLD_TEMP_AGE = 3600   # seconds: a temporary named without its writer is stale after this
+
+
+def _host() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _temporary(path: str) -> str:
+    """``path`` + TEMPORARY + writer pid . host . random: a later run tells a dead writer's
+    leftovers (a killed run: removed) from a live one's (a concurrent run: kept)."""
+    return f"{path}{TEMPORARY}{os.getpid()}.{_host()}.{uuid.uuid4().hex[:8]}"
+
+
+def _stale(dirpath: str, name: str) -> bool:
+    fields = name.rpartition(TEMPORARY)[2].split(".")
+    if len(fields) == 3 and fields[0].isdigit():
+        if fields[1] != _host():
+            return False   # another machine's writer (a shared filesystem): it may be alive
+        try:
+            os.kill(int(fields[0]), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False   # alive, another user's
+        return False
+    try:   # named by a bridge from before writers were recorded
+        return time.time() - os.stat(os.path.join(dirpath, name)).st_mtime > OLD_TEMP_AGE
+    except FileNotFoundError:
+        return False
 
 
 @contextmanager
@@ -75,7 +108,7 @@ class LocalStore(Store):
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
         path = loc.local_path
         check_local_path(path)
-        tmp = f"{path}{TEMPORARY}{uuid.uuid4().hex[:8]}"
+        tmp = _temporary(path)
         with _translate(loc):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             try:
@@ -156,6 +189,23 @@ class LocalStore(Store):
         path = self._partial(loc, upload_id)
         _unlink_quietly(path)
         _unlink_quietly(path + ".parts")
+
+    def clean_temporaries(self, folders: Iterable[Location]) -> int:
+        """Remove the temporaries of whole-file writes whose writer died (a killed run) in these
+        folders (not below them: a job cleans where it writes, not a whole tree); those of live
+        writers stay. Returns how many went."""
+        removed = 0
+        for folder in folders:
+            dirpath = folder.local_path.rstrip("/") or "/"
+            try:
+                names = os.listdir(dirpath)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for name in names:
+                if TEMPORARY in name and _stale(dirpath, name):
+                    _unlink_quietly(os.path.join(dirpath, name))
+                    removed += 1
+        return removed
 
     def list_uploads(self, prefix: Location) -> Iterator[tuple[Location, str]]:
         root = prefix.local_path
