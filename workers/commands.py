@@ -392,7 +392,12 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
     for child in doc.get("children", []):
         lines.append(f"  -> {child['spec']['destinations'][0]}  {child['state']}  (job {child['id']})")
     for dst, proof in (doc.get("proven_equal") or {}).items():
-        lines.append(f"  proven equal {dst}: {proof['proven_at'] + ' (job ' + proof['job'] + ')' if proof else 'never'}")
+        proof = proof or {}
+        when = f"{proof['proven_at']} (job {proof['job']})" if proof.get("proven_at") else "never"
+        if proof.get("synced_at"):
+            how = f"verify {proof['verify']}" + (", extra files kept" if proof.get("keeps_extra") else "")
+            when += f"; last synced {proof['synced_at']} (job {proof['synced_job']}, {how})"
+        lines.append(f"  proven equal {dst}: {when}")
     if record.errors:
         lines.append(f"  errors ({doc['error_count']}):")
         lines += [f"    {e}" for e in record.errors[:10]]

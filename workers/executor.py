@@ -362,8 +362,8 @@ class Service:
             return
         metrics.job_finished(record.kind, state, record.elapsed)
         log.info("job %s %s in %.1fs", job_id, state, record.elapsed)
-        if state == "succeeded" and spec.kind == "sync" and spec.deletes and spec.verify != "none":
-            self.jobs.record_proven(spec.source, spec.destination, job_id)
+        if state == "succeeded" and spec.kind == "sync":
+            self.jobs.record_sync(spec.source, spec.destination, job_id, verify=spec.verify, deletes=spec.deletes)
         if record.parent:
             self._child_ended(record.parent)
 

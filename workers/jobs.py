@@ -240,9 +240,19 @@ class Jobs:
         return False, self.state(job_id)
 
     # -- replication ------------------------------------------------------------------------
-    def record_proven(self, source: str, destination: str, job_id: str) -> None:
-        self.r.hset(self.keys.replicas, f"{source} -> {destination}",
-                    json.dumps({"proven_at": iso(time.time()), "job": job_id}))
+    def record_sync(self, source: str, destination: str, job_id: str, *, verify: str, deletes: bool) -> None:
+        """After a succeeded sync: when the destination was last synced, and how (``verify``,
+        ``keeps_extra``). Only a sync that deletes what the source lacks and verifies the result
+        proves the two equal (``proven_at``, ``job``); a weaker one (``--keep-extra``, ``--verify
+        none``) says what it did and keeps the last proof, which it does not renew."""
+        field = f"{source} -> {destination}"
+        now = iso(time.time())
+        raw = self.r.hget(self.keys.replicas, field)
+        record = {**(json.loads(raw) if raw else {}), "synced_at": now, "synced_job": job_id,
+                  "verify": verify, "keeps_extra": not deletes}
+        if deletes and verify != "none":
+            record.update(proven_at=now, job=job_id)
+        self.r.hset(self.keys.replicas, field, json.dumps(record))
 
     def proven(self, source: str, destinations: list[str]) -> dict[str, dict | None]:
         raw = self.r.hmget(self.keys.replicas, [f"{source} -> {d}" for d in destinations]) if destinations else []

@@ -15,7 +15,7 @@ keys get the same prefix through kombu's ``global_keyprefix``::
     mcbridge:lease:<task id>          string with a TTL: who runs that task (workers/leases.py)
     mcbridge:running                  hash: task id -> how to queue it again
     mcbridge:worker:<hostname>        string with a TTL: a live worker and its queues
-    mcbridge:replicas                 hash: "source -> destination" -> when last proven equal
+    mcbridge:replicas                 hash: "source -> destination" -> when last synced, and last proven equal
     mcbridge:schedule:<name>          hash: the last job a schedule started
 """
 
