@@ -327,7 +327,7 @@ def _part(ctx: JobContext, unit: dict) -> dict:
 def _complete(ctx: JobContext, unit: dict) -> dict:
     rel, size, part_size = unit["rel"], unit["size"], unit["part_size"]
     done = ctx.journal.get(f"file:{rel}")
-    if done:
+    if ctx.matches(done, unit):
         return done
     from bridge.stores.base import PartRecord
     count = math.ceil(size / part_size)

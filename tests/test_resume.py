@@ -124,3 +124,18 @@ def test_cloud_to_cloud_resume_keeps_part_hashes_and_verify_deep_checks_them(mot
     moto.client().put_object(Bucket=parse(dst).bucket, Key="copy/w.bin", Body=bytes(tampered))
     bad = mcbridge("verify", dst, "--deep", "--json", env=emulator_env, state_dir=state)
     assert bad.returncode == 1 and json.loads(bad.stdout)["mismatched"][0]["path"] == "w.bin"
+
+
+def test_a_file_rewritten_after_a_kill_is_sent_whole_again(tmp_path, emulator_env):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ckpt.bin").write_bytes(os.urandom(24 * MiB))
+    state, dst = tmp_path / "state", tmp_path / "dst"
+    args = [*MCBRIDGE, "cp", f"{src}/", f"{dst}/", "--chunk-size", "1MiB", "-j", "2", "-q"]
+    assert 3 <= _kill_after(args, _env(emulator_env, state), state, 3) < 24
+    changed = os.urandom(20 * MiB + 5)
+    (src / "ckpt.bin").write_bytes(changed)
+    r = mcbridge("cp", f"{src}/", f"{dst}/", "--chunk-size", "1MiB", "-j", "2", env=emulator_env, state_dir=state)
+    assert r.returncode == 0, r.stderr
+    assert (dst / "ckpt.bin").read_bytes() == changed
+    assert mcbridge("verify", f"{dst}/", "--deep", env=emulator_env, state_dir=state).returncode == 0
