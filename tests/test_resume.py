@@ -46,13 +46,13 @@ def test_a_file_added_after_a_kill_does_not_restart_the_copy(moto, make_root, em
     nparts = -(-size // part)
     src = tmp_path / "src"
     src.mkdir()
-    (src / "ckpt.bin").write_bytes(os.urandom(size))
+    (src / "weights.bin").write_bytes(os.urandom(size))
     dst = make_root("s3") + "models/"
     state = tmp_path / "state"
     args = [*MCBRIDGE, "cp", f"{src}/", dst, "--chunk-size", "5MiB", "-j", "2", "-q"]
     journaled = _kill_after(args, _env(emulator_env, state), state, 3)
     assert 3 <= journaled < nparts, "the copy must be killed mid-way"
-    key, bucket = "models/ckpt.bin", parse(dst).bucket
+    key, bucket = "models/weights.bin", parse(dst).bucket
     first_run = _moto_part_puts(moto, bucket, key)
 
     (src / "added.txt").write_bytes(b"a file that appeared after the kill\n")
@@ -63,7 +63,7 @@ def test_a_file_added_after_a_kill_does_not_restart_the_copy(moto, make_root, em
     assert second_run <= nparts - journaled, (first_run, second_run, journaled)
     assert first_run + second_run - nparts <= 2, "only parts in flight at the kill (-j 2) may be sent twice"
     client = moto.client()
-    assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == (src / "ckpt.bin").read_bytes()
+    assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == (src / "weights.bin").read_bytes()
     assert client.get_object(Bucket=bucket, Key="models/added.txt")["Body"].read().startswith(b"a file")
     assert mcbridge("verify", dst, "--deep", env=emulator_env, state_dir=state).returncode == 0
 
