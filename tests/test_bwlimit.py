@@ -64,6 +64,18 @@ def test_the_bucket_lets_bytes_through_at_its_rate_and_retimes_a_changed_rate():
     assert clock.now == before
 
 
+def test_a_route_gives_jobs_a_default_limit_and_bad_values_are_one_line():
+    from workers.executor import route_bwlimit
+    from workers.settings import WorkerSettings
+    ws = WorkerSettings.from_env({"BRIDGE_ROUTE_BWLIMITS": "s3=200MiB, az://archive=50MiB, gs=0"})
+    assert route_bwlimit(ws, "az://archive/x/") == 50 * MiB
+    assert route_bwlimit(ws, "az://other/x/") is None
+    assert route_bwlimit(ws, "s3://any/") == 200 * MiB
+    assert route_bwlimit(ws, "gs://bucket/") is None
+    with pytest.raises(InvalidOption, match=r"^BRIDGE_ROUTE_BWLIMITS='s3=fast': invalid bandwidth limit 'fast'"):
+        WorkerSettings.from_env({"BRIDGE_ROUTE_BWLIMITS": "s3=fast"})
+
+
 def test_a_96_mib_copy_at_24_mib_per_second_takes_about_4_seconds(tmp_path):
     src = tmp_path / "src" / "ckpt.bin"
     src.parent.mkdir()

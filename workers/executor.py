@@ -58,6 +58,17 @@ def route(ws: WorkerSettings, spec: JobSpec, destination: str | None = None) -> 
     return f"{ws.queue_prefix}.{'local' if loc.is_local else loc.scheme}"
 
 
+def route_bwlimit(ws: WorkerSettings, destination: str) -> int | None:
+    """The deployment's default bandwidth limit for jobs to ``destination`` (scheme://bucket, then
+    scheme), or None."""
+    from bridge.urls import parse
+    loc = parse(destination)
+    for match in (f"{loc.scheme}://{loc.bucket}", loc.scheme):
+        if match in ws.route_bwlimits:
+            return ws.route_bwlimits[match] or None
+    return None
+
+
 class ProgressSink:
     """Moves a task's ``Progress`` into its job record and the metrics, as deltas, at most every
     ``interval`` seconds while it runs and once at the end."""
@@ -277,7 +288,8 @@ class Service:
         if record is None or record.state in ("cancelled", "failed", "succeeded"):
             return {"skipped": record.state if record else "no such job"}
         from workers.limits import job_limiter
-        progress = Progress(limiter=job_limiter(self.r, self.keys, job_id, self.settings_for(spec).transfer.bwlimit))
+        submitted = self.settings_for(spec).transfer.bwlimit or route_bwlimit(self.ws, spec.destination)
+        progress = Progress(limiter=job_limiter(self.r, self.keys, job_id, submitted))
         sink = ProgressSink(self.jobs, job_id, record.queue)
         progress.listeners.append(sink)
         stop = StopCheck(self.jobs, job_id, lease)

@@ -67,6 +67,22 @@ def parse_routes(value: str) -> dict[str, str]:
     return routes
 
 
+def parse_route_limits(value: str) -> dict[str, int]:
+    """'s3=200MiB, az://archive=50MiB' -> {'s3': 209715200, 'az://archive': 52428800} (0: none)."""
+    from bridge.bwlimit import parse_rate
+    from bridge.errors import BridgeError
+    limits: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        match, sep, rate = item.partition("=")
+        if not sep or not match.strip():
+            raise ValueError(f"{item!r}: write MATCH=RATE, MATCH a scheme (s3) or scheme://bucket")
+        try:
+            limits[match.strip().rstrip("/")] = parse_rate(rate) or 0
+        except BridgeError as exc:
+            raise ValueError(str(exc)) from None
+    return limits
+
+
 def _setting(env: str, default: Any, parse: Callable[[str], Any], doc: str) -> Any:
     return field(default=default, metadata={"env": env, "parse": parse, "doc": doc})
 
@@ -113,6 +129,10 @@ class WorkerSettings:
     routes: dict[str, str] = _setting(
         "BRIDGE_ROUTES", None, parse_routes,
         "Queues by destination, most specific first: 's3=bridge.aws,gs://models-eu=bridge.eu'.")
+    route_bwlimits: dict[str, int] = _setting(
+        "BRIDGE_ROUTE_BWLIMITS", None, parse_route_limits,
+        "Default bandwidth limit of jobs by destination, matched as BRIDGE_ROUTES: 's3=200MiB,az://archive=50MiB'; "
+        "a job's --bwlimit or its profile's transfer.bwlimit comes first.")
     metrics_port: int = _setting(
         "BRIDGE_METRICS_PORT", 9808, _port, "Prometheus endpoint of each worker; 0 turns it off.")
     metrics_addr: str = _setting(
@@ -127,6 +147,8 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         if self.routes is None:
             object.__setattr__(self, "routes", {})
+        if self.route_bwlimits is None:
+            object.__setattr__(self, "route_bwlimits", {})
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> WorkerSettings:
