@@ -1,0 +1,134 @@
+"""Issue 13's cases: downloads and loose small objects, bridge against the best peer per store.
+
+    python -m bench.bench_speed [--stores s3,gcs,azure] [--size-mib 1024] [--files 2000] [--repeat 3]
+
+Cases, on each store:
+  big-down    one big object, store -> local        (peer on S3: s5cmd and rclone; else rclone)
+  small-up    N x 16 KiB loose files, local -> store
+  small-down  the same N objects, store -> local
+Stores: S3 = ``rclone serve s3`` (fast, Go), GCS = fake-gcs-server, Azure = Azurite. Method as in
+bench_transfer.py: each tool is its own process, wall time from start to exit, peak RSS from
+wait4(); each tool runs at its defaults with bridge's hashing and manifest on. Runs alternate
+between the tools (bridge, peer, bridge, peer ...) so that a burst of load from the machine's
+other users falls on both; the fastest of ``--repeat`` counts, and the load average is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.bench_transfer import BIN, MiB, _run_once, make_data, s3_env
+from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY, Azurite, FakeGCS, RcloneS3
+
+
+def gcs_env(base: dict[str, str], gcs: FakeGCS) -> dict[str, str]:
+    env = dict(base, **gcs.env())
+    env.update({"RCLONE_CONFIG": os.devnull, "RCLONE_CONFIG_G_TYPE": "google cloud storage",
+                "RCLONE_CONFIG_G_ANONYMOUS": "true", "RCLONE_CONFIG_G_ENDPOINT": f"{gcs.endpoint}/storage/v1/",
+                "RCLONE_CONFIG_G_BUCKET_POLICY_ONLY": "true"})
+    return env
+
+
+def azure_env(base: dict[str, str], az: Azurite) -> dict[str, str]:
+    env = dict(base, **az.env())
+    env.update({"RCLONE_CONFIG": os.devnull, "RCLONE_CONFIG_AZ_TYPE": "azureblob",
+                "RCLONE_CONFIG_AZ_ACCOUNT": AZURITE_ACCOUNT, "RCLONE_CONFIG_AZ_KEY": AZURITE_KEY,
+                "RCLONE_CONFIG_AZ_ENDPOINT": f"{az.endpoint}/{AZURITE_ACCOUNT}"})
+    return env
+
+
+STORES = {
+    # name: (emulator, bridge URL scheme, rclone remote, environment)
+    "s3": (RcloneS3, "s3://", "s3e:", s3_env),
+    "gcs": (FakeGCS, "gs://", "g:", gcs_env),
+    "azure": (Azurite, "az://", "az:", azure_env),
+}
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--stores", default="s3,gcs,azure")
+    ap.add_argument("--cases", default="big-down,small-up,small-down")
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--bridge-args", default="", help="extra arguments for mcbridge cp")
+    args = ap.parse_args()
+    cases = args.cases.split(",")
+    work = Path(tempfile.mkdtemp(prefix="mcbridge-speed-"))
+    log = work / "bench.log"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AZURE_", "RCLONE_", "STORAGE_"))}
+    base.update({"MCBRIDGE_STATE_DIR": str(work / "state"), "XDG_CONFIG_HOME": str(work / "noconfig"),
+                 "AWS_EC2_METADATA_DISABLED": "true"})
+    big, small = make_data(work / "data", args.size_mib, args.files)
+    sizes = {"big-down": big.stat().st_size, "small-up": args.files * 16 * 1024,
+             "small-down": args.files * 16 * 1024}
+    extra = args.bridge_args.split()
+    rows: list[dict] = []
+    print(f"load average at start: {load()}", flush=True)
+    for store in args.stores.split(","):
+        emulator, scheme, remote, make_env = STORES[store]
+        with emulator() as server:
+            server.create_bucket("bench")
+            env = make_env(base, server)
+            rclone, s5cmd = str(BIN / "rclone"), str(BIN / "s5cmd")
+            # The objects to download, put there by rclone (not timed).
+            _run_once([rclone, "copy", str(big), f"{remote}bench/seed-big/"], env, log)
+            _run_once([rclone, "copy", str(small), f"{remote}bench/seed-small/", "--transfers", "16"], env, log)
+            out = work / "out"
+            for case in cases:
+                tools: dict[str, list[str]] = {}
+                if case == "big-down":
+                    tools["bridge"] = [str(BIN / "mcbridge"), "cp", f"{scheme}bench/seed-big/{big.name}",
+                                       f"{out}/{{run}}/bridge/", "-q", *extra]
+                    tools["rclone"] = [rclone, "copy", f"{remote}bench/seed-big/{big.name}", f"{out}/{{run}}/rclone/"]
+                    if store == "s3":
+                        tools["s5cmd"] = [s5cmd, "--endpoint-url", server.endpoint, "cp",
+                                          f"s3://bench/seed-big/{big.name}", f"{out}/{{run}}/s5cmd/"]
+                elif case == "small-down":
+                    tools["bridge"] = [str(BIN / "mcbridge"), "cp", f"{scheme}bench/seed-small/",
+                                       f"{out}/{{run}}/bridge/", "-q", *extra]
+                    tools["rclone"] = [rclone, "copy", f"{remote}bench/seed-small/", f"{out}/{{run}}/rclone/"]
+                    if store == "s3":
+                        tools["s5cmd"] = [s5cmd, "--endpoint-url", server.endpoint, "cp",
+                                          "s3://bench/seed-small/*", f"{out}/{{run}}/s5cmd/"]
+                else:
+                    tools["bridge"] = [str(BIN / "mcbridge"), "cp", f"{small}/", f"{scheme}bench/up-bridge-{{run}}/",
+                                       "-q", *extra]
+                    tools["rclone"] = [rclone, "copy", str(small), f"{remote}bench/up-rclone-{{run}}/"]
+                    if store == "s3":
+                        tools["s5cmd"] = [s5cmd, "--endpoint-url", server.endpoint, "cp", f"{small}/*",
+                                          "s3://bench/up-s5cmd-{run}/"]
+                best: dict[str, tuple[float, int]] = {}
+                for i in range(args.repeat):
+                    for tool, cmd in tools.items():
+                        t, peak = _run_once([c.replace("{run}", f"{case}-{i}") for c in cmd], env, log)
+                        old = best.get(tool)
+                        best[tool] = (min(t, old[0]) if old else t, max(peak, old[1]) if old else peak)
+                    shutil.rmtree(out, ignore_errors=True)
+                peer = min((t for t in best if t != "bridge"), key=lambda t: best[t][0])
+                row = {"store": store, "case": case, "load": load(), "best_peer": peer,
+                       "ratio": round(best["bridge"][0] / best[peer][0], 2),
+                       **{f"{t}_s": round(v[0], 2) for t, v in best.items()},
+                       "bridge_peak_mib": round(best["bridge"][1] / MiB)}
+                rows.append(row)
+                tools_line = "  ".join(f"{t} {v[0]:6.2f}s" for t, v in best.items())
+                print(f"{store:<6} {case:<11} {tools_line}  bridge/{peer} {row['ratio']:5.2f}  "
+                      f"bridge peak {row['bridge_peak_mib']} MiB  (load {row['load']}, "
+                      f"{sizes[case] / best['bridge'][0] / MiB:.0f} MiB/s)", flush=True)
+    print(json.dumps(rows))
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
