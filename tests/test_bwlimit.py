@@ -80,13 +80,21 @@ def test_a_96_mib_copy_at_24_mib_per_second_takes_about_4_seconds(tmp_path):
     src = tmp_path / "src" / "ckpt.bin"
     src.parent.mkdir()
     src.write_bytes(os.urandom(96 * MiB))
-    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state")}, bwlimit="24MiB")
+    # The same copy unlimited first: what the work itself costs on this (shared, noisy) machine
+    # right now. The limit may never make the copy faster than 96/24 s (less 15%); above 4 s it
+    # may only add what the machine needed anyway, so a loaded machine does not fail the test.
+    state = {"MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
     start = time.perf_counter()
-    summary = ops.copy(str(src), f"{tmp_path}/dst/", settings)
+    ops.copy(str(src), f"{tmp_path}/free/", settings_for(state))
+    unlimited = time.perf_counter() - start
+    start = time.perf_counter()
+    summary = ops.copy(str(src), f"{tmp_path}/dst/", settings_for(state, bwlimit="24MiB"))
     elapsed = time.perf_counter() - start
     assert (tmp_path / "dst" / "ckpt.bin").read_bytes() == src.read_bytes()
     assert summary["files"] == 1
-    assert 3.4 <= elapsed <= 4.6, f"96 MiB at 24 MiB/s took {elapsed:.2f}s (expected ~4 s, within 15%)"
+    assert 3.4 <= elapsed <= 4.6 + unlimited, (
+        f"96 MiB at 24 MiB/s took {elapsed:.2f}s (expected ~4 s, within 15%; the copy unlimited "
+        f"took {unlimited:.2f}s)")
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:
