@@ -24,6 +24,7 @@ from typing import Any
 
 from bridge import manifest as manifests
 from bridge import names
+from bridge import retry
 from bridge.config import Settings
 from bridge.check import rehash
 from bridge.errors import (AuthError, BridgeError, BucketNotFound, IntegrityError, InvalidOption,
@@ -33,7 +34,6 @@ from bridge.journal import Journal, job_key
 from bridge.manifest import FileEntry, Manifest
 from bridge.progress import Progress
 from bridge.redact import redact
-from bridge.retry import call_with_retries
 from bridge.stores import Store, get_store
 from bridge.stores.base import MiB, ObjectInfo
 from bridge.urls import Location, parse
@@ -210,9 +210,6 @@ class JobContext:
     def dst_loc(self, rel: str) -> Location:
         return self.dst_root.join(rel)
 
-    def retrying(self, fn: Callable[[], Any]) -> Any:
-        return call_with_retries(fn, self.settings.transfer.retries, on_retry=lambda _e: self.progress.retried())
-
     def _file_lock(self, rel: str) -> threading.Lock:
         with self._lock:
             return self._file_locks.setdefault(rel, threading.Lock())
@@ -231,11 +228,11 @@ class JobContext:
             rec = self.journal.get(f"upload:{rel}")
             held = None
             if self.matches(rec, unit) and rec["part_size"] == unit["part_size"]:
-                held = self.retrying(lambda: self.dst.list_parts(loc, rec["id"]))
+                held = self.dst.list_parts(loc, rec["id"])
             if held is None:
                 if rec:
                     self.dst.abort_upload(loc, rec["id"])
-                upload_id = self.retrying(lambda: self.dst.begin_upload(loc, unit["size"]))
+                upload_id = self.dst.begin_upload(loc, unit["size"])
                 planned = self._files.get(rel)
                 self.journal.put(f"upload:{rel}", {"id": upload_id, "size": unit["size"],
                                                    "part_size": unit["part_size"],
@@ -267,12 +264,12 @@ def _put(ctx: JobContext, unit: dict) -> dict:
         ctx.progress.skipped(unit["size"])
         return done
     ctx.progress.throttle(unit["size"])
-    data = ctx.dst.body(ctx.retrying(lambda: ctx.src.read(ctx.src_loc(rel))))
+    data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel)))
     if len(data) != unit["size"]:
         raise IntegrityError(f"{ctx.src_loc(rel)}: read {len(data)} bytes, planned {unit['size']}: "
                              f"the source changed during the copy")
     h = FileHash.of(data)
-    committed = ctx.retrying(lambda: ctx.dst.put(ctx.dst_loc(rel), data, crc32c=h.crc32c, metadata=_metadata(h)))
+    committed = ctx.dst.put(ctx.dst_loc(rel), data, crc32c=h.crc32c, metadata=_metadata(h))
     entry = asdict(manifests.entry_from_hash(rel, h, committed=committed))
     ctx.journal.put(f"file:{rel}", ctx.journaled(rel, entry))
     ctx.progress.moved(len(data))
@@ -302,7 +299,7 @@ def _part(ctx: JobContext, unit: dict) -> dict:
             ctx.progress.skipped(length)
             return known
         ctx.progress.throttle(length)
-        data = ctx.dst.body(ctx.retrying(lambda: ctx.src.read(ctx.src_loc(rel), offset, length)))
+        data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel), offset, length))
         if len(data) != length:
             raise IntegrityError(f"{ctx.src_loc(rel)}: short read at {offset}: the source changed")
         crc = crc_hex(crc32c(data))
@@ -311,7 +308,7 @@ def _part(ctx: JobContext, unit: dict) -> dict:
             ctx.progress.skipped(length)
             return known
         sha = hashlib.sha256(data).hexdigest()
-        record = ctx.retrying(lambda: ctx.dst.upload_part(ctx.dst_loc(rel), upload_id, number, offset, data, crc))
+        record = ctx.dst.upload_part(ctx.dst_loc(rel), upload_id, number, offset, data, crc)
         if record.crc32c != crc:
             raise IntegrityError(f"{ctx.dst_loc(rel)}: part {number} stored with CRC32C {record.crc32c}, "
                                  f"sent {crc}")
@@ -345,7 +342,7 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     h = FileHash(size, crc, whole or "")
     upload_id, _held = ctx.upload(unit)
     dst = ctx.dst_loc(rel)
-    ctx.retrying(lambda: ctx.dst.complete_upload(dst, upload_id, parts, crc32c=crc, metadata=_metadata(h)))
+    ctx.dst.complete_upload(dst, upload_id, parts, crc32c=crc, metadata=_metadata(h))
     note = ""
     if whole is None and dst.is_local:
         again, whole = rehash(ctx.dst, dst, size)
@@ -354,7 +351,7 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
         h = FileHash(size, crc, whole)
     elif whole is None:
         note = "sha256 left out: a resumed copy did not read finished parts again; part_sha256 covers every byte"
-    committed = manifests.committed_info(ctx.dst, dst, h, ctx.retrying)
+    committed = manifests.committed_info(ctx.dst, dst, h)
     entry = manifests.entry_from_hash(rel, h, part_size, [p.crc32c for p in parts], committed)
     if all(part_sha256):
         entry.part_sha256 = part_sha256
@@ -368,7 +365,7 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
 
 def _delete(ctx: JobContext, unit: dict) -> dict:
     try:
-        ctx.retrying(lambda: ctx.dst.delete(ctx.dst_loc(unit["rel"])))
+        ctx.dst.delete(ctx.dst_loc(unit["rel"]))
     except ObjectNotFound:
         pass  # already gone: a re-run after a kill
     return {"deleted": unit["rel"]}
@@ -385,15 +382,20 @@ def _finalize(ctx: JobContext, unit: dict) -> dict:
         files.pop(rel, None)
     extra = previous.extra if previous else {}
     manifest = Manifest(ctx.plan.source, ctx.plan.destination, files, extra=extra)
-    ctx.retrying(lambda: manifests.write(ctx.dst, root, manifest))
-    if previous:
-        ctx.retrying(lambda: ctx.dst.delete(root.join(manifests.PREVIOUS)))
-    # Unfinished uploads to the objects just written are leftovers of runs that were killed and
-    # not resumed; uploads to other keys may belong to another job running now, and stay.
-    targets = {str(ctx.dst_loc(key[len("file:"):])) for key in written}
-    for loc, upload_id in [] if ctx.dst.commit_discards_uploads else list(ctx.dst.list_uploads(root)):
-        if str(loc) in targets:
-            ctx.dst.abort_upload(loc, upload_id)
+    manifests.write(ctx.dst, root, manifest)
+    # Committed. What follows is cleaning up: a failure there leaves leftovers, not a failed copy
+    # (a manifest.previous left behind is replaced by the next prepare).
+    try:
+        if previous:
+            ctx.dst.delete(root.join(manifests.PREVIOUS))
+        # Unfinished uploads to the objects just written are leftovers of runs that were killed
+        # and not resumed; uploads to other keys may belong to another job running now, and stay.
+        targets = {str(ctx.dst_loc(key[len("file:"):])) for key in written}
+        for loc, upload_id in [] if ctx.dst.commit_discards_uploads else list(ctx.dst.list_uploads(root)):
+            if str(loc) in targets:
+                ctx.dst.abort_upload(loc, upload_id)
+    except BridgeError:
+        pass  # `mcbridge uploads --abort` removes what is left
     return {"manifest": str(root.join(manifests.MANIFEST)), "files": len(files)}
 
 
@@ -403,7 +405,8 @@ OPS: dict[str, Callable[[JobContext, dict], dict]] = {
 
 
 def run_unit(ctx: JobContext, unit: dict) -> dict:
-    return OPS[unit["op"]](ctx, unit)
+    with retry.reporting(lambda _exc: ctx.progress.retried()):
+        return OPS[unit["op"]](ctx, unit)
 
 
 def followups(ctx: JobContext, unit: dict) -> list[dict]:
@@ -415,18 +418,18 @@ def followups(ctx: JobContext, unit: dict) -> list[dict]:
 
 def prepare(ctx: JobContext) -> None:
     """Before any byte moves, an old manifest stops claiming the destination is complete; its
-    entries are kept aside (once, so a resumed run keeps them too) and merged at finalize."""
+    entries are kept aside (a resumed run finds them there) and merged at finalize. A manifest
+    beside an older manifest.previous holds all of its entries (finalize merged them), so it
+    replaces it."""
     root = ctx.dst_root
-    ctx.dst.clean_temporaries({_parent(ctx.dst_loc(f.rel)) for f in ctx.plan.files})
-    try:
-        raw = ctx.dst.read(root.join(manifests.MANIFEST))
-    except ObjectNotFound:
-        return
-    try:
-        ctx.dst.info(root.join(manifests.PREVIOUS))
-    except ObjectNotFound:
+    with retry.reporting(lambda _exc: ctx.progress.retried()):
+        ctx.dst.clean_temporaries({_parent(ctx.dst_loc(f.rel)) for f in ctx.plan.files})
+        try:
+            raw = ctx.dst.read(root.join(manifests.MANIFEST))
+        except ObjectNotFound:
+            return
         ctx.dst.put(root.join(manifests.PREVIOUS), raw, crc32c=crc_hex(crc32c(raw)), metadata={})
-    ctx.dst.delete(root.join(manifests.MANIFEST))
+        ctx.dst.delete(root.join(manifests.MANIFEST))
 
 
 # -- the in-process executor -------------------------------------------------------------------

@@ -10,7 +10,8 @@
      │    └── ObjectNotFound        source object or prefix does not exist
      ├── AuthError
      │    ├── CredentialsMissing    no credentials could be found
-     │    └── PermissionDenied      credentials were rejected (never retried)
+     │    ├── PermissionDenied      credentials were rejected (never retried)
+     │    └── ClockSkewed           the signature's time is too far from the service's (never retried)
      ├── TransientError             worth retrying: throttling, 5xx, resets, timeouts
      │    └── EndpointUnreachable   nothing answered at the endpoint
      ├── IntegrityError             bytes do not match their recorded hash (never retried)
@@ -67,6 +68,10 @@ class CredentialsMissing(AuthError):
 
 
 class PermissionDenied(AuthError):
+    pass
+
+
+class ClockSkewed(AuthError):
     pass
 
 

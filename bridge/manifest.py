@@ -47,7 +47,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 
 from bridge import __version__
@@ -184,11 +184,11 @@ def provenance(committed: ObjectInfo | None) -> dict:
     return {"reported": dict(committed.checksums), "identity": dict(committed.identity)}
 
 
-def committed_info(store: Store, loc: Location, h: FileHash, retrying: Callable) -> ObjectInfo:
+def committed_info(store: Store, loc: Location, h: FileHash) -> ObjectInfo:
     """What the store says of an object just completed from parts: its identity for the manifest.
     Asked right after the commit (whose checksum the store has checked): should the object already
     be another one, its size or the hashes in bridge's metadata differ from ours and the copy fails."""
-    info = retrying(lambda: store.info(loc))
+    info = store.info(loc)
     if info.size != h.size or info.metadata.get("bridge_crc32c", h.crc32c) != h.crc32c \
             or info.metadata.get("bridge_sha256", h.sha256) != h.sha256:
         raise IntegrityError(f"{loc}: was changed right after its upload completed; run the copy again")

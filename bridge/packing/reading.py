@@ -10,7 +10,7 @@ from bridge.config import Settings
 from bridge.errors import IntegrityError, ObjectNotFound, UsageError
 from bridge.packing import index as indexes
 from bridge.progress import Progress
-from bridge.retry import call_with_retries
+from bridge.retry import reported
 from bridge.stores import Store, get_store
 from bridge.stores.base import MiB
 from bridge.urls import Location, parse
@@ -49,8 +49,8 @@ class RangeFile(io.RawIOBase):
         return self._pos
 
     def _fetch(self, start: int, length: int) -> bytes:
-        data = call_with_retries(lambda: self.store.read(self.loc, start, length), self.retries,
-                                 on_retry=(lambda _e: self.progress.retried()) if self.progress else None)
+        data = reported(lambda: self.store.read(self.loc, start, length),
+                        (lambda _e: self.progress.retried()) if self.progress else None)
         self.requests += 1
         if len(data) != length:
             raise IntegrityError(f"{self.loc}: short read at {start}: the object changed while being read")
@@ -119,7 +119,7 @@ def cat(url: str, path: str, settings: Settings, prefix: str | None = None) -> t
     if "offset" not in entry:
         raise UsageError(f"{path!r} has no byte range in the index: use mcbridge unpack")
     loc = shard_set.root.join(shard["name"])
-    data = call_with_retries(lambda: store.read(loc, entry["offset"], entry["length"]), settings.transfer.retries)
+    data = store.read(loc, entry["offset"], entry["length"])
     if hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise IntegrityError(f"{path!r} read from {loc} does not match its SHA-256 in the index")
     return data, {"shard": str(loc), "offset": entry["offset"], "length": entry["length"],

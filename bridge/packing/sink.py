@@ -18,7 +18,7 @@ from bridge.errors import BridgeError, InvalidOption
 from bridge.hashing import FileHash, combine_parts, crc32c, crc_hex
 from bridge.manifest import committed_info, provenance
 from bridge.progress import Progress
-from bridge.retry import call_with_retries
+from bridge.retry import reported
 from bridge.stores.base import MiB, PartRecord, Store
 from bridge.urls import Location
 
@@ -70,7 +70,7 @@ class StreamingUpload:
         self._in_flight: cf.Future | None = None
 
     def _retrying(self, fn):
-        return call_with_retries(fn, self.retries, on_retry=lambda _e: self.progress.retried())
+        return reported(fn, lambda _e: self.progress.retried())  # the store retries each request
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         n = len(data)
@@ -150,7 +150,7 @@ class StreamingUpload:
         crc = crc_hex(combine_parts([(int(p.crc32c, 16), p.size) for p in self._parts]))
         self._retrying(lambda: self.store.complete_upload(self.loc, self._upload_id, self._parts, crc32c=crc,
                                                           metadata=_metadata(crc, sha)))
-        committed = committed_info(self.store, self.loc, FileHash(self._pos, crc, sha), self._retrying)
+        committed = self._retrying(lambda: committed_info(self.store, self.loc, FileHash(self._pos, crc, sha)))
         return Written(self._pos, crc, sha, self.part_size, [p.crc32c for p in self._parts],
                        provenance(committed))
 
@@ -175,8 +175,8 @@ def put_whole(store: Store, loc: Location, data: bytes, *, retries: int, progres
               sha256: str | None = None) -> Written:
     """One small object in one request, with the same metadata as streamed ones."""
     sha, crc = sha256 or hashlib.sha256(data).hexdigest(), crc_hex(crc32c(data))
-    committed = call_with_retries(lambda: store.put(loc, data, crc32c=crc, metadata=_metadata(crc, sha)),
-                                  retries, on_retry=(lambda _e: progress.retried()) if progress else None)
+    committed = reported(lambda: store.put(loc, data, crc32c=crc, metadata=_metadata(crc, sha)),
+                         (lambda _e: progress.retried()) if progress else None)
     if progress:
         progress.moved(len(data))
     return Written(len(data), crc, sha, committed=provenance(committed))

@@ -23,7 +23,7 @@ from bridge.errors import IntegrityError, InvalidOption
 from bridge.packing import layout
 from bridge.packing.sink import StreamingUpload, Written, put_whole
 from bridge.progress import Progress
-from bridge.retry import call_with_retries
+from bridge.retry import reported
 from bridge.stores.base import MiB, Store
 from bridge.urls import Location
 
@@ -105,7 +105,7 @@ def format_for_shard(name: str) -> str | None:
 # -- reading the files of one shard -------------------------------------------------------------
 
 def read_checked(store: Store, loc: Location, size: int, retries: int, progress: Progress) -> bytes:
-    data = call_with_retries(lambda: store.read(loc), retries, on_retry=lambda _e: progress.retried())
+    data = reported(lambda: store.read(loc), lambda _e: progress.retried())
     if len(data) != size:
         raise IntegrityError(f"{loc}: read {len(data)} bytes, listed {size}: the source changed "
                              f"during packing")
@@ -187,8 +187,8 @@ def ranged_chunks(store: Store, loc: Location, size: int, chunk: int, retries: i
                   hasher) -> Iterator[bytes]:
     for offset in range(0, size, chunk):
         length = min(chunk, size - offset)
-        data = call_with_retries(lambda offset=offset, length=length: store.read(loc, offset, length), retries,
-                                 on_retry=lambda _e: progress.retried())
+        data = reported(lambda offset=offset, length=length: store.read(loc, offset, length),
+                        lambda _e: progress.retried())
         if len(data) != length:
             raise IntegrityError(f"{loc}: short read at {offset}: the source changed during packing")
         hasher.update(data)

@@ -19,12 +19,13 @@ from contextlib import contextmanager
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable, InvalidOption,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError)
+from bridge.retry import call_with_retries
 from bridge.stores.base import GiB, MiB, Features, ObjectInfo, PartRecord, Store, utc_seconds
 from bridge.urls import Location
 
 try:
     from azure.core import MatchConditions
-    from azure.core.exceptions import (ClientAuthenticationError, HttpResponseError,
+    from azure.core.exceptions import (ClientAuthenticationError, DecodeError, HttpResponseError,
                                        ResourceNotFoundError, ServiceRequestError,
                                        ServiceResponseError)
     from azure.storage.blob import BlobBlock, BlobServiceClient, ExponentialRetry
@@ -46,11 +47,15 @@ def _translate(loc: Location, endpoint: str):
         raise PermissionDenied(f"{loc}: authentication failed") from exc
     except ServiceRequestError as exc:
         raise EndpointUnreachable(f"cannot reach the Azure endpoint {endpoint}: {type(exc).__name__}") from exc
-    except ServiceResponseError as exc:
-        raise TransientError(f"{loc}: {exc}") from exc
+    except (ServiceResponseError, DecodeError) as exc:
+        # the answer was lost or cut short (IncompleteReadError is a DecodeError)
+        raise TransientError(f"{loc}: connection dropped ({type(exc).__name__})") from exc
     except HttpResponseError as exc:
         code = getattr(exc, "error_code", None) or ""
         status = exc.status_code or 0
+        if not status and isinstance(exc.__cause__, (ServiceResponseError, DecodeError)):
+            # the blob downloader gave up on a body cut short and wrapped the cause
+            raise TransientError(f"{loc}: connection dropped ({type(exc.__cause__).__name__})") from exc
         if code in ("Md5Mismatch", "Crc64Mismatch", "InvalidMd5"):
             raise IntegrityError(f"{loc}: Azure rejected the bytes as not matching their checksum") from exc
         if status in (401, 403):
@@ -109,7 +114,8 @@ class AzureStore(Store):
     def __init__(self, settings: Settings):
         self.settings = settings
         az, t = settings.azure, settings.transfer
-        retry = ExponentialRetry(initial_backoff=0.5, increment_base=1.5, retry_total=2)  # the engine retries units
+        # bridge.retry is the one retry layer: azure-core sends each request once.
+        retry = ExponentialRetry(retry_total=0)
         common = {"retry_policy": retry, "connection_timeout": t.connect_timeout,
                   "read_timeout": t.read_timeout, "max_single_put_size": 256 * MiB}
         if az.connection_string:
@@ -138,16 +144,31 @@ class AzureStore(Store):
                                      "or AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY")
         self.endpoint = self.client.url
         self._validate = _transactional_checksum()
+        self.retries = t.retries
+
+    def _request(self, loc: Location, fn, recovered=None):
+        def once():
+            with _translate(loc, self.endpoint):
+                return fn()
+        return call_with_retries(once, self.retries, recovered=recovered)
 
     def _blob(self, loc: Location):
         return self.client.get_blob_client(loc.bucket, loc.key)
 
     def list(self, prefix: Location) -> Iterator[ObjectInfo]:
         container = self.client.get_container_client(prefix.bucket)
-        with _translate(prefix, self.endpoint):
-            for blob in container.list_blobs(name_starts_with=prefix.key or None, include=["metadata"]):
+        token = None
+        while True:
+            def page(token=token):  # one page per request, retried alone
+                pages = container.list_blobs(name_starts_with=prefix.key or None,
+                                             include=["metadata"]).by_page(continuation_token=token)
+                return list(next(pages)), pages.continuation_token
+            blobs, token = self._request(prefix, page)
+            for blob in blobs:
                 yield self._info(prefix.bucket, blob.name, blob.size, blob.content_settings, blob.metadata,
                                  blob.etag, blob.last_modified)
+            if not token:
+                return
 
     @staticmethod
     def _info(container, name, size, content_settings, metadata, etag, last_modified) -> ObjectInfo:
@@ -159,26 +180,23 @@ class AzureStore(Store):
                           _identity(etag, last_modified))
 
     def info(self, loc: Location) -> ObjectInfo:
-        with _translate(loc, self.endpoint):
-            p = self._blob(loc).get_blob_properties()
+        p = self._request(loc, self._blob(loc).get_blob_properties)
         return self._info(loc.bucket, loc.key, p.size, p.content_settings, p.metadata, p.etag, p.last_modified)
 
     def block_sizes(self, loc: Location) -> list[int]:
-        with _translate(loc, self.endpoint):
-            committed, _ = self._blob(loc).get_block_list("committed")
+        committed, _ = self._request(loc, lambda: self._blob(loc).get_block_list("committed"))
         return [b.size for b in committed]
 
     def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
         if length == 0:
             return b""
-        with _translate(loc, self.endpoint):
-            return self._blob(loc).download_blob(offset=offset if (offset or length is not None) else None, length=length,
-                                                 max_concurrency=1).readall()
+        return self._request(loc, lambda: self._blob(loc).download_blob(
+            offset=offset if (offset or length is not None) else None, length=length, max_concurrency=1).readall())
 
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
-        with _translate(loc, self.endpoint):
-            resp = self._blob(loc).upload_blob(_as_bytes(data), overwrite=True, metadata=metadata,
-                                               validate_content=self._validate)
+        body = _as_bytes(data)
+        resp = self._request(loc, lambda: self._blob(loc).upload_blob(body, overwrite=True, metadata=metadata,
+                                                                      validate_content=self._validate))
         sums = {"md5": bytes(resp["content_md5"]).hex()} if resp.get("content_md5") else {}
         return ObjectInfo(loc, len(data), sums, dict(metadata), _identity(resp.get("etag"), resp.get("last_modified")))
 
@@ -186,13 +204,19 @@ class AzureStore(Store):
         return _as_bytes(data)
 
     def delete(self, loc: Location) -> None:
-        with _translate(loc, self.endpoint):
-            self._blob(loc).delete_blob()
+        self._request(loc, self._blob(loc).delete_blob, recovered=lambda: self._gone(loc))
+
+    def _gone(self, loc: Location) -> bool:
+        # A delete whose answer was lost is found done by the next attempt's BlobNotFound.
+        try:
+            self.info(loc)
+        except ObjectNotFound:
+            return True
+        return False
 
     def check_bucket(self, loc: Location) -> None:
-        with _translate(loc, self.endpoint):
-            if not self.client.get_container_client(loc.bucket).exists():
-                raise BucketNotFound(f"container {loc.bucket!r} does not exist")
+        if not self._request(loc, self.client.get_container_client(loc.bucket).exists):
+            raise BucketNotFound(f"container {loc.bucket!r} does not exist")
 
     # -- multipart: staged blocks, then one block-list commit ------------------------------------
     def begin_upload(self, loc: Location, size: int) -> str:
@@ -201,17 +225,16 @@ class AzureStore(Store):
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
                     crc32c: str) -> PartRecord:
         block_id = _block_id(upload_id, number)
-        with _translate(loc, self.endpoint):
-            # bytes, not a stream: from a stream the SDK switches to structured-message CRC64,
-            # which Azurite does not speak; a bytearray from a ranged read is copied here.
-            self._blob(loc).stage_block(block_id, _as_bytes(data), length=len(data),
-                                        validate_content=self._validate)
+        # bytes, not a stream: from a stream the SDK switches to structured-message CRC64,
+        # which Azurite does not speak; a bytearray from a ranged read is copied here.
+        body = _as_bytes(data)
+        self._request(loc, lambda: self._blob(loc).stage_block(block_id, body, length=len(body),
+                                                               validate_content=self._validate))
         return PartRecord(number, len(data), crc32c, block_id)
 
     def list_parts(self, loc: Location, upload_id: str) -> dict[int, PartRecord] | None:
         try:
-            with _translate(loc, self.endpoint):
-                _committed, uncommitted = self._blob(loc).get_block_list("uncommitted")
+            _committed, uncommitted = self._request(loc, lambda: self._blob(loc).get_block_list("uncommitted"))
         except ObjectNotFound:
             return {}
         parts = {}
@@ -225,8 +248,17 @@ class AzureStore(Store):
     def complete_upload(self, loc: Location, upload_id: str, parts: list[PartRecord], *,
                         crc32c: str, metadata: dict[str, str]) -> None:
         blocks = [BlobBlock(block_id=p.token) for p in sorted(parts, key=lambda p: p.number)]
-        with _translate(loc, self.endpoint):
-            self._blob(loc).commit_block_list(blocks, metadata=metadata)
+        size = sum(p.size for p in parts)
+
+        def finished() -> bool:  # an earlier attempt committed, and its answer was lost
+            try:
+                info = self.info(loc)
+            except ObjectNotFound:
+                return False
+            return info.size == size and info.metadata.get("bridge_crc32c") == crc32c
+
+        self._request(loc, lambda: self._blob(loc).commit_block_list(blocks, metadata=metadata),
+                      recovered=finished)
 
     # Put Blob and Put Block List both discard a blob's uncommitted blocks: a finished copy leaves
     # no upload behind at the names it wrote, so the engine need not look for any there.
@@ -273,14 +305,12 @@ class AzureStore(Store):
         """Blobs under ``prefix`` holding uncommitted blocks of bridge's block-id form, one row per
         upload id. Listings do not tell which blobs have uncommitted blocks: each is asked."""
         container = self.client.get_container_client(prefix.bucket)
-        with _translate(prefix, self.endpoint):
-            names = [b.name for b in container.list_blobs(name_starts_with=prefix.key or None,
-                                                          include=["uncommittedblobs"])]
+        names = self._request(prefix, lambda: [b.name for b in container.list_blobs(
+            name_starts_with=prefix.key or None, include=["uncommittedblobs"])])
         for name in names:
             loc = Location("az", prefix.bucket, name)
             try:
-                with _translate(loc, self.endpoint):
-                    _committed, uncommitted = self._blob(loc).get_block_list("uncommitted")
+                _committed, uncommitted = self._request(loc, lambda: self._blob(loc).get_block_list("uncommitted"))
             except ObjectNotFound:
                 continue
             owners = {owner for owner, number in map(_block_number, (b.id for b in uncommitted))

@@ -8,6 +8,7 @@ which is compared with the whole file's CRC32C.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import uuid
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError)
+from bridge.retry import call_with_retries
 from bridge.stores.base import (GiB, MiB, RESERVED, Features, ObjectInfo, PartRecord, Store,
                                 crc_b64_to_hex, crc_hex_to_b64)
 from bridge.urls import Location
@@ -41,10 +43,11 @@ def _translate(loc: Location, endpoint: str):
         raise
     except FileNotFoundError as exc:
         raise ObjectNotFound(f"{loc}: no such object") from exc
-    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
+    except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
         raise EndpointUnreachable(f"cannot reach the GCS endpoint {endpoint}: {type(exc).__name__}") from exc
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise TransientError(f"{loc}: {type(exc).__name__}: {exc}") from exc
+    except (aiohttp.ClientError, TimeoutError, ConnectionError, http.client.IncompleteRead) as exc:
+        # ClientPayloadError (a body cut short), ServerDisconnectedError, resets, timeouts
+        raise TransientError(f"{loc}: connection dropped ({type(exc).__name__})") from exc
     except HttpError as exc:
         code = getattr(exc, "code", 0) or 0
         if code in (401, 403):
@@ -98,16 +101,20 @@ class GCSStore(Store):
         self.fs = GCSFileSystem(project=settings.gcs.project or "", token=self._token,
                                 endpoint_url=endpoint, skip_instance_cache=True,
                                 requests_timeout=settings.transfer.read_timeout)
-        self._raw_request = type(self.fs)._request.__wrapped__  # our engine owns retries
+        # gcsfs's _request retries inside; bridge.retry is the one retry layer, so call under it.
+        self._raw_request = type(self.fs)._request.__wrapped__
+        self.retries = settings.transfer.retries
 
     # One request, no hidden retry loop; errors translated by the caller.
     async def _acall(self, method, path, *args, json_out=False, **kwargs):
         _status, headers, _info, contents = await self._raw_request(self.fs, method, path, *args, **kwargs)
         return json.loads(contents) if json_out else (headers, contents)
 
-    def _call(self, loc: Location, method: str, path: str, *args, **kwargs):
-        with _translate(loc, self.endpoint):
-            return sync(self.fs.loop, self._acall, method, path, *args, **kwargs)
+    def _call(self, loc: Location, method: str, path: str, *args, recovered=None, **kwargs):
+        def once():
+            with _translate(loc, self.endpoint):
+                return sync(self.fs.loop, self._acall, method, path, *args, **kwargs)
+        return call_with_retries(once, self.retries, recovered=recovered)
 
     @staticmethod
     def _info(bucket: str, item: dict) -> ObjectInfo:
@@ -183,7 +190,15 @@ class GCSStore(Store):
                                  f"expected {crc32c}")
 
     def delete(self, loc: Location) -> None:
-        self._call(loc, "DELETE", "b/{}/o/{}", loc.bucket, loc.key)
+        # A delete whose answer was lost is found done by the next attempt's 404.
+        self._call(loc, "DELETE", "b/{}/o/{}", loc.bucket, loc.key, recovered=lambda: self._gone(loc))
+
+    def _gone(self, loc: Location) -> bool:
+        try:
+            self.info(loc)
+        except ObjectNotFound:
+            return True
+        return False
 
     def check_bucket(self, loc: Location) -> None:
         try:
@@ -214,17 +229,19 @@ class GCSStore(Store):
             parts[number] = PartRecord(number, int(item["size"]), crc, item["name"])
         return parts
 
-    def _compose(self, loc: Location, sources: list[str], metadata: dict[str, str] | None) -> dict:
+    def _compose(self, loc: Location, sources: list[str], metadata: dict[str, str] | None,
+                 recovered=None) -> dict | None:
         body = {"sourceObjects": [{"name": s} for s in sources], "kind": "storage#composeRequest",
                 "destination": {"name": loc.key, "bucket": loc.bucket,
                                 "contentType": "application/octet-stream",
                                 **({"metadata": metadata} if metadata else {})}}
         return self._call(loc, "POST", "b/{}/o/{}/compose", loc.bucket, loc.key, json_out=True,
-                          json=body, headers={"Content-Type": "application/json"})
+                          json=body, headers={"Content-Type": "application/json"}, recovered=recovered)
 
     def complete_upload(self, loc: Location, upload_id: str, parts: list[PartRecord], *,
                         crc32c: str, metadata: dict[str, str]) -> None:
         names = [p.token for p in sorted(parts, key=lambda p: p.number)]
+        size = sum(p.size for p in parts)
         level = 0
         temporaries: list[str] = []
         while len(names) > COMPOSE_MAX:
@@ -235,13 +252,27 @@ class GCSStore(Store):
                 grouped.append(inter.key)
             temporaries += grouped
             names, level = grouped, level + 1
-        item = self._compose(loc, names, metadata)
+
+        def finished() -> bool:
+            # A compose whose answer was lost may have run: a retry then finds its sources gone
+            # (once cleaned up) and fails, though the object it was to make is there.
+            try:
+                info = self.info(loc)
+            except ObjectNotFound:
+                return False
+            return info.size == size and info.checksums.get("crc32c") == crc32c
+
+        item = self._compose(loc, names, metadata, recovered=finished)
+        if item is not None:
+            try:
+                self._check_crc(loc, item, crc32c)
+            except IntegrityError:
+                self.delete(loc)
+                raise
         try:
-            self._check_crc(loc, item, crc32c)
-        except IntegrityError:
-            self.delete(loc)
-            raise
-        self.abort_upload(loc, upload_id)
+            self.abort_upload(loc, upload_id)
+        except BridgeError:
+            pass  # the object is complete; parts left behind are for `mcbridge uploads --abort`
 
     def abort_upload(self, loc: Location, upload_id: str) -> None:
         prefix = Location("gs", loc.bucket, f"{UPLOADS}{upload_id}/")

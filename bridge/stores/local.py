@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 from bridge.config import Settings
 from bridge.errors import BridgeError, ObjectNotFound, PermissionDenied
+from bridge.hashing import crc32c, crc_hex
 from bridge.names import PARTIAL, TEMPORARY, check_local_path
 from bridge.stores.base import GiB, Features, ObjectInfo, PartRecord, Store
 from bridge.urls import Location
@@ -176,13 +177,20 @@ class LocalStore(Store):
                         crc32c: str, metadata: dict[str, str]) -> None:
         path = self._partial(loc, upload_id)
         with _translate(loc):
-            fd = os.open(path, os.O_RDONLY)
             try:
-                os.fsync(fd)  # every part's pwrite, before the file takes its final name
-            finally:
-                os.close(fd)
-            os.replace(path, loc.local_path)
-            _fsync_dir(os.path.dirname(loc.local_path))
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                # Completed before (a run killed before it journaled so): the file in place is
+                # the one this upload made if its size and CRC32C are those of the parts.
+                if not _holds(loc.local_path, sum(p.size for p in parts), crc32c):
+                    raise
+            else:
+                try:
+                    os.fsync(fd)  # every part's pwrite, before the file takes its final name
+                finally:
+                    os.close(fd)
+                os.replace(path, loc.local_path)
+                _fsync_dir(os.path.dirname(loc.local_path))
             _unlink_quietly(path + ".parts")
 
     def abort_upload(self, loc: Location, upload_id: str) -> None:
@@ -230,6 +238,19 @@ def _identity(st: os.stat_result) -> dict[str, str]:
     os.utime cannot set back: a rewrite in place that restores the mtime still shows."""
     return {"inode": str(st.st_ino), "size": str(st.st_size), "mtime_ns": str(st.st_mtime_ns),
             "ctime_ns": str(st.st_ctime_ns)}
+
+
+def _holds(path: str, size: int, crc: str) -> bool:
+    try:
+        if os.path.getsize(path) != size:
+            return False
+        value = 0
+        with open(path, "rb") as f:
+            while chunk := f.read(8 * 1024 * 1024):
+                value = crc32c(chunk, value)
+    except FileNotFoundError:
+        return False
+    return crc_hex(value) == crc
 
 
 def _unlink_quietly(path: str) -> None:

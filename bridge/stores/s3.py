@@ -6,25 +6,43 @@ asked for a FULL_OBJECT CRC32C, which S3 checks against the whole file's CRC32C 
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import http.client
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from bridge.config import Settings
-from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable,
+from bridge.errors import (BridgeError, BucketNotFound, ClockSkewed, CredentialsMissing, EndpointUnreachable,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError)
+from bridge.retry import call_with_retries
 from bridge.stores.base import (GiB, MiB, BufferReader, Features, ObjectInfo, PartRecord, Store, crc_b64_to_hex,
                                 crc_hex_to_b64, utc_seconds)
 from bridge.urls import Location
 
 try:
+    import aiohttp
     import botocore.exceptions as bce
+    from botocore.parsers import ResponseParserError
     import s3fs
 except ImportError as exc:  # the registry turns this into an install hint
     raise ImportError(str(exc), name=exc.name) from exc
 
 _THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
-                   "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "503", "500"}
+                   "InternalError", "ServiceUnavailable", "503", "500", "502", "504"}
+# A dropped connection or a body cut short, from botocore (ReadTimeoutError, ConnectionClosedError,
+# ResponseStreamingError are HTTPClientErrors), from aiohttp under aiobotocore, or the stdlib.
+_DROPPED = (bce.HTTPClientError, ResponseParserError, aiohttp.ClientPayloadError,
+            aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, http.client.IncompleteRead,
+            asyncio.TimeoutError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+
+
+def _code(exc: BaseException) -> str | None:
+    """The S3 error code of a ClientError, or of the OSError s3fs made of one."""
+    for e in (exc, exc.__cause__):
+        if isinstance(e, bce.ClientError):
+            return e.response.get("Error", {}).get("Code", "")
+    return None
 
 
 @contextmanager
@@ -36,23 +54,24 @@ def _translate(loc: Location, endpoint: str | None):
     except (bce.NoCredentialsError, bce.PartialCredentialsError) as exc:
         raise CredentialsMissing("no AWS credentials found: set AWS_ACCESS_KEY_ID and "
                                  "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE") from exc
-    except (bce.EndpointConnectionError, bce.ConnectTimeoutError, ConnectionError) as exc:
+    except (bce.EndpointConnectionError, bce.ConnectTimeoutError, ConnectionRefusedError) as exc:
         raise EndpointUnreachable(f"cannot reach the S3 endpoint {endpoint or 'of AWS'}: "
                                   f"{type(exc).__name__}") from exc
-    except bce.ClientError as exc:
-        raise _from_code(loc, exc.response.get("Error", {}).get("Code", ""), str(exc)) from exc
-    except FileNotFoundError as exc:
-        if "bucket" in str(exc).lower():
-            raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
-        raise ObjectNotFound(f"{loc}: no such object") from exc
-    except PermissionError as exc:
-        raise PermissionDenied(f"{loc}: access denied ({exc})") from exc
-    except OSError as exc:
-        if exc.errno in (errno.ETIMEDOUT, errno.ECONNRESET, errno.EBUSY, errno.EAGAIN):
-            raise TransientError(f"{loc}: {exc}") from exc
-        if isinstance(exc.__cause__, bce.ClientError):
-            code = exc.__cause__.response.get("Error", {}).get("Code", "")
+    except _DROPPED as exc:
+        raise TransientError(f"{loc}: connection dropped ({type(exc).__name__})") from exc
+    except (bce.ClientError, OSError) as exc:
+        code = _code(exc)
+        if code is not None:
             raise _from_code(loc, code, str(exc)) from exc
+        if isinstance(exc, FileNotFoundError):
+            if "bucket" in str(exc).lower():
+                raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
+            raise ObjectNotFound(f"{loc}: no such object") from exc
+        if isinstance(exc, PermissionError):
+            raise PermissionDenied(f"{loc}: access denied ({exc})") from exc
+        if isinstance(exc, OSError) and exc.errno in (errno.ETIMEDOUT, errno.ECONNRESET, errno.EBUSY,
+                                                      errno.EAGAIN):
+            raise TransientError(f"{loc}: {exc}") from exc
         raise BridgeError(f"{loc}: {exc}") from exc
 
 
@@ -61,6 +80,11 @@ def _from_code(loc: Location, code: str, text: str) -> BridgeError:
         return BucketNotFound(f"bucket {loc.bucket!r} does not exist")
     if code in ("NoSuchKey", "404", "NotFound"):
         return ObjectNotFound(f"{loc}: no such object")
+    if code == "NoSuchUpload":
+        return UploadGone(f"{loc}: the multipart upload no longer exists")
+    if code == "RequestTimeTooSkewed":
+        return ClockSkewed("S3 refused the request because this machine's clock differs from the "
+                           "service's by more than 15 minutes: set the clock (NTP) and run again")
     if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"):
         return PermissionDenied(f"{loc}: access denied ({code})")
     if code in _THROTTLE_CODES:
@@ -68,6 +92,10 @@ def _from_code(loc: Location, code: str, text: str) -> BridgeError:
     if code in ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"):
         return IntegrityError(f"{loc}: S3 rejected the bytes as not matching their checksum ({code})")
     return BridgeError(f"{loc}: S3 error {code or text}")
+
+
+class UploadGone(ObjectNotFound):
+    """NoSuchUpload: aborted, expired, or completed by an earlier attempt whose answer was lost."""
 
 
 class S3Store(Store):
@@ -89,7 +117,8 @@ class S3Store(Store):
             profile=s3.profile,
             endpoint_url=s3.endpoint_url,
             client_kwargs={"region_name": s3.region or "us-east-1"},
-            config_kwargs={"retries": {"max_attempts": 3, "mode": "standard"},  # the engine retries units
+            # bridge.retry is the one retry layer: botocore sends each request once.
+            config_kwargs={"retries": {"total_max_attempts": 1, "mode": "standard"},
                            "connect_timeout": t.connect_timeout, "read_timeout": t.read_timeout,
                            "max_pool_connections": max(10, t.concurrency * 2),
                            "request_checksum_calculation": "when_required",
@@ -97,10 +126,22 @@ class S3Store(Store):
             skip_instance_cache=True,
             use_listings_cache=False,
         )
+        self.fs.retries = 1  # s3fs's own retry loop: one pass, no retry
+        self.retries = t.retries
 
-    def _call(self, loc: Location, method: str, **kwargs):
-        with _translate(loc, self.endpoint):
+    def _request(self, loc: Location, fn, recovered=None):
+        def once():
+            with _translate(loc, self.endpoint):
+                return fn()
+        return call_with_retries(once, self.retries, recovered=recovered)
+
+    def _call(self, loc: Location, method: str, recovered=None, **kwargs):
+        def send():
+            body = kwargs.get("Body")
+            if hasattr(body, "seek"):
+                body.seek(0)  # a retry sends the body again from its start
             return self.fs.call_s3(method, **kwargs)
+        return self._request(loc, send, recovered)
 
     def list(self, prefix: Location) -> Iterator[ObjectInfo]:
         token = None
@@ -134,15 +175,17 @@ class S3Store(Store):
                 return b""
             kw["Range"] = f"bytes={offset}-{end}"
         if self._direct is not None:
-            return self._direct.get(loc, _from_code, offset, length)
-        with _translate(loc, self.endpoint):
+            return self._request(loc, lambda: self._direct.get(loc, _from_code, offset, length))
+
+        def get():  # a body cut short is read again with its request
             resp = self.fs.call_s3("get_object", **kw)
             return _sync_read(self.fs, resp["Body"], int(resp["ContentLength"]))
+        return self._request(loc, get)
 
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
         # S3 checks the body against the CRC32C header on arrival and rejects a mismatch.
         if self._direct is not None:
-            resp = self._direct.put(loc, data, crc_hex_to_b64(crc32c), metadata, _from_code)
+            resp = self._request(loc, lambda: self._direct.put(loc, data, crc_hex_to_b64(crc32c), metadata, _from_code))
         else:
             resp = self._call(loc, "put_object", Bucket=loc.bucket, Key=loc.key, Body=_body(data),
                               ChecksumAlgorithm="CRC32C", ChecksumCRC32C=crc_hex_to_b64(crc32c), Metadata=metadata)
@@ -192,8 +235,18 @@ class S3Store(Store):
                         crc32c: str, metadata: dict[str, str]) -> None:
         body = {"Parts": [{"PartNumber": p.number, "ETag": p.token,
                            "ChecksumCRC32C": crc_hex_to_b64(p.crc32c)} for p in parts]}
-        self._call(loc, "complete_multipart_upload", Bucket=loc.bucket, Key=loc.key, UploadId=upload_id,
-                   MultipartUpload=body, ChecksumCRC32C=crc_hex_to_b64(crc32c), ChecksumType="FULL_OBJECT")
+        size = sum(p.size for p in parts)
+
+        def finished() -> bool:  # an earlier attempt completed it (then: NoSuchUpload)
+            try:
+                info = self.info(loc)
+            except ObjectNotFound:
+                return False
+            return info.size == size and info.checksums.get("crc32c") == crc32c
+
+        self._call(loc, "complete_multipart_upload", recovered=finished, Bucket=loc.bucket, Key=loc.key,
+                   UploadId=upload_id, MultipartUpload=body, ChecksumCRC32C=crc_hex_to_b64(crc32c),
+                   ChecksumType="FULL_OBJECT")
         mode = self.settings.transfer.store_checksums
         if mode == "skip":
             return

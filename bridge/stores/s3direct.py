@@ -14,7 +14,7 @@ and everything else stay on aiobotocore. Used only where it is plainly equivalen
 addressing, as botocore uses for one) and static keys. Credentials from a profile, SSO or instance
 metadata keep the aiobotocore path, which knows how to refresh them. Failures are raised as
 bridge's errors, through the same codes as the store's own translation; nothing is retried here
-(the store's callers own the one retry layer).
+(the store retries each call through bridge.retry, the one retry layer).
 """
 
 from __future__ import annotations
