@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import re
 import uuid
 from collections.abc import Iterator
@@ -31,6 +32,11 @@ try:
     from azure.storage.blob import BlobBlock, BlobServiceClient, ExponentialRetry
 except ImportError as exc:
     raise ImportError(str(exc), name=exc.name) from exc
+
+# azure-core logs a warning for each answer cut short ("Incomplete download.") that Python's
+# last-resort handler would print on stderr beside bridge's one-line error; bridge translates
+# those failures itself. Applications that configure logging still receive the records.
+logging.getLogger("azure").addHandler(logging.NullHandler())
 
 
 @contextmanager

@@ -1,0 +1,181 @@
+"""A fault-injecting reverse proxy on loopback, put in front of one emulator.
+
+It forwards every request unchanged (method, path, query, headers including Host, body: Azure's
+SharedKey signature covers headers) and answers with the emulator's response, except that
+
+- a fraction ``error_rate`` of requests are answered 503 without reaching the emulator, and
+- a fraction ``cut_rate`` of responses are cut: the request reaches the emulator and takes
+  effect, then the client gets the headers and half the body (nothing, for an empty body) and
+  the connection is closed, as when a connection drops while an answer is read.
+
+Decisions come from ``random.Random(seed)`` drawn in the order requests arrive, so a run with the
+same seed injects the same sequence of faults (which request receives which one depends on the
+client's concurrency). ``rules`` act before the random faults, to aim at one request ("cut the
+first answer to a multipart completion"). ``counts`` says what was done.
+
+The proxy runs on its own event loop in a daemon thread of the test process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import socket
+import threading
+from collections import Counter
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+LOOPBACK = "127.0.0.1"
+# Headers that belong to one connection, not to the request; aiohttp sets its own.
+_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
+        "proxy-connection", "proxy-authorization", "content-length", "expect"}
+
+
+@dataclass
+class Rule:
+    """Do ``action`` ("error", "cut" or "reply") to ``times`` requests whose "METHOD path?query"
+    matches ``pattern`` (a regular expression, searched), after letting ``after`` of them pass."""
+
+    pattern: str
+    action: str
+    times: int = 1
+    after: int = 0
+    reply: tuple[int, dict[str, str], bytes] = (503, {}, b"")
+
+    def matches(self, line: str) -> bool:
+        return self.times > 0 and re.search(self.pattern, line) is not None
+
+
+class FaultProxy:
+    def __init__(self, upstream: str, *, error_rate: float = 0.0, cut_rate: float = 0.0, seed: int = 0):
+        self.upstream = upstream.rstrip("/")
+        self.port = _free_port()
+        self.rules: list[Rule] = []
+        self.counts: Counter[str] = Counter()
+        self.log: list[tuple[str, str]] = []   # (request line, what was done)
+        self._lock = threading.Lock()
+        self.configure(error_rate=error_rate, cut_rate=cut_rate, seed=seed)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=f"faultproxy-{self.port}")
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+    def configure(self, *, error_rate: float = 0.0, cut_rate: float = 0.0, seed: int = 0,
+                  rules: list[Rule] | None = None) -> None:
+        """New fault rates and rules, and counts from zero."""
+        with self._lock:
+            self.error_rate, self.cut_rate = error_rate, cut_rate
+            self._rng = random.Random(seed)
+            self.rules = list(rules or [])
+            self.counts = Counter()
+            self.log = []
+
+    @property
+    def faults(self) -> int:
+        return self.counts["error"] + self.counts["cut"]
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+        return self
+
+    async def _start(self) -> None:
+        self._session = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=300),
+                                              connector=aiohttp.TCPConnector(limit=0))
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, LOOPBACK, self.port).start()
+
+    def stop(self) -> None:
+        async def _stop():
+            await self._runner.cleanup()
+            await self._session.close()
+        asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    # -- one request ----------------------------------------------------------------------------
+    def _decide(self, line: str) -> tuple[str, Rule | None]:
+        with self._lock:
+            self.counts["requests"] += 1
+            for rule in self.rules:
+                if rule.matches(line):
+                    if rule.after > 0:
+                        rule.after -= 1
+                        continue
+                    rule.times -= 1
+                    action = rule.action
+                    self.counts[action] += 1
+                    self.log.append((line, action))
+                    return action, rule
+            draw = self._rng.random()
+            action = ("error" if draw < self.error_rate
+                      else "cut" if draw < self.error_rate + self.cut_rate else "forward")
+            self.counts[action] += 1
+            self.log.append((line, action))
+            return action, None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        line = f"{request.method} {request.rel_url}"
+        action, rule = self._decide(line)
+        if action == "error":
+            return web.Response(status=503, body=b"")
+        if action == "reply":
+            status, headers, payload = rule.reply
+            return web.Response(status=status, headers=headers, body=payload)
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
+        async with self._session.request(
+                request.method, self.upstream + str(request.rel_url), headers=headers, data=body,
+                allow_redirects=False,
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type")) as upstream:
+            payload = await upstream.read()
+            status = upstream.status
+            out_headers = [(k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP]
+        if action == "cut":
+            return await self._cut(request, status, out_headers, payload)
+        response = web.Response(status=status, body=payload)
+        for k, v in out_headers:
+            response.headers.add(k, v)
+        if request.method == "HEAD":  # keep the emulator's Content-Length of the object
+            length = upstream.headers.get("Content-Length")
+            if length is not None:
+                response.headers["Content-Length"] = length
+        return response
+
+    async def _cut(self, request: web.Request, status: int, headers, payload: bytes) -> web.StreamResponse:
+        response = web.StreamResponse(status=status)
+        if len(payload) >= 2:
+            for k, v in headers:
+                response.headers.add(k, v)
+            response.content_length = len(payload)
+            await response.prepare(request)
+            await response.write(payload[: len(payload) // 2])
+            await asyncio.sleep(0.01)  # let the half reach the client before the close
+            request.transport.close()
+        else:
+            request.transport.abort()  # an empty answer is lost whole
+        return response  # aiohttp finds the connection closed and sends nothing more
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
