@@ -234,7 +234,7 @@ def version() -> None:
 
 # Command groups that live in their own modules; each exposes ``register(app)`` and imports its
 # heavy dependencies (Celery, pyarrow) only when one of its commands runs.
-EXTENSIONS = ("bridge.packing.commands", "workers.commands")
+EXTENSIONS = ("bridge.packing.commands", "workers.commands", "bridge.policy_commands")
 
 
 def _register_extensions() -> None:

@@ -73,6 +73,7 @@ class AzureSettings(_Section):
     account_key: SecretStr | None = None
     sas_token: SecretStr | None = None
     endpoint: str | None = None
+    region: str | None = None            # Azure's data plane does not say where an account is
 
 
 class TransferSettings(_Section):
@@ -107,6 +108,39 @@ class TransferSettings(_Section):
         return parse_rate(v)
 
 
+class Discount(_Section):
+    """Negotiated discounts, in percent off the list price."""
+    egress_pct: float = Field(0, ge=0, le=100)
+    requests_pct: float = Field(0, ge=0, le=100)
+    services_pct: float = Field(0, ge=0, le=100)
+
+
+class Interconnect(_Section):
+    """A private link priced per GB instead of internet egress, between two places written
+    ``provider:region`` (``aws:us-east-1``), ``provider:*`` or ``site:NAME``."""
+    between: tuple[str, str]
+    usd_per_gb: float = Field(ge=0)
+
+
+class RouteSpeed(_Section):
+    """What planning assumes a route sustains: time = startup + max(bytes/rate, requests/rate)."""
+    bytes_per_s: float | None = Field(None, gt=0)
+    requests_per_s: float | None = Field(None, gt=0)
+    startup_s: float | None = Field(None, ge=0)
+
+
+class PricingSettings(_Section):
+    """What ``mcbridge plan`` and ``--max-cost`` price with, on top of policies/prices/*.yaml."""
+    runs_in: str = Field("site:local", pattern=r"^(aws|gcp|azure|site):[A-Za-z0-9_.\-]+$")  # where this process runs
+    site: str = "local"                  # the site that local and Lustre paths belong to
+    regions: dict[str, str] = {}         # URL prefix -> region, e.g. {"az://dr/": westeurope}
+    discounts: dict[Literal["aws", "gcp", "azure"], Discount] = {}
+    interconnects: list[Interconnect] = []
+    month_to_date_gb: dict[Literal["aws", "gcp", "azure"], float] = {}  # egress already sent: tiers
+    speeds: dict[str, RouteSpeed] = {}   # route -> throughput assumption
+    available_routes: list[str] = []     # routes to plan with as if bridge could run them
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(extra="forbid")
 
@@ -114,6 +148,7 @@ class Settings(BaseSettings):
     gcs: GCSSettings = GCSSettings()
     azure: AzureSettings = AzureSettings()
     transfer: TransferSettings = TransferSettings()
+    pricing: PricingSettings = PricingSettings()
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,

@@ -19,6 +19,7 @@
      ├── UnsafeName                 a name the destination cannot hold as written, or one that would
      │    │                         land outside it (.., absolute, empty segment, NUL, a backslash to Azure)
      │    └── UnsafeMember          a shard member that must not be unpacked (absolute, .., link)
+     ├── OverBudget                 a job's estimate is above its --max-cost (refused before it runs)
      └── TransferFailed             a job ended with failed units
 
 The original provider exception is kept as ``__cause__``.
@@ -98,6 +99,10 @@ class UnsafeName(BridgeError):
 
 class UnsafeMember(UnsafeName):
     """A shard holds a member that must not be restored: absolute, climbing out, a link or device."""
+
+
+class OverBudget(BridgeError):
+    pass
 
 
 class TransferFailed(BridgeError):

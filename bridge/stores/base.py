@@ -193,6 +193,11 @@ class Store(abc.ABC):
         temporaries); object stores write nothing visible before an object is whole."""
         return 0
 
+    def bucket_region(self, loc: Location) -> str | None:
+        """The region the bucket of ``loc`` lives in, as the provider names it; None when the
+        store cannot tell (Azure's data plane does not say; local paths have no region)."""
+        return None
+
     def body(self, data: bytes | bytearray) -> bytes | bytearray:
         """The form this store sends a body in; called right after a read, so that a conversion
         (a copy) does not live beside the original while the upload runs."""

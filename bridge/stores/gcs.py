@@ -206,6 +206,13 @@ class GCSStore(Store):
         except ObjectNotFound as exc:
             raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
 
+    def bucket_region(self, loc: Location) -> str | None:
+        try:
+            bucket = self._call(loc, "GET", "b/{}", loc.bucket, json_out=True)
+        except ObjectNotFound as exc:
+            raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
+        return bucket.get("location")
+
     # -- multipart: part objects, then compose ----------------------------------------------
     def _part_loc(self, loc: Location, upload_id: str, number: int) -> Location:
         return Location("gs", loc.bucket, f"{UPLOADS}{upload_id}/{number:06d}")

@@ -201,6 +201,11 @@ class S3Store(Store):
         except ObjectNotFound as exc:
             raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
 
+    def bucket_region(self, loc: Location) -> str | None:
+        # GetBucketLocation answers no constraint for us-east-1, the region S3 began in.
+        answer = self._call(loc, "get_bucket_location", Bucket=loc.bucket)
+        return answer.get("LocationConstraint") or "us-east-1"
+
     # -- multipart -----------------------------------------------------------------------
     def begin_upload(self, loc: Location, size: int) -> str:
         resp = self._call(loc, "create_multipart_upload", Bucket=loc.bucket, Key=loc.key,

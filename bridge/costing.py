@@ -1,0 +1,82 @@
+"""Pricing a job before it runs: the facts gathered here (plan, places), the decisions made by
+policies/ (price tables, cost, route planner).
+
+    route_plan(src, dst, settings)      every route priced and timed, one chosen (mcbridge plan)
+    check_budget(usage, ...)            refuse a job whose estimate is above --max-cost
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge import estimate
+from bridge.config import Settings
+from bridge.engine import Plan, plan_copy
+from bridge.errors import InvalidOption, OverBudget
+from bridge.places import host, locate
+from bridge.progress import human_bytes
+from policies import routes
+from policies.cost import Overrides, Place, price
+from policies.prices import builtin
+
+DEFAULT_SHARD_SIZE = 256 * 1024 * 1024
+
+
+def _speeds(settings: Settings) -> dict[str, dict[str, float | None]]:
+    return {route: speed.model_dump() for route, speed in settings.pricing.speeds.items()}
+
+
+def available_routes(settings: Settings, extra: list[str] | None = None) -> set[str]:
+    """The routes this bridge runs, plus those the settings or ``extra`` mark available for planning."""
+    names = set(routes.BUILT) | set(settings.pricing.available_routes) | set(extra or [])
+    unknown = sorted(n for n in names if n not in routes.ORDER)
+    if unknown:
+        raise InvalidOption(f"unknown route {unknown[0]!r}; routes: {', '.join(routes.ORDER)}")
+    return names
+
+
+def places(plan: Plan, settings: Settings) -> tuple[Place, Place, Place]:
+    source = plan.single or plan.source
+    return locate(source, settings), locate(plan.destination, settings), host(settings)
+
+
+def route_plan(source: str, destination: str, settings: Settings, *, pack: str | None = None,
+               shard_size: int = DEFAULT_SHARD_SIZE, forced: str | None = None, source_class: str | None = None,
+               available: list[str] | None = None) -> dict[str, Any]:
+    """What each route would read, write, request, cost and take for SRC -> DST, and the choice."""
+    if pack not in (None, "tar", "parquet"):
+        raise InvalidOption(f"--pack takes tar or parquet, not {pack!r}")
+    plan = plan_copy(source, destination, settings, settings.transfer.chunk_size)
+    src, dst, where = places(plan, settings)
+    usages = {route: estimate.usage(plan, route, shard_size=shard_size, shard_format=pack or "tar")
+              for route in routes.ORDER}
+    try:
+        choices = routes.plan_routes(usages, src, dst, where, builtin(), available=available_routes(settings, available),
+                                     pack_allowed=pack is not None, forced=forced,
+                                     overrides=Overrides.from_settings(settings.pricing), speeds=_speeds(settings),
+                                     source_class=source_class)
+    except (routes.RouteError, ValueError) as exc:
+        raise InvalidOption(str(exc)) from None
+    return {"source": plan.single or plan.source, "destination": plan.destination, "files": len(plan.files),
+            "bytes": plan.bytes, "places": {"source": str(src), "destination": str(dst), "runs_in": str(where)},
+            "routes": [c.to_dict() for c in choices]}
+
+
+def cost_of(usage: estimate.Usage, settings: Settings, source_url: str, destination_url: str) -> float:
+    src, dst = locate(source_url, settings), locate(destination_url, settings)
+    return price(usage, src, dst, host(settings), builtin(), Overrides.from_settings(settings.pricing)).total
+
+
+def check_budget(usage: estimate.Usage, settings: Settings, max_cost: float | None, what: str) -> float | None:
+    """Refuse (OverBudget, exit 1) when ``usage`` would cost more than ``max_cost`` dollars; the
+    estimate otherwise. Only listings and bucket lookups have been sent by then."""
+    if max_cost is None:
+        return None
+    if max_cost < 0:
+        raise InvalidOption(f"--max-cost must be zero or more, not {max_cost}")
+    usd = cost_of(usage, settings, usage.source.url, usage.destination.url)
+    if usd > max_cost:
+        raise OverBudget(f"{what} refused: estimated ${usd:.2f} ({usage.files} files, "
+                         f"{human_bytes(usage.payload)}, {usage.request_count} requests, route {usage.route}) "
+                         f"is over --max-cost ${max_cost:.2f}; nothing was sent")
+    return usd

@@ -1,0 +1,230 @@
+"""What a plan will read, write and request at each store, before anything runs.
+
+``usage(plan, route)`` turns today's copy plan (files, sizes, part sizes) into a ``Usage``: per
+store (source and destination) the bytes read and written and the requests by kind, plus the
+bytes that pass through bridge itself. policies/ prices it; nothing here knows a price.
+
+Request kinds are bridge's, mapped to each provider's price classes by the price tables:
+
+    GET       a read of object bytes (a whole small object, or one range/part)
+    HEAD      a metadata read (object or bucket properties)
+    LIST      one page of a listing
+    PUT       a whole object written in one request
+    BEGIN     starting a multipart upload (S3 CreateMultipartUpload; free elsewhere)
+    PART      one part (S3 UploadPart, GCS part object, Azure Put Block)
+    COMPLETE  finishing one (S3 CompleteMultipartUpload, GCS compose, Azure Put Block List)
+    COPY      a server-side copy of an object or part (CopyObject, rewrite, Copy Blob/Put Block From URL)
+    DELETE    a removal
+
+The counts follow what the stores' code sends today (bridge/stores/*.py) for ``direct`` and
+``pack``; for the routes of the native-routes issue (server, from-url, sts, datasync) they follow
+what those services are documented to send. Issue 9's job model is meant to take this over: a
+plan will then report its own usage.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.engine import Plan
+from bridge.urls import Location, parse
+
+ROUTES = ("direct", "server", "from-url", "sts", "datasync", "pack")
+
+LIST_PAGE = {"s3": 1000, "gs": 1000, "az": 5000, "file": 10**9}
+GCS_COMPOSE_FAN_IN = 32
+S3_COPY_LIMIT = 5 * 1024**3          # CopyObject takes up to 5 GiB; above, UploadPartCopy
+AZ_SYNC_COPY_LIMIT = 256 * 1024**2   # Copy Blob From URL is synchronous up to 256 MiB
+TAR_BLOCK = 512
+
+
+@dataclass
+class StoreUsage:
+    url: str                               # the root this side reads or writes
+    bytes_read: int = 0
+    bytes_written: int = 0
+    requests: Counter = field(default_factory=Counter)
+
+    @property
+    def scheme(self) -> str:
+        return parse(self.url).scheme
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "bytes_read": self.bytes_read, "bytes_written": self.bytes_written,
+                "requests": dict(sorted(self.requests.items()))}
+
+
+@dataclass
+class Usage:
+    route: str
+    source: StoreUsage
+    destination: StoreUsage
+    files: int
+    payload: int                 # data bytes that go from the source to the destination
+    through_bridge: int          # of which pass through this process
+    objects_written: int
+
+    @property
+    def request_count(self) -> int:
+        return sum(self.source.requests.values()) + sum(self.destination.requests.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"route": self.route, "files": self.files, "payload_bytes": self.payload,
+                "through_bridge_bytes": self.through_bridge, "objects_written": self.objects_written,
+                "source": self.source.to_dict(), "destination": self.destination.to_dict()}
+
+
+def _pages(scheme: str, count: int) -> int:
+    return max(1, math.ceil(count / LIST_PAGE.get(scheme, 1000)))
+
+
+def _source_listing(plan: Plan, side: StoreUsage) -> None:
+    side.requests["HEAD"] += 1                       # check_bucket
+    if plan.single:
+        side.requests["HEAD"] += 1                   # info of the one object
+    else:
+        side.requests["LIST"] += _pages(side.scheme, len(plan.files))
+
+
+def _destination_commit(side: StoreUsage, deletions: int) -> None:
+    """check_bucket, the old manifest looked up (prepare) and the kept-aside one (finalize), the
+    manifest written, leftover uploads listed, and the deletions of a sync."""
+    side.requests["HEAD"] += 1
+    side.requests["GET"] += 2
+    side.requests["PUT"] += 1
+    side.requests["LIST"] += 1
+    side.requests["DELETE"] += deletions
+
+
+def _upload(side: StoreUsage, size: int, part_size: int) -> None:
+    """The requests of writing one object through bridge, as each store's code sends them."""
+    side.bytes_written += size
+    if not part_size:
+        side.requests["PUT"] += 1
+        return
+    parts = math.ceil(size / part_size)
+    side.requests["PART"] += parts
+    scheme = side.scheme
+    if scheme == "s3":
+        side.requests["BEGIN"] += 1
+        side.requests["COMPLETE"] += 1
+        side.requests["HEAD"] += 1                   # the whole-object CRC32C read back
+    elif scheme == "gs":
+        composes = math.ceil((parts - 1) / (GCS_COMPOSE_FAN_IN - 1)) if parts > 1 else 1
+        side.requests["COMPLETE"] += composes
+        side.requests["DELETE"] += parts + composes - 1   # part objects and intermediate composites
+    elif scheme == "az":
+        side.requests["COMPLETE"] += 1
+    else:
+        side.requests["COMPLETE"] += 1
+
+
+def _read(side: StoreUsage, size: int, part_size: int) -> None:
+    side.bytes_read += size
+    side.requests["GET"] += math.ceil(size / part_size) if part_size else 1
+
+
+def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_format: str = "tar",
+          shard_part_size: int = 16 * 1024**2) -> Usage:
+    """What ``plan`` reads, writes and requests at each store when run by ``route``."""
+    if route not in ROUTES:
+        raise ValueError(f"unknown route {route!r}")
+    src = StoreUsage(_root(plan.source if not plan.single else plan.single))
+    dst = StoreUsage(plan.destination)
+    _source_listing(plan, src)
+    payload = plan.bytes
+    written = len(plan.files)
+    through = 0
+    if route == "direct":
+        for f in plan.files:
+            _read(src, f.size, f.part_size)
+            _upload(dst, f.size, f.part_size)
+        through = payload
+        _destination_commit(dst, len(plan.deletions))
+    elif route == "pack":
+        for f in plan.files:
+            _read(src, f.size, 0 if f.size <= shard_part_size else shard_part_size)
+        shards = shard_sizes([f.size for f in plan.files], shard_size, shard_format)
+        for size in shards:
+            _upload(dst, size, shard_part_size if size > shard_part_size else 0)
+        dst.requests["PUT"] += 1 + len(shards)       # the index and its per-shard files
+        written = len(shards)
+        through = payload
+        _destination_commit(dst, 0)
+    elif route == "server":
+        for f in plan.files:
+            src.bytes_read += f.size
+            dst.bytes_written += f.size
+            if dst.scheme == "s3" and f.size > S3_COPY_LIMIT or dst.scheme == "az" and f.size > AZ_SYNC_COPY_LIMIT:
+                dst.requests["BEGIN"] += 1 if dst.scheme == "s3" else 0
+                dst.requests["COPY"] += f.parts if f.part_size else math.ceil(f.size / S3_COPY_LIMIT)
+                dst.requests["COMPLETE"] += 1
+            else:
+                dst.requests["COPY"] += 1
+        _destination_commit(dst, len(plan.deletions))
+    elif route == "from-url":
+        for f in plan.files:
+            # Put Blob/Put Block From URL: Azure reads each range from a signed source URL
+            src.bytes_read += f.size
+            src.requests["GET"] += f.parts if f.part_size else 1
+            dst.bytes_written += f.size
+            dst.requests["COPY"] += f.parts if f.part_size else 1
+            dst.requests["COMPLETE"] += 1 if f.part_size else 0
+        _destination_commit(dst, len(plan.deletions))
+    elif route in ("sts", "datasync"):
+        # The service lists both sides, reads each object whole and writes it; DataSync's
+        # verification (ONLY_FILES_TRANSFERRED) reads back what it wrote.
+        dst.requests["LIST"] += _pages(dst.scheme, len(plan.files))
+        for f in plan.files:
+            src.requests["HEAD"] += 1
+            _read(src, f.size, 0)
+            if route == "sts":
+                _upload(dst, f.size, 0)              # one (resumable) object write per object
+            else:
+                _upload(dst, f.size, f.part_size)    # DataSync writes large objects in parts
+                dst.requests["HEAD"] += 1
+        _destination_commit(dst, len(plan.deletions))
+    return Usage(route, src, dst, len(plan.files), payload, through, written)
+
+
+def shard_sizes(sizes: list[int], shard_size: int, shard_format: str = "tar") -> list[int]:
+    """Sizes of the shards that packing files of these sizes in order would cut (tar: each member
+    a 512-byte header and its data padded to 512, two zero blocks at the end; parquet: the data
+    and about 128 bytes of columns per file)."""
+    shards: list[int] = []
+    current, count = 0, 0
+    end = 2 * TAR_BLOCK if shard_format == "tar" else 1024
+    for size in sizes:
+        member = (TAR_BLOCK + math.ceil(size / TAR_BLOCK) * TAR_BLOCK) if shard_format == "tar" else size + 128
+        if count and current + member + end > shard_size:
+            shards.append(current + end)
+            current, count = 0, 0
+        current += member
+        count += 1
+    if count or not shards:
+        shards.append(current + end)
+    return shards
+
+
+def pack_usage(pack_plan: Any) -> Usage:
+    """Usage of a real pack plan (bridge.packing.job.PackPlan): exact shard sizes for tar."""
+    src = StoreUsage(_root(pack_plan.source_root))
+    dst = StoreUsage(pack_plan.destination)
+    files = [(rel, size) for shard in pack_plan.shards for rel, size in shard.files]
+    src.requests["HEAD"] += 1
+    src.requests["LIST"] += _pages(src.scheme, len(files))
+    for _rel, size in files:
+        _read(src, size, 0 if size <= pack_plan.part_size else pack_plan.part_size)
+    for shard in pack_plan.shards:
+        _upload(dst, shard.size, pack_plan.part_size if shard.size > pack_plan.part_size else 0)
+    dst.requests["PUT"] += 1 + len(pack_plan.shards)
+    _destination_commit(dst, 0)
+    return Usage("pack", src, dst, len(files), pack_plan.bytes, pack_plan.bytes, len(pack_plan.shards))
+
+
+def _root(url: str) -> str:
+    loc = parse(url)
+    return str(loc if loc.is_prefix else Location(loc.scheme, loc.bucket, loc.key.rpartition("/")[0] + "/"))

@@ -1,0 +1,196 @@
+"""The route planner and the cost model as pure functions: a scenario table with known answers,
+and three plans priced by hand from the same price tables."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+
+from bridge import estimate
+from bridge.engine import FilePlan, Plan
+from policies import routes
+from policies.cost import Overrides, Place, price
+from policies.prices import GB, PriceError, builtin, parse
+
+MiB, GiB, TiB = 1 << 20, 1 << 30, 1 << 40
+ALL = set(routes.ORDER)
+SITE = Place("site", "local")
+
+
+def plan_of(src: str, dst: str, files: list[tuple[int, int]], count: int = 1) -> Plan:
+    """A plan of ``count`` copies of each (size, part size) file."""
+    out = [FilePlan(f"f{i}-{j}", size, part) for i, (size, part) in enumerate(files) for j in range(count)]
+    return Plan(src, dst, None, out)
+
+
+def choose(plan: Plan, src: Place, dst: Place, host: Place = SITE, **kw) -> list[routes.RouteChoice]:
+    usages = {r: estimate.usage(plan, r) for r in routes.ORDER}
+    return routes.plan_routes(usages, src, dst, host, builtin(), **kw)
+
+
+def chosen(choices: list[routes.RouteChoice]) -> routes.RouteChoice:
+    picked = [c for c in choices if c.chosen]
+    assert len(picked) == 1, [c.route for c in picked]
+    return picked[0]
+
+
+S3E, S3W = Place("aws", "us-east-1"), Place("aws", "eu-west-1")
+GCS, AZ = Place("gcp", "us-central1"), Place("azure", "eastus")
+BIG = [(1 * GiB, 8 * MiB)]                      # ten 1 GiB files below: multipart
+SMALL = [(10_000, 0)]                           # 100,000 files of 10 kB below
+
+# (name, source URL, destination URL, src place, dst place, host, files, count, available, pack, expected)
+SCENARIOS = [
+    ("same account, same region", "s3://src-a/x/", "s3://dst-b/y/", S3E, S3E, SITE, BIG, 10, ALL, False, "server"),
+    ("same account, server not built yet", "s3://src-a/x/", "s3://dst-b/y/", S3E, S3E, SITE, BIG, 10, routes.BUILT, False, "direct"),
+    ("same cloud, other region", "s3://src-a/x/", "s3://dst-b/y/", S3E, S3W, SITE, BIG, 10, ALL, False, "server"),
+    ("other region, server unavailable: datasync next", "s3://src-a/x/", "s3://dst-b/y/", S3E, S3W, SITE, BIG, 10,
+     ALL - {"server"}, False, "datasync"),
+    ("s3 -> gs", "s3://src-a/x/", "gs://dst-b/y/", S3E, GCS, SITE, BIG, 10, ALL, False, "sts"),
+    ("s3 -> gs, sts unavailable: direct next", "s3://src-a/x/", "gs://dst-b/y/", S3E, GCS, SITE, BIG, 10,
+     ALL - {"sts"}, False, "direct"),
+    ("s3 -> az", "s3://src-a/x/", "az://dst-b/y/", S3E, AZ, SITE, BIG, 10, ALL, False, "from-url"),
+    ("gs -> s3", "gs://src-a/x/", "s3://dst-b/y/", GCS, S3E, SITE, BIG, 10, ALL, False, "direct"),
+    ("gs -> az", "gs://src-a/x/", "az://dst-b/y/", GCS, AZ, SITE, BIG, 10, ALL, False, "from-url"),
+    ("az -> s3", "az://src-a/x/", "s3://dst-b/y/", AZ, S3E, SITE, BIG, 10, ALL, False, "direct"),
+    ("az -> gs", "az://src-a/x/", "gs://dst-b/y/", AZ, GCS, SITE, BIG, 10, ALL, False, "sts"),
+    ("small files local -> s3, packing allowed", "/data/x/", "s3://dst-b/y/", SITE, S3E, SITE, SMALL, 100_000,
+     routes.BUILT, True, "pack"),
+    ("small files local -> s3, packing not asked for", "/data/x/", "s3://dst-b/y/", SITE, S3E, SITE, SMALL, 100_000,
+     routes.BUILT, False, "direct"),
+    ("small files s3 -> az through a host in GCP, only built routes", "s3://src-a/x/", "az://dst-b/y/", S3E, AZ,
+     Place("gcp", "us-central1"), SMALL, 100_000, routes.BUILT, True, "pack"),
+    ("big files s3 -> az through a host in GCP: from-url skips the double egress", "s3://src-a/x/", "az://dst-b/y/", S3E,
+     AZ, Place("gcp", "us-central1"), BIG, 10, ALL, True, "from-url"),
+]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s[0] for s in SCENARIOS])
+def test_scenarios(scenario):
+    _name, su, du, src, dst, host, files, count, available, pack, expected = scenario
+    choices = choose(plan_of(su, du, files, count), src, dst, host, available=available, pack_allowed=pack)
+    pick = chosen(choices)
+    assert pick.route == expected, [(c.route, c.valid, round(c.cost.total, 4), c.why) for c in choices]
+    assert pick.valid
+    # the choice is the cheapest valid one (to the cent), and nothing invalid was chosen
+    cheapest = min(round(c.cost.total, 2) for c in choices if c.valid)
+    assert round(pick.cost.total, 2) == cheapest
+    for c in choices:
+        assert c.valid == (c.route in available and routes.serves(
+            c.route, c.usage.source.scheme, c.usage.destination.scheme, pack_allowed=pack) is None)
+        assert c.why, c.route
+
+
+def test_every_route_is_chosen_by_some_scenario():
+    assert {s[-1] for s in SCENARIOS} == set(routes.ORDER)
+
+
+def test_unavailable_routes_are_priced_but_invalid():
+    choices = choose(plan_of("s3://src-a/x/", "gs://dst-b/y/", BIG, 10), S3E, GCS)
+    by = {c.route: c for c in choices}
+    assert not by["sts"].valid and by["sts"].why == "not available in this bridge yet"
+    assert by["sts"].cost.total > 0 and by["sts"].seconds > 0
+    assert not by["server"].valid and "one store account" in by["server"].why
+    assert by["direct"].chosen
+
+
+def test_ties_in_dollars_go_to_the_faster_route():
+    # s3 -> az: from-url and direct send the same requests and egress; from-url is assumed faster
+    choices = choose(plan_of("s3://src-a/x/", "az://dst-b/y/", BIG, 10), S3E, AZ, available=ALL)
+    by = {c.route: c for c in choices}
+    assert round(by["from-url"].cost.total, 2) == round(by["direct"].cost.total, 2)
+    assert by["from-url"].chosen and by["from-url"].seconds < by["direct"].seconds
+    assert "faster" in by["from-url"].why
+
+
+def test_forced_route_wins_and_an_invalid_one_is_refused():
+    plan = plan_of("gs://src-a/x/", "s3://dst-b/y/", BIG, 10)
+    pick = chosen(choose(plan, GCS, S3E, available=ALL, forced="datasync"))
+    assert pick.route == "datasync" and pick.why.startswith("forced")
+    with pytest.raises(routes.RouteError, match="route from-url cannot be used.*Azure"):
+        choose(plan, GCS, S3E, available=ALL, forced="from-url")
+    with pytest.raises(routes.RouteError, match="route sts cannot be used.*not available"):
+        choose(plan_of("s3://src-a/x/", "gs://dst-b/y/", BIG, 1), S3E, GCS, forced="sts")
+    with pytest.raises(routes.RouteError, match="unknown route"):
+        choose(plan, GCS, S3E, forced="teleport")
+
+
+# -- three plans priced by hand from policies/prices/*.yaml ----------------------------------
+
+def test_hand_priced_s3_to_local_60_tib_crosses_three_egress_tiers():
+    plan = plan_of("s3://src-a/x/", "/restore/", [(1 * TiB, 128 * MiB)], 60)
+    cost = price(estimate.usage(plan, "direct"), S3E, SITE, SITE, builtin())
+    # aws.yaml egress.internet.us: 10,240 GB at $0.09, next 40,960 at $0.085, the rest (10,240) at $0.07
+    egress = 10_240 * 0.09 + 40_960 * 0.085 + 10_240 * 0.07          # = 5,120.00
+    # source requests: 60 x 8,192 ranged GETs + 1 HEAD (bucket) at $0.0004/1,000; 1 LIST at $0.005/1,000
+    requests = (60 * 8192 + 1) * 0.0004 / 1000 + 1 * 0.005 / 1000     # = 0.19661
+    hand = egress + requests                                          # = 5,120.197
+    assert cost.total == pytest.approx(hand, rel=0.02)
+    assert cost.total == pytest.approx(5120.197, rel=0.0001)
+
+
+def test_hand_priced_s3_cross_region_by_datasync():
+    plan = plan_of("s3://src-a/x/", "s3://dst-b/y/", [(1 * GiB, 8 * MiB)], 100)
+    cost = price(estimate.usage(plan, "datasync"), S3E, S3W, SITE, builtin())
+    transfer = 100 * 0.02            # inter-region from us-east-1 (aws.yaml egress.inter_region.us)
+    fee = 100 * 0.0125               # DataSync per GB (aws.yaml services.datasync)
+    # source: 1 HEAD bucket + 100 HEAD + 100 GET (read class, $0.0004/1,000) and 1 LIST ($0.005/1,000)
+    # destination: 100 x (1 BEGIN + 128 PART + 1 COMPLETE) + 1 LIST of the service + 1 LIST of leftovers
+    #   + 1 manifest PUT (write class, $0.005/1,000); 100 HEAD after complete + 100 HEAD verify
+    #   + 1 HEAD bucket + 2 GET manifest (read class)
+    src_req = 201 * 0.0004 / 1000 + 1 * 0.005 / 1000
+    dst_req = (100 * 130 + 3) * 0.005 / 1000 + 203 * 0.0004 / 1000
+    hand = transfer + fee + src_req + dst_req                         # = 3.315...
+    assert cost.total == pytest.approx(hand, rel=0.02)
+    assert cost.services == pytest.approx(1.25)
+
+
+def test_hand_priced_100k_small_files_local_to_s3():
+    plan = plan_of("/data/x/", "s3://dst-b/y/", SMALL, 100_000)
+    cost = price(estimate.usage(plan, "direct"), SITE, S3E, SITE, builtin())
+    # no egress (from a site, into a cloud); 100,000 PUT + manifest PUT + 1 LIST at $0.005/1,000,
+    # 1 HEAD bucket + 2 GET manifest at $0.0004/1,000
+    hand = 100_002 * 0.005 / 1000 + 3 * 0.0004 / 1000                 # = 0.50001
+    assert cost.egress == 0
+    assert cost.total == pytest.approx(hand, rel=0.02)
+
+
+def test_discounts_interconnects_and_month_to_date_apply():
+    plan = plan_of("s3://src-a/x/", "/restore/", [(1 * GiB, 0)], 100)
+    usage = estimate.usage(plan, "direct")
+    base = price(usage, S3E, SITE, SITE, builtin()).egress
+    assert base == pytest.approx(100 * 0.09)
+    off = price(usage, S3E, SITE, SITE, builtin(), Overrides(discounts={"aws": {"egress_pct": 30}})).egress
+    assert off == pytest.approx(100 * 0.09 * 0.7)
+    link = price(usage, S3E, SITE, SITE, builtin(), Overrides(interconnects=[("aws:us-east-1", "site:local", 0.02)]))
+    assert link.egress == pytest.approx(100 * 0.02)
+    late = price(usage, S3E, SITE, SITE, builtin(), Overrides(month_to_date_gb={"aws": 10_200})).egress
+    assert late == pytest.approx(40 * 0.09 + 60 * 0.085)
+
+
+def test_retrieval_fee_of_a_cold_source():
+    plan = plan_of("gs://src-a/x/", "gs://dst-b/y/", [(1 * GiB, 0)], 10)
+    cost = price(estimate.usage(plan, "server"), GCS, GCS, SITE, builtin(), source_class="COLDLINE")
+    assert cost.retrieval == pytest.approx(10 * 0.02)
+    with pytest.raises(ValueError, match="no retrieval price for storage class 'GLACIER' on gcp"):
+        price(estimate.usage(plan, "server"), GCS, GCS, SITE, builtin(), source_class="GLACIER")
+
+
+def test_every_price_names_its_source_and_date():
+    for table in builtin().values():
+        assert table.egress.same_region.source and table.egress.same_region.date
+        for tiers in table.egress.internet.values():
+            assert "pricing page" in tiers.source and tiers.date.year >= 2024
+        for cls in table.requests.classes.values():
+            assert "pricing page" in cls.source
+    assert builtin()["gcp"].services["storage_transfer"].usd_per_gb == 0
+    assert builtin()["aws"].services["datasync"].usd_per_gb > 0
+    assert GB == 1 << 30
+
+
+def test_a_bad_price_table_is_refused_naming_the_field():
+    text = (resources.files("policies") / "prices" / "aws.yaml").read_text()
+    broken = text.replace("usd: 0.0004}", "usd: -1}", 1)
+    with pytest.raises(PriceError, match=r"aws.yaml: requests.classes.read.usd: Input should be greater"):
+        parse(broken, "aws.yaml")
