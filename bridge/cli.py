@@ -43,6 +43,9 @@ BwlimitFileOpt = Annotated[Optional[Path], typer.Option(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a machine-readable summary.")]
 DryOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan; move nothing.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+MaxCostOpt = Annotated[Optional[float], typer.Option(
+    "--max-cost", min=0, help="Refuse, before any data request, a job estimated above this many US dollars "
+    "(see mcbridge plan).")]
 
 
 def settings_from_flags(profile: str | None, config: Path | None, concurrency: int | None = None,
@@ -120,7 +123,7 @@ def ls(url: str, profile: ProfileOpt = None, config: ConfigOpt = None, as_json: 
 def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
        store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
        dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
-       profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+       max_cost: MaxCostOpt = None, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Copy SRC to DST: one object, or every object under a directory or prefix (trailing slash)."""
     from bridge import ops
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
@@ -130,7 +133,8 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
         print_plan(summary, as_json)
         return
     with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
-        summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress)
+        summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress,
+                           max_cost=max_cost)
     emit(summary, as_json, f"copied {summary['files']} files, {human_bytes(summary['bytes'])} in "
           f"{summary['elapsed_s']:.1f}s ({human_bytes(summary['rate_bytes_per_s'])}/s); "
           f"manifest {summary['manifest']}")
@@ -142,7 +146,7 @@ def sync(src: str, dst: str, delete: Annotated[bool, typer.Option("--delete", he
          concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
          bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
          dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
-         profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+         max_cost: MaxCostOpt = None, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Make DST equal to SRC: send what is new or changed (by size and checksum, not time), repair
     what no longer matches the manifest, and with --delete remove what SRC no longer has."""
     from bridge import ops
@@ -155,7 +159,7 @@ def sync(src: str, dst: str, delete: Annotated[bool, typer.Option("--delete", he
         return
     with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
         summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
-                           progress=progress)
+                           progress=progress, max_cost=max_cost)
     r = summary["reasons"]
     emit(summary, as_json, f"sent {len(summary['sent'])} files ({r['new']} new, {r['changed']} changed, "
           f"{r['repaired']} repaired), {r['unchanged']} unchanged, deleted {len(summary['deleted'])}; "

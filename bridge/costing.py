@@ -67,16 +67,42 @@ def cost_of(usage: estimate.Usage, settings: Settings, source_url: str, destinat
     return price(usage, src, dst, host(settings), builtin(), Overrides.from_settings(settings.pricing)).total
 
 
-def check_budget(usage: estimate.Usage, settings: Settings, max_cost: float | None, what: str) -> float | None:
-    """Refuse (OverBudget, exit 1) when ``usage`` would cost more than ``max_cost`` dollars; the
-    estimate otherwise. Only listings and bucket lookups have been sent by then."""
+def check_budget(usage: estimate.Usage | list[estimate.Usage], settings: Settings, max_cost: float | None,
+                 what: str) -> float | None:
+    """Refuse (OverBudget, exit 1) when ``usage`` (or all of them) would cost more than
+    ``max_cost`` dollars; the estimate otherwise. Only listings, bucket lookups and (for a sync)
+    the destination's manifest have been read by then: no object data."""
     if max_cost is None:
         return None
     if max_cost < 0:
         raise InvalidOption(f"--max-cost must be zero or more, not {max_cost}")
-    usd = cost_of(usage, settings, usage.source.url, usage.destination.url)
+    usages = usage if isinstance(usage, list) else [usage]
+    usd = sum(cost_of(u, settings, u.source.url, u.destination.url) for u in usages)
     if usd > max_cost:
-        raise OverBudget(f"{what} refused: estimated ${usd:.2f} ({usage.files} files, "
-                         f"{human_bytes(usage.payload)}, {usage.request_count} requests, route {usage.route}) "
-                         f"is over --max-cost ${max_cost:.2f}; nothing was sent")
+        files = sum(u.files for u in usages)
+        requests = sum(u.request_count for u in usages)
+        payload = sum(u.payload for u in usages)
+        routes_used = ", ".join(sorted({u.route for u in usages}))
+        raise OverBudget(f"{what} refused: estimated ${usd:.2f} ({files} files, {human_bytes(payload)}, "
+                         f"{requests} requests, route {routes_used}) is over --max-cost ${max_cost:.2f}; "
+                         f"nothing was sent")
     return usd
+
+
+def job_usages(kind: str, source: str, destinations: list[str], settings: Settings, *, delete: bool = False,
+               pack: dict[str, Any] | None = None) -> list[estimate.Usage]:
+    """What a job of ``kind`` (copy, sync, replicate, pack) would read, write and request, by
+    planning it here with these settings (a service job is priced before it is queued)."""
+    if kind == "pack":
+        from bridge.packing import job as packing
+        plan = packing.plan_pack(source, destinations[0], settings, **(pack or {}))
+        return [estimate.pack_usage(plan)]
+    out = []
+    for dst in destinations:
+        if kind == "copy":
+            plan = plan_copy(source, dst, settings, settings.transfer.chunk_size)
+        else:
+            from bridge.ops import plan_sync
+            plan, _ = plan_sync(source, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size)
+        out.append(estimate.usage(plan, "direct"))
+    return out

@@ -71,9 +71,18 @@ def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
     return summary
 
 
+def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what: str) -> None:
+    """Refuse a plan estimated above ``max_cost`` dollars, before any data request."""
+    if max_cost is not None:
+        from bridge import costing, estimate
+        costing.check_budget(estimate.usage(plan, "direct"), settings, max_cost, what)
+
+
 def copy(source: str, destination: str, settings: Settings, *, chunk_size: int | None = None,
-         progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False) -> dict:
+         progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False,
+         max_cost: float | None = None) -> dict:
     plan = plan_copy(source, destination, settings, chunk_size)
+    _within_budget(plan, settings, max_cost, "copy")
     if dry_run:
         return {"dry_run": True, **plan_summary(plan)}
     return execute(plan, settings, progress, state_dir)
@@ -180,8 +189,9 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
 
 def sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
          chunk_size: int | None = None, progress: Progress | None = None, state_dir: Path | None = None,
-         dry_run: bool = False) -> dict[str, Any]:
+         dry_run: bool = False, max_cost: float | None = None) -> dict[str, Any]:
     plan, reasons = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size)
+    _within_budget(plan, settings, max_cost, "sync")
     counts = {k: len(v) for k, v in reasons.items()}
     if dry_run:
         return {"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts}

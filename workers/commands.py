@@ -45,6 +45,9 @@ BwlimitOpt = Annotated[Optional[str], typer.Option(
     "--bwlimit", help="Bytes per second across all of the job's workers, e.g. 50MiB; change it later "
     "with mcbridge jobs limit.")]
 DeleteOpt = Annotated[bool, typer.Option("--delete", help="Remove from DST what SRC no longer has.")]
+MaxCostOpt = Annotated[Optional[float], typer.Option(
+    "--max-cost", min=0, help="Plan the job here (listing with this machine's settings) and refuse to queue "
+    "it if estimated above this many US dollars.")]
 
 
 def _ws(broker: str | None = None, **overrides: Any):
@@ -140,9 +143,11 @@ def beat(
 # -- submit ------------------------------------------------------------------------------------
 
 def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, dry_run: bool,
-            broker: str | None) -> None:
+            broker: str | None, max_cost: float | None = None) -> None:
     from workers.specs import parse_spec
     spec = parse_spec({k: v for k, v in fields.items() if v is not None})
+    if max_cost is not None:
+        _within_budget(spec, max_cost)
     ws = _ws(broker)
     if dry_run:
         from workers.executor import route
@@ -171,6 +176,23 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
         raise typer.Exit(_follow(svc.jobs, job_id, quiet=quiet, as_json=as_json))
 
 
+def _within_budget(spec, max_cost: float) -> None:
+    """Price the job before it is queued: an estimate above ``max_cost`` is refused (exit 1)."""
+    from bridge.config import load_settings
+    from bridge.costing import check_budget, job_usages
+    settings = load_settings(profile=spec.profile)
+    pack = None
+    if spec.kind == "pack":
+        pack = {"fmt": spec.shard_format or "tar", "prefix": spec.shard_prefix or "shard",
+                "max_count": spec.max_count,
+                "options": {"row_group_size": spec.row_group_size} if spec.row_group_size else {}}
+        if spec.shard_size:
+            pack["shard_size"] = spec.shard_size
+    usages = job_usages(spec.kind, spec.source, list(spec.destinations), settings, delete=bool(spec.deletes),
+                        pack=pack)
+    check_budget(usages, settings, max_cost, f"{spec.kind} job")
+
+
 def _consumed(client, keys, queue: str) -> bool:
     for name in client.scan_iter(match=keys.workers_pattern, count=100):
         raw = client.get(name)
@@ -182,7 +204,8 @@ def _consumed(client, keys, queue: str) -> bool:
 def submit_cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
               store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
               verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
-              quiet: QuietOpt = False, dry_run: DryOpt = False, broker: BrokerOpt = None) -> None:
+              quiet: QuietOpt = False, dry_run: DryOpt = False, max_cost: MaxCostOpt = None,
+              broker: BrokerOpt = None) -> None:
     """Queue a copy of SRC to DST; prints the job id."""
     options = dict(locals())
     _submit(_fields("copy", options, destinations=[dst]), **_how(options))
@@ -192,7 +215,7 @@ def submit_sync(src: str, dst: str, delete: DeleteOpt = False, concurrency: Conc
                 chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None,
                 queue: QueueOpt = None, verify: VerifyOpt = "store", wait: WaitOpt = False,
                 as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
-                broker: BrokerOpt = None) -> None:
+                max_cost: MaxCostOpt = None, broker: BrokerOpt = None) -> None:
     """Queue a sync: make DST equal to SRC, sending only what is new or changed; prints the job id."""
     options = dict(locals())
     _submit(_fields("sync", options, destinations=[dst], delete=delete), **_how(options))
@@ -204,7 +227,8 @@ def submit_replicate(src: str, dsts: Annotated[list[str], typer.Argument(help="O
                      concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
                      store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
                      verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
-                     quiet: QuietOpt = False, dry_run: DryOpt = False, broker: BrokerOpt = None) -> None:
+                     quiet: QuietOpt = False, dry_run: DryOpt = False, max_cost: MaxCostOpt = None,
+                     broker: BrokerOpt = None) -> None:
     """Queue a DR replication: keep every DST equal to SRC (sync, then verify), recording when
     each was last proven equal; prints the job id."""
     options = dict(locals())
@@ -222,7 +246,7 @@ def submit_pack(src: str, dst: str,
                 concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
                 bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
                 wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
-                broker: BrokerOpt = None) -> None:
+                max_cost: MaxCostOpt = None, broker: BrokerOpt = None) -> None:
     """Queue packing the files under SRC into shards at DST (as mcbridge pack), one task per
     shard; prints the job id."""
     options = dict(locals())
@@ -241,7 +265,8 @@ def submit_migrate(src: str, dst: str,
                    concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
                    bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
                    wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
-                   dry_run: DryOpt = False, broker: BrokerOpt = None) -> None:
+                   dry_run: DryOpt = False, max_cost: MaxCostOpt = None,
+                   broker: BrokerOpt = None) -> None:
     """Queue a corpus migration (as mcbridge migrate): with --pack, packed into shards on the
     way, one task per shard; without, a copy. Prints the job id."""
     options = dict(locals())
@@ -260,7 +285,7 @@ def _fields(kind: str, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 def _how(options: dict[str, Any]) -> dict[str, Any]:
-    return {n: options[n] for n in ("wait", "as_json", "quiet", "dry_run", "broker")}
+    return {n: options[n] for n in ("wait", "as_json", "quiet", "dry_run", "broker", "max_cost")}
 
 
 # -- following a job ---------------------------------------------------------------------------

@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from bridge.cli import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, ProfileOpt, QuietOpt, StoreSumOpt, ProgressBar,
-                        emit, print_plan, settings_from_flags, out)
+from bridge.cli import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, MaxCostOpt, ProfileOpt,
+                        QuietOpt, StoreSumOpt, ProgressBar, emit, print_plan, settings_from_flags, out)
 from bridge.config import parse_size
 from bridge.progress import human_bytes
 
@@ -35,7 +35,8 @@ DEFAULT_SHARD_SIZE = "256MiB"
 def _pack(src: str, dst: str, fmt: str, shard_size: str, max_count: int | None, prefix: str,
           row_group_size: str | None, memory: str, concurrency: int | None, chunk_size: str | None,
           store_checksums: str | None, dry_run: bool, as_json: bool, quiet: bool, profile: str | None,
-          config: Path | None, bwlimit: str | None = None, bwlimit_file: Path | None = None) -> None:
+          config: Path | None, bwlimit: str | None = None, bwlimit_file: Path | None = None,
+          max_cost: float | None = None) -> None:
     from bridge.packing import job
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
                                    bwlimit_file=bwlimit_file)
@@ -53,7 +54,7 @@ def _pack(src: str, dst: str, fmt: str, shard_size: str, max_count: int | None, 
                   f"into {summary['shards']} {summary['format']} shards at {summary['destination']}", markup=False)
         return
     with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
-        summary = job.pack(src, dst, settings, progress=progress, **kwargs)
+        summary = job.pack(src, dst, settings, progress=progress, max_cost=max_cost, **kwargs)
     emit(summary, as_json, f"packed {summary['files']} files, {human_bytes(summary['bytes'])} into "
           f"{summary['shards']} {summary['format']} shards ({human_bytes(summary['shard_bytes'])}) in "
           f"{summary['elapsed_s']:.1f}s; index {summary['index']}; manifest {summary['manifest']}")
@@ -64,10 +65,11 @@ def pack(src: str, dst: str, fmt: FormatOpt = "tar", shard_size: ShardSizeOpt = 
          memory: MemoryOpt = "1GiB", concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
          store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
          dry_run: DryOpt = False, as_json: JsonOpt = False,
-         quiet: QuietOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+         quiet: QuietOpt = False, max_cost: MaxCostOpt = None, profile: ProfileOpt = None,
+         config: ConfigOpt = None) -> None:
     """Pack the files under SRC into tar (WebDataset) or Parquet shards at DST, with an index."""
     _pack(src, dst, fmt, shard_size, max_count, prefix, row_group_size, memory, concurrency, chunk_size,
-          store_checksums, dry_run, as_json, quiet, profile, config, bwlimit, bwlimit_file)
+          store_checksums, dry_run, as_json, quiet, profile, config, bwlimit, bwlimit_file, max_cost)
 
 
 def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSizeOpt = DEFAULT_SHARD_SIZE,
@@ -75,12 +77,13 @@ def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSi
             memory: MemoryOpt = "1GiB", concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
             store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
             dry_run: DryOpt = False, as_json: JsonOpt = False,
-            quiet: QuietOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+            quiet: QuietOpt = False, max_cost: MaxCostOpt = None, profile: ProfileOpt = None,
+            config: ConfigOpt = None) -> None:
     """Move a corpus from SRC to DST in one pass, packing it into shards with --pack; the
     destination gets its index and _bridge/manifest.json."""
     if pack_format:
         _pack(src, dst, pack_format, shard_size, max_count, prefix, row_group_size, memory, concurrency,
-              chunk_size, store_checksums, dry_run, as_json, quiet, profile, config, bwlimit, bwlimit_file)
+              chunk_size, store_checksums, dry_run, as_json, quiet, profile, config, bwlimit, bwlimit_file, max_cost)
         return
     from bridge import ops
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
@@ -89,7 +92,8 @@ def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSi
         print_plan(ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True), as_json)
         return
     with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
-        summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress)
+        summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress,
+                           max_cost=max_cost)
     emit(summary, as_json, f"migrated {summary['files']} files, {human_bytes(summary['bytes'])} in "
           f"{summary['elapsed_s']:.1f}s; manifest {summary['manifest']}")
 

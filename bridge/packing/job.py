@@ -418,10 +418,15 @@ def _run_shards(ctx: PackContext, writers: int) -> list[str]:
 def pack(source: str, destination: str, settings: Settings, *, fmt: str = "tar", prefix: str = "shard",
          shard_size: int = DEFAULT_SHARD_SIZE, max_count: int | None = None,
          options: dict[str, Any] | None = None, progress: Progress | None = None,
-         state_dir: Path | None = None, dry_run: bool = False, memory: int = DEFAULT_MEMORY) -> dict[str, Any]:
-    """Pack the tree at ``source`` into a shard set at ``destination``; return a JSON-able summary."""
+         state_dir: Path | None = None, dry_run: bool = False, memory: int = DEFAULT_MEMORY,
+         max_cost: float | None = None) -> dict[str, Any]:
+    """Pack the tree at ``source`` into a shard set at ``destination``; return a JSON-able summary.
+    With ``max_cost``, refuse (before any data request) a job estimated above that many dollars."""
     plan = plan_pack(source, destination, settings, fmt=fmt, prefix=prefix, shard_size=shard_size,
                      max_count=max_count, options=options)
+    if max_cost is not None:
+        from bridge import costing, estimate
+        costing.check_budget(estimate.pack_usage(plan), settings, max_cost, "pack")
     if dry_run:
         return {"dry_run": True, **plan.summary(),
                 "plan": [{"shard": s.name, "files": len(s.files), "size": s.size} for s in plan.shards]}
