@@ -9,12 +9,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from bridge.cli import ConfigOpt, JsonOpt, ProfileOpt, emit, out, settings_from_flags
+from bridge.cli import ConfigOpt, JsonOpt, MaxCostOpt, ProfileOpt, err, out, settings_from_flags
 from bridge.config import parse_size
 from bridge.progress import human_bytes
-
-MaxCostOpt = Annotated[Optional[float], typer.Option(
-    "--max-cost", min=0, help="Refuse, before any data request, a job estimated above this many US dollars.")]
 
 
 def plan(src: str, dst: str,
@@ -53,5 +50,81 @@ def plan(src: str, dst: str,
         out.print(f"  {line}", markup=False)
 
 
+PolicyFileArg = Annotated[Path, typer.Argument(help="A YAML file of replication policies.")]
+
+
+def _load_policies(path: Path):
+    from policies.replication import PolicyError, parse
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PolicyError([f"{path}: cannot read the policy file: {exc.strerror or exc}"]) from None
+    return parse(text, str(path))
+
+
+def policy_check(file: PolicyFileArg, as_json: JsonOpt = False) -> None:
+    """Check a replication policy file; each mistake is named by file, line and field (exit 2)."""
+    from policies.replication import PolicyError
+    try:
+        loaded = _load_policies(file)
+    except PolicyError as exc:
+        for line in exc.problems:
+            err.print(f"mcbridge: error: {line}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        out.print_json(json.dumps([{"name": p.name, "line": p.line, **p.policy.model_dump()} for p in loaded]))
+        return
+    for p in loaded:
+        keep = f"keep the newest {p.policy.keep_last}" if p.policy.keep_last else "keep all"
+        out.print(f"{p.name}: {p.policy.source}{p.policy.checkpoints} -> {', '.join(p.policy.destinations)} "
+                  f"({p.policy.mode}, {keep}, verify {p.policy.verify})", markup=False)
+    out.print(f"{len(loaded)} policies OK", markup=False)
+
+
+def replicate(policy_file: Annotated[Path, typer.Option("--policy", help="YAML file of replication policies.")],
+              name: Annotated[Optional[str], typer.Option("--name", help="Only this policy.")] = None,
+              once: Annotated[bool, typer.Option("--once", help="Run each policy once, in this process.")] = False,
+              max_cost: MaxCostOpt = None, as_json: JsonOpt = False, profile: ProfileOpt = None,
+              config: ConfigOpt = None) -> None:
+    """Replicate checkpoints by the rules of a policy file: the newest keep_last to every
+    destination, each verified; older ones removed only once the newest is proven everywhere."""
+    from bridge.errors import InvalidOption
+    from bridge.replication import run_once
+    from policies.replication import PolicyError, select
+    if not once:
+        raise InvalidOption("give --once: policies run once in this process (on a schedule through the "
+                            "service is not built yet)")
+    try:
+        chosen = select(_load_policies(policy_file), name)
+    except PolicyError as exc:
+        for line in exc.problems:
+            err.print(f"mcbridge: error: {line}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    settings = settings_from_flags(profile, config)
+    reports = [run_once(p, settings, max_cost=max_cost) for p in chosen]
+    if as_json:
+        out.print_json(json.dumps({"policies": reports, "ok": all(r["ok"] for r in reports)}))
+    else:
+        for r in reports:
+            for dst, state in r["destinations"].items():
+                rows = ", ".join(f"{c} {'verified' if row['verified'] else 'FAILED' if row['error'] else 'sent'}"
+                                 f" ({row['sent']} sent)" for c, row in state["checkpoints"].items())
+                out.print(f"{r['policy']}: {dst}: {rows or state['error']}", markup=False)
+            for dst, old in r["removed"].items():
+                out.print(f"{r['policy']}: {dst}: removed {', '.join(old)}", markup=False)
+            for problem in r["errors"]:
+                err.print(f"mcbridge: {r['policy']}: {problem}", markup=False, soft_wrap=True)
+            verdict = "OK" if r["ok"] else "FAILED"
+            out.print(f"{verdict}: {r['policy']}: {', '.join(r['checkpoints']) or 'no checkpoints'} at "
+                      f"{r['verified_copies']} of {len(r['destinations'])} destinations (need {r['copies_needed']})",
+                      markup=False)
+    if not all(r["ok"] for r in reports):
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     app.command()(plan)
+    app.command()(replicate)
+    group = typer.Typer(no_args_is_help=True, help="Replication policies: check a policy file.")
+    group.command("check")(policy_check)
+    app.add_typer(group, name="policy")

@@ -38,6 +38,7 @@ import yaml
 from pydantic import ValidationError
 
 from bridge.errors import InvalidOption
+from policies.yamlcheck import line_of as _line_of
 from workers.settings import parse_duration
 from workers.specs import JobSpec, error_line
 
@@ -90,29 +91,6 @@ def check_cron(expr: str) -> str | None:
 
 
 # -- locating a field in the YAML text ---------------------------------------------------------
-
-def _line_of(node: yaml.Node | None, path: tuple, keys: bool = False) -> int | None:
-    """1-based line of the node at ``path``; of its key when ``keys``. When the path ends early
-    (a missing field), the line of the last key found, i.e. of what lacks the field."""
-    line = node.start_mark.line + 1 if node is not None else None
-    key_line: int | None = None
-    for step in path:
-        if isinstance(node, yaml.MappingNode):
-            for key, value in reversed(node.value):  # the last of duplicate keys wins, as in YAML
-                if key.value == str(step):
-                    node = value
-                    line = (key if keys and step == path[-1] else value).start_mark.line + 1
-                    key_line = key.start_mark.line + 1
-                    break
-            else:
-                return key_line or line
-        elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
-            node = node.value[step]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
-
 
 def _mapping_keys(node: yaml.Node) -> list[yaml.Node]:
     return [key for key, _ in node.value] if isinstance(node, yaml.MappingNode) else []

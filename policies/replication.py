@@ -1,0 +1,227 @@
+"""Replication policies: DR copies of checkpoints written as rules, checked before anything runs.
+
+    # policies.yaml
+    policies:
+      golden:
+        source: s3://models/golden/
+        destinations: [gs://dr-models/golden/, az://dr-models/golden/]
+        checkpoints: "step-*"       # each matching folder under the source is one checkpoint
+        keep_last: 2                # the newest by natural order: step-1000 comes after step-300
+        include: ["*.safetensors", "*.json"]   # files inside a checkpoint (default: all)
+        exclude: ["*.tmp"]
+        mode: mirror                # or append-only: never delete at a destination
+        min_verified_copies: 2      # destinations that must prove the newest checkpoint (default: all)
+        verify: store               # store | deep | none
+        max_cost_usd: 5             # refuse a run estimated above this
+        schedule: {cron: "0 2 * * *"}
+
+What is decided here, as pure functions: which checkpoints a policy keeps (``window``), which
+files of one it sends (``wants``), and what retention may remove (``removals``): an older
+checkpoint leaves a destination only after the newest one is verified at *every* destination,
+so one failing destination keeps every checkpoint everywhere. bridge/replication.py does the I/O.
+A file with mistakes is refused whole, one line per mistake: ``FILE:LINE: FIELD: what is wrong``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from bridge.errors import BridgeError, InvalidOption
+from bridge.urls import parse as parse_url
+from policies.yamlcheck import compose, line_of
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
+_DIGITS = re.compile(r"(\d+)")
+
+
+class PolicyError(InvalidOption):
+    """A policy file that cannot be used; ``problems`` has one line per mistake."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def natural_key(name: str) -> tuple:
+    """Order names as people read numbers in them: step-300 < step-1000."""
+    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(name))
+
+
+def _prefix_url(url: str) -> str:
+    try:
+        loc = parse_url(url)
+    except BridgeError as exc:
+        raise ValueError(str(exc)) from None
+    return str(loc.as_prefix())
+
+
+class Schedule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    cron: str | None = None
+    every: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Schedule:
+        if (self.cron is None) == (self.every is None):
+            raise ValueError("give exactly one of cron (e.g. \"0 2 * * *\") or every (e.g. 6h)")
+        if self.cron is not None and len(self.cron.split()) != 5:
+            raise ValueError(f"cron {self.cron!r} has {len(self.cron.split())} fields; a cron expression has 5")
+        if self.every is not None and not re.fullmatch(r"\d+(\.\d+)?[smhd]", self.every.strip()):
+            raise ValueError(f"every {self.every!r}: use a number and s, m, h or d, e.g. 6h")
+        return self
+
+
+class Policy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str
+    destinations: list[str] = Field(min_length=1)
+    checkpoints: str = "*"
+    keep_last: int | None = Field(None, ge=1)
+    include: list[str] = []
+    exclude: list[str] = []
+    mode: Literal["mirror", "append-only"] = "mirror"
+    min_verified_copies: int | None = Field(None, ge=1)
+    verify: Literal["store", "deep", "none"] = "store"
+    max_cost_usd: float | None = Field(None, ge=0)
+    schedule: Schedule | None = None
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, url: str) -> str:
+        return _prefix_url(url)
+
+    @field_validator("destinations")
+    @classmethod
+    def _destinations(cls, urls: list[str]) -> list[str]:
+        out = [_prefix_url(u) for u in urls]
+        if len(set(out)) != len(out):
+            raise ValueError("a destination is listed twice")
+        return out
+
+    @field_validator("checkpoints")
+    @classmethod
+    def _pattern(cls, pattern: str) -> str:
+        if not pattern or "/" in pattern:
+            raise ValueError("a pattern for folder names directly under the source, without '/'")
+        return pattern
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Policy:
+        for dst in self.destinations:
+            if dst.startswith(self.source) or self.source.startswith(dst):
+                raise ValueError(f"destination {dst} overlaps the source {self.source}")
+        if self.min_verified_copies is not None and self.min_verified_copies > len(self.destinations):
+            raise ValueError(f"min_verified_copies {self.min_verified_copies} is more than the "
+                             f"{len(self.destinations)} destinations")
+        if self.mode == "mirror" and self.verify == "none":
+            raise ValueError("mode mirror removes old checkpoints only once the newest is proven: "
+                             "verify must be store or deep (or use mode append-only)")
+        return self
+
+    @property
+    def copies_needed(self) -> int:
+        return self.min_verified_copies or len(self.destinations)
+
+
+@dataclass(frozen=True)
+class NamedPolicy:
+    name: str
+    policy: Policy
+    line: int
+
+
+def parse(text: str, filename: str = "policies.yaml") -> list[NamedPolicy]:
+    """Every policy in ``text``, or PolicyError naming the line and field of each mistake."""
+    try:
+        root, doc = compose(text, filename)
+    except ValueError as exc:
+        raise PolicyError([str(exc)]) from None
+    problems: list[str] = []
+    if not isinstance(doc, dict) or not isinstance(doc.get("policies"), dict):
+        raise PolicyError([f"{filename}:{line_of(root, ('policies',)) or 1}: policies: expected a mapping of "
+                           f"policy names to policies"])
+    for key in (k for k, _ in root.value):
+        if key.value != "policies":
+            problems.append(f"{filename}:{key.start_mark.line + 1}: {key.value}: unknown top-level field "
+                            f"(only 'policies')")
+    out = []
+    for name, body in doc["policies"].items():
+        where = f"policies.{name}"
+        line = line_of(root, ("policies", name), keys=True) or 1
+        if not isinstance(name, str) or not _NAME_RE.match(name):
+            problems.append(f"{filename}:{line}: {where}: a policy name uses letters, digits, '_', '.', '-'")
+            continue
+        if not isinstance(body, dict):
+            problems.append(f"{filename}:{line}: {where}: expected a mapping with source and destinations")
+            continue
+        try:
+            out.append(NamedPolicy(name, Policy.model_validate(body), line))
+        except ValidationError as exc:
+            for err in exc.errors():
+                loc = tuple(err["loc"])
+                unknown = err["type"] == "extra_forbidden"
+                at = (line_of(root, ("policies", name, *loc), keys=unknown) if loc else line) or line
+                field = ".".join([where, *map(str, loc)])
+                message = "unknown field" if unknown else err["msg"].removeprefix("Value error, ")
+                problems.append(f"{filename}:{at}: {field}: {message}")
+    if problems:
+        raise PolicyError(problems)
+    return out
+
+
+def select(policies: list[NamedPolicy], name: str | None) -> list[NamedPolicy]:
+    if name is None:
+        return policies
+    chosen = [p for p in policies if p.name == name]
+    if not chosen:
+        raise InvalidOption(f"no policy named {name!r}; the file has {', '.join(p.name for p in policies) or 'none'}")
+    return chosen
+
+
+# -- decisions ------------------------------------------------------------------------------
+
+def checkpoints(policy: Policy, folders: Iterable[str]) -> list[str]:
+    """The checkpoint folders among ``folders``, oldest first by natural order."""
+    return sorted({f for f in folders if fnmatch.fnmatchcase(f, policy.checkpoints)}, key=natural_key)
+
+
+def window(policy: Policy, folders: Iterable[str]) -> list[str]:
+    """The checkpoints the policy keeps at its destinations: the newest ``keep_last``."""
+    found = checkpoints(policy, folders)
+    return found[-policy.keep_last:] if policy.keep_last else found
+
+
+def wants(policy: Policy, rel: str) -> bool:
+    """Whether a file (its path inside a checkpoint) is replicated."""
+    base = rel.rsplit("/", 1)[-1]
+
+    def hit(patterns: list[str]) -> bool:
+        return any(fnmatch.fnmatchcase(rel, p) or fnmatch.fnmatchcase(base, p) for p in patterns)
+
+    return (not policy.include or hit(policy.include)) and not hit(policy.exclude)
+
+
+def removals(policy: Policy, kept: list[str], present: Mapping[str, Iterable[str]],
+             verified: Mapping[str, Mapping[str, bool]]) -> dict[str, list[str]]:
+    """Checkpoints retention removes, per destination: those older than the window's newest,
+    present there and outside the window, and only when the newest is verified at every
+    destination. Nothing at all otherwise, and never in append-only mode."""
+    if policy.mode == "append-only" or not kept:
+        return {}
+    newest = kept[-1]
+    if not all(verified.get(dst, {}).get(newest) for dst in policy.destinations):
+        return {}
+    out = {}
+    for dst in policy.destinations:
+        old = [c for c in checkpoints(policy, present.get(dst, ()))
+               if c not in kept and natural_key(c) < natural_key(newest)]
+        if old:
+            out[dst] = old
+    return out

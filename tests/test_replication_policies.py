@@ -1,0 +1,205 @@
+"""Replication policies: the rules as pure functions, a bad file refused by line and field, and
+checkpoints replicated s3 -> gs and az with keep_last and retention, run in-process."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from policies import replication as rules
+from tests.emulators import unique_name
+from tests.helpers import mcbridge, settings_for
+
+GOOD = """\
+policies:
+  golden:
+    source: s3://models/golden/
+    destinations: [gs://dr-models/golden/, az://dr-models/golden/]
+    checkpoints: "step-*"
+    keep_last: 2
+    max_cost_usd: 5
+    schedule: {cron: "0 2 * * *"}
+"""
+
+
+def policy(**fields) -> rules.Policy:
+    return rules.Policy(**{"source": "s3://models/golden/",
+                           "destinations": ["gs://dr-models/golden/", "az://dr-models/golden/"], **fields})
+
+
+def test_natural_order_and_the_window():
+    names = ["step-1000", "step-20", "step-300", "step-100", "other", "step-9"]
+    p = policy(checkpoints="step-*", keep_last=2)
+    assert rules.checkpoints(p, names) == ["step-9", "step-20", "step-100", "step-300", "step-1000"]
+    assert rules.window(p, names) == ["step-300", "step-1000"]
+    assert sorted(names)[-2:] != rules.window(p, names)   # plain string order would keep step-300, step-9
+    assert rules.window(policy(checkpoints="step-*"), names)[0] == "step-9"
+
+
+def test_include_exclude():
+    p = policy(include=["*.safetensors", "config/*.json"], exclude=["*.tmp.safetensors"])
+    assert rules.wants(p, "model-00001.safetensors") and rules.wants(p, "sub/model.safetensors")
+    assert rules.wants(p, "config/a.json") and not rules.wants(p, "notes.txt")
+    assert not rules.wants(p, "model.tmp.safetensors")
+    assert rules.wants(policy(), "anything/at/all")
+
+
+def test_retention_waits_for_the_newest_at_every_destination():
+    p = policy(checkpoints="step-*", keep_last=2)
+    gs, az = p.destinations
+    kept = ["step-1000", "step-2000"]
+    present = {gs: {"step-300", "step-1000", "step-2000"}, az: {"step-300", "step-1000", "step-2000", "step-5000"}}
+    both = {gs: {"step-1000": True, "step-2000": True}, az: {"step-1000": True, "step-2000": True}}
+    # step-5000 is newer than the window: not ours to remove
+    assert rules.removals(p, kept, present, both) == {gs: ["step-300"], az: ["step-300"]}
+    one_failed = {gs: {"step-1000": True, "step-2000": True}, az: {"step-1000": True, "step-2000": False}}
+    assert rules.removals(p, kept, present, one_failed) == {}
+    assert rules.removals(p, kept, present, {gs: both[gs]}) == {}           # az never answered
+    assert rules.removals(policy(checkpoints="step-*", keep_last=2, mode="append-only"), kept, present, both) == {}
+
+
+def test_a_good_file_parses():
+    [named] = rules.parse(GOOD, "p.yaml")
+    assert named.name == "golden" and named.line == 2
+    assert named.policy.copies_needed == 2 and named.policy.schedule.cron == "0 2 * * *"
+
+
+@pytest.mark.parametrize("change, expected", [
+    (("keep_last: 2", "keep_last: 0"), r"p\.yaml:6: policies\.golden\.keep_last: Input should be greater than or equal to 1"),
+    (("keep_last: 2", "keep_lsat: 2"), r"p\.yaml:6: policies\.golden\.keep_lsat: unknown field"),
+    (("s3://models/golden/", "s4://models/golden/"), r"p\.yaml:3: policies\.golden\.source: unknown scheme 's4'"),
+    (('cron: "0 2 * * *"', 'cron: "0 2 * *"'), r"p\.yaml:8: policies\.golden\.schedule: .*has 4 fields"),
+    (("max_cost_usd: 5", "max_cost_usd: lots"), r"p\.yaml:7: policies\.golden\.max_cost_usd: Input should be a valid number"),
+    (("keep_last: 2", "keep_last: 2\n    verify: none"), r"p\.yaml:2: policies\.golden: .*verify must be store or deep"),
+    (("keep_last: 2", "keep_last: 2\n    min_verified_copies: 3"), r"p\.yaml:2: policies\.golden: min_verified_copies 3 is more than the 2"),
+    (("destinations: [gs://dr-models/golden/, az://dr-models/golden/]", "destinations: []"),
+     r"p\.yaml:4: policies\.golden\.destinations: List should have at least 1 item"),
+])
+def test_a_bad_file_names_line_and_field(change, expected):
+    with pytest.raises(rules.PolicyError) as caught:
+        rules.parse(GOOD.replace(*change), "p.yaml")
+    assert re.search(expected, str(caught.value)), str(caught.value)
+
+
+def test_policy_check_command(tmp_path):
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text(GOOD)
+    bad.write_text(GOOD.replace("keep_last: 2", "keep_last: -1").replace("checkpoints: \"step-*\"", "checkpoints: 7"))
+    r = mcbridge("policy", "check", str(good), env={}, state_dir=tmp_path)
+    assert r.returncode == 0 and "golden: s3://models/golden/step-*" in r.stdout and "1 policies OK" in r.stdout
+    r = mcbridge("policy", "check", str(bad), env={}, state_dir=tmp_path)
+    assert r.returncode == 2, r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert lines == [f"mcbridge: error: {bad}:5: policies.golden.checkpoints: Input should be a valid string",
+                     f"mcbridge: error: {bad}:6: policies.golden.keep_last: Input should be greater than or equal to 1"]
+    r = mcbridge("policy", "check", str(tmp_path / "missing.yaml"), env={}, state_dir=tmp_path)
+    assert r.returncode == 2 and "cannot read the policy file" in r.stderr and "Traceback" not in r.stderr
+
+
+# -- in-process runs against the emulators ------------------------------------------------------
+
+def _put_checkpoint(moto, bucket: str, name: str) -> None:
+    client = moto.client()
+    for i in range(3):
+        client.put_object(Bucket=bucket, Key=f"golden/{name}/shard-{i}.bin", Body=f"{name}:{i}".encode() * 500)
+    client.put_object(Bucket=bucket, Key=f"golden/{name}/config.json", Body=b'{"step": "%s"}' % name.encode())
+
+
+def _checkpoints_at(url: str, settings) -> set[str]:
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    root = parse(url)
+    return {rel.split("/", 1)[0] for rel, _ in get_store(root, settings).walk(root) if "/" in rel}
+
+
+def _replicate(policy_file: Path, env, tmp_path) -> tuple[int, dict, str]:
+    r = mcbridge("replicate", "--policy", str(policy_file), "--name", "golden", "--once", "--json",
+                 env=env, state_dir=tmp_path)
+    return r.returncode, json.loads(r.stdout) if r.stdout.strip() else {}, r.stderr
+
+
+def test_keep_last_two_replicated_to_two_clouds_then_the_window_moves(moto, fake_gcs, azurite, emulator_env,
+                                                                      tmp_path):
+    src, gbucket, container = unique_name(), unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    azurite.create_bucket(container)
+    for name in ("step-20", "step-100", "step-300", "step-1000"):
+        _put_checkpoint(moto, src, name)
+    gs, az = f"gs://{gbucket}/dr/golden/", f"az://{container}/dr/golden/"
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"""\
+policies:
+  golden:
+    source: s3://{src}/golden/
+    destinations: [{gs}, {az}]
+    checkpoints: "step-*"
+    keep_last: 2
+    verify: deep
+    max_cost_usd: 1
+  other:
+    source: s3://{src}/elsewhere/
+    destinations: [{gs}x/]
+""")
+    settings = settings_for(emulator_env)
+
+    # four checkpoints: the newest two by natural order reach both clouds, verified
+    code, report, stderr = _replicate(policy_file, emulator_env, tmp_path)
+    assert code == 0, stderr
+    [run] = report["policies"]
+    assert run["checkpoints"] == ["step-300", "step-1000"]
+    for dst in (gs, az):
+        assert _checkpoints_at(dst, settings) == {"step-300", "step-1000"}
+        assert all(row["verified"] for row in run["destinations"][dst]["checkpoints"].values())
+        assert run["destinations"][dst]["last_proven_equal"]
+        for ckpt in ("step-300", "step-1000"):
+            check = mcbridge("verify", f"{dst}{ckpt}/", "--deep", env=emulator_env, state_dir=tmp_path)
+            assert check.returncode == 0, check.stdout + check.stderr
+    assert run["removed"] == {} and run["verified_copies"] == 2
+
+    # a fifth checkpoint moves the window: step-300 leaves both destinations
+    _put_checkpoint(moto, src, "step-2000")
+    code, report, stderr = _replicate(policy_file, emulator_env, tmp_path)
+    assert code == 0, stderr
+    [run] = report["policies"]
+    assert run["checkpoints"] == ["step-1000", "step-2000"]
+    assert run["removed"] == {gs: ["step-300"], az: ["step-300"]}
+    assert run["destinations"][gs]["checkpoints"]["step-1000"]["sent"] == 0      # already there, proven
+    for dst in (gs, az):
+        assert _checkpoints_at(dst, settings) == {"step-1000", "step-2000"}
+
+    # one destination failing (Azure refuses a wrong key): nothing is removed anywhere
+    _put_checkpoint(moto, src, "step-3000")
+    wrong = dict(emulator_env, AZURE_STORAGE_CONNECTION_STRING=re.sub(
+        r"AccountKey=[^;]+", "AccountKey=" + "A" * 86 + "==", emulator_env["AZURE_STORAGE_CONNECTION_STRING"]))
+    code, report, stderr = _replicate(policy_file, wrong, tmp_path)
+    assert code == 1
+    [run] = report["policies"]
+    assert run["checkpoints"] == ["step-2000", "step-3000"] and run["removed"] == {}
+    assert run["destinations"][az]["error"] and run["verified_copies"] == 1
+    assert _checkpoints_at(gs, settings) == {"step-1000", "step-2000", "step-3000"}
+    assert _checkpoints_at(az, settings) == {"step-1000", "step-2000"}
+    assert mcbridge("verify", f"{gs}step-3000/", env=emulator_env, state_dir=tmp_path).returncode == 0
+
+    # Azure back: the newest is proven at both, and step-1000 goes from both
+    code, report, stderr = _replicate(policy_file, emulator_env, tmp_path)
+    assert code == 0, stderr
+    assert report["policies"][0]["removed"] == {gs: ["step-1000"], az: ["step-1000"]}
+    for dst in (gs, az):
+        assert _checkpoints_at(dst, settings) == {"step-2000", "step-3000"}
+
+
+def test_a_policy_over_its_budget_sends_nothing(moto, fake_gcs, emulator_env, tmp_path):
+    src, gbucket = unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    _put_checkpoint(moto, src, "step-1")
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n"
+                           f"    destinations: [gs://{gbucket}/dr/]\n    max_cost_usd: 0\n")
+    r = mcbridge("replicate", "--policy", str(policy_file), "--once", env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 1 and "policy golden refused: estimated $" in r.stderr and "over --max-cost $0.00" in r.stderr
+    assert _checkpoints_at(f"gs://{gbucket}/", settings_for(emulator_env)) == set()
