@@ -89,6 +89,10 @@ def check_budget(usage: estimate.Usage | list[estimate.Usage], settings: Setting
     return usd
 
 
+def total_cost(usages: list[estimate.Usage], settings: Settings) -> float:
+    return sum(cost_of(u, settings, u.source.url, u.destination.url) for u in usages)
+
+
 def job_usages(kind: str, source: str, destinations: list[str], settings: Settings, *, delete: bool = False,
                pack: dict[str, Any] | None = None) -> list[estimate.Usage]:
     """What a job of ``kind`` (copy, sync, replicate, pack) would read, write and request, by

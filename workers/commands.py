@@ -48,6 +48,9 @@ DeleteOpt = Annotated[bool, typer.Option("--delete", help="Remove from DST what 
 MaxCostOpt = Annotated[Optional[float], typer.Option(
     "--max-cost", min=0, help="Plan the job here (listing with this machine's settings) and refuse to queue "
     "it if estimated above this many US dollars.")]
+BudgetOpt = Annotated[Optional[str], typer.Option(
+    "--budget", help="Charge the job to this monthly budget (mcbridge budgets); over it, the job waits "
+    "for mcbridge jobs approve.")]
 
 
 def _ws(broker: str | None = None, **overrides: Any):
@@ -143,11 +146,10 @@ def beat(
 # -- submit ------------------------------------------------------------------------------------
 
 def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, dry_run: bool,
-            broker: str | None, max_cost: float | None = None) -> None:
+            broker: str | None, max_cost: float | None = None, budget: str | None = None) -> None:
     from workers.specs import parse_spec
     spec = parse_spec({k: v for k, v in fields.items() if v is not None})
-    if max_cost is not None:
-        _within_budget(spec, max_cost)
+    estimate = _within_budget(spec, max_cost) if max_cost is not None or budget is not None else None
     ws = _ws(broker)
     if dry_run:
         from workers.executor import route
@@ -163,7 +165,13 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
     configure(ws)
     svc = service()
     queue = svc.route(spec)
-    job_id = svc.submit(spec)
+    job_id = svc.submit(spec, budget=budget, estimate=estimate)
+    if svc.jobs.state(job_id) == "awaiting-approval":
+        from workers.budgets import Budgets
+        b = Budgets(client, svc.keys)
+        err.print(f"job {job_id} awaits approval: estimated ${estimate:.2f}, and budget {budget} has "
+                  f"${b.spent(budget):.2f} of ${b.limit(budget):.2f} spent this month; run mcbridge jobs "
+                  f"approve {job_id} (or cancel)", markup=False)
     if not _consumed(client, svc.keys, queue):
         err.print(f"mcbridge: warning: no live worker consumes queue {queue}; the job waits for one "
                   f"(mcbridge worker -Q {queue})", markup=False)
@@ -176,10 +184,10 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
         raise typer.Exit(_follow(svc.jobs, job_id, quiet=quiet, as_json=as_json))
 
 
-def _within_budget(spec, max_cost: float) -> None:
+def _within_budget(spec, max_cost: float | None) -> float:
     """Price the job before it is queued: an estimate above ``max_cost`` is refused (exit 1)."""
     from bridge.config import load_settings
-    from bridge.costing import check_budget, job_usages
+    from bridge.costing import check_budget, job_usages, total_cost
     settings = load_settings(profile=spec.profile)
     pack = None
     if spec.kind == "pack":
@@ -190,7 +198,9 @@ def _within_budget(spec, max_cost: float) -> None:
             pack["shard_size"] = spec.shard_size
     usages = job_usages(spec.kind, spec.source, list(spec.destinations), settings, delete=bool(spec.deletes),
                         pack=pack)
-    check_budget(usages, settings, max_cost, f"{spec.kind} job")
+    if max_cost is None:
+        return total_cost(usages, settings)
+    return check_budget(usages, settings, max_cost, f"{spec.kind} job")
 
 
 def _consumed(client, keys, queue: str) -> bool:
@@ -205,7 +215,7 @@ def submit_cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: Chunk
               store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
               verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
               quiet: QuietOpt = False, dry_run: DryOpt = False, max_cost: MaxCostOpt = None,
-              broker: BrokerOpt = None) -> None:
+              budget: BudgetOpt = None, broker: BrokerOpt = None) -> None:
     """Queue a copy of SRC to DST; prints the job id."""
     options = dict(locals())
     _submit(_fields("copy", options, destinations=[dst]), **_how(options))
@@ -215,7 +225,7 @@ def submit_sync(src: str, dst: str, delete: DeleteOpt = False, concurrency: Conc
                 chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None,
                 queue: QueueOpt = None, verify: VerifyOpt = "store", wait: WaitOpt = False,
                 as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
-                max_cost: MaxCostOpt = None, broker: BrokerOpt = None) -> None:
+                max_cost: MaxCostOpt = None, budget: BudgetOpt = None, broker: BrokerOpt = None) -> None:
     """Queue a sync: make DST equal to SRC, sending only what is new or changed; prints the job id."""
     options = dict(locals())
     _submit(_fields("sync", options, destinations=[dst], delete=delete), **_how(options))
@@ -228,7 +238,7 @@ def submit_replicate(src: str, dsts: Annotated[list[str], typer.Argument(help="O
                      store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
                      verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
                      quiet: QuietOpt = False, dry_run: DryOpt = False, max_cost: MaxCostOpt = None,
-                     broker: BrokerOpt = None) -> None:
+                     budget: BudgetOpt = None, broker: BrokerOpt = None) -> None:
     """Queue a DR replication: keep every DST equal to SRC (sync, then verify), recording when
     each was last proven equal; prints the job id."""
     options = dict(locals())
@@ -246,7 +256,7 @@ def submit_pack(src: str, dst: str,
                 concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
                 bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
                 wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
-                max_cost: MaxCostOpt = None, broker: BrokerOpt = None) -> None:
+                max_cost: MaxCostOpt = None, budget: BudgetOpt = None, broker: BrokerOpt = None) -> None:
     """Queue packing the files under SRC into shards at DST (as mcbridge pack), one task per
     shard; prints the job id."""
     options = dict(locals())
@@ -265,7 +275,7 @@ def submit_migrate(src: str, dst: str,
                    concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
                    bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
                    wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
-                   dry_run: DryOpt = False, max_cost: MaxCostOpt = None,
+                   dry_run: DryOpt = False, max_cost: MaxCostOpt = None, budget: BudgetOpt = None,
                    broker: BrokerOpt = None) -> None:
     """Queue a corpus migration (as mcbridge migrate): with --pack, packed into shards on the
     way, one task per shard; without, a copy. Prints the job id."""
@@ -285,7 +295,7 @@ def _fields(kind: str, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 def _how(options: dict[str, Any]) -> dict[str, Any]:
-    return {n: options[n] for n in ("wait", "as_json", "quiet", "dry_run", "broker", "max_cost")}
+    return {n: options[n] for n in ("wait", "as_json", "quiet", "dry_run", "broker", "max_cost", "budget")}
 
 
 # -- following a job ---------------------------------------------------------------------------
@@ -466,6 +476,46 @@ def jobs_limit(job_id: str, rate: Annotated[str, typer.Argument(help="Bytes per 
     out.print(f"job {job_id}: bandwidth limit {human_bytes(value) + '/s' if value else 'off'}", markup=False)
 
 
+def jobs_approve(job_id: str, broker: BrokerOpt = None) -> None:
+    """Queue a job that waits for approval because it would pass its monthly budget."""
+    ws = _ws(broker)
+    _connect(ws)
+    from workers.app import configure, service
+    configure(ws)
+    approved, state = service().approve(job_id)
+    if state is None:
+        raise _no_job(job_id)
+    if not approved:
+        err.print(f"mcbridge: job {job_id} is {state}, not awaiting approval", markup=False)
+        raise typer.Exit(1)
+    out.print(f"approved job {job_id}: queued", markup=False)
+
+
+def budgets_set(name: Annotated[str, typer.Argument(help="Budget name, e.g. a policy's.")],
+                usd: Annotated[float, typer.Argument(min=0, help="Monthly limit in US dollars.")],
+                broker: BrokerOpt = None) -> None:
+    """Set the monthly limit of a budget; jobs submitted with --budget NAME are held above it."""
+    from workers.budgets import Budgets
+    from workers.keys import Keys
+    ws = _ws(broker)
+    Budgets(_connect(ws), Keys(ws.namespace)).set(name, usd)
+    out.print(f"budget {name}: ${usd:.2f} a month", markup=False)
+
+
+def budgets_list(as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
+    """Each budget's monthly limit and what was spent this month."""
+    from workers.budgets import Budgets, month
+    from workers.keys import Keys
+    ws = _ws(broker)
+    rows = Budgets(_connect(ws), Keys(ws.namespace)).all()
+    if as_json:
+        out.print_json(json.dumps({"month": month(), "budgets": rows}))
+        return
+    for name, row in rows.items():
+        cap = f"${row['limit_usd']:.2f}" if row["limit_usd"] is not None else "no limit"
+        out.print(f"{name}: ${row['spent_usd']:.2f} spent in {month()} of {cap}", markup=False)
+
+
 def register(app: typer.Typer) -> None:
     app.command("worker")(worker)
     app.command("beat")(beat)
@@ -482,5 +532,10 @@ def register(app: typer.Typer) -> None:
     jobs.command("watch")(jobs_watch)
     jobs.command("cancel")(jobs_cancel)
     jobs.command("limit")(jobs_limit)
+    jobs.command("approve")(jobs_approve)
+    budgets = typer.Typer(no_args_is_help=True, help="Monthly budgets of the service: set, list.")
+    budgets.command("set")(budgets_set)
+    budgets.command("list")(budgets_list)
+    app.add_typer(budgets, name="budgets")
     app.add_typer(jobs, name="jobs")
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from bridge.errors import BridgeError
 from workers import metrics
+from workers.budgets import Budgets
 from workers.jobs import ACTIVE, Jobs, JobRecord
 from workers.journal import RedisJournal
 from workers.keys import Keys
@@ -155,11 +156,25 @@ class Service:
         return route(self.ws, spec, destination)
 
     def submit(self, spec: JobSpec, *, schedule: str | None = None, parent: str | None = None,
-               job_id: str | None = None) -> str:
+               job_id: str | None = None, budget: str | None = None, estimate: float | None = None) -> str:
+        """Queue a job; one over the rest of its monthly ``budget`` waits in awaiting-approval."""
         queue = self.route(spec)
-        job_id = self.jobs.create(spec, queue=queue, job_id=job_id, schedule=schedule, parent=parent)
-        self.send(TaskRef(f"{job_id}.plan", PLAN, [job_id], queue, job_id))
+        waits = budget is not None and not Budgets(self.r, self.keys).admits(budget, estimate or 0.0)
+        job_id = self.jobs.create(spec, queue=queue, job_id=job_id, schedule=schedule, parent=parent,
+                                  state="awaiting-approval" if waits else "queued")
+        if budget is not None:
+            self.jobs.update(job_id, budget=budget, estimate_usd=estimate)
+        if not waits:
+            self.send(TaskRef(f"{job_id}.plan", PLAN, [job_id], queue, job_id))
         return job_id
+
+    def approve(self, job_id: str) -> tuple[bool, str | None]:
+        """Queue a job that waited for approval: (approved now?, the state it was or is in)."""
+        if not self.jobs.transition(job_id, "queued", ("awaiting-approval",)):
+            return False, self.jobs.state(job_id)
+        record = self.jobs.get(job_id)
+        self.send(TaskRef(f"{job_id}.plan", PLAN, [job_id], record.queue, job_id))
+        return True, "awaiting-approval"
 
     def fire(self, name: str, spec: dict, fire_id: str) -> dict:
         """A schedule is due (sent by beat): start its job unless its last one is still going."""
@@ -374,10 +389,22 @@ class Service:
             return
         metrics.job_finished(record.kind, state, record.elapsed)
         log.info("job %s %s in %.1fs", job_id, state, record.elapsed)
+        if record.budget:
+            self._charge(record, state)
         if state == "succeeded" and spec.kind == "sync":
             self.jobs.record_sync(spec.source, spec.destination, job_id, verify=spec.verify, deletes=spec.deletes)
         if record.parent:
             self._child_ended(record.parent)
+
+    def _charge(self, record: JobRecord, state: str) -> None:
+        """Charge the job's budget with what ran: the estimate scaled by bytes moved over bytes
+        planned (all of it for a job that moved nothing but succeeded: its requests still ran)."""
+        c = record.counters
+        planned, moved = c.get("bytes_total", 0), c.get("bytes_done", 0) - c.get("bytes_skipped", 0)
+        share = min(1.0, moved / planned) if planned else (1.0 if state == "succeeded" else 0.0)
+        usd = (record.estimate_usd or 0.0) * share
+        Budgets(self.r, self.keys).charge(record.budget, usd)
+        self.jobs.update(record.id, spent_usd=repr(usd))
 
     # -- replication: one sync per destination, the parent ends with the last of them -----
     def _start_children(self, record: JobRecord, spec: JobSpec) -> dict:

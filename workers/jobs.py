@@ -3,8 +3,8 @@
 A record is one hash, ``<ns>:job:<id>``. State moves only forward, by compare-and-set in Redis,
 so a cancel and a finishing worker cannot both win::
 
-    queued -> planning -> running -> verifying -> succeeded
-       \\__________\\__________\\__________\\____> failed
+    awaiting-approval -> queued -> planning -> running -> verifying -> succeeded
+       (over budget)   \\__________\\__________\\__________\\____> failed
        \\__________\\__________\\_____________> cancelled   (not once verifying: the copy is done)
 
 Progress counters are incremented by the tasks as they go (HINCRBY); the rate is derived when the
@@ -24,10 +24,10 @@ from workers.keys import Keys
 from bridge.redact import redact
 from workers.specs import JobSpec
 
-STATES = ("queued", "planning", "running", "verifying", "succeeded", "failed", "cancelled")
-ACTIVE = ("queued", "planning", "running", "verifying")
+STATES = ("awaiting-approval", "queued", "planning", "running", "verifying", "succeeded", "failed", "cancelled")
+ACTIVE = ("awaiting-approval", "queued", "planning", "running", "verifying")
 TERMINAL = ("succeeded", "failed", "cancelled")
-CANCELLABLE = ("queued", "planning", "running")
+CANCELLABLE = ("awaiting-approval", "queued", "planning", "running")
 MAX_ERRORS = 50
 
 COUNTERS = ("bytes_total", "files_total", "units_total", "tasks_total", "tasks_done", "bytes_done",
@@ -70,6 +70,9 @@ class JobRecord:
     verify: dict[str, Any] | None = None
     counters: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    budget: str | None = None            # the monthly budget the job is charged to
+    estimate_usd: float | None = None    # priced when it was submitted
+    spent_usd: float | None = None       # charged when it ended, from what ran
 
     @property
     def active(self) -> bool:
@@ -97,6 +100,7 @@ class JobRecord:
                          "elapsed_s": round(self.elapsed, 3), "rate_bytes_per_s": round(self.rate)},
             "errors": self.errors, "error_count": c.get("error_count", 0),
             "manifest": self.manifest, "verify": self.verify,
+            "budget": self.budget, "estimate_usd": self.estimate_usd, "spent_usd": self.spent_usd,
         }
 
 
@@ -114,13 +118,13 @@ class Jobs:
         return uuid.uuid4().hex[:12]
 
     def create(self, spec: JobSpec, *, queue: str, job_id: str | None = None, schedule: str | None = None,
-               parent: str | None = None) -> str:
+               parent: str | None = None, state: str = "queued") -> str:
         job_id = job_id or self.new_id()
         now = time.time()
         key = self.keys.job(job_id)
         if not self.r.hsetnx(key, "id", job_id):
             return job_id  # made already: a planner that ran twice
-        fields = {"kind": spec.kind, "state": "queued", "spec": json.dumps(spec.to_dict()), "queue": queue,
+        fields = {"kind": spec.kind, "state": state, "spec": json.dumps(spec.to_dict()), "queue": queue,
                   "created": now, "updated": now}
         if schedule:
             fields["schedule"] = schedule
@@ -151,7 +155,8 @@ class Jobs:
             parent=raw.get("parent"), children=json.loads(raw.get("children", "[]")),
             plan_key=raw.get("plan_key"), manifest=raw.get("manifest"),
             verify=json.loads(raw["verify"]) if raw.get("verify") else None,
-            counters={k: int(raw[k]) for k in COUNTERS if raw.get(k)}, errors=errors)
+            counters={k: int(raw[k]) for k in COUNTERS if raw.get(k)}, errors=errors,
+            budget=raw.get("budget"), estimate_usd=num("estimate_usd"), spent_usd=num("spent_usd"))
 
     def state(self, job_id: str) -> str | None:
         return self.r.hget(self.keys.job(job_id), "state")

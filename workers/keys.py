@@ -17,6 +17,8 @@ keys get the same prefix through kombu's ``global_keyprefix``::
     mcbridge:worker:<hostname>        string with a TTL: a live worker and its queues
     mcbridge:replicas                 hash: "source -> destination" -> when last synced, and last proven equal
     mcbridge:schedule:<name>          hash: the last job a schedule started
+    mcbridge:budgets                  hash: budget name -> monthly limit in USD (workers/budgets.py)
+    mcbridge:spend:<YYYY-MM>          hash: budget name -> USD charged that month
 """
 
 from __future__ import annotations

@@ -1,0 +1,59 @@
+"""Monthly budgets for the service, kept in Redis next to the jobs.
+
+    <ns>:budgets                 hash: budget name -> monthly limit in USD
+    <ns>:spend:<YYYY-MM>         hash: budget name -> USD spent that month (float)
+
+A job submitted with ``--budget NAME`` carries the estimate made when it was submitted
+(bridge/costing.py). When the month's spend plus the estimate would pass the limit, the job is
+created in state ``awaiting-approval`` and nothing is queued until ``mcbridge jobs approve ID``
+(or it is cancelled). When a job ends, what actually ran is charged to its budget: the estimate
+scaled by the bytes moved over the bytes planned (a job that skipped finished files, or failed
+half-way, spent less).
+"""
+
+from __future__ import annotations
+
+import time
+
+from workers.keys import Keys
+
+
+def month(ts: float | None = None) -> str:
+    return time.strftime("%Y-%m", time.gmtime(time.time() if ts is None else ts))
+
+
+class Budgets:
+    def __init__(self, client, keys: Keys):
+        self.r = client
+        self.keys = keys
+
+    @property
+    def _limits(self) -> str:
+        return f"{self.keys.namespace}:budgets"
+
+    def _spend(self, when: str) -> str:
+        return f"{self.keys.namespace}:spend:{when}"
+
+    def set(self, name: str, usd: float) -> None:
+        self.r.hset(self._limits, name, repr(float(usd)))
+
+    def limit(self, name: str) -> float | None:
+        raw = self.r.hget(self._limits, name)
+        return float(raw) if raw is not None else None
+
+    def spent(self, name: str, when: str | None = None) -> float:
+        return float(self.r.hget(self._spend(when or month()), name) or 0.0)
+
+    def all(self, when: str | None = None) -> dict[str, dict[str, float | None]]:
+        limits = self.r.hgetall(self._limits)
+        spend = self.r.hgetall(self._spend(when or month()))
+        return {name: {"limit_usd": float(limits[name]) if name in limits else None,
+                       "spent_usd": float(spend.get(name, 0.0))} for name in sorted(set(limits) | set(spend))}
+
+    def admits(self, name: str, estimate: float) -> bool:
+        """Whether a job estimated at ``estimate`` fits the month's rest of budget ``name``."""
+        cap = self.limit(name)
+        return cap is None or self.spent(name) + estimate <= cap
+
+    def charge(self, name: str, usd: float) -> float:
+        return float(self.r.hincrbyfloat(self._spend(month()), name, usd))
