@@ -222,3 +222,21 @@ def test_a_skewed_clock_is_one_clear_error_and_not_retried(seeded, proxies, prox
     assert r.returncode == 1
     assert len(r.stderr.strip().splitlines()) == 1 and "clock" in r.stderr, r.stderr
     assert refused == 1  # refused once, not sent again
+
+
+def test_a_copy_that_cannot_commit_fails_in_one_line_and_leaves_no_manifest(
+        seeded, proxies, proxied_env, direct_env, make_root, tmp_path):
+    """At 20% + 10%, with every write of the manifest refused: the failure branch of the harsh
+    runs above, made certain. The manifest PUT is sent 1 + retries times (the bound), no more."""
+    _files, roots = seeded
+    target = make_root("s3") + "copy/"
+    faulty(proxies, 0.20, 0.10, seed=7)
+    proxies["s3"].rules.insert(0, Rule(r"^PUT /[^?]*_bridge/manifest\.json", "error", times=10_000))
+    r = mcbridge("cp", roots["local"] + "small/", target, "-q", env=proxied_env, state_dir=tmp_path)
+    manifest_puts = [line for line, _ in proxies["s3"].log if "_bridge/manifest.json" in line
+                     and line.startswith("PUT")]
+    configure(proxies)
+    assert r.returncode == 1
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert len(manifest_puts) == 1 + 5, manifest_puts  # transfer.retries defaults to 5
+    assert not has_manifest(target, direct_env)
