@@ -464,6 +464,8 @@ class ThreadExecutor:
                         return
                     if unit.get("rel") in failed_files:
                         continue
+                    if unit["op"] == "part":   # in submission order, before any part can wait on it
+                        ctx.hasher(unit["rel"]).expect(unit["number"])
                     running[pool.submit(run_unit, ctx, unit)] = unit
 
             fill()

@@ -90,7 +90,9 @@ class OrderedSha256:
     """SHA-256 of a file whose parts arrive on several threads: each part waits its turn.
 
     Parts are started in order on a FIFO pool, so the part a waiter needs is already running;
-    waiting costs only the time to hash the parts before it.
+    waiting costs only the time to hash the parts before it. A part waits only for parts this
+    process will run (``expect``): when the one before it runs elsewhere (another worker) or was
+    not read (a resumed copy skipped it), there is no whole-file digest here and nobody waits.
     """
 
     def __init__(self, next_part: int = 1):
@@ -99,22 +101,40 @@ class OrderedSha256:
         self._cond = threading.Condition()
         self._failed: BaseException | None = None
         self._gap = next_part != 1   # a part not fed: the digest is not the file's
+        self._expected: set[int] = set()
+
+    def expect(self, number: int) -> None:
+        """Part ``number`` will be fed by this process (called before it is started)."""
+        with self._cond:
+            self._expected.add(number)
 
     def feed(self, number: int, data: bytes | None) -> None:
         """Hash part ``number`` after the parts before it; ``None``: the part is not read (a
         resumed copy skipped it), which only advances the turn and leaves no whole-file digest."""
         with self._cond:
-            while self._next != number and self._failed is None:
+            while self._next != number and self._failed is None and not self._gap:
+                if self._next not in self._expected:
+                    self._gap = True   # the part before runs in another process, or not at all
+                    break
                 self._cond.wait(timeout=1.0)
             if self._failed is not None:
                 raise TransferFailed(f"part {number} not hashed: an earlier part of this file failed "
                                      f"({self._failed})") from self._failed
             if data is None:
                 self._gap = True
-            else:
+            elif not self._gap:
                 self._hash.update(data)
-            self._next += 1
+            if self._next == number:
+                self._next += 1
             self._cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self._failed = exc
+            self._cond.notify_all()
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
 
     def whole(self, parts: int) -> str | None:
         """The file's SHA-256 when all ``parts`` were fed here in order, else None."""

@@ -9,11 +9,18 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from bridge import manifest as manifests
+from bridge.engine import JobContext, ThreadExecutor, plan_copy, run_unit
+from bridge.journal import FileJournal
+from bridge.stores import get_store
 from bridge.urls import parse
-from tests.helpers import MCBRIDGE, mcbridge
+from tests.helpers import MCBRIDGE, mcbridge, settings_for
 from tests.test_engine import _journaled_parts
 
 MiB = 1024 * 1024
@@ -139,3 +146,37 @@ def test_a_file_rewritten_after_a_kill_is_sent_whole_again(tmp_path, emulator_en
     assert r.returncode == 0, r.stderr
     assert (dst / "ckpt.bin").read_bytes() == changed
     assert mcbridge("verify", f"{dst}/", "--deep", env=emulator_env, state_dir=state).returncode == 0
+
+
+def test_parts_of_one_file_can_run_in_different_processes(moto, make_root, emulator_env, tmp_path):
+    """Two JobContexts stand for two workers sharing one journal: each runs some parts of one
+    file. Neither waits for a part the other runs; the entry then has part hashes only."""
+    size, part = 6 * 5 * MiB + 9, 5 * MiB
+    data = os.urandom(size)
+    (tmp_path / "w.bin").write_bytes(data)
+    dst = make_root("s3") + "split/"
+    settings = settings_for(emulator_env)
+    plan = plan_copy(str(tmp_path / "w.bin"), dst, settings, 5 * MiB)
+    journal = FileJournal(tmp_path / "journal.jsonl")
+    one, other = JobContext(plan, settings, journal), JobContext(plan, settings, journal)
+    units = list(plan.units())
+    assert len(units) == 7
+    first = ThreadExecutor(1).run(one, iter(units[:1]), final=None)   # begins the upload
+    assert first.ok, first.errors
+    outcomes: list = []
+    workers = [threading.Thread(target=lambda c=ctx, u=subset: outcomes.append(ThreadExecutor(2).run(c, iter(u), None)),
+                                daemon=True)   # a part waiting forever for the other's must not hang the suite
+               for ctx, subset in ((one, units[2::2]), (other, units[1::2]))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=300)   # a guard against a deadlock, not a timing target
+    assert not any(w.is_alive() for w in workers), "a part waited for one that runs in the other process"
+    assert all(o.ok for o in outcomes), [o.errors for o in outcomes]
+    last = JobContext(plan, settings, journal)
+    run_unit(last, {"op": "complete", "rel": "w.bin", "size": size, "part_size": part})
+    run_unit(last, {"op": "finalize"})
+    entry = manifests.read(get_store(parse(dst), settings), parse(dst)).files["w.bin"]
+    assert entry.sha256 == "" and entry.note and entry.computed == ["crc32c", "part_sha256"]
+    assert entry.part_sha256 == [hashlib.sha256(data[i:i + part]).hexdigest() for i in range(0, size, part)]
+    assert mcbridge("verify", dst, "--deep", env=emulator_env, state_dir=tmp_path).returncode == 0
