@@ -13,8 +13,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from bridge import manifest as manifests
 from bridge.engine import JobContext, ThreadExecutor, plan_copy, run_unit
 from bridge.journal import FileJournal
