@@ -35,11 +35,13 @@ trusting what the store (or metadata bridge wrote) reports.
 These three fields were added without changing ``version``: they are optional (an entry without
 them reads as computed by bridge, with no identity, and is checked as before) and an older
 reader ignores them. The version goes to 2 when an entry may lack a computed hash (a server-side
-copy committed from what the store reports), which an older reader could not check. For corpora with millions of files the entries go to JSON-lines
-shards of at most ``SHARD_ENTRIES`` each, ``_bridge/manifest.d/files-000000.jsonl`` …, and
-``files`` is replaced by ``file_shards`` (name, entries, sha256 of the shard), so the top document
-stays small and a reader streams one shard at a time. The shards are written before the top
-document, which remains the single commit marker.
+copy committed from what the store reports), which an older reader could not check.
+
+For corpora with millions of files the entries go to JSON-lines shards of at most
+``SHARD_ENTRIES`` each, ``_bridge/manifest.d/files-000000.jsonl`` …, and ``files`` is replaced
+by ``file_shards`` (name, entries, sha256 of the shard), so the top document stays small and a
+reader streams one shard at a time. The shards are written before the top document, which
+remains the single commit marker.
 """
 
 from __future__ import annotations

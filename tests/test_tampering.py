@@ -222,3 +222,36 @@ def test_manifest_without_identity_is_read_and_checked_as_before(copied, emulato
     assert report["ok"] and report["rehashed"] == [] and report["checked"] == len(files)
     entry = manifests.read(store, parse(dst)).files["small.txt"]
     assert entry.computed == ["crc32c", "sha256"] and entry.identity == {} and entry.reported == {}
+
+
+@pytest.mark.parametrize("scheme", ["s3", "az"])
+def test_packed_shards_carry_identity_and_a_rewritten_shard_is_caught(scheme, make_root, emulator_for,
+                                                                      emulator_env, tmp_path):
+    """pack joins shard, list and index entries into the manifest: each has its identity too, and
+    unpack's manifest likewise."""
+    src = tmp_path / "corpus"
+    for i in range(60):
+        (src / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 3}/f{i:03d}.bin").write_bytes(os.urandom(3000 + i))
+    dst = make_root(scheme) + "shards/"
+    r = mcbridge("pack", f"{src}/", dst, "--shard-size", "64KiB", "-q", env=emulator_env,
+                 state_dir=tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+    packed = entries(emulator_env, dst)
+    assert len(packed) >= 4 and all(e.identity.get("etag") and e.computed == ["crc32c", "sha256"]
+                                    for e in packed.values()), packed
+    shard = sorted(p for p in packed if p.endswith(".tar"))[0]
+    original = get_store(parse(dst), settings_for(emulator_env)).read(parse(dst + shard))
+    rewrite(emulator_for, dst + shard, forge_crc32c(os.urandom(len(original)), packed[shard].crc32c))
+    r = mcbridge("verify", dst, env=emulator_env, state_dir=tmp_path / "state")
+    assert r.returncode == 1 and f"mismatched  {shard}: rewritten since the manifest was written" in r.stdout, \
+        r.stdout
+    rewrite(emulator_for, dst + shard, original, new_version_of_same_bytes=True)
+    r = mcbridge("verify", dst, env=emulator_env, state_dir=tmp_path / "state")
+    assert r.returncode == 0 and f"rehashed    {shard}:" in r.stdout, r.stdout + r.stderr
+
+    out = tmp_path / "out"
+    r = mcbridge("unpack", dst, f"{out}/", "-q", env=emulator_env, state_dir=tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+    unpacked = entries(emulator_env, f"{out}/")
+    assert len(unpacked) == 60 and all({"inode", "ctime_ns"} <= e.identity.keys() for e in unpacked.values())

@@ -184,6 +184,9 @@ def test_a_job_of_100_mb_and_300_small_files_between_two_emulators(service, emul
     assert whole == Counter(smalls.keys()), "a small file was sent twice"
     manifest = json.loads(moto.client().get_object(Bucket=bucket, Key="_bridge/manifest.json")["Body"].read())
     assert {e["path"]: e["sha256"] for e in manifest["files"]} == expected
+    # finalize on a worker records what S3 answered at commit, as the in-process copy does
+    assert all(e["identity"].get("etag") and e["reported"].get("crc32c") == e["crc32c"]
+               for e in manifest["files"])
 
     moved = sum(metric_total(port, "bridge_bytes_moved_total") for port in ports)
     assert moved == status["progress"]["bytes_total"]
@@ -359,7 +362,8 @@ schedules:
 
 @pytest.mark.parametrize("command", [["pack", "--format", "tar"], ["migrate", "--pack", "tar"]],
                          ids=["submit-pack", "submit-migrate"])
-def test_a_pack_job_writes_one_shard_per_task_and_unpacks_to_the_same_files(command, service, make_root, tmp_path):
+def test_a_pack_job_writes_one_shard_per_task_and_unpacks_to_the_same_files(command, service, make_root, emulator_for,
+                                                                            tmp_path):
     src = tmp_path / "corpus"
     hashes = write_tree(src, {}, small=120, small_size=2048)
     dst = make_root("az")
@@ -371,6 +375,10 @@ def test_a_pack_job_writes_one_shard_per_task_and_unpacks_to_the_same_files(comm
     assert status["state"] == "succeeded" and status["verify"]["ok"], status["errors"]
     shards = status["progress"]["tasks_total"]
     assert shards >= 4 and status["progress"]["files_total"] == 120
+    container = dst[len("az://"):].rstrip("/")
+    blob = emulator_for("az").client().get_blob_client(container, "shards/_bridge/manifest.json")
+    manifest = json.loads(blob.download_blob().readall())
+    assert all(e["identity"].get("etag") and e["computed"] == ["crc32c", "sha256"] for e in manifest["files"])
 
     out = tmp_path / "unpacked"
     unpacked = service.cli("unpack", f"{dst}shards/", f"{out}/", "-q")

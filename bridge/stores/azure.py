@@ -204,7 +204,8 @@ class AzureStore(Store):
         resp = self._request(loc, lambda: self._blob(loc).upload_blob(body, overwrite=True, metadata=metadata,
                                                                       validate_content=self._validate))
         sums = {"md5": bytes(resp["content_md5"]).hex()} if resp.get("content_md5") else {}
-        return ObjectInfo(loc, len(data), sums, dict(metadata), _identity(resp.get("etag"), resp.get("last_modified")))
+        return ObjectInfo(loc, len(data), sums, dict(metadata),
+                          _identity(resp.get("etag"), resp.get("last_modified")))
 
     def body(self, data: bytes | bytearray) -> bytes:
         return _as_bytes(data)
