@@ -138,6 +138,13 @@ def test_a_malformed_azure_connection_string_is_one_line(value, src_file, tmp_pa
     one_line_error(r, r.returncode, "connection string")
 
 
+def test_an_azure_connection_string_without_a_key_is_missing_credentials(src_file, tmp_path):
+    value = "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;BlobEndpoint=http://127.0.0.1:9/x;"
+    r = mcbridge("cp", src_file, "az://cont/f.txt", env={**BARE, "AZURE_STORAGE_CONNECTION_STRING": value},
+                 state_dir=tmp_path)
+    one_line_error(r, 1, "no AccountKey or SharedAccessSignature")
+
+
 @pytest.mark.parametrize("command", ["cp", "sync"])
 @pytest.mark.parametrize("dst", ["sub/", "sub/deeper/", ""])
 def test_a_local_destination_inside_its_source_exits_2(command, dst, tmp_path):

@@ -111,6 +111,20 @@ def _block_number(block_id: str) -> tuple[str, int]:
     return upload_id, int(number) if number.isdigit() else -1
 
 
+def _check_connection_string(value: str) -> None:
+    """Refuse a connection string that names an account but carries no way to sign for it.
+
+    The SDK accepts ``AccountName=x`` alone and then talks anonymously to x's public endpoint, so a
+    forgotten key shows up much later as "public access is not permitted". Anonymous access to a
+    public container stays possible by giving only ``BlobEndpoint=``.
+    """
+    keys = {part.split("=", 1)[0].strip().lower() for part in value.split(";") if "=" in part}
+    if "accountname" in keys and not keys & {"accountkey", "sharedaccesssignature"}:
+        raise CredentialsMissing("the Azure connection string (AZURE_STORAGE_CONNECTION_STRING) names an "
+                                 "AccountName but has no AccountKey or SharedAccessSignature; for "
+                                 "anonymous access to a public container give only BlobEndpoint=")
+
+
 class AzureStore(Store):
     scheme = "az"
     features = Features(checksums=frozenset({"md5"}), multipart=True, min_part_size=1 * MiB,
@@ -125,6 +139,7 @@ class AzureStore(Store):
         common = {"retry_policy": retry, "connection_timeout": t.connect_timeout,
                   "read_timeout": t.read_timeout, "max_single_put_size": 256 * MiB}
         if az.connection_string:
+            _check_connection_string(az.connection_string.get_secret_value())
             try:
                 self.client = BlobServiceClient.from_connection_string(
                     az.connection_string.get_secret_value(), **common)
