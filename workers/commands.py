@@ -1,7 +1,7 @@
 """The service's commands: ``mcbridge worker|beat``, ``mcbridge submit cp|sync|replicate|pack``,
 ``mcbridge jobs list|status|watch|cancel|limit``.
 
-``bridge.cli`` imports this module at start and calls ``register(app)``; Celery, Redis and the
+``bridge.cli`` imports this module at start (one of its GROUPS) and calls ``register(app)``; Celery, Redis and the
 rest are imported inside the commands, so ``mcbridge --help`` stays fast. Settings come from
 ``workers.settings`` (environment), with these flags winning; a bad value, a bad URL or an
 unreachable broker is refused on one line before anything is queued.
@@ -16,38 +16,29 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
+from bridge.cli.options import (DeleteOpt, JsonOpt, QuietOpt, bwlimit_opt, chunk_size_opt, concurrency_opt,
+                                dry_run_opt, err, max_cost_opt, out, profile_opt, store_checksums_opt)
 from bridge.progress import human_bytes
 
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False, soft_wrap=True)
-
+# The flags of mcbridge cp, with the meaning they have for a job that runs on workers.
+ConcOpt = concurrency_opt("Units in flight at once in each task (default: the worker's).")
+ChunkOpt = chunk_size_opt("Part size, e.g. 16MiB.")
+ProfileOpt = profile_opt("Settings profile the workers use for this job (their own credentials).")
+DryOpt = dry_run_opt("Check the job and print it; queue nothing.")
+StoreSumOpt = store_checksums_opt("After a multipart upload: require the store's whole-object checksum, "
+                                  "readback, or skip (as in mcbridge cp).")
+BwlimitOpt = bwlimit_opt("Bytes per second across all of the job's workers, e.g. 50MiB; change it later "
+                         "with mcbridge jobs limit.")
+MaxCostOpt = max_cost_opt("Plan the job here (listing with this machine's settings) and refuse to queue "
+                          "it if estimated above this many US dollars.")
 BrokerOpt = Annotated[Optional[str], typer.Option(
     "--broker", help="Redis URL of the broker (default: $BRIDGE_BROKER_URL, else redis://localhost:6379/0).")]
-ConcOpt = Annotated[Optional[int], typer.Option(
-    "--concurrency", "-j", min=1, max=256, help="Units in flight at once in each task (default: the worker's).")]
-ChunkOpt = Annotated[Optional[str], typer.Option("--chunk-size", help="Part size, e.g. 16MiB.")]
-ProfileOpt = Annotated[Optional[str], typer.Option(
-    "--profile", help="Settings profile the workers use for this job (their own credentials).")]
 QueueOpt = Annotated[Optional[str], typer.Option(
     "--queue", help="Queue for the job's tasks (default: by destination, e.g. bridge.s3).")]
 VerifyOpt = Annotated[str, typer.Option(
     "--verify", help="After the copy: store (checksums the store reports), deep (re-read) or none.")]
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Follow the job; exit 0 only if it succeeds.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
-DryOpt = Annotated[bool, typer.Option("--dry-run", help="Check the job and print it; queue nothing.")]
-StoreSumOpt = Annotated[Optional[str], typer.Option(
-    "--store-checksums", help="After a multipart upload: require the store's whole-object checksum, "
-    "readback, or skip (as in mcbridge cp).")]
-BwlimitOpt = Annotated[Optional[str], typer.Option(
-    "--bwlimit", help="Bytes per second across all of the job's workers, e.g. 50MiB; change it later "
-    "with mcbridge jobs limit.")]
-DeleteOpt = Annotated[bool, typer.Option("--delete", help="Remove from DST what SRC no longer has.")]
-MaxCostOpt = Annotated[Optional[float], typer.Option(
-    "--max-cost", min=0, help="Plan the job here (listing with this machine's settings) and refuse to queue "
-    "it if estimated above this many US dollars.")]
 BudgetOpt = Annotated[Optional[str], typer.Option(
     "--budget", help="Charge the job to this monthly budget (mcbridge budgets); over it, the job waits "
     "for mcbridge jobs approve.")]

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from bridge.cli import ConfigOpt, JsonOpt, MaxCostOpt, ProfileOpt, err, out, settings_from_flags
+from bridge.cli.options import ConfigOpt, JsonOpt, MaxCostOpt, ProfileOpt, err, out, settings_from_flags
 from bridge.config import parse_size
 from bridge.progress import human_bytes
 

@@ -1,4 +1,4 @@
-"""``mcbridge pack``, ``unpack``, ``cat`` and ``migrate``. Registered by bridge.cli at start;
+"""``mcbridge pack``, ``unpack``, ``cat`` and ``migrate``. Registered by bridge.cli at start (see its GROUPS);
 the packing machinery (and pyarrow, for Parquet) is imported only when one of them runs."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from bridge.cli import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, MaxCostOpt, ProfileOpt,
-                        QuietOpt, StoreSumOpt, ProgressBar, emit, print_plan, settings_from_flags, out)
+from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, MaxCostOpt,
+                                ProfileOpt, ProgressBar, QuietOpt, StoreSumOpt, emit, out, print_plan,
+                                settings_from_flags)
 from bridge.config import parse_size
 from bridge.progress import human_bytes
 

@@ -1,0 +1,150 @@
+"""What every command group shares: the consoles, the options (one flag, one type, one check,
+wherever it appears), settings from flags, the progress bar and the way a summary is printed.
+
+Each option exists as a ready ``Annotated`` type (``ConcOpt``) and, where a group means something
+slightly different by it (``mcbridge submit`` runs units in each worker task, not in this
+process), as a factory taking only the help text (``concurrency_opt("...")``): the flag's name,
+type and limits stay the same everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, TextColumn, TimeRemainingColumn,
+                           TransferSpeedColumn)
+
+from bridge import bwlimit as limits
+from bridge.bwlimit import parse_rate
+from bridge.config import Settings, load_settings, parse_size
+from bridge.errors import InvalidOption
+from bridge.progress import Progress, human_bytes
+
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+
+
+def profile_opt(help: str = "Profile in the settings file."):
+    return Annotated[Optional[str], typer.Option("--profile", help=help)]
+
+
+def concurrency_opt(help: str = "Units (files or parts) in flight at once."):
+    return Annotated[Optional[int], typer.Option("--concurrency", "-j", min=1, max=256, help=help)]
+
+
+def chunk_size_opt(help: str = "Part size, e.g. 16MiB (default: derived from the destination's limits)."):
+    return Annotated[Optional[str], typer.Option("--chunk-size", help=help)]
+
+
+def store_checksums_opt(help: str = "After a multipart upload: require the store's whole-object checksum "
+                        "(default), read the object back when the store keeps none (readback), or skip the check."):
+    return Annotated[Optional[str], typer.Option("--store-checksums", help=help)]
+
+
+def bwlimit_opt(help: str = "Bytes per second across all of the job's connections, e.g. 50MiB (0: none). "
+                "kill -USR2 the running process to toggle it off and on."):
+    return Annotated[Optional[str], typer.Option("--bwlimit", help=help)]
+
+
+def json_opt(help: str = "Print a machine-readable summary."):
+    return Annotated[bool, typer.Option("--json", help=help)]
+
+
+def dry_run_opt(help: str = "Print the plan; move nothing."):
+    return Annotated[bool, typer.Option("--dry-run", help=help)]
+
+
+def max_cost_opt(help: str = "Refuse, before any data request, a job estimated above this many US dollars "
+                 "(see mcbridge plan)."):
+    return Annotated[Optional[float], typer.Option("--max-cost", min=0, help=help)]
+
+
+ProfileOpt = profile_opt()
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="Settings file (YAML).")]
+ConcOpt = concurrency_opt()
+ChunkOpt = chunk_size_opt()
+StoreSumOpt = store_checksums_opt()
+BwlimitOpt = bwlimit_opt()
+BwlimitFileOpt = Annotated[Optional[Path], typer.Option(
+    "--bwlimit-file", help="Read the limit from FILE at start and again on each SIGUSR2.")]
+JsonOpt = json_opt()
+DryOpt = dry_run_opt()
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+MaxCostOpt = max_cost_opt()
+DeleteOpt = Annotated[bool, typer.Option("--delete", help="Remove from DST what SRC no longer has.")]
+
+
+def settings_from_flags(profile: str | None, config: Path | None, concurrency: int | None = None,
+                        chunk_size: str | None = None, store_checksums: str | None = None, *,
+                        bwlimit: str | None = None, bwlimit_file: Path | None = None) -> Settings:
+    transfer: dict[str, Any] = {}
+    if bwlimit_file is not None:
+        try:
+            bwlimit = bwlimit_file.read_text()
+        except OSError as exc:
+            raise InvalidOption(f"--bwlimit-file {bwlimit_file}: {exc.strerror or exc}") from None
+    if bwlimit is not None:
+        transfer["bwlimit"] = parse_rate(bwlimit) or 0
+    if store_checksums:
+        transfer["store_checksums"] = store_checksums
+    if concurrency:
+        transfer["concurrency"] = concurrency
+    if chunk_size:
+        transfer["chunk_size"] = parse_size(chunk_size)
+    return load_settings({"transfer": transfer}, profile=profile, config_path=config)
+
+
+class ProgressBar:
+    """A rich progress bar fed by the job's Progress object, which carries the job's bandwidth
+    limit (changed by SIGUSR2 while the job runs)."""
+
+    def __init__(self, enabled: bool, settings: Settings | None = None, bwlimit_file: Path | None = None):
+        self.enabled = enabled and err.is_terminal
+        self.settings, self.bwlimit_file = settings, bwlimit_file
+        self.bar = Bar(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                       TimeRemainingColumn(), console=err, transient=False, disable=not self.enabled)
+        self.task = None
+
+    def __enter__(self) -> Progress:
+        progress = Progress()
+        if self.settings is not None:
+            rate = self.settings.transfer.bwlimit
+            progress.limiter = limits.local(rate)
+            limits.install_signal(progress.limiter, rate, self.bwlimit_file)
+        if self.enabled:
+            self.bar.start()
+            self.task = self.bar.add_task("copying", total=None)
+            progress.listeners.append(self._update)
+        return progress
+
+    def _update(self, p: Progress) -> None:
+        self.bar.update(self.task, total=p.bytes_total or None, completed=p.bytes_done,
+                        description=f"{p.files_done} files")
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.bar.stop()
+
+
+def emit(summary: dict, as_json: bool, line: str) -> None:
+    if as_json:
+        out.print_json(json.dumps(summary, default=str))
+    else:
+        out.print(line)
+
+
+def print_plan(summary: dict, as_json: bool) -> None:
+    if as_json:
+        out.print_json(json.dumps(summary))
+        return
+    for row in summary["plan"]:
+        parts = f"{row['parts']} parts of {human_bytes(row['part_size'])}" if row["part_size"] else "1 request"
+        out.print(f"copy {row['path']}  {human_bytes(row['size'])}  ({parts})", markup=False)
+    for rel in summary.get("delete", []):
+        out.print(f"delete {rel}", markup=False)
+    out.print(f"would copy {summary['files']} files, {human_bytes(summary['bytes'])} from {summary['source']} "
+              f"to {summary['destination']} in {summary['units']} units", markup=False)

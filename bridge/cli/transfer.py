@@ -1,0 +1,129 @@
+"""The transfer commands: ``mcbridge ls``, ``cp``, ``sync``, ``verify``, ``uploads`` and
+``version``."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from bridge import __version__
+from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DeleteOpt, DryOpt,
+                                JsonOpt, MaxCostOpt, ProfileOpt, ProgressBar, QuietOpt, StoreSumOpt, emit, out,
+                                print_plan, settings_from_flags)
+from bridge.progress import human_bytes
+
+
+def ls(url: str, profile: ProfileOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """List objects under URL (recursively) with their sizes."""
+    from bridge import ops
+    rows = ops.ls(url, settings_from_flags(profile, config))
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    for row in rows:
+        out.print(f"{row['size']:>14}  {row['path']}", markup=False)
+
+
+def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
+       store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
+       dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
+       max_cost: MaxCostOpt = None, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+    """Copy SRC to DST: one object, or every object under a directory or prefix (trailing slash)."""
+    from bridge import ops
+    settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
+                                   bwlimit_file=bwlimit_file)
+    if dry_run:
+        summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True)
+        print_plan(summary, as_json)
+        return
+    with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
+        summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress,
+                           max_cost=max_cost)
+    emit(summary, as_json, f"copied {summary['files']} files, {human_bytes(summary['bytes'])} in "
+          f"{summary['elapsed_s']:.1f}s ({human_bytes(summary['rate_bytes_per_s'])}/s); "
+          f"manifest {summary['manifest']}")
+
+
+def sync(src: str, dst: str, delete: DeleteOpt = False,
+         concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
+         bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
+         dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
+         max_cost: MaxCostOpt = None, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+    """Make DST equal to SRC: send what is new or changed (by size and checksum, not time), repair
+    what no longer matches the manifest, and with --delete remove what SRC no longer has."""
+    from bridge import ops
+    settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
+                                   bwlimit_file=bwlimit_file)
+    if dry_run:
+        summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
+                           dry_run=True)
+        print_plan(summary, as_json)
+        return
+    with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
+        summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
+                           progress=progress, max_cost=max_cost)
+    r = summary["reasons"]
+    emit(summary, as_json, f"sent {len(summary['sent'])} files ({r['new']} new, {r['changed']} changed, "
+          f"{r['repaired']} repaired), {r['unchanged']} unchanged, deleted {len(summary['deleted'])}; "
+          f"{human_bytes(summary['bytes'])} in {summary['elapsed_s']:.1f}s; manifest {summary['manifest']}")
+
+
+def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read and rehash every object "
+                                                        "instead of trusting store-reported checksums.")] = False,
+           concurrency: ConcOpt = None, as_json: JsonOpt = False, profile: ProfileOpt = None,
+           config: ConfigOpt = None) -> None:
+    """Check every object under URL against its manifest; exit 1 naming each missing, extra or
+    mismatched file."""
+    from bridge import ops
+    report = ops.verify(url, settings_from_flags(profile, config, concurrency), deep=deep)
+    if as_json:
+        out.print_json(json.dumps(report))
+    else:
+        for path in report["missing"]:
+            out.print(f"missing     {path}", markup=False)
+        for path in report["extra"]:
+            out.print(f"extra       {path}", markup=False)
+        for row in report["mismatched"]:
+            out.print(f"mismatched  {row['path']}: {row['reason']}", markup=False)
+        for row in report["rehashed"]:
+            out.print(f"rehashed    {row['path']}: {row['reason']}", markup=False)
+        for shard_set in report["shard_sets"]:
+            for problem in shard_set["problems"]:
+                out.print(f"shard set   {shard_set['index']}: {problem}", markup=False)
+            if shard_set["ok"]:
+                out.print(f"shard set   {shard_set['index']}: intact", markup=False)
+        verdict = "OK" if report["ok"] else "FAILED"
+        out.print(f"{verdict}: {report['checked']} files, {human_bytes(report['bytes'])} checked "
+                  f"({'deep' if deep else 'store checksums'}) at {report['url']}; "
+                  f"{len(report['missing'])} missing, {len(report['extra'])} extra, "
+                  f"{len(report['mismatched'])} mismatched"
+                  + (f", {len(report['rehashed'])} rewritten with equal bytes" if report["rehashed"] else ""),
+                  markup=False)
+    if not report["ok"]:
+        raise typer.Exit(1)
+
+
+def uploads(url: str, abort: Annotated[bool, typer.Option("--abort", help="Abort them.")] = False,
+            as_json: JsonOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+    """List (or --abort) the unfinished multipart uploads under URL that killed copies left behind.
+    A copy aborts the leftovers of the objects it writes by itself."""
+    from bridge import ops
+    rows = ops.uploads(url, settings_from_flags(profile, config), abort=abort)
+    if as_json:
+        out.print_json(json.dumps(rows))
+        return
+    for row in rows:
+        out.print(f"{'aborted' if abort else 'unfinished'}  {row['object']}  ({row['upload_id']})", markup=False)
+    out.print(f"{len(rows)} unfinished uploads{' aborted' if abort else ''} under {url}", markup=False)
+
+
+def version() -> None:
+    """Print bridge's version."""
+    out.print(__version__)
+
+
+def register(app: typer.Typer) -> None:
+    for command in (ls, cp, sync, verify, uploads, version):
+        app.command()(command)
