@@ -14,50 +14,11 @@ metadata and even checksums, so even the cheap check re-reads it and compares CR
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
-from bridge.errors import ObjectNotFound
-from bridge.hashing import crc32c, crc_hex
+from bridge.hashing import rehash, rehash_parts
 from bridge.manifest import FileEntry
-from bridge.stores.base import MiB, ObjectInfo, Store, identity_changed
-from bridge.urls import Location
-
-READ_SIZE = 16 * MiB
-
-
-def rehash(store: Store, loc: Location, size: int, sha: bool = True) -> tuple[str, str]:
-    """(crc32c, sha256) of an object, read in bounded ranges."""
-    crc, digest = 0, hashlib.sha256() if sha else None
-    offset = 0
-    while offset < size:
-        data = store.read(loc, offset, min(READ_SIZE, size - offset))
-        if not data:
-            break
-        crc = crc32c(data, crc)
-        if digest:
-            digest.update(data)
-        offset += len(data)
-    if offset != size:
-        raise ObjectNotFound(f"{loc}: read {offset} bytes of {size}")
-    return crc_hex(crc), digest.hexdigest() if digest else ""
-
-
-def rehash_parts(store: Store, loc: Location, size: int, part_size: int) -> tuple[str, str, list[str]]:
-    """(crc32c, sha256, [sha256 of each part]) of an object, in one pass of bounded reads."""
-    crc, whole, parts, offset = 0, hashlib.sha256(), [], 0
-    while offset < size:
-        part, end = hashlib.sha256(), min(offset + part_size, size)
-        while offset < end:
-            data = store.read(loc, offset, min(READ_SIZE, end - offset))
-            if not data:
-                raise ObjectNotFound(f"{loc}: read {offset} bytes of {size}")
-            crc = crc32c(data, crc)
-            whole.update(data)
-            part.update(data)
-            offset += len(data)
-        parts.append(part.hexdigest())
-    return crc_hex(crc), whole.hexdigest(), parts
+from bridge.stores.base import ObjectInfo, Store, identity_changed
 
 
 def reported_crc32c(store: Store, info: ObjectInfo) -> str | None:

@@ -26,10 +26,9 @@ from bridge import manifest as manifests
 from bridge import names
 from bridge import retry
 from bridge.config import Settings
-from bridge.check import rehash
 from bridge.errors import (AuthError, BridgeError, BucketNotFound, IntegrityError, InvalidOption,
                            ObjectNotFound)
-from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex
+from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex, rehash
 from bridge.journal import Journal, job_key
 from bridge.manifest import FileEntry, Manifest
 from bridge.progress import Progress

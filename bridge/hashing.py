@@ -6,10 +6,15 @@ import hashlib
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import crc32c as _crc32c  # hardware CRC32C; takes any buffer, bytearray included
 
-from bridge.errors import TransferFailed
+from bridge.errors import ObjectNotFound, TransferFailed
+
+if TYPE_CHECKING:
+    from bridge.stores.base import Store
+    from bridge.urls import Location
 
 _POLY = 0x82F63B78  # CRC32C (Castagnoli), reflected
 
@@ -148,3 +153,42 @@ class OrderedSha256:
 
     def hexdigest(self) -> str:
         return self._hash.hexdigest()
+
+
+# Re-reading a stored object to hash it: used by verify, by sync's repair and by a store's own
+# read-back check, so it lives below both the stores and check.
+READ_SIZE = 16 * 1024 * 1024
+
+
+def rehash(store: Store, loc: Location, size: int, sha: bool = True) -> tuple[str, str]:
+    """(crc32c, sha256) of an object, read in bounded ranges."""
+    crc, digest = 0, hashlib.sha256() if sha else None
+    offset = 0
+    while offset < size:
+        data = store.read(loc, offset, min(READ_SIZE, size - offset))
+        if not data:
+            break
+        crc = crc32c(data, crc)
+        if digest:
+            digest.update(data)
+        offset += len(data)
+    if offset != size:
+        raise ObjectNotFound(f"{loc}: read {offset} bytes of {size}")
+    return crc_hex(crc), digest.hexdigest() if digest else ""
+
+
+def rehash_parts(store: Store, loc: Location, size: int, part_size: int) -> tuple[str, str, list[str]]:
+    """(crc32c, sha256, [sha256 of each part]) of an object, in one pass of bounded reads."""
+    crc, whole, parts, offset = 0, hashlib.sha256(), [], 0
+    while offset < size:
+        part, end = hashlib.sha256(), min(offset + part_size, size)
+        while offset < end:
+            data = store.read(loc, offset, min(READ_SIZE, end - offset))
+            if not data:
+                raise ObjectNotFound(f"{loc}: read {offset} bytes of {size}")
+            crc = crc32c(data, crc)
+            whole.update(data)
+            part.update(data)
+            offset += len(data)
+        parts.append(part.hexdigest())
+    return crc_hex(crc), whole.hexdigest(), parts

@@ -12,7 +12,8 @@ import gc
 from bridge import bwlimit
 from bridge import manifest as manifests
 from bridge import check
-from bridge.check import mismatch, rehash, reported_crc32c
+from bridge.check import mismatch, reported_crc32c
+from bridge.hashing import rehash
 from bridge.engine import (FilePlan, JobContext, Plan, ThreadExecutor, check_chunk_size, check_route,
                            file_plan, part_size_for, plan_copy, prepare, resolve)
 from bridge.errors import ManifestError, ObjectNotFound, TransferFailed

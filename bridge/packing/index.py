@@ -39,6 +39,7 @@ from typing import Any
 
 from bridge.errors import IntegrityError, ManifestError, ObjectNotFound, UsageError
 from bridge.packing import layout
+from bridge.packing.rangefile import RangeFile
 from bridge.stores.base import Store
 from bridge.urls import Location
 
@@ -184,7 +185,6 @@ def check(store: Store, root: Location, entry: dict[str, Any], *, deep: bool = F
 def _check_bytes(store: Store, loc: Location, shard: dict[str, Any], files: list[dict[str, Any]]) -> Iterator[str]:
     """Read the shard front to back once, in windows: each file against its SHA-256, then the
     whole shard against its own."""
-    from bridge.packing.reading import RangeFile
     view = RangeFile(store, loc, shard["size"])
     for f in sorted(files, key=lambda f: f["offset"]):
         view.seek(f["offset"])

@@ -36,7 +36,8 @@ from bridge.packing import index as indexes
 from bridge.packing import layout
 from bridge.packing.job import commit_manifest, demote_manifest
 from bridge.packing.layout import UnsafeMember
-from bridge.packing.reading import RangeFile, open_set
+from bridge.packing.rangefile import RangeFile
+from bridge.packing.reading import open_set
 from bridge.packing.sink import StreamingUpload, put_whole, stream_part_size
 from bridge.packing.writer import format_for_shard
 from bridge.progress import Progress

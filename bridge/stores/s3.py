@@ -257,7 +257,7 @@ class S3Store(Store):
             return
         reported = self.info(loc).checksums.get("crc32c")
         if reported is None and mode == "readback":
-            from bridge.check import rehash
+            from bridge.hashing import rehash
             reported, _ = rehash(self, loc, self.info(loc).size, sha=False)
         if reported != crc32c:
             self.delete(loc)
