@@ -3,7 +3,8 @@
 Cheap checks ask the store: the size, and the CRC32C the store reports (S3 full-object
 checksum, GCS crc32c) or, where it keeps none, the CRC32C bridge stored in the object's metadata
 (Azure) together with the committed block sizes. A local file reports nothing, so its CRC32C is
-computed from the disk. ``deep`` re-reads every object and compares CRC32C and SHA-256.
+computed from the disk. ``deep`` re-reads every object and compares CRC32C and SHA-256 (CRC32C alone for a file the
+clouds copied, whose entry holds only what the stores reported).
 A checksum the store does not report is a failure, never a pass.
 
 All of that vouches only for the object version bridge committed. The manifest records that
@@ -76,7 +77,7 @@ def _bytes_differ(store: Store, info: ObjectInfo, entry: FileEntry) -> str | Non
         return f"CRC32C {crc}, manifest says {entry.crc32c}"
     if entry.sha256 and sha != entry.sha256:
         return f"SHA-256 {sha}, manifest says {entry.sha256}"
-    if not entry.sha256 and not entry.part_sha256:
+    if not entry.sha256 and not entry.part_sha256 and not entry.reported_only:
         return "the manifest has no SHA-256 for it"
     bad = [n for n, (got, want) in enumerate(zip(part_sha, entry.part_sha256), 1) if got != want]
     if bad:

@@ -108,6 +108,21 @@ class TransferSettings(_Section):
         return parse_rate(v)
 
 
+class NativeSettings(_Section):
+    """The clouds' own transfer services (the ``sts`` and ``datasync`` routes, bridge/native/).
+    Endpoints are overrides for a test double; left unset, each SDK finds the real service."""
+    poll_interval: float = Field(10.0, gt=0)    # seconds between status polls of a remote transfer
+    sts_endpoint: str | None = None              # Storage Transfer Service REST endpoint
+    sts_project: str | None = None               # the project that runs transfer jobs (default: gcs.project)
+    sts_aws_role_arn: str | None = None          # role STS assumes to read S3 (instead of access keys)
+    datasync_endpoint: str | None = None
+    datasync_region: str | None = None           # default: s3.region
+    datasync_s3_role_arn: str | None = None      # BucketAccessRoleArn DataSync assumes on S3 buckets
+    gcs_hmac_access_id: str | None = None        # DataSync reads or writes GCS through its XML API
+    gcs_hmac_secret: SecretStr | None = None
+    gcs_xml_endpoint: str = "https://storage.googleapis.com"
+
+
 class Discount(_Section):
     """Negotiated discounts, in percent off the list price."""
     egress_pct: float = Field(0, ge=0, le=100)
@@ -149,6 +164,7 @@ class Settings(BaseSettings):
     azure: AzureSettings = AzureSettings()
     transfer: TransferSettings = TransferSettings()
     pricing: PricingSettings = PricingSettings()
+    native: NativeSettings = NativeSettings()
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
@@ -177,6 +193,15 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
     "AZURE_STORAGE_KEY": ("azure", "account_key"),
     "AZURE_STORAGE_ACCOUNT_KEY": ("azure", "account_key"),
     "AZURE_STORAGE_SAS_TOKEN": ("azure", "sas_token"),
+    "MCBRIDGE_STS_ENDPOINT": ("native", "sts_endpoint"),
+    "MCBRIDGE_STS_PROJECT": ("native", "sts_project"),
+    "MCBRIDGE_STS_AWS_ROLE_ARN": ("native", "sts_aws_role_arn"),
+    "AWS_ENDPOINT_URL_DATASYNC": ("native", "datasync_endpoint"),
+    "MCBRIDGE_DATASYNC_S3_ROLE_ARN": ("native", "datasync_s3_role_arn"),
+    "MCBRIDGE_GCS_HMAC_ACCESS_ID": ("native", "gcs_hmac_access_id"),
+    "MCBRIDGE_GCS_HMAC_SECRET": ("native", "gcs_hmac_secret"),
+    "MCBRIDGE_GCS_XML_ENDPOINT": ("native", "gcs_xml_endpoint"),
+    "MCBRIDGE_POLL_INTERVAL": ("native", "poll_interval"),
     "MCBRIDGE_CONCURRENCY": ("transfer", "concurrency"),
     "MCBRIDGE_CHUNK_SIZE": ("transfer", "chunk_size"),
     "MCBRIDGE_STORE_CHECKSUMS": ("transfer", "store_checksums"),

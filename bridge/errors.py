@@ -20,7 +20,12 @@
      │    │                         land outside it (.., absolute, empty segment, NUL, a backslash to Azure)
      │    └── UnsafeMember          a shard member that must not be unpacked (absolute, .., link)
      ├── OverBudget                 a job's estimate is above its --max-cost (refused before it runs)
+     ├── RouteUnavailable           a route cannot serve this job (pair, names, missing settings);
+     │                              found before any request, so another route can take the job
+     ├── JobCancelled               the job was cancelled (Ctrl-C, SIGTERM) and its remote transfer with it
      └── TransferFailed             a job ended with failed units
+          └── RouteFailed           a cloud's transfer service refused or failed the job; ``moved_data``
+                                    says whether it may have written anything (if not, ``direct`` can run it)
 
 The original provider exception is kept as ``__cause__``.
 """
@@ -107,6 +112,20 @@ class OverBudget(BridgeError):
 
 class TransferFailed(BridgeError):
     pass
+
+
+class RouteUnavailable(UsageError):
+    pass
+
+
+class JobCancelled(BridgeError):
+    exit_code = 130
+
+
+class RouteFailed(TransferFailed):
+    def __init__(self, message: str, *, moved_data: bool):
+        super().__init__(message)
+        self.moved_data = moved_data
 
 
 RETRYABLE: tuple[type[BaseException], ...] = (TransientError,)

@@ -34,8 +34,12 @@ trusting what the store (or metadata bridge wrote) reports.
 
 These three fields were added without changing ``version``: they are optional (an entry without
 them reads as computed by bridge, with no identity, and is checked as before) and an older
-reader ignores them. The version goes to 2 when an entry may lack a computed hash (a server-side
-copy committed from what the store reports), which an older reader could not check.
+reader ignores them. A manifest is written as version 2 when an entry lacks a computed hash (a
+copy the clouds made, committed from what the stores report, ``computed`` empty, ``sha256``
+empty and ``note`` saying which route made it), which an older reader could not check: it
+refuses the manifest instead of failing each such file. ``verify --deep`` re-reads such a file
+and compares its CRC32C, the hash both stores reported; a manifest without any such entry
+stays version 1.
 
 For corpora with millions of files the entries go to JSON-lines shards of at most
 ``SHARD_ENTRIES`` each, ``_bridge/manifest.d/files-000000.jsonl`` …, and ``files`` is replaced
@@ -59,7 +63,7 @@ from bridge.stores.base import RESERVED, ObjectInfo, Store
 from bridge.urls import Location
 
 FORMAT = "mcbridge-manifest"
-VERSION = 1
+VERSION = 2          # the newest this bridge reads; it writes 1 unless an entry needs 2
 SHARD_ENTRIES = 100_000
 COMPUTED = ("crc32c", "sha256")   # what bridge hashes every byte it moves with
 MANIFEST = f"{RESERVED}/manifest.json"
@@ -85,6 +89,11 @@ class FileEntry:
         return cls(d["path"], int(d["size"]), d["crc32c"], d["sha256"], int(d.get("part_size", 0)),
                    list(d.get("parts", [])), list(d.get("computed", COMPUTED)), dict(d.get("reported", {})),
                    dict(d.get("identity", {})), list(d.get("part_sha256", [])), d.get("note", ""))
+
+    @property
+    def reported_only(self) -> bool:
+        """Committed from what the stores reported: bridge never saw the bytes."""
+        return not self.computed
 
     def part_sizes(self) -> list[int]:
         if not self.part_size or not self.parts:
@@ -120,7 +129,8 @@ def _put_json(store: Store, loc: Location, data: bytes) -> None:
 def write(store: Store, root: Location, manifest: Manifest, shard_entries: int = SHARD_ENTRIES) -> None:
     root = root.as_prefix()
     entries = [asdict(manifest.files[p]) for p in sorted(manifest.files)]
-    doc: dict = {"format": FORMAT, "version": VERSION, "bridge_version": manifest.bridge_version,
+    version = 2 if any(not e["computed"] for e in entries) else 1
+    doc: dict = {"format": FORMAT, "version": version, "bridge_version": manifest.bridge_version,
                  "created": _now(), "source": manifest.source, "destination": manifest.destination,
                  "totals": manifest.totals(), **manifest.extra}
     if len(entries) <= shard_entries:

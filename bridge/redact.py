@@ -37,6 +37,11 @@ _PATTERNS = [
                 r"account_key|sas_token|password|client_secret|private_key|access_token|refresh_token|"
                 r"id_token)\b[\"']?\s*[:=]\s*[\"']?)[^\s\"',;}]+", re.I),
      r"\g<head>" + MASK),
+    # the same in the clouds' transfer-service specs, camel- or Pascal-cased: STS awsAccessKey
+    # {secretAccessKey}, azureCredentials {sasToken}; DataSync SecretKey, SasConfiguration {Token}
+    (re.compile(r"(?P<head>(?<![A-Za-z])(?:secretAccessKey|secretKey|sasToken|sessionToken|Token)"
+                r"[\"']?\s*[:=]\s*[\"']?)[^\s\"',;}]+", re.I),
+     r"\g<head>" + MASK),
     # bearer tokens in headers, and bare
     (re.compile(r"(?P<head>\bAuthorization[\"']?\s*[:=]\s*[\"']?(?:Bearer|AWS4-HMAC-SHA256|SharedKey)?\s*)"
                 r"[^\s\"',]+", re.I), r"\g<head>" + MASK),

@@ -1,0 +1,237 @@
+"""The ``sts`` route: Google Storage Transfer Service copies into GCS, from S3, Azure Blob or the
+URLs of a TsvHttpData-1.0 list, through ``google-cloud-storage-transfer`` (REST transport).
+
+One bridge copy is one transfer job with no schedule (``transferJobs.create`` then
+``transferJobs.run``, which starts one operation), followed with ``transferOperations.get``,
+cancelled with ``transferOperations.cancel``, and deleted once it has ended. Object names are
+kept: the sink path is the destination prefix, the source path the source prefix, and a single
+object is named by ``objectConditions.includePrefixes``.
+
+What the service needs, besides a project (``native.sts_project``, else ``gcs.project``) whose
+Storage Transfer service agent may write the destination bucket:
+
+    from s3://   an IAM role the service assumes (``native.sts_aws_role_arn``), else the access
+                 key and secret bridge has for S3 (temporary session keys cannot be used)
+    from az://   a SAS token: ``azure.sas_token``, else one bridge signs with the account key for
+                 the container (read and list, valid SAS_DAYS days)
+    from a list  each URL must be readable by the service (public or signed)
+
+They travel in the job's spec only, which the service never returns. ``native.sts_endpoint``
+points the client at another endpoint (a test double) with anonymous credentials.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import threading
+import urllib.parse
+import urllib.request
+import uuid
+
+from bridge import native
+from bridge.config import Settings
+from bridge.errors import InvalidOption, MissingBackend, PermissionDenied, RouteFailed, RouteUnavailable
+from bridge.progress import Progress
+from bridge.redact import redact
+from bridge.stores import get_store
+from bridge.stores.base import ObjectInfo
+from bridge.urls import Location, parse
+
+ROUTE = "sts"
+PAIRS = {("s3", "gs"), ("az", "gs")}
+SAS_DAYS = 7
+LIST_HEADER = "TsvHttpData-1.0"
+
+
+def client_for(settings: Settings):
+    try:
+        from google.cloud import storage_transfer
+    except ImportError as exc:
+        raise MissingBackend("the sts route needs the 'native' extra: pip install 'mcbridge[native]'") from exc
+    if settings.native.sts_endpoint:
+        from google.auth.credentials import AnonymousCredentials
+        return storage_transfer.StorageTransferServiceClient(
+            credentials=AnonymousCredentials(), transport="rest",
+            client_options={"api_endpoint": settings.native.sts_endpoint})
+    credentials = None
+    if settings.gcs.credentials_file:
+        from google.oauth2 import service_account
+        credentials = service_account.Credentials.from_service_account_file(
+            settings.gcs.credentials_file, scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    return storage_transfer.StorageTransferServiceClient(credentials=credentials, transport="rest")
+
+
+def _project(settings: Settings) -> str:
+    project = settings.native.sts_project or settings.gcs.project
+    if not project:
+        raise RouteUnavailable("route sts needs the project that runs the transfer job: set native.sts_project "
+                               "(or gcs.project, GOOGLE_CLOUD_PROJECT)")
+    return project
+
+
+def _dir(loc: Location) -> str:
+    return loc.as_prefix().key
+
+
+# -- the transfer spec (holds the source credentials: never logged, never returned) --------------
+
+def _s3_source(loc: Location, settings: Settings) -> dict:
+    spec = {"bucket_name": loc.bucket, "path": _dir(loc)}
+    s3 = settings.native.sts_aws_role_arn, settings.s3
+    if s3[0]:
+        return {**spec, "role_arn": s3[0]}
+    if s3[1].session_token:
+        raise RouteUnavailable("route sts cannot use temporary AWS keys (a session token is set): set "
+                               "native.sts_aws_role_arn to a role the service may assume")
+    if not (s3[1].access_key_id and s3[1].secret_access_key):
+        raise RouteUnavailable("route sts needs AWS credentials to read S3: set native.sts_aws_role_arn, or "
+                               "s3.access_key_id and s3.secret_access_key")
+    return {**spec, "aws_access_key": {"access_key_id": s3[1].access_key_id,
+                                       "secret_access_key": s3[1].secret_access_key.get_secret_value()}}
+
+
+def _azure_source(loc: Location, settings: Settings) -> dict:
+    client = get_store(loc, settings).client
+    account = client.account_name
+    if settings.azure.sas_token:
+        sas = settings.azure.sas_token.get_secret_value().lstrip("?")
+    else:
+        key = getattr(client.credential, "account_key", None)
+        if not key:
+            raise RouteUnavailable("route sts needs a SAS token for Azure: set azure.sas_token, or an account "
+                                   "key so that bridge can sign one")
+        from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+        sas = generate_container_sas(account, loc.bucket, account_key=key,
+                                     permission=ContainerSasPermissions(read=True, list=True),
+                                     expiry=dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=SAS_DAYS))
+    return {"storage_account": account, "container": loc.bucket, "path": _dir(loc),
+            "azure_credentials": {"sas_token": sas}}
+
+
+def transfer_spec(transfer: native.Transfer, settings: Settings, list_url: str | None = None) -> dict:
+    sink = {"gcs_data_sink": {"bucket_name": transfer.dst_root.bucket, "path": _dir(transfer.dst_root)}}
+    if list_url:
+        return {"http_data_source": {"list_url": list_url}, **sink}
+    src = transfer.src_root
+    source = ({"aws_s3_data_source": _s3_source(src, settings)} if src.scheme == "s3"
+              else {"azure_blob_storage_data_source": _azure_source(src, settings)})
+    if transfer.single is not None:
+        source["object_conditions"] = {"include_prefixes": [transfer.objects[0][0]]}
+    return {**source, **sink}
+
+
+# -- an HTTP URL list as a source -------------------------------------------------------------
+
+def is_url_list(source: str) -> bool:
+    return source.startswith(("https://", "http://"))
+
+
+def plan_url_list(list_url: str, destination: str, settings: Settings) -> native.Transfer:
+    """The objects a URL list names: ``host/path`` under the destination, as the service names
+    them, each with the size and MD5 the list gives (the service checks both)."""
+    dst = parse(destination)
+    if dst.scheme != "gs" or not dst.is_prefix:
+        raise RouteUnavailable("route sts copies a URL list into a gs:// prefix (ending with '/')")
+    try:
+        with urllib.request.urlopen(list_url, timeout=settings.transfer.read_timeout) as response:
+            lines = response.read().decode().splitlines()
+    except OSError as exc:
+        raise InvalidOption(f"cannot read the URL list {redact(list_url)}: {exc}") from None
+    if not lines or lines[0].strip() != LIST_HEADER:
+        raise InvalidOption(f"{redact(list_url)} is not a URL list: its first line must be {LIST_HEADER}")
+    objects = []
+    for n, line in enumerate(lines[1:], 2):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        try:
+            url, size, md5 = fields[0], int(fields[1]), base64.b64decode(fields[2], validate=True).hex()
+        except (IndexError, ValueError):
+            raise InvalidOption(f"URL list line {n}: expected URL, size and base64 MD5 separated by tabs") from None
+        split = urllib.parse.urlsplit(url)
+        rel = split.netloc + urllib.parse.unquote(split.path)
+        objects.append((rel, ObjectInfo(Location("https", split.netloc, split.path.lstrip("/")), size,
+                                        {"md5": md5})))
+    get_store(dst, settings).check_bucket(dst)
+    return native.Transfer(ROUTE, Location("https", "", ""), dst, sorted(objects, key=lambda o: o[0]), None,
+                           origin=redact(list_url))
+
+
+# -- running ------------------------------------------------------------------------------------
+
+def _failure(doing: str, exc: Exception) -> RouteFailed | PermissionDenied:
+    message = getattr(exc, "message", None) or str(exc)
+    line = native.one_line(f"Storage Transfer Service refused {doing}: {getattr(exc, 'code', '')} {message}")
+    if getattr(exc, "code", None) == 403:
+        failure = PermissionDenied(line + " (the caller needs roles/storagetransfer.user on the project)")
+        failure.moved_data = False
+        return failure
+    return RouteFailed(line, moved_data=False)
+
+
+def _remote(client, op_name: str) -> native.Remote:
+    from google.cloud import storage_transfer
+    op = client.get_operation({"name": op_name})
+    meta = storage_transfer.TransferOperation.deserialize(op.metadata.value)
+    counters = meta.counters
+    status = storage_transfer.TransferOperation.Status
+    state = {status.SUCCESS: "done", status.FAILED: "failed", status.ABORTED: "cancelled"}.get(meta.status, "running")
+    if op.done and state == "running":
+        state = "failed"   # done without a final status: treat as a failure, never a success
+    error = ""
+    if state == "failed":
+        from google.rpc import code_pb2
+        parts = [f"{code_pb2.Code.Name(int(b.error_code))} x{b.error_count}: "
+                 + "; ".join(d for e in b.error_log_entries for d in e.error_details)
+                 for b in meta.error_breakdowns]
+        error = "; ".join(parts) or (op.error.message if op.HasField("error") else "no reason given")
+    return native.Remote(state, int(counters.objects_copied_to_sink), int(counters.bytes_copied_to_sink), error)
+
+
+def copy(source: str, destination: str, settings: Settings, *, progress: Progress | None = None,
+         stop: threading.Event | None = None, client=None) -> dict:
+    """Copy ``source`` (s3://, az://, or the https:// URL of a TsvHttpData-1.0 list) into a
+    gs:// ``destination`` with Storage Transfer Service; the summary names the transfer job and
+    operation. RouteUnavailable or RouteFailed(moved_data=False) leave the destination untouched."""
+    from google.api_core import exceptions as gexc
+    from google.cloud import storage_transfer
+
+    progress = progress or Progress()
+    list_url = source if is_url_list(source) else None
+    transfer = plan_url_list(source, destination, settings) if list_url else \
+        native.plan(ROUTE, source, destination, settings, PAIRS)
+    project = _project(settings)
+    spec = transfer_spec(transfer, settings, list_url)
+    client = client or client_for(settings)
+    job_name = f"transferJobs/mcbridge-{uuid.uuid4().hex}"
+    job = {"name": job_name, "project_id": project, "status": storage_transfer.TransferJob.Status.ENABLED,
+           "description": f"mcbridge copy to {transfer.dst_root}"[:1024], "transfer_spec": spec}
+    try:
+        client.create_transfer_job({"transfer_job": job})
+    except gexc.GoogleAPICallError as exc:
+        raise _failure("to create the transfer job", exc) from None
+    del job, spec
+    try:
+        progress.plan(transfer.bytes, len(transfer.objects))
+        native.set_aside(get_store(transfer.dst_root, settings), transfer.dst_root)
+        try:
+            started = client.run_transfer_job({"job_name": job_name, "project_id": project})
+        except gexc.GoogleAPICallError as exc:
+            raise _failure(f"to run {job_name}", exc) from None
+        op_name = started.operation.name
+        final = native.follow(f"transfer operation {op_name}", lambda: _remote(client, op_name),
+                              lambda: client.cancel_operation({"name": op_name}),
+                              interval=settings.native.poll_interval, progress=progress, stop=stop)
+    finally:
+        try:
+            client.delete_transfer_job({"job_name": job_name, "project_id": project})
+        except gexc.GoogleAPICallError:
+            pass   # a one-time job without a schedule never runs again; deleting it only tidies up
+    if final.state != "done":
+        raise RouteFailed(native.one_line(f"Storage Transfer Service operation {op_name} {final.state}: "
+                                          f"{final.error}"),
+                          moved_data=final.files_done > 0 or final.bytes_done > 0)
+    manifest = native.commit(transfer, settings)
+    return native.summary(transfer, progress, manifest, {"service": "storage-transfer", "project": project,
+                                                         "job": job_name, "operation": op_name})

@@ -1,0 +1,201 @@
+"""The sts route against the Storage Transfer double (tests/doubles/sts.py), which the real
+google-cloud-storage-transfer client reaches over REST and which moves the bytes between moto,
+Azurite and fake-gcs-server: requests, polling, cancel, errors, exact data, no secret shown."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import threading
+import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from functools import partial
+
+import pytest
+from pydantic import SecretStr
+
+from bridge import ops
+from bridge.errors import JobCancelled, PermissionDenied, RouteFailed, RouteUnavailable
+from bridge.manifest import read as read_manifest
+from bridge.native import sts
+from bridge.progress import Progress
+from bridge.stores import get_store
+from bridge.urls import parse
+from tests.doubles.sts import StorageTransferDouble
+from tests.helpers import read_tree, settings_for
+
+SECRET = "s3cr3t-Never-Shown-0123456789"
+
+
+@pytest.fixture
+def double(moto, fake_gcs, azurite):
+    with StorageTransferDouble(gcs_endpoint=fake_gcs.endpoint, s3_endpoint=moto.endpoint,
+                               azure_endpoint=f"{azurite.endpoint}/{{account}}") as d:
+        yield d
+
+
+@pytest.fixture
+def settings(double, env_for):
+    env = env_for("s3", "gs", "az")
+    env.update(MCBRIDGE_STS_ENDPOINT=double.endpoint, MCBRIDGE_POLL_INTERVAL="0.05",
+               AWS_SECRET_ACCESS_KEY=SECRET)
+    return settings_for(env)
+
+
+def fill(url: str, settings, files: dict[str, bytes]) -> None:
+    root = parse(url)
+    store = get_store(root, settings)
+    from bridge.hashing import crc32c, crc_hex
+    for rel, data in files.items():
+        store.put(root.join(rel), data, crc32c=crc_hex(crc32c(data)), metadata={})
+
+
+FILES = {"a.bin": os.urandom(3000), "sub/b.txt": b"hello\n" * 100, "sub/deeper/c": b""}
+
+
+def assert_committed(dst: str, settings, files: dict[str, bytes]) -> None:
+    assert read_tree(dst, settings) == files
+    manifest = read_manifest(get_store(parse(dst), settings), parse(dst))
+    assert set(manifest.files) == set(files)
+    for entry in manifest.files.values():
+        assert entry.computed == [] and entry.sha256 == "" and entry.reported["crc32c"] == entry.crc32c
+        assert "sts" in entry.note
+    for deep in (False, True):
+        report = ops.verify(dst, settings, deep=deep)
+        assert report["ok"], report
+
+
+@pytest.mark.parametrize("scheme", ["s3", "az"])
+def test_a_prefix_arrives_exact_and_verifies_deep(scheme, make_root, settings, double):
+    src, dst = make_root(scheme) + "in/", make_root("gs") + "out/"
+    fill(src, settings, FILES)
+    progress = Progress()
+    summary = sts.copy(src, dst, settings, progress=progress)
+    assert summary["route"] == "sts" and summary["bytes_through_bridge"] == 0
+    assert summary["files"] == 3 and progress.files_done == 3 and progress.bytes_done == sum(map(len, FILES.values()))
+    assert_committed(dst, settings, FILES)
+    # The requests carried what the service documents as required, and the credential went there only.
+    (job,) = double.server.bodies("/v1/transferJobs")[:1]
+    assert job["projectId"] == "test" and job["status"] in ("ENABLED", 1)
+    assert job["transferSpec"]["gcsDataSink"] == {"bucketName": parse(dst).bucket, "path": "out/"}
+    if scheme == "s3":
+        assert job["transferSpec"]["awsS3DataSource"]["awsAccessKey"]["secretAccessKey"] == SECRET
+    else:
+        assert "sig=" in job["transferSpec"]["azureBlobStorageDataSource"]["azureCredentials"]["sasToken"]
+    assert [r["projectId"] for r in double.server.calls(":run")] == ["test"]
+    assert all(j["status"] == "DELETED" for j in double.jobs.values())   # tidied up
+    shown = json.dumps(summary)
+    assert SECRET not in shown and "sig=" not in shown and "sasToken" not in shown
+
+
+def test_one_object_is_named_by_an_include_prefix(make_root, settings, double):
+    src, dst = make_root("s3"), make_root("gs") + "x/"
+    fill(src, settings, FILES)
+    sts.copy(src + "sub/b.txt", dst, settings)
+    assert read_tree(dst, settings) == {"b.txt": FILES["sub/b.txt"]}
+    spec = double.server.bodies("/v1/transferJobs")[0]["transferSpec"]
+    assert spec["awsS3DataSource"]["path"] == "sub/" and spec["objectConditions"]["includePrefixes"] == ["b.txt"]
+    with pytest.raises(RouteUnavailable, match="keeps object names"):
+        sts.copy(src + "sub/b.txt", dst + "renamed.txt", settings)
+
+
+def test_cancel_mid_way_cancels_the_operation(make_root, settings, double):
+    files = {f"f{i:02d}": os.urandom(100) for i in range(12)}
+    src, dst = make_root("s3"), make_root("gs")
+    fill(src, settings, files)
+    double.delay = 0.2
+    stop, progress, outcome = threading.Event(), Progress(), {}
+
+    def run():
+        try:
+            sts.copy(src, dst, settings, progress=progress, stop=stop)
+        except JobCancelled as exc:
+            outcome["error"] = exc
+    worker = threading.Thread(target=run)
+    worker.start()
+    while progress.files_done < 2 and worker.is_alive():
+        time.sleep(0.02)
+    stop.set()
+    worker.join(30)
+    assert "was cancelled at the service (it reports cancelled" in str(outcome["error"])
+    (_meta, remote), = double.operations.values()
+    assert remote.state == "cancelled" and 2 <= remote.objects_copied < 12
+    assert len(double.server.calls(":cancel")) == 1
+    assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None   # nothing claims completeness
+
+
+def test_a_failed_operation_is_one_line_without_the_sas(make_root, settings, double, azurite):
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+    src, dst = make_root("az"), make_root("gs")
+    fill(src, settings, FILES)
+    # A SAS that may read but not list: the service cannot enumerate the source.
+    sas = generate_container_sas("devstoreaccount1", parse(src).bucket, account_key=azurite.connection_string.split(
+        "AccountKey=")[1].split(";")[0], permission=ContainerSasPermissions(read=True),
+        expiry=time.time() + 3600)
+    narrow = settings.model_copy(update={"azure": settings.azure.model_copy(update={"sas_token": SecretStr(sas)})})
+    with pytest.raises(RouteFailed) as caught:
+        sts.copy(src, dst, narrow)
+    line = str(caught.value)
+    assert "failed" in line and "PERMISSION_DENIED" in line and "\n" not in line
+    assert sas.split("sig=")[1].split("&")[0] not in line and not caught.value.moved_data
+    assert read_tree(dst, settings) == {}
+
+
+def test_refusals_before_any_data(make_root, settings, double):
+    src, dst = make_root("s3"), make_root("gs")
+    fill(src, settings, FILES)
+    double.deny_projects.add("test")
+    with pytest.raises(PermissionDenied, match="storagetransfer.user") as caught:
+        sts.copy(src, dst, settings)
+    assert caught.value.moved_data is False and SECRET not in str(caught.value)
+    double.deny_projects.clear()
+    double.quota_exhausted = True
+    with pytest.raises(RouteFailed, match="429.*Quota exceeded") as caught:
+        sts.copy(src, dst, settings)
+    assert caught.value.moved_data is False
+    no_project = settings.model_copy(update={"gcs": settings.gcs.model_copy(update={"project": None})})
+    with pytest.raises(RouteUnavailable, match="native.sts_project"):
+        sts.copy(src, dst, no_project)
+    with pytest.raises(RouteUnavailable, match="does not serve gs->s3"):
+        sts.copy(dst, src, settings)
+    assert read_tree(dst, settings) == {}
+
+
+def test_the_double_refuses_requests_without_required_fields(double):
+    from google.api_core import exceptions
+    from google.cloud import storage_transfer
+    client = sts.client_for(settings_for({"MCBRIDGE_STS_ENDPOINT": double.endpoint}))
+    sink = {"gcs_data_sink": {"bucket_name": "b"}}
+    for job, missing in [({"status": 1, "transfer_spec": sink}, "projectId"),
+                         ({"project_id": "p", "transfer_spec": sink}, "status"),
+                         ({"project_id": "p", "status": 1, "transfer_spec": {
+                             "aws_s3_data_source": {"bucket_name": "s"}, **sink}}, "accessKeyId"),
+                         ({"project_id": "p", "status": 1, "transfer_spec": {
+                             "aws_s3_data_source": {"bucket_name": "s", "path": "noslash", "role_arn":
+                                                    "arn:aws:iam::123456789012:role/r"}, **sink}}, "path")]:
+        with pytest.raises(exceptions.BadRequest, match=missing):
+            client.create_transfer_job({"transfer_job": storage_transfer.TransferJob(job)})
+
+
+def test_an_http_url_list(make_root, settings, double, tmp_path):
+    files = {"data/one.bin": os.urandom(500), "data/two.txt": b"two\n"}
+    for rel, data in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        lines = ["TsvHttpData-1.0"] + [f"http://{host}/{rel}\t{len(d)}\t{base64.b64encode(hashlib.md5(d).digest()).decode()}"
+                                       for rel, d in files.items()]
+        (tmp_path / "list.tsv").write_text("\n".join(lines) + "\n")
+        dst = make_root("gs")
+        sts.copy(f"http://{host}/list.tsv", dst, settings)
+        expected = {f"{host}/{rel}": data for rel, data in files.items()}
+        assert read_tree(dst, settings) == expected
+        assert ops.verify(dst, settings, deep=True)["ok"]
+    finally:
+        server.shutdown()
+        server.server_close()
