@@ -118,6 +118,7 @@ class NativeSettings(_Section):
     datasync_endpoint: str | None = None
     datasync_region: str | None = None           # default: s3.region
     datasync_s3_role_arn: str | None = None      # BucketAccessRoleArn DataSync assumes on S3 buckets
+    datasync_agent_arns: list[str] = []          # none: an agentless (Enhanced mode) task
     gcs_hmac_access_id: str | None = None        # DataSync reads or writes GCS through its XML API
     gcs_hmac_secret: SecretStr | None = None
     gcs_xml_endpoint: str = "https://storage.googleapis.com"

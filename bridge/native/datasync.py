@@ -1,0 +1,216 @@
+"""The ``datasync`` route: AWS DataSync copies between S3 and GCS or Azure Blob (and S3 to S3),
+through boto3.
+
+One bridge copy is two locations, one task and one task execution: ``CreateLocationS3`` (with
+the IAM role DataSync assumes, ``native.datasync_s3_role_arn``), ``CreateLocationObjectStorage``
+for GCS through its S3-compatible XML API (an HMAC key, ``native.gcs_hmac_access_id`` and
+``native.gcs_hmac_secret``, at ``native.gcs_xml_endpoint``), ``CreateLocationAzureBlob`` with a
+SAS (``azure.sas_token``, else one bridge signs with the account key for the container);
+``CreateTask`` with ``VerifyMode`` ONLY_FILES_TRANSFERRED (DataSync checks what it wrote) and, for
+one object, an include filter naming it; ``StartTaskExecution``; ``DescribeTaskExecution`` until
+it ends; ``CancelTaskExecution`` when the bridge job is cancelled. Task and locations are deleted
+afterwards. With no agent (``native.datasync_agent_arns`` empty) the task runs in Enhanced mode,
+DataSync's agentless mode between clouds.
+
+S3 reports a full-object CRC32C only for objects written with one; where DataSync left none,
+bridge asks S3 to compute it by copying the object onto itself with ``ChecksumAlgorithm=CRC32C``
+(a request inside S3; no byte passes through bridge; objects up to 5 GiB), so that the manifest
+holds a CRC32C that S3 itself computed, compared with the one the source reports.
+"""
+
+from __future__ import annotations
+
+import threading
+import urllib.parse
+import uuid
+
+from bridge import native
+from bridge.config import Settings
+from bridge.errors import BridgeError, MissingBackend, PermissionDenied, RouteFailed, RouteUnavailable
+from bridge.progress import Progress
+from bridge.stores import get_store
+from bridge.stores.base import GiB, ObjectInfo, Store
+from bridge.urls import Location
+
+ROUTE = "datasync"
+PAIRS = {("gs", "s3"), ("az", "s3"), ("s3", "gs"), ("s3", "az"), ("s3", "s3")}
+SAS_DAYS = 7
+COPY_LIMIT = 5 * GiB          # CopyObject's limit: larger objects keep the source's CRC32C
+ENDED = {"SUCCESS": "done", "ERROR": "failed"}
+
+
+def _boto_session(settings: Settings):
+    try:
+        import boto3
+    except ImportError as exc:
+        raise MissingBackend("the datasync route needs the 'native' extra: pip install 'mcbridge[native]'") from exc
+    s3 = settings.s3
+    return boto3.session.Session(
+        aws_access_key_id=s3.access_key_id, profile_name=s3.profile,
+        aws_secret_access_key=s3.secret_access_key.get_secret_value() if s3.secret_access_key else None,
+        aws_session_token=s3.session_token.get_secret_value() if s3.session_token else None)
+
+
+def client_for(settings: Settings):
+    region = settings.native.datasync_region or settings.s3.region
+    if not region:
+        raise RouteUnavailable("route datasync needs the AWS region that runs the task: set "
+                               "native.datasync_region (or s3.region, AWS_REGION)")
+    return _boto_session(settings).client("datasync", region_name=region,
+                                          endpoint_url=settings.native.datasync_endpoint)
+
+
+def _sub(loc: Location) -> str:
+    return "/" + loc.as_prefix().key
+
+
+def _sas(loc: Location, settings: Settings, writing: bool) -> tuple[str, str]:
+    """(container URL, SAS token) for an Azure location."""
+    client = get_store(loc, settings).client
+    url = f"{client.url.split('?')[0].rstrip('/')}/{loc.bucket}"
+    if settings.azure.sas_token:
+        return url, settings.azure.sas_token.get_secret_value().lstrip("?")
+    key = getattr(client.credential, "account_key", None)
+    if not key:
+        raise RouteUnavailable("route datasync needs a SAS token for Azure: set azure.sas_token, or an account "
+                               "key so that bridge can sign one")
+    import datetime as dt
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+    perms = ContainerSasPermissions(read=True, list=True, write=writing, add=writing, create=writing,
+                                    delete=writing)
+    return url, generate_container_sas(client.account_name, loc.bucket, account_key=key, permission=perms,
+                                       expiry=dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=SAS_DAYS))
+
+
+def location_request(loc: Location, settings: Settings, writing: bool) -> tuple[str, dict]:
+    """(operation, request) creating the DataSync location of ``loc`` (holds its credentials)."""
+    agents = {"AgentArns": list(settings.native.datasync_agent_arns)} if settings.native.datasync_agent_arns else {}
+    if loc.scheme == "s3":
+        role = settings.native.datasync_s3_role_arn
+        if not role:
+            raise RouteUnavailable("route datasync needs the IAM role DataSync assumes to reach S3: set "
+                                   "native.datasync_s3_role_arn")
+        return "create_location_s3", {"S3BucketArn": f"arn:aws:s3:::{loc.bucket}", "Subdirectory": _sub(loc),
+                                      "S3Config": {"BucketAccessRoleArn": role}}
+    if loc.scheme == "gs":
+        n = settings.native
+        if not (n.gcs_hmac_access_id and n.gcs_hmac_secret):
+            raise RouteUnavailable("route datasync reaches GCS through its XML API with an HMAC key: set "
+                                   "native.gcs_hmac_access_id and native.gcs_hmac_secret")
+        server = urllib.parse.urlsplit(n.gcs_xml_endpoint)
+        protocol = "HTTP" if server.scheme == "http" else "HTTPS"
+        return "create_location_object_storage", {
+            "ServerHostname": server.hostname, "ServerPort": server.port or (80 if protocol == "HTTP" else 443),
+            "ServerProtocol": protocol, "BucketName": loc.bucket, "Subdirectory": _sub(loc),
+            "AccessKey": n.gcs_hmac_access_id, "SecretKey": n.gcs_hmac_secret.get_secret_value(), **agents}
+    url, sas = _sas(loc, settings, writing)
+    return "create_location_azure_blob", {"ContainerUrl": url, "AuthenticationType": "SAS",
+                                          "SasConfiguration": {"Token": sas}, "BlobType": "BLOCK",
+                                          "Subdirectory": _sub(loc), **agents}
+
+
+def _error(exc: Exception) -> str:
+    code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
+    message = getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
+    return f"{code}: {message}"
+
+
+def _refused(doing: str, exc: Exception) -> BridgeError:
+    line = native.one_line(f"DataSync refused {doing}: {_error(exc)}")
+    status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if status == 403 or "AccessDenied" in line:
+        failure = PermissionDenied(line + " (the caller needs datasync:* and iam:PassRole on the role)")
+    else:
+        failure = RouteFailed(line, moved_data=False)
+    failure.moved_data = False
+    return failure
+
+
+def _remote(client, arn: str, cancelling: threading.Event) -> native.Remote:
+    ex = client.describe_task_execution(TaskExecutionArn=arn)
+    state = ENDED.get(ex["Status"], "running")
+    if state == "failed" and cancelling.is_set():
+        state = "cancelled"
+    result = ex.get("Result", {})
+    error = f"{result.get('ErrorCode', 'error')}: {result.get('ErrorDetail', 'no detail given')}" if state == "failed" else ""
+    return native.Remote(state, int(ex.get("FilesTransferred", 0)), int(ex.get("BytesWritten", 0)), error)
+
+
+def _with_crc32c(settings: Settings):
+    """How commit reads a written object: an S3 object with no full-object CRC32C gets one that
+    S3 computes, by an in-place copy (objects up to COPY_LIMIT)."""
+    s3 = None
+
+    def look(store: Store, loc: Location) -> ObjectInfo:
+        nonlocal s3
+        info = store.info(loc)
+        if loc.scheme != "s3" or "crc32c" in info.checksums or info.size > COPY_LIMIT:
+            return info
+        s3 = s3 or _boto_session(settings).client("s3", endpoint_url=settings.s3.endpoint_url,
+                                                  region_name=settings.s3.region)
+        head = s3.head_object(Bucket=loc.bucket, Key=loc.key)
+        extra = {k: head[k] for k in ("ContentType", "ContentEncoding", "CacheControl") if head.get(k)}
+        s3.copy_object(Bucket=loc.bucket, Key=loc.key, CopySource={"Bucket": loc.bucket, "Key": loc.key},
+                       ChecksumAlgorithm="CRC32C", MetadataDirective="REPLACE", Metadata=head.get("Metadata", {}),
+                       CopySourceIfMatch=head["ETag"], **extra)
+        return store.info(loc)
+    return look
+
+
+def copy(source: str, destination: str, settings: Settings, *, progress: Progress | None = None,
+         stop: threading.Event | None = None, client=None) -> dict:
+    """Copy ``source`` to ``destination`` with DataSync (one of PAIRS); the summary names the task
+    and its execution. RouteUnavailable or RouteFailed(moved_data=False) leave the destination
+    untouched."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    progress = progress or Progress()
+    transfer = native.plan(ROUTE, source, destination, settings, PAIRS)
+    requests = [location_request(transfer.src_root, settings, False),
+                location_request(transfer.dst_root, settings, True)]
+    client = client or client_for(settings)
+    made: list[tuple[str, str]] = []      # (delete operation, arn), undone in reverse at the end
+    cancelling = threading.Event()
+    try:
+        try:
+            arns = []
+            for operation, request in requests:
+                arns.append(getattr(client, operation)(**request)["LocationArn"])
+                made.append(("delete_location", arns[-1]))
+            del requests
+            task = {"SourceLocationArn": arns[0], "DestinationLocationArn": arns[1],
+                    "Name": f"mcbridge-{uuid.uuid4().hex[:12]}", "TaskMode": "BASIC" if
+                    settings.native.datasync_agent_arns else "ENHANCED",
+                    "Options": {"VerifyMode": "ONLY_FILES_TRANSFERRED", "OverwriteMode": "ALWAYS",
+                                "PreserveDeletedFiles": "PRESERVE", "TransferMode": "ALL"}}
+            if transfer.single is not None:
+                task["Includes"] = [{"FilterType": "SIMPLE_PATTERN", "Value": "/" + transfer.objects[0][0]}]
+            task_arn = client.create_task(**task)["TaskArn"]
+            made.append(("delete_task", task_arn))
+        except (ClientError, BotoCoreError) as exc:
+            raise _refused("to set up the task", exc) from None
+        progress.plan(transfer.bytes, len(transfer.objects))
+        native.set_aside(get_store(transfer.dst_root, settings), transfer.dst_root)
+        try:
+            arn = client.start_task_execution(TaskArn=task_arn)["TaskExecutionArn"]
+        except (ClientError, BotoCoreError) as exc:
+            raise _refused(f"to start {task_arn}", exc) from None
+
+        def cancel() -> None:
+            cancelling.set()
+            client.cancel_task_execution(TaskExecutionArn=arn)
+        final = native.follow(f"DataSync task execution {arn}", lambda: _remote(client, arn, cancelling), cancel,
+                              interval=settings.native.poll_interval, progress=progress, stop=stop)
+    finally:
+        for operation, made_arn in reversed(made):
+            try:
+                getattr(client, operation)(**({"TaskArn": made_arn} if operation == "delete_task"
+                                              else {"LocationArn": made_arn}))
+            except (ClientError, BotoCoreError):
+                pass   # only tidying up: a task left behind does not run again by itself
+    if final.state != "done":
+        raise RouteFailed(native.one_line(f"DataSync task execution {arn} {final.state}: {final.error}"),
+                          moved_data=final.files_done > 0 or final.bytes_done > 0)
+    manifest = native.commit(transfer, settings, _with_crc32c(settings))
+    return native.summary(transfer, progress, manifest, {"service": "datasync", "task": task_arn,
+                                                         "execution": arn})
