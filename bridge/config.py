@@ -11,6 +11,7 @@ The settings file is YAML, found at ``--config``, ``$MCBRIDGE_CONFIG`` or
         gcs: {project: my-project}
         azure: {account_name: mystorage}
         transfer: {concurrency: 16, chunk_size: 16MiB, bwlimit: 50MiB}
+        cache: {dir: /lustre/scratch/mcbridge-cache, quota: 500GiB}
 
 The environment is read with each SDK's own variable names (``AWS_ENDPOINT_URL``,
 ``STORAGE_EMULATOR_HOST``, ``AZURE_STORAGE_CONNECTION_STRING`` ...), so pointing them at an emulator
@@ -157,6 +158,36 @@ class PricingSettings(_Section):
     available_routes: list[str] = []     # routes to plan with as if bridge could run them
 
 
+class CacheSettings(_Section):
+    """The node-local read cache (bridge/cache/): where it lives, how big it may grow."""
+    dir: str | None = None               # load_settings fills in $XDG_CACHE_HOME/mcbridge/cache
+    quota: int | None = None             # bytes, e.g. 500GiB; None: no limit
+    high_watermark: float = Field(0.95, gt=0, le=1)   # of the quota: above it, evict ...
+    low_watermark: float = Field(0.85, gt=0, le=1)    # ... least recently used entries down to this
+    striping: Literal["auto", "on", "off"] = "auto"   # lfs setstripe: auto = when the dir is on Lustre
+    stripe_counts: dict[str, int] = {"0": 1, "1GiB": 4, "16GiB": 16}  # from this size up: -c N (-1: all OSTs)
+    lookahead: int = Field(4, ge=1, le=256)           # objects filled ahead of a prefetch's reader
+
+    @field_validator("quota", mode="before")
+    @classmethod
+    def _quota(cls, v: Any) -> Any:
+        if v is None:
+            return None
+        size = parse_size(v)
+        if size < 1:
+            raise InvalidOption(f"cache quota {v!r} must be at least 1 byte")
+        return size
+
+    @field_validator("stripe_counts")
+    @classmethod
+    def _classes(cls, v: dict[str, int]) -> dict[str, int]:
+        for size, count in v.items():
+            parse_size(size)
+            if count == 0 or count < -1:
+                raise InvalidOption(f"stripe count {count} for {size}: use a positive count, or -1 for all OSTs")
+        return v
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(extra="forbid")
 
@@ -166,6 +197,7 @@ class Settings(BaseSettings):
     transfer: TransferSettings = TransferSettings()
     pricing: PricingSettings = PricingSettings()
     native: NativeSettings = NativeSettings()
+    cache: CacheSettings = CacheSettings()
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
@@ -208,6 +240,9 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
     "MCBRIDGE_STORE_CHECKSUMS": ("transfer", "store_checksums"),
     "MCBRIDGE_STATE_DIR": ("transfer", "state_dir"),
     "MCBRIDGE_BWLIMIT": ("transfer", "bwlimit"),
+    "MCBRIDGE_CACHE_DIR": ("cache", "dir"),
+    "MCBRIDGE_CACHE_QUOTA": ("cache", "quota"),
+    "MCBRIDGE_CACHE_STRIPING": ("cache", "striping"),
 }
 
 
@@ -224,6 +259,12 @@ def default_state_dir(environ: Mapping[str, str]) -> Path:
     """$XDG_STATE_HOME/mcbridge, else ~/.local/state/mcbridge."""
     base = environ.get("XDG_STATE_HOME") or os.path.join(environ.get("HOME", "~"), ".local", "state")
     return Path(base).expanduser() / "mcbridge"
+
+
+def default_cache_dir(environ: Mapping[str, str]) -> Path:
+    """$XDG_CACHE_HOME/mcbridge/cache, else ~/.cache/mcbridge/cache."""
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME", "~"), ".cache")
+    return Path(base).expanduser() / "mcbridge" / "cache"
 
 
 def default_config_path(environ: Mapping[str, str]) -> Path:
@@ -274,6 +315,8 @@ def load_settings(overrides: Mapping[str, Any] | None = None, *, profile: str | 
     merged = _merge(merged, overrides or {})
     if not merged.get("transfer", {}).get("state_dir"):
         merged.setdefault("transfer", {})["state_dir"] = str(default_state_dir(environ))
+    if not merged.get("cache", {}).get("dir"):
+        merged.setdefault("cache", {})["dir"] = str(default_cache_dir(environ))
     try:
         return Settings(**merged)
     except ValidationError as exc:

@@ -20,7 +20,7 @@ from workers.settings import WorkerSettings, celery_config
 
 log = logging.getLogger(__name__)
 
-app = Celery("bridge", include=["workers.tasks"])
+app = Celery("bridge", include=["workers.tasks", "workers.cache_tasks"])
 settings: WorkerSettings = WorkerSettings.from_env(os.environ)
 _service = None
 

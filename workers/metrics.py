@@ -12,6 +12,8 @@ metrics are a no-op and the worker says so once.
     bridge_retries_total{queue}             retried store requests
     bridge_tasks_total{task,outcome}        tasks run / skipped as duplicates / requeued
     bridge_job_duration_seconds{kind,state} from running to the end, per finished job
+    bridge_cache_objects_total{queue,result} objects a cache warm found cached (hit) or filled (miss)
+    bridge_cache_bytes_filled_total{queue}  bytes a cache warm downloaded into its node's cache
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ def _metrics() -> dict | None:
         "duration": pc.Histogram("bridge_job_duration_seconds", "Job duration from start to end",
                                  ["kind", "state"],
                                  buckets=(1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 48 * 3600)),
+        "cache_objects": pc.Counter("bridge_cache_objects", "Objects a cache warm found or filled",
+                                    ["queue", "result"]),
+        "cache_filled": pc.Counter("bridge_cache_bytes_filled", "Bytes filled into a node's cache", ["queue"]),
     }
 
 
@@ -94,6 +99,17 @@ def job_finished(kind: str, state: str, seconds: float) -> None:
     m = _metrics()
     if m is not None and seconds >= 0:
         m["duration"].labels(kind, state).observe(seconds)
+
+
+def cache(queue: str, hits: int = 0, misses: int = 0, bytes_filled: int = 0) -> None:
+    m = _metrics()
+    if m is None:
+        return
+    for result, value in (("hit", hits), ("miss", misses)):
+        if value > 0:
+            m["cache_objects"].labels(queue, result).inc(value)
+    if bytes_filled > 0:
+        m["cache_filled"].labels(queue).inc(bytes_filled)
 
 
 def serve(port: int, addr: str):

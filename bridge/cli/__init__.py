@@ -26,7 +26,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 # Command groups, each a module exposing ``register(app)``. A group whose package is not
 # installed here (workers without Celery) is left out.
-GROUPS = ("bridge.cli.transfer", "bridge.cli.packing", "workers.commands", "bridge.cli.policy")
+GROUPS = ("bridge.cli.transfer", "bridge.cli.packing", "workers.commands", "bridge.cli.policy", "bridge.cache.commands")
 _registered = False
 
 

@@ -1,0 +1,512 @@
+"""The cache directory and what happens in it. Layout (``cache.dir``, ``MCBRIDGE_CACHE_DIR``)::
+
+    objects/ab/<key>        a finished entry: the object's bytes, only ever put there by rename
+    objects/ab/<key>.json   what the entry is (URL, identity, size, CRC32C, SHA-256); its mtime
+                            is the entry's last use, which LRU eviction reads
+    fills/<key>/            one fill at work: ``reserve`` (bytes it will take), the engine's
+                            journal and partial file; resumed by the next filler after a kill
+    locks/<key>.lock        held (flock) by whoever fills, evicts or verifies <key>
+    pins/<url hash>.json    a pin: {"url", "until"} (until: epoch seconds, or null for ever)
+    quota.lock              held while usage is counted and entries evicted
+    stats.json              hits, misses, bytes filled, evictions, fill time (under stats.lock)
+
+``key`` = SHA-256 of the URL and the object's identity (ETag and version id, generation,
+last-modified, inode and times: bridge.stores.base.ObjectInfo.identity) as the store reports it
+now: a rewritten object has a new key, and the old entry is never served for it.
+
+A fill is one copy job of the engine (bridge/engine.py: the same parallel ranged reads and
+part files as ``mcbridge cp`` to a local path) into ``fills/<key>/``, then checked (size, the
+CRC32C of the bytes on disk against the CRC32C the engine computed while reading, and against
+the CRC32C the store reports where it reports one) and renamed into ``objects/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bridge.cache import locks, striping
+from bridge.config import Settings
+from bridge.engine import FilePlan, JobContext, Plan, ThreadExecutor, part_size_for
+from bridge.errors import BridgeError, IntegrityError, InvalidOption, ObjectNotFound, TransferFailed
+from bridge.hashing import crc32c, crc_hex
+from bridge.journal import FileJournal
+from bridge.progress import Progress
+from bridge.stores import get_store
+from bridge.stores.base import MiB, ObjectInfo
+from bridge.urls import Location, parse
+
+READ_SIZE = 8 * MiB
+DATA = "data"
+COUNTERS = ("hits", "misses", "waits", "fills", "bytes_filled", "fill_seconds", "evictions",
+            "bytes_evicted", "corrupted")
+
+
+class CacheFull(BridgeError):
+    """An object cannot fit: what is pinned or being filled leaves no room under the quota."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    url: str
+    size: int
+    last_used: float
+    meta: dict[str, Any]
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def entry_key(url: str, identity: dict[str, str]) -> str:
+    return _sha(json.dumps([url, sorted(identity.items())], separators=(",", ":")))
+
+
+def url_hash(url: str) -> str:
+    return _sha(url)[:32]
+
+
+def store_crc32c(info: ObjectInfo) -> str | None:
+    """The CRC32C the store vouches for: its own (S3 full-object, GCS), or the one bridge wrote
+    into the object's metadata when it uploaded it (Azure keeps none of its own)."""
+    return info.checksums.get("crc32c") or info.metadata.get("bridge_crc32c")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def file_hashes(path: Path, sha: bool = True) -> tuple[int, str, str]:
+    """(size, crc32c, sha256) of a local file, read in bounded chunks."""
+    value, digest, size = 0, hashlib.sha256() if sha else None, 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(READ_SIZE)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            value = crc32c(view[:n], value)
+            if digest:
+                digest.update(view[:n])
+            size += n
+    return size, crc_hex(value), digest.hexdigest() if digest else ""
+
+
+class Cache:
+    def __init__(self, settings: Settings, directory: str | os.PathLike | None = None):
+        self.settings = settings
+        self.conf = settings.cache
+        root = directory or self.conf.dir
+        if not root:
+            raise InvalidOption("no cache directory: set MCBRIDGE_CACHE_DIR or cache.dir in the settings file")
+        self.root = Path(root).expanduser().absolute()
+        for sub in ("objects", "fills", "locks", "pins"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+
+    # -- names ------------------------------------------------------------------------------
+    def data_path(self, key: str) -> Path:
+        return self.root / "objects" / key[:2] / key
+
+    def meta_path(self, key: str) -> Path:
+        return self.root / "objects" / key[:2] / f"{key}.json"
+
+    def lock_path(self, key: str) -> str:
+        return str(self.root / "locks" / f"{key}.lock")
+
+    def fill_dir(self, key: str) -> Path:
+        return self.root / "fills" / key
+
+    def pin_path(self, url: str) -> Path:
+        return self.root / "pins" / f"{url_hash(url)}.json"
+
+    # -- reading ------------------------------------------------------------------------------
+    def locate(self, url: str) -> tuple[Location, ObjectInfo, str]:
+        """The object behind ``url`` as its store describes it now, and its entry's key."""
+        loc = parse(url)
+        if loc.is_prefix:
+            raise InvalidOption(f"{url} names a prefix or directory; the cache holds single objects "
+                                f"(cache warm takes prefixes)")
+        store = get_store(loc, self.settings)
+        info = store.info(loc)
+        return loc, info, entry_key(str(loc), info.identity)
+
+    def fetch(self, url: str, progress: Progress | None = None) -> Path:
+        """The local path of ``url``'s current version, filled first if no entry holds it. When
+        another process (or node) is filling it, waits for that fill and takes its result."""
+        return self._get(url, progress)[0]
+
+    def _get(self, url: str, progress: Progress | None = None) -> tuple[Path, str, int]:
+        """(path, "hit" | "waited" | "filled", size)."""
+        loc, info, key = self.locate(url)
+        if self._hit(key):
+            self._count(hits=1)
+            return self.data_path(key), "hit", info.size
+        fd = locks.acquire(self.lock_path(key))
+        try:
+            if self._hit(key):
+                self._count(hits=1, waits=1)
+                return self.data_path(key), "waited", info.size
+            self._fill(key, loc, info, progress)
+            return self.data_path(key), "filled", info.size
+        finally:
+            locks.release(fd)
+
+    def _hit(self, key: str) -> bool:
+        if not self.data_path(key).exists():
+            return False
+        try:
+            os.utime(self.meta_path(key))   # the entry's last use, for LRU
+        except FileNotFoundError:
+            return False   # evicted between the two calls
+        return self.data_path(key).exists()
+
+    def open(self, url: str):
+        """An open binary file of ``url``'s bytes: once open, an eviction cannot take it away."""
+        for _ in range(3):
+            path = self.fetch(url)
+            try:
+                return open(path, "rb")
+            except FileNotFoundError:
+                continue   # evicted between fetch and open: fill again
+        raise BridgeError(f"{url}: evicted again and again before it could be opened; raise the cache quota")
+
+    # -- filling --------------------------------------------------------------------------
+    def _fill(self, key: str, loc: Location, info: ObjectInfo, progress: Progress | None) -> None:
+        """Called holding the entry's lock."""
+        started = time.monotonic()
+        work = self.fill_dir(key)
+        fresh = not work.exists()
+        self._reserve(key, info.size)
+        if fresh:
+            striping.stripe(str(work), info.size, self.conf)
+        local = get_store("file", self.settings)
+        plan = Plan(str(loc), str(work) + "/", str(loc),
+                    [FilePlan(DATA, info.size, part_size_for(info.size, local, self.settings.transfer.chunk_size),
+                              dict(info.identity))], key=f"cache-{key[:20]}")
+        journal = FileJournal(work / "journal.jsonl")
+        try:
+            if journal.get(f"file:{DATA}") and not (work / DATA).exists():
+                journal.clear()   # a filler killed while publishing: start over
+            progress = progress or Progress()
+            progress.plan(plan.bytes, plan.unit_count())
+            ctx = JobContext(plan, self.settings, journal, progress)
+            outcome = ThreadExecutor(self.settings.transfer.concurrency).run(ctx, plan.units(), None)
+            if not outcome.ok:
+                raise TransferFailed(f"filling the cache from {loc} failed: "
+                                     f"{outcome.errors[0] if outcome.errors else 'stopped'}")
+            done = journal.get(f"file:{DATA}")
+        finally:
+            journal.close()
+        try:
+            self._check(work / DATA, loc, info, done)
+        except IntegrityError:
+            shutil.rmtree(work, ignore_errors=True)   # wrong bytes are not worth resuming
+            raise
+        meta = {"url": str(loc), "identity": info.identity, "size": info.size, "crc32c": done["crc32c"],
+                "sha256": done.get("sha256", ""), "store_crc32c": store_crc32c(info),
+                "filled_at": time.time(), "fill_seconds": round(time.monotonic() - started, 3)}
+        self._publish(key, work, meta)
+        self._count(misses=1, fills=1, bytes_filled=info.size, fill_seconds=meta["fill_seconds"])
+
+    def _check(self, path: Path, loc: Location, info: ObjectInfo, done: dict | None) -> None:
+        if not done:
+            raise TransferFailed(f"filling the cache from {loc}: the copy finished without a record of its file")
+        size, on_disk, _ = file_hashes(path, sha=False)
+        if size != info.size:
+            raise IntegrityError(f"{loc}: {size} bytes cached, the store says {info.size}")
+        if on_disk != done["crc32c"]:
+            raise IntegrityError(f"{loc}: CRC32C {on_disk} on disk, {done['crc32c']} read from the store")
+        reported = store_crc32c(info)
+        if reported and reported != on_disk:
+            raise IntegrityError(f"{loc}: CRC32C {on_disk} read, the store reports {reported}")
+
+    def _publish(self, key: str, work: Path, meta: dict) -> None:
+        folder = self.data_path(key).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_atomic(self.meta_path(key), json.dumps(meta).encode())
+        (work / "journal.jsonl").unlink(missing_ok=True)   # a kill from here on starts the fill over
+        os.replace(work / DATA, self.data_path(key))
+        _fsync_dir(folder)
+        shutil.rmtree(work, ignore_errors=True)
+
+    # -- quota ------------------------------------------------------------------------------
+    def _reserve(self, key: str, size: int) -> None:
+        """Make room for ``size`` more bytes (called holding ``key``'s lock) and record them as
+        this fill's, so that fills running at once never count the same free space twice."""
+        work = self.fill_dir(key)
+        quota = self.conf.quota
+        if quota is None:
+            work.mkdir(parents=True, exist_ok=True)
+            (work / "reserve").write_text(str(size))
+            return
+        with locks.held(str(self.root / "quota.lock")):
+            entries = self.entries()
+            used = sum(e.size for e in entries) + self._filling(exclude=key)
+            if used + size > self.conf.high_watermark * quota:
+                target = self.conf.low_watermark * quota
+                used -= self._evict_lru(entries, used + size - target)
+            if used + size > quota:
+                raise CacheFull(f"cache full: {size} bytes do not fit under the quota of {quota} bytes; "
+                                f"{used} bytes are pinned, in use or being filled ({self.root})")
+            work.mkdir(parents=True, exist_ok=True)
+            (work / "reserve").write_text(str(size))
+
+    def _filling(self, exclude: str = "") -> int:
+        """Bytes reserved by fills at work; the directories of dead fillers are removed."""
+        total = 0
+        for work in (self.root / "fills").iterdir():
+            if work.name == exclude:
+                continue
+            fd = locks.acquire(self.lock_path(work.name), blocking=False)
+            if fd is not None:   # nobody fills it: a killed filler's, or a finished one's leftovers
+                try:
+                    shutil.rmtree(work, ignore_errors=True)
+                finally:
+                    locks.release(fd)
+                continue
+            try:
+                total += int((work / "reserve").read_text() or 0)
+            except (FileNotFoundError, ValueError):
+                pass   # being created right now: its filler waits for quota.lock, which we hold
+        return total
+
+    def _evict_lru(self, entries: list[Entry], wanted: float) -> int:
+        freed = 0
+        pinned = self.pinned()
+        for entry in sorted(entries, key=lambda e: e.last_used):
+            if freed >= wanted:
+                break
+            if url_hash(entry.url) in pinned:
+                continue
+            if self._remove(entry.key):
+                freed += entry.size
+                self._count(evictions=1, bytes_evicted=entry.size)
+        return freed
+
+    def _remove(self, key: str, *, wait: bool = False) -> bool:
+        """Remove an entry unless someone holds its lock (filling or verifying it)."""
+        lock = self.lock_path(key)
+        fd = locks.acquire(lock, blocking=wait)
+        if fd is None:
+            return False
+        try:
+            existed = self.data_path(key).exists()
+            self.data_path(key).unlink(missing_ok=True)
+            self.meta_path(key).unlink(missing_ok=True)
+            locks.remove_held(lock)
+            return existed
+        finally:
+            locks.release(fd)
+
+    # -- entries, pins ----------------------------------------------------------------------
+    def entries(self) -> list[Entry]:
+        out = []
+        for folder in (self.root / "objects").iterdir():
+            if not folder.is_dir():
+                continue
+            for meta_path in folder.glob("*.json"):
+                key = meta_path.name[:-len(".json")]
+                try:
+                    st = meta_path.stat()
+                    meta = json.loads(meta_path.read_text())
+                    if not self.data_path(key).exists():
+                        continue   # a meta whose data a killed publish never renamed: overwritten by the next fill
+                except (FileNotFoundError, ValueError):
+                    continue
+                out.append(Entry(key, meta["url"], int(meta["size"]), st.st_mtime, meta))
+        return out
+
+    def usage(self) -> int:
+        return sum(e.size for e in self.entries())
+
+    def pin(self, url: str, ttl: float | None = None) -> Path:
+        path = self.fetch(url)
+        canonical = str(parse(url))
+        until = time.time() + ttl if ttl else None
+        _write_atomic(self.pin_path(canonical), json.dumps({"url": canonical, "until": until}).encode())
+        return path
+
+    def unpin(self, url: str) -> bool:
+        path = self.pin_path(str(parse(url)))
+        existed = path.exists()
+        path.unlink(missing_ok=True)
+        return existed
+
+    def pins(self) -> dict[str, dict]:
+        """url hash -> pin record, for pins not expired (expired ones are removed)."""
+        out, now = {}, time.time()
+        for path in (self.root / "pins").glob("*.json"):
+            try:
+                rec = json.loads(path.read_text())
+            except (FileNotFoundError, ValueError):
+                continue
+            if rec.get("until") is not None and rec["until"] < now:
+                path.unlink(missing_ok=True)
+                continue
+            out[path.name[:-len(".json")]] = rec
+        return out
+
+    def pinned(self) -> set[str]:
+        return set(self.pins())
+
+    def evict(self, url: str | None = None) -> list[str]:
+        """Remove the entries of ``url`` (every version held), or every entry not pinned; an
+        entry being filled or verified right now stays."""
+        removed, pinned = [], self.pinned()
+        target = str(parse(url)) if url else None
+        with locks.held(str(self.root / "quota.lock")):
+            for entry in self.entries():
+                if target is not None and entry.url != target:
+                    continue
+                if target is None and url_hash(entry.url) in pinned:
+                    continue
+                if self._remove(entry.key):
+                    removed.append(entry.url)
+                    self._count(evictions=1, bytes_evicted=entry.size)
+        return removed
+
+    def verify(self) -> dict[str, Any]:
+        """Rehash every entry; remove (and name) those whose bytes no longer match."""
+        corrupted, checked = [], 0
+        for entry in self.entries():
+            fd = locks.acquire(self.lock_path(entry.key), blocking=False)
+            if fd is None:
+                continue   # being filled or evicted right now
+            try:
+                try:
+                    size, crc, sha = file_hashes(self.data_path(entry.key), sha=bool(entry.meta.get("sha256")))
+                except FileNotFoundError:
+                    continue
+                checked += 1
+                problem = None
+                if size != entry.size:
+                    problem = f"{size} bytes, expected {entry.size}"
+                elif crc != entry.meta["crc32c"]:
+                    problem = f"CRC32C {crc}, expected {entry.meta['crc32c']}"
+                elif entry.meta.get("sha256") and sha != entry.meta["sha256"]:
+                    problem = f"SHA-256 {sha}, expected {entry.meta['sha256']}"
+                if problem:
+                    self.data_path(entry.key).unlink(missing_ok=True)
+                    self.meta_path(entry.key).unlink(missing_ok=True)
+                    corrupted.append({"url": entry.url, "path": str(self.data_path(entry.key)), "problem": problem})
+            finally:
+                locks.release(fd)
+        if corrupted:
+            self._count(corrupted=len(corrupted))
+        return {"checked": checked, "corrupted": corrupted, "ok": not corrupted}
+
+    # -- metrics ---------------------------------------------------------------------------
+    def _count(self, **deltas: float) -> None:
+        path = self.root / "stats.json"
+        with locks.held(str(self.root / "stats.lock")):
+            stats = self._read_stats()
+            for name, value in deltas.items():
+                stats[name] = round(stats.get(name, 0) + value, 3)
+            _write_atomic(path, json.dumps(stats).encode())
+
+    def _read_stats(self) -> dict[str, float]:
+        try:
+            stats = json.loads((self.root / "stats.json").read_text())
+        except (FileNotFoundError, ValueError):
+            stats = {}
+        return {name: stats.get(name, 0) for name in COUNTERS}
+
+    def stat(self) -> dict[str, Any]:
+        entries = self.entries()
+        pins = self.pins()
+        used = sum(e.size for e in entries)
+        return {"dir": str(self.root), "entries": len(entries), "bytes": used, "quota": self.conf.quota,
+                "pinned": len([e for e in entries if url_hash(e.url) in pins]),
+                "filling": len(list((self.root / "fills").iterdir())),
+                "host": socket.gethostname(), **self._read_stats()}
+
+    # -- many objects --------------------------------------------------------------------------
+    def prefetch(self, urls: Iterable[str], lookahead: int | None = None) -> Iterator[tuple[str, Path]]:
+        """(url, local path) in the order given, each filled while the reader is at most
+        ``lookahead`` objects behind: what a data loader will ask for next is on its way."""
+        for url, (path, _outcome, _size) in self._window(urls, lookahead):
+            yield url, path
+
+    def _window(self, urls: Iterable[str], lookahead: int | None) -> Iterator[tuple[str, tuple[Path, str, int]]]:
+        ahead = lookahead or self.conf.lookahead
+        pending = iter(urls)
+        with ThreadPoolExecutor(ahead, thread_name_prefix="cache-prefetch") as pool:
+            window = []
+            for url in pending:
+                window.append((url, pool.submit(self._get, url)))
+                if len(window) >= ahead:
+                    break
+            try:
+                while window:
+                    url, fut = window.pop(0)
+                    nxt = next(pending, None)
+                    if nxt is not None:
+                        window.append((nxt, pool.submit(self._get, nxt)))
+                    yield url, fut.result()
+            finally:
+                for _, fut in window:
+                    fut.cancel()
+
+
+INDEX_SUFFIX = ".index.json"
+
+
+def targets(target: str, settings: Settings) -> list[str]:
+    """The object URLs a warm target stands for, in the order a reader takes them: one object;
+    every object under a prefix (trailing slash, or a name that is no object), by name; or the
+    shards of a shard set, given by its index (``<root>/<prefix>.index.json``), in index order."""
+    loc = parse(target)
+    store = get_store(loc, settings)
+    store.check_bucket(loc)
+    if not loc.is_prefix and loc.key.endswith(INDEX_SUFFIX):
+        from bridge.packing import index
+        root = Location(loc.scheme, loc.bucket, loc.key.rpartition("/")[0] + "/" if "/" in loc.key else "")
+        shard_set = index.read(store, root, loc.key[len(root.key):])
+        return [str(root.join(shard["name"])) for shard in shard_set.shards]
+    if not loc.is_prefix:
+        try:
+            store.info(loc)
+            return [str(loc)]
+        except ObjectNotFound:
+            loc = loc.as_prefix()
+    found = sorted(str(info.location) for _rel, info in store.walk(loc))
+    if not found:
+        raise ObjectNotFound(f"{target}: no such object, prefix or shard-set index")
+    return found
+
+
+def warm(items: Iterable[str], settings: Settings, lookahead: int | None = None,
+         cache: Cache | None = None) -> dict[str, Any]:
+    """Fill the cache with every object the targets stand for, in order with bounded lookahead."""
+    cache = cache or Cache(settings)
+    urls = [url for item in items for url in targets(item, settings)]
+    tally = {"hit": 0, "waited": 0, "filled": 0}
+    nbytes, filled = 0, 0
+    for _url, (_path, outcome, size) in cache._window(urls, lookahead):
+        tally[outcome] += 1
+        nbytes += size
+        filled += size if outcome == "filled" else 0
+    return {"dir": str(cache.root), "objects": len(urls), "bytes": nbytes, "hits": tally["hit"] + tally["waited"],
+            "misses": tally["filled"], "bytes_filled": filled}
