@@ -11,7 +11,8 @@ SharedKey signature covers headers) and answers with the emulator's response, ex
 Decisions come from ``random.Random(seed)`` drawn in the order requests arrive, so a run with the
 same seed injects the same sequence of faults (which request receives which one depends on the
 client's concurrency). ``rules`` act before the random faults, to aim at one request ("cut the
-first answer to a multipart completion"). ``counts`` says what was done.
+first answer to a multipart completion"). ``counts`` says what was done; ``sent`` counts the
+body bytes answered per "METHOD path" (query left out), e.g. to prove an object was read once.
 
 The proxy runs on its own event loop in a daemon thread of the test process.
 """
@@ -56,6 +57,7 @@ class FaultProxy:
         self.port = _free_port()
         self.rules: list[Rule] = []
         self.counts: Counter[str] = Counter()
+        self.sent: Counter[str] = Counter()
         self.log: list[tuple[str, str]] = []   # (request line, what was done)
         self._lock = threading.Lock()
         self.configure(error_rate=error_rate, cut_rate=cut_rate, seed=seed)
@@ -76,6 +78,7 @@ class FaultProxy:
             self._rng = random.Random(seed)
             self.rules = list(rules or [])
             self.counts = Counter()
+            self.sent = Counter()
             self.log = []
 
     @property
@@ -149,6 +152,8 @@ class FaultProxy:
             payload = await upstream.read()
             status = upstream.status
             out_headers = [(k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP]
+        with self._lock:
+            self.sent[f"{request.method} {request.path}"] += len(payload) // 2 if action == "cut" else len(payload)
         if action == "cut":
             return await self._cut(request, status, out_headers, payload)
         response = web.Response(status=status, body=payload)
