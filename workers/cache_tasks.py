@@ -41,7 +41,8 @@ def submit_warm(node: str, items: list[str], *, profile: str | None = None, look
     from bridge.errors import BridgeError
     from bridge.urls import parse
     from workers.app import configure
-    from workers.commands import _connect, _consumed, _ws, err
+    from bridge.cli.options import err
+    from workers.commands import _connect, _consumed, _ws
     from workers.keys import Keys
     for item in items:
         parse(item)   # a bad URL is refused here, before anything is queued
