@@ -213,3 +213,55 @@ def test_abandoned_uploads_are_listed_and_aborted(scheme, make_root, emulator_en
     assert [r["object"] for r in json.loads(listed.stdout)] == [str(loc)]
     assert mcbridge("uploads", root, "--abort", env=emulator_env, state_dir=tmp_path).returncode == 0
     assert list(store.list_uploads(parse(root))) == []
+
+
+def test_local_files_are_durable_before_the_journal_and_the_manifest_name_them(tmp_path, monkeypatch):
+    """Whole files written to a local destination skip their own fsyncs and are settled in
+    batches: each is settled before it is journaled, all before the manifest is written, and a
+    failed settle journals nothing and leaves no manifest."""
+    from bridge import engine, ops
+    from bridge.errors import BridgeError, TransferFailed
+    from bridge.stores.local import LocalStore
+
+    src = tmp_path / "src"
+    for i in range(7):
+        (src / f"d{i % 2}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 2}" / f"f{i}.bin").write_bytes(os.urandom(1000 + i))
+    # One unit at a time, so that the batches are 3, 3 and the last 1.
+    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state")}, concurrency=1)
+    events: list[tuple[str, object]] = []
+    settle, write = LocalStore.settle, manifests.write
+
+    def settling(self, locations):
+        locations = list(locations)
+        settle(self, locations)
+        events.append(("settled", sorted(loc.name for loc in locations)))
+
+    monkeypatch.setattr(engine, "SETTLE_FILES", 3)
+    monkeypatch.setattr(LocalStore, "settle", settling)
+    monkeypatch.setattr(manifests, "write", lambda *a, **k: (events.append(("manifest", None)), write(*a, **k))[1])
+    from bridge.journal import FileJournal
+    put = FileJournal.put
+    monkeypatch.setattr(FileJournal, "put", lambda self, key, value: (
+        events.append(("journal", key.rpartition("/")[2])) if key.startswith("file:") else None, put(self, key, value))[1])
+    ops.copy(f"{src}/", f"{tmp_path}/out/", settings)
+    settled: set[str] = set()
+    for kind, what in events:
+        if kind == "settled":
+            settled |= set(what)
+        elif kind == "journal":
+            assert what in settled, f"{what} journaled before it was settled"
+        else:
+            assert settled == {f"f{i}.bin" for i in range(7)}
+    assert [kind for kind, _ in events].count("manifest") == 1 and events[-1][0] == "manifest"
+    assert [len(what) for kind, what in events if kind == "settled"] == [3, 3, 1]
+
+    def failing(self, locations):
+        raise BridgeError("settle failed: I/O error")
+
+    monkeypatch.setattr(LocalStore, "settle", failing)
+    events.clear()
+    with pytest.raises(TransferFailed, match="settle failed"):
+        ops.copy(f"{src}/", f"{tmp_path}/out2/", settings)
+    assert not any(kind in ("journal", "manifest") for kind, _ in events)
+    assert not (tmp_path / "out2" / "_bridge" / "manifest.json").exists()

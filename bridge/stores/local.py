@@ -4,7 +4,9 @@ finished part in a sidecar so that a killed copy can continue."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -21,9 +23,11 @@ from bridge.names import PARTIAL, TEMPORARY, check_local_path
 from bridge.stores.base import GiB, Features, ObjectInfo, PartRecord, Store
 from bridge.urls import Location
 
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 OLD_TEMP_AGE = 3600   # seconds: a temporary named without its writer is stale after this
 
 
+@functools.cache
 def _host() -> str:
     return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
@@ -31,7 +35,7 @@ def _host() -> str:
 def _temporary(path: str) -> str:
     """``path`` + TEMPORARY + writer pid . host . random: a later run tells a dead writer's
     leftovers (a killed run: removed) from a live one's (a concurrent run: kept)."""
-    return f"{path}{TEMPORARY}{os.getpid()}.{_host()}.{uuid.uuid4().hex[:8]}"
+    return f"{path}{TEMPORARY}{os.getpid()}.{_host()}.{os.urandom(4).hex()}"
 
 
 def _stale(dirpath: str, name: str) -> bool:
@@ -77,6 +81,7 @@ class LocalStore(Store):
 
     def __init__(self, settings: Settings):
         self.settings = settings
+        self._folders: set[str] = set()   # made (or found) by this store: no makedirs per file
 
     def list(self, prefix: Location) -> Iterator[ObjectInfo]:
         root = prefix.local_path
@@ -106,23 +111,62 @@ class LocalStore(Store):
             f.seek(offset)
             return f.read() if length is None else f.read(length)
 
-    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
+    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str],
+            durable: bool = True) -> ObjectInfo:
+        """Write through a temporary name renamed into place. ``durable=False`` leaves the
+        fsyncs of the file and of its folder to a later ``settle`` covering many files (one
+        syncfs instead of two fsyncs each): the caller must settle before it records the file
+        as written or commits anything naming it."""
         path = loc.local_path
         check_local_path(path)
         tmp = _temporary(path)
+        folder = os.path.dirname(path)
         with _translate(loc):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if folder not in self._folders:
+                os.makedirs(folder, exist_ok=True)
+                self._folders.add(folder)
             try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+                try:
+                    fd = os.open(tmp, _CREATE, 0o666)
+                except FileNotFoundError:   # removed since this store made it
+                    os.makedirs(folder, exist_ok=True)
+                    fd = os.open(tmp, _CREATE, 0o666)
+                try:
+                    view, pos = memoryview(data), 0
+                    while pos < len(view):
+                        pos += os.write(fd, view[pos:])
+                    if durable:
+                        os.fsync(fd)  # the bytes are on disk before the name points at them
+                finally:
+                    os.close(fd)
                 os.replace(tmp, path)
             except BaseException:
                 _unlink_quietly(tmp)
                 raise
-            _fsync_dir(os.path.dirname(path))  # and the rename itself survives a power loss
+            if durable:
+                _fsync_dir(folder)  # and the rename itself survives a power loss
             return ObjectInfo(loc, len(data), identity=_identity(os.stat(path)))
+
+    def settle(self, locations: Iterable[Location]) -> None:
+        """Make files written with ``put(durable=False)`` durable, names included: one syncfs per
+        filesystem they are on where the system has it (Linux), else an fsync of each file and
+        of each folder."""
+        paths = [loc.local_path for loc in locations]
+        if not paths:
+            return
+        folders = {os.path.dirname(p) or "." for p in paths}
+        with _translate(Location("file", "", next(iter(folders)).lstrip("/") + "/")):
+            if _SYNCFS is not None:
+                devices: dict[int, str] = {}
+                for folder in folders:
+                    devices.setdefault(os.stat(folder).st_dev, folder)
+                for folder in devices.values():
+                    _syncfs(folder)
+                return
+            for p in paths:
+                _fsync_path(p, os.O_RDONLY)
+            for folder in folders:
+                _fsync_dir(folder)
 
     def delete(self, loc: Location) -> None:
         check_local_path(loc.local_path)
@@ -226,9 +270,37 @@ class LocalStore(Store):
 
 
 def _fsync_dir(path: str) -> None:
-    fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY)
+    _fsync_path(path or ".", os.O_RDONLY | os.O_DIRECTORY)
+
+
+def _fsync_path(path: str, flags: int) -> None:
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _load_syncfs():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    return fn
+
+
+_SYNCFS = _load_syncfs()
+
+
+def _syncfs(folder: str) -> None:
+    """syncfs(2): every dirty page and name of the filesystem holding ``folder``, to disk; since
+    Linux 5.8 it reports a writeback error any file there met."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _SYNCFS(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), folder)
     finally:
         os.close(fd)
 

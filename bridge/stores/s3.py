@@ -11,6 +11,7 @@ import errno
 import http.client
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, ClockSkewed, CredentialsMissing, EndpointUnreachable,
@@ -144,6 +145,9 @@ class S3Store(Store):
         return self._request(loc, send, recovered)
 
     def list(self, prefix: Location) -> Iterator[ObjectInfo]:
+        if self._direct is not None:
+            yield from self._direct_list(prefix)
+            return
         token = None
         while True:
             kw = {"Bucket": prefix.bucket, "Prefix": prefix.key}
@@ -155,6 +159,18 @@ class S3Store(Store):
                                  identity=_identity(item))
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
+                return
+
+    def _direct_list(self, prefix: Location) -> Iterator[ObjectInfo]:
+        token = None
+        while True:
+            page, token = self._request(prefix, lambda: self._direct.list_page(prefix, token, _from_code))
+            for item in page:
+                modified = item["LastModified"]
+                item["LastModified"] = datetime.fromisoformat(modified) if modified else None
+                yield ObjectInfo(Location("s3", prefix.bucket, item["Key"]), int(item["Size"]),
+                                 identity=_identity(item))
+            if token is None:
                 return
 
     def info(self, loc: Location) -> ObjectInfo:
@@ -197,7 +213,10 @@ class S3Store(Store):
 
     def check_bucket(self, loc: Location) -> None:
         try:
-            self._call(loc, "head_bucket", Bucket=loc.bucket)
+            if self._direct is not None:
+                self._request(loc, lambda: self._direct.head_bucket(loc, _from_code))
+            else:
+                self._call(loc, "head_bucket", Bucket=loc.bucket)
         except ObjectNotFound as exc:
             raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
 
