@@ -25,6 +25,7 @@ from typing import Any
 from bridge import manifest as manifests
 from bridge import names
 from bridge import retry
+from bridge import routes
 from bridge.config import Settings
 from bridge.errors import (AuthError, BridgeError, BucketNotFound, IntegrityError, InvalidOption,
                            ObjectNotFound)
@@ -69,6 +70,8 @@ class Plan:
     files: list[FilePlan] = field(default_factory=list)
     deletions: list[str] = field(default_factory=list)
     key: str = ""
+    route: str = "direct"  # bridge.routes: how the files' bytes go, and why
+    route_why: str = ""
 
     @property
     def bytes(self) -> int:
@@ -76,9 +79,16 @@ class Plan:
 
     def units(self) -> Iterator[dict[str, Any]]:
         """The units that can start at once; ``complete`` and ``finalize`` follow from results."""
+        if self.route != "direct":
+            yield from routes.get(self.route).units(self)
+            return
         for rel in self.deletions:
             yield {"op": "delete", "rel": rel}
-        for f in self.files:
+        yield from self.direct_units(self.files)
+
+    def direct_units(self, files: list[FilePlan]) -> Iterator[dict[str, Any]]:
+        """The units that copy ``files`` through this process: one put, or parts."""
+        for f in files:
             if f.part_size:
                 for n in range(1, f.parts + 1):
                     yield {"op": "part", "rel": f.rel, "size": f.size, "part_size": f.part_size, "number": n}
@@ -86,6 +96,8 @@ class Plan:
                 yield {"op": "put", "rel": f.rel, "size": f.size}
 
     def unit_count(self) -> int:
+        if self.route != "direct":
+            return routes.get(self.route).unit_count(self)
         return sum(f.parts + (1 if f.part_size else 0) for f in self.files) + len(self.deletions) + 1
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,7 +106,8 @@ class Plan:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         return cls(d["source"], d["destination"], d["single"], [FilePlan(**f) for f in d["files"]],
-                   list(d.get("deletions", [])), d.get("key", ""))
+                   list(d.get("deletions", [])), d.get("key", ""), d.get("route", "direct"),
+                   d.get("route_why", ""))
 
 
 def part_size_for(size: int, store: Store, requested: int | None) -> int:
@@ -207,6 +220,8 @@ class JobContext:
         self._unsettled: list[tuple[Location, str, dict]] = []
         self._unsettled_bytes = 0
         self._settling = threading.Lock()
+        self.fallbacks: dict[str, str] = {}      # file -> why its route could not carry it
+        self.route_down: str | None = None       # why the job's route is not tried again
 
     def matches(self, rec: dict | None, unit: dict) -> bool:
         """Whether a journaled record was made for this version of the unit's source file."""
@@ -399,6 +414,34 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     return entry
 
 
+def _route(ctx: JobContext, unit: dict) -> dict:
+    """Files carried by the plan's route (bridge/routes); those it cannot carry go direct."""
+    todo = []
+    for rel in unit["files"]:
+        f = ctx._files[rel]
+        if ctx.matches(ctx.journal.get(f"file:{rel}"), {"rel": rel, "size": f.size}):
+            ctx.progress.skipped(f.size)
+        else:
+            todo.append(f)
+    fallen = {}
+    results = iter(()) if ctx.route_down else routes.get(ctx.plan.route).run(ctx, todo)
+    for rel, result in results:
+        if isinstance(result, routes.Fallback):
+            fallen[rel] = str(result)
+            if result.job_wide:
+                ctx.route_down = str(result)
+            continue
+        ctx.journal.put(f"file:{rel}", ctx.journaled(rel, asdict(result)))
+        ctx.progress.file_finished()
+    for f in todo:
+        if f.rel not in fallen and ctx.route_down and not ctx.matches(ctx.journal.get(f"file:{f.rel}"),
+                                                                      {"rel": f.rel, "size": f.size}):
+            fallen[f.rel] = ctx.route_down
+    with ctx._lock:
+        ctx.fallbacks.update(fallen)
+    return {"route": ctx.plan.route, "fallback": sorted(fallen)}
+
+
 def _delete(ctx: JobContext, unit: dict) -> dict:
     try:
         ctx.dst.delete(ctx.dst_loc(unit["rel"]))
@@ -438,6 +481,7 @@ def _finalize(ctx: JobContext, unit: dict) -> dict:
 
 OPS: dict[str, Callable[[JobContext, dict], dict]] = {
     "put": _put, "part": _part, "complete": _complete, "delete": _delete, "finalize": _finalize,
+    "route": _route,
 }
 
 
@@ -450,6 +494,12 @@ def followups(ctx: JobContext, unit: dict) -> list[dict]:
     """Units that become ready when ``unit`` has succeeded."""
     if unit["op"] == "part" and ctx.parts_finished(unit["rel"]):
         return [{"op": "complete", "rel": unit["rel"], "size": unit["size"], "part_size": unit["part_size"]}]
+    if unit["op"] == "route":
+        with ctx._lock:
+            fallen = [ctx._files[rel] for rel in unit["files"] if rel in ctx.fallbacks]
+        units = list(ctx.plan.direct_units(fallen))
+        ctx.progress.plan(0, len(units) + sum(1 for f in fallen if f.part_size))
+        return units
     return []
 
 

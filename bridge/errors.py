@@ -19,6 +19,7 @@
      ├── UnsafeName                 a name the destination cannot hold as written, or one that would
      │    │                         land outside it (.., absolute, empty segment, NUL, a backslash to Azure)
      │    └── UnsafeMember          a shard member that must not be unpacked (absolute, .., link)
+     ├── Unsupported                the store answers that it does not do this (501, NotImplemented)
      ├── OverBudget                 a job's estimate is above its --max-cost (refused before it runs)
      ├── RouteUnavailable           a route cannot serve this job (pair, names, missing settings);
      │                              found before any request, so another route can take the job
@@ -35,6 +36,10 @@ from __future__ import annotations
 
 class BridgeError(Exception):
     exit_code = 1
+
+
+class Unsupported(BridgeError):
+    """The store (or emulator) answered that it does not implement the request."""
 
 
 class UsageError(BridgeError):

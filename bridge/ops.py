@@ -12,6 +12,7 @@ import gc
 from bridge import bwlimit
 from bridge import manifest as manifests
 from bridge import check
+from bridge import routes
 from bridge.check import mismatch, reported_crc32c
 from bridge.hashing import rehash
 from bridge.engine import (FilePlan, JobContext, Plan, ThreadExecutor, check_chunk_size, check_route,
@@ -41,7 +42,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     return {"source": plan.source, "destination": plan.destination, "files": len(plan.files),
             "bytes": plan.bytes, "units": plan.unit_count(),
             "multipart_files": sum(1 for f in plan.files if f.part_size),
-            "deletions": len(plan.deletions),
+            "deletions": len(plan.deletions), "route": {"name": plan.route, "why": plan.route_why},
             "plan": [{"path": f.rel, "size": f.size, "parts": f.parts if f.part_size else 1,
                       "part_size": f.part_size} for f in plan.files]}
 
@@ -59,7 +60,8 @@ def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
     outcome = ThreadExecutor(settings.transfer.concurrency).run(
         ctx, plan.units(), {"op": "finalize", **(final_extra or {})})
     summary = {"source": plan.source, "destination": plan.destination, "files": len(plan.files),
-               "bytes": plan.bytes, "ok": outcome.ok, "errors": outcome.errors, **progress.snapshot()}
+               "bytes": plan.bytes, "ok": outcome.ok, "errors": outcome.errors, **progress.snapshot(),
+               "route": routes.report(plan, ctx.fallbacks, progress.bytes_through)}
     if not outcome.ok:
         journal.close()
         first = outcome.errors[0] if outcome.errors else "stopped"
@@ -81,8 +83,8 @@ def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what:
 
 def copy(source: str, destination: str, settings: Settings, *, chunk_size: int | None = None,
          progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False,
-         max_cost: float | None = None) -> dict:
-    plan = plan_copy(source, destination, settings, chunk_size)
+         max_cost: float | None = None, route: str | None = None) -> dict:
+    plan = routes.choose(plan_copy(source, destination, settings, chunk_size), settings, route)
     _within_budget(plan, settings, max_cost, "copy")
     if dry_run:
         return {"dry_run": True, **plan_summary(plan)}
@@ -190,8 +192,9 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
 
 def sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
          chunk_size: int | None = None, progress: Progress | None = None, state_dir: Path | None = None,
-         dry_run: bool = False, max_cost: float | None = None) -> dict[str, Any]:
+         dry_run: bool = False, max_cost: float | None = None, route: str | None = None) -> dict[str, Any]:
     plan, reasons = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size)
+    routes.choose(plan, settings, route)
     _within_budget(plan, settings, max_cost, "sync")
     counts = {k: len(v) for k, v in reasons.items()}
     if dry_run:

@@ -18,6 +18,7 @@ class Progress:
     bytes_total: int = 0
     bytes_done: int = 0
     bytes_skipped: int = 0
+    bytes_through: int = 0   # data bytes that passed through this process (not those a store copied)
     units_total: int = 0
     units_done: int = 0
     units_failed: int = 0
@@ -43,9 +44,12 @@ class Progress:
         if self.limiter is not None:
             self.limiter.take(nbytes)
 
-    def moved(self, nbytes: int) -> None:
+    def moved(self, nbytes: int, through: int | None = None) -> None:
+        """``nbytes`` more are at the destination; ``through`` of them (all, unless a route had
+        the stores move them) passed through this process."""
         with self._lock:
             self.bytes_done += nbytes
+            self.bytes_through += nbytes if through is None else through
         self._changed()
 
     def skipped(self, nbytes: int) -> None:
@@ -82,7 +86,8 @@ class Progress:
 
     def snapshot(self) -> dict:
         return {"bytes_total": self.bytes_total, "bytes_done": self.bytes_done,
-                "bytes_skipped": self.bytes_skipped, "units_total": self.units_total,
+                "bytes_skipped": self.bytes_skipped, "bytes_through": self.bytes_through,
+                "units_total": self.units_total,
                 "units_done": self.units_done, "units_failed": self.units_failed,
                 "files_done": self.files_done, "retries": self.retries,
                 "elapsed_s": round(self.elapsed, 3), "rate_bytes_per_s": round(self.rate)}

@@ -11,7 +11,8 @@ SharedKey signature covers headers) and answers with the emulator's response, ex
 Decisions come from ``random.Random(seed)`` drawn in the order requests arrive, so a run with the
 same seed injects the same sequence of faults (which request receives which one depends on the
 client's concurrency). ``rules`` act before the random faults, to aim at one request ("cut the
-first answer to a multipart completion"). ``counts`` says what was done; ``sent`` counts the
+first answer to a multipart completion"). ``counts`` says what was done (with ``bytes_up`` and ``bytes_down``, the request and
+response body bytes); ``sent`` counts the
 body bytes answered per "METHOD path" (query left out), e.g. to prove an object was read once.
 
 The proxy runs on its own event loop in a daemon thread of the test process.
@@ -139,6 +140,8 @@ class FaultProxy:
         body = await request.read()
         line = f"{request.method} {request.rel_url}"
         action, rule = self._decide(line)
+        with self._lock:
+            self.counts["bytes_up"] += len(body)
         if action == "error":
             return web.Response(status=503, body=b"")
         if action == "reply":
@@ -151,6 +154,8 @@ class FaultProxy:
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type")) as upstream:
             payload = await upstream.read()
             status = upstream.status
+            with self._lock:
+                self.counts["bytes_down"] += len(payload)
             out_headers = [(k, v) for k, v in upstream.headers.items() if k.lower() not in _HOP]
         with self._lock:
             self.sent[f"{request.method} {request.path}"] += len(payload) // 2 if action == "cut" else len(payload)

@@ -75,6 +75,16 @@ JsonOpt = json_opt()
 DryOpt = dry_run_opt()
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 MaxCostOpt = max_cost_opt()
+
+
+def route_opt():
+    return Annotated[Optional[str], typer.Option(
+        "--route", help="How the bytes go: direct (through this process), server (the store copies inside "
+        "one account), from-url (Azure pulls from a signed URL of S3 or GCS), or a native route. "
+        "Default: chosen for the pair (see README, Routes).")]
+
+
+RouteOpt = route_opt()
 DeleteOpt = Annotated[bool, typer.Option("--delete", help="Remove from DST what SRC no longer has.")]
 
 
@@ -128,6 +138,16 @@ class ProgressBar:
     def __exit__(self, *exc) -> None:
         if self.enabled:
             self.bar.stop()
+
+
+def route_line(summary: dict) -> str:
+    """", by server (0 B through bridge; 2 files direct: ...)" for a job that took a route."""
+    route = summary.get("route") or {}
+    if route.get("name", "direct") == "direct":
+        return ""
+    fell = route.get("fallbacks") or {}
+    tail = f"; {len(fell)} files direct: {next(iter(fell.values()))}" if fell else ""
+    return f", by {route['name']} ({human_bytes(route['bytes_through_bridge'])} through bridge{tail})"
 
 
 def emit(summary: dict, as_json: bool, line: str) -> None:

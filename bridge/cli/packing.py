@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, MaxCostOpt,
+from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, MaxCostOpt, RouteOpt, route_line,
                                 ProfileOpt, ProgressBar, QuietOpt, StoreSumOpt, emit, out, print_plan,
                                 settings_from_flags)
 from bridge.config import parse_size
@@ -78,8 +78,8 @@ def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSi
             memory: MemoryOpt = "1GiB", concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
             store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
             dry_run: DryOpt = False, as_json: JsonOpt = False,
-            quiet: QuietOpt = False, max_cost: MaxCostOpt = None, profile: ProfileOpt = None,
-            config: ConfigOpt = None) -> None:
+            quiet: QuietOpt = False, max_cost: MaxCostOpt = None, route: RouteOpt = None,
+            profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Move a corpus from SRC to DST in one pass, packing it into shards with --pack; the
     destination gets its index and _bridge/manifest.json."""
     if pack_format:
@@ -90,13 +90,14 @@ def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSi
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
                                    bwlimit_file=bwlimit_file)
     if dry_run:
-        print_plan(ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True), as_json)
+        print_plan(ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True,
+                            route=route), as_json)
         return
     with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress,
-                           max_cost=max_cost)
+                           max_cost=max_cost, route=route)
     emit(summary, as_json, f"migrated {summary['files']} files, {human_bytes(summary['bytes'])} in "
-          f"{summary['elapsed_s']:.1f}s; manifest {summary['manifest']}")
+          f"{summary['elapsed_s']:.1f}s{route_line(summary)}; manifest {summary['manifest']}")
 
 
 def unpack(src: str, dst: str, prefix: SetPrefixOpt = None, concurrency: ConcOpt = None,

@@ -10,7 +10,8 @@ import typer
 
 from bridge import __version__
 from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DeleteOpt, DryOpt,
-                                JsonOpt, MaxCostOpt, ProfileOpt, ProgressBar, QuietOpt, StoreSumOpt, emit, out,
+                                JsonOpt, MaxCostOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, StoreSumOpt, emit, out,
+                                route_line,
                                 print_plan, settings_from_flags)
 from bridge.progress import human_bytes
 
@@ -29,20 +30,22 @@ def ls(url: str, profile: ProfileOpt = None, config: ConfigOpt = None, as_json: 
 def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
        store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
        dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
-       max_cost: MaxCostOpt = None, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+       max_cost: MaxCostOpt = None, route: RouteOpt = None, profile: ProfileOpt = None,
+       config: ConfigOpt = None) -> None:
     """Copy SRC to DST: one object, or every object under a directory or prefix (trailing slash)."""
     from bridge import ops
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
                                    bwlimit_file=bwlimit_file)
     if dry_run:
-        summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True)
+        summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True,
+                           route=route)
         print_plan(summary, as_json)
         return
     with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress,
-                           max_cost=max_cost)
+                           max_cost=max_cost, route=route)
     emit(summary, as_json, f"copied {summary['files']} files, {human_bytes(summary['bytes'])} in "
-          f"{summary['elapsed_s']:.1f}s ({human_bytes(summary['rate_bytes_per_s'])}/s); "
+          f"{summary['elapsed_s']:.1f}s ({human_bytes(summary['rate_bytes_per_s'])}/s){route_line(summary)}; "
           f"manifest {summary['manifest']}")
 
 
@@ -50,7 +53,8 @@ def sync(src: str, dst: str, delete: DeleteOpt = False,
          concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
          bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
          dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
-         max_cost: MaxCostOpt = None, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+         max_cost: MaxCostOpt = None, route: RouteOpt = None, profile: ProfileOpt = None,
+         config: ConfigOpt = None) -> None:
     """Make DST equal to SRC: send what is new or changed (by size and checksum, not time), repair
     what no longer matches the manifest, and with --delete remove what SRC no longer has."""
     from bridge import ops
@@ -58,16 +62,17 @@ def sync(src: str, dst: str, delete: DeleteOpt = False,
                                    bwlimit_file=bwlimit_file)
     if dry_run:
         summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
-                           dry_run=True)
+                           dry_run=True, route=route)
         print_plan(summary, as_json)
         return
     with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
         summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
-                           progress=progress, max_cost=max_cost)
+                           progress=progress, max_cost=max_cost, route=route)
     r = summary["reasons"]
     emit(summary, as_json, f"sent {len(summary['sent'])} files ({r['new']} new, {r['changed']} changed, "
           f"{r['repaired']} repaired), {r['unchanged']} unchanged, deleted {len(summary['deleted'])}; "
-          f"{human_bytes(summary['bytes'])} in {summary['elapsed_s']:.1f}s; manifest {summary['manifest']}")
+          f"{human_bytes(summary['bytes'])} in {summary['elapsed_s']:.1f}s{route_line(summary)}; "
+          f"manifest {summary['manifest']}")
 
 
 def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read and rehash every object "

@@ -1,8 +1,18 @@
 """The store interface: a few required methods, and what a store can do beyond them declared as data.
 
 A store is bound to one provider account (one Settings). Its required methods list, describe, read,
-write and delete objects; multipart uploads are an ability (``Features.multipart``) with a fixed
-set of methods, so the engine plans parts the same way for every provider.
+write and delete objects. Everything else is an ability: a fixed set of methods (``ABILITIES``)
+that a store has when its class implements them, and only then. ``Features`` says which a store
+has, derived from its class when it is defined and never set by hand, so that the engine,
+bridge/routes and policies/ can read it and the shared store suite (tests/stores) runs every
+declared ability against each store:
+
+    multipart         begin_upload, upload_part, list_parts, complete_upload, abort_upload
+    server_side_copy  copy_object: a whole object inside one account, bytes never leaving the store
+    part_copy         copy_part: a range of an object of this account into an upload's part
+    copy_from_url     upload_part_from_url: a part pulled by the store from a (signed) URL
+    signed_urls       signed_url: a time-limited GET URL that needs no other credentials
+    bucket_location   bucket_region: where the bucket lives, as the provider names it
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ import abc
 import base64
 import io
 from collections.abc import Iterable, Iterator
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -57,19 +68,43 @@ class BufferReader(io.RawIOBase):
         return len(self._view)
 
 
+ABILITIES: dict[str, tuple[str, ...]] = {
+    "multipart": ("begin_upload", "upload_part", "list_parts", "complete_upload", "abort_upload"),
+    "server_side_copy": ("copy_object",),
+    "part_copy": ("copy_part",),
+    "copy_from_url": ("upload_part_from_url",),
+    "signed_urls": ("signed_url",),
+    "bucket_location": ("bucket_region",),
+}
+
+
 @dataclass(frozen=True)
 class Features:
-    """What a store can do besides the required methods; read by the engine and by policies/."""
+    """What a store can do besides the required methods; read by the engine and by policies/.
+    A store class declares the limits and checksums; the ability flags are derived (ABILITIES)."""
 
     checksums: frozenset[str] = frozenset()  # whole-object hashes the store reports itself
-    multipart: bool = False                 # begin/upload_part/list_parts/complete/abort work
     min_part_size: int = 1
     max_part_size: int = 5 * GiB
     max_parts: int = 10_000
     max_object_size: int = 5 * 1024 * GiB
-    server_side_copy: bool = False          # copy inside the same store without moving bytes through us
-    copy_from_url: bool = False             # pull an object from a URL (presigned GET) into this store
-    compose: bool = False                   # concatenate existing objects server-side
+    max_copy_size: int = 5 * GiB            # copy_object in one request; above it, in parts
+    multipart: bool = False
+    server_side_copy: bool = False
+    part_copy: bool = False
+    copy_from_url: bool = False
+    signed_urls: bool = False
+    bucket_location: bool = False
+
+    def abilities(self) -> list[str]:
+        return [name for name in ABILITIES if getattr(self, name)]
+
+
+def derived_features(cls: type) -> Features:
+    """``cls.features`` with each ability flag set to whether ``cls`` implements its methods."""
+    has = {name: all(getattr(cls, m) is not getattr(Store, m) for m in methods)
+           for name, methods in ABILITIES.items()}
+    return dataclasses.replace(cls.features, **has)
 
 
 @dataclass(frozen=True)
@@ -134,9 +169,13 @@ def is_reserved(rel: str) -> bool:
 
 class Store(abc.ABC):
     scheme: ClassVar[str]
-    features: ClassVar[Features]
+    features: ClassVar[Features] = Features()
     # True where writing an object discards any unfinished upload to its name (Azure).
     commit_discards_uploads: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.features = derived_features(cls)
 
     # -- required -------------------------------------------------------------------------
     @abc.abstractmethod
@@ -165,7 +204,8 @@ class Store(abc.ABC):
     def check_bucket(self, loc: Location) -> None:
         """Raise BucketNotFound unless the bucket/container (or local parent) exists."""
 
-    # -- multipart ability (Features.multipart) -----------------------------------------------
+    # -- abilities: a store has one when its class implements the methods (see ABILITIES) ------
+    # -- multipart -------------------------------------------------------------------------
     def begin_upload(self, loc: Location, size: int) -> str:
         raise NotImplementedError
 
@@ -178,7 +218,10 @@ class Store(abc.ABC):
         raise NotImplementedError
 
     def complete_upload(self, loc: Location, upload_id: str, parts: list[PartRecord], *,
-                        crc32c: str, metadata: dict[str, str]) -> None:
+                        crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
+        """Make the object from its parts. Returns what the store reports of the object it made
+        (the whole-object checksums it keeps, its identity); the engine decides whether that
+        proves the object intact (``--store-checksums``)."""
         raise NotImplementedError
 
     def abort_upload(self, loc: Location, upload_id: str) -> None:
@@ -193,9 +236,36 @@ class Store(abc.ABC):
         temporaries); object stores write nothing visible before an object is whole."""
         return 0
 
+    # -- server_side_copy, part_copy -------------------------------------------------------
+    def copy_object(self, src: Location, dst: Location, *, size: int) -> ObjectInfo:
+        """Copy ``src`` (``size`` bytes) to ``dst``, both in this store account, without the
+        bytes leaving the store; metadata goes with it. Returns what the store reports of the
+        copy, as ``put`` does (no second request)."""
+        raise NotImplementedError
+
+    def copy_part(self, loc: Location, upload_id: str, number: int, offset: int, src: Location,
+                  src_offset: int, length: int) -> PartRecord:
+        """Part ``number`` (at ``offset``) of an upload, copied by the store from bytes
+        [src_offset, src_offset+length) of ``src`` in this account. The record's crc32c is the
+        part's CRC32C when the store reports one, else ""."""
+        raise NotImplementedError
+
+    # -- copy_from_url ---------------------------------------------------------------------
+    def upload_part_from_url(self, loc: Location, upload_id: str, number: int, offset: int, url: str,
+                             src_offset: int, length: int) -> PartRecord:
+        """Part ``number`` of an upload, fetched by the store itself from bytes
+        [src_offset, src_offset+length) of ``url`` (a signed GET URL of another store)."""
+        raise NotImplementedError
+
+    # -- signed_urls -----------------------------------------------------------------------
+    def signed_url(self, loc: Location, expires: int = 3600) -> str:
+        """A GET URL of ``loc`` valid for ``expires`` seconds that carries its own authorization."""
+        raise NotImplementedError
+
+    # -- bucket_location -------------------------------------------------------------------
     def bucket_region(self, loc: Location) -> str | None:
         """The region the bucket of ``loc`` lives in, as the provider names it; None when the
-        store cannot tell (Azure's data plane does not say; local paths have no region)."""
+        store cannot tell (a store without this ability, such as local paths)."""
         return None
 
     def body(self, data: bytes | bytearray) -> bytes | bytearray:

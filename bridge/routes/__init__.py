@@ -1,0 +1,196 @@
+"""Routes: which way a copy's bytes go, chosen once per job, run file by file or as one remote job.
+
+    direct     through this process (bridge.engine's put / part / complete units); serves every
+               pair, and is where every other route falls back to
+    server     inside one store account: the store copies (bridge/routes/server.py)
+    from-url   into Azure from S3 or GCS: Azure pulls blocks from a signed URL (bridge/routes/fromurl.py)
+    sts, datasync   the clouds' transfer services (bridge/native/, registered by that package)
+
+The seam. A route is an object in ``REGISTRY`` (``register(route)``) with:
+
+    name                        its name, as in --route and policies.routes.ORDER
+    serves(src, dst, settings)  why it cannot carry this pair of roots (None: it can); asked at
+                                planning, before any data request, from the URLs and the stores'
+                                declared abilities (``Store.features``)
+    units(plan)                 the plan's units: by default one {"op": "route", "files": [rel]}
+                                per file, and the deletions; a route that runs one remote job for
+                                many files yields one unit naming all of them
+    run(ctx, files)             carry those files (engine.FilePlan) with the job's JobContext
+                                (stores, journal, progress, settings); yields, per file, either
+                                (rel, FileEntry) once the file is committed at the destination, or
+                                (rel, Fallback) when the route cannot carry it and has
+                                moved none of its bytes
+
+The engine's ``route`` unit journals each FileEntry as the file's record (so a re-run finds it
+done) and turns each Fallback into the file's ``direct`` units, recording the reason; a
+route whose failure says so (``Fallback(job_wide=True)``: the store answers that it
+cannot do this at all) is not tried again by the job. Any other error fails the unit as usual.
+The entry's hashes are honest about where they come from: ``computed`` lists only the hashes
+bridge took from bytes it read, ``reported`` what a store said, and ``note`` why a hash is left
+out (bridge/manifest.py). Bytes the route moved count as ``Progress.moved(n, through=...)`` with
+only those that passed through this process as ``through``.
+
+``choose(plan, settings, forced)`` fills ``plan.route`` and ``plan.route_why``: the forced route
+(bad input, exit 2, when it cannot serve the pair), else the first of ``AUTOMATIC`` that serves
+it and is ``preferred`` for it (``server`` is not, between local paths: it only saves the copy's
+writes there, and is taken with --route server), else ``direct``. ``policies.routes`` prices the same routes for ``mcbridge plan``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from bridge.config import Settings
+from bridge.errors import BridgeError, InvalidOption
+from bridge.urls import Location, parse
+
+if TYPE_CHECKING:
+    from bridge.engine import FilePlan, JobContext, Plan
+    from bridge.manifest import FileEntry
+
+DIRECT = "direct"
+# Tried in this order when no route is forced; the first that serves the pair is chosen.
+AUTOMATIC = ("server", "from-url")
+
+
+class Fallback(BridgeError):
+    """The route cannot carry a file and has moved none of its bytes: the file goes ``direct``.
+    ``job_wide``: no other file of the job will fare better (the store does not do this at all)."""
+
+    def __init__(self, message: str, *, job_wide: bool = False):
+        super().__init__(message)
+        self.job_wide = job_wide
+
+
+class Route:
+    """A way to move files; subclasses set ``name`` and implement ``serves`` and ``copy_file``
+    (one file at a time) or ``run`` (many at once)."""
+
+    name: str = ""
+
+    def serves(self, src: Location, dst: Location, settings: Settings) -> str | None:
+        raise NotImplementedError
+
+    def preferred(self, src: Location, dst: Location) -> bool:
+        """Whether ``choose`` takes this route without --route when it serves the pair."""
+        return True
+
+    def units(self, plan: Plan) -> Iterator[dict[str, Any]]:
+        for rel in plan.deletions:
+            yield {"op": "delete", "rel": rel}
+        for f in plan.files:
+            yield {"op": "route", "files": [f.rel]}
+
+    def unit_count(self, plan: Plan) -> int:
+        return sum(1 for _ in self.units(plan)) + 1
+
+    def run(self, ctx: JobContext, files: list[FilePlan]) -> Iterator[tuple[str, FileEntry | Fallback]]:
+        for f in files:
+            try:
+                yield f.rel, self.copy_file(ctx, f)
+            except Fallback as exc:
+                yield f.rel, exc
+
+    def copy_file(self, ctx: JobContext, f: FilePlan) -> FileEntry:
+        raise NotImplementedError
+
+
+REGISTRY: dict[str, Route] = {}
+
+
+def register(route: Route) -> Route:
+    REGISTRY[route.name] = route
+    return route
+
+
+def get(name: str) -> Route:
+    _load_builtin()
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise InvalidOption(f"unknown route {name!r}; routes: {', '.join(names())}") from None
+
+
+def names() -> list[str]:
+    _load_builtin()
+    return [DIRECT, *sorted(REGISTRY)]
+
+
+def available() -> set[str]:
+    """Routes this bridge can run (for policies.routes.plan_routes)."""
+    return set(names())
+
+
+_loaded = False
+
+
+def _load_builtin() -> None:
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    import importlib
+    for module in BUILTIN:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if not (exc.name and module.startswith(exc.name)):
+                raise
+
+
+# Modules that register routes when imported; a missing one (not built or not installed) is skipped.
+BUILTIN = ("bridge.routes.server", "bridge.routes.fromurl", "bridge.native")
+
+
+def pair_reason(name: str, src: Location, dst: Location) -> str | None:
+    """The route table's answer for the pair of schemes (policies.routes.serves)."""
+    from policies.routes import serves
+    return serves(name, src.scheme, dst.scheme, pack_allowed=False)
+
+
+def roots(plan: Plan) -> tuple[Location, Location]:
+    src = parse(plan.single) if plan.single else parse(plan.source)
+    return src, parse(plan.destination)
+
+
+def choose(plan: Plan, settings: Settings, forced: str | None = None) -> Plan:
+    """Set ``plan.route`` and ``plan.route_why`` (see the module docstring)."""
+    src, dst = roots(plan)
+    if forced is not None and forced != DIRECT:
+        route = get(forced)
+        reason = pair_reason(forced, src, dst) or route.serves(src, dst, settings)
+        if reason:
+            raise InvalidOption(f"--route {forced} cannot copy {src} to {dst}: {reason}")
+        plan.route, plan.route_why = forced, "forced with --route"
+        return plan
+    if forced == DIRECT:
+        plan.route, plan.route_why = DIRECT, "forced with --route"
+        return plan
+    why_not = []
+    for name in AUTOMATIC:
+        if name not in names():
+            continue
+        route = get(name)
+        if not route.preferred(src, dst):
+            continue
+        reason = pair_reason(name, src, dst) or route.serves(src, dst, settings)
+        if reason is None:
+            plan.route, plan.route_why = name, _why(name)
+            return plan
+        why_not.append(f"{name}: {reason}")
+    plan.route = DIRECT
+    plan.route_why = "no other route serves the pair (" + "; ".join(why_not) + ")" if why_not else "the only route"
+    return plan
+
+
+def _why(name: str) -> str:
+    return {"server": "source and destination are in one store account: the store copies inside itself",
+            "from-url": "Azure pulls the bytes from a signed URL of the source"}.get(name, f"{name} serves the pair")
+
+
+def report(plan: Plan, fallbacks: dict[str, str], through: int) -> dict[str, Any]:
+    """What ``--json``, the job record and the metrics say of a job's route."""
+    return {"name": plan.route, "why": plan.route_why, "fallbacks": dict(sorted(fallbacks.items())),
+            "bytes_through_bridge": through}
+

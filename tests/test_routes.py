@@ -1,0 +1,123 @@
+"""Routes (bridge/routes): same-account copies by the stores themselves, counted at a proxy;
+fallbacks to direct with their reason; --route on the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from bridge import ops
+from bridge.errors import InvalidOption
+from bridge.manifest import read as read_manifest
+from bridge.stores import get_store
+from bridge.urls import parse
+from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY
+from tests.faultproxy import FaultProxy
+from tests.helpers import make_tree, mcbridge, read_tree, settings_for
+
+CLOUDS = ("s3", "gs", "az")
+
+
+@pytest.fixture(scope="module")
+def counting(moto, fake_gcs, azurite, emulator_env):
+    """A byte-counting proxy in front of each emulator, and the environment that reaches the
+    emulators only through them."""
+    proxies = {scheme: FaultProxy(emu.endpoint).start()
+               for scheme, emu in (("s3", moto), ("gs", fake_gcs), ("az", azurite))}
+    env = dict(emulator_env)
+    env["AWS_ENDPOINT_URL"] = proxies["s3"].endpoint
+    env["STORAGE_EMULATOR_HOST"] = proxies["gs"].endpoint
+    env["AZURE_STORAGE_CONNECTION_STRING"] = (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+        f"BlobEndpoint={proxies['az'].endpoint}/{AZURITE_ACCOUNT};")
+    yield proxies, env
+    for proxy in proxies.values():
+        proxy.stop()
+
+
+def _data_bytes(proxy: FaultProxy) -> int:
+    return proxy.counts["bytes_up"] + proxy.counts["bytes_down"]
+
+
+@pytest.mark.parametrize("scheme", CLOUDS)
+def test_same_account_copy_moves_no_data_through_bridge(scheme, counting, make_root, tmp_path):
+    proxies, env = counting
+    settings = settings_for(env)
+    files = make_tree(tmp_path / "src")
+    src, dst = make_root(scheme), make_root(scheme)
+    ops.copy(f"{tmp_path / 'src'}/", src, settings, state_dir=tmp_path / "s1")
+    proxy = proxies[scheme]
+    proxy.configure()                      # counts from zero
+    summary = ops.copy(src, dst, settings, state_dir=tmp_path / "s2")
+    payload = sum(len(d) for d in files.values())
+    moved = _data_bytes(proxy)
+    assert summary["route"]["name"] == "server", summary["route"]
+    assert summary["route"]["fallbacks"] == {}
+    assert summary["route"]["bytes_through_bridge"] == 0
+    # Requests, answers and the manifest: a few KiB per file, never the files' bytes.
+    assert moved < payload / 10, (moved, payload)
+    assert read_tree(dst, settings) == files
+    report = ops.verify(dst, settings, deep=True)
+    assert report["ok"], report
+    entries = read_manifest(get_store(parse(dst), settings), parse(dst)).files
+    assert all(e.computed == [] and e.reported["crc32c"] == e.crc32c for e in entries.values())
+    assert entries["a/b/c/deep.txt"].sha256   # bridge's metadata on the source, carried over
+    assert ops.verify(dst, settings)["ok"]
+
+
+def test_local_server_copy_uses_the_kernel_and_hashes_the_copy(tmp_path, emulator_env):
+    settings = settings_for(emulator_env)
+    files = make_tree(tmp_path / "src")
+    summary = ops.copy(f"{tmp_path / 'src'}/", f"{tmp_path / 'dst'}/", settings, route="server",
+                       state_dir=tmp_path / "s")
+    assert summary["route"]["name"] == "server"
+    assert summary["route"]["bytes_through_bridge"] == sum(len(d) for d in files.values())  # the hash read
+    assert read_tree(f"{tmp_path / 'dst'}/", settings) == files
+    assert ops.verify(f"{tmp_path / 'dst'}/", settings, deep=True)["ok"]
+    # between local paths the kernel's copy saves little: direct, unless asked
+    again = ops.copy(f"{tmp_path / 'src'}/", f"{tmp_path / 'dst2'}/", settings, state_dir=tmp_path / "s2")
+    assert again["route"]["name"] == "direct"
+
+
+def test_s3_copy_above_the_single_request_limit_goes_in_part_copies(make_root, emulator_env, tmp_path, monkeypatch):
+    import dataclasses
+    from bridge.stores.s3 import S3Store
+    settings = settings_for(emulator_env)
+    src, dst = make_root("s3"), make_root("s3")
+    data = os.urandom(11 * 1024 * 1024 + 7)
+    (tmp_path / "big.bin").write_bytes(data)
+    ops.copy(str(tmp_path / "big.bin"), src, settings, state_dir=tmp_path / "s1")
+    store = get_store(parse(src), settings)
+    # moto keeps objects in memory: lower the 5 GiB CopyObject limit instead of copying 5 GiB
+    monkeypatch.setattr(S3Store, "features", dataclasses.replace(S3Store.features, max_copy_size=5 * 1024 * 1024))
+    info = store.copy_object(parse(src).join("big.bin"), parse(dst).join("big.bin"), size=len(data))
+    assert store.read(parse(dst).join("big.bin")) == data
+    assert info.checksums["crc32c"] == store.info(parse(src).join("big.bin")).checksums["crc32c"]
+
+
+def test_forced_route_that_cannot_serve_is_bad_input(make_root, emulator_env, tmp_path):
+    settings = settings_for(emulator_env)
+    src, dst = make_root("s3"), make_root("gs")
+    (tmp_path / "f").write_bytes(b"x")
+    ops.copy(str(tmp_path / "f"), src, settings, state_dir=tmp_path / "s")
+    with pytest.raises(InvalidOption, match="--route server cannot copy"):
+        ops.copy(src, dst, settings, route="server")
+    with pytest.raises(InvalidOption, match="unknown route"):
+        ops.copy(src, dst, settings, route="teleport")
+    r = mcbridge("cp", src, dst, "--route", "server", env=emulator_env, state_dir=tmp_path / "st")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "one store account" in r.stderr
+
+
+def test_route_direct_works_everywhere_and_json_says_so(make_root, emulator_env, tmp_path):
+    src, dst = make_root("gs"), make_root("gs")
+    (tmp_path / "f").write_bytes(b"hello")
+    assert mcbridge("cp", str(tmp_path / "f"), src, env=emulator_env, state_dir=tmp_path / "st").returncode == 0
+    r = mcbridge("cp", src, dst, "--route", "direct", "--json", env=emulator_env, state_dir=tmp_path / "st")
+    assert r.returncode == 0, r.stderr
+    route = json.loads(r.stdout)["route"]
+    assert route["name"] == "direct" and route["why"] == "forced with --route"
+    assert route["bytes_through_bridge"] == 5
+    r = mcbridge("cp", src, make_root("gs"), "--json", env=emulator_env, state_dir=tmp_path / "st")
+    assert json.loads(r.stdout)["route"]["name"] == "server"
