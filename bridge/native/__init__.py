@@ -54,6 +54,7 @@ class Transfer:
     objects: list[tuple[str, ObjectInfo]]
     single: str | None
     origin: str = ""      # what the user named, when the source is no store (a URL list)
+    filtered: bool = False  # name each object in the remote job (one object, or some of a prefix)
 
     @property
     def source(self) -> str:
@@ -74,7 +75,7 @@ def plan(route: str, source: str, destination: str, settings: Settings, pairs: s
     check_route(src_root, dst_root, objects, single)
     if single is not None and objects[0][0] != objects[0][1].location.name:
         raise RouteUnavailable(f"route {route} keeps object names: it cannot write {single} as {destination}")
-    return Transfer(route, src_root, dst_root, objects, single)
+    return Transfer(route, src_root, dst_root, objects, single, filtered=single is not None)
 
 
 # -- following a remote job ---------------------------------------------------------------------

@@ -35,6 +35,7 @@ from bridge.urls import Location
 ROUTE = "datasync"
 PAIRS = {("gs", "s3"), ("az", "s3"), ("s3", "gs"), ("s3", "az"), ("s3", "s3")}
 SAS_DAYS = 7
+MAX_FILTER = 102_400          # characters in one include filter's Value
 COPY_LIMIT = 5 * GiB          # CopyObject's limit: larger objects keep the source's CRC32C
 ENDED = {"SUCCESS": "done", "ERROR": "failed"}
 
@@ -157,15 +158,13 @@ def _with_crc32c(settings: Settings):
     return look
 
 
-def copy(source: str, destination: str, settings: Settings, *, progress: Progress | None = None,
-         stop: threading.Event | None = None, client=None) -> dict:
-    """Copy ``source`` to ``destination`` with DataSync (one of PAIRS); the summary names the task
-    and its execution. RouteUnavailable or RouteFailed(moved_data=False) leave the destination
-    untouched."""
+def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, stop: threading.Event | None = None,
+        client=None, before_start=lambda: None) -> dict:
+    """Create the locations and the task, call ``before_start``, start an execution and follow
+    it to the end; task and locations are deleted afterwards. Returns the remote names.
+    RouteFailed(moved_data=False) when the service refused before any byte could move."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    progress = progress or Progress()
-    transfer = native.plan(ROUTE, source, destination, settings, PAIRS)
     requests = [location_request(transfer.src_root, settings, False),
                 location_request(transfer.dst_root, settings, True)]
     client = client or client_for(settings)
@@ -183,14 +182,14 @@ def copy(source: str, destination: str, settings: Settings, *, progress: Progres
                     settings.native.datasync_agent_arns else "ENHANCED",
                     "Options": {"VerifyMode": "ONLY_FILES_TRANSFERRED", "OverwriteMode": "ALWAYS",
                                 "PreserveDeletedFiles": "PRESERVE", "TransferMode": "ALL"}}
-            if transfer.single is not None:
-                task["Includes"] = [{"FilterType": "SIMPLE_PATTERN", "Value": "/" + transfer.objects[0][0]}]
+            if transfer.filtered:
+                task["Includes"] = [{"FilterType": "SIMPLE_PATTERN",
+                                     "Value": "|".join("/" + rel for rel, _ in transfer.objects)}]
             task_arn = client.create_task(**task)["TaskArn"]
             made.append(("delete_task", task_arn))
         except (ClientError, BotoCoreError) as exc:
             raise _refused("to set up the task", exc) from None
-        progress.plan(transfer.bytes, len(transfer.objects))
-        native.set_aside(get_store(transfer.dst_root, settings), transfer.dst_root)
+        before_start()
         try:
             arn = client.start_task_execution(TaskArn=task_arn)["TaskExecutionArn"]
         except (ClientError, BotoCoreError) as exc:
@@ -211,6 +210,18 @@ def copy(source: str, destination: str, settings: Settings, *, progress: Progres
     if final.state != "done":
         raise RouteFailed(native.one_line(f"DataSync task execution {arn} {final.state}: {final.error}"),
                           moved_data=final.files_done > 0 or final.bytes_done > 0)
-    manifest = native.commit(transfer, settings, _with_crc32c(settings))
-    return native.summary(transfer, progress, manifest, {"service": "datasync", "task": task_arn,
-                                                         "execution": arn})
+    return {"service": "datasync", "task": task_arn, "execution": arn}
+
+
+def copy(source: str, destination: str, settings: Settings, *, progress: Progress | None = None,
+         stop: threading.Event | None = None, client=None) -> dict:
+    """Copy ``source`` to ``destination`` with DataSync (one of PAIRS) and commit its manifest;
+    the summary names the task and its execution. RouteUnavailable or
+    RouteFailed(moved_data=False) leave the destination untouched."""
+    progress = progress or Progress()
+    transfer = native.plan(ROUTE, source, destination, settings, PAIRS)
+    progress.plan(transfer.bytes, len(transfer.objects))
+    dst_store = get_store(transfer.dst_root, settings)
+    remote = run(transfer, settings, progress=progress, stop=stop, client=client,
+                 before_start=lambda: native.set_aside(dst_store, transfer.dst_root))
+    return native.summary(transfer, progress, native.commit(transfer, settings, _with_crc32c(settings)), remote)

@@ -39,6 +39,7 @@ from bridge.stores.base import ObjectInfo
 from bridge.urls import Location, parse
 
 ROUTE = "sts"
+MAX_INCLUDES = 1000     # objectConditions.includePrefixes holds at most this many
 PAIRS = {("s3", "gs"), ("az", "gs")}
 SAS_DAYS = 7
 LIST_HEADER = "TsvHttpData-1.0"
@@ -116,8 +117,10 @@ def transfer_spec(transfer: native.Transfer, settings: Settings, list_url: str |
     src = transfer.src_root
     source = ({"aws_s3_data_source": _s3_source(src, settings)} if src.scheme == "s3"
               else {"azure_blob_storage_data_source": _azure_source(src, settings)})
-    if transfer.single is not None:
-        source["object_conditions"] = {"include_prefixes": [transfer.objects[0][0]]}
+    if transfer.filtered:
+        # Prefixes, so "a.bin" also takes "a.bin.1": what else it takes is another file of the
+        # same source prefix, copied with its own bytes and left out of this job's manifest.
+        source["object_conditions"] = {"include_prefixes": [rel for rel, _ in transfer.objects]}
     return {**source, **sink}
 
 
@@ -189,32 +192,27 @@ def _remote(client, op_name: str) -> native.Remote:
     return native.Remote(state, int(counters.objects_copied_to_sink), int(counters.bytes_copied_to_sink), error)
 
 
-def copy(source: str, destination: str, settings: Settings, *, progress: Progress | None = None,
-         stop: threading.Event | None = None, client=None) -> dict:
-    """Copy ``source`` (s3://, az://, or the https:// URL of a TsvHttpData-1.0 list) into a
-    gs:// ``destination`` with Storage Transfer Service; the summary names the transfer job and
-    operation. RouteUnavailable or RouteFailed(moved_data=False) leave the destination untouched."""
+def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, stop: threading.Event | None = None,
+        client=None, list_url: str | None = None, before_start=lambda: None) -> dict:
+    """Create the transfer job, call ``before_start``, run it and follow its operation to the
+    end; the job is deleted afterwards. Returns the names of the remote job and operation.
+    RouteFailed(moved_data=False) when the service refused before any byte could move."""
     from google.api_core import exceptions as gexc
     from google.cloud import storage_transfer
 
-    progress = progress or Progress()
-    list_url = source if is_url_list(source) else None
-    transfer = plan_url_list(source, destination, settings) if list_url else \
-        native.plan(ROUTE, source, destination, settings, PAIRS)
     project = _project(settings)
-    spec = transfer_spec(transfer, settings, list_url)
     client = client or client_for(settings)
     job_name = f"transferJobs/mcbridge-{uuid.uuid4().hex}"
     job = {"name": job_name, "project_id": project, "status": storage_transfer.TransferJob.Status.ENABLED,
-           "description": f"mcbridge copy to {transfer.dst_root}"[:1024], "transfer_spec": spec}
+           "description": f"mcbridge copy to {transfer.dst_root}"[:1024],
+           "transfer_spec": transfer_spec(transfer, settings, list_url)}
     try:
         client.create_transfer_job({"transfer_job": job})
     except gexc.GoogleAPICallError as exc:
         raise _failure("to create the transfer job", exc) from None
-    del job, spec
+    del job
     try:
-        progress.plan(transfer.bytes, len(transfer.objects))
-        native.set_aside(get_store(transfer.dst_root, settings), transfer.dst_root)
+        before_start()
         try:
             started = client.run_transfer_job({"job_name": job_name, "project_id": project})
         except gexc.GoogleAPICallError as exc:
@@ -232,6 +230,21 @@ def copy(source: str, destination: str, settings: Settings, *, progress: Progres
         raise RouteFailed(native.one_line(f"Storage Transfer Service operation {op_name} {final.state}: "
                                           f"{final.error}"),
                           moved_data=final.files_done > 0 or final.bytes_done > 0)
-    manifest = native.commit(transfer, settings)
-    return native.summary(transfer, progress, manifest, {"service": "storage-transfer", "project": project,
-                                                         "job": job_name, "operation": op_name})
+    return {"service": "storage-transfer", "project": project, "job": job_name, "operation": op_name}
+
+
+def copy(source: str, destination: str, settings: Settings, *, progress: Progress | None = None,
+         stop: threading.Event | None = None, client=None) -> dict:
+    """Copy ``source`` (s3://, az://, or the https:// URL of a TsvHttpData-1.0 list) into a
+    gs:// ``destination`` with Storage Transfer Service and commit its manifest; the summary
+    names the transfer job and operation. RouteUnavailable or RouteFailed(moved_data=False)
+    leave the destination untouched."""
+    progress = progress or Progress()
+    list_url = source if is_url_list(source) else None
+    transfer = plan_url_list(source, destination, settings) if list_url else \
+        native.plan(ROUTE, source, destination, settings, PAIRS)
+    progress.plan(transfer.bytes, len(transfer.objects))
+    dst_store = get_store(transfer.dst_root, settings)
+    remote = run(transfer, settings, progress=progress, stop=stop, client=client, list_url=list_url,
+                 before_start=lambda: native.set_aside(dst_store, transfer.dst_root))
+    return native.summary(transfer, progress, native.commit(transfer, settings), remote)
