@@ -111,7 +111,10 @@ class TransferSettings(_Section):
 
 class NativeSettings(_Section):
     """The clouds' own transfer services (the ``sts`` and ``datasync`` routes, bridge/native/).
-    Endpoints are overrides for a test double; left unset, each SDK finds the real service."""
+    Endpoints are overrides for a test double; left unset, each SDK finds the real service.
+    ``enabled`` names the routes bridge may choose by itself and plans with; ``--route`` runs
+    either route even when it is not enabled."""
+    enabled: list[Literal["sts", "datasync"]] = []
     poll_interval: float = Field(10.0, gt=0)    # seconds between status polls of a remote transfer
     sts_endpoint: str | None = None              # Storage Transfer Service REST endpoint
     sts_project: str | None = None               # the project that runs transfer jobs (default: gcs.project)
@@ -123,6 +126,11 @@ class NativeSettings(_Section):
     gcs_hmac_access_id: str | None = None        # DataSync reads or writes GCS through its XML API
     gcs_hmac_secret: SecretStr | None = None
     gcs_xml_endpoint: str = "https://storage.googleapis.com"
+
+    @field_validator("enabled", mode="before")
+    @classmethod
+    def _names(cls, v: Any) -> Any:
+        return [n.strip() for n in v.split(",") if n.strip()] if isinstance(v, str) else v
 
 
 class Discount(_Section):
@@ -226,6 +234,7 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
     "AZURE_STORAGE_KEY": ("azure", "account_key"),
     "AZURE_STORAGE_ACCOUNT_KEY": ("azure", "account_key"),
     "AZURE_STORAGE_SAS_TOKEN": ("azure", "sas_token"),
+    "MCBRIDGE_NATIVE_ROUTES": ("native", "enabled"),
     "MCBRIDGE_STS_ENDPOINT": ("native", "sts_endpoint"),
     "MCBRIDGE_STS_PROJECT": ("native", "sts_project"),
     "MCBRIDGE_STS_AWS_ROLE_ARN": ("native", "sts_aws_role_arn"),

@@ -27,8 +27,9 @@ def _speeds(settings: Settings) -> dict[str, dict[str, float | None]]:
 
 
 def available_routes(settings: Settings, extra: list[str] | None = None) -> set[str]:
-    """The routes this bridge runs, plus those the settings or ``extra`` mark available for planning."""
-    names = set(routes.BUILT) | set(settings.pricing.available_routes) | set(extra or [])
+    """The routes this bridge runs (the native ones once enabled in the settings), plus those the
+    settings or ``extra`` mark available for planning."""
+    names = set(routes.BUILT) | set(settings.native.enabled) | set(settings.pricing.available_routes) | set(extra or [])
     unknown = sorted(n for n in names if n not in routes.ORDER)
     if unknown:
         raise InvalidOption(f"unknown route {unknown[0]!r}; routes: {', '.join(routes.ORDER)}")
