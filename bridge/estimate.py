@@ -228,3 +228,109 @@ def pack_usage(pack_plan: Any) -> Usage:
 def _root(url: str) -> str:
     loc = parse(url)
     return str(loc if loc.is_prefix else Location(loc.scheme, loc.bucket, loc.key.rpartition("/")[0] + "/"))
+
+
+# -- what actually ran ----------------------------------------------------------------------
+
+def journal_marks(plan: Plan, journal: Any) -> set[str]:
+    """The journal records of ``plan``'s files that are there now: ``file:REL`` (finished),
+    ``part:REL:N`` (a part sent) and ``upload:REL`` (a multipart upload begun)."""
+    marks = set()
+    for f in plan.files:
+        keys = [f"file:{f.rel}"]
+        if f.part_size:
+            keys += [f"upload:{f.rel}", *(f"part:{f.rel}:{n}" for n in range(1, f.parts + 1))]
+        marks.update(k for k in keys if journal.get(k) is not None)
+    return marks
+
+
+def ran(plan: Plan, before: set[str], after: set[str], deletions: int = 0) -> Usage:
+    """The data requests and bytes of the units that finished between two looks at the journal
+    (``journal_marks`` before and after a run): each sent object or part read once at the source
+    and written once at the destination, by the same counts as ``usage``. Listing and the
+    manifest are counted by ``listing`` and ``commit``."""
+    new = after - before
+    src = StoreUsage(_root(plan.source if not plan.single else plan.single))
+    dst = StoreUsage(plan.destination)
+    moved = 0
+    for f in plan.files:
+        if not f.part_size:
+            if f"file:{f.rel}" in new:
+                _read(src, f.size, 0)
+                _upload(dst, f.size, 0)
+                moved += f.size
+            continue
+        for n in range(1, f.parts + 1):
+            if f"part:{f.rel}:{n}" in new:
+                length = min(f.part_size, f.size - (n - 1) * f.part_size)
+                _read(src, length, 0)
+                dst.bytes_written += length
+                dst.requests["PART"] += 1
+                moved += length
+        if f"upload:{f.rel}" in new and dst.scheme == "s3":
+            dst.requests["BEGIN"] += 1
+        if f"file:{f.rel}" in new:
+            finished = StoreUsage(plan.destination)
+            _upload(finished, f.size, f.part_size)   # the completion's requests, not its parts again
+            for kind in ("COMPLETE", "HEAD", "DELETE"):
+                dst.requests[kind] += finished.requests[kind]
+    dst.requests["DELETE"] += deletions
+    return Usage("direct", src, dst, sum(1 for f in plan.files if f"file:{f.rel}" in new), moved, moved,
+                 sum(1 for f in plan.files if f"file:{f.rel}" in new))
+
+
+def listing(plan: Plan) -> Usage:
+    """The requests of planning a job: the source listed, the destination's bucket looked up."""
+    src = StoreUsage(_root(plan.source if not plan.single else plan.single))
+    dst = StoreUsage(plan.destination)
+    _source_listing(plan, src)
+    return Usage("direct", src, dst, 0, 0, 0, 0)
+
+
+def commit(plan: Plan) -> Usage:
+    """The requests of committing a job at its destination (the manifest and the look-ups
+    around it; a sync's deletions are counted as they run)."""
+    src = StoreUsage(_root(plan.source if not plan.single else plan.single))
+    dst = StoreUsage(plan.destination)
+    _destination_commit(dst, 0)
+    return Usage("direct", src, dst, 0, 0, 0, 0)
+
+
+def add(total: Usage | None, more: Usage) -> Usage:
+    """Two usages of the same pair of stores, summed."""
+    if total is None:
+        return more
+    for mine, theirs in ((total.source, more.source), (total.destination, more.destination)):
+        mine.bytes_read += theirs.bytes_read
+        mine.bytes_written += theirs.bytes_written
+        mine.requests.update(theirs.requests)
+    total.files += more.files
+    total.payload += more.payload
+    total.through_bridge += more.through_bridge
+    total.objects_written += more.objects_written
+    return total
+
+
+def to_fields(u: Usage) -> dict[str, int]:
+    """A usage as flat counters (for a Redis hash); ``from_fields`` reads them back."""
+    out = {"payload": u.payload, "files": u.files, "objects_written": u.objects_written}
+    for name, side in (("source", u.source), ("destination", u.destination)):
+        out[f"{name}.bytes_read"] = side.bytes_read
+        out[f"{name}.bytes_written"] = side.bytes_written
+        out.update({f"{name}.req.{kind}": n for kind, n in side.requests.items()})
+    return {k: v for k, v in out.items() if v}
+
+
+def from_fields(fields: dict[str, Any], source: str, destination: str) -> Usage:
+    src, dst = StoreUsage(_root(source)), StoreUsage(destination)
+    sides = {"source": src, "destination": dst}
+    for key, value in fields.items():
+        name, _, rest = key.partition(".")
+        if name in sides:
+            if rest.startswith("req."):
+                sides[name].requests[rest[4:]] += int(value)
+            else:
+                setattr(sides[name], rest, int(value))
+    payload = int(fields.get("payload", 0))
+    return Usage("direct", src, dst, int(fields.get("files", 0)), payload, payload,
+                 int(fields.get("objects_written", 0)))

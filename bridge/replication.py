@@ -27,28 +27,33 @@ from policies import replication as rules
 from policies.replication import NamedPolicy
 
 
-def _folders(url: str, settings: Settings) -> set[str]:
+def folders(url: str, settings: Settings) -> set[str]:
     root = parse(url).as_prefix()
     store = get_store(root, settings)
     store.check_bucket(root)
     return {rel.split("/", 1)[0] for rel, _info in store.walk(root) if "/" in rel}
 
 
-def _plan(policy: rules.Policy, src: str, dst: str, settings: Settings) -> Plan:
+def filtered(plan: Plan, include: list[str], exclude: list[str]) -> Plan:
+    """``plan`` without the files the patterns leave out: they are neither sent nor removed at
+    the destination. A plan of its own, with a key of its own."""
+    if not (include or exclude):
+        return plan
+    files = [f for f in plan.files if rules.selected(include, exclude, f.rel)]
+    deletions = [rel for rel in plan.deletions if rules.selected(include, exclude, rel)]
+    out = replace(plan, files=files, deletions=deletions)
+    out.key = job_key("replicate", plan.source, plan.destination, *(f"{f.rel}:{f.size}" for f in files),
+                      *deletions)
+    return out
+
+
+def plan_checkpoint(policy: rules.Policy, src: str, dst: str, settings: Settings) -> Plan:
     plan, _reasons = ops.plan_sync(src, dst, settings, delete=policy.mode == "mirror",
                                    chunk_size=settings.transfer.chunk_size)
-    if not (policy.include or policy.exclude):
-        return plan
-    # Files the policy leaves out are neither sent nor removed at the destination.
-    files = [f for f in plan.files if rules.wants(policy, f.rel)]
-    deletions = [rel for rel in plan.deletions if rules.wants(policy, rel)]
-    filtered = replace(plan, files=files, deletions=deletions)
-    filtered.key = job_key("replicate", plan.source, plan.destination, *(f"{f.rel}:{f.size}" for f in files),
-                           *deletions)
-    return filtered
+    return filtered(plan, policy.include, policy.exclude)
 
 
-def _remove_checkpoint(url: str, settings: Settings) -> int:
+def remove_checkpoint(url: str, settings: Settings) -> int:
     """Remove everything under ``url``, its manifest first."""
     root = parse(url).as_prefix()
     store = get_store(root, settings)
@@ -66,22 +71,48 @@ def _remove_checkpoint(url: str, settings: Settings) -> int:
     return removed
 
 
+def prepare(policy: rules.Policy, settings: Settings) -> tuple[list[str], dict[tuple[str, str], Plan], dict[str, str]]:
+    """The checkpoints the policy keeps now, the sync plan of each (destination, checkpoint),
+    and the destinations that cannot be reached (with why). Lists; moves nothing."""
+    kept = rules.window(policy, folders(policy.source, settings))
+    plans: dict[tuple[str, str], Plan] = {}
+    unreachable: dict[str, str] = {}
+    for dst in policy.destinations:
+        try:
+            get_store(parse(dst), settings).check_bucket(parse(dst))
+            for ckpt in kept:
+                plans[(dst, ckpt)] = plan_checkpoint(policy, f"{policy.source}{ckpt}/", f"{dst}{ckpt}/", settings)
+        except BridgeError as exc:
+            unreachable[dst] = str(exc)
+    return kept, plans, unreachable
+
+
+def retain(policy: rules.Policy, kept: list[str], verified: dict[str, dict[str, bool]],
+           settings: Settings) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Apply retention (policies/replication.py decides what goes); (removed per destination,
+    destinations that could not be listed)."""
+    present, errors = {}, {}
+    for dst in policy.destinations:
+        try:
+            present[dst] = folders(dst, settings)
+        except BridgeError as exc:
+            errors[dst] = str(exc)
+    removed = rules.removals(policy, kept, present, verified) if not errors else {}
+    for dst, old in removed.items():
+        for ckpt in old:
+            remove_checkpoint(f"{dst}{ckpt}/", settings)
+    return removed, errors
+
+
 def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None = None) -> dict[str, Any]:
     """Replicate the policy's window of checkpoints to every destination, verify, apply retention."""
     policy = named.policy
     started = time.monotonic()
-    kept = rules.window(policy, _folders(policy.source, settings))
+    kept, plans, unreachable = prepare(policy, settings)
     report: dict[str, Any] = {"policy": named.name, "source": policy.source, "checkpoints": kept,
                               "destinations": {}, "removed": {}}
-    plans: dict[tuple[str, str], Plan] = {}
     for dst in policy.destinations:
-        state = report["destinations"][dst] = {"checkpoints": {}, "error": None, "last_proven_equal": None}
-        try:
-            get_store(parse(dst), settings).check_bucket(parse(dst))
-            for ckpt in kept:
-                plans[(dst, ckpt)] = _plan(policy, f"{policy.source}{ckpt}/", f"{dst}{ckpt}/", settings)
-        except BridgeError as exc:
-            state["error"] = str(exc)
+        report["destinations"][dst] = {"checkpoints": {}, "error": unreachable.get(dst), "last_proven_equal": None}
 
     limits = [x for x in (max_cost, policy.max_cost_usd) if x is not None]
     if limits:
@@ -111,17 +142,10 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
         if kept and all(verified[dst].get(c) for c in kept):
             state["last_proven_equal"] = now
 
-    present = {}
-    for dst in policy.destinations:
-        if report["destinations"][dst]["error"] is None:
-            try:
-                present[dst] = _folders(dst, settings)
-            except BridgeError as exc:
-                report["destinations"][dst]["error"] = str(exc)
-    for dst, old in rules.removals(policy, kept, present, verified).items():
-        report["removed"][dst] = old
-        for ckpt in old:
-            _remove_checkpoint(f"{dst}{ckpt}/", settings)
+    removed, unlisted = retain(policy, kept, verified, settings)
+    report["removed"] = removed
+    for dst, problem in unlisted.items():
+        report["destinations"][dst]["error"] = report["destinations"][dst]["error"] or problem
 
     newest = kept[-1] if kept else None
 

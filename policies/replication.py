@@ -176,6 +176,16 @@ def parse(text: str, filename: str = "policies.yaml") -> list[NamedPolicy]:
     return out
 
 
+def load(path) -> list[NamedPolicy]:
+    """The policies of a file, or PolicyError (one line per mistake)."""
+    from pathlib import Path
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise PolicyError([f"{path}: cannot read the policy file: {exc.strerror or exc}"]) from None
+    return parse(text, str(path))
+
+
 def select(policies: list[NamedPolicy], name: str | None) -> list[NamedPolicy]:
     if name is None:
         return policies
@@ -198,14 +208,21 @@ def window(policy: Policy, folders: Iterable[str]) -> list[str]:
     return found[-policy.keep_last:] if policy.keep_last else found
 
 
-def wants(policy: Policy, rel: str) -> bool:
-    """Whether a file (its path inside a checkpoint) is replicated."""
+def selected(include: Iterable[str], exclude: Iterable[str], rel: str) -> bool:
+    """Whether ``rel`` passes the patterns: one of ``include`` (or none given) and none of
+    ``exclude``, each matched against the whole path and against its last part."""
+    include, exclude = list(include), list(exclude)
     base = rel.rsplit("/", 1)[-1]
 
     def hit(patterns: list[str]) -> bool:
         return any(fnmatch.fnmatchcase(rel, p) or fnmatch.fnmatchcase(base, p) for p in patterns)
 
-    return (not policy.include or hit(policy.include)) and not hit(policy.exclude)
+    return (not include or hit(include)) and not hit(exclude)
+
+
+def wants(policy: Policy, rel: str) -> bool:
+    """Whether a file (its path inside a checkpoint) is replicated."""
+    return selected(policy.include, policy.exclude, rel)
 
 
 def removals(policy: Policy, kept: list[str], present: Mapping[str, Iterable[str]],
@@ -225,3 +242,23 @@ def removals(policy: Policy, kept: list[str], present: Mapping[str, Iterable[str
         if old:
             out[dst] = old
     return out
+
+
+def lag(policy: Policy, source_folders: Iterable[str], verified: Iterable[str]) -> dict[str, object]:
+    """How far one destination is behind: the newest checkpoint at the source, the newest one
+    verified at the destination, and how many source checkpoints are newer than that (all of
+    them when none was ever verified)."""
+    found = checkpoints(policy, source_folders)
+    proven = checkpoints(policy, verified)
+    newest_verified = proven[-1] if proven else None
+    behind = [c for c in found if newest_verified is None or natural_key(c) > natural_key(newest_verified)]
+    return {"newest_source": found[-1] if found else None, "newest_verified": newest_verified,
+            "lag_checkpoints": len(behind)}
+
+
+def outcome(policy: Policy, kept: list[str], verified: Mapping[str, Mapping[str, bool]]) -> tuple[int, bool]:
+    """(destinations holding the newest kept checkpoint proven, whether that is enough)."""
+    if not kept:
+        return 0, False
+    copies = sum(1 for dst in policy.destinations if verified.get(dst, {}).get(kept[-1]))
+    return copies, copies >= policy.copies_needed

@@ -88,3 +88,42 @@ def test_forced_route(eu_bucket, emulator_env, tmp_path):
     assert "Traceback" not in bad.stderr
     bad = mcbridge("plan", src, dst, "--route", "from-url", env=emulator_env, state_dir=tmp_path)
     assert bad.returncode == 2 and "only Azure pulls from a URL" in bad.stderr
+
+
+def test_the_settings_file_prices_with_discounts_interconnects_and_named_places(eu_bucket, azurite, emulator_env,
+                                                                               tmp_path):
+    """What the settings file says (a negotiated discount, a private link, the Azure account's
+    region, the site local paths belong to) changes what mcbridge plan prices, read from the file."""
+    src = f"s3://{eu_bucket}/corpus/"
+    payload_gb = sum(1000 + i for i in range(30)) / 2**30
+
+    def plan(config_text: str, dst: str) -> dict:
+        config = tmp_path / "settings.yaml"
+        config.write_text(config_text)
+        r = mcbridge("plan", src, dst, "--json", "--config", str(config), env=emulator_env, state_dir=tmp_path)
+        assert r.returncode == 0, r.stderr
+        return next(row for row in json.loads(r.stdout)["routes"] if row["route"] == "direct") | {
+            "places": json.loads(r.stdout)["places"]}
+
+    base = plan("profiles:\n  default:\n    pricing: {site: lab}\n", str(tmp_path / "out") + "/")
+    assert base["places"]["destination"] == "site:lab" and base["places"]["runs_in"] == "site:local"
+    # aws.yaml egress.internet.eu, first tier: $0.09/GB
+    assert base["cost"]["egress_usd"] == pytest.approx(round(payload_gb * 0.09, 6), abs=2e-6)
+
+    off = plan("profiles:\n  default:\n    pricing:\n      site: lab\n"
+               "      discounts: {aws: {egress_pct: 50, requests_pct: 25}}\n", str(tmp_path / "out") + "/")
+    assert off["cost"]["egress_usd"] == pytest.approx(base["cost"]["egress_usd"] * 0.5, abs=2e-6)
+    assert off["cost"]["requests_usd"] == pytest.approx(base["cost"]["requests_usd"] * 0.75, abs=2e-6)
+
+    # a private link from the bucket's region to this process's site replaces internet egress
+    link = plan("profiles:\n  default:\n    pricing:\n      site: lab\n      runs_in: site:lab\n"
+                "      interconnects: [{between: [aws:eu-west-1, site:lab], usd_per_gb: 0.01}]\n",
+                str(tmp_path / "out") + "/")
+    assert link["cost"]["egress_usd"] == pytest.approx(round(payload_gb * 0.01, 6), abs=2e-6)
+    assert any("private interconnect" in line for line in link["cost"]["breakdown"])
+
+    # the Azure account's region comes from the settings file (its data plane does not say)
+    container = unique_name()
+    azurite.create_bucket(container)
+    az = plan("profiles:\n  default:\n    azure: {region: westeurope}\n", f"az://{container}/corpus/")
+    assert az["places"]["destination"] == "azure:westeurope"

@@ -104,24 +104,38 @@ def worker(
 def beat(
     schedules: Annotated[Optional[Path], typer.Option(
         "--schedules", help="YAML file of schedules (default: $BRIDGE_SCHEDULES).")] = None,
+    policies: Annotated[Optional[Path], typer.Option(
+        "--policies", help="YAML file of replication policies; each one with a schedule runs on it "
+        "(default: $BRIDGE_POLICIES).")] = None,
     schedule_db: Annotated[Optional[Path], typer.Option(
         "--schedule-db", help="Where beat remembers last run times (default: beat-NAMESPACE in $MCBRIDGE_STATE_DIR).")] = None,
-    check: Annotated[bool, typer.Option("--check", help="Validate the schedules file and exit.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Validate the schedules and policy files and exit.")] = False,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "INFO",
     broker: BrokerOpt = None,
 ) -> None:
-    """Start the scheduler (Celery beat) for the schedules file; run exactly one."""
+    """Start the scheduler (Celery beat) for the schedules file and the replication policies'
+    schedules; run exactly one."""
     from workers.schedules import load
-    ws = _ws(broker, schedules=str(schedules) if schedules else None)
+    ws = _ws(broker, schedules=str(schedules) if schedules else None, policies=str(policies) if policies else None)
     loaded = load(ws.schedules) if ws.schedules else []
+    timed = _scheduled_policies(ws.policies) if ws.policies else []
     if check:
         for s in loaded:
             out.print(s.describe() + ("" if s.enabled else " (disabled)"), markup=False)
-        out.print(f"{len(loaded)} schedules OK" if ws.schedules else "no schedules file given", markup=False)
+        for p in timed:
+            when = p.policy.schedule
+            out.print(f"policy {p.name}: {f'cron {when.cron!r}' if when.cron else f'every {when.every}'}, "
+                      f"{p.policy.source} -> {', '.join(p.policy.destinations)}", markup=False)
+        if ws.schedules:
+            out.print(f"{len(loaded)} schedules OK", markup=False)
+        if ws.policies:
+            out.print(f"{len(timed)} scheduled policies OK", markup=False)
+        if not (ws.schedules or ws.policies):
+            out.print("no schedules or policy file given", markup=False)
         return
-    if not ws.schedules:
-        err.print("mcbridge: warning: no schedules file (--schedules or BRIDGE_SCHEDULES): beat will send nothing",
-                  markup=False)
+    if not (ws.schedules or ws.policies):
+        err.print("mcbridge: warning: no schedules or policy file (--schedules, --policies, BRIDGE_SCHEDULES, "
+                  "BRIDGE_POLICIES): beat will send nothing", markup=False)
     _connect(ws)
     from bridge.config import load_settings
     from workers.app import app, configure
@@ -132,6 +146,27 @@ def beat(
     db = schedule_db or state_dir / f"beat-{ws.namespace}"
     db.parent.mkdir(parents=True, exist_ok=True)
     app.start(["beat", f"--schedule={db}", f"--loglevel={loglevel}"])
+
+
+def _scheduled_policies(path: str):
+    """The policies of a file that have a schedule; a bad file (or a cron Celery refuses) exits 2
+    naming file, line and field."""
+    from policies.replication import PolicyError, load
+    from workers.replicas import check_crons
+    try:
+        policies = load(path)
+    except PolicyError as exc:
+        for line in exc.problems:
+            err.print(f"mcbridge: error: {line}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    problems = check_crons(policies)
+    if problems:
+        lines = {p.name: p.line for p in policies}
+        for problem in problems:
+            name = problem.split(".")[1]
+            err.print(f"mcbridge: error: {path}:{lines.get(name, 1)}: {problem}", markup=False, soft_wrap=True)
+        raise typer.Exit(2)
+    return [p for p in policies if p.policy.schedule is not None]
 
 
 # -- submit ------------------------------------------------------------------------------------
@@ -375,15 +410,19 @@ def jobs_list(state: Annotated[Optional[str], typer.Option("--state", help="Only
     if not records:
         out.print("no jobs", markup=False)
         return
-    out.print(f"{'ID':<14} {'KIND':<9} {'STATE':<10} {'PROGRESS':>22} {'CREATED':<20} ROUTE", markup=False)
+    out.print(f"{'ID':<14} {'KIND':<9} {'STATE':<10} {'PROGRESS':>22} {'USD':>9} {'CREATED':<20} ROUTE", markup=False)
     for r in records:
         t = _totals(jobs, r)
         pct = f"{100 * min(t['bytes_done'], t['bytes_total']) / t['bytes_total']:.0f}%" if t["bytes_total"] else "-"
         progress = f"{human_bytes(min(t['bytes_done'], t['bytes_total']))} {pct}"
         route = f"{r.spec['source']} -> {', '.join(r.spec['destinations'])}"
         tag = f" [{r.schedule}]" if r.schedule else ""
-        out.print(f"{r.id:<14} {r.kind:<9} {r.state:<10} {progress:>22} {r.to_dict()['created']:<20} "
+        usd = f"{r.spent_usd:.4f}" if r.spent_usd is not None else f"~{r.estimate_usd:.4f}" if r.estimate_usd else "-"
+        out.print(f"{r.id:<14} {r.kind:<9} {r.state:<10} {progress:>22} {usd:>9} {r.to_dict()['created']:<20} "
                   f"{route}{tag}", markup=False)
+        for dst, row in (r.replicas or {}).items():
+            out.print(f"{'':<14} {dst}: lag {row['lag_checkpoints']}, newest verified "
+                      f"{row.get('newest_verified') or '-'}, ${row['spent_usd']:.4f}", markup=False)
 
 
 def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
@@ -415,8 +454,16 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
         verdict = "OK" if v.get("ok") else "FAILED"
         lines.append(f"  verified     {verdict} ({v['mode']}): {v['checked']} files, {v['missing']} missing, "
                      f"{v['mismatched']} mismatched, {v['extra']} extra, at {v['at']}")
+    if record.spent_usd is not None or record.estimate_usd is not None:
+        spent = f"${record.spent_usd:.4f} spent" if record.spent_usd is not None else "not priced yet"
+        est = f" (estimated ${record.estimate_usd:.4f})" if record.estimate_usd is not None else ""
+        lines.append(f"  cost         {spent}{est}" + (f", budget {record.budget}" if record.budget else ""))
     for child in doc.get("children", []):
         lines.append(f"  -> {child['spec']['destinations'][0]}  {child['state']}  (job {child['id']})")
+    for dst, row in (record.replicas or {}).items():
+        verified = f"{row['newest_verified']} verified {row['verified_at']}" if row.get("newest_verified") else "nothing verified"
+        lines.append(f"  replica      {dst}: {verified}; lag {row['lag_checkpoints']} checkpoints; "
+                     f"${row['spent_usd']:.4f}" + (f"; removed {', '.join(row['removed'])}" if row.get("removed") else ""))
     for dst, proof in (doc.get("proven_equal") or {}).items():
         proof = proof or {}
         when = f"{proof['proven_at']} (job {proof['job']})" if proof.get("proven_at") else "never"

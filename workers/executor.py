@@ -156,14 +156,18 @@ class Service:
         return route(self.ws, spec, destination)
 
     def submit(self, spec: JobSpec, *, schedule: str | None = None, parent: str | None = None,
-               job_id: str | None = None, budget: str | None = None, estimate: float | None = None) -> str:
-        """Queue a job; one over the rest of its monthly ``budget`` waits in awaiting-approval."""
+               job_id: str | None = None, budget: str | None = None, estimate: float | None = None,
+               extra: dict[str, Any] | None = None) -> str:
+        """Queue a job; one over the rest of its monthly ``budget`` waits in awaiting-approval.
+        ``extra``: more fields of the record, written before anything runs."""
         queue = self.route(spec)
         waits = budget is not None and not Budgets(self.r, self.keys).admits(budget, estimate or 0.0)
         job_id = self.jobs.create(spec, queue=queue, job_id=job_id, schedule=schedule, parent=parent,
                                   state="awaiting-approval" if waits else "queued")
         if budget is not None:
             self.jobs.update(job_id, budget=budget, estimate_usd=estimate)
+        if extra:
+            self.jobs.update(job_id, **extra)
         if not waits:
             self.send(TaskRef(f"{job_id}.plan", PLAN, [job_id], queue, job_id))
         return job_id
@@ -189,6 +193,11 @@ class Service:
         self.r.hset(self.keys.schedule(name), mapping={"job": job_id, "fired": time.time()})
         log.info("schedule %s: started job %s", name, job_id)
         return {"job": job_id}
+
+    def fire_policy(self, name: str, policy: dict, fire_id: str) -> dict:
+        """A replication policy is due (sent by beat): see workers/replicas.py."""
+        from workers import replicas
+        return replicas.fire(self, name, policy, fire_id)
 
     # -- running a task --------------------------------------------------------------------
     def run(self, ref: TaskRef) -> dict:
@@ -292,7 +301,17 @@ class Service:
         pipe.hset(self.keys.job(job_id), mapping={"plan_key": planned.key, "plan": json.dumps(planned.header),
                                                   **planned.totals, "tasks_total": len(tasks)})
         pipe.execute()
+        self._used(job_id, planned.usage)
         return tasks
+
+    def _used(self, job_id: str, fields: dict[str, int]) -> None:
+        """Add requests and bytes that ran to the job's usage (what it is charged from)."""
+        if not fields:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for name, value in fields.items():
+            pipe.hincrby(self.keys.job(job_id, "usage"), name, value)
+        pipe.execute()
 
     def _header(self, job_id: str) -> dict:
         return json.loads(self.r.hget(self.keys.job(job_id), "plan") or "null")
@@ -308,7 +327,13 @@ class Service:
         sink = ProgressSink(self.jobs, job_id, record.queue)
         progress.listeners.append(sink)
         stop = StopCheck(self.jobs, job_id, lease)
-        ran = self.kind(spec).run(sub, self.settings_for(spec), self.journal(record.plan_key), progress, stop.units)
+        kind, journal = self.kind(spec), self.journal(record.plan_key)
+        before = kind.marks(sub, journal) if hasattr(kind, "marks") else None
+        try:
+            ran = kind.run(sub, self.settings_for(spec), journal, progress, stop.units)
+        finally:
+            if before is not None:  # what finished in this run, whatever happened next
+                self._used(job_id, kind.used(sub, before, kind.marks(sub, journal)))
         sink.close(progress, max_units=ran.units)
         if ran.errors and not lease.lost.is_set():
             self.jobs.add_errors(job_id, ran.errors)
@@ -334,7 +359,10 @@ class Service:
             return {"skipped": record.state if record else "no such job"}
         settings = self.settings_for(spec)
         header = self._header(job_id)
-        manifest_url = self.kind(spec).commit(header, settings, self.journal(record.plan_key))
+        kind = self.kind(spec)
+        manifest_url = kind.commit(header, settings, self.journal(record.plan_key))
+        if hasattr(kind, "committed"):
+            self._used(job_id, kind.committed(header))
         self.jobs.update(job_id, manifest=manifest_url)
         self.jobs.add_progress(job_id, {"units_done": record.counters.get("units_total", 1)
                                         - record.counters.get("units_done", 0)})
@@ -389,25 +417,47 @@ class Service:
             return
         metrics.job_finished(record.kind, state, record.elapsed)
         log.info("job %s %s in %.1fs", job_id, state, record.elapsed)
+        spent = self._spent(record, spec, state)
+        if spent is not None:
+            self.jobs.update(job_id, spent_usd=repr(spent))
+            record.spent_usd = spent
         if record.budget:
-            self._charge(record, state)
+            Budgets(self.r, self.keys).charge(record.budget, spent or 0.0)
         if state == "succeeded" and spec.kind == "sync":
             self.jobs.record_sync(spec.source, spec.destination, job_id, verify=spec.verify, deletes=spec.deletes)
         if record.parent:
             self._child_ended(record.parent)
 
-    def _charge(self, record: JobRecord, state: str) -> None:
-        """Charge the job's budget with what ran: the estimate scaled by bytes moved over bytes
-        planned (all of it for a job that moved nothing but succeeded: its requests still ran)."""
+    def _spent(self, record: JobRecord, spec: JobSpec, state: str) -> float | None:
+        """What the job cost, from what ran: a parent's children summed; a copy or sync's own
+        requests and bytes (``<job>:usage``: the listing, each unit that finished, the commit)
+        priced by the same cost model as its estimate. A pack job is not counted unit by unit:
+        its estimate, scaled by the bytes it moved."""
+        if record.children:
+            return sum((c.spent_usd or 0.0) for c in (self.jobs.get(child) for child in record.children) if c)
+        fields = self.r.hgetall(self.keys.job(record.id, "usage"))
+        if fields:
+            from bridge import costing, estimate
+            header = self._header(record.id) or {}
+            usage = estimate.from_fields(fields, header.get("source") or spec.source,
+                                         header.get("destination") or spec.destination)
+            try:
+                return costing.cost_of(usage, self.settings_for(spec), usage.source.url, usage.destination.url)
+            except (BridgeError, ValueError) as exc:
+                log.warning("job %s: not priced: %s", record.id, exc)
+                return None
+        if record.estimate_usd is None:
+            return None
         c = record.counters
         planned, moved = c.get("bytes_total", 0), c.get("bytes_done", 0) - c.get("bytes_skipped", 0)
         share = min(1.0, moved / planned) if planned else (1.0 if state == "succeeded" else 0.0)
-        usd = (record.estimate_usd or 0.0) * share
-        Budgets(self.r, self.keys).charge(record.budget, usd)
-        self.jobs.update(record.id, spent_usd=repr(usd))
+        return record.estimate_usd * share
 
     # -- replication: one sync per destination, the parent ends with the last of them -----
     def _start_children(self, record: JobRecord, spec: JobSpec) -> dict:
+        if record.policy:
+            from workers import replicas
+            return replicas.start_children(self, record, spec)
         children = [f"{record.id}-{n}" for n in range(1, len(spec.destinations) + 1)]
         if not self.r.hsetnx(self.keys.job(record.id), "children", json.dumps(children)):
             children = json.loads(self.r.hget(self.keys.job(record.id), "children"))
@@ -428,6 +478,9 @@ class Service:
         parent = self.jobs.get(parent_id)
         if parent is None:
             return
+        if parent.policy:
+            from workers import replicas
+            return replicas.ended(self, parent)
         states = {child: self.jobs.state(child) for child in parent.children}
         failed = [f"{child}: {state}" for child, state in states.items() if state != "succeeded"]
         self._end(parent_id, "failed" if failed else "succeeded",

@@ -72,7 +72,9 @@ class JobRecord:
     errors: list[str] = field(default_factory=list)
     budget: str | None = None            # the monthly budget the job is charged to
     estimate_usd: float | None = None    # priced when it was submitted
-    spent_usd: float | None = None       # charged when it ended, from what ran
+    spent_usd: float | None = None       # priced when it ended, from what ran
+    policy: str | None = None            # the replication policy that started it
+    replicas: dict[str, Any] | None = None  # a policy run: per destination, what it left there
 
     @property
     def active(self) -> bool:
@@ -101,6 +103,7 @@ class JobRecord:
             "errors": self.errors, "error_count": c.get("error_count", 0),
             "manifest": self.manifest, "verify": self.verify,
             "budget": self.budget, "estimate_usd": self.estimate_usd, "spent_usd": self.spent_usd,
+            "policy": self.policy, "replicas": self.replicas,
         }
 
 
@@ -156,7 +159,8 @@ class Jobs:
             plan_key=raw.get("plan_key"), manifest=raw.get("manifest"),
             verify=json.loads(raw["verify"]) if raw.get("verify") else None,
             counters={k: int(raw[k]) for k in COUNTERS if raw.get(k)}, errors=errors,
-            budget=raw.get("budget"), estimate_usd=num("estimate_usd"), spent_usd=num("spent_usd"))
+            budget=raw.get("budget"), estimate_usd=num("estimate_usd"), spent_usd=num("spent_usd"),
+            policy=raw.get("policy"), replicas=json.loads(raw["replicas"]) if raw.get("replicas") else None)
 
     def state(self, job_id: str) -> str | None:
         return self.r.hget(self.keys.job(job_id), "state")
@@ -202,7 +206,8 @@ class Jobs:
     def _expire(self, job_id: str) -> None:
         pipe = self.r.pipeline(transaction=False)
         for key in (self.keys.job(job_id), self.keys.job(job_id, "errors"), self.keys.job(job_id, "done"),
-                    self.keys.job(job_id, "pending"), self.keys.job(job_id, "attempts")):
+                    self.keys.job(job_id, "pending"), self.keys.job(job_id, "attempts"),
+                    self.keys.job(job_id, "usage")):
             pipe.expire(key, self.ttl)
         pipe.delete(self.keys.job(job_id, "tasks"))
         pipe.execute()

@@ -19,6 +19,9 @@ keys get the same prefix through kombu's ``global_keyprefix``::
     mcbridge:schedule:<name>          hash: the last job a schedule started
     mcbridge:budgets                  hash: budget name -> monthly limit in USD (workers/budgets.py)
     mcbridge:spend:<YYYY-MM>          hash: budget name -> USD charged that month
+    mcbridge:job:<id>:usage           hash: requests and bytes the job actually sent (bridge/estimate.py fields)
+    mcbridge:policy:<name>            hash: destination -> its replication state (workers/policies.py)
+    mcbridge:policy-spend:<YYYY-MM>   hash: "<policy> <destination>" -> USD spent that month
 """
 
 from __future__ import annotations
@@ -75,6 +78,12 @@ class Keys:
 
     def once(self, token: str) -> str:
         return self._k("once", token)
+
+    def policy(self, name: str) -> str:
+        return self._k("policy", name)
+
+    def policy_spend(self, month: str) -> str:
+        return self._k("policy-spend", month)
 
 
 def redis_client(url: str):

@@ -27,6 +27,7 @@ class Planned:
     header: dict[str, Any]       # enough for commit() and leftovers()
     subs: list[dict[str, Any]]   # one per task
     totals: dict[str, int]       # bytes_total, files_total, units_total
+    usage: dict[str, int] = dataclasses.field(default_factory=dict)  # requests planning sent (estimate.to_fields)
 
 
 @dataclass
@@ -86,11 +87,34 @@ class Files:
         else:
             plan, _reasons = ops.plan_sync(spec.source, spec.destination, settings, delete=spec.deletes,
                                            chunk_size=chunk)
+            if spec.include or spec.exclude:
+                from bridge.replication import filtered
+                plan = filtered(plan, spec.include or [], spec.exclude or [])
         header = Plan(plan.source, plan.destination, plan.single, [], plan.deletions, plan.key)
         prepare(JobContext(header, settings, journal_for(plan.key)))
         subs = [sub.to_dict() for sub in fan_out(plan, self.batch_files, self.batch_bytes)]
+        from bridge import estimate
         return Planned(plan.key, header.to_dict(), subs, {"bytes_total": plan.bytes, "files_total": len(plan.files),
-                                                          "units_total": plan.unit_count()})
+                                                          "units_total": plan.unit_count()},
+                       estimate.to_fields(estimate.listing(plan)))
+
+    def marks(self, sub: dict, journal) -> set[str]:
+        """What the journal holds of a sub-plan's files (compared before and after a run)."""
+        from bridge import estimate
+        from bridge.engine import Plan
+        return estimate.journal_marks(Plan.from_dict(sub), journal)
+
+    def used(self, sub: dict, before: set[str], after: set[str]) -> dict[str, int]:
+        """The requests and bytes of the units that finished in one run of a sub-plan."""
+        from bridge import estimate
+        from bridge.engine import Plan
+        plan = Plan.from_dict(sub)
+        return estimate.to_fields(estimate.ran(plan, before, after, deletions=len(plan.deletions)))
+
+    def committed(self, header: dict) -> dict[str, int]:
+        from bridge import estimate
+        from bridge.engine import Plan
+        return estimate.to_fields(estimate.commit(Plan.from_dict(header)))
 
     def run(self, sub: dict, settings, journal, progress, units: Callable[[Iterator[dict]], Iterator[dict]]) -> Ran:
         from bridge.engine import JobContext, Plan, ThreadExecutor

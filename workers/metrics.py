@@ -14,6 +14,10 @@ metrics are a no-op and the worker says so once.
     bridge_job_duration_seconds{kind,state} from running to the end, per finished job
     bridge_cache_objects_total{queue,result} objects a cache warm found cached (hit) or filled (miss)
     bridge_cache_bytes_filled_total{queue}  bytes a cache warm downloaded into its node's cache
+    bridge_replica_lag_checkpoints{policy,destination}      source checkpoints newer than the
+                                                            newest verified there, after each run
+    bridge_replica_verified_timestamp_seconds{policy,destination}  when that was last verified
+    bridge_replica_spend_usd_total{policy,destination}      dollars the policy's runs spent there
 """
 
 from __future__ import annotations
@@ -74,6 +78,12 @@ def _metrics() -> dict | None:
         "cache_objects": pc.Counter("bridge_cache_objects", "Objects a cache warm found or filled",
                                     ["queue", "result"]),
         "cache_filled": pc.Counter("bridge_cache_bytes_filled", "Bytes filled into a node's cache", ["queue"]),
+        "lag": pc.Gauge("bridge_replica_lag_checkpoints", "Source checkpoints newer than the newest verified "
+                        "at the destination", ["policy", "destination"], multiprocess_mode="mostrecent"),
+        "verified": pc.Gauge("bridge_replica_verified_timestamp_seconds", "When the destination last had its "
+                             "newest checkpoint verified", ["policy", "destination"], multiprocess_mode="mostrecent"),
+        "spend": pc.Counter("bridge_replica_spend_usd", "US dollars a policy's runs spent at a destination",
+                            ["policy", "destination"]),
     }
 
 
@@ -110,6 +120,17 @@ def cache(queue: str, hits: int = 0, misses: int = 0, bytes_filled: int = 0) -> 
             m["cache_objects"].labels(queue, result).inc(value)
     if bytes_filled > 0:
         m["cache_filled"].labels(queue).inc(bytes_filled)
+
+
+def replica(policy: str, destination: str, *, lag: int, verified_at: float | None, spent: float) -> None:
+    m = _metrics()
+    if m is None:
+        return
+    m["lag"].labels(policy, destination).set(lag)
+    if verified_at is not None:
+        m["verified"].labels(policy, destination).set(verified_at)
+    if spent > 0:
+        m["spend"].labels(policy, destination).inc(spent)
 
 
 def serve(port: int, addr: str):

@@ -202,12 +202,24 @@ class Scheduler(PersistentScheduler):  # type: ignore[misc,valid-type]
 
         import workers.app as bridge_app
         ws = bridge_app.settings
+        log = logging.getLogger(__name__)
+        entries: dict[str, dict[str, Any]] = {}
         if ws.schedules:
             schedules = load(ws.schedules)
-            entries = beat_entries(schedules, ws.control_queue, self.app)
-            kept = {k: v for k, v in (self.app.conf.beat_schedule or {}).items() if not k.startswith("mcbridge:")}
-            self.app.conf.beat_schedule = {**kept, **entries}
-            log = logging.getLogger(__name__)
+            entries.update(beat_entries(schedules, ws.control_queue, self.app))
             for s in schedules:
                 log.info("schedule %s%s", s.describe(), "" if s.enabled else " (disabled)")
+        if ws.policies:
+            from policies.replication import load as load_policies
+            from workers import replicas
+            policies = load_policies(ws.policies)
+            entries.update(replicas.beat_entries(policies, ws.control_queue, self.app))
+            for p in policies:
+                when = p.policy.schedule
+                log.info("policy %s: %s", p.name, f"cron '{when.cron}'" if when and when.cron else
+                         f"every {when.every}" if when else "no schedule (run it with mcbridge replicate --policy)")
+        if ws.schedules or ws.policies:
+            kept = {k: v for k, v in (self.app.conf.beat_schedule or {}).items()
+                    if not k.startswith(("mcbridge:", "mcbridge-policy:"))}
+            self.app.conf.beat_schedule = {**kept, **entries}
         super().setup_schedule()

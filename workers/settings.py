@@ -139,6 +139,8 @@ class WorkerSettings:
         "BRIDGE_METRICS_ADDR", "127.0.0.1", str, "Address the metrics endpoint binds (0.0.0.0 in a container).")
     schedules: str | None = _setting(
         "BRIDGE_SCHEDULES", None, str, "YAML file of named schedules that beat runs.")
+    policies: str | None = _setting(
+        "BRIDGE_POLICIES", None, str, "YAML file of replication policies whose schedules beat runs.")
     timezone: str = _setting(
         "BRIDGE_TIMEZONE", "UTC", str, "Time zone of the cron expressions in the schedules.")
     task_events: bool = _setting(

@@ -41,6 +41,9 @@ class JobSpec(BaseModel):
     verify: Literal["store", "deep", "none"] = "store"
     store_checksums: Literal["require", "readback", "skip"] | None = None
     bwlimit: int | None = None           # bytes/s across the job's workers; `jobs limit` changes it
+    # sync and replicate: only the files matching one of include (default all) and none of exclude
+    include: list[str] | None = None
+    exclude: list[str] | None = None
     # pack only: the shard set (bridge/packing)
     shard_format: Literal["tar", "parquet"] | None = None
     shard_size: int | None = None
@@ -96,6 +99,8 @@ class JobSpec(BaseModel):
             raise ValueError(f"a {self.kind} job has one destination; use replicate for several")
         if self.kind in ("copy", "pack") and self.delete:
             raise ValueError(f"delete applies to sync and replicate, not {self.kind}")
+        if self.kind not in ("sync", "replicate") and (self.include or self.exclude):
+            raise ValueError(f"include and exclude apply to sync and replicate, not {self.kind}")
         if self.kind != "pack":
             given = [name for name in PACK_FIELDS if getattr(self, name) is not None]
             if given:

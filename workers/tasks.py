@@ -10,6 +10,7 @@ from __future__ import annotations
 from workers.app import app, service
 from workers.executor import FINALIZE, PLAN, SCHEDULED, TRANSFER
 from workers.leases import TaskRef
+from workers.replicas import POLICY
 
 
 def _ref(task, args: list) -> TaskRef:
@@ -41,3 +42,9 @@ def finalize(self, job_id: str) -> dict:
 def scheduled(self, name: str, spec: dict) -> dict:
     """Sent by beat when a schedule is due: start its job."""
     return service().fire(name, spec, fire_id=self.request.id)
+
+
+@app.task(name=POLICY, bind=True)
+def policy(self, name: str, policy: dict) -> dict:
+    """Sent by beat when a replication policy is due: price its run and start it."""
+    return service().fire_policy(name, policy, fire_id=self.request.id)

@@ -1,0 +1,170 @@
+"""Replication policies on the service: Celery beat's own scheduler, driven by a given clock,
+sends a policy when its cron is due; a real worker runs it as one sync per destination and
+checkpoint, applies retention, and records lag and spend per destination (Redis, mcbridge
+policy status, mcbridge jobs, Prometheus). No test waits for real cron time."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from celery import Celery
+from celery.beat import Scheduler
+
+from policies.replication import load
+from tests.emulators import free_port, unique_name
+from tests.test_workers_service import metric_total, service  # noqa: F401  (the fixture)
+from workers import replicas
+from workers.budgets import Budgets
+from workers.settings import WorkerSettings, celery_config
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class Clock:
+    def __init__(self, at: datetime):
+        self.at = at
+
+    def __call__(self) -> datetime:
+        return self.at
+
+
+def _beat(env: dict[str, str], policy_file, clock: Clock) -> Scheduler:
+    """Celery beat's scheduler with the policy file's entries, on this test's broker namespace,
+    its clock the given one. ``tick()`` sends what is due, as beat does."""
+    ws = WorkerSettings.from_env(env)
+    app = Celery("beat-under-test")
+    app.conf.update(celery_config(ws))
+    scheduler = Scheduler(app, lazy=True)
+    scheduler.merge_inplace(replicas.beat_entries(load(policy_file), ws.control_queue, app, nowfun=clock))
+    return scheduler
+
+
+def _put_checkpoint(moto, bucket: str, name: str) -> None:
+    for i in range(2):
+        moto.client().put_object(Bucket=bucket, Key=f"golden/{name}/shard-{i}.bin", Body=f"{name}:{i}".encode() * 700)
+    moto.client().put_object(Bucket=bucket, Key=f"golden/{name}/notes.tmp", Body=b"scratch")
+
+
+def _checkpoints(service, url: str) -> set[str]:
+    r = service.cli("ls", url, "--json")
+    if r.returncode == 1 and "nothing there" in r.stderr:
+        return set()
+    assert r.returncode == 0, r.stderr
+    return {row["path"].split("/", 1)[0] for row in json.loads(r.stdout) if "/" in row["path"]}
+
+
+def _run(service, beat: Scheduler, clock: Clock, at: datetime):
+    """Tick at ``at``: exactly one policy run is sent; wait for its job to end."""
+    seen = {r.id for r in service.jobs.list(500)}
+    clock.at = at
+    assert beat.tick() == 0, "the policy was not due"
+    deadline = time.monotonic() + 150
+    while True:
+        runs = [r for r in service.jobs.list(500) if r.policy and not r.parent and r.id not in seen]
+        if runs and runs[0].state in ("succeeded", "failed"):
+            return runs[0]
+        assert time.monotonic() < deadline, f"no policy run ended\n{service.processes[0].log_tail()}"
+        time.sleep(0.2)
+
+
+def test_beat_runs_a_policy_on_its_cron_with_retention_lag_and_spend(service, moto, fake_gcs, azurite, tmp_path):  # noqa: F811
+    src, gbucket, container = unique_name(), unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    azurite.create_bucket(container)
+    for name in ("step-20", "step-100", "step-300", "step-1000"):
+        _put_checkpoint(moto, src, name)
+    gs, az = f"gs://{gbucket}/dr/", f"az://{container}/dr/"
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"""\
+policies:
+  golden:
+    source: s3://{src}/golden/
+    destinations: [{gs}, {az}]
+    checkpoints: "step-*"
+    keep_last: 2
+    exclude: ["*.tmp"]
+    verify: store
+    max_cost_usd: 1
+    schedule: {{cron: "0 2 * * *"}}
+""")
+    Budgets(service.redis, service.keys).set("golden", 3)
+    port = free_port()
+    service.worker("w1", concurrency=2, metrics_port=port).wait_ready()
+
+    # beat's due-check under a given clock: not at 01:59, due at 02:00
+    clock = Clock(datetime(2026, 3, 1, 1, 59, tzinfo=timezone.utc))
+    beat = _beat(service.env, policy_file, clock)
+    entry = beat.schedule["mcbridge-policy:golden"]
+    entry.last_run_at = datetime(2026, 2, 28, 2, 0, 30, tzinfo=timezone.utc)
+    assert entry.is_due()[0] is False
+    assert beat.tick() > 0 and service.jobs.list() == []       # nothing sent before 02:00
+
+    run = _run(service, beat, clock, datetime(2026, 3, 1, 2, 0, 5, tzinfo=timezone.utc))
+    assert run.state == "succeeded", run.errors
+    assert run.schedule == "golden" and run.kind == "replicate" and len(run.children) == 4   # 2 destinations x 2
+    for dst in (gs, az):
+        assert _checkpoints(service, dst) == {"step-300", "step-1000"}
+        assert run.replicas[dst]["newest_verified"] == "step-1000" and run.replicas[dst]["lag_checkpoints"] == 0
+    # exclude held: the scratch file stayed at the source
+    assert "notes.tmp" not in service.cli("ls", f"{gs}step-1000/").stdout
+    # spend from what ran, per job, summed per destination and charged to the policy's budget
+    children = [service.jobs.get(c) for c in run.children]
+    assert all(c.spent_usd and c.spent_usd > 0 for c in children)
+    assert run.spent_usd == pytest.approx(sum(c.spent_usd for c in children))
+    assert Budgets(service.redis, service.keys).spent("golden") == pytest.approx(run.spent_usd)
+
+    # a fifth checkpoint; the next day's 02:00 moves the window and step-300 leaves both clouds
+    _put_checkpoint(moto, src, "step-2000")
+    status = json.loads(service.cli("policy", "status", str(policy_file), "--json").stdout)
+    [golden] = status["policies"]
+    rows = {row["destination"]: row for row in golden["destinations"]}
+    assert rows[gs]["lag_checkpoints"] == 1 and rows[gs]["newest_source"] == "step-2000"   # the source, listed now
+    assert golden["budget_usd"] == 3 and golden["spent_usd"] == pytest.approx(run.spent_usd, rel=1e-3)
+
+    run2 = _run(service, beat, clock, datetime(2026, 3, 2, 2, 0, 5, tzinfo=timezone.utc))
+    assert run2.state == "succeeded", run2.errors
+    for dst in (gs, az):
+        assert _checkpoints(service, dst) == {"step-1000", "step-2000"}
+        assert run2.replicas[dst]["removed"] == ["step-300"]
+
+    # one destination failing (its container gone): nothing is removed anywhere
+    _put_checkpoint(moto, src, "step-3000")
+    azurite.client().delete_container(container)
+    run3 = _run(service, beat, clock, datetime(2026, 3, 3, 2, 0, 5, tzinfo=timezone.utc))
+    assert run3.state == "failed" and run3.replicas[gs]["removed"] == [] and run3.replicas[az]["removed"] == []
+    assert _checkpoints(service, gs) == {"step-1000", "step-2000", "step-3000"}
+    assert run3.replicas[az]["lag_checkpoints"] == 1 and run3.replicas[az]["newest_verified"] == "step-2000"
+
+    text = service.cli("policy", "status", str(policy_file))
+    assert text.returncode == 0, text.stderr
+    assert f"{az}: last run" in text.stdout and "1 checkpoint behind step-3000" in text.stdout
+    assert f"{gs}: last run" in text.stdout and "up to date" in text.stdout
+    listed = service.cli("jobs", "list")
+    assert f"{az}: lag 1" in listed.stdout, listed.stdout
+
+    assert metric_total(port, "bridge_replica_lag_checkpoints") == 1           # gs 0, az 1
+    assert metric_total(port, "bridge_replica_spend_usd_total") == pytest.approx(
+        Budgets(service.redis, service.keys).spent("golden"), rel=1e-6)
+
+
+def test_a_policy_over_its_max_cost_fails_without_sending(service, moto, fake_gcs, tmp_path):  # noqa: F811
+    src, gbucket = unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    _put_checkpoint(moto, src, "step-1")
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n"
+                           f"    destinations: [gs://{gbucket}/dr/]\n    max_cost_usd: 0\n"
+                           f"    schedule: {{every: 1h}}\n")
+    service.worker("w1", concurrency=1).wait_ready()
+    clock = Clock(datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc))
+    beat = _beat(service.env, policy_file, clock)
+    beat.schedule["mcbridge-policy:golden"].last_run_at = clock.at - timedelta(hours=2)
+    run = _run(service, beat, clock, clock.at)
+    assert run.state == "failed" and run.children == []
+    assert "policy golden refused: estimated $" in run.errors[0] and "nothing was sent" in run.errors[0]
+    assert _checkpoints(service, f"gs://{gbucket}/") == set()

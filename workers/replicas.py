@@ -1,0 +1,241 @@
+"""Replication policies run by the service: beat fires a policy, a worker runs it as jobs.
+
+    beat ──(policy due)──> bridge.policy ──> fire(): list the source, keep the window, price
+    every (destination, checkpoint) sync; over max_cost_usd: a failed job, nothing sent; over
+    the policy's monthly budget: a job awaiting approval; else a replicate job, whose children
+    are one sync per destination and checkpoint (include/exclude, mirror or append-only,
+    verify mode of the policy) ──(last child ends)──> ended(): retention (only once the newest
+    checkpoint is verified at every destination), per-destination state, spend and metrics.
+
+The policy file is read by beat (``mcbridge beat --policies FILE``) and travels in the task, as
+schedules' specs do; the decisions are policies/replication.py's, the I/O bridge/replication.py's.
+
+Per destination, in ``<ns>:policy:<name>`` (field: the destination URL; JSON): when the policy
+last ran there (``last_run``, ``job``, ``ok``), the newest checkpoint verified there and when
+(``newest_verified``, ``verified_at``), the newest at the source and how many source checkpoints
+are newer than the verified one (``newest_source``, ``lag_checkpoints``), what retention removed.
+Spend per destination and month is in ``<ns>:policy-spend:<YYYY-MM>``; the policy's own monthly
+budget is the budget of its name (workers/budgets.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+from bridge.errors import BridgeError
+from policies import replication as rules
+from policies.replication import NamedPolicy, Policy
+from workers import metrics
+from workers.budgets import month
+from workers.jobs import ACTIVE, iso
+from workers.keys import Keys
+from workers.specs import JobSpec, parse_spec
+
+log = logging.getLogger(__name__)
+
+POLICY = "bridge.policy"
+
+
+# -- beat ------------------------------------------------------------------------------------
+
+def celery_schedule(schedule: rules.Schedule, app=None, nowfun=None):
+    """The Celery schedule of a policy's ``schedule`` (cron, or every N s/m/h/d)."""
+    from celery.schedules import crontab
+    from celery.schedules import schedule as every
+    from workers.schedules import CRON_FIELDS
+    from workers.settings import parse_duration
+    if schedule.cron is not None:
+        return crontab(**dict(zip(CRON_FIELDS, schedule.cron.split())), app=app, nowfun=nowfun)
+    return every(timedelta(seconds=parse_duration(schedule.every)), app=app, nowfun=nowfun)
+
+
+def beat_entries(policies: list[NamedPolicy], control_queue: str, app=None, nowfun=None) -> dict[str, dict[str, Any]]:
+    """Celery ``beat_schedule`` entries sending ``bridge.policy`` for each policy with a schedule."""
+    return {f"mcbridge-policy:{p.name}": {"task": POLICY, "schedule": celery_schedule(p.policy.schedule, app, nowfun),
+                                          "args": [p.name, p.policy.model_dump(mode="json")],
+                                          "options": {"queue": control_queue}}
+            for p in policies if p.policy.schedule is not None}
+
+
+def check_crons(policies: list[NamedPolicy]) -> list[str]:
+    """Cron expressions Celery refuses (the policy file's own check counts fields only)."""
+    from workers.schedules import check_cron
+    problems = []
+    for p in policies:
+        if p.policy.schedule is not None and p.policy.schedule.cron is not None:
+            reason = check_cron(p.policy.schedule.cron)
+            if reason:
+                problems.append(f"policies.{p.name}.schedule.cron: {reason}")
+    return problems
+
+
+# -- state -----------------------------------------------------------------------------------
+
+class PolicyState:
+    def __init__(self, client, keys: Keys):
+        self.r, self.keys = client, keys
+
+    def destinations(self, name: str) -> dict[str, dict[str, Any]]:
+        return {dst: json.loads(raw) for dst, raw in self.r.hgetall(self.keys.policy(name)).items()}
+
+    def put(self, name: str, destination: str, state: dict[str, Any]) -> None:
+        self.r.hset(self.keys.policy(name), destination, json.dumps(state))
+
+    def add_spend(self, name: str, destination: str, usd: float) -> None:
+        if usd:
+            self.r.hincrbyfloat(self.keys.policy_spend(month()), f"{name} {destination}", usd)
+
+    def spend(self, name: str, when: str | None = None) -> dict[str, float]:
+        raw = self.r.hgetall(self.keys.policy_spend(when or month()))
+        prefix = f"{name} "
+        return {k[len(prefix):]: float(v) for k, v in raw.items() if k.startswith(prefix)}
+
+
+def _spec(policy: Policy) -> JobSpec:
+    return parse_spec({"kind": "replicate", "source": policy.source, "destinations": policy.destinations,
+                       "delete": policy.mode == "mirror", "verify": policy.verify,
+                       "include": policy.include or None, "exclude": policy.exclude or None})
+
+
+def _fail(svc, spec: JobSpec, name: str, problem: str, **fields: Any) -> str:
+    """A run that cannot start: a failed job saying why, nothing queued."""
+    job_id = svc.jobs.create(spec, queue=svc.ws.control_queue, schedule=name, state="queued")
+    svc.jobs.update(job_id, **{"policy": name, **fields})
+    svc._end(job_id, "failed", [problem])
+    return job_id
+
+
+# -- a run -------------------------------------------------------------------------------------
+
+def fire(svc, name: str, policy_dict: dict, fire_id: str) -> dict:
+    """A policy is due: price its run and start it (unless its last run is still going)."""
+    if not svc.r.set(svc.keys.once(fire_id), "1", nx=True, ex=86400):
+        return {"skipped": "duplicate delivery"}
+    last = svc.r.hget(svc.keys.schedule(f"policy:{name}"), "job")
+    if last and svc.jobs.state(last) in ACTIVE:
+        log.info("policy %s: run %s is still %s; not starting another", name, last, svc.jobs.state(last))
+        return {"skipped": "previous run active", "job": last}
+    job_id = start(svc, name, Policy.model_validate(policy_dict))
+    svc.r.hset(svc.keys.schedule(f"policy:{name}"), mapping={"job": job_id, "fired": time.time()})
+    log.info("policy %s: started job %s", name, job_id)
+    return {"job": job_id}
+
+
+def start(svc, name: str, policy: Policy) -> str:
+    """Plan and price one run of a policy; queue it, hold it for approval, or refuse it."""
+    from bridge import costing, estimate
+    from bridge import replication as run
+    spec = _spec(policy)
+    settings = svc.settings_for(spec)
+    try:
+        kept, plans, _unreachable = run.prepare(policy, settings)
+        usd = costing.total_cost([estimate.usage(p, "direct") for p in plans.values()], settings)
+    except BridgeError as exc:
+        return _fail(svc, spec, name, f"policy {name}: {exc}")
+    if not kept:
+        return _fail(svc, spec, name, f"policy {name}: no checkpoint under {policy.source} matches "
+                                      f"{policy.checkpoints!r}")
+    policy_fields = {"policy": name, "policy_spec": json.dumps(policy.model_dump(mode="json")),
+                     "checkpoints": json.dumps(kept)}
+    if policy.max_cost_usd is not None and usd > policy.max_cost_usd:
+        return _fail(svc, spec, name, f"policy {name} refused: estimated ${usd:.2f} for {len(plans)} syncs of "
+                                      f"{', '.join(kept)} is over max_cost_usd ${policy.max_cost_usd:.2f}; "
+                                      f"nothing was sent", estimate_usd=repr(usd), **policy_fields)
+    return svc.submit(spec, schedule=name, budget=name, estimate=usd, extra=policy_fields)
+
+
+def _loaded(svc, job_id: str) -> tuple[str, Policy, list[str]]:
+    raw = svc.r.hmget(svc.keys.job(job_id), ["policy", "policy_spec", "checkpoints"])
+    return raw[0], Policy.model_validate(json.loads(raw[1])), json.loads(raw[2])
+
+
+def pairs(policy: Policy, kept: list[str]) -> list[tuple[str, str]]:
+    """(destination, checkpoint) of each child job, in the children's order."""
+    return [(dst, ckpt) for dst in policy.destinations for ckpt in kept]
+
+
+def start_children(svc, record, spec: JobSpec) -> dict:
+    """One sync per destination and checkpoint of the window, each verified as the policy says."""
+    name, policy, kept = _loaded(svc, record.id)
+    wanted = pairs(policy, kept)
+    children = [f"{record.id}-{n}" for n in range(1, len(wanted) + 1)]
+    if not svc.r.hsetnx(svc.keys.job(record.id), "children", json.dumps(children)):
+        children = json.loads(svc.r.hget(svc.keys.job(record.id), "children"))
+    svc.r.hsetnx(svc.keys.job(record.id), "children_pending", len(children))
+    svc.jobs.update(record.id, tasks_total=len(children))
+    svc.jobs.transition(record.id, "running", ("planning",))
+    for child_id, (dst, ckpt) in zip(children, wanted):
+        if svc.jobs.state(child_id) in (None, "queued"):
+            child = spec.for_destination(f"{dst}{ckpt}/").model_copy(update={"source": f"{spec.source}{ckpt}/"})
+            svc.submit(child, parent=record.id, job_id=child_id, schedule=record.schedule, extra={"policy": name})
+    return {"children": children}
+
+
+def ended(svc, parent) -> None:
+    """The last child of a policy run ended: retention, per-destination state, the run's verdict."""
+    from bridge import replication as run
+    name, policy, kept = _loaded(svc, parent.id)
+    verified: dict[str, dict[str, bool]] = {dst: {} for dst in policy.destinations}
+    spent: dict[str, float] = dict.fromkeys(policy.destinations, 0.0)
+    problems: dict[str, list[str]] = {dst: [] for dst in policy.destinations}
+    for child_id, (dst, ckpt) in zip(parent.children, pairs(policy, kept)):
+        child = svc.jobs.get(child_id)
+        ok = child is not None and child.state == "succeeded" and \
+            (policy.verify == "none" or bool((child.verify or {}).get("ok")))
+        verified[dst][ckpt] = ok
+        spent[dst] += (child.spent_usd or 0.0) if child else 0.0
+        if not ok:
+            why = (child.errors[0] if child and child.errors else child.state if child else "never started")
+            problems[dst].append(f"{dst}{ckpt}/: {why}")
+    settings = svc.settings_for(_spec(policy))
+    try:
+        removed, unlisted = run.retain(policy, kept, verified, settings)
+    except BridgeError as exc:
+        removed, unlisted = {}, {dst: str(exc) for dst in policy.destinations}
+    try:
+        source_now = run.folders(policy.source, settings)
+    except BridgeError:
+        source_now = set(kept)
+    copies, enough = rules.outcome(policy, kept, verified)
+
+    state = PolicyState(svc.r, svc.keys)
+    before = state.destinations(name)
+    now = time.time()
+    replicas = {}
+    for dst in policy.destinations:
+        prev = before.get(dst, {})
+        proven = [c for c in kept if verified[dst].get(c)]
+        if prev.get("newest_verified") and prev["newest_verified"] not in removed.get(dst, []):
+            proven.append(prev["newest_verified"])
+        newest = max(proven, key=rules.natural_key) if proven else None
+        renewed = newest is not None and verified[dst].get(newest)
+        lag = rules.lag(policy, source_now, [newest] if newest else [])
+        row = {"last_run": iso(now), "job": parent.id, "ok": all(verified[dst].get(c) for c in kept),
+               "checkpoints": verified[dst], "newest_verified": newest,
+               "verified_at": iso(now) if renewed else prev.get("verified_at"),
+               "newest_source": lag["newest_source"], "lag_checkpoints": lag["lag_checkpoints"],
+               "removed": removed.get(dst, []), "spent_usd": round(spent[dst], 9),
+               "errors": (problems[dst] + ([unlisted[dst]] if dst in unlisted else []))[:5]}
+        state.put(name, dst, row)
+        state.add_spend(name, dst, spent[dst])
+        replicas[dst] = row
+        metrics.replica(name, dst, lag=lag["lag_checkpoints"],
+                        verified_at=now if renewed else _ts(prev.get("verified_at")), spent=spent[dst])
+    svc.jobs.update(parent.id, replicas=replicas, verified_copies=copies, copies_needed=policy.copies_needed)
+    errors = [p for dst in policy.destinations for p in problems[dst]] + \
+             [f"{dst}: not listed for retention: {why}" for dst, why in unlisted.items()]
+    if not enough:
+        errors.insert(0, f"policy {name}: {kept[-1]} verified at {copies} of {len(policy.destinations)} "
+                         f"destinations, {policy.copies_needed} needed")
+    svc._end(parent.id, "succeeded" if enough else "failed", errors or None)
+
+
+def _ts(text: str | None) -> float | None:
+    if not text:
+        return None
+    import calendar
+    return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
