@@ -168,3 +168,33 @@ def test_a_policy_over_its_max_cost_fails_without_sending(service, moto, fake_gc
     assert run.state == "failed" and run.children == []
     assert "policy golden refused: estimated $" in run.errors[0] and "nothing was sent" in run.errors[0]
     assert _checkpoints(service, f"gs://{gbucket}/") == set()
+
+
+def test_a_policy_run_past_its_monthly_budget_waits_for_approval(service, moto, fake_gcs, tmp_path):  # noqa: F811
+    src, gbucket = unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    _put_checkpoint(moto, src, "step-1")
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n"
+                           f"    destinations: [gs://{gbucket}/dr/]\n    schedule: {{cron: \"*/5 * * * *\"}}\n")
+    Budgets(service.redis, service.keys).set("golden", 0)
+    service.worker("w1", concurrency=1).wait_ready()
+    clock = Clock(datetime(2026, 3, 1, 12, 1, tzinfo=timezone.utc))
+    beat = _beat(service.env, policy_file, clock)
+    beat.schedule["mcbridge-policy:golden"].last_run_at = datetime(2026, 3, 1, 11, 55, 30, tzinfo=timezone.utc)
+    clock.at = datetime(2026, 3, 1, 12, 0, 10, tzinfo=timezone.utc)
+    assert beat.tick() == 0
+    deadline = time.monotonic() + 60
+    while not (held := [r for r in service.jobs.list() if r.policy and r.state == "awaiting-approval"]):
+        assert time.monotonic() < deadline, service.processes[0].log_tail()
+        time.sleep(0.2)
+    [run] = held
+    assert run.estimate_usd > 0 and run.children == [] and _checkpoints(service, f"gs://{gbucket}/") == set()
+
+    r = service.cli("jobs", "approve", run.id)
+    assert r.returncode == 0, r.stderr
+    done = service.wait(run.id)
+    assert done.state == "succeeded", done.errors
+    assert _checkpoints(service, f"gs://{gbucket}/dr/") == {"step-1"}
+    assert Budgets(service.redis, service.keys).spent("golden") == pytest.approx(done.spent_usd) and done.spent_usd > 0
