@@ -334,3 +334,42 @@ def from_fields(fields: dict[str, Any], source: str, destination: str) -> Usage:
     payload = int(fields.get("payload", 0))
     return Usage("direct", src, dst, int(fields.get("files", 0)), payload, payload,
                  int(fields.get("objects_written", 0)))
+
+
+def pack_marks(pack_plan: Any, journal: Any) -> set[str]:
+    """The shards of a pack plan that the journal holds as written (``shard:NAME``)."""
+    return {f"shard:{s.name}" for s in pack_plan.shards if journal.get(f"shard:{s.name}") is not None}
+
+
+def pack_ran(pack_plan: Any, before: set[str], after: set[str]) -> Usage:
+    """The reads and writes of the shards written between two looks at the journal, counted as
+    ``pack_usage`` counts them."""
+    src = StoreUsage(_root(pack_plan.source_root))
+    dst = StoreUsage(pack_plan.destination)
+    new = after - before
+    files = moved = written = 0
+    for shard in pack_plan.shards:
+        if f"shard:{shard.name}" not in new:
+            continue
+        for _rel, size in shard.files:
+            _read(src, size, 0 if size <= pack_plan.part_size else pack_plan.part_size)
+            files += 1
+            moved += size
+        _upload(dst, shard.size, pack_plan.part_size if shard.size > pack_plan.part_size else 0)
+        written += 1
+    return Usage("pack", src, dst, files, moved, moved, written)
+
+
+def pack_listing(pack_plan: Any) -> Usage:
+    src = StoreUsage(_root(pack_plan.source_root))
+    src.requests["HEAD"] += 1
+    src.requests["LIST"] += _pages(src.scheme, pack_plan.files)
+    return Usage("pack", src, StoreUsage(pack_plan.destination), 0, 0, 0, 0)
+
+
+def pack_commit(pack_plan: Any) -> Usage:
+    """The index and its per-shard files, and the manifest with the look-ups around it."""
+    dst = StoreUsage(pack_plan.destination)
+    dst.requests["PUT"] += 1 + len(pack_plan.shards)
+    _destination_commit(dst, 0)
+    return Usage("pack", StoreUsage(_root(pack_plan.source_root)), dst, 0, 0, 0, 0)

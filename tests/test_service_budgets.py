@@ -81,3 +81,41 @@ def test_a_job_awaiting_approval_can_be_cancelled(service, moto):  # noqa: F811
     assert r.returncode == 0, r.stderr
     assert service.jobs.get(job_id).state == "cancelled"
     assert service.cli("jobs", "approve", job_id).returncode == 1
+
+
+def test_spend_is_priced_from_what_ran_a_cut_short_job_costs_less(service, moto):  # noqa: F811
+    """A pack job that runs as planned is charged exactly what its estimate counts. A copy whose
+    source lost half its files after it was priced sends only the rest and is charged for those:
+    the estimate scaled by bytes moved over bytes planned (6 of 6 at the worker) would charge it all."""
+    src, dst = unique_name(), unique_name()
+    moto.create_bucket(src)
+    moto.create_bucket(dst)
+    for i in range(12):
+        moto.client().put_object(Bucket=src, Key=f"c/{i:02d}.bin", Body=bytes([i]) * 3000)
+    budgets = Budgets(service.redis, service.keys)
+    budgets.set("team", 100)
+    service.worker("w1", concurrency=1).wait_ready()
+
+    r = service.cli("submit", "pack", f"s3://{src}/c/", f"s3://{dst}/shards/", "--shard-size", "16KiB",
+                    "--budget", "team", "--wait", "--json")
+    assert r.returncode == 0, r.stderr
+    packed = service.jobs.get(json.loads(r.stdout)["id"])
+    assert packed.spent_usd == pytest.approx(packed.estimate_usd, rel=1e-6)
+
+    # priced with all 12 files; then 6 of them vanish before the worker reads them
+    from workers.app import configure, service as make_service
+    from workers.settings import WorkerSettings
+    configure(WorkerSettings.from_env(service.env))
+    svc = make_service()
+    from bridge.costing import job_usages, total_cost
+    from bridge.config import load_settings
+    settings = load_settings(environ=service.env)
+    estimate = total_cost(job_usages("copy", f"s3://{src}/c/", [f"s3://{dst}/copy/"], settings), settings)
+    for i in range(6):
+        moto.client().delete_object(Bucket=src, Key=f"c/{i:02d}.bin")
+    from workers.specs import parse_spec
+    job_id = svc.submit(parse_spec({"kind": "copy", "source": f"s3://{src}/c/", "destinations": [f"s3://{dst}/copy/"]}),
+                        budget="team", estimate=estimate)
+    done = service.wait(job_id)
+    assert done.state == "succeeded" and done.counters["files_total"] == 6
+    assert 0 < done.spent_usd < 0.75 * estimate

@@ -429,17 +429,17 @@ class Service:
             self._child_ended(record.parent)
 
     def _spent(self, record: JobRecord, spec: JobSpec, state: str) -> float | None:
-        """What the job cost, from what ran: a parent's children summed; a copy or sync's own
-        requests and bytes (``<job>:usage``: the listing, each unit that finished, the commit)
-        priced by the same cost model as its estimate. A pack job is not counted unit by unit:
-        its estimate, scaled by the bytes it moved."""
+        """What the job cost, from what ran: a parent's children summed; a job's own requests
+        and bytes (``<job>:usage``: the listing, each file, part or shard that finished, the
+        commit) priced by the same cost model as its estimate. A job recorded before usage was
+        kept: its estimate, scaled by the bytes it moved."""
         if record.children:
             return sum((c.spent_usd or 0.0) for c in (self.jobs.get(child) for child in record.children) if c)
         fields = self.r.hgetall(self.keys.job(record.id, "usage"))
         if fields:
             from bridge import costing, estimate
             header = self._header(record.id) or {}
-            usage = estimate.from_fields(fields, header.get("source") or spec.source,
+            usage = estimate.from_fields(fields, header.get("source_root") or header.get("source") or spec.source,
                                          header.get("destination") or spec.destination)
             try:
                 return costing.cost_of(usage, self.settings_for(spec), usage.source.url, usage.destination.url)

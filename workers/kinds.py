@@ -154,8 +154,25 @@ class Shards:
         header = dataclasses.replace(plan, shards=[dataclasses.replace(s, files=[]) for s in plan.shards])
         packing.prepare(packing.PackContext(header, settings, journal_for(plan.key)))
         subs = [dataclasses.replace(plan, shards=[shard]).to_dict() for shard in plan.shards]
+        from bridge import estimate
         return Planned(plan.key, header.to_dict(), subs, {"bytes_total": plan.shard_bytes, "files_total": plan.files,
-                                                          "units_total": len(plan.shards) + 2})
+                                                          "units_total": len(plan.shards) + 2},
+                       estimate.to_fields(estimate.pack_listing(plan)))
+
+    def marks(self, sub: dict, journal) -> set[str]:
+        from bridge import estimate
+        from bridge.packing import job as packing
+        return estimate.pack_marks(packing.PackPlan.from_dict(sub), journal)
+
+    def used(self, sub: dict, before: set[str], after: set[str]) -> dict[str, int]:
+        from bridge import estimate
+        from bridge.packing import job as packing
+        return estimate.to_fields(estimate.pack_ran(packing.PackPlan.from_dict(sub), before, after))
+
+    def committed(self, header: dict) -> dict[str, int]:
+        from bridge import estimate
+        from bridge.packing import job as packing
+        return estimate.to_fields(estimate.pack_commit(packing.PackPlan.from_dict(header)))
 
     def run(self, sub: dict, settings, journal, progress, units: Callable[[Iterator[dict]], Iterator[dict]]) -> Ran:
         from bridge.errors import BridgeError
