@@ -26,10 +26,17 @@ def _speeds(settings: Settings) -> dict[str, dict[str, float | None]]:
     return {route: speed.model_dump() for route, speed in settings.pricing.speeds.items()}
 
 
+NATIVE = frozenset({"sts", "datasync"})
+
+
 def available_routes(settings: Settings, extra: list[str] | None = None) -> set[str]:
-    """The routes this bridge runs (the native ones once enabled in the settings), plus those the
-    settings or ``extra`` mark available for planning."""
-    names = set(routes.BUILT) | set(settings.native.enabled) | set(settings.pricing.available_routes) | set(extra or [])
+    """The routes this bridge can run: those registered with bridge/routes (built and importable;
+    the native ones only once enabled in the settings, since they start jobs in the user's
+    accounts), packing, plus those the settings or ``extra`` mark available for planning."""
+    from bridge import routes as runnable
+    registered = set(runnable.available())
+    names = (set(routes.BUILT) | (registered - NATIVE) | set(settings.native.enabled)
+             | set(settings.pricing.available_routes) | set(extra or []))
     unknown = sorted(n for n in names if n not in routes.ORDER)
     if unknown:
         raise InvalidOption(f"unknown route {unknown[0]!r}; routes: {', '.join(routes.ORDER)}")
