@@ -78,7 +78,7 @@ def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what:
     """Refuse a plan estimated above ``max_cost`` dollars, before any data request."""
     if max_cost is not None:
         from bridge import costing, estimate
-        costing.check_budget(estimate.usage(plan, "direct"), settings, max_cost, what)
+        costing.check_budget(estimate.usage(plan, plan.route or "direct"), settings, max_cost, what)
 
 
 def copy(source: str, destination: str, settings: Settings, *, chunk_size: int | None = None,

@@ -51,13 +51,16 @@ def test_over_budget_sends_no_data_request(command, corpus, moto, emulator_env, 
                      line), line
     assert object_requests(moto, {src, dst}, mark) == []
     assert moto.client().list_objects_v2(Bucket=dst).get("KeyCount", 0) == 0
+    if command in (["cp"], ["sync"]):
+        assert "route server" in line   # priced as it would run: the store copies between its buckets
 
 
 def test_within_budget_the_copy_runs_and_its_data_requests_are_seen(corpus, moto, emulator_env, tmp_path):
     # the same count, on a copy allowed to run, sees every GET and PUT: the refusal above is real
+    # (direct: between two S3 buckets the server route would send CopyObject instead)
     src, dst = corpus
     mark = moto.log_path.stat().st_size
-    r = mcbridge("cp", f"s3://{src}/train/", f"s3://{dst}/copy/", "--max-cost", "5", "-q",
+    r = mcbridge("cp", f"s3://{src}/train/", f"s3://{dst}/copy/", "--max-cost", "5", "-q", "--route", "direct",
                  env=emulator_env, state_dir=tmp_path)
     assert r.returncode == 0, r.stderr
     seen = object_requests(moto, {src, dst}, mark)
