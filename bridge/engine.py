@@ -7,33 +7,32 @@ A copy is planned into small JSON-serialisable units:
     {"op": "complete", "rel": "ckpt.bin", "size": …, "part_size": …}        after its last part
     {"op": "finalize"}                                                      the manifest, last
 
-``run_unit`` executes one unit against a ``JobContext``; an executor decides where units run.
-Every unit is idempotent: finished work is found in the journal (and, for parts, in the store's
+``JobContext`` (a ``bridge.jobs.Context``) runs one unit; an executor decides where units run
+(``bridge.jobs.ThreadExecutor`` here, ``workers/`` on Celery), and finalize commits through
+``bridge.jobs.commit``. Every unit is idempotent: finished work is found in the journal (and, for parts, in the store's
 own list of an unfinished upload) and is not sent again.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import hashlib
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bridge import jobs
 from bridge import manifest as manifests
 from bridge import names
-from bridge import retry
 from bridge import routes
 from bridge.config import Settings
-from bridge.errors import (AuthError, BridgeError, BucketNotFound, IntegrityError, InvalidOption,
-                           ObjectNotFound)
+from bridge.errors import BridgeError, IntegrityError, InvalidOption, ObjectNotFound
 from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex, rehash
 from bridge.journal import Journal, job_key
-from bridge.manifest import FileEntry, Manifest
+from bridge.jobs import FATAL, Outcome, ThreadExecutor, describe  # noqa: F401  (their old home)
+from bridge.manifest import FileEntry
 from bridge.progress import Progress
-from bridge.redact import redact
 from bridge.stores import Store, get_store
 from bridge.stores.base import MiB, ObjectInfo
 from bridge.urls import Location, parse
@@ -43,7 +42,6 @@ DEFAULT_PART_SIZE = 8 * MiB  # x concurrency 8: ~64 MiB of parts in flight
 # many files or bytes, and only then journaled as written.
 SETTLE_FILES = 512
 SETTLE_BYTES = 256 * MiB
-FATAL = (AuthError, BucketNotFound)
 
 
 # -- planning ------------------------------------------------------------------------------
@@ -195,8 +193,8 @@ def file_plan(rel: str, info: ObjectInfo, dst_store: Store, chunk_size: int | No
 
 # -- running ---------------------------------------------------------------------------------
 
-class JobContext:
-    """What units of one job share in one process: stores, journal, progress, per-file state."""
+class JobContext(jobs.Context):
+    """What units of one copy share in one process: stores, journal, progress, per-file state."""
 
     def __init__(self, plan: Plan, settings: Settings, journal: Journal, progress: Progress | None = None):
         self.plan = plan
@@ -301,6 +299,26 @@ class JobContext:
         with self._lock:
             self._parts_left[rel] -= 1
             return self._parts_left[rel] == 0
+
+    def before_submit(self, unit: dict) -> None:
+        if unit["op"] == "part":   # in submission order, before any part can wait on it
+            self.hasher(unit["rel"]).expect(unit["number"])
+
+    def followups(self, unit: dict) -> list[dict]:
+        if unit["op"] == "part" and self.parts_finished(unit["rel"]):
+            return [{"op": "complete", "rel": unit["rel"], "size": unit["size"], "part_size": unit["part_size"]}]
+        if unit["op"] == "route":   # the files a route handed back go the direct way
+            with self._lock:
+                fallen = [self._files[rel] for rel in unit["files"] if rel in self.fallbacks]
+            units = list(self.plan.direct_units(fallen))
+            self.progress.plan(0, len(units) + sum(1 for f in fallen if f.part_size))
+            return units
+        return []
+
+    def prepare(self) -> None:
+        """Temporaries a killed run left beside the files, then the old manifest set aside."""
+        self.dst.clean_temporaries({_parent(self.dst_loc(f.rel)) for f in self.plan.files})
+        jobs.set_aside(self.dst, self.dst_root)
 
 
 def _metadata(h: FileHash) -> dict[str, str]:
@@ -452,142 +470,25 @@ def _delete(ctx: JobContext, unit: dict) -> dict:
 
 def _finalize(ctx: JobContext, unit: dict) -> dict:
     ctx.settle()  # every file durable before the manifest, the commit marker, names it
-    root = ctx.dst_root
-    previous = manifests.read(ctx.dst, root, manifests.PREVIOUS)
-    files: dict[str, FileEntry] = dict(previous.files) if previous else {}
-    written = ctx.journal.items("file:")
-    for key, entry in written.items():
-        files[key[len("file:"):]] = FileEntry.from_dict(entry)
-    for rel in ctx.plan.deletions:  # after: a file written by a killed run may be deleted by this one
-        files.pop(rel, None)
-    extra = previous.extra if previous else {}
-    manifest = Manifest(ctx.plan.source, ctx.plan.destination, files, extra=extra)
-    manifests.write(ctx.dst, root, manifest)
-    # Committed. What follows is cleaning up: a failure there leaves leftovers, not a failed copy
-    # (a manifest.previous left behind is replaced by the next prepare).
-    try:
-        if previous:
-            ctx.dst.delete(root.join(manifests.PREVIOUS))
-        # Unfinished uploads to the objects just written are leftovers of runs that were killed
-        # and not resumed; uploads to other keys may belong to another job running now, and stay.
-        targets = {str(ctx.dst_loc(key[len("file:"):])) for key in written}
-        for loc, upload_id in [] if ctx.dst.commit_discards_uploads else list(ctx.dst.list_uploads(root)):
-            if str(loc) in targets:
-                ctx.dst.abort_upload(loc, upload_id)
-    except BridgeError:
-        pass  # `mcbridge uploads --abort` removes what is left
-    return {"manifest": str(root.join(manifests.MANIFEST)), "files": len(files)}
+    written = {key[len("file:"):]: FileEntry.from_dict(entry) for key, entry in ctx.journal.items("file:").items()}
+    where = jobs.commit(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination, written.values(),
+                        removed=ctx.plan.deletions)
+    return {"manifest": where, "files": len(written)}
 
 
-OPS: dict[str, Callable[[JobContext, dict], dict]] = {
-    "put": _put, "part": _part, "complete": _complete, "delete": _delete, "finalize": _finalize,
-    "route": _route,
-}
+OPS = {"put": _put, "part": _part, "complete": _complete, "delete": _delete, "finalize": _finalize,
+       "route": _route}
+JobContext.ops = OPS
 
 
 def run_unit(ctx: JobContext, unit: dict) -> dict:
-    with retry.reporting(lambda _exc: ctx.progress.retried()):
-        return OPS[unit["op"]](ctx, unit)
+    return ctx.run_unit(unit)
 
 
 def followups(ctx: JobContext, unit: dict) -> list[dict]:
-    """Units that become ready when ``unit`` has succeeded."""
-    if unit["op"] == "part" and ctx.parts_finished(unit["rel"]):
-        return [{"op": "complete", "rel": unit["rel"], "size": unit["size"], "part_size": unit["part_size"]}]
-    if unit["op"] == "route":
-        with ctx._lock:
-            fallen = [ctx._files[rel] for rel in unit["files"] if rel in ctx.fallbacks]
-        units = list(ctx.plan.direct_units(fallen))
-        ctx.progress.plan(0, len(units) + sum(1 for f in fallen if f.part_size))
-        return units
-    return []
+    return ctx.followups(unit)
 
 
 def prepare(ctx: JobContext) -> None:
-    """Before any byte moves, an old manifest stops claiming the destination is complete; its
-    entries are kept aside (a resumed run finds them there) and merged at finalize. A manifest
-    beside an older manifest.previous holds all of its entries (finalize merged them), so it
-    replaces it."""
-    root = ctx.dst_root
-    with retry.reporting(lambda _exc: ctx.progress.retried()):
-        ctx.dst.clean_temporaries({_parent(ctx.dst_loc(f.rel)) for f in ctx.plan.files})
-        try:
-            raw = ctx.dst.read(root.join(manifests.MANIFEST))
-        except ObjectNotFound:
-            return
-        ctx.dst.put(root.join(manifests.PREVIOUS), raw, crc32c=crc_hex(crc32c(raw)), metadata={})
-        ctx.dst.delete(root.join(manifests.MANIFEST))
-
-
-# -- the in-process executor -------------------------------------------------------------------
-
-@dataclass
-class Outcome:
-    ok: bool
-    errors: list[str]
-    results: dict[str, Any]
-
-
-class ThreadExecutor:
-    """Runs units on a bounded FIFO thread pool, at most ``concurrency`` at a time, submitting a
-    window of them so that memory stays at about concurrency x part size however big the job."""
-
-    def __init__(self, concurrency: int):
-        self.concurrency = concurrency
-
-    def run(self, ctx: JobContext, units: Iterator[dict], final: dict | None) -> Outcome:
-        errors: list[str] = []
-        failed_files: set[str] = set()
-        stop = threading.Event()
-        pending = iter(units)
-        ready: list[dict] = []
-        with cf.ThreadPoolExecutor(self.concurrency, thread_name_prefix="bridge") as pool:
-            running: dict[cf.Future, dict] = {}
-
-            def fill() -> None:
-                while len(running) < self.concurrency * 2 and not stop.is_set():
-                    unit = ready.pop(0) if ready else next(pending, None)
-                    if unit is None:
-                        return
-                    if unit.get("rel") in failed_files:
-                        continue
-                    if unit["op"] == "part":   # in submission order, before any part can wait on it
-                        ctx.hasher(unit["rel"]).expect(unit["number"])
-                    running[pool.submit(run_unit, ctx, unit)] = unit
-
-            fill()
-            while running:
-                done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
-                for fut in done:
-                    unit = running.pop(fut)
-                    exc = fut.exception()
-                    if exc is None:
-                        ctx.progress.unit_finished(True)
-                        ready.extend(followups(ctx, unit))
-                        continue
-                    ctx.progress.unit_finished(False)
-                    rel = unit.get("rel")
-                    if rel not in failed_files:
-                        errors.append(describe(exc))
-                    failed_files.add(rel)
-                    if isinstance(exc, FATAL) or not isinstance(exc, BridgeError):
-                        stop.set()
-                fill()
-        try:
-            ctx.settle()  # before the manifest, and so that a re-run finds these files finished
-        except BridgeError as exc:
-            errors.append(describe(exc))
-        if errors or stop.is_set():
-            return Outcome(False, errors, {})
-        results = {}
-        if final:
-            results = run_unit(ctx, final)
-            ctx.progress.unit_finished(True)
-        return Outcome(True, [], results)
-
-
-def describe(exc: BaseException) -> str:
-    """A failed unit's error as recorded and reported: an SDK's text may quote a signed URL."""
-    if isinstance(exc, BridgeError):
-        return redact(str(exc))
-    return redact(f"internal error: {type(exc).__name__}: {exc}")
+    """Before any byte moves (see ``JobContext.prepare``)."""
+    ctx.prepare()

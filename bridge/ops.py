@@ -15,9 +15,10 @@ from bridge import check
 from bridge import routes
 from bridge.check import mismatch, reported_crc32c
 from bridge.hashing import rehash
-from bridge.engine import (FilePlan, JobContext, Plan, ThreadExecutor, check_chunk_size, check_route,
-                           file_plan, part_size_for, plan_copy, prepare, resolve)
-from bridge.errors import ManifestError, ObjectNotFound, TransferFailed
+from bridge import jobs
+from bridge.engine import (FilePlan, JobContext, Plan, check_chunk_size, check_route, file_plan, part_size_for,
+                           plan_copy, resolve)
+from bridge.errors import ManifestError, ObjectNotFound
 from bridge.journal import job_key
 from bridge.journal import FileJournal
 from bridge.progress import Progress
@@ -48,7 +49,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
 
 
 def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
-            state_dir: Path | None = None, final_extra: dict | None = None) -> dict[str, Any]:
+            state_dir: Path | None = None) -> dict[str, Any]:
     progress = progress or Progress()
     if progress.limiter is None and settings.transfer.bwlimit:
         progress.limiter = bwlimit.local(settings.transfer.bwlimit)
@@ -56,22 +57,10 @@ def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
     ctx = JobContext(plan, settings, journal, progress)
     _quiet_gc()
     progress.plan(plan.bytes, plan.unit_count())
-    prepare(ctx)
-    outcome = ThreadExecutor(settings.transfer.concurrency).run(
-        ctx, plan.units(), {"op": "finalize", **(final_extra or {})})
-    summary = {"source": plan.source, "destination": plan.destination, "files": len(plan.files),
-               "bytes": plan.bytes, "ok": outcome.ok, "errors": outcome.errors, **progress.snapshot(),
-               "route": routes.report(plan, ctx.fallbacks, progress.bytes_through)}
-    if not outcome.ok:
-        journal.close()
-        first = outcome.errors[0] if outcome.errors else "stopped"
-        more = f" (and {len(outcome.errors) - 1} more)" if len(outcome.errors) > 1 else ""
-        raise TransferFailed(f"copy did not complete: {first}{more}; run it again to resume")
-    summary["manifest"] = outcome.results.get("manifest")
-    journal.clear()
-    journal.close()
-    journal.path.unlink(missing_ok=True)
-    return summary
+    results = jobs.run(ctx, plan.units(), journal, settings.transfer.concurrency, "copy")
+    return {"source": plan.source, "destination": plan.destination, "files": len(plan.files),
+            "bytes": plan.bytes, "ok": True, "errors": [], **progress.snapshot(),
+            "route": routes.report(plan, ctx.fallbacks, progress.bytes_through), "manifest": results["manifest"]}
 
 
 def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what: str) -> None:

@@ -1,0 +1,248 @@
+"""One job model for every kind of transfer: units, one executor here, one commit path.
+
+A job of any kind (copy and sync in ``bridge.engine``, pack in ``bridge.packing.job``, unpack in
+``bridge.packing.unpack``) is planned into small JSON units, and gets a ``Context``: what its
+units share in one process (stores, journal, progress). Then, the same for every kind:
+
+    ctx.prepare()                  before any byte moves: the old manifest set aside (``set_aside``),
+                                   the temporaries of a killed run removed
+    ThreadExecutor.run(ctx, units, ctx.finals())
+                                   units on a bounded thread pool; ``ctx.followups(unit)`` are the
+                                   units a finished one makes ready (a file's ``complete`` after its
+                                   last part); one failed unit stops the rest of its file or shard, a
+                                   fatal error (credentials, missing bucket, a bug) stops the job;
+                                   then ``ctx.settle()`` makes what they wrote durable
+    the finals, in order           only when every unit succeeded: they end in ``commit``: the
+                                   entries merged into the set-aside manifest, the manifest written
+                                   last, then leftovers (the set-aside copy, unfinished uploads to
+                                   the objects just written) cleaned
+    failure(what, errors)          the one error line a failed job raises
+
+``run`` does all of that in this process, with the job's journal. The Celery executor
+(``workers/executor.py``) runs the same units and the same finals, spread over tasks.
+
+A new kind (a server-side or delegated copy, a cache fill) is: a plan whose units are JSON, a
+``Context`` subclass whose ``ops`` map each unit's ``"op"`` to a function ``(ctx, unit) -> dict``,
+and a finalize op that calls ``commit`` with the entries its journal holds. Every unit must be
+idempotent (a re-run finds finished work in the journal and does not send it again); a unit that
+belongs to one object carries its path as ``"rel"`` (or ``"name"``) so that its failure stops only
+that object's other units. Its plan reports ``usage()`` (``bridge.estimate``) for policies to price.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from bridge import manifest as manifests
+from bridge import retry
+from bridge.errors import AuthError, BridgeError, BucketNotFound, ObjectNotFound, TransferFailed
+from bridge.hashing import crc32c, crc_hex
+from bridge.journal import FileJournal
+from bridge.manifest import FileEntry, Manifest
+from bridge.progress import Progress
+from bridge.redact import redact
+from bridge.stores.base import Store
+from bridge.urls import Location
+
+FATAL = (AuthError, BucketNotFound)
+
+
+class Context:
+    """What the units of one job share in one process. A kind sets ``ops`` and overrides what
+    it needs; ``run_unit`` is what every executor calls."""
+
+    ops: ClassVar[dict[str, Callable[[Any, dict], dict]]] = {}
+    progress: Progress
+
+    def run_unit(self, unit: dict) -> dict:
+        with retry.reporting(lambda _exc: self.progress.retried()):
+            return self.ops[unit["op"]](self, unit)
+
+    def followups(self, unit: dict) -> list[dict]:
+        """Units that become ready when ``unit`` has succeeded."""
+        return []
+
+    def before_submit(self, unit: dict) -> None:
+        """Called in submission order, before ``unit`` can run (and before any later unit can)."""
+
+    def prepare(self) -> None:
+        """Before any byte moves."""
+
+    def settle(self) -> None:
+        """After the units, before the finals: make what they wrote durable (and journal it)."""
+
+    def finals(self) -> list[dict]:
+        """The units that run, in order, once every other unit has succeeded; the last commits."""
+        return [{"op": "finalize"}]
+
+    def close(self) -> None:
+        """Release what the context holds (thread pools)."""
+
+
+# -- the in-process executor -------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    ok: bool
+    errors: list[str]
+    results: dict[str, Any]
+
+
+class _Stopped(Exception):
+    """A unit that was queued when the job stopped, and so never ran."""
+
+
+def _group(unit: dict) -> str | None:
+    return unit.get("rel", unit.get("name"))
+
+
+class ThreadExecutor:
+    """Runs units on a bounded FIFO thread pool, at most ``concurrency`` at a time, submitting a
+    window of them so that memory stays at about concurrency x part size however big the job."""
+
+    def __init__(self, concurrency: int):
+        self.concurrency = concurrency
+
+    def run(self, ctx: Context, units: Iterable[dict], final: dict | list[dict] | None) -> Outcome:
+        errors: list[str] = []
+        failed: set[str | None] = set()
+        stop = threading.Event()
+        pending: Iterator[dict] = iter(units)
+        ready: list[dict] = []
+
+        def guarded(unit: dict) -> dict:
+            if stop.is_set():
+                raise _Stopped
+            return ctx.run_unit(unit)
+
+        with cf.ThreadPoolExecutor(self.concurrency, thread_name_prefix="bridge") as pool:
+            running: dict[cf.Future, dict] = {}
+
+            def fill() -> None:
+                while len(running) < self.concurrency * 2 and not stop.is_set():
+                    unit = ready.pop(0) if ready else next(pending, None)
+                    if unit is None:
+                        return
+                    if _group(unit) in failed:
+                        continue
+                    ctx.before_submit(unit)
+                    running[pool.submit(guarded, unit)] = unit
+
+            fill()
+            while running:
+                done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    unit = running.pop(fut)
+                    exc = fut.exception()
+                    if isinstance(exc, _Stopped):
+                        continue
+                    if exc is None:
+                        ctx.progress.unit_finished(True)
+                        ready.extend(ctx.followups(unit))
+                        continue
+                    ctx.progress.unit_finished(False)
+                    group = _group(unit)
+                    if group not in failed:
+                        errors.append(describe(exc))
+                    failed.add(group)
+                    if isinstance(exc, FATAL) or not isinstance(exc, BridgeError):
+                        stop.set()
+                fill()
+        try:
+            ctx.settle()  # before the manifest, and so that a re-run finds these files finished
+        except BridgeError as exc:
+            errors.append(describe(exc))
+        if errors or stop.is_set():
+            return Outcome(False, errors, {})
+        results: dict[str, Any] = {}
+        for unit in [final] if isinstance(final, dict) else final or []:
+            results.update(ctx.run_unit(unit))
+            ctx.progress.unit_finished(True)
+        return Outcome(True, [], results)
+
+
+def describe(exc: BaseException) -> str:
+    """A failed unit's error as recorded and reported: an SDK's text may quote a signed URL."""
+    if isinstance(exc, BridgeError):
+        return redact(str(exc))
+    return redact(f"internal error: {type(exc).__name__}: {exc}")
+
+
+def failure(what: str, errors: list[str]) -> TransferFailed:
+    """The one line a failed job ends with: its first error, how many more, and what to do."""
+    first = errors[0] if errors else "stopped"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return TransferFailed(f"{what} did not complete: {first}{more}; run it again to resume")
+
+
+def run(ctx: Context, units: Iterable[dict], journal: FileJournal, concurrency: int, what: str) -> dict[str, Any]:
+    """A whole job in this process: prepare, the units, the finals; the journal is removed once
+    the job has committed, and kept (for the re-run to resume from) when it has not."""
+    try:
+        with retry.reporting(lambda _exc: ctx.progress.retried()):
+            ctx.prepare()
+        outcome = ThreadExecutor(concurrency).run(ctx, units, ctx.finals())
+    except BaseException:
+        ctx.close()
+        journal.close()
+        raise
+    ctx.close()
+    if not outcome.ok:
+        journal.close()
+        raise failure(what, outcome.errors)
+    journal.clear()
+    journal.close()
+    journal.path.unlink(missing_ok=True)
+    return outcome.results
+
+
+# -- the one commit path ---------------------------------------------------------------------------
+
+def set_aside(store: Store, root: Location) -> None:
+    """Before any byte moves, an old manifest stops claiming the destination is complete; it is
+    kept aside (a resumed run finds it there) and merged back by ``commit``. A manifest beside an
+    older manifest.previous holds all of its entries (a commit merged them), so it replaces it."""
+    root = root.as_prefix()
+    try:
+        raw = store.read(root.join(manifests.MANIFEST))
+    except ObjectNotFound:
+        return
+    store.put(root.join(manifests.PREVIOUS), raw, crc32c=crc_hex(crc32c(raw)), metadata={})
+    store.delete(root.join(manifests.MANIFEST))
+
+
+def commit(store: Store, root: Location, source: str, destination: str, entries: Iterable[FileEntry], *,
+           removed: Iterable[str] = (), extra: dict[str, Any] | None = None) -> str:
+    """The job's commit: its entries over the set-aside manifest's (``removed`` taken out, ``extra``
+    merged key by key), the manifest written last. What follows is cleaning up, and a failure
+    there leaves leftovers, not a failed job."""
+    root = root.as_prefix()
+    kept_aside = manifests.read(store, root, manifests.PREVIOUS)
+    previous = kept_aside or manifests.read(store, root)
+    files: dict[str, FileEntry] = dict(previous.files) if previous else {}
+    merged = dict(previous.extra) if previous else {}
+    written = []
+    for entry in entries:
+        files[entry.path] = entry
+        written.append(entry.path)
+    for rel in removed:   # after: a file written by a killed run may be removed by this one
+        files.pop(rel, None)
+    for key, value in (extra or {}).items():
+        merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
+    manifests.write(store, root, Manifest(source, destination, files, extra=merged))
+    try:
+        if kept_aside:
+            store.delete(root.join(manifests.PREVIOUS))
+        # Unfinished uploads to the objects just written are leftovers of runs that were killed
+        # and not resumed; uploads to other keys may belong to another job running now, and stay.
+        targets = {str(root.join(rel)) for rel in written}
+        for loc, upload_id in [] if store.commit_discards_uploads else list(store.list_uploads(root)):
+            if str(loc) in targets:
+                store.abort_upload(loc, upload_id)
+    except BridgeError:
+        pass  # `mcbridge uploads --abort` removes what is left
+    return str(root.join(manifests.MANIFEST))
