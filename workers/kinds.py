@@ -5,8 +5,9 @@
     Shards  pack (bridge.packing.job): one task per shard; the index, then the manifest, last
 
 Each kind turns a spec into a header (what finalize needs, without the file lists) and sub-plans
-(one per task, JSON), runs one sub-plan with a thread pool, commits the header at the end, and
-names the unfinished uploads a cancelled job leaves. The executor (workers/executor.py) does the
+(one per task, JSON), runs one sub-plan's units on bridge.jobs.ThreadExecutor (the executor of
+an in-process job), commits the header at the end through the kind's own finals (the last of
+which is bridge.jobs.commit), and names the unfinished uploads a cancelled job leaves. The executor (workers/executor.py) does the
 rest the same way for every kind. A replication has no work of its own: it starts one sync per
 destination.
 """
@@ -72,6 +73,29 @@ def _manifest_written(store, root) -> bool:
     return manifests.read(store, root) is not None and manifests.read(store, root, manifests.PREVIOUS) is None
 
 
+def _run(ctx, units: Iterator[dict], concurrency: int, count: int) -> Ran:
+    """One task's units, on bridge's own executor (the one an in-process job uses)."""
+    from bridge.jobs import ThreadExecutor
+    try:
+        outcome = ThreadExecutor(concurrency).run(ctx, units, final=None)
+    finally:
+        ctx.close()
+    return Ran(outcome.errors, count)
+
+
+def _commit(ctx) -> str:
+    """The kind's finals (its last one commits through bridge.jobs.commit), unless a finalize
+    already ran to the end."""
+    from bridge import manifest as manifests
+    try:
+        if not _manifest_written(ctx.dst, ctx.dst_root):
+            for unit in ctx.finals():
+                ctx.run_unit(unit)
+    finally:
+        ctx.close()
+    return str(ctx.dst_root.join(manifests.MANIFEST))
+
+
 class Files:
     """copy and sync."""
 
@@ -117,19 +141,14 @@ class Files:
         return estimate.to_fields(estimate.commit(Plan.from_dict(header)))
 
     def run(self, sub: dict, settings, journal, progress, units: Callable[[Iterator[dict]], Iterator[dict]]) -> Ran:
-        from bridge.engine import JobContext, Plan, ThreadExecutor
+        from bridge.engine import JobContext, Plan
         plan = Plan.from_dict(sub)
         ctx = JobContext(plan, settings, journal, progress)
-        outcome = ThreadExecutor(settings.transfer.concurrency).run(ctx, units(plan.units()), final=None)
-        return Ran(outcome.errors, plan.unit_count() - 1)
+        return _run(ctx, units(plan.units()), settings.transfer.concurrency, plan.unit_count() - 1)
 
     def commit(self, header: dict, settings, journal) -> str:
-        from bridge import manifest as manifests
-        from bridge.engine import JobContext, Plan, run_unit
-        ctx = JobContext(Plan.from_dict(header), settings, journal)
-        if not _manifest_written(ctx.dst, ctx.dst_root):
-            run_unit(ctx, {"op": "finalize"})
-        return str(ctx.dst_root.join(manifests.MANIFEST))
+        from bridge.engine import JobContext, Plan
+        return _commit(JobContext(Plan.from_dict(header), settings, journal))
 
     def leftovers(self, header: dict, settings, journal) -> Iterator[tuple[Any, Any, str]]:
         """(store, location, upload id) of the uploads the job began."""
@@ -175,34 +194,14 @@ class Shards:
         return estimate.to_fields(estimate.pack_commit(packing.PackPlan.from_dict(header)))
 
     def run(self, sub: dict, settings, journal, progress, units: Callable[[Iterator[dict]], Iterator[dict]]) -> Ran:
-        from bridge.errors import BridgeError
         from bridge.packing import job as packing
         plan = packing.PackPlan.from_dict(sub)
         ctx = packing.PackContext(plan, settings, journal, progress)
-        errors: list[str] = []
-        try:
-            for unit in units(iter(plan.units())):
-                try:
-                    packing.run_unit(ctx, unit)
-                    progress.unit_finished(True)
-                except BridgeError as exc:
-                    progress.unit_finished(False)
-                    errors.append(str(exc))
-        finally:
-            ctx.close()
-        return Ran(errors, len(plan.shards))
+        return _run(ctx, units(iter(plan.units())), ctx.writers(), len(plan.shards))
 
     def commit(self, header: dict, settings, journal) -> str:
-        from bridge import manifest as manifests
         from bridge.packing import job as packing
-        ctx = packing.PackContext(packing.PackPlan.from_dict(header), settings, journal)
-        try:
-            if not _manifest_written(ctx.dst, ctx.dst_root):
-                packing.run_unit(ctx, {"op": "index"})
-                packing.run_unit(ctx, {"op": "finalize"})
-        finally:
-            ctx.close()
-        return str(ctx.dst_root.join(manifests.MANIFEST))
+        return _commit(packing.PackContext(packing.PackPlan.from_dict(header), settings, journal))
 
     def leftovers(self, header: dict, settings, journal) -> Iterator[tuple[Any, Any, str]]:
         from bridge.stores import get_store

@@ -18,12 +18,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridge import manifest as manifests
+from bridge import jobs
 from bridge.config import Settings
-from bridge.engine import describe, resolve
-from bridge.errors import AuthError, BridgeError, BucketNotFound, InvalidOption, ObjectNotFound, TransferFailed
+from bridge.engine import resolve
+from bridge.errors import BridgeError, InvalidOption, ObjectNotFound
 from bridge.journal import FileJournal, Journal, job_key
-from bridge.manifest import FileEntry, Manifest
+from bridge.manifest import FileEntry
 from bridge.packing import index as indexes
 from bridge.packing import layout
 from bridge.packing.sink import put_whole, stream_part_size
@@ -35,7 +35,6 @@ from bridge.urls import Location, parse
 
 DEFAULT_SHARD_SIZE = 256 * MiB
 DEFAULT_MEMORY = 1 * GiB
-FATAL = (AuthError, BucketNotFound)
 
 
 @dataclass
@@ -174,7 +173,7 @@ def _cut(groups: list[list[tuple[str, int]]], fmt: ShardFormat, prefix: str, sha
 
 # -- running ----------------------------------------------------------------------------------------
 
-class PackContext:
+class PackContext(jobs.Context):
     """What the units of one packing job share in one process."""
 
     def __init__(self, plan: PackPlan, settings: Settings, journal: Journal, progress: Progress | None = None):
@@ -209,6 +208,18 @@ class PackContext:
     def close(self) -> None:
         if self._read_pool is not None:
             self._read_pool.shutdown(cancel_futures=True)
+
+    def prepare(self) -> None:
+        """The old index and manifest stop vouching for the root before any shard is rewritten."""
+        jobs.set_aside(self.dst, self.dst_root)
+        if self.journal.get("index") is None:
+            try:
+                self.dst.delete(self.dst_root.join(layout.index_name(self.plan.prefix)))
+            except ObjectNotFound:
+                pass
+
+    def finals(self) -> list[dict]:
+        return [{"op": "index"}, {"op": "finalize"}]
 
 
 def _shard(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
@@ -300,70 +311,24 @@ def _finalize(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
                                  **listing.get("committed", {})))
     entries.append(FileEntry(index["name"], index["size"], index["crc32c"], index["sha256"],
                              **index.get("committed", {})))
-    where = commit_manifest(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination, entries,
-                            removed=index["stale"], shard_sets={ctx.plan.prefix: index["pointer"]})
+    where = jobs.commit(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination, entries,
+                        removed=index["stale"], extra={"shard_sets": {ctx.plan.prefix: index["pointer"]}})
     return {"manifest": where}
 
 
 OPS = {"shard": _shard, "index": _index, "finalize": _finalize}
+PackContext.ops = OPS
 
 
 def run_unit(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
-    return OPS[unit["op"]](ctx, unit)
+    return ctx.run_unit(unit)
 
-
-# -- the manifest ---------------------------------------------------------------------------------------
-
-def demote_manifest(store: Store, root: Location) -> None:
-    """Before anything is rewritten, the manifest stops claiming the root is complete (kept aside
-    once, as the engine does, and merged back when the job commits)."""
-    root = root.as_prefix()
-    try:
-        raw = store.read(root.join(manifests.MANIFEST))
-    except ObjectNotFound:
-        return
-    try:
-        store.info(root.join(manifests.PREVIOUS))
-    except ObjectNotFound:
-        put_whole(store, root.join(manifests.PREVIOUS), raw, retries=1)
-    store.delete(root.join(manifests.MANIFEST))
-
-
-def commit_manifest(store: Store, root: Location, source: str, destination: str, entries: list[FileEntry], *,
-                    removed: list[str] = (), shard_sets: dict[str, Any] | None = None) -> str:
-    root = root.as_prefix()
-    kept_aside = manifests.read(store, root, manifests.PREVIOUS)
-    previous = kept_aside or manifests.read(store, root)
-    files = dict(previous.files) if previous else {}
-    extra = dict(previous.extra) if previous else {}
-    for rel in removed:
-        files.pop(rel, None)
-    files.update({e.path: e for e in entries})
-    if shard_sets:
-        extra["shard_sets"] = {**extra.get("shard_sets", {}), **shard_sets}
-    manifests.write(store, root, Manifest(source, destination, files, extra=extra))
-    if kept_aside:
-        store.delete(root.join(manifests.PREVIOUS))
-    # Unfinished uploads to the objects just written are leftovers of runs that were killed and
-    # not resumed; uploads to other keys may belong to another job running now, and stay.
-    targets = {str(root.join(e.path)) for e in entries}
-    for loc, upload_id in list(store.list_uploads(root)):
-        if str(loc) in targets:
-            store.abort_upload(loc, upload_id)
-    return str(root.join(manifests.MANIFEST))
-
-
-# -- the in-process executor -------------------------------------------------------------------------
 
 def prepare(ctx: PackContext) -> None:
-    """The old index and manifest stop vouching for the root before any shard is rewritten."""
-    demote_manifest(ctx.dst, ctx.dst_root)
-    if ctx.journal.get("index") is None:
-        try:
-            ctx.dst.delete(ctx.dst_root.join(layout.index_name(ctx.plan.prefix)))
-        except ObjectNotFound:
-            pass
+    ctx.prepare()
 
+
+# -- the in-process run -------------------------------------------------------------------------------
 
 def execute(plan: PackPlan, settings: Settings, progress: Progress | None = None,
             state_dir: Path | None = None, memory: int = DEFAULT_MEMORY) -> dict[str, Any]:
@@ -374,45 +339,9 @@ def execute(plan: PackPlan, settings: Settings, progress: Progress | None = None
     journal = FileJournal((state_dir or Path(settings.transfer.state_dir)) / "journal" / f"{plan.key}.jsonl")
     ctx = PackContext(plan, settings, journal, progress)
     progress.plan(plan.shard_bytes, len(plan.shards) + 2)
-    try:
-        prepare(ctx)
-        errors = _run_shards(ctx, ctx.writers(memory))
-        if errors:
-            first = errors[0]
-            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            raise TransferFailed(f"packing did not complete: {first}{more}; run it again to resume")
-        index = run_unit(ctx, {"op": "index"})
-        progress.unit_finished(True)
-        final = run_unit(ctx, {"op": "finalize"})
-        progress.unit_finished(True)
-    finally:
-        ctx.close()
-        journal.close()
-    journal.path.unlink(missing_ok=True)   # committed: a new run starts afresh
-    return {**plan.summary(), "ok": True, "index": index["index"], "stale_removed": len(index["stale"]),
-            "manifest": final["manifest"], **progress.snapshot()}
-
-
-def _run_shards(ctx: PackContext, writers: int) -> list[str]:
-    """Shard units on a pool of ``writers`` threads; a fatal error stops the shards not started."""
-    errors: list[str] = []
-    stop = threading.Event()
-
-    def guarded(unit: dict[str, Any]) -> dict[str, Any] | None:
-        return None if stop.is_set() else run_unit(ctx, unit)
-
-    with cf.ThreadPoolExecutor(writers, thread_name_prefix="bridge-shard") as pool:
-        futures = {pool.submit(guarded, unit): unit for unit in ctx.plan.units()}
-        for future in cf.as_completed(futures):
-            exc = future.exception()
-            if exc is None:
-                ctx.progress.unit_finished(True)
-                continue
-            ctx.progress.unit_finished(False)
-            errors.append(describe(exc))
-            if isinstance(exc, FATAL) or not isinstance(exc, BridgeError):
-                stop.set()
-    return errors
+    results = jobs.run(ctx, plan.units(), journal, ctx.writers(memory), "packing")
+    return {**plan.summary(), "ok": True, "index": results["index"], "stale_removed": len(results["stale"]),
+            "manifest": results["manifest"], **progress.snapshot()}
 
 
 def pack(source: str, destination: str, settings: Settings, *, fmt: str = "tar", prefix: str = "shard",
