@@ -22,19 +22,18 @@ import hashlib
 import os
 import tarfile
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge import jobs
 from bridge import names
 from bridge.config import Settings
-from bridge.engine import describe
-from bridge.errors import IntegrityError, MissingBackend, ObjectNotFound, TransferFailed
+from bridge.errors import IntegrityError, MissingBackend, ObjectNotFound
 from bridge.journal import FileJournal, Journal, job_key
 from bridge.manifest import FileEntry
 from bridge.packing import index as indexes
 from bridge.packing import layout
-from bridge.packing.job import commit_manifest, demote_manifest
 from bridge.packing.layout import UnsafeMember
 from bridge.packing.rangefile import RangeFile
 from bridge.packing.reading import open_set
@@ -67,6 +66,37 @@ class Shard:
     size: int
     sha256: str | None
     members: list[Member]
+
+    def unit(self) -> dict[str, Any]:
+        return {"op": "shard", "name": self.name, "loc": str(self.loc), "format": self.format, "size": self.size,
+                "sha256": self.sha256, "members": [asdict(m) for m in self.members]}
+
+    @classmethod
+    def from_unit(cls, unit: dict[str, Any]) -> Shard:
+        return cls(unit["name"], parse(unit["loc"]), unit["format"], unit["size"], unit["sha256"],
+                   [Member(**m) for m in unit["members"]])
+
+
+@dataclass
+class UnpackPlan:
+    """What an unpack will do, found and checked before anything is written: the shards, each
+    with every member it restores."""
+    source: str
+    destination: str
+    prefix: str | None
+    index: str | None                 # the shard set's index; None: members from the shards themselves
+    shards: list[dict[str, Any]] = field(default_factory=list)   # shard units
+    key: str = ""
+
+    @property
+    def bytes(self) -> int:
+        return sum(m["size"] for s in self.shards for m in s["members"] if m["size"] > 0)
+
+    def paths(self) -> list[str]:
+        return [m["path"] for s in self.shards for m in s["members"]]
+
+    def units(self) -> list[dict[str, Any]]:
+        return list(self.shards)
 
 
 class _Problems:
@@ -356,18 +386,15 @@ def _done(value: Any) -> cf.Future:
     return future
 
 
-# -- the command ---------------------------------------------------------------------------------------
+# -- the job ---------------------------------------------------------------------------------------
 
-def unpack(source: str, destination: str, settings: Settings, *, prefix: str | None = None,
-           progress: Progress | None = None, state_dir: Path | None = None) -> dict[str, Any]:
-    """Restore the tree packed at ``source`` into ``destination``; return a JSON-able summary."""
-    progress = progress or Progress()
+def plan_unpack(source: str, destination: str, settings: Settings, prefix: str | None = None) -> UnpackPlan:
+    """Phase 1: every member of every shard, each one checked; one error naming the unsafe ones."""
     src = parse(source)
     store = get_store(src, settings)
     store.check_bucket(src)
     dst_root = parse(destination).as_prefix()
-    dst = get_store(dst_root, settings)
-    dst.check_bucket(dst_root)
+    get_store(dst_root, settings).check_bucket(dst_root)
     problems = _Problems()
     shard_set = None
     if src.key.endswith(".index.json"):
@@ -378,40 +405,59 @@ def unpack(source: str, destination: str, settings: Settings, *, prefix: str | N
     shards = _from_index(store, shard_set, problems) if shard_set else _without_index(store, src, retries, problems)
     _check_tree(shards, dst_root, problems)
     problems.raise_if_any(source)
+    return UnpackPlan(source, str(dst_root), prefix,
+                      str(shard_set.root.join(shard_set.name)) if shard_set else None,
+                      [s.unit() for s in shards], job_key("unpack", source, str(dst_root), prefix))
 
-    total = sum(m.size for s in shards for m in s.members if m.size > 0)
-    progress.plan(total, len(shards) + 1)
-    demote_manifest(dst, dst_root)
-    folders = {_folder(dst_root.join(m.path)) for s in shards for m in s.members}
-    dst.clean_temporaries(folders)
-    key = job_key("unpack", source, str(dst_root), prefix)
-    journal = FileJournal((state_dir or Path(settings.transfer.state_dir)) / "journal" / f"{key}.jsonl")
-    extractor = _Extractor(store, dst, dst_root, settings, progress, journal)
-    errors: list[str] = []
-    entries: list[FileEntry] = []
-    try:
-        with cf.ThreadPoolExecutor(max(1, min(settings.transfer.concurrency, len(shards))),
-                                   thread_name_prefix="bridge-unpack") as pool:
-            futures = {pool.submit(extractor.shard, s): s for s in shards}
-            for future in cf.as_completed(futures):
-                exc = future.exception()
-                progress.unit_finished(exc is None)
-                if exc is None:
-                    entries += future.result()
-                else:
-                    errors.append(describe(exc))
-    finally:
-        extractor.close()
-    if errors:
-        journal.close()
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise TransferFailed(f"unpack did not complete: {errors[0]}{more}; run it again to resume")
-    where = commit_manifest(dst, dst_root, source, str(dst_root), entries)
-    journal.clear()
-    journal.close()
-    journal.path.unlink(missing_ok=True)
-    progress.unit_finished(True)
-    return {"source": source, "destination": str(dst_root), "shards": len(shards), "files": len(entries),
-            "bytes": sum(e.size for e in entries), "verified": shard_set is not None,
-            "index": str(shard_set.root.join(shard_set.name)) if shard_set else None,
-            "manifest": where, **progress.snapshot()}
+
+class UnpackContext(jobs.Context):
+    """What the units of one unpack share in one process."""
+
+    def __init__(self, plan: UnpackPlan, settings: Settings, journal: Journal, progress: Progress | None = None):
+        self.plan, self.settings, self.journal = plan, settings, journal
+        self.progress = progress or Progress()
+        self.src_root = parse(plan.source)
+        self.dst_root = parse(plan.destination)
+        self.src = get_store(self.src_root, settings)
+        self.dst = get_store(self.dst_root, settings)
+        self.extractor = _Extractor(self.src, self.dst, self.dst_root, settings, self.progress, journal)
+
+    def prepare(self) -> None:
+        jobs.set_aside(self.dst, self.dst_root)
+        self.dst.clean_temporaries({_folder(self.dst_root.join(path)) for path in self.plan.paths()})
+
+    def close(self) -> None:
+        self.extractor.close()
+
+
+def _shard(ctx: UnpackContext, unit: dict[str, Any]) -> dict[str, Any]:
+    return {"files": len(ctx.extractor.shard(Shard.from_unit(unit)))}
+
+
+def _finalize(ctx: UnpackContext, unit: dict[str, Any]) -> dict[str, Any]:
+    entries = []
+    for path in ctx.plan.paths():
+        rec = ctx.journal.get(f"file:{path}")
+        if rec is None:
+            raise ObjectNotFound(f"{ctx.dst_root.join(path)} was not restored; run the unpack again")
+        entries.append(FileEntry.from_dict(rec))
+    where = jobs.commit(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination, entries)
+    return {"manifest": where, "files": len(entries), "bytes": sum(e.size for e in entries)}
+
+
+UnpackContext.ops = {"shard": _shard, "finalize": _finalize}
+
+
+def unpack(source: str, destination: str, settings: Settings, *, prefix: str | None = None,
+           progress: Progress | None = None, state_dir: Path | None = None) -> dict[str, Any]:
+    """Restore the tree packed at ``source`` into ``destination``; return a JSON-able summary."""
+    progress = progress or Progress()
+    plan = plan_unpack(source, destination, settings, prefix)
+    progress.plan(plan.bytes, len(plan.shards) + 1)
+    journal = FileJournal((state_dir or Path(settings.transfer.state_dir)) / "journal" / f"{plan.key}.jsonl")
+    ctx = UnpackContext(plan, settings, journal, progress)
+    concurrency = max(1, min(settings.transfer.concurrency, len(plan.shards)))
+    results = jobs.run(ctx, plan.units(), journal, concurrency, "unpack")
+    return {"source": source, "destination": plan.destination, "shards": len(plan.shards), "files": results["files"],
+            "bytes": results["bytes"], "verified": plan.index is not None, "index": plan.index,
+            "manifest": results["manifest"], **progress.snapshot()}
