@@ -37,10 +37,11 @@ from typing import Any
 
 from bridge.cache import locks, striping
 from bridge.config import Settings
-from bridge.engine import FilePlan, JobContext, Plan, ThreadExecutor, part_size_for
+from bridge import manifest as manifests
+from bridge.engine import FilePlan, Plan, part_size_for
 from bridge.errors import BridgeError, IntegrityError, InvalidOption, ObjectNotFound, TransferFailed
 from bridge.hashing import crc32c, crc_hex
-from bridge.journal import FileJournal
+from bridge.manifest import FileEntry
 from bridge.progress import Progress
 from bridge.stores import get_store
 from bridge.stores.base import MiB, ObjectInfo
@@ -83,12 +84,13 @@ def store_crc32c(info: ObjectInfo) -> str | None:
     return info.checksums.get("crc32c") or info.metadata.get("bridge_crc32c")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_atomic(path: Path, data: bytes, durable: bool = True) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -194,7 +196,10 @@ class Cache:
 
     # -- filling --------------------------------------------------------------------------
     def _fill(self, key: str, loc: Location, info: ObjectInfo, progress: Progress | None) -> None:
-        """Called holding the entry's lock."""
+        """Called holding the entry's lock. The copy is ``mcbridge cp``'s own (ops.execute: the
+        engine's parallel ranged reads, journal and manifest), into the fill's directory, with
+        the journal kept there: a filler killed mid-way leaves it, and the next one resumes it."""
+        from bridge import ops
         started = time.monotonic()
         work = self.fill_dir(key)
         fresh = not work.exists()
@@ -202,42 +207,35 @@ class Cache:
         if fresh:
             striping.stripe(str(work), info.size, self.conf)
         local = get_store("file", self.settings)
-        plan = Plan(str(loc), str(work) + "/", str(loc),
+        target = Location("file", "", str(work).lstrip("/") + "/")
+        plan = Plan(str(loc), str(target), str(loc),
                     [FilePlan(DATA, info.size, part_size_for(info.size, local, self.settings.transfer.chunk_size),
                               dict(info.identity))], key=f"cache-{key[:20]}")
-        journal = FileJournal(work / "journal.jsonl")
         try:
-            if journal.get(f"file:{DATA}") and not (work / DATA).exists():
-                journal.clear()   # a filler killed while publishing: start over
-            progress = progress or Progress()
-            progress.plan(plan.bytes, plan.unit_count())
-            ctx = JobContext(plan, self.settings, journal, progress)
-            outcome = ThreadExecutor(self.settings.transfer.concurrency).run(ctx, plan.units(), None)
-            if not outcome.ok:
-                raise TransferFailed(f"filling the cache from {loc} failed: "
-                                     f"{outcome.errors[0] if outcome.errors else 'stopped'}")
-            done = journal.get(f"file:{DATA}")
-        finally:
-            journal.close()
+            ops.execute(plan, self.settings, progress, state_dir=work)
+        except TransferFailed as exc:
+            raise TransferFailed(f"filling the cache from {loc} failed: {exc}") from exc
+        manifest = manifests.read(local, target)
+        done = manifest.files.get(DATA) if manifest else None
         try:
             self._check(work / DATA, loc, info, done)
         except IntegrityError:
             shutil.rmtree(work, ignore_errors=True)   # wrong bytes are not worth resuming
             raise
-        meta = {"url": str(loc), "identity": info.identity, "size": info.size, "crc32c": done["crc32c"],
-                "sha256": done.get("sha256", ""), "store_crc32c": store_crc32c(info),
+        meta = {"url": str(loc), "identity": info.identity, "size": info.size, "crc32c": done.crc32c,
+                "sha256": done.sha256, "store_crc32c": store_crc32c(info),
                 "filled_at": time.time(), "fill_seconds": round(time.monotonic() - started, 3)}
         self._publish(key, work, meta)
         self._count(misses=1, fills=1, bytes_filled=info.size, fill_seconds=meta["fill_seconds"])
 
-    def _check(self, path: Path, loc: Location, info: ObjectInfo, done: dict | None) -> None:
+    def _check(self, path: Path, loc: Location, info: ObjectInfo, done: FileEntry | None) -> None:
         if not done:
             raise TransferFailed(f"filling the cache from {loc}: the copy finished without a record of its file")
         size, on_disk, _ = file_hashes(path, sha=False)
         if size != info.size:
             raise IntegrityError(f"{loc}: {size} bytes cached, the store says {info.size}")
-        if on_disk != done["crc32c"]:
-            raise IntegrityError(f"{loc}: CRC32C {on_disk} on disk, {done['crc32c']} read from the store")
+        if on_disk != done.crc32c:
+            raise IntegrityError(f"{loc}: CRC32C {on_disk} on disk, {done.crc32c} read from the store")
         reported = store_crc32c(info)
         if reported and reported != on_disk:
             raise IntegrityError(f"{loc}: CRC32C {on_disk} read, the store reports {reported}")
@@ -246,7 +244,6 @@ class Cache:
         folder = self.data_path(key).parent
         folder.mkdir(parents=True, exist_ok=True)
         _write_atomic(self.meta_path(key), json.dumps(meta).encode())
-        (work / "journal.jsonl").unlink(missing_ok=True)   # a kill from here on starts the fill over
         os.replace(work / DATA, self.data_path(key))
         _fsync_dir(folder)
         shutil.rmtree(work, ignore_errors=True)
@@ -424,7 +421,7 @@ class Cache:
             stats = self._read_stats()
             for name, value in deltas.items():
                 stats[name] = round(stats.get(name, 0) + value, 3)
-            _write_atomic(path, json.dumps(stats).encode())
+            _write_atomic(path, json.dumps(stats).encode(), durable=False)   # counters: not worth an fsync per hit
 
     def _read_stats(self) -> dict[str, float]:
         try:
