@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -84,7 +85,8 @@ def cold_fill(url: str, size: int, env: dict[str, str], work: Path, log: Path, r
     cp_t, fill_t = min(cp_times), min(fill_times)
     return {"case": "cold-fill", "bytes": size, "cp_s": round(cp_t, 2), "fill_s": round(fill_t, 2),
             "cp_runs": [round(t, 2) for t in cp_times], "fill_runs": [round(t, 2) for t in fill_times],
-            "ratio_cp_over_fill": round(cp_t / fill_t, 3), "target": 0.9}
+            "ratio_cp_over_fill": round(cp_t / fill_t, 3),
+            "ratio_of_medians": round(statistics.median(cp_times) / statistics.median(fill_times), 3), "target": 0.9}
 
 
 def warm_read(url: str, size: int, env: dict[str, str], work: Path, where: str) -> dict:

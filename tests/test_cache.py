@@ -304,3 +304,17 @@ def test_pin_unpin_evict_cli(tmp_path):
 def test_bad_input_is_one_line(tmp_path, args, extra, code, text):
     r = mcbridge(*args, env=cache_env(dict(os.environ), tmp_path / "cache", **extra), state_dir=tmp_path)
     assert r.returncode == code and text in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_fsspec_ranges_and_whole_urls(tmp_path):
+    import fsspec
+    src = tmp_path / "blob.bin"
+    src.write_bytes(bytes(range(256)) * 4)
+    settings = settings_of(cache_env(dict(os.environ), tmp_path / "cache"))
+    fs = fsspec.filesystem("bridgecache", settings=settings)
+    url = f"bridgecache://{src}"
+    assert fs.cat_file(url, 10, 20) == bytes(range(10, 20))
+    assert fs.cat_file(url, -4) == bytes(range(252, 256))
+    assert fs.info(url)["size"] == 1024
+    with pytest.raises(FileNotFoundError):
+        fs.info(f"bridgecache://{tmp_path}/missing")

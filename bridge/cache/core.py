@@ -182,6 +182,8 @@ class Cache:
             os.utime(self.meta_path(key))   # the entry's last use, for LRU
         except FileNotFoundError:
             return False   # evicted between the two calls
+        except PermissionError:
+            pass   # another user's entry in a shared cache: served, its recency left as it was
         return self.data_path(key).exists()
 
     def open(self, url: str):

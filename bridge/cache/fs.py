@@ -10,6 +10,8 @@ Credentials and endpoints are bridge's (its settings file and environment), not 
 
 from __future__ import annotations
 
+import os
+
 from fsspec.implementations.chained import ChainedFileSystem
 
 from bridge.cache.core import Cache
@@ -64,6 +66,8 @@ class BridgeCacheFileSystem(ChainedFileSystem):
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         with self._open(path) as f:
-            if start:
-                f.seek(start if start >= 0 else max(0, f.seek(0, 2) + start))
-            return f.read() if end is None else f.read(max(0, end - f.tell()))
+            size = os.fstat(f.fileno()).st_size
+            first = 0 if start is None else start if start >= 0 else max(0, size + start)
+            stop = size if end is None else end if end >= 0 else max(0, size + end)
+            f.seek(first)
+            return f.read(max(0, stop - first))
