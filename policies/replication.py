@@ -61,6 +61,43 @@ def _prefix_url(url: str) -> str:
     return str(loc.as_prefix())
 
 
+_CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day-of-month", 1, 31), ("month", 1, 12),
+                ("day-of-week", 0, 7))
+_CRON_NAMES = {"month": ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"],
+               "day-of-week": ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]}
+
+
+def cron_problem(expr: str) -> str | None:
+    """Why ``expr`` is not a five-field cron expression (minute hour day-of-month month
+    day-of-week; *, N, A-B, lists, /STEP, month and day names), or None."""
+    parts = expr.split()
+    if len(parts) != 5:
+        return f"cron {expr!r} has {len(parts)} fields; a cron expression has 5"
+    for text, (name, low, high) in zip(parts, _CRON_FIELDS):
+        names = _CRON_NAMES.get(name, [])
+
+        def value(v: str) -> int:
+            if v.lower() in names:
+                return names.index(v.lower()) + (1 if name == "month" else 0)
+            if not v.isdigit() or not low <= int(v) <= high:
+                raise ValueError
+            return int(v)
+
+        for item in text.split(","):
+            span, _, step = item.partition("/")
+            try:
+                if step and (not step.isdigit() or int(step) < 1):
+                    raise ValueError
+                if span != "*":
+                    first, _, last = span.partition("-")
+                    if last and value(first) > value(last):
+                        raise ValueError
+                    value(first)
+            except ValueError:
+                return f"cron {expr!r}: {name} {item!r} is not in {low}-{high}"
+    return None
+
+
 class Schedule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     cron: str | None = None
@@ -70,8 +107,8 @@ class Schedule(BaseModel):
     def _one(self) -> Schedule:
         if (self.cron is None) == (self.every is None):
             raise ValueError("give exactly one of cron (e.g. \"0 2 * * *\") or every (e.g. 6h)")
-        if self.cron is not None and len(self.cron.split()) != 5:
-            raise ValueError(f"cron {self.cron!r} has {len(self.cron.split())} fields; a cron expression has 5")
+        if self.cron is not None and cron_problem(self.cron):
+            raise ValueError(cron_problem(self.cron))
         if self.every is not None and not re.fullmatch(r"\d+(\.\d+)?[smhd]", self.every.strip()):
             raise ValueError(f"every {self.every!r}: use a number and s, m, h or d, e.g. 6h")
         return self

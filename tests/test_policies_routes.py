@@ -194,3 +194,31 @@ def test_a_bad_price_table_is_refused_naming_the_field():
     broken = text.replace("usd: 0.0004}", "usd: -1}", 1)
     with pytest.raises(PriceError, match=r"aws.yaml: requests.classes.read.usd: Input should be greater"):
         parse(broken, "aws.yaml")
+
+
+# -- what actually ran, counted from the journal ---------------------------------------------
+
+@pytest.mark.parametrize("dst", ["s3://dst-b/y/", "gs://dst-b/y/", "az://dst-b/y/"])
+def test_units_that_ran_add_up_to_the_estimate(dst):
+    """A job run in two goes (killed after two parts of the big file) is counted from the journal
+    marks of each go; listing + both goes + commit equal the estimate, request by request."""
+    plan = Plan("s3://src-a/x/", dst, None, [FilePlan("small.bin", 5000), FilePlan("big.bin", 20 * MiB, 8 * MiB)],
+                ["gone.bin"])
+    first = {"file:small.bin", "upload:big.bin", "part:big.bin:1", "part:big.bin:2"}
+    second = first | {"part:big.bin:3", "file:big.bin"}
+    ran_first = estimate.ran(plan, set(), first, deletions=1)
+    assert ran_first.payload == 5000 + 16 * MiB and ran_first.destination.requests["COMPLETE"] == 0
+    total = estimate.listing(plan)
+    for part in (ran_first, estimate.ran(plan, first, second), estimate.commit(plan)):
+        total = estimate.add(total, part)
+    expected = estimate.usage(plan, "direct")
+    assert total.source.requests == expected.source.requests
+    assert total.destination.requests == expected.destination.requests
+    assert (total.payload, total.destination.bytes_written) == (expected.payload, expected.destination.bytes_written)
+    # through Redis and back: the same usage, the same dollars
+    back = estimate.from_fields(estimate.to_fields(total), "s3://src-a/x/", dst)
+    place = {"s3": S3E, "gs": GCS, "az": Place("azure", "eastus")}[dst[:2]]
+    assert price(back, S3E, place, SITE, builtin()).total == pytest.approx(price(expected, S3E, place, SITE,
+                                                                                 builtin()).total)
+    # nothing new in the journal: nothing ran
+    assert estimate.ran(plan, second, second).request_count == 0

@@ -203,3 +203,35 @@ def test_a_policy_over_its_budget_sends_nothing(moto, fake_gcs, emulator_env, tm
     r = mcbridge("replicate", "--policy", str(policy_file), "--once", env=emulator_env, state_dir=tmp_path)
     assert r.returncode == 1 and "policy golden refused: estimated $" in r.stderr and "over --max-cost $0.00" in r.stderr
     assert _checkpoints_at(f"gs://{gbucket}/", settings_for(emulator_env)) == set()
+
+
+def test_lag_and_the_verdict_of_a_run():
+    policy = rules.Policy.model_validate({"source": "s3://models/golden/", "destinations": ["gs://dra/x/", "az://bbb/x/"],
+                                    "checkpoints": "step-*", "min_verified_copies": 1})
+    source = ["step-20", "step-300", "step-1000", "notes"]
+    assert rules.lag(policy, source, ["step-1000"]) == {"newest_source": "step-1000", "newest_verified": "step-1000",
+                                                        "lag_checkpoints": 0}
+    assert rules.lag(policy, source, ["step-20"])["lag_checkpoints"] == 2      # natural order: 300 and 1000
+    assert rules.lag(policy, source, [])["lag_checkpoints"] == 3              # never verified: all behind
+    kept = ["step-300", "step-1000"]
+    one = {"gs://dra/x/": {"step-300": True, "step-1000": True}, "az://bbb/x/": {"step-1000": False}}
+    assert rules.outcome(policy, kept, one) == (1, True)                      # one copy is enough here
+    assert rules.outcome(policy.model_copy(update={"min_verified_copies": None}), kept, one) == (1, False)
+    assert rules.outcome(policy, [], one) == (0, False)
+
+
+def test_beat_checks_the_policy_file(tmp_path):
+    good = tmp_path / "p.yaml"
+    good.write_text("policies:\n  golden:\n    source: s3://models/golden/\n    destinations: [gs://dra/x/]\n"
+                    "    schedule: {cron: \"0 2 * * *\"}\n  adhoc:\n    source: s3://models/other/\n"
+                    "    destinations: [gs://dra/y/]\n")
+    r = mcbridge("beat", "--policies", str(good), "--check", env={}, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "policy golden: cron '0 2 * * *'" in r.stdout and "1 scheduled policies OK" in r.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text().replace("0 2 * * *", "0 25 * * *"))
+    r = mcbridge("beat", "--policies", str(bad), "--check", env={}, state_dir=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == f"mcbridge: error: {bad}:5: policies.golden.schedule: cron '0 25 * * *': " \
+                               f"hour '25' is not in 0-23", r.stderr
+    assert mcbridge("policy", "check", str(bad), env={}, state_dir=tmp_path).stderr == r.stderr
