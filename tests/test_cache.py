@@ -318,3 +318,19 @@ def test_fsspec_ranges_and_whole_urls(tmp_path):
     assert fs.info(url)["size"] == 1024
     with pytest.raises(FileNotFoundError):
         fs.info(f"bridgecache://{tmp_path}/missing")
+
+
+def test_dead_fills_are_kept_to_resume_then_swept(tmp_path):
+    cache = Cache(settings_of(cache_env(dict(os.environ), tmp_path / "cache")))
+    old, recent = cache.fill_dir("a" * 64), cache.fill_dir("b" * 64)
+    for work in (old, recent):
+        work.mkdir()
+        (work / "reserve").write_text("1000")
+        (work / "data.x.partial").write_bytes(b"p" * 1000)
+    for path in (old, *old.iterdir()):
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    (tmp_path / "x").write_bytes(b"x")
+    cache.fetch(str(tmp_path / "x"))
+    assert not old.exists() and recent.exists()        # a recent one waits for its object's next reader
+    cache.evict()
+    assert not recent.exists()

@@ -7,15 +7,24 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 import uuid
 
 import pytest
 
-from tests.emulators import unique_name
+from tests.emulators import free_port, unique_name
 from tests.helpers import NO_CONFIG
 from workers.testing import ServiceProcess, purge_namespace
 
 pytestmark = pytest.mark.timeout(240)
+
+
+def metric_total(port: int, name: str) -> float:
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
 
 
 def test_warm_on_a_node_queue(moto, redis_url, tmp_path):
@@ -29,7 +38,9 @@ def test_warm_on_a_node_queue(moto, redis_url, tmp_path):
            "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "AWS_EC2_METADATA_DISABLED": "true"}
     node_env = {**env, "MCBRIDGE_CACHE_DIR": str(tmp_path / "node1-cache")}
     try:
-        with ServiceProcess.worker(node_env, "node1", tmp_path, queues=["bridge.cache.node1"], pool="solo"):
+        port = free_port()
+        with ServiceProcess.worker(node_env, "node1", tmp_path, queues=["bridge.cache.node1"], pool="solo",
+                                   metrics_port=port):
             r = subprocess.run([sys.executable, "-m", "bridge", "cache", "warm", f"s3://{bucket}/shards/",
                                 "--node", "node1", "--wait", "--json"],
                                env={**env, "MCBRIDGE_CACHE_DIR": str(tmp_path / "here")},
@@ -39,6 +50,8 @@ def test_warm_on_a_node_queue(moto, redis_url, tmp_path):
             assert summary["queue"] == "bridge.cache.node1"
             assert summary["result"]["objects"] == 3 and summary["result"]["misses"] == 3
             assert summary["result"]["dir"] == str(tmp_path / "node1-cache")
+            assert metric_total(port, "bridge_cache_objects_total") == 3
+            assert metric_total(port, "bridge_cache_bytes_filled_total") == 3 * 100_000 + 3
     finally:
         purge_namespace(redis_url, namespace)
     stat = subprocess.run([sys.executable, "-m", "bridge", "cache", "stat", "--json"], env=node_env,

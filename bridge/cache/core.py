@@ -53,6 +53,26 @@ COUNTERS = ("hits", "misses", "waits", "fills", "bytes_filled", "fill_seconds", 
             "bytes_evicted", "corrupted")
 
 
+STALE_FILL_AGE = 3600   # seconds: a dead filler's directory, untouched this long, is removed
+
+
+def _reserved(work: Path) -> int:
+    try:
+        return int((work / "reserve").read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0   # being created right now: its filler waits for quota.lock, which we hold
+
+
+def _last_change(work: Path) -> float:
+    times = [work.stat().st_mtime] if work.exists() else [0.0]
+    for child in work.iterdir() if work.exists() else ():
+        try:
+            times.append(child.stat().st_mtime)
+        except FileNotFoundError:
+            pass
+    return max(times)
+
+
 class CacheFull(BridgeError):
     """An object cannot fit: what is pinned or being filled leaves no room under the quota."""
 
@@ -256,40 +276,56 @@ class Cache:
         this fill's, so that fills running at once never count the same free space twice."""
         work = self.fill_dir(key)
         quota = self.conf.quota
-        if quota is None:
-            work.mkdir(parents=True, exist_ok=True)
-            (work / "reserve").write_text(str(size))
-            return
         with locks.held(str(self.root / "quota.lock")):
-            entries = self.entries()
-            used = sum(e.size for e in entries) + self._filling(exclude=key)
-            if used + size > self.conf.high_watermark * quota:
-                target = self.conf.low_watermark * quota
-                used -= self._evict_lru(entries, used + size - target)
-            if used + size > quota:
-                raise CacheFull(f"cache full: {size} bytes do not fit under the quota of {quota} bytes; "
-                                f"{used} bytes are pinned, in use or being filled ({self.root})")
+            live, dead = self._fills(exclude=key)
+            if quota is not None:
+                entries = self.entries()
+                used = sum(e.size for e in entries) + live + sum(n for _, n in dead)
+                if used + size > self.conf.high_watermark * quota:
+                    used -= self._remove_fills(dead)   # a dead filler's bytes go before anyone's entry
+                    target = self.conf.low_watermark * quota
+                    if used + size > target:
+                        used -= self._evict_lru(entries, used + size - target)
+                if used + size > quota:
+                    raise CacheFull(f"cache full: {size} bytes do not fit under the quota of {quota} bytes; "
+                                    f"{used} bytes are pinned, in use or being filled ({self.root})")
             work.mkdir(parents=True, exist_ok=True)
             (work / "reserve").write_text(str(size))
 
-    def _filling(self, exclude: str = "") -> int:
-        """Bytes reserved by fills at work; the directories of dead fillers are removed."""
-        total = 0
+    def _fills(self, exclude: str = "", *, sweep_all: bool = False) -> tuple[int, list[tuple[Path, int]]]:
+        """(bytes reserved by fills at work, [(dir, bytes) of fills nobody runs]). A dead
+        filler's directory is kept for the next reader of its object to resume, until it is older
+        than STALE_FILL_AGE, room is needed, or ``sweep_all``."""
+        live, dead = 0, []
         for work in (self.root / "fills").iterdir():
             if work.name == exclude:
                 continue
+            reserved = _reserved(work)
             fd = locks.acquire(self.lock_path(work.name), blocking=False)
-            if fd is not None:   # nobody fills it: a killed filler's, or a finished one's leftovers
-                try:
-                    shutil.rmtree(work, ignore_errors=True)
-                finally:
-                    locks.release(fd)
+            if fd is None:
+                live += reserved
                 continue
             try:
-                total += int((work / "reserve").read_text() or 0)
-            except (FileNotFoundError, ValueError):
-                pass   # being created right now: its filler waits for quota.lock, which we hold
-        return total
+                if sweep_all or time.time() - _last_change(work) > STALE_FILL_AGE:
+                    shutil.rmtree(work, ignore_errors=True)
+                else:
+                    dead.append((work, reserved))
+            finally:
+                locks.release(fd)
+        return live, dead
+
+    def _remove_fills(self, dead: list[tuple[Path, int]]) -> int:
+        freed = 0
+        for work, reserved in dead:
+            fd = locks.acquire(self.lock_path(work.name), blocking=False)
+            if fd is None:
+                continue   # its object's next reader has just taken it over
+            try:
+                shutil.rmtree(work, ignore_errors=True)
+                freed += reserved
+            finally:
+                locks.release(fd)
+        return freed
 
     def _evict_lru(self, entries: list[Entry], wanted: float) -> int:
         freed = 0
@@ -376,6 +412,8 @@ class Cache:
         removed, pinned = [], self.pinned()
         target = str(parse(url)) if url else None
         with locks.held(str(self.root / "quota.lock")):
+            if target is None:
+                self._fills(sweep_all=True)   # and what killed fillers left
             for entry in self.entries():
                 if target is not None and entry.url != target:
                     continue
