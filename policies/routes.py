@@ -31,7 +31,7 @@ from policies.cost import CLOUD_OF_SCHEME, Cost, Overrides, Place, price
 from policies.prices import ProviderPrices
 
 ORDER = ("direct", "server", "from-url", "sts", "datasync", "pack")
-BUILT = frozenset({"direct", "pack"})      # what this bridge can run today
+BUILT = frozenset({"direct", "pack", "server", "from-url"})   # what this bridge runs (bridge/routes)
 MiB = 1024 * 1024
 
 # route -> (bytes per second, cloud requests per second, startup seconds)

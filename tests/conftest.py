@@ -11,6 +11,7 @@ apart by fresh buckets with unique names rather than by resetting the emulators 
     store_root         -> one of those per test, parametrized over SCHEMES (the shared store suite)
     env_for("s3", ...) -> os.environ plus those emulators' variables, as a new dict for subprocesses
     emulator_env       -> the same for all three emulators
+    azure_from_url     -> Put Block From URL in front of Azurite (tests/doubles/azure_from_url.py)
     redis_url          -> "redis://127.0.0.1:PORT/15"
 
 os.environ is never changed: pass ``env=`` to subprocesses, or configure clients explicitly.
@@ -57,6 +58,16 @@ def fake_gcs() -> Iterator[FakeGCS]:
 def azurite() -> Iterator[Azurite]:
     with Azurite() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def azure_from_url(azurite):
+    """Azure Put Block From URL in front of Azurite (tests/doubles/azure_from_url.py); its
+    ``connection_string()`` reaches Azurite through it."""
+    from tests.doubles.azure_from_url import AzureFromUrl
+    from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY
+    with AzureFromUrl(azurite.endpoint, AZURITE_ACCOUNT, AZURITE_KEY) as double:
+        yield double
 
 
 @pytest.fixture(scope="session")

@@ -121,3 +121,73 @@ def test_route_direct_works_everywhere_and_json_says_so(make_root, emulator_env,
     assert route["bytes_through_bridge"] == 5
     r = mcbridge("cp", src, make_root("gs"), "--json", env=emulator_env, state_dir=tmp_path / "st")
     assert json.loads(r.stdout)["route"]["name"] == "server"
+
+
+@pytest.fixture(scope="module")
+def pulled(moto, fake_gcs, azure_from_url, emulator_env):
+    """Counting proxies in front of moto and fake-gcs (the sources Azure reads) and in front of
+    the Put Block From URL double (what bridge sends to Azure)."""
+    proxies = {"s3": FaultProxy(moto.endpoint).start(), "gs": FaultProxy(fake_gcs.endpoint).start(),
+               "az": FaultProxy(azure_from_url.endpoint.rsplit("/", 1)[0]).start()}
+    env = dict(emulator_env)
+    env["AWS_ENDPOINT_URL"] = proxies["s3"].endpoint
+    env["STORAGE_EMULATOR_HOST"] = proxies["gs"].endpoint
+    env["AZURE_STORAGE_CONNECTION_STRING"] = (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+        f"BlobEndpoint={proxies['az'].endpoint}/{AZURITE_ACCOUNT};")
+    yield proxies, env, azure_from_url
+    for proxy in proxies.values():
+        proxy.stop()
+
+
+@pytest.mark.parametrize("scheme", ("s3", "gs"))
+def test_from_url_into_azure_moves_no_data_through_bridge(scheme, pulled, make_root, tmp_path):
+    proxies, env, double = pulled
+    settings = settings_for(env, chunk_size=4 * 1024 * 1024)
+    files = make_tree(tmp_path / "src")
+    src, dst = make_root(scheme), make_root("az")
+    ops.copy(f"{tmp_path / 'src'}/", src, settings, state_dir=tmp_path / "s1")
+    for proxy in proxies.values():
+        proxy.configure()
+    fetched = double.counts["fetched_bytes"]
+    summary = ops.copy(src, dst, settings, state_dir=tmp_path / "s2")
+    payload = sum(len(d) for d in files.values())
+    assert summary["route"]["name"] == "from-url" and summary["route"]["fallbacks"] == {}, summary["route"]
+    assert summary["route"]["bytes_through_bridge"] == 0
+    assert double.counts["fetched_bytes"] - fetched == payload           # Azure read every byte once ...
+    source_side = _data_bytes(proxies[scheme])
+    assert payload <= source_side < payload + 200_000                    # ... from the source, and bridge none
+    assert _data_bytes(proxies["az"]) < payload / 10                     # bridge sent Azure requests only
+    assert read_tree(dst, settings) == files
+    assert ops.verify(dst, settings)["ok"]
+    assert ops.verify(dst, settings, deep=True)["ok"]
+    entry = read_manifest(get_store(parse(dst), settings), parse(dst)).files["big/weights.bin"]
+    assert entry.computed == [] and "Put Block From URL" in entry.note
+
+
+def test_from_url_falls_back_to_direct_where_azure_cannot_pull(make_root, emulator_env, tmp_path):
+    """Plain Azurite answers Put Block From URL 'not implemented': the first refusal sends the
+    job direct, and the summary says why."""
+    settings = settings_for(emulator_env)
+    files = make_tree(tmp_path / "src")
+    src, dst = make_root("s3"), make_root("az")
+    ops.copy(f"{tmp_path / 'src'}/", src, settings, state_dir=tmp_path / "s1")
+    summary = ops.copy(src, dst, settings, state_dir=tmp_path / "s2")
+    route = summary["route"]
+    # an empty file needs no block: it may be written before the first refusal
+    assert route["name"] == "from-url" and set(files) - {"empty.txt"} <= set(route["fallbacks"])
+    assert all("does not implement Put Block From URL" in why for why in route["fallbacks"].values())
+    assert route["bytes_through_bridge"] == sum(len(d) for d in files.values())
+    assert read_tree(dst, settings) == files
+    assert ops.verify(dst, settings, deep=True)["ok"]
+
+
+def test_route_table_refuses_what_a_cloud_cannot_pull(make_root, emulator_env, tmp_path):
+    settings = settings_for(emulator_env)
+    src = make_root("az")
+    (tmp_path / "f").write_bytes(b"x")
+    ops.copy(str(tmp_path / "f"), src, settings, state_dir=tmp_path / "s")
+    with pytest.raises(InvalidOption, match="only Azure pulls from a URL"):
+        ops.copy(src, make_root("s3"), settings, route="from-url")
+    summary = ops.copy(src, make_root("s3"), settings, state_dir=tmp_path / "s2")
+    assert summary["route"]["name"] == "direct" and "from-url" in summary["route"]["why"]
