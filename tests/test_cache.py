@@ -277,6 +277,19 @@ def test_warm_a_shard_set_and_a_prefix(moto, tmp_path):
     assert again["hits"] == summary["objects"] and again["misses"] == again["objects"] - summary["objects"]
     listed = mcbridge("cache", "ls", "--json", env=env, state_dir=tmp_path)
     assert len(json.loads(listed.stdout)) == again["objects"]
+    # WebDataset reads the shards through the cache: every file once, all from cached copies
+    import webdataset as wds
+    from webdataset.gopen import gopen_schemes
+    from bridge.cache import gopen_handler
+    settings = settings_of(env)
+    gopen_schemes["bridgecache"] = gopen_handler(settings)
+    try:
+        urls = [f"bridgecache://s3://{bucket}/set/{s['name']}" for s in index["shards"]]
+        samples = list(wds.WebDataset(urls, shardshuffle=False))
+    finally:
+        del gopen_schemes["bridgecache"]
+    assert len(samples) == 40 and {s["__key__"].rsplit("/", 1)[-1] for s in samples} == {f"{i:03d}" for i in range(40)}
+    assert Cache(settings).stat()["misses"] == again["objects"]
 
 
 def test_pin_unpin_evict_cli(tmp_path):

@@ -18,7 +18,7 @@ from typing import Any
 from bridge.cache.core import Cache, CacheFull, Entry, targets, warm
 from bridge.config import Settings, load_settings
 
-__all__ = ["Cache", "CacheFull", "Entry", "fetch", "open_cached", "prefetch", "targets", "warm"]
+__all__ = ["Cache", "CacheFull", "Entry", "fetch", "gopen_handler", "open_cached", "prefetch", "targets", "warm"]
 
 
 def _cache(settings: Settings | None) -> Cache:
@@ -38,6 +38,23 @@ def open_cached(url: str, settings: Settings | None = None):
 def prefetch(urls: Iterable[str], lookahead: int | None = None,
              settings: Settings | None = None) -> Iterator[tuple[str, Path]]:
     return _cache(settings).prefetch(urls, lookahead)
+
+
+def gopen_handler(settings: Settings | None = None):
+    """A WebDataset opener reading through the cache, for ``bridgecache://URL`` shard URLs::
+
+        webdataset.gopen_schemes["bridgecache"] = bridge.cache.gopen_handler()
+        wds.WebDataset("bridgecache://s3://corpus/shard-{000000..000099}.tar")
+    """
+    from bridge.cache.fs import BridgeCacheFileSystem
+    cache = _cache(settings)
+
+    def gopen(url: str, mode: str = "rb", bufsize: int = 8192, **_kw):
+        if mode != "rb":
+            raise ValueError(f"{url}: bridgecache is read-only")
+        return cache.open(BridgeCacheFileSystem._strip_protocol(url))
+
+    return gopen
 
 
 def _register_fsspec() -> None:
