@@ -235,13 +235,18 @@ def _root(url: str) -> str:
 def journal_marks(plan: Plan, journal: Any) -> set[str]:
     """The journal records of ``plan``'s files that are there now: ``file:REL`` (finished),
     ``part:REL:N`` (a part sent) and ``upload:REL`` (a multipart upload begun)."""
-    marks = set()
+    keys = []
     for f in plan.files:
-        keys = [f"file:{f.rel}"]
+        keys.append(f"file:{f.rel}")
         if f.part_size:
             keys += [f"upload:{f.rel}", *(f"part:{f.rel}:{n}" for n in range(1, f.parts + 1))]
-        marks.update(k for k in keys if journal.get(k) is not None)
-    return marks
+    return _present(journal, keys)
+
+
+def _present(journal: Any, keys: list[str]) -> set[str]:
+    if hasattr(journal, "present"):       # one round trip for many keys (workers/journal.py)
+        return journal.present(keys)
+    return {k for k in keys if journal.get(k) is not None}
 
 
 def ran(plan: Plan, before: set[str], after: set[str], deletions: int = 0) -> Usage:
@@ -338,7 +343,7 @@ def from_fields(fields: dict[str, Any], source: str, destination: str) -> Usage:
 
 def pack_marks(pack_plan: Any, journal: Any) -> set[str]:
     """The shards of a pack plan that the journal holds as written (``shard:NAME``)."""
-    return {f"shard:{s.name}" for s in pack_plan.shards if journal.get(f"shard:{s.name}") is not None}
+    return _present(journal, [f"shard:{s.name}" for s in pack_plan.shards])
 
 
 def pack_ran(pack_plan: Any, before: set[str], after: set[str]) -> Usage:

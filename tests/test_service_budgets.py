@@ -22,6 +22,7 @@ def test_a_job_over_its_monthly_budget_waits_for_approval_and_is_charged(service
     moto.create_bucket(dst)
     for i in range(20):
         moto.client().put_object(Bucket=src, Key=f"train/{i:03d}.bin", Body=bytes([i]) * 4000)
+    moto.client().put_object(Bucket=src, Key="train/weights.bin", Body=b"w" * (9 * 1024 * 1024))  # 2 parts
     budgets = Budgets(service.redis, service.keys)
 
     r = service.cli("budgets", "set", "golden", "0.00001")
@@ -52,8 +53,9 @@ def test_a_job_over_its_monthly_budget_waits_for_approval_and_is_charged(service
     while done.spent_usd is None and time.monotonic() < deadline:
         time.sleep(0.1)
         done = service.jobs.get(job_id)
-    assert moto.client().list_objects_v2(Bucket=dst, Prefix="copy/")["KeyCount"] == 21   # 20 files, the manifest
-    # everything planned was moved: the whole estimate is charged, to the job and to the month
+    assert moto.client().list_objects_v2(Bucket=dst, Prefix="copy/")["KeyCount"] == 22   # 21 files, the manifest
+    # everything planned ran (each small file, both parts and the completion of the large one,
+    # counted from the journal by the worker): priced, it is the estimate, charged to the month
     assert done.spent_usd == pytest.approx(done.estimate_usd, rel=1e-3)
     assert budgets.spent("golden") == pytest.approx(done.estimate_usd, rel=1e-3)
     listed = json.loads(service.cli("budgets", "list", "--json").stdout)

@@ -33,6 +33,19 @@ class RedisJournal:
         pipe.expire(name, self.ttl)
         pipe.execute()
 
+    def present(self, keys: list[str]) -> set[str]:
+        """Which of ``keys`` have a record: one HMGET per kind, not a round trip per key."""
+        by_hash: dict[str, list[str]] = {}
+        for key in keys:
+            by_hash.setdefault(self._hash(key), []).append(key)
+        pipe = self.client.pipeline(transaction=False)
+        for name, names in by_hash.items():
+            pipe.hmget(name, names)
+        found = set()
+        for names, values in zip(by_hash.values(), pipe.execute()):
+            found.update(k for k, v in zip(names, values) if v is not None)
+        return found
+
     def items(self, prefix: str) -> dict[str, Any]:
         return {k: json.loads(v) for k, v in self.client.hscan_iter(self._hash(prefix)) if k.startswith(prefix)}
 

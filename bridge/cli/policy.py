@@ -88,8 +88,8 @@ def replicate(policy_file: Annotated[Path, typer.Option("--policy", help="YAML f
     from bridge.replication import run_once
     from policies.replication import PolicyError, select
     if not once:
-        raise InvalidOption("give --once: policies run once in this process (on a schedule through the "
-                            "service is not built yet)")
+        raise InvalidOption("give --once to run the policies once in this process; on their schedules they "
+                            "run on the service: mcbridge beat --policies FILE")
     try:
         chosen = select(_load_policies(policy_file), name)
     except PolicyError as exc:
