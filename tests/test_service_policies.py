@@ -198,3 +198,27 @@ def test_a_policy_run_past_its_monthly_budget_waits_for_approval(service, moto, 
     assert done.state == "succeeded", done.errors
     assert _checkpoints(service, f"gs://{gbucket}/dr/") == {"step-1"}
     assert Budgets(service.redis, service.keys).spent("golden") == pytest.approx(done.spent_usd) and done.spent_usd > 0
+
+
+def test_mcbridge_beat_reads_the_policy_file_and_its_runs_land(service, moto, tmp_path):  # noqa: F811
+    """The real beat process (mcbridge beat --policies): a policy every 2 s reaches a local site."""
+    from workers.testing import ServiceProcess
+    src = unique_name()
+    moto.create_bucket(src)
+    _put_checkpoint(moto, src, "step-7")
+    site = tmp_path / "dr"
+    site.mkdir()
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{site}/]\n"
+                           f"    schedule: {{every: 2s}}\n")
+    service.worker("w1", concurrency=1).wait_ready()
+    beat = ServiceProcess(["beat", "--policies", str(policy_file), "--schedule-db", str(tmp_path / "beat-db"),
+                           "--loglevel", "INFO"], service.env, "beat", tmp_path)
+    service.processes.append(beat)
+    beat.start()
+    deadline = time.monotonic() + 90
+    while not [r for r in service.jobs.list() if r.policy == "golden" and not r.parent and r.state == "succeeded"]:
+        assert time.monotonic() < deadline, f"{beat.log_tail()}\n{service.processes[0].log_tail()}"
+        time.sleep(0.2)
+    assert sorted(p.name for p in (site / "step-7").iterdir()) == ["_bridge", "notes.tmp", "shard-0.bin", "shard-1.bin"]
+    assert "policy golden: every 2s" in beat.log_path.read_text()
