@@ -347,3 +347,22 @@ def test_dead_fills_are_kept_to_resume_then_swept(tmp_path):
     assert not old.exists() and recent.exists()        # a recent one waits for its object's next reader
     cache.evict()
     assert not recent.exists()
+
+
+def test_an_object_rewritten_during_its_fill_is_not_kept(tmp_path):
+    import threading
+    src = tmp_path / "moving.bin"
+    src.write_bytes(b"1" * (6 * MiB))
+    env = cache_env(dict(os.environ), tmp_path / "cache")
+    settings = load_settings({"transfer": {"bwlimit": "4MiB", "chunk_size": "1MiB"}}, environ=env)
+    cache = Cache(settings)
+    errors = []
+    filler = threading.Thread(target=lambda: errors.append(pytest.raises(Exception, cache.fetch, str(src))))
+    filler.start()
+    time.sleep(0.5)
+    with open(src, "r+b") as f:          # rewritten in place, same size: only its identity tells
+        f.write(b"2" * MiB)
+    filler.join(60)
+    assert "rewritten while it was being cached" in str(errors[0].value)
+    assert cache.entries() == [] and list((tmp_path / "cache" / "fills").iterdir()) == []
+    assert cache.fetch(str(src)).read_bytes() == b"2" * MiB + b"1" * (5 * MiB)

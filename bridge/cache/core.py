@@ -44,7 +44,7 @@ from bridge.hashing import crc32c, crc_hex
 from bridge.manifest import FileEntry
 from bridge.progress import Progress
 from bridge.stores import get_store
-from bridge.stores.base import MiB, ObjectInfo
+from bridge.stores.base import MiB, ObjectInfo, identity_changed
 from bridge.urls import Location, parse
 
 READ_SIZE = 8 * MiB
@@ -172,7 +172,8 @@ class Cache:
                                 f"(cache warm takes prefixes)")
         store = get_store(loc, self.settings)
         info = store.info(loc)
-        return loc, info, entry_key(str(loc), info.identity)
+        sums = {f"checksum_{name}": value for name, value in info.checksums.items()}
+        return loc, info, entry_key(str(loc), {**info.identity, **sums})
 
     def fetch(self, url: str, progress: Progress | None = None) -> Path:
         """The local path of ``url``'s current version, filled first if no entry holds it. When
@@ -251,6 +252,8 @@ class Cache:
         self._count(misses=1, fills=1, bytes_filled=info.size, fill_seconds=meta["fill_seconds"])
 
     def _check(self, path: Path, loc: Location, info: ObjectInfo, done: FileEntry | None) -> None:
+        """Before publishing: the size, the CRC32C of the bytes on disk against the one computed
+        while reading and the one the store reports, and the object still being that version."""
         if not done:
             raise TransferFailed(f"filling the cache from {loc}: the copy finished without a record of its file")
         size, on_disk, _ = file_hashes(path, sha=False)
@@ -261,6 +264,9 @@ class Cache:
         reported = store_crc32c(info)
         if reported and reported != on_disk:
             raise IntegrityError(f"{loc}: CRC32C {on_disk} read, the store reports {reported}")
+        now = get_store(loc, self.settings).info(loc)   # ranged reads could mix two versions
+        if identity_changed(info.identity, now.identity) or now.size != info.size:
+            raise IntegrityError(f"{loc} was rewritten while it was being cached; nothing was kept, ask again")
 
     def _publish(self, key: str, work: Path, meta: dict) -> None:
         folder = self.data_path(key).parent
