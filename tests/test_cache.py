@@ -366,3 +366,17 @@ def test_an_object_rewritten_during_its_fill_is_not_kept(tmp_path):
     assert "rewritten while it was being cached" in str(errors[0].value)
     assert cache.entries() == [] and list((tmp_path / "cache" / "fills").iterdir()) == []
     assert cache.fetch(str(src)).read_bytes() == b"2" * MiB + b"1" * (5 * MiB)
+
+
+@pytest.mark.parametrize("scheme", ["gs", "az"])
+def test_fill_from_gcs_and_azure_checks_the_stores_crc32c(scheme, make_root, env_for, tmp_path):
+    env = cache_env(env_for(scheme), tmp_path / "cache")
+    settings = settings_of(env)
+    url = make_root(scheme) + "ckpt.bin"
+    data = os.urandom(9 * MiB + 5)
+    get_store(parse(url), settings).put(parse(url), data, crc32c=crc_hex(crc32c(data)),
+                                        metadata={"bridge_crc32c": crc_hex(crc32c(data))})
+    cache = Cache(settings)
+    assert sha(cache.fetch(url).read_bytes()) == sha(data)
+    [entry] = cache.entries()
+    assert entry.meta["store_crc32c"] == entry.meta["crc32c"] == crc_hex(crc32c(data))
