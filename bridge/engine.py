@@ -220,6 +220,9 @@ class JobContext(jobs.Context):
         self._settling = threading.Lock()
         self.fallbacks: dict[str, str] = {}      # file -> why its route could not carry it
         self.route_down: str | None = None       # why the job's route is not tried again
+        self.cancelled = threading.Event()       # set when the job is interrupted: remote routes cancel
+        self.remote: dict | None = None          # what a remote route's service calls its job
+        self.cancel_note = ""                    # what a remote route says of the job it cancelled
 
     def matches(self, rec: dict | None, unit: dict) -> bool:
         """Whether a journaled record was made for this version of the unit's source file."""

@@ -133,25 +133,33 @@ class ThreadExecutor:
                     running[pool.submit(guarded, unit)] = unit
 
             fill()
-            while running:
-                done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
-                for fut in done:
-                    unit = running.pop(fut)
-                    exc = fut.exception()
-                    if isinstance(exc, _Stopped):
-                        continue
-                    if exc is None:
-                        ctx.progress.unit_finished(True)
-                        ready.extend(ctx.followups(unit))
-                        continue
-                    ctx.progress.unit_finished(False)
-                    group = _group(unit)
-                    if group not in failed:
-                        errors.append(describe(exc))
-                    failed.add(group)
-                    if isinstance(exc, FATAL) or not isinstance(exc, BridgeError):
-                        stop.set()
-                fill()
+            try:
+                while running:
+                    done, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+                    for fut in done:
+                        unit = running.pop(fut)
+                        exc = fut.exception()
+                        if isinstance(exc, _Stopped):
+                            continue
+                        if exc is None:
+                            ctx.progress.unit_finished(True)
+                            ready.extend(ctx.followups(unit))
+                            continue
+                        ctx.progress.unit_finished(False)
+                        group = _group(unit)
+                        if group not in failed:
+                            errors.append(describe(exc))
+                        failed.add(group)
+                        if isinstance(exc, FATAL) or not isinstance(exc, BridgeError):
+                            stop.set()
+                    fill()
+            except BaseException:
+                # Ctrl-C or SIGTERM: a unit following a remote job (bridge/native) cancels it
+                # before the pool's shutdown waits for it.
+                cancelled = getattr(ctx, "cancelled", None)
+                if cancelled is not None:
+                    cancelled.set()
+                raise
         try:
             ctx.settle()  # before the manifest, and so that a re-run finds these files finished
         except BridgeError as exc:

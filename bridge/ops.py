@@ -7,6 +7,7 @@ from typing import Any
 
 from bridge.config import Settings
 import concurrent.futures as cf
+import contextlib
 import gc
 
 from bridge import bwlimit
@@ -18,7 +19,7 @@ from bridge.hashing import rehash
 from bridge import jobs
 from bridge.engine import (FilePlan, JobContext, Plan, check_chunk_size, check_route, file_plan, part_size_for,
                            plan_copy, resolve)
-from bridge.errors import ManifestError, ObjectNotFound
+from bridge.errors import JobCancelled, ManifestError, ObjectNotFound
 from bridge.journal import job_key
 from bridge.journal import FileJournal
 from bridge.progress import Progress
@@ -57,10 +58,23 @@ def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
     ctx = JobContext(plan, settings, journal, progress)
     _quiet_gc()
     progress.plan(plan.bytes, plan.unit_count())
-    results = jobs.run(ctx, plan.units(), journal, settings.transfer.concurrency, "copy")
+    # A route whose service moves the bytes cancels its remote job on SIGTERM as on Ctrl-C.
+    remote = getattr(routes.REGISTRY.get(plan.route), "remote", False)
+    if remote:
+        from bridge.native import sigterm_cancels
+    try:
+        with (sigterm_cancels() if remote else contextlib.nullcontext()):
+            results = jobs.run(ctx, plan.units(), journal, settings.transfer.concurrency, "copy")
+    except (KeyboardInterrupt, JobCancelled) as exc:
+        if not ctx.cancel_note:
+            raise
+        raise JobCancelled(f"{str(exc) or 'interrupted'}; {ctx.cancel_note}") from None
+    route = routes.report(plan, ctx.fallbacks, progress.bytes_through)
+    if ctx.remote:
+        route["remote"] = ctx.remote
     return {"source": plan.source, "destination": plan.destination, "files": len(plan.files),
             "bytes": plan.bytes, "ok": True, "errors": [], **progress.snapshot(),
-            "route": routes.report(plan, ctx.fallbacks, progress.bytes_through), "manifest": results["manifest"]}
+            "route": route, "manifest": results["manifest"]}
 
 
 def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what: str) -> None:

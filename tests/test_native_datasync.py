@@ -49,7 +49,7 @@ def test_a_prefix_into_s3_arrives_exact_and_verifies_deep(scheme, make_root, set
     fill(src, settings, FILES)
     progress = Progress()
     summary = datasync.copy(src, dst, settings, progress=progress)
-    assert summary["route"] == "datasync" and summary["bytes_through_bridge"] == 0 and summary["files"] == 3
+    assert summary["route"]["name"] == "datasync" and summary["route"]["bytes_through_bridge"] == 0 and summary["files"] == 3
     assert progress.files_done == 3 and progress.bytes_done == sum(map(len, FILES.values()))
     assert read_tree(dst, settings) == FILES
     manifest = read_manifest(get_store(parse(dst), settings), parse(dst))

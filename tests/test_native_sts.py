@@ -73,7 +73,7 @@ def test_a_prefix_arrives_exact_and_verifies_deep(scheme, make_root, settings, d
     fill(src, settings, FILES)
     progress = Progress()
     summary = sts.copy(src, dst, settings, progress=progress)
-    assert summary["route"] == "sts" and summary["bytes_through_bridge"] == 0
+    assert summary["route"]["name"] == "sts" and summary["route"]["bytes_through_bridge"] == 0
     assert summary["files"] == 3 and progress.files_done == 3 and progress.bytes_done == sum(map(len, FILES.values()))
     assert_committed(dst, settings, FILES)
     # The requests carried what the service documents as required, and the credential went there only.

@@ -27,13 +27,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from bridge import manifest as manifests
+from bridge import jobs
 from bridge.check import reported_crc32c
 from bridge.config import Settings
 from bridge.engine import check_route, resolve
-from bridge.errors import BridgeError, IntegrityError, JobCancelled, ObjectNotFound, RouteUnavailable
-from bridge.hashing import crc32c, crc_hex
-from bridge.manifest import FileEntry, Manifest
+from bridge.errors import IntegrityError, JobCancelled, ObjectNotFound, RouteUnavailable
+from bridge.manifest import FileEntry
 from bridge.progress import Progress
 from bridge.stores import get_store
 from bridge.stores.base import ObjectInfo, Store
@@ -109,7 +108,7 @@ def sigterm_cancels() -> Iterator[None]:
 
 
 def follow(what: str, poll: Callable[[], Remote], cancel: Callable[[], None], *, interval: float,
-           progress: Progress, stop: threading.Event | None = None) -> Remote:
+           progress: Progress, stop: threading.Event | None = None, count_files: bool = True) -> Remote:
     """Poll a remote job until it ends, feeding ``progress``. When the bridge job is cancelled
     (KeyboardInterrupt, SIGTERM, ``stop`` set) the remote job is cancelled too, bridge waits
     until the service says it stopped, and JobCancelled is raised."""
@@ -119,7 +118,7 @@ def follow(what: str, poll: Callable[[], Remote], cancel: Callable[[], None], *,
         with sigterm_cancels():
             while True:
                 status = poll()
-                _advance(progress, seen, status)
+                _advance(progress, seen, status, count_files)
                 seen = status
                 if status.state != "running":
                     return status
@@ -138,25 +137,19 @@ def follow(what: str, poll: Callable[[], Remote], cancel: Callable[[], None], *,
                            f"{seen.files_done} objects copied); no manifest was written") from None
 
 
-def _advance(progress: Progress, before: Remote, now: Remote) -> None:
+def _advance(progress: Progress, before: Remote, now: Remote, count_files: bool) -> None:
     if now.bytes_done > before.bytes_done:
-        progress.moved(now.bytes_done - before.bytes_done)
-    for _ in range(max(0, now.files_done - before.files_done)):
+        progress.moved(now.bytes_done - before.bytes_done, through=0)   # the service moved them
+    for _ in range(max(0, now.files_done - before.files_done) if count_files else 0):
         progress.file_finished()
 
 
 # -- committing ---------------------------------------------------------------------------------
 
 def set_aside(store: Store, root: Location) -> None:
-    """The old manifest stops claiming the destination is complete before the service writes
-    into it; ``commit`` merges its entries (as the direct route's prepare and finalize do)."""
-    root = root.as_prefix()
-    try:
-        raw = store.read(root.join(manifests.MANIFEST))
-    except ObjectNotFound:
-        return
-    store.put(root.join(manifests.PREVIOUS), raw, crc32c=crc_hex(crc32c(raw)), metadata={})
-    store.delete(root.join(manifests.MANIFEST))
+    """Before the service writes, the old manifest stops claiming the destination is complete
+    (the one commit path of every job, bridge/jobs.py)."""
+    jobs.set_aside(store, root)
 
 
 def reported_entry(transfer: Transfer, rel: str, src_store: Store | None, src_info: ObjectInfo,
@@ -189,27 +182,21 @@ def reported_entry(transfer: Transfer, rel: str, src_store: Store | None, src_in
 def commit(transfer: Transfer, settings: Settings,
            written: Callable[[Store, Location], ObjectInfo] | None = None) -> str:
     """Write the destination's manifest for the objects the service copied, merged with the
-    entries of the manifest set aside; returns its URL."""
+    entries of the manifest set aside (bridge/jobs.py ``commit``); returns its URL."""
     # A URL list is no store: what it says of each object (size, MD5) is in ``objects``.
     src_store = get_store(transfer.src_root, settings) if transfer.src_root.scheme in STORE_SCHEMES else None
     dst_store = get_store(transfer.dst_root, settings)
     root = transfer.dst_root.as_prefix()
-    previous = manifests.read(dst_store, root, manifests.PREVIOUS)
-    files = dict(previous.files) if previous else {}
     look = written or (lambda store, loc: store.info(loc))
+    entries = []
     for rel, src_info in transfer.objects:
         try:
             info = look(dst_store, root.join(rel))
         except ObjectNotFound:
             raise IntegrityError(f"{root.join(rel)}: the {transfer.route} route reported success but the "
                                  f"object is not there") from None
-        files[rel] = reported_entry(transfer, rel, src_store, src_info, info)
-    manifests.write(dst_store, root, Manifest(transfer.source, str(root), files,
-                                              extra=previous.extra if previous else {}))
-    if previous:
-        with contextlib.suppress(BridgeError):   # committed; a leftover is replaced next time
-            dst_store.delete(root.join(manifests.PREVIOUS))
-    return str(root.join(manifests.MANIFEST))
+        entries.append(reported_entry(transfer, rel, src_store, src_info, info))
+    return jobs.commit(dst_store, root, transfer.source, str(root), entries)
 
 
 def one_line(text: str, limit: int = 600) -> str:
@@ -221,6 +208,10 @@ def one_line(text: str, limit: int = 600) -> str:
 
 def summary(transfer: Transfer, progress: Progress, manifest: str, remote: dict) -> dict:
     """What --json prints and a job record keeps: the remote job's names, never its spec."""
-    return {"route": transfer.route, "source": transfer.source, "destination": str(transfer.dst_root),
-            "files": len(transfer.objects), "bytes": transfer.bytes, "bytes_through_bridge": 0,
-            "ok": True, "errors": [], "remote": remote, "manifest": manifest, **progress.snapshot()}
+    return {"source": transfer.source, "destination": str(transfer.dst_root), "files": len(transfer.objects),
+            "bytes": transfer.bytes, "ok": True, "errors": [], "manifest": manifest, **progress.snapshot(),
+            "route": {"name": transfer.route, "why": "called directly", "fallbacks": {},
+                      "bytes_through_bridge": progress.bytes_through, "remote": remote}}
+
+
+from bridge.native import route as _route  # noqa: E402,F401  registers sts and datasync on the route seam

@@ -110,6 +110,17 @@ def location_request(loc: Location, settings: Settings, writing: bool) -> tuple[
                                           "Subdirectory": _sub(loc), **agents}
 
 
+def check(src: Location, dst: Location, settings: Settings) -> None:
+    """RouteUnavailable unless the settings hold what a task from ``src`` to ``dst`` needs (no request)."""
+    if (src.scheme, dst.scheme) not in PAIRS:
+        raise RouteUnavailable("DataSync copies between s3:// and gs://, az:// or s3:// here")
+    if not (settings.native.datasync_region or settings.s3.region):
+        raise RouteUnavailable("route datasync needs the AWS region that runs the task: set "
+                               "native.datasync_region (or s3.region, AWS_REGION)")
+    location_request(src, settings, False)
+    location_request(dst, settings, True)
+
+
 def _error(exc: Exception) -> str:
     code = getattr(exc, "response", {}).get("Error", {}).get("Code", type(exc).__name__)
     message = getattr(exc, "response", {}).get("Error", {}).get("Message", str(exc))
@@ -159,7 +170,7 @@ def _with_crc32c(settings: Settings):
 
 
 def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, stop: threading.Event | None = None,
-        client=None, before_start=lambda: None) -> dict:
+        count_files: bool = True, client=None, before_start=lambda: None) -> dict:
     """Create the locations and the task, call ``before_start``, start an execution and follow
     it to the end; task and locations are deleted afterwards. Returns the remote names.
     RouteFailed(moved_data=False) when the service refused before any byte could move."""
@@ -199,7 +210,8 @@ def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, st
             cancelling.set()
             client.cancel_task_execution(TaskExecutionArn=arn)
         final = native.follow(f"DataSync task execution {arn}", lambda: _remote(client, arn, cancelling), cancel,
-                              interval=settings.native.poll_interval, progress=progress, stop=stop)
+                              interval=settings.native.poll_interval, progress=progress, stop=stop,
+                              count_files=count_files)
     finally:
         for operation, made_arn in reversed(made):
             try:

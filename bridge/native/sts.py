@@ -124,6 +124,14 @@ def transfer_spec(transfer: native.Transfer, settings: Settings, list_url: str |
     return {**source, **sink}
 
 
+def check(src: Location, dst: Location, settings: Settings) -> None:
+    """RouteUnavailable unless the settings hold what a job from ``src`` to ``dst`` needs (no request)."""
+    if (src.scheme, dst.scheme) not in PAIRS:
+        raise RouteUnavailable("Storage Transfer Service copies s3:// or az:// into gs:// here")
+    _project(settings)
+    transfer_spec(native.Transfer(ROUTE, src, dst, [], None), settings)
+
+
 # -- an HTTP URL list as a source -------------------------------------------------------------
 
 def is_url_list(source: str) -> bool:
@@ -193,7 +201,7 @@ def _remote(client, op_name: str) -> native.Remote:
 
 
 def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, stop: threading.Event | None = None,
-        client=None, list_url: str | None = None, before_start=lambda: None) -> dict:
+        count_files: bool = True, client=None, list_url: str | None = None, before_start=lambda: None) -> dict:
     """Create the transfer job, call ``before_start``, run it and follow its operation to the
     end; the job is deleted afterwards. Returns the names of the remote job and operation.
     RouteFailed(moved_data=False) when the service refused before any byte could move."""
@@ -220,7 +228,8 @@ def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, st
         op_name = started.operation.name
         final = native.follow(f"transfer operation {op_name}", lambda: _remote(client, op_name),
                               lambda: client.cancel_operation({"name": op_name}),
-                              interval=settings.native.poll_interval, progress=progress, stop=stop)
+                              interval=settings.native.poll_interval, progress=progress, stop=stop,
+                              count_files=count_files)
     finally:
         try:
             client.delete_transfer_job({"job_name": job_name, "project_id": project})

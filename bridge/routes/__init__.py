@@ -168,7 +168,7 @@ def choose(plan: Plan, settings: Settings, forced: str | None = None) -> Plan:
         plan.route, plan.route_why = DIRECT, "forced with --route"
         return plan
     why_not = []
-    for name in AUTOMATIC:
+    for name in (*AUTOMATIC, *settings.native.enabled):   # native routes only where enabled
         if name not in names():
             continue
         route = get(name)
@@ -186,7 +186,9 @@ def choose(plan: Plan, settings: Settings, forced: str | None = None) -> Plan:
 
 def _why(name: str) -> str:
     return {"server": "source and destination are in one store account: the store copies inside itself",
-            "from-url": "Azure pulls the bytes from a signed URL of the source"}.get(name, f"{name} serves the pair")
+            "from-url": "Azure pulls the bytes from a signed URL of the source",
+            "sts": "enabled in the settings: Storage Transfer Service copies into GCS",
+            "datasync": "enabled in the settings: DataSync copies to or from S3"}.get(name, f"{name} serves the pair")
 
 
 def report(plan: Plan, fallbacks: dict[str, str], through: int) -> dict[str, Any]:

@@ -1,0 +1,124 @@
+"""The sts and datasync routes through mcbridge itself (the route seam): --route, the route in
+--json, fallback to direct with the reason, SIGTERM cancelling the remote job, one-line errors
+and no secret in what is printed. The doubles run in this process; mcbridge in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.doubles.datasync import DataSyncDouble
+from tests.doubles.sts import StorageTransferDouble
+from tests.helpers import MCBRIDGE, NO_CONFIG, mcbridge, read_tree, settings_for
+from tests.test_native_sts import FILES, SECRET, fill
+
+HMAC_SECRET = "hmac-Secret-Never-Shown-42"
+
+
+@pytest.fixture
+def sts_double(moto, fake_gcs, azurite):
+    with StorageTransferDouble(gcs_endpoint=fake_gcs.endpoint, s3_endpoint=moto.endpoint,
+                               azure_endpoint=f"{azurite.endpoint}/{{account}}") as d:
+        yield d
+
+
+@pytest.fixture
+def datasync_double(moto):
+    with DataSyncDouble(s3_endpoint=moto.endpoint) as d:
+        yield d
+
+
+@pytest.fixture
+def env(env_for, sts_double, datasync_double, fake_gcs):
+    env = env_for("s3", "gs", "az")
+    env.update(MCBRIDGE_STS_ENDPOINT=sts_double.endpoint, AWS_ENDPOINT_URL_DATASYNC=datasync_double.endpoint,
+               MCBRIDGE_POLL_INTERVAL="0.05", AWS_SECRET_ACCESS_KEY=SECRET,
+               MCBRIDGE_DATASYNC_S3_ROLE_ARN="arn:aws:iam::111122223333:role/dsync",
+               MCBRIDGE_GCS_HMAC_ACCESS_ID="GOOG1EXAMPLE", MCBRIDGE_GCS_HMAC_SECRET=HMAC_SECRET,
+               MCBRIDGE_GCS_XML_ENDPOINT=fake_gcs.endpoint)
+    return env
+
+
+def no_secret(*texts: str) -> None:
+    for text in texts:
+        assert SECRET not in text and HMAC_SECRET not in text and "sig=" not in text
+
+
+@pytest.mark.parametrize("route,src_scheme,dst_scheme", [("sts", "s3", "gs"), ("sts", "az", "gs"),
+                                                         ("datasync", "gs", "s3"), ("datasync", "az", "s3")])
+def test_cp_by_a_native_route_then_verify_deep(route, src_scheme, dst_scheme, make_root, env, tmp_path):
+    settings = settings_for(env)
+    src, dst = make_root(src_scheme), make_root(dst_scheme) + "copy/"
+    fill(src, settings, FILES)
+    r = mcbridge("cp", src, dst, "--route", route, "--json", env=env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["route"]["name"] == route and summary["route"]["why"] == "forced with --route"
+    assert summary["route"]["bytes_through_bridge"] == 0 and summary["route"]["fallbacks"] == {}
+    assert set(summary["route"]["remote"]) >= ({"job", "operation"} if route == "sts" else {"task", "execution"})
+    assert read_tree(dst, settings) == FILES
+    deep = mcbridge("verify", dst, "--deep", env=env, state_dir=tmp_path)
+    assert deep.returncode == 0 and "OK: 3 files" in deep.stdout, deep.stdout + deep.stderr
+    no_secret(r.stdout, r.stderr)
+
+
+def test_enabled_routes_are_chosen_and_a_refusal_falls_back_to_direct(make_root, env, sts_double, tmp_path):
+    settings = settings_for(env)
+    src, dst = make_root("s3"), make_root("gs")
+    fill(src, settings, FILES)
+    enabled = {**env, "MCBRIDGE_NATIVE_ROUTES": "sts"}
+    sts_double.deny_projects.add("test")
+    r = mcbridge("cp", src, dst, "--json", env=enabled, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    route = json.loads(r.stdout)["route"]
+    assert route["name"] == "sts" and route["why"].startswith("enabled in the settings")
+    assert set(route["fallbacks"]) == set(FILES)
+    assert all("PERMISSION_DENIED" in why or "403" in why for why in route["fallbacks"].values())
+    assert route["bytes_through_bridge"] == sum(map(len, FILES.values()))   # direct carried them
+    assert read_tree(dst, settings) == FILES
+    assert mcbridge("verify", dst, "--deep", env=env, state_dir=tmp_path).returncode == 0
+    no_secret(r.stdout, r.stderr)
+    # not enabled: direct, and sts is not tried
+    again = mcbridge("cp", src, make_root("gs"), "--json", env=env, state_dir=tmp_path)
+    assert json.loads(again.stdout)["route"]["name"] == "direct"
+
+
+def test_bad_input_and_missing_settings_are_one_line(make_root, env, tmp_path):
+    src, dst = make_root("gs"), make_root("s3")
+    fill(src, settings_for(env), {"x": b"x"})
+    r = mcbridge("cp", src, dst, "--route", "sts", env=env, state_dir=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--route sts cannot copy" in r.stderr
+    no_role = {k: v for k, v in env.items() if k != "MCBRIDGE_DATASYNC_S3_ROLE_ARN"}
+    r = mcbridge("cp", src, dst, "--route", "datasync", env=no_role, state_dir=tmp_path)
+    assert r.returncode == 2 and "datasync_s3_role_arn" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_sigterm_cancels_the_remote_job(make_root, env, sts_double, tmp_path):
+    settings = settings_for(env)
+    files = {f"f{i:02d}": os.urandom(100) for i in range(15)}
+    src, dst = make_root("s3"), make_root("gs")
+    fill(src, settings, files)
+    sts_double.delay = 0.3
+    run_env = {k: v for k, v in env.items() if k != "MCBRIDGE_CONFIG"}
+    run_env.update(MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
+    proc = subprocess.Popen([*MCBRIDGE, "cp", src, dst, "--route", "sts", "-q"], env=run_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(r.objects_copied >= 2 for _m, r in sts_double.operations.values()):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.startswith("mcbridge: error: ") and err.count("\n") == 1 and "cancelled at the service" in err
+    ((_meta, remote),) = sts_double.operations.values()
+    assert remote.state == "cancelled" and remote.objects_copied < 15
+    assert sts_double.server.calls(":cancel")
+    from bridge.manifest import read as read_manifest
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None
