@@ -380,3 +380,13 @@ def test_fill_from_gcs_and_azure_checks_the_stores_crc32c(scheme, make_root, env
     assert sha(cache.fetch(url).read_bytes()) == sha(data)
     [entry] = cache.entries()
     assert entry.meta["store_crc32c"] == entry.meta["crc32c"] == crc_hex(crc32c(data))
+
+
+def test_a_pin_ends_with_its_ttl(tmp_path):
+    src = tmp_path / "p.bin"
+    src.write_bytes(b"p" * 100)
+    cache = Cache(settings_of(cache_env(dict(os.environ), tmp_path / "cache")))
+    cache.pin(str(src), ttl=0.3)
+    assert cache.evict() == [] and len(cache.pins()) == 1
+    time.sleep(0.4)
+    assert cache.pins() == {} and cache.evict() == [str(src)]
