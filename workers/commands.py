@@ -459,7 +459,8 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
         est = f" (estimated ${record.estimate_usd:.4f})" if record.estimate_usd is not None else ""
         lines.append(f"  cost         {spent}{est}" + (f", budget {record.budget}" if record.budget else ""))
     for child in doc.get("children", []):
-        lines.append(f"  -> {child['spec']['destinations'][0]}  {child['state']}  (job {child['id']})")
+        spent = f", ${child['spent_usd']:.4f}" if child.get("spent_usd") is not None else ""
+        lines.append(f"  -> {child['spec']['destinations'][0]}  {child['state']}  (job {child['id']}{spent})")
     for dst, row in (record.replicas or {}).items():
         verified = f"{row['newest_verified']} verified {row['verified_at']}" if row.get("newest_verified") else "nothing verified"
         lines.append(f"  replica      {dst}: {verified}; lag {row['lag_checkpoints']} checkpoints; "
