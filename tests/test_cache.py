@@ -390,3 +390,20 @@ def test_a_pin_ends_with_its_ttl(tmp_path):
     assert cache.evict() == [] and len(cache.pins()) == 1
     time.sleep(0.4)
     assert cache.pins() == {} and cache.evict() == [str(src)]
+
+
+def test_a_filesystem_without_flock_is_named(tmp_path, monkeypatch):
+    """Lustre mounted without -o flock answers flock with ENOSYS (no Lustre here: the answer is
+    put in its place)."""
+    import errno
+    from bridge.cache import locks
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    src = tmp_path / "s.bin"
+    src.write_bytes(b"s")
+    cache = Cache(settings_of(cache_env(dict(os.environ), tmp_path / "cache")))
+    monkeypatch.setattr(locks.fcntl, "flock", no_flock)
+    with pytest.raises(locks.LockUnsupported, match="mount Lustre with -o flock"):
+        cache.fetch(str(src))
