@@ -132,3 +132,20 @@ def test_the_settings_file_prices_with_discounts_interconnects_and_named_places(
     azurite.create_bucket(container)
     az = plan("profiles:\n  default:\n    azure: {region: westeurope}\n", f"az://{container}/corpus/")
     assert az["places"]["destination"] == "azure:westeurope"
+
+
+def test_the_routes_bridge_runs_are_the_ones_planned_as_valid(eu_bucket, azurite, emulator_env, tmp_path):
+    """Runnable means registered with bridge/routes: from-url into Azure is planned as valid; the
+    native routes only once enabled in the settings."""
+    container = unique_name()
+    azurite.create_bucket(container)
+    src, dst = f"s3://{eu_bucket}/corpus/", f"az://{container}/corpus/"
+    r = mcbridge("plan", src, dst, "--json", env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = {row["route"]: row for row in json.loads(r.stdout)["routes"]}
+    assert rows["from-url"]["valid"], rows["from-url"]
+    assert rows["datasync"]["why"] == "not available in this bridge yet"
+    r = mcbridge("plan", src, dst, "--json", env={**emulator_env, "MCBRIDGE_NATIVE_ROUTES": "datasync"},
+                 state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert {row["route"]: row for row in json.loads(r.stdout)["routes"]}["datasync"]["valid"]
