@@ -6,9 +6,10 @@
 A job submitted with ``--budget NAME`` carries the estimate made when it was submitted
 (bridge/costing.py). When the month's spend plus the estimate would pass the limit, the job is
 created in state ``awaiting-approval`` and nothing is queued until ``mcbridge jobs approve ID``
-(or it is cancelled). When a job ends, what actually ran is charged to its budget: the estimate
-scaled by the bytes moved over the bytes planned (a job that skipped finished files, or failed
-half-way, spent less).
+(or it is cancelled). When a job ends, what actually ran is charged to its budget: the worker
+prices the requests and bytes of the units that finished (workers/executor.py ``_spent``), so a
+job that found files already there, or failed half-way, spends less than its estimate. A
+replication policy's runs are charged to the budget of the policy's name (workers/replicas.py).
 """
 
 from __future__ import annotations
