@@ -98,7 +98,8 @@ def test_bad_input_and_missing_settings_are_one_line(make_root, env, tmp_path):
     assert r.returncode == 2 and "datasync_s3_role_arn" in r.stderr and r.stderr.count("\n") == 1
 
 
-def test_sigterm_cancels_the_remote_job(make_root, env, sts_double, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_or_ctrl_c_cancels_the_remote_job(sig, make_root, env, sts_double, tmp_path):
     settings = settings_for(env)
     files = {f"f{i:02d}": os.urandom(100) for i in range(15)}
     src, dst = make_root("s3"), make_root("gs")
@@ -111,13 +112,38 @@ def test_sigterm_cancels_the_remote_job(make_root, env, sts_double, tmp_path):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(r.objects_copied >= 2 for _m, r in sts_double.operations.values()):
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert err.startswith("mcbridge: error: ") and err.count("\n") == 1 and "cancelled at the service" in err
     ((_meta, remote),) = sts_double.operations.values()
     assert remote.state == "cancelled" and remote.objects_copied < 15
     assert sts_double.server.calls(":cancel")
+    from bridge.manifest import read as read_manifest
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None
+
+
+def test_a_remote_failure_after_data_moved_fails_the_job_in_one_line(make_root, env, sts_double, moto, tmp_path):
+    settings = settings_for(env)
+    files = {f"f{i:02d}": os.urandom(100) for i in range(6)}
+    src, dst = make_root("s3"), make_root("gs")
+    fill(src, settings, files)
+    sts_double.delay = 0.3
+    run_env = {k: v for k, v in env.items() if k != "MCBRIDGE_CONFIG"}
+    run_env.update(MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
+    proc = subprocess.Popen([*MCBRIDGE, "cp", src, dst, "--route", "sts", "-q"], env=run_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(r.objects_copied >= 1 for _m, r in sts_double.operations.values()):
+        time.sleep(0.05)
+    moto.client().delete_object(Bucket=src.split("/")[2], Key="f05")   # listed by the service, gone when it reads
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert err.count("\n") == 1 and "copy did not complete: Storage Transfer Service operation" in err
+    assert "failed: NOT_FOUND" in err
+    no_secret(out, err)
     from bridge.manifest import read as read_manifest
     from bridge.stores import get_store
     from bridge.urls import parse

@@ -271,7 +271,7 @@ class StorageTransferDouble:
         op = {"name": name, "metadata": meta, "done": run.finished.is_set()}
         if run.state == "failed":
             code = "PERMISSION_DENIED" if re.search(r"AccessDenied|Authorization\w*(Failure|Mismatch)|403", run.error) \
-                else "NOT_FOUND" if re.search(r"NoSuchBucket|ContainerNotFound|404", run.error) else "UNKNOWN"
+                else "NOT_FOUND" if re.search(r"NoSuch(Bucket|Key)|(Container|Blob)NotFound|404", run.error) else "UNKNOWN"
             meta["errorBreakdowns"] = [{"errorCode": code, "errorCount": str(max(run.objects_failed, 1)),
                                         "errorLogEntries": [{"url": "", "errorDetails": [run.error[:300]]}]}]
             op["error"] = {"code": 9, "message": f"transfer failed: {code}"}
