@@ -55,9 +55,23 @@ class FilePlan:
     # and the re-run, even at the same size, is sent again rather than finished from old parts.
     source_id: dict[str, str] = field(default_factory=dict)
 
+    # A task of the Celery executor may send only some of a large file's parts: first_part to
+    # last_part (1-based, inclusive; 0: to the end). The file's ``complete`` then runs at commit.
+    first_part: int = 1
+    last_part: int = 0
+
     @property
     def parts(self) -> int:
         return math.ceil(self.size / self.part_size) if self.part_size else 1
+
+    def part_numbers(self) -> range:
+        """The parts this plan sends."""
+        return range(self.first_part, (self.last_part or self.parts) + 1)
+
+    @property
+    def whole(self) -> bool:
+        """Whether this plan sends every part (and so completes the file itself)."""
+        return len(self.part_numbers()) == self.parts
 
 
 @dataclass
@@ -70,6 +84,8 @@ class Plan:
     key: str = ""
     route: str = "direct"  # bridge.routes: how the files' bytes go, and why
     route_why: str = ""
+    # Files whose parts ran in several tasks: completed among the finals, before the manifest.
+    completions: list[str] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
@@ -88,7 +104,7 @@ class Plan:
         """The units that copy ``files`` through this process: one put, or parts."""
         for f in files:
             if f.part_size:
-                for n in range(1, f.parts + 1):
+                for n in f.part_numbers():
                     yield {"op": "part", "rel": f.rel, "size": f.size, "part_size": f.part_size, "number": n}
             else:
                 yield {"op": "put", "rel": f.rel, "size": f.size}
@@ -96,7 +112,14 @@ class Plan:
     def unit_count(self) -> int:
         if self.route != "direct":
             return routes.get(self.route).unit_count(self)
-        return sum(f.parts + (1 if f.part_size else 0) for f in self.files) + len(self.deletions) + 1
+        return (sum(len(f.part_numbers()) + (1 if f.part_size and f.whole else 0) for f in self.files)
+                + len(self.completions) + len(self.deletions) + 1)
+
+    def usage(self):
+        """What this plan will read from and write to each store, and the requests it will send
+        by kind (``bridge.estimate.Usage``), before anything runs: what policies price."""
+        from bridge import estimate
+        return estimate.usage(self, self.route if self.route in estimate.ROUTES else "direct")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,7 +128,7 @@ class Plan:
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         return cls(d["source"], d["destination"], d["single"], [FilePlan(**f) for f in d["files"]],
                    list(d.get("deletions", [])), d.get("key", ""), d.get("route", "direct"),
-                   d.get("route_why", ""))
+                   d.get("route_why", ""), list(d.get("completions", [])))
 
 
 def part_size_for(size: int, store: Store, requested: int | None) -> int:
@@ -209,7 +232,8 @@ class JobContext(jobs.Context):
         self._file_locks: dict[str, threading.Lock] = {}
         self._hashers: dict[str, OrderedSha256] = {}
         self._uploads: dict[str, tuple[str, dict]] = {}
-        self._parts_left: dict[str, int] = {f.rel: f.parts for f in plan.files if f.part_size}
+        # parts still to finish of each file this process completes when its last part is done
+        self._parts_left: dict[str, int] = {f.rel: f.parts for f in plan.files if f.part_size and f.whole}
         self._files: dict[str, FilePlan] = {f.rel: f for f in plan.files}
         # A local destination's whole files skip their two fsyncs each (file, folder): they are
         # settled in batches, and journaled only once durable (settle), so the journal never
@@ -300,6 +324,8 @@ class JobContext(jobs.Context):
 
     def parts_finished(self, rel: str) -> bool:
         with self._lock:
+            if rel not in self._parts_left:
+                return False   # its parts run in several tasks: completed at commit
             self._parts_left[rel] -= 1
             return self._parts_left[rel] == 0
 
@@ -317,6 +343,11 @@ class JobContext(jobs.Context):
             self.progress.plan(0, len(units) + sum(1 for f in fallen if f.part_size))
             return units
         return []
+
+    def finals(self) -> list[dict]:
+        completions = [self._files[rel] for rel in self.plan.completions]
+        return [*({"op": "complete", "rel": f.rel, "size": f.size, "part_size": f.part_size} for f in completions),
+                {"op": "finalize"}]
 
     def prepare(self) -> None:
         """Temporaries a killed run left beside the files, then the old manifest set aside."""

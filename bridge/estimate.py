@@ -225,6 +225,25 @@ def pack_usage(pack_plan: Any) -> Usage:
     return Usage("pack", src, dst, len(files), pack_plan.bytes, pack_plan.bytes, len(pack_plan.shards))
 
 
+def unpack_usage(unpack_plan: Any, *, window: int, stream_over: int, part_size: int) -> Usage:
+    """Usage of an unpack plan (bridge.packing.unpack.UnpackPlan): each shard read front to back
+    in ranged reads of ``window`` bytes, each member written whole or, above ``stream_over``
+    bytes, in parts of ``part_size``. Listing the shards was done by planning it."""
+    src = StoreUsage(_root(unpack_plan.source))
+    dst = StoreUsage(unpack_plan.destination)
+    members = [m["size"] for s in unpack_plan.shards for m in s["members"]]
+    for shard in unpack_plan.shards:
+        src.bytes_read += shard["size"]
+        src.requests["GET"] += math.ceil(shard["size"] / window) if shard["size"] else 0
+    for size in members:
+        if size >= 0:   # an index-less Parquet member's size is known once read
+            _upload(dst, size, part_size if size > stream_over else 0)
+    dst.requests["HEAD"] += 1                  # check_bucket
+    _destination_commit(dst, 0)
+    payload = sum(size for size in members if size > 0)
+    return Usage("unpack", src, dst, len(members), payload, payload, len(members))
+
+
 def _root(url: str) -> str:
     loc = parse(url)
     return str(loc if loc.is_prefix else Location(loc.scheme, loc.bucket, loc.key.rpartition("/")[0] + "/"))
@@ -239,7 +258,7 @@ def journal_marks(plan: Plan, journal: Any) -> set[str]:
     for f in plan.files:
         keys.append(f"file:{f.rel}")
         if f.part_size:
-            keys += [f"upload:{f.rel}", *(f"part:{f.rel}:{n}" for n in range(1, f.parts + 1))]
+            keys += [f"upload:{f.rel}", *(f"part:{f.rel}:{n}" for n in f.part_numbers())]
     return _present(journal, keys)
 
 
@@ -265,7 +284,7 @@ def ran(plan: Plan, before: set[str], after: set[str], deletions: int = 0) -> Us
                 _upload(dst, f.size, 0)
                 moved += f.size
             continue
-        for n in range(1, f.parts + 1):
+        for n in f.part_numbers():   # a task may hold only some of a file's parts
             if f"part:{f.rel}:{n}" in new:
                 length = min(f.part_size, f.size - (n - 1) * f.part_size)
                 _read(src, length, 0)

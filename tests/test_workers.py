@@ -368,6 +368,24 @@ def test_fan_out_keeps_each_multipart_file_whole_and_batches_small_ones():
     assert [len(s.files) for s in fan_out(plan, 1000, 5000)[2:]][:3] == [5, 5, 5]
 
 
+def test_fan_out_spreads_the_parts_of_a_file_bigger_than_file_task_bytes_over_tasks():
+    from bridge.engine import FilePlan, Plan
+    from workers.kinds import fan_out, split
+    files = [FilePlan("big", 95, 10), FilePlan("mid", 30, 10), FilePlan("s", 5)]
+    plan = Plan("s3://a-a/", "gs://b-b/", None, files, [], "key1")
+    subs = fan_out(plan, batch_files=64, batch_bytes=10**9, file_task_bytes=40)
+    ranges = [[(f.rel, list(f.part_numbers())) for f in s.files] for s in subs]
+    assert ranges == [[("big", [1, 2, 3, 4])], [("big", [5, 6, 7, 8])], [("big", [9, 10])],
+                      [("mid", [1, 2, 3])], [("s", [1])]]
+    assert [f.rel for f in split(plan, 40)] == ["big"]
+    # a task that holds some of a file's parts does not complete it; one that holds them all does
+    assert [u["op"] for u in subs[0].units()] == ["part"] * 4 and subs[0].unit_count() == 4 + 1
+    assert subs[3].unit_count() == 3 + 1 + 1
+    # every part is in exactly one task
+    assert sorted(n for s in subs[:3] for n in s.files[0].part_numbers()) == list(range(1, 11))
+    assert Plan.from_dict(subs[1].to_dict()).files[0].part_numbers() == range(5, 9)
+
+
 # -- commands -------------------------------------------------------------------------------
 
 def test_help_does_not_import_celery_or_redis():

@@ -432,3 +432,43 @@ def test_replicate_keep_extra_or_verify_none_records_a_sync_but_proves_nothing(s
         assert "proven_at" not in records[weak_dst], "a sync that keeps extras or skips verify proves nothing"
         status = service.cli("jobs", "status", job["id"]).stdout
         assert f"proven equal {weak_dst}: never; last synced" in status, status
+
+
+def test_the_parts_of_a_large_file_run_as_separate_tasks_and_commit_once(service, emulator_for, make_root, tmp_path):
+    """A file bigger than BRIDGE_FILE_TASK_BYTES goes out as several tasks (runs of its parts)
+    that any worker may take; the job's finalize completes it. Each part is sent once, and the
+    manifest holds a SHA-256 per part (the whole file's only where bridge can read it back free:
+    a local destination)."""
+    moto = emulator_for("s3")
+    src = tmp_path / "src"
+    hashes = write_tree(src, {"ckpt/model.bin": 42 * MiB + 5}, small=3)
+    data = (src / "ckpt/model.bin").read_bytes()
+    dst, local = make_root("s3"), tmp_path / "local"
+    bucket = dst[len("s3://"):].rstrip("/")
+    service.env["BRIDGE_FILE_TASK_BYTES"] = "10MiB"
+    for name in ("w1", "w2"):
+        service.worker(name, concurrency=2, threads=2)
+    for worker in service.processes:
+        worker.wait_ready()
+
+    for target in (dst, f"{local}/"):
+        result = service.cli("submit", "cp", f"{src}/", target, "--chunk-size", "5MiB", "--wait", "--json")
+        assert result.returncode == 0, result.stderr + result.stdout
+        status = json.loads(result.stdout)
+        assert status["state"] == "succeeded" and status["verify"]["ok"], status["errors"]
+        # 9 parts of 5 MiB, two to a task (10 MiB): 5 tasks for the file, 1 for the small ones
+        assert status["progress"]["tasks_total"] == status["progress"]["tasks_done"] == 6, status["progress"]
+        assert status["progress"]["files_done"] == 4
+
+    assert s3_hashes(moto, bucket) == hashes
+    _whole, parts = moto_puts(moto, bucket)
+    assert sorted(parts) == [("ckpt/model.bin", n) for n in range(1, 10)] and set(parts.values()) == {1}
+    part = 5 * MiB
+    per_part = [hashlib.sha256(data[i:i + part]).hexdigest() for i in range(0, len(data), part)]
+    remote = json.loads(moto.client().get_object(Bucket=bucket, Key="_bridge/manifest.json")["Body"].read())
+    entry = next(e for e in remote["files"] if e["path"] == "ckpt/model.bin")
+    assert entry["part_sha256"] == per_part and entry["sha256"] == "" and "part_sha256" in entry["note"]
+    assert (local / "ckpt/model.bin").read_bytes() == data
+    entry = next(e for e in json.loads((local / "_bridge/manifest.json").read_text())["files"]
+                 if e["path"] == "ckpt/model.bin")
+    assert entry["part_sha256"] == per_part and entry["sha256"] == hashes["ckpt/model.bin"]

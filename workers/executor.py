@@ -7,8 +7,11 @@ the manifest when every task is done. Tasks are thin (workers/tasks.py); this is
                                 on a thread pool in one
                                 process
 
-One multipart file stays in one task: its SHA-256 is fed in part order in one process
-(``OrderedSha256``), and its parts run on that task's thread pool. Small files go in batches of
+A multipart file up to ``file_task_bytes`` is one task, its parts on that task's thread pool,
+its SHA-256 fed in part order there. A bigger one is begun by the planner and its parts go out in
+runs of about ``file_task_bytes``, a task each, on any workers; the job's finalize completes it
+(its manifest entry then holds a SHA-256 per part and, for a local destination, the whole
+file's, read back from the disk). Small files go in batches of
 ``batch_files`` / ``batch_bytes`` so the few milliseconds a task costs are spread over many.
 Every finished unit is in the Redis journal, so a task run again after its worker died redoes
 only the units that were in flight. What a unit is depends on the kind of job (workers/kinds.py);
@@ -289,7 +292,7 @@ class Service:
 
     def kind(self, spec: JobSpec):
         from workers.kinds import kind_for
-        return kind_for(spec, self.ws.batch_files, self.ws.batch_bytes)
+        return kind_for(spec, self.ws.batch_files, self.ws.batch_bytes, self.ws.file_task_bytes)
 
     def _make_plan(self, job_id: str, spec: JobSpec) -> list[str]:
         planned = self.kind(spec).plan(spec, self.settings_for(spec), self.journal)
@@ -360,7 +363,11 @@ class Service:
         settings = self.settings_for(spec)
         header = self._header(job_id)
         kind = self.kind(spec)
-        manifest_url = kind.commit(header, settings, self.journal(record.plan_key))
+        from bridge.progress import Progress
+        committing = Progress()   # counts the files completed at commit (their parts ran in several tasks)
+        manifest_url = kind.commit(header, settings, self.journal(record.plan_key), committing)
+        if committing.files_done:
+            self.jobs.add_progress(job_id, {"files_done": committing.files_done})
         if hasattr(kind, "committed"):
             self._used(job_id, kind.committed(header))
         self.jobs.update(job_id, manifest=manifest_url)

@@ -1,7 +1,8 @@
 """What each kind of job plans, runs and commits, in terms of bridge's own units.
 
     Files   copy and sync (bridge.engine): put / part / complete / delete units; a task is one
-            multipart file or a batch of small files and deletions
+            multipart file, a run of a large file's parts (the file completed at commit), or a
+            batch of small files and deletions
     Shards  pack (bridge.packing.job): one task per shard; the index, then the manifest, last
 
 Each kind turns a spec into a header (what finalize needs, without the file lists) and sub-plans
@@ -40,16 +41,21 @@ class Ran:
 DELETES_PER_TASK = 500
 
 
-def fan_out(plan, batch_files: int, batch_bytes: int) -> list:
+def fan_out(plan, batch_files: int, batch_bytes: int, file_task_bytes: int | None = None) -> list:
     """Sub-plans, one per task: each multipart file alone (largest first, so the long tasks start
-    early), then small files in batches, then deletions in batches."""
+    early), or, when it is bigger than ``file_task_bytes``, its parts in runs of about that many
+    bytes, one task each (the file is then completed at commit: ``split``); then small files in
+    batches, then deletions in batches."""
     from bridge.engine import Plan
 
     def sub(files=(), deletions=()) -> Plan:
         return Plan(plan.source, plan.destination, plan.single, list(files), list(deletions), plan.key)
 
-    large = sorted((f for f in plan.files if f.part_size), key=lambda f: -f.size)
-    out = [sub([f]) for f in large]
+    out = []
+    for f in sorted((f for f in plan.files if f.part_size), key=lambda f: -f.size):
+        per = _parts_per_task(f, file_task_bytes)
+        out += [sub([dataclasses.replace(f, first_part=first, last_part=min(first + per - 1, f.parts))])
+                for first in range(1, f.parts + 1, per)]
     batch: list = []
     size = 0
     for f in (f for f in plan.files if not f.part_size):
@@ -63,6 +69,15 @@ def fan_out(plan, batch_files: int, batch_bytes: int) -> list:
     for start in range(0, len(plan.deletions), DELETES_PER_TASK):
         out.append(sub(deletions=plan.deletions[start:start + DELETES_PER_TASK]))
     return out
+
+
+def _parts_per_task(f, file_task_bytes: int | None) -> int:
+    return f.parts if not file_task_bytes else max(1, file_task_bytes // f.part_size)
+
+
+def split(plan, file_task_bytes: int | None) -> list:
+    """The multipart files whose parts ``fan_out`` spreads over several tasks."""
+    return [f for f in plan.files if f.part_size and f.parts > _parts_per_task(f, file_task_bytes)]
 
 
 def _manifest_written(store, root) -> bool:
@@ -99,8 +114,8 @@ def _commit(ctx) -> str:
 class Files:
     """copy and sync."""
 
-    def __init__(self, batch_files: int, batch_bytes: int):
-        self.batch_files, self.batch_bytes = batch_files, batch_bytes
+    def __init__(self, batch_files: int, batch_bytes: int, file_task_bytes: int | None = None):
+        self.batch_files, self.batch_bytes, self.file_task_bytes = batch_files, batch_bytes, file_task_bytes
 
     def plan(self, spec: JobSpec, settings, journal_for: Callable[[str], Any]) -> Planned:
         from bridge import ops
@@ -114,9 +129,14 @@ class Files:
             if spec.include or spec.exclude:
                 from bridge.replication import filtered
                 plan = filtered(plan, spec.include or [], spec.exclude or [])
-        header = Plan(plan.source, plan.destination, plan.single, [], plan.deletions, plan.key)
-        prepare(JobContext(header, settings, journal_for(plan.key)))
-        subs = [sub.to_dict() for sub in fan_out(plan, self.batch_files, self.batch_bytes)]
+        spread = split(plan, self.file_task_bytes)
+        header = Plan(plan.source, plan.destination, plan.single, spread, plan.deletions, plan.key,
+                      completions=[f.rel for f in spread])
+        ctx = JobContext(header, settings, journal_for(plan.key))
+        prepare(ctx)
+        for f in spread:   # begun here, once: its tasks all continue this one upload
+            ctx.upload({"rel": f.rel, "size": f.size, "part_size": f.part_size})
+        subs = [sub.to_dict() for sub in fan_out(plan, self.batch_files, self.batch_bytes, self.file_task_bytes)]
         from bridge import estimate
         return Planned(plan.key, header.to_dict(), subs, {"bytes_total": plan.bytes, "files_total": len(plan.files),
                                                           "units_total": plan.unit_count()},
@@ -146,9 +166,9 @@ class Files:
         ctx = JobContext(plan, settings, journal, progress)
         return _run(ctx, units(plan.units()), settings.transfer.concurrency, plan.unit_count() - 1)
 
-    def commit(self, header: dict, settings, journal) -> str:
+    def commit(self, header: dict, settings, journal, progress=None) -> str:
         from bridge.engine import JobContext, Plan
-        return _commit(JobContext(Plan.from_dict(header), settings, journal))
+        return _commit(JobContext(Plan.from_dict(header), settings, journal, progress))
 
     def leftovers(self, header: dict, settings, journal) -> Iterator[tuple[Any, Any, str]]:
         """(store, location, upload id) of the uploads the job began."""
@@ -199,9 +219,9 @@ class Shards:
         ctx = packing.PackContext(plan, settings, journal, progress)
         return _run(ctx, units(iter(plan.units())), ctx.writers(), len(plan.shards))
 
-    def commit(self, header: dict, settings, journal) -> str:
+    def commit(self, header: dict, settings, journal, progress=None) -> str:
         from bridge.packing import job as packing
-        return _commit(packing.PackContext(packing.PackPlan.from_dict(header), settings, journal))
+        return _commit(packing.PackContext(packing.PackPlan.from_dict(header), settings, journal, progress))
 
     def leftovers(self, header: dict, settings, journal) -> Iterator[tuple[Any, Any, str]]:
         from bridge.stores import get_store
@@ -214,5 +234,5 @@ class Shards:
                 yield store, loc, upload_id
 
 
-def kind_for(spec: JobSpec, batch_files: int, batch_bytes: int) -> Files | Shards:
-    return Shards() if spec.kind == "pack" else Files(batch_files, batch_bytes)
+def kind_for(spec: JobSpec, batch_files: int, batch_bytes: int, file_task_bytes: int | None = None) -> Files | Shards:
+    return Shards() if spec.kind == "pack" else Files(batch_files, batch_bytes, file_task_bytes)

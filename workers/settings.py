@@ -123,6 +123,10 @@ class WorkerSettings:
         "BRIDGE_BATCH_FILES", 64, int, "At most this many small files per task.")
     batch_bytes: int = _setting(
         "BRIDGE_BATCH_BYTES", 64 * 1024 * 1024, parse_size, "At most this many bytes of small files per task.")
+    file_task_bytes: int = _setting(
+        "BRIDGE_FILE_TASK_BYTES", 1024 * 1024 * 1024, parse_size,
+        "A multipart file bigger than this is sent by several tasks (on any workers), each with about "
+        "this many bytes of its parts; it is completed when the job commits.")
     queue_prefix: str = _setting(
         "BRIDGE_QUEUE_PREFIX", "bridge", _name,
         "The control queue's name; route queues are <prefix>.<scheme> (bridge.s3, bridge.local ...).")
