@@ -45,6 +45,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
             "bytes": plan.bytes, "units": plan.unit_count(),
             "multipart_files": sum(1 for f in plan.files if f.part_size),
             "deletions": len(plan.deletions), "route": {"name": plan.route, "why": plan.route_why},
+            "usage": plan.usage().to_dict(),
             "plan": [{"path": f.rel, "size": f.size, "parts": f.parts if f.part_size else 1,
                       "part_size": f.part_size} for f in plan.files]}
 
@@ -81,7 +82,7 @@ def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what:
     """Refuse a plan estimated above ``max_cost`` dollars, before any data request."""
     if max_cost is not None:
         from bridge import costing, estimate
-        costing.check_budget(estimate.usage(plan, plan.route or "direct"), settings, max_cost, what)
+        costing.check_budget(plan.usage(), settings, max_cost, what)
 
 
 def copy(source: str, destination: str, settings: Settings, *, chunk_size: int | None = None,

@@ -157,6 +157,17 @@ def emit(summary: dict, as_json: bool, line: str) -> None:
         out.print(line)
 
 
+def print_usage(usage: dict | None) -> None:
+    """One line per store: what the plan will read and write there, and its requests by kind."""
+    for side, verb in (("source", "read"), ("destination", "write")):
+        row = (usage or {}).get(side)
+        if not row:
+            continue
+        requests = ", ".join(f"{n} {kind}" for kind, n in row["requests"].items()) or "no requests"
+        out.print(f"{side} {row['url']}: {verb} {human_bytes(row['bytes_read'] or row['bytes_written'])}; "
+                  f"{requests}", markup=False)
+
+
 def print_plan(summary: dict, as_json: bool) -> None:
     if as_json:
         out.print_json(json.dumps(summary))
@@ -168,3 +179,4 @@ def print_plan(summary: dict, as_json: bool) -> None:
         out.print(f"delete {rel}", markup=False)
     out.print(f"would copy {summary['files']} files, {human_bytes(summary['bytes'])} from {summary['source']} "
               f"to {summary['destination']} in {summary['units']} units", markup=False)
+    print_usage(summary.get("usage"))

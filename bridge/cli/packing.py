@@ -11,7 +11,7 @@ import typer
 
 from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, MaxCostOpt, RouteOpt, route_line,
                                 ProfileOpt, ProgressBar, QuietOpt, StoreSumOpt, emit, out, print_plan,
-                                settings_from_flags)
+                                print_usage, settings_from_flags)
 from bridge.config import parse_size
 from bridge.progress import human_bytes
 
@@ -53,6 +53,7 @@ def _pack(src: str, dst: str, fmt: str, shard_size: str, max_count: int | None, 
             out.print(f"shard {row['shard']}  {row['files']} files  {human_bytes(row['size'])}", markup=False)
         out.print(f"would pack {summary['files']} files, {human_bytes(summary['bytes'])} from {summary['source']} "
                   f"into {summary['shards']} {summary['format']} shards at {summary['destination']}", markup=False)
+        print_usage(summary["usage"])
         return
     with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
         summary = job.pack(src, dst, settings, progress=progress, max_cost=max_cost, **kwargs)
@@ -101,12 +102,21 @@ def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSi
 
 
 def unpack(src: str, dst: str, prefix: SetPrefixOpt = None, concurrency: ConcOpt = None,
-           as_json: JsonOpt = False, quiet: QuietOpt = False, profile: ProfileOpt = None,
+           dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False, profile: ProfileOpt = None,
            config: ConfigOpt = None) -> None:
     """Restore the files packed at SRC (a shard set, its .index.json, or .tar/.parquet shards)
     into DST, checking every file against its hash; unsafe members stop it before any write."""
     from bridge.packing.unpack import unpack as run
     settings = settings_from_flags(profile, config, concurrency)
+    if dry_run:
+        summary = run(src, dst, settings, prefix=prefix, dry_run=True)
+        if as_json:
+            emit(summary, True, "")
+            return
+        out.print(f"would unpack {summary['files']} files, {human_bytes(summary['bytes'])} from "
+                  f"{summary['shards']} shards at {summary['source']} into {summary['destination']}", markup=False)
+        print_usage(summary["usage"])
+        return
     with ProgressBar(not quiet and not as_json) as progress:
         summary = run(src, dst, settings, prefix=prefix, progress=progress)
     checked = "every file checked against the index" if summary["verified"] else \

@@ -77,6 +77,11 @@ class PackPlan:
     def units(self) -> list[dict[str, Any]]:
         return [s.unit() for s in self.shards]
 
+    def usage(self):
+        """What packing will read, write and request at each store (``bridge.estimate``)."""
+        from bridge import estimate
+        return estimate.pack_usage(self)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -355,9 +360,9 @@ def pack(source: str, destination: str, settings: Settings, *, fmt: str = "tar",
                      max_count=max_count, options=options)
     if max_cost is not None:
         from bridge import costing, estimate
-        costing.check_budget(estimate.pack_usage(plan), settings, max_cost, "pack")
+        costing.check_budget(plan.usage(), settings, max_cost, "pack")
     if dry_run:
-        return {"dry_run": True, **plan.summary(),
+        return {"dry_run": True, **plan.summary(), "usage": plan.usage().to_dict(),
                 "plan": [{"shard": s.name, "files": len(s.files), "size": s.size} for s in plan.shards]}
     return execute(plan, settings, progress, state_dir, memory)
 

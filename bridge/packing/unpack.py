@@ -98,6 +98,18 @@ class UnpackPlan:
     def units(self) -> list[dict[str, Any]]:
         return list(self.shards)
 
+    def usage(self, settings: Settings):
+        """What the unpack will read, write and request at each store (``bridge.estimate``)."""
+        from bridge import estimate
+        dst = get_store(parse(self.destination), settings)
+        return estimate.unpack_usage(self, window=_window(parse(self.source)), stream_over=STREAM_OVER,
+                                     part_size=stream_part_size(dst, STREAM_OVER, settings.transfer.chunk_size))
+
+    def summary(self) -> dict[str, Any]:
+        return {"source": self.source, "destination": self.destination, "shards": len(self.shards),
+                "files": len(self.paths()), "bytes": self.bytes, "verified": self.index is not None,
+                "index": self.index}
+
 
 class _Problems:
     def __init__(self) -> None:
@@ -449,10 +461,13 @@ UnpackContext.ops = {"shard": _shard, "finalize": _finalize}
 
 
 def unpack(source: str, destination: str, settings: Settings, *, prefix: str | None = None,
-           progress: Progress | None = None, state_dir: Path | None = None) -> dict[str, Any]:
+           progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False) -> dict[str, Any]:
     """Restore the tree packed at ``source`` into ``destination``; return a JSON-able summary."""
     progress = progress or Progress()
     plan = plan_unpack(source, destination, settings, prefix)
+    if dry_run:
+        return {"dry_run": True, **plan.summary(), "usage": plan.usage(settings).to_dict(),
+                "plan": [{"shard": s["name"], "files": len(s["members"]), "size": s["size"]} for s in plan.shards]}
     progress.plan(plan.bytes, len(plan.shards) + 1)
     journal = FileJournal((state_dir or Path(settings.transfer.state_dir)) / "journal" / f"{plan.key}.jsonl")
     ctx = UnpackContext(plan, settings, journal, progress)

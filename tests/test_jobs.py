@@ -1,0 +1,92 @@
+"""The one job model: a plan tells, before anything runs, what it will read, write and send at
+each store (``usage``, shown by ``--dry-run --json``), and the run then sends that."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+
+from bridge.urls import parse
+from tests.helpers import mcbridge
+
+MiB = 1024 * 1024
+
+
+def _moto_requests(moto, bucket: str) -> Counter:
+    """Requests moto answered for the data objects of ``bucket`` (not bridge's _bridge/ files), by
+    bridge's request kinds."""
+    line = re.compile(rf'"(?P<verb>[A-Z]+) /{re.escape(bucket)}/(?P<key>[^ ?]+)(?P<query>\?[^ ]*)? HTTP/1\.1" 20')
+    seen = Counter()
+    for m in line.finditer(moto.log_path.read_text(errors="replace")):
+        if m["key"].startswith("_bridge/"):
+            continue
+        query = m["query"] or ""
+        kind = {"PUT": "PART" if "partNumber=" in query else "PUT",
+                "POST": "BEGIN" if "uploads" in query and "uploadId" not in query else "COMPLETE"}.get(m["verb"])
+        if kind:
+            seen[kind] += 1
+    return seen
+
+
+def test_a_copy_plan_tells_what_it_will_send_before_anything_runs_and_the_copy_sends_that(
+        moto, make_root, emulator_env, tmp_path):
+    src = tmp_path / "src"
+    (src / "ckpt").mkdir(parents=True)
+    (src / "ckpt/model.bin").write_bytes(os.urandom(12 * MiB + 3))
+    for i in range(5):
+        (src / f"small-{i}.txt").write_bytes(os.urandom(100 + i))
+    total = 12 * MiB + 3 + sum(100 + i for i in range(5))
+    dst = make_root("s3")
+    bucket = parse(dst).bucket
+    state = tmp_path / "state"
+
+    r = mcbridge("cp", f"{src}/", dst, "--chunk-size", "5MiB", "--dry-run", "--json", env=emulator_env,
+                 state_dir=state)
+    assert r.returncode == 0, r.stderr
+    usage = json.loads(r.stdout)["usage"]
+    assert not moto.client().list_objects_v2(Bucket=bucket).get("Contents"), "a dry run wrote something"
+    assert usage["source"]["bytes_read"] == usage["destination"]["bytes_written"] == total
+    planned = usage["destination"]["requests"]
+    assert (planned["PART"], planned["BEGIN"], planned["COMPLETE"]) == (3, 1, 1)
+
+    r = mcbridge("cp", f"{src}/", dst, "--chunk-size", "5MiB", "--json", env=emulator_env, state_dir=state)
+    assert r.returncode == 0, r.stderr
+    sent = _moto_requests(moto, bucket)
+    # the plan's PUTs are the data objects and the manifest (which _moto_requests leaves out)
+    assert sent == Counter(PART=planned["PART"], BEGIN=planned["BEGIN"], COMPLETE=planned["COMPLETE"],
+                           PUT=planned["PUT"] - 1), (sent, planned)
+
+
+def test_pack_and_unpack_plans_tell_their_bytes_before_anything_runs(tmp_path):
+    src, shards, out = tmp_path / "src", tmp_path / "shards", tmp_path / "out"
+    sizes = {f"s/{i:03d}.bin": 3000 + 517 * i for i in range(40)}
+    for rel, size in sizes.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(os.urandom(size))
+    env, state = dict(os.environ), tmp_path / "state"
+
+    r = mcbridge("pack", f"{src}/", f"{shards}/", "--shard-size", "40KiB", "--dry-run", "--json", env=env,
+                 state_dir=state)
+    assert r.returncode == 0, r.stderr
+    packing = json.loads(r.stdout)
+    assert not shards.exists(), "a dry run wrote something"
+    assert packing["usage"]["source"]["bytes_read"] == sum(sizes.values())
+    r = mcbridge("pack", f"{src}/", f"{shards}/", "--shard-size", "40KiB", "--json", env=env, state_dir=state)
+    assert r.returncode == 0, r.stderr
+    written = sum(p.stat().st_size for p in shards.glob("*.tar"))
+    assert packing["usage"]["destination"]["bytes_written"] == written
+    assert packing["usage"]["destination"]["requests"]["PUT"] >= packing["shards"] > 1
+
+    r = mcbridge("unpack", f"{shards}/", f"{out}/", "--dry-run", "--json", env=env, state_dir=state)
+    assert r.returncode == 0, r.stderr
+    unpacking = json.loads(r.stdout)
+    assert not out.exists(), "a dry run wrote something"
+    usage = unpacking["usage"]
+    assert usage["source"]["bytes_read"] == written
+    assert usage["destination"]["bytes_written"] == sum(sizes.values())
+    assert usage["destination"]["requests"]["PUT"] == len(sizes) + 1   # every file, and the manifest
+    r = mcbridge("unpack", f"{shards}/", f"{out}/", "--json", env=env, state_dir=state)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["bytes"] == usage["destination"]["bytes_written"]
