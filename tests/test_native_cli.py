@@ -148,3 +148,35 @@ def test_a_remote_failure_after_data_moved_fails_the_job_in_one_line(make_root, 
     from bridge.stores import get_store
     from bridge.urls import parse
     assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None
+
+
+@pytest.mark.parametrize("route,src_scheme,dst_scheme", [("sts", "s3", "gs"), ("datasync", "gs", "s3")])
+def test_sync_sends_only_what_changed_by_naming_it(route, src_scheme, dst_scheme, make_root, env, sts_double,
+                                                   datasync_double, tmp_path):
+    settings = settings_for(env)
+    src, dst = make_root(src_scheme), make_root(dst_scheme)
+    fill(src, settings, FILES)
+    assert mcbridge("cp", src, dst, "--route", route, env=env, state_dir=tmp_path).returncode == 0
+    changed = {"a.bin": os.urandom(3001), "sub/new.txt": b"new\n"}
+    fill(src, settings, changed)
+    r = mcbridge("sync", src, dst, "--route", route, "--json", env=env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert sorted(summary["sent"]) == sorted(changed) and summary["route"]["name"] == route
+    if route == "sts":
+        spec = sts_double.server.calls("/v1/transferJobs")[-1]["transferSpec"]
+        assert sorted(spec["objectConditions"]["includePrefixes"]) == sorted(changed)
+    else:
+        value = datasync_double.calls("CreateTask")[-1]["Includes"][0]["Value"]
+        assert sorted(value.split("|")) == sorted("/" + rel for rel in changed)
+    assert read_tree(dst, settings) == {**FILES, **changed}
+    assert mcbridge("verify", dst, "--deep", env=env, state_dir=tmp_path).returncode == 0
+
+
+def test_an_enabled_route_that_does_not_serve_the_pair_leaves_it_direct(make_root, env, tmp_path):
+    settings = settings_for(env)
+    src, dst = make_root("local"), make_root("gs")
+    fill(src, settings, {"x": b"x"})
+    r = mcbridge("cp", src, dst, "--json", env={**env, "MCBRIDGE_NATIVE_ROUTES": "sts,datasync"}, state_dir=tmp_path)
+    route = json.loads(r.stdout)["route"]
+    assert route["name"] == "direct" and "sts" in route["why"] and "datasync" in route["why"], route
