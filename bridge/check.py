@@ -17,9 +17,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bridge.errors import IntegrityError, ObjectNotFound
 from bridge.hashing import rehash, rehash_parts
 from bridge.manifest import FileEntry
 from bridge.stores.base import ObjectInfo, Store, identity_changed
+from bridge.urls import Location
+
+
+def completed(store: Store, loc: Location, reported: ObjectInfo, crc32c: str, mode: str) -> ObjectInfo:
+    """``--store-checksums`` on an object just completed from parts, the same for every store.
+
+    require (the default): a store that keeps a whole-object CRC32C (S3, GCS) must report ours;
+    one that keeps none (Azure block blobs, local files) checked each part on arrival, and
+    that stands. readback: where the store reports no CRC32C, the object is read back and
+    hashed. skip: nothing is checked. An object that fails is removed; the error says why."""
+    if mode == "skip":
+        return reported
+    got = reported.checksums.get("crc32c")
+    if got is None and mode == "readback":
+        got, _ = rehash(store, loc, reported.size, sha=False)
+    elif got is None and "crc32c" in store.features.checksums:
+        _remove(store, loc)
+        raise IntegrityError(f"{loc}: the endpoint reports no CRC32C for the completed upload, so it cannot "
+                             f"be proven intact; the object was removed (use --store-checksums readback for "
+                             f"endpoints that keep no checksums)")
+    if got is not None and got != crc32c:
+        _remove(store, loc)
+        raise IntegrityError(f"{loc}: the store reports CRC32C {got} for the completed upload, expected "
+                             f"{crc32c}; the object was removed")
+    return reported
+
+
+def _remove(store: Store, loc: Location) -> None:
+    try:
+        store.delete(loc)
+    except ObjectNotFound:
+        pass
 
 
 def reported_crc32c(store: Store, info: ObjectInfo) -> str | None:

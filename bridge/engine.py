@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bridge import check
 from bridge import jobs
 from bridge import manifest as manifests
 from bridge import names
@@ -445,7 +446,8 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     h = FileHash(size, crc, whole or "")
     upload_id, _held = ctx.upload(unit)
     dst = ctx.dst_loc(rel)
-    ctx.dst.complete_upload(dst, upload_id, parts, crc32c=crc, metadata=_metadata(h))
+    reported = ctx.dst.complete_upload(dst, upload_id, parts, crc32c=crc, metadata=_metadata(h))
+    check.completed(ctx.dst, dst, reported, crc, ctx.settings.transfer.store_checksums)
     note = ""
     if whole is None and dst.is_local:
         again, whole = rehash(ctx.dst, dst, size)

@@ -115,9 +115,11 @@ def test_cloud_to_cloud_resume_keeps_part_hashes_and_verify_deep_checks_them(mot
     src, dst = make_root("s3"), make_root("s3") + "copy/"
     moto.client().put_object(Bucket=parse(src).bucket, Key="w.bin", Body=data)
     state = tmp_path / "state"
-    args = [*MCBRIDGE, "cp", f"{src}w.bin", dst, "--chunk-size", "5MiB", "-j", "2", "-q"]
+    # --route direct: the bytes pass through bridge in parts (the server route would have S3 copy it)
+    args = [*MCBRIDGE, "cp", f"{src}w.bin", dst, "--chunk-size", "5MiB", "-j", "2", "-q", "--route", "direct"]
     assert 2 <= _kill_after(args, _env(emulator_env, state), state, 2) < nparts
-    r = mcbridge("cp", f"{src}w.bin", dst, "--chunk-size", "5MiB", "-j", "2", env=emulator_env, state_dir=state)
+    r = mcbridge("cp", f"{src}w.bin", dst, "--chunk-size", "5MiB", "-j", "2", "--route", "direct",
+                 env=emulator_env, state_dir=state)
     assert r.returncode == 0, r.stderr
     doc = json.loads(moto.client().get_object(Bucket=parse(dst).bucket, Key="copy/_bridge/manifest.json")["Body"].read())
     entry = doc["files"][0]

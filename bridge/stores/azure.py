@@ -336,7 +336,9 @@ class AzureStore(Store):
         return parts
 
     def complete_upload(self, loc: Location, upload_id: str, parts: list[PartRecord], *,
-                        crc32c: str, metadata: dict[str, str]) -> None:
+                        crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
+        """Put Block List. Azure keeps no whole-object checksum of a block blob (each block was
+        checked on arrival, by its transactional CRC64 or MD5): the answer reports none."""
         blocks = [BlobBlock(block_id=p.token) for p in sorted(parts, key=lambda p: p.number)]
         size = sum(p.size for p in parts)
 
@@ -347,8 +349,11 @@ class AzureStore(Store):
                 return False
             return info.size == size and info.metadata.get("bridge_crc32c") == crc32c
 
-        self._request(loc, lambda: self._blob(loc).commit_block_list(blocks, metadata=metadata),
-                      recovered=finished)
+        answer = self._request(loc, lambda: self._blob(loc).commit_block_list(blocks, metadata=metadata),
+                               recovered=finished)
+        if not answer:
+            return self.info(loc)
+        return ObjectInfo(loc, size, {}, dict(metadata), _identity(answer.get("etag"), answer.get("last_modified")))
 
     # Put Blob and Put Block List both discard a blob's uncommitted blocks: a finished copy leaves
     # no upload behind at the names it wrote, so the engine need not look for any there.

@@ -242,7 +242,8 @@ class LocalStore(Store):
         return parts
 
     def complete_upload(self, loc: Location, upload_id: str, parts: list[PartRecord], *,
-                        crc32c: str, metadata: dict[str, str]) -> None:
+                        crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
+        """The partial file takes its name; a file reports no checksum of its own."""
         path = self._partial(loc, upload_id)
         with _translate(loc):
             try:
@@ -260,6 +261,8 @@ class LocalStore(Store):
                 os.replace(path, loc.local_path)
                 _fsync_dir(os.path.dirname(loc.local_path))
             _unlink_quietly(path + ".parts")
+            st = os.stat(loc.local_path)
+        return ObjectInfo(loc, st.st_size, identity=_identity(st))
 
     def abort_upload(self, loc: Location, upload_id: str) -> None:
         path = self._partial(loc, upload_id)
