@@ -29,7 +29,7 @@ from bridge import names
 from bridge import routes
 from bridge.config import Settings
 from bridge.errors import BridgeError, IntegrityError, InvalidOption, ObjectNotFound
-from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex, rehash
+from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex, rehash_parts
 from bridge.journal import Journal, job_key
 from bridge.jobs import FATAL, Outcome, ThreadExecutor, describe  # noqa: F401  (their old home)
 from bridge.manifest import FileEntry
@@ -267,7 +267,9 @@ class JobContext(jobs.Context):
 
     def hasher(self, rel: str) -> OrderedSha256:
         with self._lock:
-            return self._hashers.setdefault(rel, OrderedSha256())
+            if rel not in self._hashers:   # parts waiting their turn: at most one per thread
+                self._hashers[rel] = OrderedSha256(max_pending=self.settings.transfer.concurrency)
+            return self._hashers[rel]
 
     def upload(self, unit: dict) -> tuple[str, dict]:
         """The upload id for a file, continuing a journaled one the store still holds."""
@@ -394,8 +396,10 @@ def _part(ctx: JobContext, unit: dict) -> dict:
         length = min(part_size, unit["size"] - offset)
         known = ctx.journal.get(f"part:{rel}:{number}")
         stored = held.get(number)
-        finished = bool(known and known.get("sha256") and known["size"] == length and stored
-                        and stored.size == length and stored.crc32c in ("", known["crc32c"]))
+        # A part journaled without its own SHA-256 was hashed into its file's (a local
+        # destination, below): finished all the same, the file is hashed again from disk then.
+        finished = bool(known and (known.get("sha256") or ctx.dst_root.is_local) and known["size"] == length
+                        and stored and stored.size == length and stored.crc32c in ("", known["crc32c"]))
         if finished and not ctx.src_root.is_local:
             # Reading it again from a cloud source would pay its egress twice: the journal has
             # its CRC32C and SHA-256, and the file's whole SHA-256 comes from elsewhere (_complete).
@@ -407,14 +411,29 @@ def _part(ctx: JobContext, unit: dict) -> dict:
         if len(data) != length:
             raise IntegrityError(f"{ctx.src_loc(rel)}: short read at {offset}: the source changed")
         crc = crc_hex(crc32c(data))
-        hasher.feed(number, data)
         if finished and known["crc32c"] == crc:
+            hasher.feed(number, data)
             ctx.progress.skipped(length)
             return known
-        sha = hashlib.sha256(data).hexdigest()
-        record = ctx.dst.upload_part(ctx.dst_loc(rel), upload_id, number, offset, data, crc)
+        dst = ctx.dst_loc(rel)
+        if ctx.dst_root.is_local:
+            # Written first, hashed into the file's SHA-256 from the page cache when its turn
+            # comes: a part that finished before the parts ahead of it holds no memory, and its
+            # thread goes on to the next. No SHA-256 of the part itself: when the file's does
+            # not come about (a resume, parts in other processes), _complete hashes the file
+            # and its parts from disk.
+            record = ctx.dst.upload_part(dst, upload_id, number, offset, data, crc)
+            del data
+            hasher.feed(number, ctx.dst.written_region(dst, upload_id, offset, length))
+            sha = ""
+        else:
+            # Each part's own SHA-256 lets a cloud destination's resume and verify go without the
+            # whole file's.
+            hasher.feed(number, data)
+            sha = hashlib.sha256(data).hexdigest()
+            record = ctx.dst.upload_part(dst, upload_id, number, offset, data, crc)
         if record.crc32c != crc:
-            raise IntegrityError(f"{ctx.dst_loc(rel)}: part {number} stored with CRC32C {record.crc32c}, "
+            raise IntegrityError(f"{dst}: part {number} stored with CRC32C {record.crc32c}, "
                                  f"sent {crc}")
         done = {**record.to_dict(), "sha256": sha}
         ctx.journal.put(f"part:{rel}:{number}", done)
@@ -450,7 +469,7 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     check.completed(ctx.dst, dst, reported, crc, ctx.settings.transfer.store_checksums)
     note = ""
     if whole is None and dst.is_local:
-        again, whole = rehash(ctx.dst, dst, size)
+        again, whole, part_sha256 = rehash_parts(ctx.dst, dst, size, part_size)
         if again != crc:
             raise IntegrityError(f"{dst}: CRC32C {again} on disk after completing, expected {crc}")
         h = FileHash(size, crc, whole)

@@ -91,68 +91,137 @@ class FileHash:
         return cls(len(data), crc_hex(crc32c(data)), hashlib.sha256(data).hexdigest())
 
 
-class OrderedSha256:
-    """SHA-256 of a file whose parts arrive on several threads: each part waits its turn.
+class FileRegion:
+    """Bytes already written to a local file, read back when their turn to be hashed comes: a
+    part waiting for the parts before it then holds no memory."""
 
-    Parts are started in order on a FIFO pool, so the part a waiter needs is already running;
-    waiting costs only the time to hash the parts before it. A part waits only for parts this
-    process will run (``expect``): when the one before it runs elsewhere (another worker) or was
-    not read (a resumed copy skipped it), there is no whole-file digest here and nobody waits.
+    CHUNK = 1024 * 1024
+
+    def __init__(self, path: str, offset: int, length: int):
+        self.path, self.offset, self.length = path, offset, length
+
+    def update(self, digest) -> None:
+        buf = bytearray(min(self.CHUNK, self.length))
+        view, done = memoryview(buf), 0
+        with open(self.path, "rb", buffering=0) as f:
+            f.seek(self.offset)
+            while done < self.length:
+                n = f.readinto(view[:min(len(buf), self.length - done)])
+                if not n:
+                    raise TransferFailed(f"{self.path}: {done} of {self.length} bytes at {self.offset} "
+                                         f"could be read back to hash")
+                digest.update(view[:n])
+                done += n
+
+
+class OrderedSha256:
+    """SHA-256 of a file whose parts arrive on several threads, in part order.
+
+    A part that arrives before its turn is left here (``feed`` returns at once, its thread goes
+    on to the next download) and hashed by whichever thread hashes the part before it; at most
+    ``max_pending`` parts wait so (then a feeding thread waits its turn: memory stays bounded).
+    The digest is only ever updated outside the lock, by one thread at a time. Parts are only
+    waited for if this process will run them (``expect``): when the one before runs elsewhere
+    (another worker) or was not read (a resumed copy skipped it), there is no whole-file digest
+    here and nobody waits.
     """
 
-    def __init__(self, next_part: int = 1):
+    def __init__(self, next_part: int = 1, max_pending: int = 8):
         self._hash = hashlib.sha256()
         self._next = next_part
         self._cond = threading.Condition()
         self._failed: BaseException | None = None
         self._gap = next_part != 1   # a part not fed: the digest is not the file's
         self._expected: set[int] = set()
+        self._pending: dict[int, bytes | bytearray | memoryview | FileRegion] = {}
+        self._held = 0               # pending parts held in memory (not FileRegions)
+        self._max_pending = max(1, max_pending)
+        self._hashing = False        # a thread is hashing (outside the lock)
 
     def expect(self, number: int) -> None:
         """Part ``number`` will be fed by this process (called before it is started)."""
         with self._cond:
             self._expected.add(number)
 
-    def feed(self, number: int, data: bytes | None) -> None:
-        """Hash part ``number`` after the parts before it; ``None``: the part is not read (a
-        resumed copy skipped it), which only advances the turn and leaves no whole-file digest."""
+    def _stalled(self) -> bool:
+        """The next part will never be fed here: no whole-file digest (frees what waits)."""
+        if not self._gap and not self._hashing and self._next not in self._expected:
+            self._drop()
+        return self._gap
+
+    def _drop(self) -> None:
+        self._gap = True
+        self._pending.clear()
+        self._held = 0
+
+    def feed(self, number: int, data: bytes | bytearray | memoryview | FileRegion | None) -> bool:
+        """Part ``number``'s bytes, hashed after the parts before it (here or later, by another
+        thread: ``data`` must not change afterwards); ``None``: the part was not read (a resumed
+        copy skipped it), which leaves no whole-file digest. Returns whether the part is taken
+        into the whole-file digest (as far as is known now: see ``whole``)."""
         with self._cond:
-            while self._next != number and self._failed is None and not self._gap:
-                if self._next not in self._expected:
-                    self._gap = True   # the part before runs in another process, or not at all
-                    break
+            while (number != self._next and self._held >= self._max_pending and not isinstance(data, FileRegion)
+                   and self._failed is None and not self._stalled()):
                 self._cond.wait(timeout=1.0)
             if self._failed is not None:
                 raise TransferFailed(f"part {number} not hashed: an earlier part of this file failed "
                                      f"({self._failed})") from self._failed
             if data is None:
-                self._gap = True
-            elif not self._gap:
-                self._hash.update(data)
-            if self._next == number:
+                self._drop()
+            if number != self._next and not self._gap:
+                self._stalled()
+            if self._gap:
+                if number == self._next:
+                    self._next += 1
+                self._cond.notify_all()
+                return False
+            self._pending[number] = data
+            self._held += not isinstance(data, FileRegion)
+            if self._hashing or number != self._next:
+                return True   # the thread hashing now, or the one feeding the next part, takes it
+            self._hashing = True
+        self._drain()
+        return True
+
+    def _drain(self) -> None:
+        """Hash the pending parts that are next in turn, one after the other."""
+        while True:
+            with self._cond:
+                data = None if self._gap or self._failed else self._pending.get(self._next)
+                if data is None:
+                    self._hashing = False
+                    self._cond.notify_all()
+                    return
+            try:   # outside the lock: others leave their parts meanwhile
+                if isinstance(data, FileRegion):
+                    data.update(self._hash)
+                else:
+                    self._hash.update(data)
+            except BaseException as exc:
+                with self._cond:
+                    self._hashing = False
+                self.fail(exc)
+                raise
+            with self._cond:
+                if self._pending.pop(self._next, None) is not None:   # (gone if the file failed meanwhile)
+                    self._held -= not isinstance(data, FileRegion)
                 self._next += 1
-            self._cond.notify_all()
+                self._cond.notify_all()
 
     def fail(self, exc: BaseException) -> None:
         with self._cond:
             self._failed = exc
+            self._pending.clear()
+            self._held = 0
             self._cond.notify_all()
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
 
     def whole(self, parts: int) -> str | None:
-        """The file's SHA-256 when all ``parts`` were fed here in order, else None."""
+        """The file's SHA-256 when all ``parts`` were fed here and hashed in order, else None;
+        waits for the parts still being hashed."""
         with self._cond:
+            while self._hashing and self._failed is None:
+                self._cond.wait(timeout=1.0)
             return None if self._gap or self._next != parts + 1 else self._hash.hexdigest()
-
-    def fail(self, exc: BaseException) -> None:
-        with self._cond:
-            self._failed = exc
-            self._cond.notify_all()
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
 
 
 # Re-reading a stored object to hash it: used by verify, by sync's repair and by a store's own

@@ -128,3 +128,20 @@ def test_listing_is_the_sdks(s3, monkeypatch):
     with pytest.raises(BucketNotFound):
         store_direct = get_store(parse("s3://direct/"), settings_for(s3.env()))
         store_direct.check_bucket(parse("s3://no-such-bucket-here/"))
+
+
+def test_head_is_the_sdks(s3, monkeypatch):
+    """info() through the direct HEAD gives what the SDK's head_object gives: size, checksums,
+    metadata and identity; a missing object is ObjectNotFound."""
+    from bridge.hashing import FileHash
+    store = get_store(parse("s3://direct/"), settings_for(s3.env()))
+    data = os.urandom(3000)
+    h = FileHash.of(data)
+    loc = parse("s3://direct/head/ü x.bin")
+    store.put(loc, data, crc32c=h.crc32c, metadata={"bridge_crc32c": h.crc32c, "bridge_sha256": h.sha256})
+    direct = store.info(loc)
+    with pytest.raises(ObjectNotFound):
+        store.info(parse("s3://direct/head/none"))
+    monkeypatch.setattr(store, "_direct", None)
+    assert direct == store.info(loc)
+    assert direct.size == 3000 and direct.identity.get("etag")

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 
 from bridge.config import Settings
 from bridge.errors import BridgeError, ObjectNotFound, PermissionDenied
-from bridge.hashing import crc32c, crc_hex
+from bridge.hashing import FileRegion, crc32c, crc_hex
 from bridge.names import PARTIAL, TEMPORARY, check_local_path
 from bridge.stores.base import GiB, Features, ObjectInfo, PartRecord, Store
 from bridge.urls import Location
@@ -228,6 +228,10 @@ class LocalStore(Store):
             with open(path + ".parts", "a") as f:  # O_APPEND: one line per write, safe across threads
                 f.write(json.dumps(record.to_dict()) + "\n")
         return record
+
+    def written_region(self, loc: Location, upload_id: str, offset: int, length: int) -> FileRegion:
+        """A part written by upload_part, to be read back (hashed) from the partial file."""
+        return FileRegion(self._partial(loc, upload_id), offset, length)
 
     def list_parts(self, loc: Location, upload_id: str) -> dict[int, PartRecord] | None:
         path = self._partial(loc, upload_id) + ".parts"

@@ -180,7 +180,10 @@ class S3Store(Store):
                 return
 
     def info(self, loc: Location) -> ObjectInfo:
-        head = self._call(loc, "head_object", Bucket=loc.bucket, Key=loc.key, ChecksumMode="ENABLED")
+        if self._direct is not None:
+            head = self._request(loc, lambda: self._direct.head(loc, _from_code))
+        else:
+            head = self._call(loc, "head_object", Bucket=loc.bucket, Key=loc.key, ChecksumMode="ENABLED")
         sums = {}
         if head.get("ChecksumCRC32C"):
             value = head["ChecksumCRC32C"]

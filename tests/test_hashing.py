@@ -1,0 +1,78 @@
+"""The whole-file SHA-256 of parts that finish out of order on several threads."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import threading
+
+import pytest
+
+from bridge.errors import TransferFailed
+from bridge.hashing import FileRegion, OrderedSha256
+
+
+def _parts(data: bytes, size: int) -> list[bytes]:
+    return [data[i:i + size] for i in range(0, len(data), size)]
+
+
+def test_parts_fed_out_of_order_make_the_files_digest(tmp_path):
+    """Parts arrive in a shuffled order from 4 threads, half as buffers and half as regions of
+    a file already written: feeding never waits for the parts ahead, and the digest is the file's."""
+    data = os.urandom(40 * 1000 + 17)
+    parts = _parts(data, 1000)
+    path = tmp_path / "partial"
+    path.write_bytes(data)
+    hasher = OrderedSha256(max_pending=len(parts))
+    for n in range(1, len(parts) + 1):
+        hasher.expect(n)
+    order = list(range(1, len(parts) + 1))
+    random.Random(7).shuffle(order)
+    feeds = [(n, parts[n - 1] if n % 2 else FileRegion(str(path), (n - 1) * 1000, len(parts[n - 1])))
+             for n in order]
+
+    def run(share):
+        for n, what in share:
+            assert hasher.feed(n, what)
+
+    threads = [threading.Thread(target=run, args=(feeds[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert hasher.whole(len(parts)) == hashlib.sha256(data).hexdigest()
+
+
+def test_memory_waits_for_the_part_ahead_and_a_gap_gives_no_digest():
+    """At most ``max_pending`` buffers wait: the next one waits until the part ahead arrives.
+    A part this process does not run leaves no digest, and nobody waits for it."""
+    parts = _parts(os.urandom(5000), 1000)
+    hasher = OrderedSha256(max_pending=2)
+    for n in range(1, 6):
+        hasher.expect(n)
+    assert hasher.feed(2, parts[1]) and hasher.feed(3, parts[2])
+    done = threading.Event()
+    late = threading.Thread(target=lambda: (hasher.feed(4, parts[3]), done.set()))
+    late.start()
+    assert not done.wait(0.3), "a third buffer was taken while the part ahead was missing"
+    hasher.feed(1, parts[0])
+    assert done.wait(30)
+    hasher.feed(5, parts[4])
+    assert hasher.whole(5) == hashlib.sha256(b"".join(parts)).hexdigest()
+
+    other = OrderedSha256()
+    other.expect(2)   # part 1 runs in another process
+    assert not other.feed(2, parts[1])
+    assert other.whole(2) is None
+
+
+def test_a_failed_part_stops_the_digest():
+    hasher = OrderedSha256()
+    for n in (1, 2, 3):
+        hasher.expect(n)
+    hasher.feed(2, b"x")
+    hasher.fail(RuntimeError("part 1 failed"))
+    with pytest.raises(TransferFailed):
+        hasher.feed(3, b"y")
+    assert hasher.whole(3) is None
