@@ -145,3 +145,23 @@ def test_head_is_the_sdks(s3, monkeypatch):
     monkeypatch.setattr(store, "_direct", None)
     assert direct == store.info(loc)
     assert direct.size == 3000 and direct.identity.get("etag")
+
+
+def test_unfinished_uploads_and_deletes_are_the_sdks(moto, monkeypatch):
+    """Unfinished uploads listed page by page (two a page here) are those the SDK lists; a
+    delete through the direct path removes the object."""
+    moto.create_bucket("direct")
+    client = moto.client()
+    keys = ["up/a b.bin", "up/ü.bin", "up/x+y.bin", "up/a b.bin"]
+    started = {(k, client.create_multipart_upload(Bucket="direct", Key=k)["UploadId"]) for k in keys}
+    store = get_store(parse("s3://direct/"), settings_for(moto.env()))
+    monkeypatch.setattr(store._direct, "page_size", 2)
+    direct = sorted((loc.key, uid) for loc, uid in store.list_uploads(parse("s3://direct/up/")))
+    assert direct == sorted(started)
+    monkeypatch.setattr(store._direct, "page_size", None)
+    client.put_object(Bucket="direct", Key="up/gone.bin", Body=b"x")
+    store.delete(parse("s3://direct/up/gone.bin"))
+    with pytest.raises(ObjectNotFound):
+        store.info(parse("s3://direct/up/gone.bin"))
+    monkeypatch.setattr(store, "_direct", None)
+    assert sorted((loc.key, uid) for loc, uid in store.list_uploads(parse("s3://direct/up/"))) == direct

@@ -218,7 +218,10 @@ class S3Store(Store):
         return ObjectInfo(loc, len(data), sums, dict(metadata), _identity(resp))
 
     def delete(self, loc: Location) -> None:
-        self._call(loc, "delete_object", Bucket=loc.bucket, Key=loc.key)
+        if self._direct is not None:
+            self._request(loc, lambda: self._direct.delete(loc, _from_code))
+        else:
+            self._call(loc, "delete_object", Bucket=loc.bucket, Key=loc.key)
 
     def check_bucket(self, loc: Location) -> None:
         try:
@@ -347,6 +350,12 @@ class S3Store(Store):
             pass
 
     def list_uploads(self, prefix: Location) -> Iterator[tuple[Location, str]]:
+        if self._direct is not None:
+            after: dict[str, str] | None = {}
+            while after is not None:
+                page, after = self._request(prefix, lambda m=after: self._direct.uploads_page(prefix, m, _from_code))
+                yield from ((Location("s3", prefix.bucket, key), upload_id) for key, upload_id in page)
+            return
         # At most 1,000 uploads a page; the next page starts after the (key, upload id) markers.
         markers: dict[str, str] = {}
         while True:

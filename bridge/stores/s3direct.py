@@ -167,31 +167,66 @@ class Direct:
             if resp.status >= 300:
                 raise _error(loc, resp, from_code)
 
+    def delete(self, loc: Location, from_code) -> None:
+        path = self._path(loc)
+        headers: dict[str, str] = {}
+        self._signer.sign("DELETE", self.netloc, path, "", headers)
+        with self._connection(loc) as conn:
+            conn.request("DELETE", path, headers=headers)
+            resp = conn.getresponse()
+            if resp.status >= 300:
+                raise _error(loc, resp, from_code)
+            resp.read()
+
+    def _list_xml(self, loc: Location, params: dict[str, str], from_code) -> tuple[ET.Element, str]:
+        """GET the bucket of ``loc`` with a query; the parsed XML answer and its namespace."""
+        path = f"{self.base}/{quote(loc.bucket)}"
+        query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(params.items()))
+        headers: dict[str, str] = {}
+        self._signer.sign("GET", self.netloc, path, query, headers)
+        with self._connection(loc) as conn:
+            conn.request("GET", f"{path}?{query}", headers=headers)
+            resp = conn.getresponse()
+            if resp.status >= 300:
+                raise _error(loc, resp, from_code)
+            body = resp.read()
+        try:
+            root = ET.fromstring(body)
+        except ET.ParseError as exc:
+            raise TransientError(f"{loc}: the listing could not be parsed ({exc})") from exc
+        return root, root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+
+    def uploads_page(self, prefix: Location, markers: dict[str, str], from_code) -> tuple[list[tuple[str, str]], dict[str, str] | None]:
+        """One page of ListMultipartUploads under ``prefix``: [(key, upload id)] and the markers
+        of the next page (None: the last)."""
+        params = {"uploads": "", "prefix": prefix.key, "encoding-type": "url", **markers}
+        if self.page_size:
+            params["max-uploads"] = str(self.page_size)
+        root, ns = self._list_xml(prefix, params, from_code)
+        encoded = root.findtext(f"{ns}EncodingType") == "url"
+        decode = unquote_plus if encoded else (lambda key: key)
+        uploads = [(decode(up.findtext(f"{ns}Key", "")), up.findtext(f"{ns}UploadId", ""))
+                   for up in root.iterfind(f"{ns}Upload")]
+        if root.findtext(f"{ns}IsTruncated") != "true":
+            return uploads, None
+        key_marker = root.findtext(f"{ns}NextKeyMarker") or ""
+        if not key_marker:
+            raise BridgeError(f"{prefix}: the endpoint truncated the list of uploads without saying "
+                              f"where the next page starts")
+        return uploads, {"key-marker": decode(key_marker),
+                         "upload-id-marker": root.findtext(f"{ns}NextUploadIdMarker") or ""}
+
     def list_page(self, prefix: Location, token: str | None, from_code) -> tuple[list[dict[str, str]], str | None]:
         """One page of ListObjectsV2 under ``prefix`` (from ``token``): per object its Key, Size,
         ETag and LastModified as the XML gives them, and the next page's token (None: the last).
         Keys are asked for URL-encoded (a space comes back as "+"), and decoded as botocore
         decodes them, so that any key survives XML."""
-        path = f"{self.base}/{quote(prefix.bucket)}"
         params = {"list-type": "2", "prefix": prefix.key, "encoding-type": "url"}
         if self.page_size:
             params["max-keys"] = str(self.page_size)
         if token:
             params["continuation-token"] = token
-        query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(params.items()))
-        headers: dict[str, str] = {}
-        self._signer.sign("GET", self.netloc, path, query, headers)
-        with self._connection(prefix) as conn:
-            conn.request("GET", f"{path}?{query}", headers=headers)
-            resp = conn.getresponse()
-            if resp.status >= 300:
-                raise _error(prefix, resp, from_code)
-            body = resp.read()
-        try:
-            root = ET.fromstring(body)
-        except ET.ParseError as exc:
-            raise TransientError(f"{prefix}: the listing could not be parsed ({exc})") from exc
-        ns = root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+        root, ns = self._list_xml(prefix, params, from_code)
         encoded = root.findtext(f"{ns}EncodingType") == "url"
         items = []
         for item in root.iterfind(f"{ns}Contents"):
