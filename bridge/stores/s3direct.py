@@ -26,7 +26,6 @@ import re
 import threading
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from contextlib import contextmanager
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote, unquote_plus, urlsplit
