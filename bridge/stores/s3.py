@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import http.client
+import importlib.util
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from types import SimpleNamespace
 
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, ClockSkewed, CredentialsMissing, EndpointUnreachable,
@@ -22,25 +26,36 @@ from bridge.stores.base import (GiB, MiB, BufferReader, Features, ObjectInfo, Pa
                                 crc_hex_to_b64, utc_seconds)
 from bridge.urls import Location
 
-try:
+# The SDK stack (s3fs, aiobotocore, botocore, aiohttp) is imported when first needed: jobs that
+# the direct path (s3direct.py) serves whole never need it, and importing it is a large part of
+# a short job's start-up. Here only that it is installed is checked (the registry turns an
+# ImportError into an install hint).
+for _module in ("s3fs", "aiobotocore", "botocore", "aiohttp"):
+    if importlib.util.find_spec(_module) is None:
+        raise ImportError(f"No module named {_module!r}", name=_module)
+
+_THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                   "InternalError", "ServiceUnavailable", "503", "500", "502", "504"}
+
+
+@functools.cache
+def _sdk():
+    """The SDK's modules, and the errors that mean a dropped connection or a body cut short:
+    from botocore (ReadTimeoutError, ConnectionClosedError, ResponseStreamingError are
+    HTTPClientErrors), from aiohttp under aiobotocore, or the stdlib."""
     import aiohttp
     import botocore.exceptions as bce
     from botocore.parsers import ResponseParserError
     import s3fs
-except ImportError as exc:  # the registry turns this into an install hint
-    raise ImportError(str(exc), name=exc.name) from exc
-
-_THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
-                   "InternalError", "ServiceUnavailable", "503", "500", "502", "504"}
-# A dropped connection or a body cut short, from botocore (ReadTimeoutError, ConnectionClosedError,
-# ResponseStreamingError are HTTPClientErrors), from aiohttp under aiobotocore, or the stdlib.
-_DROPPED = (bce.HTTPClientError, ResponseParserError, aiohttp.ClientPayloadError,
-            aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, http.client.IncompleteRead,
-            asyncio.TimeoutError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+    dropped = (bce.HTTPClientError, ResponseParserError, aiohttp.ClientPayloadError,
+               aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, http.client.IncompleteRead,
+               asyncio.TimeoutError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+    return SimpleNamespace(bce=bce, s3fs=s3fs, dropped=dropped)
 
 
 def _code(exc: BaseException) -> str | None:
     """The S3 error code of a ClientError, or of the OSError s3fs made of one."""
+    bce = _sdk().bce
     for e in (exc, exc.__cause__):
         if isinstance(e, bce.ClientError):
             return e.response.get("Error", {}).get("Code", "")
@@ -53,28 +68,38 @@ def _translate(loc: Location, endpoint: str | None):
         yield
     except BridgeError:
         raise
-    except (bce.NoCredentialsError, bce.PartialCredentialsError) as exc:
-        raise CredentialsMissing("no AWS credentials found: set AWS_ACCESS_KEY_ID and "
-                                 "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE") from exc
-    except (bce.EndpointConnectionError, bce.ConnectTimeoutError, ConnectionRefusedError) as exc:
-        raise EndpointUnreachable(f"cannot reach the S3 endpoint {endpoint or 'of AWS'}: "
-                                  f"{type(exc).__name__}") from exc
-    except _DROPPED as exc:
-        raise TransientError(f"{loc}: connection dropped ({type(exc).__name__})") from exc
-    except (bce.ClientError, OSError) as exc:
-        code = _code(exc)
-        if code is not None:
-            raise _from_code(loc, code, str(exc)) from exc
-        if isinstance(exc, FileNotFoundError):
-            if "bucket" in str(exc).lower():
-                raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
-            raise ObjectNotFound(f"{loc}: no such object") from exc
-        if isinstance(exc, PermissionError):
-            raise PermissionDenied(f"{loc}: access denied ({exc})") from exc
-        if isinstance(exc, OSError) and exc.errno in (errno.ETIMEDOUT, errno.ECONNRESET, errno.EBUSY,
-                                                      errno.EAGAIN):
-            raise TransientError(f"{loc}: {exc}") from exc
-        raise BridgeError(f"{loc}: {exc}") from exc
+    except Exception as exc:
+        translated = _translation(loc, endpoint, exc)
+        if translated is None:
+            raise
+        raise translated from exc
+
+
+def _translation(loc: Location, endpoint: str | None, exc: Exception) -> BridgeError | None:
+    """bridge's error for an SDK's or the system's, or None to let it through as it is."""
+    sdk = _sdk()
+    bce = sdk.bce
+    if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError)):
+        return CredentialsMissing("no AWS credentials found: set AWS_ACCESS_KEY_ID and "
+                                  "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE")
+    if isinstance(exc, (bce.EndpointConnectionError, bce.ConnectTimeoutError, ConnectionRefusedError)):
+        return EndpointUnreachable(f"cannot reach the S3 endpoint {endpoint or 'of AWS'}: {type(exc).__name__}")
+    if isinstance(exc, sdk.dropped):
+        return TransientError(f"{loc}: connection dropped ({type(exc).__name__})")
+    if not isinstance(exc, (bce.ClientError, OSError)):
+        return None
+    code = _code(exc)
+    if code is not None:
+        return _from_code(loc, code, str(exc))
+    if isinstance(exc, FileNotFoundError):
+        if "bucket" in str(exc).lower():
+            return BucketNotFound(f"bucket {loc.bucket!r} does not exist")
+        return ObjectNotFound(f"{loc}: no such object")
+    if isinstance(exc, PermissionError):
+        return PermissionDenied(f"{loc}: access denied ({exc})")
+    if isinstance(exc, OSError) and exc.errno in (errno.ETIMEDOUT, errno.ECONNRESET, errno.EBUSY, errno.EAGAIN):
+        return TransientError(f"{loc}: {exc}")
+    return BridgeError(f"{loc}: {exc}")
 
 
 def _from_code(loc: Location, code: str, text: str) -> BridgeError:
@@ -117,24 +142,35 @@ class S3Store(Store):
         self.endpoint = s3.endpoint_url
         from bridge.stores.s3direct import Direct
         self._direct = Direct.for_settings(settings)  # None: reads go through aiobotocore
-        self.fs = s3fs.S3FileSystem(
-            key=s3.access_key_id,
-            secret=s3.secret_access_key.get_secret_value() if s3.secret_access_key else None,
-            token=s3.session_token.get_secret_value() if s3.session_token else None,
-            profile=s3.profile,
-            endpoint_url=s3.endpoint_url,
-            client_kwargs={"region_name": s3.region or "us-east-1"},
-            # bridge.retry is the one retry layer: botocore sends each request once.
-            config_kwargs={"retries": {"total_max_attempts": 1, "mode": "standard"},
-                           "connect_timeout": t.connect_timeout, "read_timeout": t.read_timeout,
-                           "max_pool_connections": max(10, t.concurrency * 2),
-                           "request_checksum_calculation": "when_required",
-                           "response_checksum_validation": "when_required"},
-            skip_instance_cache=True,
-            use_listings_cache=False,
-        )
-        self.fs.retries = 1  # s3fs's own retry loop: one pass, no retry
+        self._fs = None
+        self._fs_lock = threading.Lock()
         self.retries = t.retries
+
+    @property
+    def fs(self):
+        """The s3fs/aiobotocore client, built on first use."""
+        with self._fs_lock:
+            if self._fs is None:
+                s3, t = self.settings.s3, self.settings.transfer
+                fs = _sdk().s3fs.S3FileSystem(
+                    key=s3.access_key_id,
+                    secret=s3.secret_access_key.get_secret_value() if s3.secret_access_key else None,
+                    token=s3.session_token.get_secret_value() if s3.session_token else None,
+                    profile=s3.profile,
+                    endpoint_url=s3.endpoint_url,
+                    client_kwargs={"region_name": s3.region or "us-east-1"},
+                    # bridge.retry is the one retry layer: botocore sends each request once.
+                    config_kwargs={"retries": {"total_max_attempts": 1, "mode": "standard"},
+                                   "connect_timeout": t.connect_timeout, "read_timeout": t.read_timeout,
+                                   "max_pool_connections": max(10, t.concurrency * 2),
+                                   "request_checksum_calculation": "when_required",
+                                   "response_checksum_validation": "when_required"},
+                    skip_instance_cache=True,
+                    use_listings_cache=False,
+                )
+                fs.retries = 1  # s3fs's own retry loop: one pass, no retry
+                self._fs = fs
+            return self._fs
 
     def _request(self, loc: Location, fn, recovered=None):
         def once():
