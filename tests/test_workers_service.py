@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.urls import parse
 from tests.emulators import free_port
 from workers.jobs import TERMINAL, Jobs
 from workers.keys import Keys, redis_client
@@ -386,6 +387,17 @@ def test_a_pack_job_writes_one_shard_per_task_and_unpacks_to_the_same_files(comm
     got = {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
            for p in out.rglob("*") if p.is_file() and "_bridge" not in p.parts}
     assert got == hashes
+
+    if command[0] != "pack":
+        return
+    # the same shard set restored by the workers: one task per shard, the manifest at commit
+    restored = make_root("s3") + "restored/"
+    result = service.cli("submit", "unpack", f"{dst}shards/", restored, "--wait", "--json")
+    assert result.returncode == 0, result.stderr + result.stdout
+    status = json.loads(result.stdout)
+    assert status["state"] == "succeeded" and status["verify"]["ok"], status["errors"]
+    assert status["progress"]["tasks_total"] == shards and status["progress"]["files_done"] == 120
+    assert s3_hashes(emulator_for("s3"), parse(restored).bucket, "restored/") == hashes
 
 
 def test_beat_keeps_its_schedule_in_the_state_dir(redis_url, tmp_path):

@@ -1,4 +1,4 @@
-"""The service's commands: ``mcbridge worker|beat``, ``mcbridge submit cp|sync|replicate|pack``,
+"""The service's commands: ``mcbridge worker|beat``, ``mcbridge submit cp|sync|replicate|pack|migrate|unpack``,
 ``mcbridge jobs list|status|watch|cancel|limit``.
 
 ``bridge.cli`` imports this module at start (one of its GROUPS) and calls ``register(app)``; Celery, Redis and the
@@ -290,6 +290,18 @@ def submit_pack(src: str, dst: str,
                     max_count=max_count, shard_prefix=prefix, row_group_size=row_group_size), **_how(options))
 
 
+def submit_unpack(src: str, dst: str,
+                  prefix: Annotated[Optional[str], typer.Option(
+                      "--prefix", help="Which shard set, when the root holds several.")] = None,
+                  concurrency: ConcOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
+                  verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
+                  quiet: QuietOpt = False, dry_run: DryOpt = False, broker: BrokerOpt = None) -> None:
+    """Queue restoring the shard set at SRC into DST (as mcbridge unpack), one task per shard;
+    prints the job id."""
+    options = dict(locals(), chunk_size=None, store_checksums=None, bwlimit=None, max_cost=None, budget=None)
+    _submit(_fields("unpack", options, destinations=[dst], shard_prefix=prefix), **_how(options))
+
+
 def submit_migrate(src: str, dst: str,
                    pack: Annotated[Optional[str], typer.Option(
                        "--pack", help="Pack into tar (WebDataset) or parquet shards on the way; "
@@ -564,6 +576,7 @@ def register(app: typer.Typer) -> None:
     submit.command("replicate")(submit_replicate)
     submit.command("pack")(submit_pack)
     submit.command("migrate")(submit_migrate)
+    submit.command("unpack")(submit_unpack)
     app.add_typer(submit, name="submit")
     jobs = typer.Typer(no_args_is_help=True, help="Jobs queued for the workers: list, status, watch, cancel.")
     jobs.command("list")(jobs_list)

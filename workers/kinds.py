@@ -4,6 +4,7 @@
             multipart file, a run of a large file's parts (the file completed at commit), or a
             batch of small files and deletions
     Shards  pack (bridge.packing.job): one task per shard; the index, then the manifest, last
+    Restore unpack (bridge.packing.unpack): one task per shard; the manifest, last
 
 Each kind turns a spec into a header (what finalize needs, without the file lists) and sub-plans
 (one per task, JSON), runs one sub-plan's units on bridge.jobs.ThreadExecutor (the executor of
@@ -234,5 +235,43 @@ class Shards:
                 yield store, loc, upload_id
 
 
-def kind_for(spec: JobSpec, batch_files: int, batch_bytes: int, file_task_bytes: int | None = None) -> Files | Shards:
-    return Shards() if spec.kind == "pack" else Files(batch_files, batch_bytes, file_task_bytes)
+class Restore:
+    """unpack: a shard set restored into a tree, one task per shard; the manifest, last."""
+
+    def plan(self, spec: JobSpec, settings, journal_for: Callable[[str], Any]) -> Planned:
+        from bridge.packing import unpack
+        plan = unpack.plan_unpack(spec.source, spec.destination, settings, spec.shard_prefix)
+        unpack.UnpackContext(plan, settings, journal_for(plan.key)).prepare()
+        subs = [dataclasses.replace(plan, shards=[shard]).to_dict() for shard in plan.shards]
+        # the header keeps every member: the commit names each restored file in the manifest
+        return Planned(plan.key, plan.to_dict(), subs, {"bytes_total": plan.bytes, "files_total": len(plan.paths()),
+                                                        "units_total": len(plan.shards) + 1})
+
+    def run(self, sub: dict, settings, journal, progress, units: Callable[[Iterator[dict]], Iterator[dict]]) -> Ran:
+        from bridge.packing import unpack
+        plan = unpack.UnpackPlan.from_dict(sub)
+        ctx = unpack.UnpackContext(plan, settings, journal, progress)
+        return _run(ctx, units(iter(plan.units())), 1, len(plan.shards))
+
+    def commit(self, header: dict, settings, journal, progress=None) -> str:
+        from bridge.packing import unpack
+        return _commit(unpack.UnpackContext(unpack.UnpackPlan.from_dict(header), settings, journal, progress))
+
+    def leftovers(self, header: dict, settings, journal) -> Iterator[tuple[Any, Any, str]]:
+        from bridge.stores import get_store
+        from bridge.urls import parse
+        root = parse(header["destination"]).as_prefix()
+        store = get_store(root, settings)
+        targets = {str(root.join(m["path"])) for s in header["shards"] for m in s["members"]}
+        for loc, upload_id in list(store.list_uploads(root)):
+            if str(loc) in targets:
+                yield store, loc, upload_id
+
+
+def kind_for(spec: JobSpec, batch_files: int, batch_bytes: int,
+             file_task_bytes: int | None = None) -> Files | Shards | Restore:
+    """The kind that plans, runs and commits ``spec`` (a replication has none: see the executor)."""
+    kinds = {"copy": lambda: Files(batch_files, batch_bytes, file_task_bytes),
+             "sync": lambda: Files(batch_files, batch_bytes, file_task_bytes),
+             "pack": Shards, "unpack": Restore}
+    return kinds[spec.kind]()

@@ -15,7 +15,7 @@ from bridge.config import parse_size
 from bridge.errors import BridgeError, InvalidOption
 from bridge.urls import Location, parse
 
-KINDS = ("copy", "sync", "replicate", "pack")
+KINDS = ("copy", "sync", "replicate", "pack", "unpack")
 PACK_FIELDS = ("shard_format", "shard_size", "max_count", "shard_prefix", "row_group_size")
 VERIFY = ("store", "deep", "none")
 
@@ -30,7 +30,7 @@ def _location(url: str) -> Location:
 class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["copy", "sync", "replicate", "pack"]
+    kind: Literal["copy", "sync", "replicate", "pack", "unpack"]
     source: str
     destinations: list[str] = Field(min_length=1)
     delete: bool | None = None          # sync and replicate; replicate defaults to true
@@ -97,12 +97,14 @@ class JobSpec(BaseModel):
     def _coherent(self) -> JobSpec:
         if self.kind != "replicate" and len(self.destinations) != 1:
             raise ValueError(f"a {self.kind} job has one destination; use replicate for several")
-        if self.kind in ("copy", "pack") and self.delete:
+        if self.kind in ("copy", "pack", "unpack") and self.delete:
             raise ValueError(f"delete applies to sync and replicate, not {self.kind}")
         if self.kind not in ("sync", "replicate") and (self.include or self.exclude):
             raise ValueError(f"include and exclude apply to sync and replicate, not {self.kind}")
         if self.kind != "pack":
-            given = [name for name in PACK_FIELDS if getattr(self, name) is not None]
+            # unpack takes the shard set's prefix, when the source holds several
+            given = [name for name in PACK_FIELDS if getattr(self, name) is not None
+                     and not (self.kind == "unpack" and name == "shard_prefix")]
             if given:
                 raise ValueError(f"{', '.join(given)} applies to pack jobs only")
         src = parse(self.source)

@@ -98,6 +98,13 @@ class UnpackPlan:
     def units(self) -> list[dict[str, Any]]:
         return list(self.shards)
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> UnpackPlan:
+        return cls(**d)
+
     def usage(self, settings: Settings):
         """What the unpack will read, write and request at each store (``bridge.estimate``)."""
         from bridge import estimate
