@@ -266,6 +266,10 @@ def test_a_worker_killed_with_sigkill_mid_job_costs_only_its_units_in_flight(ser
     resent = sum(parts.values()) - len(parts) + sum(whole.values()) - len(whole)
     # What w1 had in flight: at most its pool's tasks, each with its thread pool's units.
     assert resent <= tasks_at_once * threads, (victim, resent, parts, whole)
+    # the job is charged each part once, the parts w1 finished before it died included
+    used = service.redis.hgetall(service.keys.job(job_id, "usage"))
+    assert int(used["destination.req.PART"]) == len(expected_parts) and int(used["destination.req.PUT"]) == 201
+    assert service.jobs.get(job_id).spent_usd > 0
     print(f"SIGKILL mid-{victim}: running again on w2 {rerun_after:.1f}s after the kill (lease 30 s, "
           f"sweep 5 s); {resent} units sent again")
 

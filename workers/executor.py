@@ -316,6 +316,17 @@ class Service:
             pipe.hincrby(self.keys.job(job_id, "usage"), name, value)
         pipe.execute()
 
+    def _marks_before(self, job_id: str, task_id: str, kind, sub: dict, journal) -> set[str]:
+        """What the journal held of a task's units before its first attempt: a task run again
+        after its worker died is charged for the units that worker finished, and never for what
+        an earlier job with the same plan left."""
+        key = self.keys.job(job_id, "seen")
+        marks = kind.marks(sub, journal)
+        if self.r.hsetnx(key, task_id, json.dumps(sorted(marks))):
+            self.r.expire(key, int(self.ws.journal_ttl))
+            return marks
+        return set(json.loads(self.r.hget(key, task_id) or "[]"))
+
     def _header(self, job_id: str) -> dict:
         return json.loads(self.r.hget(self.keys.job(job_id), "plan") or "null")
 
@@ -331,7 +342,7 @@ class Service:
         progress.listeners.append(sink)
         stop = StopCheck(self.jobs, job_id, lease)
         kind, journal = self.kind(spec), self.journal(record.plan_key)
-        before = kind.marks(sub, journal) if hasattr(kind, "marks") else None
+        before = self._marks_before(job_id, lease.ref.id, kind, sub, journal) if hasattr(kind, "marks") else None
         try:
             ran = kind.run(sub, self.settings_for(spec), journal, progress, stop.units)
         finally:

@@ -207,7 +207,7 @@ class Jobs:
         pipe = self.r.pipeline(transaction=False)
         for key in (self.keys.job(job_id), self.keys.job(job_id, "errors"), self.keys.job(job_id, "done"),
                     self.keys.job(job_id, "pending"), self.keys.job(job_id, "attempts"),
-                    self.keys.job(job_id, "usage")):
+                    self.keys.job(job_id, "usage"), self.keys.job(job_id, "seen")):
             pipe.expire(key, self.ttl)
         pipe.delete(self.keys.job(job_id, "tasks"))
         pipe.execute()
