@@ -512,6 +512,8 @@ def _route(ctx: JobContext, unit: dict) -> dict:
             fallen[f.rel] = ctx.route_down
     with ctx._lock:
         ctx.fallbacks.update(fallen)
+    if fallen:
+        ctx.progress.fell_back(len(fallen))
     return {"route": ctx.plan.route, "fallback": sorted(fallen)}
 
 

@@ -19,6 +19,7 @@ class Progress:
     bytes_done: int = 0
     bytes_skipped: int = 0
     bytes_through: int = 0   # data bytes that passed through this process (not those a store copied)
+    fallbacks: int = 0       # files the job's route could not carry, sent direct (bridge/routes)
     units_total: int = 0
     units_done: int = 0
     units_failed: int = 0
@@ -71,6 +72,10 @@ class Progress:
         with self._lock:
             self.files_done += 1
 
+    def fell_back(self, files: int) -> None:
+        with self._lock:
+            self.fallbacks += files
+
     def retried(self) -> None:
         with self._lock:
             self.retries += 1
@@ -87,6 +92,7 @@ class Progress:
     def snapshot(self) -> dict:
         return {"bytes_total": self.bytes_total, "bytes_done": self.bytes_done,
                 "bytes_skipped": self.bytes_skipped, "bytes_through": self.bytes_through,
+                "fallbacks": self.fallbacks,
                 "units_total": self.units_total,
                 "units_done": self.units_done, "units_failed": self.units_failed,
                 "files_done": self.files_done, "retries": self.retries,

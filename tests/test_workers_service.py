@@ -488,3 +488,35 @@ def test_the_parts_of_a_large_file_run_as_separate_tasks_and_commit_once(service
     entry = next(e for e in json.loads((local / "_bridge/manifest.json").read_text())["files"]
                  if e["path"] == "ckpt/model.bin")
     assert entry["part_sha256"] == per_part and entry["sha256"] == hashes["ckpt/model.bin"]
+
+
+def test_a_same_account_job_on_workers_runs_by_server_and_says_so(service, make_root, tmp_path):
+    """The route is chosen when the job is planned, carried by its tasks, and shown in the job's
+    record, `jobs status` and the metrics; the bytes never pass through the worker."""
+    src, dst = make_root("gs"), make_root("gs")
+    files = {f"d/{i}.bin": os.urandom(20_000 + i) for i in range(6)}
+    for rel, data in files.items():
+        (tmp_path / "src" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / rel).write_bytes(data)
+    assert service.cli("cp", f"{tmp_path / 'src'}/", src, "-q").returncode == 0
+    port = free_port()
+    service.worker("w1", metrics_port=port).wait_ready()
+    result = service.cli("submit", "cp", src, dst, "--wait", "--json")
+    assert result.returncode == 0, result.stderr + result.stdout
+    status = json.loads(result.stdout)
+    assert status["state"] == "succeeded" and status["verify"]["ok"], status
+    assert status["route"]["name"] == "server" and "one store account" in status["route"]["why"]
+    assert status["route"]["bytes_through_bridge"] == 0 and status["route"]["fallbacks"] == 0
+    text = service.cli("jobs", "status", status["id"]).stdout
+    assert "route        server:" in text and "0 B through bridge" in text
+    total = sum(map(len, files.values()))
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+            f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        routed = [line for line in response.read().decode().splitlines()
+                  if line.startswith("bridge_route_bytes_total{")]
+    assert [float(line.rsplit(" ", 1)[1]) for line in routed if 'route="server"' in line
+            and 'path="store"' in line] == [total], routed
+    assert not [line for line in routed if 'path="bridge"' in line], routed
+    forced = json.loads(service.cli("submit", "cp", src, make_root("gs"), "--route", "direct", "--wait",
+                                    "--json").stdout)
+    assert forced["route"]["name"] == "direct" and forced["route"]["bytes_through_bridge"] == total

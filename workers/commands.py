@@ -18,7 +18,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from bridge.cli.options import (DeleteOpt, JsonOpt, QuietOpt, bwlimit_opt, chunk_size_opt, concurrency_opt,
-                                dry_run_opt, err, max_cost_opt, out, profile_opt, store_checksums_opt)
+                                dry_run_opt, err, max_cost_opt, out, profile_opt, route_opt, store_checksums_opt)
 from bridge.progress import human_bytes
 
 # The flags of mcbridge cp, with the meaning they have for a job that runs on workers.
@@ -39,6 +39,7 @@ QueueOpt = Annotated[Optional[str], typer.Option(
 VerifyOpt = Annotated[str, typer.Option(
     "--verify", help="After the copy: store (checksums the store reports), deep (re-read) or none.")]
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Follow the job; exit 0 only if it succeeds.")]
+RouteOpt = route_opt()
 BudgetOpt = Annotated[Optional[str], typer.Option(
     "--budget", help="Charge the job to this monthly budget (mcbridge budgets); over it, the job waits "
     "for mcbridge jobs approve.")]
@@ -241,7 +242,7 @@ def submit_cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: Chunk
               store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
               verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
               quiet: QuietOpt = False, dry_run: DryOpt = False, max_cost: MaxCostOpt = None,
-              budget: BudgetOpt = None, broker: BrokerOpt = None) -> None:
+              budget: BudgetOpt = None, route: RouteOpt = None, broker: BrokerOpt = None) -> None:
     """Queue a copy of SRC to DST; prints the job id."""
     options = dict(locals())
     _submit(_fields("copy", options, destinations=[dst]), **_how(options))
@@ -251,7 +252,8 @@ def submit_sync(src: str, dst: str, delete: DeleteOpt = False, concurrency: Conc
                 chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None,
                 queue: QueueOpt = None, verify: VerifyOpt = "store", wait: WaitOpt = False,
                 as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
-                max_cost: MaxCostOpt = None, budget: BudgetOpt = None, broker: BrokerOpt = None) -> None:
+                max_cost: MaxCostOpt = None, budget: BudgetOpt = None, route: RouteOpt = None,
+                broker: BrokerOpt = None) -> None:
     """Queue a sync: make DST equal to SRC, sending only what is new or changed; prints the job id."""
     options = dict(locals())
     _submit(_fields("sync", options, destinations=[dst], delete=delete), **_how(options))
@@ -314,7 +316,7 @@ def submit_migrate(src: str, dst: str,
                    bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
                    wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
                    dry_run: DryOpt = False, max_cost: MaxCostOpt = None, budget: BudgetOpt = None,
-                   broker: BrokerOpt = None) -> None:
+                   route: RouteOpt = None, broker: BrokerOpt = None) -> None:
     """Queue a corpus migration (as mcbridge migrate): with --pack, packed into shards on the
     way, one task per shard; without, a copy. Prints the job id."""
     options = dict(locals())
@@ -329,7 +331,8 @@ def submit_migrate(src: str, dst: str,
 
 def _fields(kind: str, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
     names = ("concurrency", "chunk_size", "store_checksums", "bwlimit", "profile", "queue", "verify")
-    return {"kind": kind, "source": options["src"], **{n: options[n] for n in names}, **extra}
+    routed = {"route": options["route"]} if options.get("route") and kind in ("copy", "sync") else {}
+    return {"kind": kind, "source": options["src"], **{n: options[n] for n in names}, **routed, **extra}
 
 
 def _how(options: dict[str, Any]) -> dict[str, Any]:
@@ -459,6 +462,11 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
                  f"{t['files_done']}/{t['files_total']} files, {t['tasks_done']}/{t['tasks_total']} tasks, "
                  f"{human_bytes(p['rate_bytes_per_s'])}/s")
     lines.append(f"  recovery     {p['retries']} retried requests, {p['requeued']} tasks requeued from lost workers")
+    if doc.get("route"):
+        r = doc["route"]
+        fell = f", {r['fallbacks']} files sent direct" if r["fallbacks"] else ""
+        lines.append(f"  route        {r['name']}: {r['why']}; {human_bytes(r['bytes_through_bridge'])} through "
+                     f"bridge{fell}")
     if record.manifest:
         lines.append(f"  manifest     {record.manifest}")
     if record.verify and record.verify.get("mode") != "none":

@@ -77,10 +77,11 @@ class ProgressSink:
     """Moves a task's ``Progress`` into its job record and the metrics, as deltas, at most every
     ``interval`` seconds while it runs and once at the end."""
 
-    NAMES = ("bytes_done", "bytes_skipped", "units_done", "units_failed", "files_done", "retries")
+    NAMES = ("bytes_done", "bytes_skipped", "units_done", "units_failed", "files_done", "retries",
+             "bytes_through", "fallbacks")
 
-    def __init__(self, jobs: Jobs, job_id: str, queue: str, interval: float = 0.5):
-        self.jobs, self.job_id, self.queue, self.interval = jobs, job_id, queue, interval
+    def __init__(self, jobs: Jobs, job_id: str, queue: str, interval: float = 0.5, route: str = "direct"):
+        self.jobs, self.job_id, self.queue, self.interval, self.route = jobs, job_id, queue, interval, route
         self.sent = dict.fromkeys(self.NAMES, 0)
         self.last = time.monotonic()
         self.lock = threading.Lock()
@@ -111,6 +112,8 @@ class ProgressSink:
         metrics.transfer(self.queue, moved=delta["bytes_done"] - delta["bytes_skipped"],
                          skipped=delta["bytes_skipped"], done=delta["units_done"],
                          failed=delta["units_failed"], retries=delta["retries"])
+        metrics.routed(self.queue, self.route, moved=delta["bytes_done"] - delta["bytes_skipped"],
+                       through=delta["bytes_through"])
 
 
 class StopCheck:
@@ -301,8 +304,11 @@ class Service:
         pipe.set(self.keys.job(job_id, "pending"), len(tasks))
         if tasks:
             pipe.rpush(self.keys.job(job_id, "tasks"), *tasks)
+        route = {"name": planned.header["route"], "why": planned.header["route_why"]} \
+            if "route" in planned.header else None
         pipe.hset(self.keys.job(job_id), mapping={"plan_key": planned.key, "plan": json.dumps(planned.header),
-                                                  **planned.totals, "tasks_total": len(tasks)})
+                                                  **planned.totals, "tasks_total": len(tasks),
+                                                  **({"route": json.dumps(route)} if route else {})})
         pipe.execute()
         self._used(job_id, planned.usage)
         return tasks
@@ -338,7 +344,7 @@ class Service:
         from workers.limits import job_limiter
         submitted = self.settings_for(spec).transfer.bwlimit or route_bwlimit(self.ws, spec.destination)
         progress = Progress(limiter=job_limiter(self.r, self.keys, job_id, submitted))
-        sink = ProgressSink(self.jobs, job_id, record.queue)
+        sink = ProgressSink(self.jobs, job_id, record.queue, route=sub.get("route") or "direct")
         progress.listeners.append(sink)
         stop = StopCheck(self.jobs, job_id, lease)
         kind, journal = self.kind(spec), self.journal(record.plan_key)

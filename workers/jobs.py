@@ -32,7 +32,7 @@ MAX_ERRORS = 50
 
 COUNTERS = ("bytes_total", "files_total", "units_total", "tasks_total", "tasks_done", "bytes_done",
             "bytes_skipped", "units_done", "units_failed", "files_done", "retries", "requeued",
-            "error_count")
+            "error_count", "bytes_through", "fallbacks")
 
 _TRANSITION = """
 local cur = redis.call('HGET', KEYS[1], 'state')
@@ -75,6 +75,7 @@ class JobRecord:
     spent_usd: float | None = None       # priced when it ended, from what ran
     policy: str | None = None            # the replication policy that started it
     replicas: dict[str, Any] | None = None  # a policy run: per destination, what it left there
+    route: dict[str, Any] | None = None     # copy and sync: the route's name and why (bridge/routes)
 
     @property
     def active(self) -> bool:
@@ -104,6 +105,8 @@ class JobRecord:
             "manifest": self.manifest, "verify": self.verify,
             "budget": self.budget, "estimate_usd": self.estimate_usd, "spent_usd": self.spent_usd,
             "policy": self.policy, "replicas": self.replicas,
+            "route": {**self.route, "bytes_through_bridge": c.get("bytes_through", 0),
+                      "fallbacks": c.get("fallbacks", 0)} if self.route else None,
         }
 
 
@@ -160,7 +163,8 @@ class Jobs:
             verify=json.loads(raw["verify"]) if raw.get("verify") else None,
             counters={k: int(raw[k]) for k in COUNTERS if raw.get(k)}, errors=errors,
             budget=raw.get("budget"), estimate_usd=num("estimate_usd"), spent_usd=num("spent_usd"),
-            policy=raw.get("policy"), replicas=json.loads(raw["replicas"]) if raw.get("replicas") else None)
+            policy=raw.get("policy"), replicas=json.loads(raw["replicas"]) if raw.get("replicas") else None,
+            route=json.loads(raw["route"]) if raw.get("route") else None)
 
     def state(self, job_id: str) -> str | None:
         return self.r.hget(self.keys.job(job_id), "state")

@@ -50,8 +50,12 @@ def fan_out(plan, batch_files: int, batch_bytes: int, file_task_bytes: int | Non
     from bridge.engine import Plan
 
     def sub(files=(), deletions=()) -> Plan:
-        return Plan(plan.source, plan.destination, plan.single, list(files), list(deletions), plan.key)
+        return Plan(plan.source, plan.destination, plan.single, list(files), list(deletions), plan.key,
+                    route=plan.route, route_why=plan.route_why)
 
+    if plan.route != "direct" and not _per_file(plan.route):
+        # A route that runs one remote job for all its files (bridge/native): one task.
+        return [sub(plan.files, plan.deletions)]
     out = []
     for f in sorted((f for f in plan.files if f.part_size), key=lambda f: -f.size):
         per = _parts_per_task(f, file_task_bytes)
@@ -70,6 +74,12 @@ def fan_out(plan, batch_files: int, batch_bytes: int, file_task_bytes: int | Non
     for start in range(0, len(plan.deletions), DELETES_PER_TASK):
         out.append(sub(deletions=plan.deletions[start:start + DELETES_PER_TASK]))
     return out
+
+
+def _per_file(route: str) -> bool:
+    """Whether a route carries files one by one (then they fan out like direct files)."""
+    from bridge import routes
+    return type(routes.get(route)).units is routes.Route.units
 
 
 def _parts_per_task(f, file_task_bytes: int | None) -> int:
@@ -130,14 +140,18 @@ class Files:
             if spec.include or spec.exclude:
                 from bridge.replication import filtered
                 plan = filtered(plan, spec.include or [], spec.exclude or [])
-        spread = split(plan, self.file_task_bytes)
+        from bridge import routes
+        routes.choose(plan, settings, spec.route)
+        # A route carries a file whole: its parts are not spread over tasks.
+        task_bytes = self.file_task_bytes if plan.route == "direct" else None
+        spread = split(plan, task_bytes)
         header = Plan(plan.source, plan.destination, plan.single, spread, plan.deletions, plan.key,
-                      completions=[f.rel for f in spread])
+                      completions=[f.rel for f in spread], route=plan.route, route_why=plan.route_why)
         ctx = JobContext(header, settings, journal_for(plan.key))
         prepare(ctx)
         for f in spread:   # begun here, once: its tasks all continue this one upload
             ctx.upload({"rel": f.rel, "size": f.size, "part_size": f.part_size})
-        subs = [sub.to_dict() for sub in fan_out(plan, self.batch_files, self.batch_bytes, self.file_task_bytes)]
+        subs = [sub.to_dict() for sub in fan_out(plan, self.batch_files, self.batch_bytes, task_bytes)]
         from bridge import estimate
         return Planned(plan.key, header.to_dict(), subs, {"bytes_total": plan.bytes, "files_total": len(plan.files),
                                                           "units_total": plan.unit_count()},

@@ -10,6 +10,9 @@ metrics are a no-op and the worker says so once.
     bridge_bytes_skipped_total{queue}       bytes found already there (resumed work)
     bridge_units_total{queue,result}        units done / failed
     bridge_retries_total{queue}             retried store requests
+    bridge_route_bytes_total{queue,route,path}  bytes a route put at destinations: path="bridge"
+                                            passed through the worker, path="store" the stores
+                                            (or a cloud service) moved themselves (bridge/routes)
     bridge_tasks_total{task,outcome}        tasks run / skipped as duplicates / requeued
     bridge_job_duration_seconds{kind,state} from running to the end, per finished job
     bridge_cache_objects_total{queue,result} objects a cache warm found cached (hit) or filled (miss)
@@ -71,6 +74,8 @@ def _metrics() -> dict | None:
         "skipped": pc.Counter("bridge_bytes_skipped", "Bytes found already at the destination", ["queue"]),
         "units": pc.Counter("bridge_units", "Units finished", ["queue", "result"]),
         "retries": pc.Counter("bridge_retries", "Store requests retried", ["queue"]),
+        "routed": pc.Counter("bridge_route_bytes", "Bytes put at destinations, by route and by who moved them",
+                             ["queue", "route", "path"]),
         "tasks": pc.Counter("bridge_tasks", "Tasks by outcome", ["task", "outcome"]),
         "duration": pc.Histogram("bridge_job_duration_seconds", "Job duration from start to end",
                                  ["kind", "state"],
@@ -97,6 +102,16 @@ def transfer(queue: str, moved: int = 0, skipped: int = 0, done: int = 0, failed
                                 ("retries", retries, (queue,))):
         if value > 0:
             m[name].labels(*labels).inc(value)
+
+
+def routed(queue: str, route: str, moved: int = 0, through: int = 0) -> None:
+    m = _metrics()
+    if m is None:
+        return
+    if through > 0:
+        m["routed"].labels(queue, route, "bridge").inc(through)
+    if moved - through > 0:
+        m["routed"].labels(queue, route, "store").inc(moved - through)
 
 
 def task(name: str, outcome: str) -> None:

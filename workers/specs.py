@@ -40,6 +40,7 @@ class JobSpec(BaseModel):
     queue: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
     verify: Literal["store", "deep", "none"] = "store"
     store_checksums: Literal["require", "readback", "skip"] | None = None
+    route: str | None = Field(None, pattern=r"^[a-z][a-z\-]*$")   # copy and sync: bridge/routes; None: chosen
     bwlimit: int | None = None           # bytes/s across the job's workers; `jobs limit` changes it
     # sync and replicate: only the files matching one of include (default all) and none of exclude
     include: list[str] | None = None
