@@ -199,3 +199,17 @@ def test_an_http_url_list(make_root, settings, double, tmp_path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_role_instead_of_keys_and_no_temporary_keys(make_root, settings, double):
+    src, dst = make_root("s3"), make_root("gs")
+    fill(src, settings, {"k": b"k" * 10})
+    role = "arn:aws:iam::123456789012:role/sts-reader"
+    with_role = settings.model_copy(update={"native": settings.native.model_copy(update={"sts_aws_role_arn": role})})
+    sts.copy(src, dst, with_role)
+    s3 = double.server.calls("/v1/transferJobs")[0]["transferSpec"]["awsS3DataSource"]
+    assert s3["roleArn"] == role and "awsAccessKey" not in s3
+    assert read_tree(dst, settings) == {"k": b"k" * 10}
+    temporary = settings.model_copy(update={"s3": settings.s3.model_copy(update={"session_token": SecretStr("t")})})
+    with pytest.raises(RouteUnavailable, match="temporary AWS keys"):
+        sts.copy(src, dst, temporary)

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from bridge import native
 from bridge.config import Settings
-from bridge.errors import (BridgeError, IntegrityError, JobCancelled, ObjectNotFound, RouteFailed,
-                           RouteUnavailable)
+from bridge.errors import BridgeError, IntegrityError, JobCancelled, ObjectNotFound, RouteUnavailable
 from bridge.routes import Fallback, Route, register
 from bridge.stores.base import identity_changed
 from bridge.urls import Location, parse
@@ -61,7 +60,10 @@ class NativeRoute(Route):
         if ctx.plan.single is not None and files[0].rel != parse(ctx.plan.single).name:
             raise RouteUnavailable(f"route {self.name} keeps object names: it cannot write "
                                    f"{ctx.plan.single} as {ctx.dst_loc(files[0].rel)}")
-        listed = dict(ctx.src.walk(ctx.src_root))
+        if ctx.plan.single is not None:   # one object: no need to list its folder
+            listed = {files[0].rel: ctx.src.info(ctx.src_loc(files[0].rel))}
+        else:
+            listed = dict(ctx.src.walk(ctx.src_root))
         objects = []
         for f in files:
             info = listed.get(f.rel)
@@ -84,14 +86,10 @@ class NativeRoute(Route):
         except JobCancelled as exc:
             ctx.cancel_note = str(exc)
             raise
-        except (RouteUnavailable, RouteFailed) as exc:
-            if isinstance(exc, RouteFailed) and exc.moved_data:
-                raise
-            for f in files:
-                yield f.rel, Fallback(str(exc), job_wide=True)
-            return
-        except BridgeError as exc:
-            if getattr(exc, "moved_data", True):     # a refusal before any byte (PermissionDenied)
+        except (RouteUnavailable, BridgeError) as exc:
+            # Only a refusal before any byte moved (RouteFailed or PermissionDenied with
+            # moved_data False, or a job the route cannot express) sends the files direct.
+            if not isinstance(exc, RouteUnavailable) and getattr(exc, "moved_data", True):
                 raise
             for f in files:
                 yield f.rel, Fallback(str(exc), job_wide=True)

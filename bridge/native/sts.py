@@ -79,17 +79,17 @@ def _dir(loc: Location) -> str:
 
 def _s3_source(loc: Location, settings: Settings) -> dict:
     spec = {"bucket_name": loc.bucket, "path": _dir(loc)}
-    s3 = settings.native.sts_aws_role_arn, settings.s3
-    if s3[0]:
-        return {**spec, "role_arn": s3[0]}
-    if s3[1].session_token:
+    role, s3 = settings.native.sts_aws_role_arn, settings.s3
+    if role:
+        return {**spec, "role_arn": role}
+    if s3.session_token:
         raise RouteUnavailable("route sts cannot use temporary AWS keys (a session token is set): set "
                                "native.sts_aws_role_arn to a role the service may assume")
-    if not (s3[1].access_key_id and s3[1].secret_access_key):
+    if not (s3.access_key_id and s3.secret_access_key):
         raise RouteUnavailable("route sts needs AWS credentials to read S3: set native.sts_aws_role_arn, or "
                                "s3.access_key_id and s3.secret_access_key")
-    return {**spec, "aws_access_key": {"access_key_id": s3[1].access_key_id,
-                                       "secret_access_key": s3[1].secret_access_key.get_secret_value()}}
+    return {**spec, "aws_access_key": {"access_key_id": s3.access_key_id,
+                                       "secret_access_key": s3.secret_access_key.get_secret_value()}}
 
 
 def _azure_source(loc: Location, settings: Settings) -> dict:
