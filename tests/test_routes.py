@@ -191,3 +191,18 @@ def test_route_table_refuses_what_a_cloud_cannot_pull(make_root, emulator_env, t
         ops.copy(src, make_root("s3"), settings, route="from-url")
     summary = ops.copy(src, make_root("s3"), settings, state_dir=tmp_path / "s2")
     assert summary["route"]["name"] == "direct" and "from-url" in summary["route"]["why"]
+
+
+def test_azure_copy_above_the_synchronous_limit_runs_as_a_polled_copy(make_root, emulator_env, tmp_path,
+                                                                       monkeypatch):
+    import bridge.stores.azure as azure
+    settings = settings_for(emulator_env)
+    src, dst = make_root("az"), make_root("az")
+    data = os.urandom(3 * 1024 * 1024 + 1)
+    (tmp_path / "big.bin").write_bytes(data)
+    ops.copy(str(tmp_path / "big.bin"), src, settings, state_dir=tmp_path / "s1")
+    monkeypatch.setattr(azure, "SYNC_COPY_MAX", 1024 * 1024)   # Azure's is 256 MiB: copy 3 MiB instead
+    store = get_store(parse(src), settings)
+    info = store.copy_object(parse(src).join("big.bin"), parse(dst).join("big.bin"), size=len(data))
+    assert info.size == len(data) and store.read(parse(dst).join("big.bin")) == data
+    assert info.metadata["bridge_crc32c"] == store.info(parse(src).join("big.bin")).metadata["bridge_crc32c"]
