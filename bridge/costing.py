@@ -103,12 +103,14 @@ def total_cost(usages: list[estimate.Usage], settings: Settings) -> float:
 
 def job_usages(kind: str, source: str, destinations: list[str], settings: Settings, *, delete: bool = False,
                pack: dict[str, Any] | None = None) -> list[estimate.Usage]:
-    """What a job of ``kind`` (copy, sync, replicate, pack) would read, write and request, by
-    planning it here with these settings (a service job is priced before it is queued)."""
+    """What a job of ``kind`` (copy, sync, replicate, pack, unpack) would read, write and request,
+    by planning it here with these settings (a service job is priced before it is queued)."""
     if kind == "pack":
         from bridge.packing import job as packing
-        plan = packing.plan_pack(source, destinations[0], settings, **(pack or {}))
-        return [estimate.pack_usage(plan)]
+        return [packing.plan_pack(source, destinations[0], settings, **(pack or {})).usage()]
+    if kind == "unpack":
+        from bridge.packing import unpack
+        return [unpack.plan_unpack(source, destinations[0], settings, (pack or {}).get("prefix")).usage(settings)]
     out = []
     for dst in destinations:
         if kind == "copy":
@@ -116,5 +118,5 @@ def job_usages(kind: str, source: str, destinations: list[str], settings: Settin
         else:
             from bridge.ops import plan_sync
             plan, _ = plan_sync(source, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size)
-        out.append(estimate.usage(plan, "direct"))
+        out.append(estimate.usage(plan, "direct"))   # the service's tasks send a file's bytes directly
     return out

@@ -223,6 +223,8 @@ def _within_budget(spec, max_cost: float | None) -> float:
                 "options": {"row_group_size": spec.row_group_size} if spec.row_group_size else {}}
         if spec.shard_size:
             pack["shard_size"] = spec.shard_size
+    if spec.kind == "unpack":
+        pack = {"prefix": spec.shard_prefix}
     usages = job_usages(spec.kind, spec.source, list(spec.destinations), settings, delete=bool(spec.deletes),
                         pack=pack)
     if max_cost is None:
@@ -297,10 +299,11 @@ def submit_unpack(src: str, dst: str,
                       "--prefix", help="Which shard set, when the root holds several.")] = None,
                   concurrency: ConcOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
                   verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
-                  quiet: QuietOpt = False, dry_run: DryOpt = False, broker: BrokerOpt = None) -> None:
+                  quiet: QuietOpt = False, dry_run: DryOpt = False, max_cost: MaxCostOpt = None,
+                  budget: BudgetOpt = None, broker: BrokerOpt = None) -> None:
     """Queue restoring the shard set at SRC into DST (as mcbridge unpack), one task per shard;
     prints the job id."""
-    options = dict(locals(), chunk_size=None, store_checksums=None, bwlimit=None, max_cost=None, budget=None)
+    options = dict(locals(), chunk_size=None, store_checksums=None, bwlimit=None)
     _submit(_fields("unpack", options, destinations=[dst], shard_prefix=prefix), **_how(options))
 
 

@@ -163,7 +163,7 @@ def print_usage(usage: dict | None) -> None:
         row = (usage or {}).get(side)
         if not row:
             continue
-        requests = ", ".join(f"{n} {kind}" for kind, n in row["requests"].items()) or "no requests"
+        requests = ", ".join(f"{n} {kind}" for kind, n in row["requests"].items() if n) or "no requests"
         out.print(f"{side} {row['url']}: {verb} {human_bytes(row['bytes_read'] or row['bytes_written'])}; "
                   f"{requests}", markup=False)
 
