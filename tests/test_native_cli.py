@@ -180,3 +180,18 @@ def test_an_enabled_route_that_does_not_serve_the_pair_leaves_it_direct(make_roo
     r = mcbridge("cp", src, dst, "--json", env={**env, "MCBRIDGE_NATIVE_ROUTES": "sts,datasync"}, state_dir=tmp_path)
     route = json.loads(r.stdout)["route"]
     assert route["name"] == "direct" and "sts" in route["why"] and "datasync" in route["why"], route
+
+
+def test_one_object_by_datasync_and_a_rename_goes_direct(make_root, env, datasync_double, tmp_path):
+    settings = settings_for(env)
+    src, dst = make_root("gs"), make_root("s3")
+    fill(src, settings, FILES)
+    r = mcbridge("cp", src + "sub/b.txt", dst, "--route", "datasync", "--json", env=env, state_dir=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["route"]["fallbacks"] == {}, r.stderr
+    assert datasync_double.calls("CreateTask")[0]["Includes"][0]["Value"] == "/b.txt"
+    r = mcbridge("cp", src + "a.bin", dst + "renamed.bin", "--route", "datasync", "--json", env=env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "keeps object names" in json.loads(r.stdout)["route"]["fallbacks"]["renamed.bin"]
+    assert len(datasync_double.calls("CreateTask")) == 1     # no remote job for the rename
+    assert read_tree(dst, settings) == {"b.txt": FILES["sub/b.txt"], "renamed.bin": FILES["a.bin"]}
+    assert mcbridge("verify", dst, "--deep", env=env, state_dir=tmp_path).returncode == 0

@@ -213,3 +213,32 @@ def test_a_role_instead_of_keys_and_no_temporary_keys(make_root, settings, doubl
     temporary = settings.model_copy(update={"s3": settings.s3.model_copy(update={"session_token": SecretStr("t")})})
     with pytest.raises(RouteUnavailable, match="temporary AWS keys"):
         sts.copy(src, dst, temporary)
+
+
+def test_an_unreachable_service_and_one_lost_mid_run(make_root, settings, double):
+    from tests.emulators import free_port
+    src, dst = make_root("s3"), make_root("gs")
+    files = {f"f{i}": os.urandom(50) for i in range(6)}
+    fill(src, settings, files)
+    nowhere = settings.model_copy(update={"native": settings.native.model_copy(
+        update={"sts_endpoint": f"http://127.0.0.1:{free_port()}"})})
+    with pytest.raises(RouteFailed, match="refused to create the transfer job") as caught:
+        sts.copy(src, dst, nowhere)
+    assert caught.value.moved_data is False
+    double.delay = 0.3
+    progress, outcome = Progress(), {}
+
+    def run():
+        try:
+            sts.copy(src, dst, settings, progress=progress)
+        except RouteFailed as exc:
+            outcome["error"] = exc
+    worker = threading.Thread(target=run)
+    worker.start()
+    while progress.bytes_done < 50 and worker.is_alive():
+        time.sleep(0.02)
+    double.server.down.set()
+    worker.join(60)
+    assert "lost track of Storage Transfer Service operation" in str(outcome["error"])
+    assert outcome["error"].moved_data is True
+    assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None

@@ -139,7 +139,12 @@ def _refused(doing: str, exc: Exception) -> BridgeError:
 
 
 def _remote(client, arn: str, cancelling: threading.Event) -> native.Remote:
-    ex = client.describe_task_execution(TaskExecutionArn=arn)
+    from botocore.exceptions import BotoCoreError, ClientError
+    try:
+        ex = client.describe_task_execution(TaskExecutionArn=arn)
+    except (ClientError, BotoCoreError) as exc:
+        raise RouteFailed(native.one_line(f"lost track of DataSync task execution {arn} (it may still run; "
+                                          f"see it in the console): {_error(exc)}"), moved_data=True) from None
     state = ENDED.get(ex["Status"], "running")
     if state == "failed" and cancelling.is_set():
         state = "cancelled"

@@ -182,8 +182,13 @@ def _failure(doing: str, exc: Exception) -> RouteFailed | PermissionDenied:
 
 
 def _remote(client, op_name: str) -> native.Remote:
+    from google.api_core import exceptions as gexc
     from google.cloud import storage_transfer
-    op = client.get_operation({"name": op_name})
+    try:
+        op = client.get_operation({"name": op_name})
+    except (gexc.GoogleAPICallError, gexc.RetryError, OSError) as exc:
+        raise RouteFailed(native.one_line(f"lost track of Storage Transfer Service operation {op_name} (it may "
+                                          f"still run; see it in the console): {exc}"), moved_data=True) from None
     meta = storage_transfer.TransferOperation.deserialize(op.metadata.value)
     counters = meta.counters
     status = storage_transfer.TransferOperation.Status
@@ -216,14 +221,14 @@ def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, st
            "transfer_spec": transfer_spec(transfer, settings, list_url)}
     try:
         client.create_transfer_job({"transfer_job": job})
-    except gexc.GoogleAPICallError as exc:
+    except (gexc.GoogleAPICallError, gexc.RetryError, OSError) as exc:
         raise _failure("to create the transfer job", exc) from None
     del job
     try:
         before_start()
         try:
             started = client.run_transfer_job({"job_name": job_name, "project_id": project})
-        except gexc.GoogleAPICallError as exc:
+        except (gexc.GoogleAPICallError, gexc.RetryError, OSError) as exc:
             raise _failure(f"to run {job_name}", exc) from None
         op_name = started.operation.name
         final = native.follow(f"transfer operation {op_name}", lambda: _remote(client, op_name),
@@ -233,7 +238,7 @@ def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, st
     finally:
         try:
             client.delete_transfer_job({"job_name": job_name, "project_id": project})
-        except gexc.GoogleAPICallError:
+        except (gexc.GoogleAPICallError, gexc.RetryError, OSError):
             pass   # a one-time job without a schedule never runs again; deleting it only tidies up
     if final.state != "done":
         raise RouteFailed(native.one_line(f"Storage Transfer Service operation {op_name} {final.state}: "

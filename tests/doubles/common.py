@@ -32,10 +32,12 @@ Handler = Callable[[str, str, dict[str, str], bytes], tuple[int, dict[str, str],
 
 class LoopbackServer:
     """An HTTP/1.1 server on 127.0.0.1:free port that hands every request to ``handle`` and
-    keeps the requests it saw (method, path, headers, body) for tests to read."""
+    keeps the requests it saw (method, path, headers, body) for tests to read. While ``down``
+    is set it drops every connection without an answer, as an unreachable service does."""
 
     def __init__(self, handle: Handler):
         self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
+        self.down = threading.Event()
         outer = self
 
         class _Handler(BaseHTTPRequestHandler):
@@ -43,6 +45,9 @@ class LoopbackServer:
 
             def _serve(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if outer.down.is_set():
+                    self.close_connection = True
+                    return
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 outer.requests.append((self.command, self.path, headers, body))
                 status, out_headers, payload = handle(self.command, self.path, headers, body)
