@@ -206,3 +206,21 @@ def test_azure_copy_above_the_synchronous_limit_runs_as_a_polled_copy(make_root,
     info = store.copy_object(parse(src).join("big.bin"), parse(dst).join("big.bin"), size=len(data))
     assert info.size == len(data) and store.read(parse(dst).join("big.bin")) == data
     assert info.metadata["bridge_crc32c"] == store.info(parse(src).join("big.bin")).metadata["bridge_crc32c"]
+
+
+def test_sync_by_server_sends_only_what_changed_and_deletes(make_root, emulator_env, tmp_path):
+    settings = settings_for(emulator_env)
+    src, dst = make_root("s3"), make_root("s3")
+    store = get_store(parse(src), settings)
+    from bridge.hashing import crc32c, crc_hex
+    for rel, data in {"a.txt": b"one", "b.txt": b"two", "c.txt": b"three"}.items():
+        store.put(parse(src).join(rel), data, crc32c=crc_hex(crc32c(data)), metadata={})
+    first = ops.sync(src, dst, settings, state_dir=tmp_path / "s1")
+    assert first["route"]["name"] == "server" and sorted(first["sent"]) == ["a.txt", "b.txt", "c.txt"]
+    store.put(parse(src).join("b.txt"), b"TWO!", crc32c=crc_hex(crc32c(b"TWO!")), metadata={})
+    store.delete(parse(src).join("c.txt"))
+    again = ops.sync(src, dst, settings, delete=True, state_dir=tmp_path / "s2")
+    assert again["sent"] == ["b.txt"] and again["deleted"] == ["c.txt"]
+    assert again["route"]["bytes_through_bridge"] == 0
+    assert read_tree(dst, settings) == {"a.txt": b"one", "b.txt": b"TWO!"}
+    assert ops.verify(dst, settings, deep=True)["ok"]

@@ -7,6 +7,7 @@ asked for a FULL_OBJECT CRC32C, which S3 checks against the whole file's CRC32C 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures as cf
 import errno
 import functools
 import http.client
@@ -296,8 +297,10 @@ class S3Store(Store):
                           ChecksumType="FULL_OBJECT")
         upload_id = resp["UploadId"]
         try:
-            parts = [self.copy_part(dst, upload_id, n, off, src, off, min(part, size - off))
-                     for n, off in enumerate(range(0, size, part), 1)]
+            ranges = list(enumerate(range(0, size, part), 1))
+            with cf.ThreadPoolExecutor(min(len(ranges), self.settings.transfer.concurrency)) as pool:
+                parts = list(pool.map(lambda r: self.copy_part(dst, upload_id, r[0], r[1], src, r[1],
+                                                               min(part, size - r[1])), ranges))
             if all(p.crc32c for p in parts):
                 # S3 checks the whole object against the CRC32C combined from its parts'.
                 whole = crc_hex(combine_parts([(int(p.crc32c, 16), p.size) for p in parts]))
