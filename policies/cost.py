@@ -2,8 +2,8 @@
 
 Dollars are egress + requests + native service fees + retrieval of cold storage classes:
 
-- **egress**, per leg the bytes travel. ``direct`` and ``pack`` carry the bytes source -> this
-  process -> destination; the native routes carry them source -> destination. A leg leaving a
+- **egress**, per leg the bytes travel. ``direct``, ``pack`` and ``unpack`` carry the bytes
+  source -> this process -> destination; the native routes carry them source -> destination. A leg leaving a
   cloud region is priced by that cloud: free inside the region, inter-region inside the
   provider, else to the internet (to a site) or to another cloud, tiered per month. A leg
   leaving a site (local, Lustre, on-premises) is free: the clouds charge nothing to receive.
@@ -117,7 +117,7 @@ def _pct(off: float) -> str:
 
 def legs(route: str, src: Place, dst: Place, host: Place) -> list[tuple[Place, Place]]:
     """The network legs a route's bytes travel."""
-    if route in ("direct", "pack"):
+    if route in ("direct", "pack", "unpack"):
         return [(src, host), (host, dst)]
     return [(src, dst)]
 

@@ -81,6 +81,17 @@ def test_over_budget_is_refused_before_the_job_is_queued(corpus, moto, emulator_
     assert r.returncode == 1 and "replicate job refused" in r.stderr and "(80 files" in r.stderr
     assert object_requests(moto, {src, dst}, mark) == []
 
+    # unpack: planned from the shard set's index; the shards themselves are not read
+    r = mcbridge("pack", f"s3://{src}/train/", f"s3://{dst}/shards/", "--shard-size", "32KiB", "-q",
+                 env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    mark = moto.log_path.stat().st_size
+    r = mcbridge("submit", "unpack", f"s3://{dst}/shards/", str(tmp_path / "out") + "/", "--max-cost", "0",
+                 "--broker", "redis://127.0.0.1:1/0", env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 1 and "unpack job refused: estimated $" in r.stderr and "(40 files" in r.stderr, r.stderr
+    assert not [line for line in object_requests(moto, {dst}, mark) if ".tar HTTP" in line]   # the index only
+    assert not (tmp_path / "out").exists()
+
 
 def test_a_negative_limit_is_bad_input(corpus, emulator_env, tmp_path):
     src, dst = corpus
