@@ -67,7 +67,7 @@ def assert_committed(dst: str, settings, files: dict[str, bytes]) -> None:
         assert report["ok"], report
 
 
-@pytest.mark.parametrize("scheme", ["s3", "az"])
+@pytest.mark.parametrize("scheme", ["s3", "az", "gs"])
 def test_a_prefix_arrives_exact_and_verifies_deep(scheme, make_root, settings, double):
     src, dst = make_root(scheme) + "in/", make_root("gs") + "out/"
     fill(src, settings, FILES)
@@ -82,8 +82,10 @@ def test_a_prefix_arrives_exact_and_verifies_deep(scheme, make_root, settings, d
     assert job["transferSpec"]["gcsDataSink"] == {"bucketName": parse(dst).bucket, "path": "out/"}
     if scheme == "s3":
         assert job["transferSpec"]["awsS3DataSource"]["awsAccessKey"]["secretAccessKey"] == SECRET
-    else:
+    elif scheme == "az":
         assert "sig=" in job["transferSpec"]["azureBlobStorageDataSource"]["azureCredentials"]["sasToken"]
+    else:
+        assert job["transferSpec"]["gcsDataSource"] == {"bucketName": parse(src).bucket, "path": "in/"}
     assert [r["projectId"] for r in double.server.calls(":run")] == ["test"]
     assert all(j["status"] == "DELETED" for j in double.jobs.values())   # tidied up
     shown = json.dumps(summary)

@@ -1,5 +1,5 @@
-"""The ``sts`` route: Google Storage Transfer Service copies into GCS, from S3, Azure Blob or the
-URLs of a TsvHttpData-1.0 list, through ``google-cloud-storage-transfer`` (REST transport).
+"""The ``sts`` route: Google Storage Transfer Service copies into GCS, from S3, Azure Blob, GCS or
+the URLs of a TsvHttpData-1.0 list, through ``google-cloud-storage-transfer`` (REST transport).
 
 One bridge copy is one transfer job with no schedule (``transferJobs.create`` then
 ``transferJobs.run``, which starts one operation), followed with ``transferOperations.get``,
@@ -14,6 +14,7 @@ Storage Transfer service agent may write the destination bucket:
                  key and secret bridge has for S3 (temporary session keys cannot be used)
     from az://   a SAS token: ``azure.sas_token``, else one bridge signs with the account key for
                  the container (read and list, valid SAS_DAYS days)
+    from gs://   nothing: the project's service agent needs read access to the source bucket
     from a list  each URL must be readable by the service (public or signed)
 
 They travel in the job's spec only, which the service never returns. ``native.sts_endpoint``
@@ -40,7 +41,7 @@ from bridge.urls import Location, parse
 
 ROUTE = "sts"
 MAX_INCLUDES = 1000     # objectConditions.includePrefixes holds at most this many
-PAIRS = {("s3", "gs"), ("az", "gs")}
+PAIRS = {("s3", "gs"), ("az", "gs"), ("gs", "gs")}
 SAS_DAYS = 7
 LIST_HEADER = "TsvHttpData-1.0"
 
@@ -115,8 +116,12 @@ def transfer_spec(transfer: native.Transfer, settings: Settings, list_url: str |
     if list_url:
         return {"http_data_source": {"list_url": list_url}, **sink}
     src = transfer.src_root
-    source = ({"aws_s3_data_source": _s3_source(src, settings)} if src.scheme == "s3"
-              else {"azure_blob_storage_data_source": _azure_source(src, settings)})
+    if src.scheme == "s3":
+        source = {"aws_s3_data_source": _s3_source(src, settings)}
+    elif src.scheme == "az":
+        source = {"azure_blob_storage_data_source": _azure_source(src, settings)}
+    else:   # the project's transfer service agent reads it: no credential travels
+        source = {"gcs_data_source": {"bucket_name": src.bucket, "path": _dir(src)}}
     if transfer.filtered:
         # Prefixes, so "a.bin" also takes "a.bin.1": what else it takes is another file of the
         # same source prefix, copied with its own bytes and left out of this job's manifest.
@@ -127,7 +132,7 @@ def transfer_spec(transfer: native.Transfer, settings: Settings, list_url: str |
 def check(src: Location, dst: Location, settings: Settings) -> None:
     """RouteUnavailable unless the settings hold what a job from ``src`` to ``dst`` needs (no request)."""
     if (src.scheme, dst.scheme) not in PAIRS:
-        raise RouteUnavailable("Storage Transfer Service copies s3:// or az:// into gs:// here")
+        raise RouteUnavailable("Storage Transfer Service copies s3://, az:// or gs:// into gs:// here")
     _project(settings)
     transfer_spec(native.Transfer(ROUTE, src, dst, [], None), settings)
 

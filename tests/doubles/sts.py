@@ -7,7 +7,8 @@ Emulated, with the documented required fields checked and refused in Google's er
 
     POST   /v1/transferJobs                          create: projectId, status, transferSpec with
                                                      one source (awsS3DataSource, azureBlobStorage-
-                                                     DataSource, httpDataSource) and gcsDataSink;
+                                                     DataSource, httpDataSource, gcsDataSource)
+                                                     and gcsDataSink;
                                                      a client-chosen name must match the documented
                                                      pattern; paths are "" or end with "/"
     POST   /v1/transferJobs/{id}:run                 projectId; starts an operation
@@ -18,14 +19,14 @@ Emulated, with the documented required fields checked and refused in Google's er
     POST   /v1/transferOperations/{id}:cancel        the run stops before its next object: ABORTED
 
 An operation really moves the bytes: from moto (S3, read with the access key in the spec), from
-Azurite (with the SAS in the spec), or from the URLs of a TsvHttpData-1.0 list (checking each
+Azurite (with the SAS in the spec), from fake-gcs-server, or from the URLs of a TsvHttpData-1.0 list (checking each
 object's size and MD5), into fake-gcs-server, under ``gcsDataSink.path`` (an HTTP object is named
 ``host/path``, as the service names it). ``objectConditions.includePrefixes`` filter by prefix.
 ``deny_projects`` answers PERMISSION_DENIED and ``quota_exhausted`` RESOURCE_EXHAUSTED on create.
 
 Not emulated: authentication (any caller is accepted), IAM (a roleArn is checked for form only,
 and S3 is then read with moto's test keys), schedules and event-driven jobs, agent pools and
-POSIX/HDFS sources, gcsDataSource, transferOptions (overwrite, delete, metadata), manifests,
+POSIX/HDFS sources, the service agent's access to GCS buckets, transferOptions (overwrite, delete, metadata), manifests,
 logging and notifications, the job's latestOperationName, pagination of list calls, the
 service's own retries and parallelism, the minutes a real job takes to be scheduled.
 """
@@ -178,7 +179,7 @@ class StorageTransferDouble:
         sources = [s for s in SOURCES if s in spec]
         if len(sources) != 1:
             raise ApiError(400, "INVALID_ARGUMENT", f"transferSpec needs exactly one data source, got {sources}")
-        if sources[0] not in ("awsS3DataSource", "azureBlobStorageDataSource", "httpDataSource"):
+        if sources[0] not in ("awsS3DataSource", "azureBlobStorageDataSource", "httpDataSource", "gcsDataSource"):
             raise ApiError(501, "UNIMPLEMENTED", f"this double does not emulate {sources[0]}")
         _need(spec, "gcsDataSink.bucketName")
         _path_ok(spec["gcsDataSink"], "path", "gcsDataSink")
@@ -199,6 +200,9 @@ class StorageTransferDouble:
             _path_ok(az, "path", "azureBlobStorageDataSource")
         if "httpDataSource" in spec:
             _need(spec, "httpDataSource.listUrl")
+        if "gcsDataSource" in spec:
+            _need(spec, "gcsDataSource.bucketName")
+            _path_ok(spec["gcsDataSource"], "path", "gcsDataSource")
         name = job.get("name") or f"transferJobs/{int(time.time() * 1e6)}"
         if not JOB_NAME.match(name):
             raise ApiError(400, "INVALID_ARGUMENT", f"name {name!r} does not match {JOB_NAME.pattern}")
@@ -253,6 +257,9 @@ class StorageTransferDouble:
             base = self.azure_endpoint.format(account=az["storageAccount"])
             return lambda: AzureSide(f"{base}/{az['container']}", az["azureCredentials"]["sasToken"],
                                      az.get("path", ""))
+        if "gcsDataSource" in spec:
+            gcs = spec["gcsDataSource"]
+            return lambda: GCSSide(self.gcs_endpoint, gcs["bucketName"], gcs.get("path", ""))
         return lambda: HttpListSide(spec["httpDataSource"]["listUrl"])
 
     # -- transferOperations -------------------------------------------------------------------
