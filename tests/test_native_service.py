@@ -1,0 +1,45 @@
+"""A job on the Celery workers by the sts route: the remote job runs from a worker, the job's
+record, `jobs status` and the worker's log say which route ran and never hold a credential."""
+
+from __future__ import annotations
+
+import json
+
+from tests.doubles.sts import StorageTransferDouble
+from tests.helpers import read_tree, settings_for
+from tests.test_native_sts import FILES, SECRET, fill
+from tests.test_workers_service import service  # noqa: F401  (the fixture)
+
+
+def stored_value(redis, key) -> object:
+    kind = redis.type(key)
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    return {"string": redis.get, "hash": redis.hgetall, "list": lambda k: redis.lrange(k, 0, -1),
+            "set": redis.smembers, "zset": lambda k: redis.zrange(k, 0, -1, withscores=True),
+            "stream": lambda k: redis.xrange(k)}.get(kind, lambda k: kind)(key)
+
+
+def test_a_job_on_the_workers_by_sts_keeps_no_secret(service, make_root, moto, fake_gcs, azurite):  # noqa: F811
+    with StorageTransferDouble(gcs_endpoint=fake_gcs.endpoint, s3_endpoint=moto.endpoint,
+                               azure_endpoint=f"{azurite.endpoint}/{{account}}") as double:
+        service.env.update(MCBRIDGE_STS_ENDPOINT=double.endpoint, MCBRIDGE_POLL_INTERVAL="0.05",
+                           AWS_SECRET_ACCESS_KEY=SECRET)
+        settings = settings_for(service.env)
+        src, dst = make_root("s3"), make_root("gs")
+        fill(src, settings, FILES)
+        worker = service.worker("w1")
+        worker.wait_ready()
+        result = service.cli("submit", "cp", src, dst, "--route", "sts", "--wait", "--json")
+        assert result.returncode == 0, result.stderr + result.stdout
+        status = json.loads(result.stdout)
+        assert status["state"] == "succeeded" and status["verify"]["ok"], status
+        assert status["route"]["name"] == "sts" and status["route"]["bytes_through_bridge"] == 0
+        assert double.server.calls(":run"), "the worker ran the transfer job"
+        assert read_tree(dst, settings) == FILES
+        text = service.cli("jobs", "status", status["id"]).stdout
+        assert "route        sts:" in text
+        stored = "".join(f"{key}={stored_value(service.redis, key)!r}" for key in service.redis.scan_iter(
+            f"{service.env['BRIDGE_NAMESPACE']}*"))
+        assert "sts" in stored
+        for shown in (result.stdout, result.stderr, text, stored, worker.log_tail(400)):
+            assert SECRET not in shown and "secretAccessKey" not in shown
