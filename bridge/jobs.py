@@ -27,6 +27,9 @@ and a finalize op that calls ``commit`` with the entries its journal holds. Ever
 idempotent (a re-run finds finished work in the journal and does not send it again); a unit that
 belongs to one object carries its path as ``"rel"`` (or ``"name"``) so that its failure stops only
 that object's other units. Its plan reports ``usage()`` (``bridge.estimate``) for policies to price.
+On the service it is one more class in ``workers/kinds.py`` (its plan cut into sub-plans, one per
+task, and a header for the finals), one entry in ``kind_for``'s table and a ``kind`` in
+``workers/specs.py``; the Celery executor itself does not change.
 """
 
 from __future__ import annotations
