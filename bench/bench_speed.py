@@ -63,6 +63,8 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--bridge-args", default="", help="extra arguments for mcbridge cp")
+    ap.add_argument("--before", default="", help="a folder holding an earlier bridge/ package: run it too, "
+                    "as tool 'before', for a before/after comparison in the same run")
     args = ap.parse_args()
     cases = args.cases.split(",")
     work = Path(tempfile.mkdtemp(prefix="mcbridge-speed-"))
@@ -109,21 +111,30 @@ def main() -> None:
                     if store == "s3":
                         tools["s5cmd"] = [s5cmd, "--endpoint-url", server.endpoint, "cp", f"{small}/*",
                                           "s3://bench/up-s5cmd-{run}/"]
+                if args.before:
+                    tools["before"] = [c.replace("/bridge/", "/before/").replace("up-bridge-", "up-before-")
+                                       for c in tools["bridge"]]
+                before_env = dict(env, PYTHONPATH=args.before)
                 best: dict[str, tuple[float, int]] = {}
                 for i in range(args.repeat):
                     for tool, cmd in tools.items():
-                        t, peak = _run_once([c.replace("{run}", f"{case}-{i}") for c in cmd], env, log)
+                        t, peak = _run_once([c.replace("{run}", f"{case}-{i}") for c in cmd],
+                                            before_env if tool == "before" else env, log)
                         old = best.get(tool)
                         best[tool] = (min(t, old[0]) if old else t, max(peak, old[1]) if old else peak)
                     shutil.rmtree(out, ignore_errors=True)
-                peer = min((t for t in best if t != "bridge"), key=lambda t: best[t][0])
+                peer = min((t for t in best if t not in ("bridge", "before")), key=lambda t: best[t][0])
                 row = {"store": store, "case": case, "load": load(), "best_peer": peer,
                        "ratio": round(best["bridge"][0] / best[peer][0], 2),
                        **{f"{t}_s": round(v[0], 2) for t, v in best.items()},
                        "bridge_peak_mib": round(best["bridge"][1] / MiB)}
+                if "before" in best:
+                    row["before_ratio"] = round(best["before"][0] / best[peer][0], 2)
+                    row["before_peak_mib"] = round(best["before"][1] / MiB)
                 rows.append(row)
                 tools_line = "  ".join(f"{t} {v[0]:6.2f}s" for t, v in best.items())
-                print(f"{store:<6} {case:<11} {tools_line}  bridge/{peer} {row['ratio']:5.2f}  "
+                before = f"  before/{peer} {row['before_ratio']:5.2f}" if "before" in row else ""
+                print(f"{store:<6} {case:<11} {tools_line}  bridge/{peer} {row['ratio']:5.2f}{before}  "
                       f"bridge peak {row['bridge_peak_mib']} MiB  (load {row['load']}, "
                       f"{sizes[case] / best['bridge'][0] / MiB:.0f} MiB/s)", flush=True)
     print(json.dumps(rows))
