@@ -43,3 +43,35 @@ def test_a_job_on_the_workers_by_sts_keeps_no_secret(service, make_root, moto, f
         assert "sts" in stored
         for shown in (result.stdout, result.stderr, text, stored, worker.log_tail(400)):
             assert SECRET not in shown and "secretAccessKey" not in shown
+
+
+def test_jobs_cancel_cancels_the_remote_job(service, make_root, moto, fake_gcs, azurite):  # noqa: F811
+    import os
+    import time
+    from bridge.manifest import read as read_manifest
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    with StorageTransferDouble(gcs_endpoint=fake_gcs.endpoint, s3_endpoint=moto.endpoint,
+                               azure_endpoint=f"{azurite.endpoint}/{{account}}", delay=0.3) as double:
+        service.env.update(MCBRIDGE_STS_ENDPOINT=double.endpoint, MCBRIDGE_POLL_INTERVAL="0.05")
+        settings = settings_for(service.env)
+        files = {f"f{i:02d}": os.urandom(100) for i in range(20)}
+        src, dst = make_root("s3"), make_root("gs")
+        fill(src, settings, files)
+        service.worker("w1").wait_ready()
+        job_id = service.submit("cp", src, dst, "--route", "sts")
+        deadline = time.monotonic() + 60
+        while not any(r.objects_copied >= 2 for _m, r in double.operations.values()):
+            assert time.monotonic() < deadline, "the transfer did not start"
+            time.sleep(0.05)
+        cancelled = service.cli("jobs", "cancel", job_id)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert service.wait(job_id).state == "cancelled"
+        deadline = time.monotonic() + 30
+        while not double.server.calls(":cancel"):
+            assert time.monotonic() < deadline, "the remote operation was not cancelled"
+            time.sleep(0.05)
+        ((_meta, remote),) = double.operations.values()
+        remote.finished.wait(10)
+        assert remote.state == "cancelled" and remote.objects_copied < 20
+        assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None

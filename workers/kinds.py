@@ -16,7 +16,9 @@ destination.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +111,31 @@ def _run(ctx, units: Iterator[dict], concurrency: int, count: int) -> Ran:
     return Ran(outcome.errors, count)
 
 
+@contextlib.contextmanager
+def _cancels_remote(ctx, units: Callable, interval: float = 0.5) -> Iterator[None]:
+    """While a task's route follows a remote job (bridge/native), ``jobs cancel`` (seen by the
+    task's stop check, what ``units`` is bound to) cancels that job at its service."""
+    from bridge import routes
+    stop = getattr(units, "__self__", None)
+    if not getattr(routes.REGISTRY.get(ctx.plan.route), "remote", False) or not callable(stop):
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(interval):
+            if stop():
+                ctx.cancelled.set()
+                return
+    watcher = threading.Thread(target=watch, name="bridge-cancel-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
 def _commit(ctx) -> str:
     """The kind's finals (its last one commits through bridge.jobs.commit), unless a finalize
     already ran to the end."""
@@ -179,7 +206,8 @@ class Files:
         from bridge.engine import JobContext, Plan
         plan = Plan.from_dict(sub)
         ctx = JobContext(plan, settings, journal, progress)
-        return _run(ctx, units(plan.units()), settings.transfer.concurrency, plan.unit_count() - 1)
+        with _cancels_remote(ctx, units):
+            return _run(ctx, units(plan.units()), settings.transfer.concurrency, plan.unit_count() - 1)
 
     def commit(self, header: dict, settings, journal, progress=None) -> str:
         from bridge.engine import JobContext, Plan
