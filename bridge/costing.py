@@ -102,9 +102,10 @@ def total_cost(usages: list[estimate.Usage], settings: Settings) -> float:
 
 
 def job_usages(kind: str, source: str, destinations: list[str], settings: Settings, *, delete: bool = False,
-               pack: dict[str, Any] | None = None) -> list[estimate.Usage]:
+               pack: dict[str, Any] | None = None, route: str | None = None) -> list[estimate.Usage]:
     """What a job of ``kind`` (copy, sync, replicate, pack, unpack) would read, write and request,
-    by planning it here with these settings (a service job is priced before it is queued)."""
+    by planning it here with these settings (a service job is priced before it is queued); a copy
+    or sync by the route its workers will choose (or ``route``), as they choose it."""
     if kind == "pack":
         from bridge.packing import job as packing
         return [packing.plan_pack(source, destinations[0], settings, **(pack or {})).usage()]
@@ -118,5 +119,7 @@ def job_usages(kind: str, source: str, destinations: list[str], settings: Settin
         else:
             from bridge.ops import plan_sync
             plan, _ = plan_sync(source, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size)
-        out.append(estimate.usage(plan, "direct"))   # the service's tasks send a file's bytes directly
+        from bridge import routes as runnable
+        runnable.choose(plan, settings, route)
+        out.append(estimate.usage(plan, plan.route or "direct"))
     return out

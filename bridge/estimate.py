@@ -277,7 +277,10 @@ def ran(plan: Plan, before: set[str], after: set[str], deletions: int = 0) -> Us
     src = StoreUsage(_root(plan.source if not plan.single else plan.single))
     dst = StoreUsage(plan.destination)
     moved = 0
+    routed = {f.rel for f in carried(plan, before, after)}
     for f in plan.files:
+        if f.rel in routed:
+            continue
         if not f.part_size:
             if f"file:{f.rel}" in new:
                 _read(src, f.size, 0)
@@ -299,8 +302,51 @@ def ran(plan: Plan, before: set[str], after: set[str], deletions: int = 0) -> Us
             for kind in ("COMPLETE", "HEAD", "DELETE"):
                 dst.requests[kind] += finished.requests[kind]
     dst.requests["DELETE"] += deletions
-    return Usage("direct", src, dst, sum(1 for f in plan.files if f"file:{f.rel}" in new), moved, moved,
-                 sum(1 for f in plan.files if f"file:{f.rel}" in new))
+    done = sum(1 for f in plan.files if f"file:{f.rel}" in new and f.rel not in routed)
+    return Usage("direct", src, dst, done, moved, moved, done)
+
+
+def carried(plan: Plan, before: set[str], after: set[str]) -> list:
+    """The files a plan's route (server, from-url, sts, datasync) finished between two looks at
+    the journal: done whole, with no part of theirs sent by bridge (those fell back to direct)."""
+    if getattr(plan, "route", "direct") in (None, "direct"):
+        return []
+    new = after - before
+    return [f for f in plan.files if f"file:{f.rel}" in new
+            and not any(k.startswith(f"part:{f.rel}:") for k in after)]
+
+
+def ran_routed(plan: Plan, before: set[str], after: set[str]) -> Usage | None:
+    """What the plan's route sent for the files it carried (``carried``), counted as ``usage``
+    counts that route: its copies and reads, not the listing or the commit."""
+    files = carried(plan, before, after)
+    if not files:
+        return None
+    root = plan.source if not plan.single else plan.single
+    full = usage(Plan(root, plan.destination, plan.single, files, []), plan.route)
+    base = usage(Plan(root, plan.destination, plan.single, [], []), plan.route)
+    for side, fixed in ((full.source, base.source), (full.destination, base.destination)):
+        side.requests.subtract(fixed.requests)
+        side.requests = +side.requests                     # drop what is left at zero
+    return full
+
+
+def completions(plan: Plan) -> Usage:
+    """The requests of the large files a job spread over several tasks: begun when it was
+    planned, completed at its commit (``plan.completions``)."""
+    src = StoreUsage(_root(plan.source if not plan.single else plan.single))
+    dst = StoreUsage(plan.destination)
+    sizes = {f.rel: f for f in plan.files}
+    for rel in getattr(plan, "completions", []):
+        f = sizes.get(rel)
+        if f is None or not f.part_size:
+            continue
+        finished = StoreUsage(plan.destination)
+        _upload(finished, f.size, f.part_size)
+        for kind in ("BEGIN", "COMPLETE", "HEAD", "DELETE"):
+            dst.requests[kind] += finished.requests[kind]
+    dst.requests = +dst.requests
+    return Usage("direct", src, dst, 0, 0, 0, 0)
 
 
 def listing(plan: Plan) -> Usage:
@@ -336,28 +382,39 @@ def add(total: Usage | None, more: Usage) -> Usage:
 
 
 def to_fields(u: Usage) -> dict[str, int]:
-    """A usage as flat counters (for a Redis hash); ``from_fields`` reads them back."""
+    """A usage as flat counters (for a Redis hash); ``from_fields`` reads them back. A route's
+    usage (not direct) has its fields under ``ROUTE:``, so each is priced as that route."""
+    prefix = "" if u.route in ("direct", "pack", "unpack") else f"{u.route}:"
     out = {"payload": u.payload, "files": u.files, "objects_written": u.objects_written}
     for name, side in (("source", u.source), ("destination", u.destination)):
         out[f"{name}.bytes_read"] = side.bytes_read
         out[f"{name}.bytes_written"] = side.bytes_written
         out.update({f"{name}.req.{kind}": n for kind, n in side.requests.items()})
-    return {k: v for k, v in out.items() if v}
+    return {prefix + k: v for k, v in out.items() if v}
 
 
-def from_fields(fields: dict[str, Any], source: str, destination: str) -> Usage:
-    src, dst = StoreUsage(_root(source)), StoreUsage(destination)
-    sides = {"source": src, "destination": dst}
+def from_fields(fields: dict[str, Any], source: str, destination: str) -> list[Usage]:
+    """The usages in a hash of ``to_fields`` counters: one through this process, one per route."""
+    grouped: dict[str, dict[str, Any]] = {}
     for key, value in fields.items():
-        name, _, rest = key.partition(".")
-        if name in sides:
-            if rest.startswith("req."):
-                sides[name].requests[rest[4:]] += int(value)
-            else:
-                setattr(sides[name], rest, int(value))
-    payload = int(fields.get("payload", 0))
-    return Usage("direct", src, dst, int(fields.get("files", 0)), payload, payload,
-                 int(fields.get("objects_written", 0)))
+        route, sep, rest = key.rpartition(":")
+        grouped.setdefault(route if sep else "direct", {})[rest] = value
+    out = []
+    for route, counters in grouped.items():
+        src, dst = StoreUsage(_root(source)), StoreUsage(destination)
+        sides = {"source": src, "destination": dst}
+        for key, value in counters.items():
+            name, _, rest = key.partition(".")
+            if name in sides:
+                if rest.startswith("req."):
+                    sides[name].requests[rest[4:]] += int(value)
+                else:
+                    setattr(sides[name], rest, int(value))
+        payload = int(counters.get("payload", 0))
+        through = payload if route == "direct" else 0
+        out.append(Usage(route, src, dst, int(counters.get("files", 0)), payload, through,
+                         int(counters.get("objects_written", 0))))
+    return out
 
 
 def pack_marks(pack_plan: Any, journal: Any) -> set[str]:

@@ -218,9 +218,34 @@ def test_units_that_ran_add_up_to_the_estimate(dst):
     assert total.destination.requests == expected.destination.requests
     assert (total.payload, total.destination.bytes_written) == (expected.payload, expected.destination.bytes_written)
     # through Redis and back: the same usage, the same dollars
-    back = estimate.from_fields(estimate.to_fields(total), "s3://src-a/x/", dst)
+    [back] = estimate.from_fields(estimate.to_fields(total), "s3://src-a/x/", dst)
     place = {"s3": S3E, "gs": GCS, "az": Place("azure", "eastus")}[dst[:2]]
     assert price(back, S3E, place, SITE, builtin()).total == pytest.approx(price(expected, S3E, place, SITE,
                                                                                  builtin()).total)
     # nothing new in the journal: nothing ran
     assert estimate.ran(plan, second, second).request_count == 0
+
+
+def test_files_a_route_carried_are_priced_as_that_route():
+    """A server-side copy's finished files are its COPY requests with no egress; a file that fell
+    back to direct (its parts in the journal) is counted as bridge sent it."""
+    plan = Plan("s3://src-a/x/", "s3://src-a/y/", None,
+                [FilePlan("a.bin", 4000), FilePlan("b.bin", 20 * MiB, 8 * MiB)], route="server")
+    after = {"file:a.bin", "file:b.bin", "upload:b.bin", "part:b.bin:1", "part:b.bin:2", "part:b.bin:3"}
+    routed = estimate.ran_routed(plan, set(), after)
+    assert [f.rel for f in estimate.carried(plan, set(), after)] == ["a.bin"]
+    assert routed.route == "server" and dict(routed.destination.requests) == {"COPY": 1}
+    direct = estimate.ran(plan, set(), after)
+    assert direct.destination.requests["PART"] == 3 and direct.files == 1 and direct.payload == 20 * MiB
+    fields = {**estimate.to_fields(direct), **estimate.to_fields(routed)}
+    priced = {u.route: price(u, S3E, S3E, SITE, builtin()) for u in estimate.from_fields(fields, plan.source,
+                                                                                         plan.destination)}
+    assert priced["server"].egress == 0 and priced["server"].requests == pytest.approx(0.005 / 1000)
+    assert priced["direct"].egress > 0     # through this process at a site: out of AWS and back
+
+
+def test_a_spread_file_is_begun_and_completed_by_the_job():
+    plan = Plan("s3://src-a/x/", "s3://dst-b/y/", None, [FilePlan("big.bin", 64 * MiB, 8 * MiB)],
+                completions=["big.bin"])
+    done = estimate.completions(plan)
+    assert dict(done.destination.requests) == {"BEGIN": 1, "COMPLETE": 1, "HEAD": 1}

@@ -85,6 +85,16 @@ def test_a_job_awaiting_approval_can_be_cancelled(service, moto):  # noqa: F811
     assert service.cli("jobs", "approve", job_id).returncode == 1
 
 
+def _priced(service, job_id: str):
+    """The job's record once the worker that ended it has priced it (right after the state moves)."""
+    deadline = time.monotonic() + 30
+    record = service.jobs.get(job_id)
+    while record.spent_usd is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        record = service.jobs.get(job_id)
+    return record
+
+
 def test_spend_is_priced_from_what_ran_a_cut_short_job_costs_less(service, moto):  # noqa: F811
     """A pack job that runs as planned is charged exactly what its estimate counts. A copy whose
     source lost half its files after it was priced sends only the rest and is charged for those:
@@ -101,7 +111,7 @@ def test_spend_is_priced_from_what_ran_a_cut_short_job_costs_less(service, moto)
     r = service.cli("submit", "pack", f"s3://{src}/c/", f"s3://{dst}/shards/", "--shard-size", "16KiB",
                     "--budget", "team", "--wait", "--json")
     assert r.returncode == 0, r.stderr
-    packed = service.jobs.get(json.loads(r.stdout)["id"])
+    packed = _priced(service, json.loads(r.stdout)["id"])
     assert packed.spent_usd == pytest.approx(packed.estimate_usd, rel=1e-6)
 
     # priced with all 12 files; then 6 of them vanish before the worker reads them
@@ -118,6 +128,6 @@ def test_spend_is_priced_from_what_ran_a_cut_short_job_costs_less(service, moto)
     from workers.specs import parse_spec
     job_id = svc.submit(parse_spec({"kind": "copy", "source": f"s3://{src}/c/", "destinations": [f"s3://{dst}/copy/"]}),
                         budget="team", estimate=estimate)
-    done = service.wait(job_id)
+    done = _priced(service, service.wait(job_id).id)
     assert done.state == "succeeded" and done.counters["files_total"] == 6
     assert 0 < done.spent_usd < 0.75 * estimate

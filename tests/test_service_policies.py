@@ -64,7 +64,8 @@ def _run(service, beat: Scheduler, clock: Clock, at: datetime):
     deadline = time.monotonic() + 150
     while True:
         runs = [r for r in service.jobs.list(500) if r.policy and not r.parent and r.id not in seen]
-        if runs and runs[0].state in ("succeeded", "failed"):
+        # ended, and priced: the worker that ended it prices it right after the state moves
+        if runs and runs[0].state in ("succeeded", "failed") and runs[0].spent_usd is not None:
             return runs[0]
         assert time.monotonic() < deadline, f"no policy run ended\n{service.processes[0].log_tail()}"
         time.sleep(0.2)
@@ -195,6 +196,10 @@ def test_a_policy_run_past_its_monthly_budget_waits_for_approval(service, moto, 
     r = service.cli("jobs", "approve", run.id)
     assert r.returncode == 0, r.stderr
     done = service.wait(run.id)
+    deadline = time.monotonic() + 30
+    while done.spent_usd is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        done = service.jobs.get(run.id)
     assert done.state == "succeeded", done.errors
     assert _checkpoints(service, f"gs://{gbucket}/dr/") == {"step-1"}
     assert Budgets(service.redis, service.keys).spent("golden") == pytest.approx(done.spent_usd) and done.spent_usd > 0

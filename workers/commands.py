@@ -226,7 +226,7 @@ def _within_budget(spec, max_cost: float | None) -> float:
     if spec.kind == "unpack":
         pack = {"prefix": spec.shard_prefix}
     usages = job_usages(spec.kind, spec.source, list(spec.destinations), settings, delete=bool(spec.deletes),
-                        pack=pack)
+                        pack=pack, route=spec.route)
     if max_cost is None:
         return total_cost(usages, settings)
     return check_budget(usages, settings, max_cost, f"{spec.kind} job")

@@ -463,10 +463,10 @@ class Service:
         if fields:
             from bridge import costing, estimate
             header = self._header(record.id) or {}
-            usage = estimate.from_fields(fields, header.get("source_root") or header.get("source") or spec.source,
-                                         header.get("destination") or spec.destination)
+            usages = estimate.from_fields(fields, header.get("source_root") or header.get("source") or spec.source,
+                                          header.get("destination") or spec.destination)
             try:
-                return costing.cost_of(usage, self.settings_for(spec), usage.source.url, usage.destination.url)
+                return costing.total_cost(usages, self.settings_for(spec))
             except (BridgeError, ValueError) as exc:
                 log.warning("job %s: not priced: %s", record.id, exc)
                 return None

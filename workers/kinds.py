@@ -195,12 +195,15 @@ class Files:
         from bridge import estimate
         from bridge.engine import Plan
         plan = Plan.from_dict(sub)
-        return estimate.to_fields(estimate.ran(plan, before, after, deletions=len(plan.deletions)))
+        fields = estimate.to_fields(estimate.ran(plan, before, after, deletions=len(plan.deletions)))
+        routed = estimate.ran_routed(plan, before, after)
+        return {**fields, **(estimate.to_fields(routed) if routed else {})}
 
     def committed(self, header: dict) -> dict[str, int]:
         from bridge import estimate
         from bridge.engine import Plan
-        return estimate.to_fields(estimate.commit(Plan.from_dict(header)))
+        header_plan = Plan.from_dict(header)
+        return estimate.to_fields(estimate.add(estimate.commit(header_plan), estimate.completions(header_plan)))
 
     def run(self, sub: dict, settings, journal, progress, units: Callable[[Iterator[dict]], Iterator[dict]]) -> Ran:
         from bridge.engine import JobContext, Plan
