@@ -69,7 +69,7 @@ class Shard:
 
     def unit(self) -> dict[str, Any]:
         return {"op": "shard", "name": self.name, "loc": str(self.loc), "format": self.format, "size": self.size,
-                "sha256": self.sha256, "members": [asdict(m) for m in self.members]}
+                "sha256": self.sha256, "members": [dict(vars(m)) for m in self.members]}  # asdict: 10x slower
 
     @classmethod
     def from_unit(cls, unit: dict[str, Any]) -> Shard:
