@@ -224,3 +224,14 @@ def test_sync_by_server_sends_only_what_changed_and_deletes(make_root, emulator_
     assert again["route"]["bytes_through_bridge"] == 0
     assert read_tree(dst, settings) == {"a.txt": b"one", "b.txt": b"TWO!"}
     assert ops.verify(dst, settings, deep=True)["ok"]
+
+
+def test_dry_run_names_the_route(make_root, emulator_env, tmp_path):
+    src, dst = make_root("az"), make_root("az")
+    (tmp_path / "f").write_bytes(b"x" * 10)
+    assert mcbridge("cp", str(tmp_path / "f"), src, env=emulator_env, state_dir=tmp_path / "st").returncode == 0
+    r = mcbridge("cp", src, dst, "--dry-run", env=emulator_env, state_dir=tmp_path / "st")
+    assert r.returncode == 0 and "route server: source and destination are in one store account" in r.stdout
+    plan = json.loads(mcbridge("cp", src, dst, "--dry-run", "--json", "--route", "direct", env=emulator_env,
+                               state_dir=tmp_path / "st").stdout)
+    assert plan["route"] == {"name": "direct", "why": "forced with --route"}

@@ -179,4 +179,7 @@ def print_plan(summary: dict, as_json: bool) -> None:
         out.print(f"delete {rel}", markup=False)
     out.print(f"would copy {summary['files']} files, {human_bytes(summary['bytes'])} from {summary['source']} "
               f"to {summary['destination']} in {summary['units']} units", markup=False)
+    route = summary.get("route")
+    if route:
+        out.print(f"route {route['name']}: {route['why']}", markup=False)
     print_usage(summary.get("usage"))
