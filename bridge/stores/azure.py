@@ -250,15 +250,17 @@ class AzureStore(Store):
     # -- server-side copy, blocks from a URL, signed URLs, location ------------------------------
     def copy_object(self, src: Location, dst: Location, *, size: int) -> ObjectInfo:
         """Copy Blob From URL (synchronous) up to 256 MiB; larger blobs by Copy Blob, which
-        Azure runs in the background inside the account, polled until it ends. The source is
-        read through a SAS of this account. Metadata and content headers go with the bytes."""
+        Azure runs in the background inside the account, polled until it ends. Metadata and
+        content headers go with the bytes."""
         import time
-        url = self.signed_url(src)
         blob = self._blob(dst)
         if size <= SYNC_COPY_MAX:
+            url = self.signed_url(src)   # Copy Blob From URL reads its source through a SAS
             self._request(dst, lambda: blob.start_copy_from_url(url, requires_sync=True))
             return self.info(dst)
-        answer = self._request(dst, lambda: blob.start_copy_from_url(url))
+        # Copy Blob: a source in the same account is authorized by the request's own Shared Key.
+        source = self._blob(src).url
+        answer = self._request(dst, lambda: blob.start_copy_from_url(source))
         copy_id = answer.get("copy_id")
         while True:
             props = self._request(dst, blob.get_blob_properties)
