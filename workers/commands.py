@@ -395,6 +395,11 @@ def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, in
     return 0 if record.state == "succeeded" else 1
 
 
+def usd_text(usd: float) -> str:
+    """Dollars to the cent, or to six places when less than a cent (a small job's requests)."""
+    return f"{usd:.2f}" if usd >= 0.01 or usd == 0 else f"{usd:.6f}"
+
+
 def _no_job(job_id: str):
     from bridge.errors import InvalidOption
     return InvalidOption(f"no job {job_id!r} (it never existed, or its record expired)")
@@ -404,7 +409,8 @@ def _status_doc(jobs, record) -> dict[str, Any]:
     doc = record.to_dict()
     if record.children:
         doc["children"] = [c.to_dict() for c in (jobs.get(child) for child in record.children) if c]
-    if record.kind == "replicate" or (record.kind == "sync" and record.spec.get("delete")):
+    # A policy run proves each checkpoint on its own (doc["replicas"]), not the source root.
+    if (record.kind == "replicate" and not record.policy) or (record.kind == "sync" and record.spec.get("delete")):
         doc["proven_equal"] = jobs.proven(record.spec["source"], record.spec["destinations"])
     return doc
 
@@ -435,12 +441,12 @@ def jobs_list(state: Annotated[Optional[str], typer.Option("--state", help="Only
         progress = f"{human_bytes(min(t['bytes_done'], t['bytes_total']))} {pct}"
         route = f"{r.spec['source']} -> {', '.join(r.spec['destinations'])}"
         tag = f" [{r.schedule}]" if r.schedule else ""
-        usd = f"{r.spent_usd:.4f}" if r.spent_usd is not None else f"~{r.estimate_usd:.4f}" if r.estimate_usd else "-"
+        usd = usd_text(r.spent_usd) if r.spent_usd is not None else f"~{usd_text(r.estimate_usd)}" if r.estimate_usd else "-"
         out.print(f"{r.id:<14} {r.kind:<9} {r.state:<10} {progress:>22} {usd:>9} {r.to_dict()['created']:<20} "
                   f"{route}{tag}", markup=False)
         for dst, row in (r.replicas or {}).items():
             out.print(f"{'':<14} {dst}: lag {row['lag_checkpoints']}, newest verified "
-                      f"{row.get('newest_verified') or '-'}, ${row['spent_usd']:.4f}", markup=False)
+                      f"{row.get('newest_verified') or '-'}, ${usd_text(row['spent_usd'])}", markup=False)
 
 
 def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
@@ -478,16 +484,16 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
         lines.append(f"  verified     {verdict} ({v['mode']}): {v['checked']} files, {v['missing']} missing, "
                      f"{v['mismatched']} mismatched, {v['extra']} extra, at {v['at']}")
     if record.spent_usd is not None or record.estimate_usd is not None:
-        spent = f"${record.spent_usd:.4f} spent" if record.spent_usd is not None else "not priced yet"
-        est = f" (estimated ${record.estimate_usd:.4f})" if record.estimate_usd is not None else ""
+        spent = f"${usd_text(record.spent_usd)} spent" if record.spent_usd is not None else "not priced yet"
+        est = f" (estimated ${usd_text(record.estimate_usd)})" if record.estimate_usd is not None else ""
         lines.append(f"  cost         {spent}{est}" + (f", budget {record.budget}" if record.budget else ""))
     for child in doc.get("children", []):
-        spent = f", ${child['spent_usd']:.4f}" if child.get("spent_usd") is not None else ""
+        spent = f", ${usd_text(child['spent_usd'])}" if child.get("spent_usd") is not None else ""
         lines.append(f"  -> {child['spec']['destinations'][0]}  {child['state']}  (job {child['id']}{spent})")
     for dst, row in (record.replicas or {}).items():
         verified = f"{row['newest_verified']} verified {row['verified_at']}" if row.get("newest_verified") else "nothing verified"
         lines.append(f"  replica      {dst}: {verified}; lag {row['lag_checkpoints']} checkpoints; "
-                     f"${row['spent_usd']:.4f}" + (f"; removed {', '.join(row['removed'])}" if row.get("removed") else ""))
+                     f"${usd_text(row['spent_usd'])}" + (f"; removed {', '.join(row['removed'])}" if row.get("removed") else ""))
     for dst, proof in (doc.get("proven_equal") or {}).items():
         proof = proof or {}
         when = f"{proof['proven_at']} (job {proof['job']})" if proof.get("proven_at") else "never"

@@ -131,7 +131,7 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
     from policies import replication as rules
     from policies.replication import PolicyError, select
     from workers.budgets import Budgets, month
-    from workers.commands import _connect, _ws
+    from workers.commands import _connect, _ws, usd_text
     from workers.keys import Keys
     from workers.replicas import PolicyState
     ws = _ws(broker)
@@ -177,7 +177,7 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
         return
     for p in report:
         cap = f"${p['budget_usd']:.2f}" if p["budget_usd"] is not None else "no monthly budget"
-        out.print(f"{p['name']}: {p['source']}: ${p['spent_usd']:.4f} spent in {month()} of {cap}", markup=False)
+        out.print(f"{p['name']}: {p['source']}: ${usd_text(p['spent_usd'])} spent in {month()} of {cap}", markup=False)
         if p["source_error"]:
             err.print(f"mcbridge: {p['name']}: source not listed: {p['source_error']}", markup=False, soft_wrap=True)
         for row in p["destinations"]:
@@ -189,7 +189,7 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
             lag = row["lag_checkpoints"]
             behind = "up to date" if lag == 0 else f"{lag} checkpoint{'s' if lag != 1 else ''} behind {row['newest_source']}"
             out.print(f"  {row['destination']}: last run {row['last_run']} (job {row['job']}, "
-                      f"{'ok' if row['ok'] else 'FAILED'}); {verified}; {behind}; ${row['spent_usd']:.4f} this month",
+                      f"{'ok' if row['ok'] else 'FAILED'}); {verified}; {behind}; ${usd_text(row['spent_usd'])} this month",
                       markup=False)
             for problem in row["errors"]:
                 out.print(f"    {problem}", markup=False)
