@@ -235,3 +235,22 @@ def test_dry_run_names_the_route(make_root, emulator_env, tmp_path):
     plan = json.loads(mcbridge("cp", src, dst, "--dry-run", "--json", "--route", "direct", env=emulator_env,
                                state_dir=tmp_path / "st").stdout)
     assert plan["route"] == {"name": "direct", "why": "forced with --route"}
+
+
+def test_server_copy_on_an_endpoint_without_checksums_hashes_the_copy(tmp_path):
+    """rclone serve s3 keeps no S3 checksums, and an object another tool wrote carries no bridge
+    metadata: the copy is read back to be hashed, and its entry says so."""
+    from tests.emulators import RcloneS3, environment_for
+    with RcloneS3() as endpoint:
+        endpoint.create_bucket("src-bkt")
+        endpoint.create_bucket("dst-bkt")
+        settings = settings_for(environment_for([endpoint]))
+        data = os.urandom(300_000)
+        endpoint.client().put_object(Bucket="src-bkt", Key="f.bin", Body=data)   # no bridge metadata
+        summary = ops.copy("s3://src-bkt/", "s3://dst-bkt/", settings, state_dir=tmp_path / "s2")
+        assert summary["route"]["name"] == "server" and summary["route"]["bytes_through_bridge"] == len(data)
+        store = get_store(parse("s3://dst-bkt/"), settings)
+        entry = read_manifest(store, parse("s3://dst-bkt/")).files["f.bin"]
+        assert entry.computed == ["crc32c", "sha256"] and "reports no CRC32C" in entry.note
+        assert store.read(parse("s3://dst-bkt/f.bin")) == data
+        assert ops.verify("s3://dst-bkt/", settings, deep=True)["ok"]

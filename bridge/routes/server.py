@@ -10,8 +10,10 @@ CRC32C the destination reports for the copy (S3 computes it for CopyObject, GCS 
 every object), checked against the one the source reports or the one bridge stored in the
 source's metadata when it wrote it; the SHA-256 bridge stored there, when there is one.
 ``computed`` is then empty and ``note`` says where the hashes come from; ``verify --deep``
-reads the bytes. Where neither store reports a CRC32C (an Azure blob bridge did not write),
-the file goes ``direct``. A local copy is hashed by reading it back (no egress).
+reads the bytes. Where no CRC32C is known before the copy and the destination keeps none (an
+Azure blob bridge did not write), the file goes ``direct``; where neither store reports one
+after the copy (an S3 endpoint without checksums), the copy is read back and hashed. A local
+copy is hashed by reading it back (no egress).
 """
 
 from __future__ import annotations
@@ -82,6 +84,12 @@ class ServerRoute(Route):
             crc, sha = rehash(ctx.dst, dst_loc, f.size)
             through, computed = f.size, ["crc32c", "sha256"]
             note = "copied by the kernel (copy_file_range); hashed by reading the copy"
+        elif crc is None and known_crc is None:
+            # Neither store reports a CRC32C (an endpoint that keeps no checksums): the copy is
+            # read back to be hashed, and those bytes count as passing through bridge.
+            crc, sha = rehash(ctx.dst, dst_loc, f.size)
+            through, computed = f.size, ["crc32c", "sha256"]
+            note = "copied inside the store, which reports no CRC32C; hashed by reading the copy"
         elif crc is None:
             crc = known_crc
             note = f"copied inside the store; CRC32C {origin}"
