@@ -235,3 +235,30 @@ def test_beat_checks_the_policy_file(tmp_path):
     assert r.stderr.strip() == f"mcbridge: error: {bad}:5: policies.golden.schedule: cron '0 25 * * *': " \
                                f"hour '25' is not in 0-23", r.stderr
     assert mcbridge("policy", "check", str(bad), env={}, state_dir=tmp_path).stderr == r.stderr
+
+
+def test_append_only_never_deletes_at_a_destination(moto, fake_gcs, emulator_env, tmp_path):
+    src, gbucket = unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    for name in ("step-1", "step-2"):
+        _put_checkpoint(moto, src, name)
+    gs = f"gs://{gbucket}/dr/"
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{gs}]\n"
+                           f"    keep_last: 2\n    mode: append-only\n    verify: none\n")
+    code, report, stderr = _replicate(policy_file, emulator_env, tmp_path)
+    assert code == 0, stderr
+    # a file gone from a checkpoint in the window stays at the destination, and so does the
+    # checkpoint the window left
+    moto.client().delete_object(Bucket=src, Key="golden/step-2/shard-0.bin")
+    _put_checkpoint(moto, src, "step-3")
+    code, report, stderr = _replicate(policy_file, emulator_env, tmp_path)
+    assert code == 0, stderr
+    assert report["policies"][0]["removed"] == {}
+    settings = settings_for(emulator_env)
+    assert report["policies"][0]["checkpoints"] == ["step-2", "step-3"]
+    assert _checkpoints_at(gs, settings) == {"step-1", "step-2", "step-3"}
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    assert get_store(parse(gs), settings).info(parse(f"{gs}step-2/shard-0.bin")).size > 0
