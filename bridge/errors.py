@@ -20,6 +20,7 @@
      │    │                         land outside it (.., absolute, empty segment, NUL, a backslash to Azure)
      │    └── UnsafeMember          a shard member that must not be unpacked (absolute, .., link)
      ├── Unsupported                the store answers that it does not do this (501, NotImplemented)
+     ├── CopySourceUnreadable       the store could not read the URL it was to copy from
      ├── OverBudget                 a job's estimate is above its --max-cost (refused before it runs)
      ├── RouteUnavailable           a route cannot serve this job (pair, names, missing settings);
      │                              found before any request, so another route can take the job
@@ -40,6 +41,10 @@ class BridgeError(Exception):
 
 class Unsupported(BridgeError):
     """The store (or emulator) answered that it does not implement the request."""
+
+
+class CopySourceUnreadable(BridgeError):
+    """The store could not read the source URL of a copy (Azure CannotVerifyCopySource)."""
 
 
 class UsageError(BridgeError):

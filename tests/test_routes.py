@@ -254,3 +254,25 @@ def test_server_copy_on_an_endpoint_without_checksums_hashes_the_copy(tmp_path):
         assert entry.computed == ["crc32c", "sha256"] and "reports no CRC32C" in entry.note
         assert store.read(parse("s3://dst-bkt/f.bin")) == data
         assert ops.verify("s3://dst-bkt/", settings, deep=True)["ok"]
+
+
+def test_from_url_whose_source_azure_cannot_read_falls_back_with_the_reason(pulled, make_root, tmp_path):
+    """The source answers Azure's fetch 403 (as an expired or foreign URL would): the double
+    answers CannotVerifyCopySource, and the job goes direct, saying why."""
+    from tests.faultproxy import Rule
+    proxies, env, double = pulled
+    settings = settings_for(env)
+    files = make_tree(tmp_path / "src")
+    src, dst = make_root("gs"), make_root("az")
+    ops.copy(f"{tmp_path / 'src'}/", src, settings, state_dir=tmp_path / "s1")
+    proxies["gs"].configure(rules=[Rule(r"^GET /download/", "reply", times=1000, reply=(403, {}, b"denied"))])
+    try:
+        summary = ops.copy(src, dst, settings, state_dir=tmp_path / "s2")
+    finally:
+        proxies["gs"].configure()
+    route = summary["route"]
+    assert route["name"] == "from-url" and set(files) - {"empty.txt"} <= set(route["fallbacks"])
+    assert any("Azure could not read the source URL" in why for why in route["fallbacks"].values())
+    assert read_tree(dst, settings) == files
+    assert ops.verify(dst, settings, deep=True)["ok"]
+    assert not list(get_store(parse(dst), settings).list_uploads(parse(dst))), "staged blocks were discarded"

@@ -23,7 +23,7 @@ import concurrent.futures as cf
 from typing import TYPE_CHECKING
 
 from bridge.config import Settings
-from bridge.errors import AuthError, BridgeError, Unsupported
+from bridge.errors import AuthError, BridgeError, CopySourceUnreadable, Unsupported
 from bridge.routes import Fallback, Route, register
 from bridge.routes.server import checked_source, source_hashes
 from bridge.stores import get_store
@@ -84,10 +84,11 @@ class FromUrlRoute(Route):
             _abort(ctx, dst_loc, upload_id)
             raise Fallback(f"{ctx.dst.scheme}:// endpoint does not implement Put Block From URL: {exc}",
                            job_wide=True) from exc
-        except BridgeError as exc:
+        except CopySourceUnreadable as exc:
             _abort(ctx, dst_loc, upload_id)
-            if "CannotVerifyCopySource" in str(exc) or "CANNOT_VERIFY_COPY_SOURCE" in str(exc):
-                raise Fallback(f"Azure could not read the source URL: {exc}", job_wide=True) from exc
+            raise Fallback(f"Azure could not read the source URL: {exc}", job_wide=True) from exc
+        except BridgeError:
+            _abort(ctx, dst_loc, upload_id)
             raise
         return ctx.dst.info(dst_loc)
 

@@ -19,7 +19,8 @@ from contextlib import contextmanager
 
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable, InvalidOption,
-                           IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported)
+                           IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported,
+                           CopySourceUnreadable)
 from bridge.retry import call_with_retries
 from bridge.stores.base import GiB, MiB, Features, ObjectInfo, PartRecord, Store, utc_seconds
 from bridge.urls import Location
@@ -46,6 +47,7 @@ def _translate(loc: Location, endpoint: str):
     except BridgeError:
         raise
     except ResourceNotFoundError as exc:
+        _copy_source(loc, exc)
         if getattr(exc, "error_code", None) == "ContainerNotFound":
             raise BucketNotFound(f"container {loc.bucket!r} does not exist") from exc
         raise ObjectNotFound(f"{loc}: no such blob") from exc
@@ -57,6 +59,7 @@ def _translate(loc: Location, endpoint: str):
         # the answer was lost or cut short (IncompleteReadError is a DecodeError)
         raise TransientError(f"{loc}: connection dropped ({type(exc).__name__})") from exc
     except HttpResponseError as exc:
+        _copy_source(loc, exc)
         code = getattr(exc, "error_code", None) or ""
         status = exc.status_code or 0
         if not status and isinstance(exc.__cause__, (ServiceResponseError, DecodeError)):
@@ -71,6 +74,15 @@ def _translate(loc: Location, endpoint: str):
         if status == 429 or status >= 500:
             raise TransientError(f"{loc}: HTTP {status} {code}") from exc
         raise BridgeError(f"{loc}: Azure error {code or status}") from exc
+
+
+def _copy_source(loc: Location, exc: HttpResponseError) -> None:
+    """Azure could not read the source URL of a copy (the SDK files it under not-found)."""
+    if getattr(exc, "error_code", None) == "CannotVerifyCopySource":
+        headers = exc.response.headers if exc.response is not None else {}
+        status = headers.get("x-ms-copy-source-status-code")
+        raise CopySourceUnreadable(f"{loc}: Azure could not read the copy source"
+                                   + (f" (it answered HTTP {status})" if status else "")) from exc
 
 
 def _transactional_checksum() -> str | bool:
