@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bridge import ops
+from bridge.errors import TransientError
 from bridge.stores import get_store
 from bridge.urls import parse
 from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY, unique_name
@@ -240,3 +241,21 @@ def test_a_copy_that_cannot_commit_fails_in_one_line_and_leaves_no_manifest(
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
     assert len(manifest_puts) == 1 + 5, manifest_puts  # transfer.retries defaults to 5
     assert not has_manifest(target, direct_env)
+
+
+def test_an_azure_read_cut_every_time_is_sent_once_per_retry_and_no_more(seeded, proxies, proxied_env, direct_env):
+    """The blob SDK's downloader would send a GET again up to three times when its body is cut,
+    under bridge's own retries; bridge's Azure read sends exactly 1 + retries GETs in all."""
+    files, roots = seeded
+    loc = parse(roots["az"]).as_prefix().join("small/05.txt")
+    store = get_store(loc, settings_for(proxied_env, retries=2))
+    configure(proxies, rules=[Rule(r"^GET /[^?]*small/05\.txt", "cut", times=10_000)])
+    try:
+        with pytest.raises(TransientError):
+            store.read(loc, 10, 100)
+        gets = [line for line, _ in proxies["az"].log if line.startswith("GET") and "small/05.txt" in line]
+    finally:
+        configure(proxies)
+    assert len(gets) == 1 + 2, gets
+    assert store.read(loc, 10, 100) == files["small/05.txt"][10:110]
+    assert store.read(loc) == files["small/05.txt"]
