@@ -88,7 +88,7 @@ class Features:
     max_part_size: int = 5 * GiB
     max_parts: int = 10_000
     max_object_size: int = 5 * 1024 * GiB
-    max_copy_size: int = 5 * GiB            # copy_object in one request; above it, in parts
+    max_copy_size: int = 5 * GiB            # copy_object in one request up to this; above, in parts or polled
     multipart: bool = False
     server_side_copy: bool = False
     part_copy: bool = False
