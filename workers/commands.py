@@ -152,14 +152,9 @@ def beat(
 def _scheduled_policies(path: str):
     """The policies of a file that have a schedule; a bad file (or a cron Celery refuses) exits 2
     naming file, line and field."""
-    from policies.replication import PolicyError, load
+    from bridge.cli.policy import load_policies
     from workers.replicas import check_crons
-    try:
-        policies = load(path)
-    except PolicyError as exc:
-        for line in exc.problems:
-            err.print(f"mcbridge: error: {line}", markup=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+    policies = load_policies(Path(path))
     problems = check_crons(policies)
     if problems:
         lines = {p.name: p.line for p in policies}

@@ -53,20 +53,21 @@ def plan(src: str, dst: str,
 PolicyFileArg = Annotated[Path, typer.Argument(help="A YAML file of replication policies.")]
 
 
-def _load_policies(path: Path):
-    from policies.replication import load
-    return load(path)
-
-
-def policy_check(file: PolicyFileArg, as_json: JsonOpt = False) -> None:
-    """Check a replication policy file; each mistake is named by file, line and field (exit 2)."""
-    from policies.replication import PolicyError
+def load_policies(path: Path):
+    """The policies of a file; a bad file exits 2, each mistake on its own line naming file, line
+    and field (also what `mcbridge beat --policies` does with one)."""
+    from policies.replication import PolicyError, load
     try:
-        loaded = _load_policies(file)
+        return load(path)
     except PolicyError as exc:
         for line in exc.problems:
             err.print(f"mcbridge: error: {line}", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
+
+
+def policy_check(file: PolicyFileArg, as_json: JsonOpt = False) -> None:
+    """Check a replication policy file; each mistake is named by file, line and field (exit 2)."""
+    loaded = load_policies(file)
     if as_json:
         out.print_json(json.dumps([{"name": p.name, "line": p.line, **p.policy.model_dump()} for p in loaded]))
         return
@@ -86,16 +87,11 @@ def replicate(policy_file: Annotated[Path, typer.Option("--policy", help="YAML f
     destination, each verified; older ones removed only once the newest is proven everywhere."""
     from bridge.errors import InvalidOption
     from bridge.replication import run_once
-    from policies.replication import PolicyError, select
+    from policies.replication import select
     if not once:
         raise InvalidOption("give --once to run the policies once in this process; on their schedules they "
                             "run on the service: mcbridge beat --policies FILE")
-    try:
-        chosen = select(_load_policies(policy_file), name)
-    except PolicyError as exc:
-        for line in exc.problems:
-            err.print(f"mcbridge: error: {line}", markup=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+    chosen = select(load_policies(policy_file), name)
     settings = settings_from_flags(profile, config)
     reports = [run_once(p, settings, max_cost=max_cost) for p in chosen]
     if as_json:
@@ -129,7 +125,7 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
     against the policy's budget."""
     from bridge.errors import BridgeError, InvalidOption
     from policies import replication as rules
-    from policies.replication import PolicyError, select
+    from policies.replication import select
     from workers.budgets import Budgets, month
     from workers.commands import _connect, _ws, usd_text
     from workers.keys import Keys
@@ -138,12 +134,7 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
     path = file or (Path(ws.policies) if ws.policies else None)
     if path is None:
         raise InvalidOption("give the policy file (or set BRIDGE_POLICIES)")
-    try:
-        chosen = select(_load_policies(path), name)
-    except PolicyError as exc:
-        for line in exc.problems:
-            err.print(f"mcbridge: error: {line}", markup=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+    chosen = select(load_policies(path), name)
     client = _connect(ws)
     keys = Keys(ws.namespace)
     state, budgets = PolicyState(client, keys), Budgets(client, keys)

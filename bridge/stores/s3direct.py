@@ -100,6 +100,18 @@ class Direct:
             raise
         self._local.conn = conn
 
+    def _call(self, loc: Location, method: str, path: str, from_code, query: str = "",
+              headers: dict[str, str] | None = None):
+        """Send one request without a body: the answer, its body read (an error status raises)."""
+        headers = dict(headers or {})
+        self._signer.sign(method, self.netloc, path, query, headers)
+        with self._connection(loc) as conn:
+            conn.request(method, f"{path}?{query}" if query else path, headers=headers)
+            resp = conn.getresponse()
+            if resp.status >= 300:
+                raise _error(loc, resp, from_code)
+            return resp, resp.read()
+
     def get(self, loc: Location, from_code, offset: int = 0, length: int | None = None) -> bytearray:
         """Bytes [offset, offset+length) of ``loc`` (all of it when length is None);
         ``from_code(loc, code, text)`` turns an S3 error code into bridge's error."""
@@ -136,15 +148,8 @@ class Direct:
     def head(self, loc: Location, from_code) -> dict:
         """HEAD one object, checksums asked for; the answer named as botocore's head_object names
         it (ContentLength, ETag, LastModified, VersionId, ChecksumCRC32C, ChecksumType, Metadata)."""
-        path = self._path(loc)
-        headers = {"x-amz-checksum-mode": "ENABLED"}
-        self._signer.sign("HEAD", self.netloc, path, "", headers)
-        with self._connection(loc) as conn:
-            conn.request("HEAD", path, headers=headers)
-            resp = conn.getresponse()
-            resp.read()
-            if resp.status >= 300:
-                raise _error(loc, resp, from_code)
+        resp, _ = self._call(loc, "HEAD", self._path(loc), from_code,
+                             headers={"x-amz-checksum-mode": "ENABLED"})
         got = resp.getheader
         answer = {"ContentLength": int(got("Content-Length", "0")), "ETag": got("ETag"),
                   "VersionId": got("x-amz-version-id"), "ChecksumCRC32C": got("x-amz-checksum-crc32c"),
@@ -156,39 +161,16 @@ class Direct:
 
     def head_bucket(self, loc: Location, from_code) -> None:
         """HEAD the bucket of ``loc``: nothing on success, else bridge's error for the status."""
-        path = f"{self.base}/{quote(loc.bucket)}"
-        headers: dict[str, str] = {}
-        self._signer.sign("HEAD", self.netloc, path, "", headers)
-        with self._connection(loc) as conn:
-            conn.request("HEAD", path, headers=headers)
-            resp = conn.getresponse()
-            resp.read()
-            if resp.status >= 300:
-                raise _error(loc, resp, from_code)
+        self._call(loc, "HEAD", f"{self.base}/{quote(loc.bucket)}", from_code)
 
     def delete(self, loc: Location, from_code) -> None:
-        path = self._path(loc)
-        headers: dict[str, str] = {}
-        self._signer.sign("DELETE", self.netloc, path, "", headers)
-        with self._connection(loc) as conn:
-            conn.request("DELETE", path, headers=headers)
-            resp = conn.getresponse()
-            if resp.status >= 300:
-                raise _error(loc, resp, from_code)
-            resp.read()
+        self._call(loc, "DELETE", self._path(loc), from_code)
 
     def _list_xml(self, loc: Location, params: dict[str, str], from_code) -> tuple[ET.Element, str]:
         """GET the bucket of ``loc`` with a query; the parsed XML answer and its namespace."""
         path = f"{self.base}/{quote(loc.bucket)}"
         query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(params.items()))
-        headers: dict[str, str] = {}
-        self._signer.sign("GET", self.netloc, path, query, headers)
-        with self._connection(loc) as conn:
-            conn.request("GET", f"{path}?{query}", headers=headers)
-            resp = conn.getresponse()
-            if resp.status >= 300:
-                raise _error(loc, resp, from_code)
-            body = resp.read()
+        _, body = self._call(loc, "GET", path, from_code, query=query)
         try:
             root = ET.fromstring(body)
         except ET.ParseError as exc:
