@@ -52,20 +52,79 @@ class Rule:
         return self.times > 0 and re.search(self.pattern, line) is not None
 
 
-class FaultProxy:
-    def __init__(self, upstream: str, *, error_rate: float = 0.0, cut_rate: float = 0.0, seed: int = 0):
-        self.upstream = upstream.rstrip("/")
+class LoopbackServer:
+    """An aiohttp server on a free loopback port, run by its own event loop in a thread, with one
+    client session for what it sends upstream. A subclass gives ``_handle(request)``."""
+
+    name = "loopback"
+
+    def __init__(self) -> None:
         self.port = _free_port()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=f"{self.name}-{self.port}")
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def start(self):
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
+        return self
+
+    async def _start(self) -> None:
+        self._session = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=300),
+                                              connector=aiohttp.TCPConnector(limit=0))
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, LOOPBACK, self.port).start()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        async def _stop():
+            await self._runner.cleanup()
+            await self._session.close()
+        asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(timeout=30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def proxied_environment(env: dict[str, str], proxies: dict[str, FaultProxy]) -> dict[str, str]:
+    """A copy of the emulators' ``env`` in which each store present in ``proxies`` ("s3", "gs",
+    "az") is reached through its proxy (Azure's with the emulator account's key)."""
+    from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY
+    env = dict(env)
+    if "s3" in proxies:
+        env["AWS_ENDPOINT_URL"] = proxies["s3"].endpoint
+    if "gs" in proxies:
+        env["STORAGE_EMULATOR_HOST"] = proxies["gs"].endpoint
+    if "az" in proxies:
+        env["AZURE_STORAGE_CONNECTION_STRING"] = (
+            f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint={proxies['az'].endpoint}/{AZURITE_ACCOUNT};")
+    return env
+
+
+class FaultProxy(LoopbackServer):
+    name = "faultproxy"
+
+    def __init__(self, upstream: str, *, error_rate: float = 0.0, cut_rate: float = 0.0, seed: int = 0):
+        super().__init__()
+        self.upstream = upstream.rstrip("/")
         self.rules: list[Rule] = []
         self.counts: Counter[str] = Counter()
         self.sent: Counter[str] = Counter()
         self.log: list[tuple[str, str]] = []   # (request line, what was done)
         self._lock = threading.Lock()
         self.configure(error_rate=error_rate, cut_rate=cut_rate, seed=seed)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=f"faultproxy-{self.port}")
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
 
     @property
     def endpoint(self) -> str:
@@ -85,35 +144,6 @@ class FaultProxy:
     @property
     def faults(self) -> int:
         return self.counts["error"] + self.counts["cut"]
-
-    # -- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> FaultProxy:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
-        return self
-
-    async def _start(self) -> None:
-        self._session = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=300),
-                                              connector=aiohttp.TCPConnector(limit=0))
-        app = web.Application(client_max_size=1 << 30)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, LOOPBACK, self.port).start()
-
-    def stop(self) -> None:
-        async def _stop():
-            await self._runner.cleanup()
-            await self._session.close()
-        asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(timeout=30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-
-    def __enter__(self) -> FaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     # -- one request ----------------------------------------------------------------------------
     def _decide(self, line: str) -> tuple[str, Rule | None]:

@@ -18,8 +18,8 @@ from bridge import ops
 from bridge.errors import TransientError
 from bridge.stores import get_store
 from bridge.urls import parse
-from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY, unique_name
-from tests.faultproxy import FaultProxy, Rule
+from tests.emulators import unique_name
+from tests.faultproxy import FaultProxy, Rule, proxied_environment
 from tests.helpers import mcbridge, settings_for
 
 KINDS = ("local", "s3", "gs", "az")
@@ -51,12 +51,7 @@ def direct_env(emulator_env):
 @pytest.fixture(scope="module")
 def proxied_env(emulator_env, proxies):
     """The emulators' environment with every endpoint pointing at its proxy."""
-    env = dict(emulator_env)
-    env["AWS_ENDPOINT_URL"] = proxies["s3"].endpoint
-    env["STORAGE_EMULATOR_HOST"] = proxies["gs"].endpoint
-    env["AZURE_STORAGE_CONNECTION_STRING"] = (
-        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
-        f"BlobEndpoint={proxies['az'].endpoint}/{AZURITE_ACCOUNT};")
+    env = proxied_environment(emulator_env, proxies)
     return env
 
 

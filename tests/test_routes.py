@@ -13,8 +13,7 @@ from bridge.errors import InvalidOption
 from bridge.manifest import read as read_manifest
 from bridge.stores import get_store
 from bridge.urls import parse
-from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY
-from tests.faultproxy import FaultProxy
+from tests.faultproxy import FaultProxy, proxied_environment
 from tests.helpers import make_tree, mcbridge, read_tree, settings_for
 
 CLOUDS = ("s3", "gs", "az")
@@ -26,12 +25,7 @@ def counting(moto, fake_gcs, azurite, emulator_env):
     emulators only through them."""
     proxies = {scheme: FaultProxy(emu.endpoint).start()
                for scheme, emu in (("s3", moto), ("gs", fake_gcs), ("az", azurite))}
-    env = dict(emulator_env)
-    env["AWS_ENDPOINT_URL"] = proxies["s3"].endpoint
-    env["STORAGE_EMULATOR_HOST"] = proxies["gs"].endpoint
-    env["AZURE_STORAGE_CONNECTION_STRING"] = (
-        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
-        f"BlobEndpoint={proxies['az'].endpoint}/{AZURITE_ACCOUNT};")
+    env = proxied_environment(emulator_env, proxies)
     yield proxies, env
     for proxy in proxies.values():
         proxy.stop()
@@ -129,12 +123,7 @@ def pulled(moto, fake_gcs, azure_from_url, emulator_env):
     the Put Block From URL double (what bridge sends to Azure)."""
     proxies = {"s3": FaultProxy(moto.endpoint).start(), "gs": FaultProxy(fake_gcs.endpoint).start(),
                "az": FaultProxy(azure_from_url.endpoint.rsplit("/", 1)[0]).start()}
-    env = dict(emulator_env)
-    env["AWS_ENDPOINT_URL"] = proxies["s3"].endpoint
-    env["STORAGE_EMULATOR_HOST"] = proxies["gs"].endpoint
-    env["AZURE_STORAGE_CONNECTION_STRING"] = (
-        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
-        f"BlobEndpoint={proxies['az'].endpoint}/{AZURITE_ACCOUNT};")
+    env = proxied_environment(emulator_env, proxies)
     yield proxies, env, azure_from_url
     for proxy in proxies.values():
         proxy.stop()

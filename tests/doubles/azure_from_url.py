@@ -31,20 +31,17 @@ MiB per block, request rates). Put Blob From URL and Append/Put Page From URL ar
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import hmac
-import socket
 import threading
 from collections import Counter
 from email.utils import formatdate
 from urllib.parse import unquote
 
-import aiohttp
 from aiohttp import web
 
-LOOPBACK = "127.0.0.1"
+from tests.faultproxy import LOOPBACK, LoopbackServer
 _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "content-length", "expect"}
 _SIGNED = ("content-encoding", "content-language", "content-length", "content-md5", "content-type", "date",
            "if-modified-since", "if-match", "if-none-match", "if-unmodified-since", "range")
@@ -71,17 +68,15 @@ def _error(status: int, code: str, message: str, **headers: str) -> web.Response
                                                            "Content-Type": "application/xml", **headers})
 
 
-class AzureFromUrl:
+class AzureFromUrl(LoopbackServer):
+    name = "az-from-url"
+
     def __init__(self, upstream: str, account: str, key: str):
+        super().__init__()
         self.upstream = upstream.rstrip("/")
         self.account, self.key = account, key
-        with socket.socket() as sock:
-            sock.bind((LOOPBACK, 0))
-            self.port = sock.getsockname()[1]
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=f"az-from-url-{self.port}")
 
     @property
     def endpoint(self) -> str:
@@ -91,33 +86,6 @@ class AzureFromUrl:
     def connection_string(self) -> str:
         return (f"DefaultEndpointsProtocol=http;AccountName={self.account};AccountKey={self.key};"
                 f"BlobEndpoint={self.endpoint};")
-
-    def start(self) -> AzureFromUrl:
-        self._thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=30)
-        return self
-
-    async def _start(self) -> None:
-        self._session = aiohttp.ClientSession(auto_decompress=False, timeout=aiohttp.ClientTimeout(total=300))
-        app = web.Application(client_max_size=1 << 30)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, LOOPBACK, self.port).start()
-
-    def stop(self) -> None:
-        async def _stop():
-            await self._runner.cleanup()
-            await self._session.close()
-        asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(timeout=30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-
-    def __enter__(self) -> AzureFromUrl:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
