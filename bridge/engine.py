@@ -3,6 +3,9 @@
 A copy is planned into small JSON-serialisable units:
 
     {"op": "put",      "rel": "a/b.txt", "size": 12}                       a whole small file
+    {"op": "batch",    "name": "batch:a/b.txt", "files": [["a/b.txt", 12], …], "slots": 8}
+                                                                            small files, one request each,
+                                                                            from one thread (Store.reads_many)
     {"op": "part",     "rel": "ckpt.bin", "size": …, "part_size": …, "number": 3}   one part
     {"op": "complete", "rel": "ckpt.bin", "size": …, "part_size": …}        after its last part
     {"op": "finalize"}                                                      the manifest, last
@@ -15,6 +18,7 @@ own list of an unfinished upload) and is not sent again.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import threading
@@ -43,6 +47,11 @@ DEFAULT_PART_SIZE = 8 * MiB  # x concurrency 8: ~64 MiB of parts in flight
 # many files or bytes, and only then journaled as written.
 SETTLE_FILES = 512
 SETTLE_BYTES = 256 * MiB
+# Small whole files go in batches where the source sends many requests from one thread
+# (Store.reads_many) and the destination is local: one event loop keeps `concurrency` requests in
+# flight, where a thread per request spends its time passing the GIL around (issue 13).
+BATCH_FILES = 256
+BATCH_BYTES = 64 * MiB
 
 
 # -- planning ------------------------------------------------------------------------------
@@ -87,6 +96,8 @@ class Plan:
     route_why: str = ""
     # Files whose parts ran in several tasks: completed among the finals, before the manifest.
     completions: list[str] = field(default_factory=list)
+    batch: int = 0        # > 0: whole files travel in "batch" units of up to this many
+    slots: int = 1        # how much of the job's concurrency one batch unit takes
 
     @property
     def bytes(self) -> int:
@@ -102,18 +113,34 @@ class Plan:
         yield from self.direct_units(self.files)
 
     def direct_units(self, files: list[FilePlan]) -> Iterator[dict[str, Any]]:
-        """The units that copy ``files`` through this process: one put, or parts."""
+        """The units that copy ``files`` through this process: one put, parts, or batches of
+        whole files."""
+        batch: list[list] = []
+        held = 0
         for f in files:
             if f.part_size:
                 for n in f.part_numbers():
                     yield {"op": "part", "rel": f.rel, "size": f.size, "part_size": f.part_size, "number": n}
+            elif self.batch:
+                batch.append([f.rel, f.size])
+                held += f.size
+                if len(batch) >= self.batch or held >= BATCH_BYTES:
+                    yield self._batch_unit(batch)
+                    batch, held = [], 0
             else:
                 yield {"op": "put", "rel": f.rel, "size": f.size}
+        if batch:
+            yield self._batch_unit(batch)
+
+    def _batch_unit(self, files: list[list]) -> dict[str, Any]:
+        # named after its first file, so that its failure stops only itself (jobs._group)
+        return {"op": "batch", "name": f"batch:{files[0][0]}", "files": files, "slots": self.slots}
 
     def unit_count(self) -> int:
         if self.route != "direct":
             return routes.get(self.route).unit_count(self)
-        return (sum(len(f.part_numbers()) + (1 if f.part_size and f.whole else 0) for f in self.files)
+        return (sum(1 for _ in self.direct_units(self.files))
+                + sum(1 for f in self.files if f.part_size and f.whole)
                 + len(self.completions) + len(self.deletions) + 1)
 
     def usage(self):
@@ -129,7 +156,7 @@ class Plan:
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         return cls(d["source"], d["destination"], d["single"], [FilePlan(**f) for f in d["files"]],
                    list(d.get("deletions", [])), d.get("key", ""), d.get("route", "direct"),
-                   d.get("route_why", ""), list(d.get("completions", [])))
+                   d.get("route_why", ""), list(d.get("completions", [])), d.get("batch", 0), d.get("slots", 1))
 
 
 def part_size_for(size: int, store: Store, requested: int | None) -> int:
@@ -207,7 +234,17 @@ def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int
     # Not the file list: a re-run after the source gained or lost files is the same job, and
     # finds its finished files and parts by path, size and source identity (JobContext.matches).
     plan.key = job_key("copy", plan.source, plan.destination, chunk_size)
+    batching(plan, get_store(src_root, settings), dst_root, settings)
     return plan
+
+
+def batching(plan: Plan, src_store: Store, dst_root: Location, settings: Settings) -> None:
+    """Batches of small files where they pay: the source overlaps many requests from one thread
+    and each arriving file is written locally (a remote put inside that thread would serialise).
+    A batch takes the job's whole concurrency (its connections), so one runs at a time beside
+    nothing else of this job: one event loop, not several contending for the GIL."""
+    if src_store.reads_many and dst_root.is_local:
+        plan.batch, plan.slots = BATCH_FILES, settings.transfer.concurrency
 
 
 def file_plan(rel: str, info: ObjectInfo, dst_store: Store, chunk_size: int | None) -> FilePlan:
@@ -363,20 +400,50 @@ def _metadata(h: FileHash) -> dict[str, str]:
 
 
 def _put(ctx: JobContext, unit: dict) -> dict:
-    rel = unit["rel"]
-    done = ctx.journal.get(f"file:{rel}")
+    done = ctx.journal.get(f"file:{unit['rel']}")
     if ctx.matches(done, unit):
         ctx.progress.skipped(unit["size"])
         return done
     ctx.progress.throttle(unit["size"])
-    data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel)))
+    return _write(ctx, unit, ctx.dst.body(ctx.src.read(ctx.src_loc(unit["rel"]))))
+
+
+def _batch(ctx: JobContext, unit: dict) -> dict:
+    """Small whole files through ``Store.read_many``: each written as it arrives (as ``_put``
+    writes one). Files already journaled are skipped; the others that fail are the unit's error
+    (the first, and how many more), the rest of the batch written all the same."""
+    todo = []
+    for rel, size in unit["files"]:
+        one = {"rel": rel, "size": size}
+        if ctx.matches(ctx.journal.get(f"file:{rel}"), one):
+            ctx.progress.skipped(size)
+        else:
+            todo.append(one)
+
+    def each(i: int, data: bytes) -> None:
+        ctx.progress.throttle(todo[i]["size"])
+        _write(ctx, todo[i], ctx.dst.body(data))
+
+    failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], each)
+    if failures:
+        first = failures[min(failures)]
+        if len(failures) == 1:
+            raise first
+        error = copy.copy(first)   # its type kept: a fatal error still stops the job
+        error.args = (f"{first} (and {len(failures) - 1} more files of its batch of {len(unit['files'])})",)
+        raise error
+    return {}
+
+
+def _write(ctx: JobContext, unit: dict, data) -> dict:
+    rel = unit["rel"]
     if len(data) != unit["size"]:
         raise IntegrityError(f"{ctx.src_loc(rel)}: read {len(data)} bytes, planned {unit['size']}: "
                              f"the source changed during the copy")
     h = FileHash.of(data)
     durability = {"durable": False} if ctx.defer_sync else {}
     committed = ctx.dst.put(ctx.dst_loc(rel), data, crc32c=h.crc32c, metadata=_metadata(h), **durability)
-    entry = asdict(manifests.entry_from_hash(rel, h, committed=committed))
+    entry = manifests.entry_from_hash(rel, h, committed=committed).to_dict()
     ctx.written(rel, entry, len(data))
     ctx.progress.moved(len(data))
     ctx.progress.file_finished()
@@ -481,7 +548,7 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
         entry.part_sha256 = part_sha256
     if note:
         entry.computed, entry.note = ["crc32c", "part_sha256"], note
-    entry = asdict(entry)
+    entry = entry.to_dict()
     ctx.journal.put(f"file:{rel}", ctx.journaled(rel, entry))
     ctx.progress.file_finished()
     return entry
@@ -533,7 +600,7 @@ def _finalize(ctx: JobContext, unit: dict) -> dict:
     return {"manifest": where, "files": len(written)}
 
 
-OPS = {"put": _put, "part": _part, "complete": _complete, "delete": _delete, "finalize": _finalize,
+OPS = {"put": _put, "batch": _batch, "part": _part, "complete": _complete, "delete": _delete, "finalize": _finalize,
        "route": _route}
 JobContext.ops = OPS
 

@@ -110,6 +110,11 @@ class ThreadExecutor:
     def __init__(self, concurrency: int):
         self.concurrency = concurrency
 
+    def slots(self, unit: dict) -> int:
+        """How much of the concurrency a unit takes: 1, or its "slots" (a batch of small files
+        keeps that many requests in flight from its one thread, and so runs alone)."""
+        return max(1, min(self.concurrency, int(unit.get("slots", 1))))
+
     def run(self, ctx: Context, units: Iterable[dict], final: dict | list[dict] | None) -> Outcome:
         errors: list[str] = []
         failed: set[str | None] = set()
@@ -124,14 +129,25 @@ class ThreadExecutor:
 
         with cf.ThreadPoolExecutor(self.concurrency, thread_name_prefix="bridge") as pool:
             running: dict[cf.Future, dict] = {}
+            held: list[dict] = []   # the next unit, waiting for its slots (units start in order)
 
             def fill() -> None:
-                while len(running) < self.concurrency * 2 and not stop.is_set():
-                    unit = ready.pop(0) if ready else next(pending, None)
-                    if unit is None:
+                while not stop.is_set():
+                    if held:
+                        unit = held.pop()
+                    else:
+                        unit = ready.pop(0) if ready else next(pending, None)
+                        if unit is None:
+                            return
+                        if _group(unit) in failed:
+                            continue
+                    # A queue of up to one more round keeps the threads busy. A unit that takes
+                    # several slots (a batch with its own connections) runs alone: it waits for
+                    # the units before it to finish, and those after it wait for it.
+                    alone = self.slots(unit) > 1 or any(self.slots(u) > 1 for u in running.values())
+                    if running and (alone or len(running) >= self.concurrency * 2):
+                        held.append(unit)
                         return
-                    if _group(unit) in failed:
-                        continue
                     ctx.before_submit(unit)
                     running[pool.submit(guarded, unit)] = unit
 

@@ -90,6 +90,13 @@ class FileEntry:
                    list(d.get("parts", [])), list(d.get("computed", COMPUTED)), dict(d.get("reported", {})),
                    dict(d.get("identity", {})), list(d.get("part_sha256", [])), d.get("note", ""))
 
+    def to_dict(self) -> dict:
+        """As ``dataclasses.asdict`` gives it, without its deep copy (~10x faster; one per file)."""
+        return {"path": self.path, "size": self.size, "crc32c": self.crc32c, "sha256": self.sha256,
+                "part_size": self.part_size, "parts": list(self.parts), "computed": list(self.computed),
+                "reported": dict(self.reported), "identity": dict(self.identity),
+                "part_sha256": list(self.part_sha256), "note": self.note}
+
     @property
     def reported_only(self) -> bool:
         """Committed from what the stores reported: bridge never saw the bytes."""

@@ -17,8 +17,8 @@ from bridge import routes
 from bridge.check import mismatch, reported_crc32c
 from bridge.hashing import rehash
 from bridge import jobs
-from bridge.engine import (FilePlan, JobContext, Plan, check_chunk_size, check_route, file_plan, part_size_for,
-                           plan_copy, resolve)
+from bridge.engine import (FilePlan, JobContext, Plan, batching, check_chunk_size, check_route, file_plan,
+                           part_size_for, plan_copy, resolve)
 from bridge.errors import JobCancelled, ManifestError, ObjectNotFound
 from bridge.journal import job_key
 from bridge.journal import FileJournal
@@ -191,6 +191,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files, deletions)
     # As for copy, not the file list: what a killed sync finished is found again by path.
     plan.key = job_key("sync", plan.source, plan.destination, chunk_size, delete)
+    batching(plan, src_store, dst_root, settings)
     return plan, reasons
 
 

@@ -26,7 +26,7 @@ import contextlib
 import contextvars
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 from bridge.errors import RETRYABLE, BridgeError
@@ -91,4 +91,21 @@ def call_with_retries(fn: Callable[[], T], retries: int, *, recovered: Callable[
             if observer is not None:
                 observer(exc)
             sleep(backoff(attempt))
+    raise AssertionError("unreachable")
+
+
+async def acall_with_retries(fn: Callable[[], Awaitable[T]], retries: int) -> T:
+    """``call_with_retries`` for a coroutine (a store sending many requests from one event
+    loop): the same bound, backoff and observer; the wait does not block the other requests."""
+    import asyncio   # only where a store runs an event loop: not on every start-up
+    for attempt in range(max(0, retries) + 1):
+        try:
+            return await fn()
+        except BridgeError as exc:
+            if not isinstance(exc, RETRYABLE) or attempt >= retries:
+                raise
+            observer = _observer.get()
+            if observer is not None:
+                observer(exc)
+            await asyncio.sleep(backoff(attempt))
     raise AssertionError("unreachable")

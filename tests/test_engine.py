@@ -265,3 +265,16 @@ def test_local_files_are_durable_before_the_journal_and_the_manifest_name_them(t
         ops.copy(f"{src}/", f"{tmp_path}/out2/", settings)
     assert not any(kind in ("journal", "manifest") for kind, _ in events)
     assert not (tmp_path / "out2" / "_bridge" / "manifest.json").exists()
+
+
+def test_a_manifest_entry_as_a_dict_is_asdicts():
+    """FileEntry.to_dict (the fast path, one per file) stays what dataclasses.asdict gives."""
+    from dataclasses import asdict, fields
+    from bridge.manifest import FileEntry
+    entry = FileEntry("a/b", 5, "crc", "sha", 3, ["p1", "p2"], ["crc32c"], {"md5": "m"}, {"etag": "e"},
+                      ["s1", "s2"], "note")
+    assert entry.to_dict() == asdict(entry)
+    assert list(entry.to_dict()) == [f.name for f in fields(FileEntry)]
+    copied = entry.to_dict()
+    copied["parts"].append("p3")
+    assert entry.parts == ["p1", "p2"]

@@ -90,3 +90,44 @@ def test_pack_and_unpack_plans_tell_their_bytes_before_anything_runs(tmp_path):
     r = mcbridge("unpack", f"{shards}/", f"{out}/", "--json", env=env, state_dir=state)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["bytes"] == usage["destination"]["bytes_written"]
+
+
+def test_a_unit_with_several_slots_runs_alone_and_in_its_turn():
+    """ThreadExecutor: a unit taking the whole concurrency ("slots", a batch with its own
+    connections) starts only when nothing else runs, and nothing starts beside it."""
+    import threading
+    import time
+    from bridge import jobs
+    from bridge.progress import Progress
+
+    class Ctx(jobs.Context):
+        def __init__(self):
+            self.progress = Progress()
+            self.lock = threading.Lock()
+            self.running: set[str] = set()
+            self.beside: dict[str, set[str]] = {}
+            self.order: list[str] = []
+
+        def work(self, unit):
+            name = unit["name"]
+            with self.lock:
+                self.order.append(name)
+                self.beside[name] = set(self.running)
+                for other in self.running:
+                    self.beside[other].add(name)
+                self.running.add(name)
+            time.sleep(0.02)
+            with self.lock:
+                self.running.discard(name)
+            return {}
+
+        ops = {"x": work, "finalize": lambda self, unit: {}}
+
+    units = ([{"op": "x", "name": f"a{i}"} for i in range(6)] + [{"op": "x", "name": "heavy", "slots": 4}]
+             + [{"op": "x", "name": f"b{i}"} for i in range(6)])
+    ctx = Ctx()
+    outcome = jobs.ThreadExecutor(4).run(ctx, units, None)
+    assert outcome.ok
+    assert ctx.beside["heavy"] == set()
+    assert ctx.order.index("heavy") == 6   # in its turn: nothing after it started before it
+    assert max(len(v) for k, v in ctx.beside.items() if k != "heavy") >= 1   # the others overlap

@@ -292,7 +292,7 @@ class _Extractor:
         return FileEntry.from_dict(rec)
 
     def restored(self, m: Member, entry: FileEntry) -> FileEntry:
-        self.journal.put(f"file:{m.path}", {**asdict(entry), "member_sha256": m.sha256})
+        self.journal.put(f"file:{m.path}", {**entry.to_dict(), "member_sha256": m.sha256})
         return entry
 
     def shard(self, shard: Shard) -> list[FileEntry]:

@@ -20,11 +20,12 @@ from __future__ import annotations
 import abc
 import base64
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from bridge.errors import BridgeError
 from bridge.urls import Location
 
 MiB = 1024 * 1024
@@ -190,6 +191,22 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
         """Bytes [offset, offset+length) in one request."""
+
+    # True where read_many keeps several requests in flight from one thread: the engine then
+    # hands it batches of small whole files (bridge.engine, "batch" units) instead of one per unit.
+    reads_many: bool = False
+
+    def read_many(self, locs: list[Location], each: Callable[[int, bytes], None]) -> dict[int, BridgeError]:
+        """Whole objects: ``each(i, data)`` in this thread as each arrives (in any order); what
+        failed, by index. A BridgeError from ``each`` is that object's failure; any other
+        exception stops the rest. Here one after another; stores with ``reads_many`` overlap them."""
+        failures: dict[int, BridgeError] = {}
+        for i, loc in enumerate(locs):
+            try:
+                each(i, self.read(loc))
+            except BridgeError as exc:
+                failures[i] = exc
+        return failures
 
     @abc.abstractmethod
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:

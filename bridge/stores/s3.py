@@ -244,6 +244,16 @@ class S3Store(Store):
             return _sync_read(self.fs, resp["Body"], int(resp["ContentLength"]))
         return self._request(loc, get)
 
+    @property
+    def reads_many(self) -> bool:
+        return self._direct is not None
+
+    def read_many(self, locs: list[Location], each) -> dict:
+        if self._direct is None:
+            return super().read_many(locs, each)
+        t = self.settings.transfer
+        return self._direct.get_many(locs, each, _from_code, connections=t.concurrency, retries=self.retries)
+
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
         # S3 checks the body against the CRC32C header on arrival and rejects a mismatch.
         if self._direct is not None:

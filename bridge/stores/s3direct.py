@@ -26,6 +26,7 @@ import re
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from contextlib import contextmanager
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote, unquote_plus, urlsplit
@@ -50,6 +51,7 @@ class Direct:
                                  http.client.HTTPConnection)(url.hostname, url.port, timeout=timeout)
         self._signer = SigV4(key, secret, token, region, https=url.scheme == "https")
         self._local = threading.local()
+        self._timeout = timeout
 
     @classmethod
     def for_settings(cls, settings: Settings) -> Direct | None:
@@ -144,6 +146,35 @@ class Direct:
                 pos += got
         return buf
 
+    def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], from_code, *,
+                 connections: int, retries: int) -> dict[int, BridgeError]:
+        """Whole objects, ``connections`` requests in flight from this thread (bridge.stores.streams):
+        ``each(i, body)`` here as each arrives, in any order; what failed, by index, once its
+        retries (bridge.retry, per object) are spent. A BridgeError from ``each`` is that object's
+        failure; any other exception ends the batch."""
+        from bridge.retry import acall_with_retries
+        from bridge.stores.streams import run_many
+        failures: dict[int, BridgeError] = {}
+
+        async def one(i: int, link) -> None:
+            loc = locs[i]
+            path = self._path(loc)
+
+            async def attempt() -> bytes:
+                headers: dict[str, str] = {}
+                self._signer.sign("GET", self.netloc, path, "", headers)
+                answer = await link.send("GET", path, headers, what=str(loc))
+                if answer.status >= 300:
+                    raise _error_of(loc, answer.status, answer.body[:65536], from_code)
+                return answer.body
+
+            try:
+                each(i, await acall_with_retries(attempt, retries))
+            except BridgeError as exc:
+                failures[i] = exc
+
+        run_many(len(locs), one, self.origin, connections=connections, timeout=self._timeout)
+        return failures
 
     def head(self, loc: Location, from_code) -> dict:
         """HEAD one object, checksums asked for; the answer named as botocore's head_object names
@@ -225,10 +256,14 @@ class Direct:
 
 
 def _error(loc: Location, resp, from_code) -> BridgeError:
-    code = _CODE.search(resp.read(65536))
-    if resp.status >= 500 and not code:
-        return TransientError(f"{loc}: S3 answered HTTP {resp.status}")
-    return from_code(loc, code.group(1).decode() if code else str(resp.status), f"HTTP {resp.status}")
+    return _error_of(loc, resp.status, resp.read(65536), from_code)
+
+
+def _error_of(loc: Location, status: int, body: bytes, from_code) -> BridgeError:
+    code = _CODE.search(body)
+    if status >= 500 and not code:
+        return TransientError(f"{loc}: S3 answered HTTP {status}")
+    return from_code(loc, code.group(1).decode() if code else str(status), f"HTTP {status}")
 
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
