@@ -25,10 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from policies.cost import CLOUD_OF_SCHEME, Cost, Overrides, Place, price
-from policies.prices import ProviderPrices
+if TYPE_CHECKING:   # the price tables (pydantic, YAML) load when a route is priced, not when one is checked
+    from policies.cost import Cost, Overrides, Place
+    from policies.prices import ProviderPrices
 
 ORDER = ("direct", "server", "from-url", "sts", "datasync", "pack")
 BUILT = frozenset({"direct", "pack", "server", "from-url"})   # what this bridge runs (bridge/routes)
@@ -113,6 +114,7 @@ def plan_routes(usages: Mapping[str, Any], src: Place, dst: Place, host: Place,
                 speeds: Mapping[str, Mapping[str, float | None]] | None = None,
                 source_class: str | None = None) -> list[RouteChoice]:
     """Every route priced and timed, exactly one chosen (see the module docstring)."""
+    from policies.cost import price
     available = set(available)
     if forced is not None and forced not in ORDER:
         raise RouteError(f"unknown route {forced!r}; routes: {', '.join(ORDER)}")
@@ -165,4 +167,5 @@ def _human_time(s: float) -> str:
 
 
 def scheme_provider(scheme: str) -> str:
+    from policies.cost import CLOUD_OF_SCHEME
     return CLOUD_OF_SCHEME.get(scheme, "site")

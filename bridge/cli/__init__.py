@@ -3,9 +3,13 @@ input, 1 for failures at run time), never a traceback.
 
 The CLI is a package of command groups: ``options`` holds what they share (flags, consoles,
 settings from flags, progress bar), each group is a module with ``register(app)``, and
-``GROUPS`` below lists them in the order ``--help`` shows them. A new group is one module and
-one line in ``GROUPS``; its heavy imports (Celery, pyarrow) happen inside its commands, so
-``mcbridge --help`` stays fast. ``bridge.cli:main`` is the console script.
+``GROUPS`` below lists them in the order ``--help`` shows them, each with the names it registers.
+A new group is one module and one line in ``GROUPS``; its heavy imports (Celery, pyarrow) happen
+inside its commands, so ``mcbridge --help`` stays fast. ``bridge.cli:main`` is the console script.
+
+A run of one command imports only the group that has it and builds only that command: typer
+reads every command's signature to build it (~1.5 ms each, ~40 commands), and a copy of a few
+small files should not pay for the rest. ``--help`` and a name no group has get the whole app.
 """
 
 from __future__ import annotations
@@ -21,13 +25,31 @@ from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, C
 from bridge.errors import BridgeError
 from bridge.redact import redact
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Move ML corpora and checkpoints between local/Lustre, s3://, gs:// and az://.")
+_APP = dict(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+            help="Move ML corpora and checkpoints between local/Lustre, s3://, gs:// and az://.")
+app = typer.Typer(**_APP)
 
-# Command groups, each a module exposing ``register(app)``. A group whose package is not
+# Command groups, each a module exposing ``register(app)``, and the names of the commands and
+# sub-groups it registers (tests/test_cli_errors.py checks them). A group whose package is not
 # installed here (workers without Celery) is left out.
-GROUPS = ("bridge.cli.transfer", "bridge.cli.packing", "workers.commands", "bridge.cli.policy", "bridge.cache.commands")
+GROUPS: dict[str, tuple[str, ...]] = {
+    "bridge.cli.transfer": ("ls", "cp", "sync", "verify", "uploads", "version"),
+    "bridge.cli.packing": ("pack", "unpack", "cat", "migrate"),
+    "workers.commands": ("worker", "beat", "submit", "budgets", "jobs"),
+    "bridge.cli.policy": ("plan", "replicate", "policy"),
+    "bridge.cache.commands": ("cache",),
+}
 _registered = False
+
+
+def _import_group(name: str):
+    """The group's module; None when that part of bridge is not installed here."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and name.startswith(exc.name):
+            return None
+        raise
 
 
 def _register_extensions() -> None:
@@ -36,13 +58,42 @@ def _register_extensions() -> None:
         return
     _registered = True
     for name in GROUPS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and name.startswith(exc.name):
-                continue  # that part of bridge is not installed here
-            raise
-        module.register(app)
+        module = _import_group(name)
+        if module is not None:
+            module.register(app)
+
+
+def registered_names(cli: typer.Typer) -> list[str]:
+    """The names of the commands and sub-groups registered on ``cli``, as typer names them."""
+    return ([c.name or typer.main.get_command_name(c.callback.__name__) for c in cli.registered_commands]
+            + [g.name for g in cli.registered_groups])
+
+
+def _only(args: list[str]) -> typer.Typer | None:
+    """An app like ``app`` holding just the command (or sub-group) that ``args`` start with, or
+    None when they start with no name a group registers."""
+    name = args[0] if args else None
+    module = next((_import_group(m) for m, names in GROUPS.items() if name in names), None)
+    if module is None:
+        return None
+    view = typer.Typer(**_APP)
+    module.register(view)
+    view.registered_commands = [c for c in view.registered_commands
+                                if (c.name or typer.main.get_command_name(c.callback.__name__)) == name]
+    view.registered_groups = [g for g in view.registered_groups if g.name == name]
+    return view if view.registered_commands or view.registered_groups else None
+
+
+def _run(args: list[str]):
+    """What ``app(standalone_mode=False)`` does, building only the command that runs."""
+    view = _only(args)
+    if view is None:
+        _register_extensions()
+        return app(standalone_mode=False)
+    if sys.excepthook != typer.main.except_hook:   # as Typer.__call__ does
+        sys.excepthook = typer.main.except_hook
+    # A group even with one command in it (typer would make a lone command the whole program).
+    return typer.main.get_group(view)(args, standalone_mode=False)
 
 
 def fail(message: str, code: int) -> None:
@@ -54,9 +105,8 @@ def fail(message: str, code: int) -> None:
 
 
 def main() -> None:
-    _register_extensions()
     try:
-        code = app(standalone_mode=False)  # returns the code of a typer.Exit
+        code = _run(sys.argv[1:])  # returns the code of a typer.Exit
     except BridgeError as exc:
         fail(str(exc), exc.exit_code)
     except typer.Exit as exc:

@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, TextColumn, TimeRemainingColumn,
-                           TransferSpeedColumn)
 
 from bridge import bwlimit as limits
 from bridge.bwlimit import parse_rate
+from bridge.cli.console import Console
 from bridge.config import Settings, load_settings, parse_size
 from bridge.errors import InvalidOption
 from bridge.progress import Progress, human_bytes
@@ -110,13 +108,18 @@ def settings_from_flags(profile: str | None, config: Path | None, concurrency: i
 
 class ProgressBar:
     """A rich progress bar fed by the job's Progress object, which carries the job's bandwidth
-    limit (changed by SIGUSR2 while the job runs)."""
+    limit (changed by SIGUSR2 while the job runs). Rich is imported only when the bar is shown
+    (not with -q, --json or a stderr that is not a terminal)."""
 
     def __init__(self, enabled: bool, settings: Settings | None = None, bwlimit_file: Path | None = None):
         self.enabled = enabled and err.is_terminal
         self.settings, self.bwlimit_file = settings, bwlimit_file
-        self.bar = Bar(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                       TimeRemainingColumn(), console=err, transient=False, disable=not self.enabled)
+        self.bar = None
+        if self.enabled:
+            from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, TextColumn, TimeRemainingColumn,
+                                       TransferSpeedColumn)
+            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                           TimeRemainingColumn(), console=err.rich, transient=False)
         self.task = None
 
     def __enter__(self) -> Progress:

@@ -1,0 +1,72 @@
+"""The CLI's two consoles, without importing rich for the lines most runs print.
+
+``Console`` stands for a ``rich.console.Console`` made on first need. A plain line of printable
+ASCII text, printed with soft wrap, renders in rich to exactly that text and a newline: such a
+line is written straight to the stream. Anything else (markup brackets, a possible ``:emoji:``
+code, other characters, wrapping, JSON, options) goes to the rich console, and once the rich
+console exists (a progress bar, say) every print goes through it, so a live display stays intact.
+A whole ``mcbridge cp ... -q`` thus never imports rich (~50 ms of start-up).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Any
+
+# What rich would change in a line printed with soft wrap: a markup tag opens with "[", an emoji
+# code is ":name:" (rich's own pattern), and only printable ASCII is left as it is (rich strips
+# some control codes, expands tabs, and may meet a stream that cannot encode the rest).
+_EMOJI_CODE = re.compile(r":\S*?:")
+_PLAIN = re.compile(r"[ -~\n]*")
+
+
+class Console:
+    def __init__(self, stderr: bool = False, **options: Any):
+        self._stderr = stderr
+        self._options = options
+        self._rich = None
+
+    @property
+    def rich(self):
+        """The rich console, made the first time it is needed."""
+        if self._rich is None:
+            from rich.console import Console as RichConsole
+            self._rich = RichConsole(stderr=self._stderr, **self._options)
+        return self._rich
+
+    @property
+    def is_terminal(self) -> bool:
+        """rich's answer; without rich when the stream is no tty and no variable says otherwise."""
+        if self._rich is None and not os.environ.get("FORCE_COLOR") and os.environ.get("TTY_COMPATIBLE") != "1":
+            isatty = getattr(sys.stderr if self._stderr else sys.stdout, "isatty", None)
+            try:
+                if isatty is None or not isatty():
+                    return False
+            except ValueError:   # a closed stream
+                return False
+        return self.rich.is_terminal
+
+    def _plain(self, text: Any, markup: bool | None, soft_wrap: bool | None) -> bool:
+        if self._rich is not None or type(text) is not str or not _PLAIN.fullmatch(text):
+            return False
+        if not (self._options.get("soft_wrap", False) if soft_wrap is None else soft_wrap):
+            return False   # rich wraps at the console's width
+        if (self._options.get("markup", True) if markup is None else markup) and "[" in text:
+            return False
+        return self._options.get("emoji", True) is False or not _EMOJI_CODE.search(text)
+
+    def print(self, *objects: Any, markup: bool | None = None, soft_wrap: bool | None = None, **kwargs: Any) -> None:
+        if len(objects) == 1 and not kwargs and self._plain(objects[0], markup, soft_wrap):
+            stream = sys.stderr if self._stderr else sys.stdout
+            stream.write(objects[0] + "\n")
+            stream.flush()
+            return
+        self.rich.print(*objects, markup=markup, soft_wrap=soft_wrap, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # is_terminal, print_json, width ...: whatever else a rich console offers.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.rich, name)
