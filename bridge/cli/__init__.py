@@ -14,23 +14,36 @@ small files should not pay for the rest. ``--help`` and a name no group has get 
 
 from __future__ import annotations
 
-import importlib
-import sys
+import gc
 
-import typer
+# What is imported here (typer, pydantic, the settings models) lives as long as the process. The
+# cyclic collector would walk it again and again while it loads (~60 young collections and a few
+# older ones, ~20 ms of a run's CPU): it pauses for these imports, and what they made is frozen
+# out of its reach (gc.freeze), as bridge.ops does once the stores exist.
+_collecting = gc.isenabled()
+gc.disable()
+try:
+    import importlib
+    import sys
 
-from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DeleteOpt, DryOpt,  # noqa: F401
-                                JsonOpt, MaxCostOpt, ProfileOpt, ProgressBar, QuietOpt, StoreSumOpt, emit, err,
-                                out, print_plan, settings_from_flags)
-from bridge.errors import BridgeError
-from bridge.redact import redact
+    import typer
+
+    from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DeleteOpt,  # noqa: F401
+                                    DryOpt, JsonOpt, MaxCostOpt, ProfileOpt, ProgressBar, QuietOpt, StoreSumOpt, emit,
+                                    err, out, print_plan, settings_from_flags)
+    from bridge.errors import BridgeError
+    from bridge.redact import redact
+    gc.freeze()
+finally:
+    if _collecting:
+        gc.enable()
 
 _APP = dict(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
             help="Move ML corpora and checkpoints between local/Lustre, s3://, gs:// and az://.")
 app = typer.Typer(**_APP)
 
 # Command groups, each a module exposing ``register(app)``, and the names of the commands and
-# sub-groups it registers (tests/test_cli_errors.py checks them). A group whose package is not
+# sub-groups it registers (tests/test_cli_startup.py checks them). A group whose package is not
 # installed here (workers without Celery) is left out.
 GROUPS: dict[str, tuple[str, ...]] = {
     "bridge.cli.transfer": ("ls", "cp", "sync", "verify", "uploads", "version"),
