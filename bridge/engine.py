@@ -234,16 +234,18 @@ def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int
     # Not the file list: a re-run after the source gained or lost files is the same job, and
     # finds its finished files and parts by path, size and source identity (JobContext.matches).
     plan.key = job_key("copy", plan.source, plan.destination, chunk_size)
-    batching(plan, get_store(src_root, settings), dst_root, settings)
+    batching(plan, src_root, dst_root, settings)
     return plan
 
 
-def batching(plan: Plan, src_store: Store, dst_root: Location, settings: Settings) -> None:
-    """Batches of small files where they pay: the source overlaps many requests from one thread
-    and each arriving file is written locally (a remote put inside that thread would serialise).
+def batching(plan: Plan, src_root: Location, dst_root: Location, settings: Settings) -> None:
+    """Batches of small files where they pay: one side overlaps many requests from one thread
+    and the other is local (a remote request inside that thread would serialise them): reads
+    from a store that ``reads_many`` to local files, local files to a store that ``writes_many``.
     A batch takes the job's whole concurrency (its connections), so one runs at a time beside
     nothing else of this job: one event loop, not several contending for the GIL."""
-    if src_store.reads_many and dst_root.is_local:
+    if ((dst_root.is_local and get_store(src_root, settings).reads_many)
+            or (src_root.is_local and get_store(dst_root, settings).writes_many)):
         plan.batch, plan.slots = BATCH_FILES, settings.transfer.concurrency
 
 
@@ -409,8 +411,9 @@ def _put(ctx: JobContext, unit: dict) -> dict:
 
 
 def _batch(ctx: JobContext, unit: dict) -> dict:
-    """Small whole files through ``Store.read_many``: each written as it arrives (as ``_put``
-    writes one). Files already journaled are skipped; the others that fail are the unit's error
+    """Small whole files through ``Store.read_many`` (to a local destination) or
+    ``Store.put_many`` (from a local source): each written and journaled as it arrives, as
+    ``_put`` does one. Files already journaled are skipped; those that fail are the unit's error
     (the first, and how many more), the rest of the batch written all the same."""
     todo = []
     for rel, size in unit["files"]:
@@ -419,12 +422,26 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
             ctx.progress.skipped(size)
         else:
             todo.append(one)
+    if ctx.src.reads_many and ctx.dst_root.is_local:
+        def each(i: int, data: bytes) -> None:
+            ctx.progress.throttle(todo[i]["size"])
+            _write(ctx, todo[i], ctx.dst.body(data))
 
-    def each(i: int, data: bytes) -> None:
-        ctx.progress.throttle(todo[i]["size"])
-        _write(ctx, todo[i], ctx.dst.body(data))
+        failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], each)
+    else:
+        hashes: dict[int, FileHash] = {}
 
-    failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], each)
+        def body(i: int) -> tuple:
+            rel = todo[i]["rel"]
+            ctx.progress.throttle(todo[i]["size"])
+            data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel)))
+            hashes[i] = _hashed(ctx, todo[i], data)
+            return ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i])
+
+        def sent(i: int, committed: ObjectInfo) -> None:
+            _record(ctx, todo[i]["rel"], hashes.pop(i), committed)
+
+        failures = ctx.dst.put_many(len(todo), body, sent)
     if failures:
         first = failures[min(failures)]
         if len(failures) == 1:
@@ -436,16 +453,23 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
 
 
 def _write(ctx: JobContext, unit: dict, data) -> dict:
-    rel = unit["rel"]
-    if len(data) != unit["size"]:
-        raise IntegrityError(f"{ctx.src_loc(rel)}: read {len(data)} bytes, planned {unit['size']}: "
-                             f"the source changed during the copy")
-    h = FileHash.of(data)
+    h = _hashed(ctx, unit, data)
     durability = {"durable": False} if ctx.defer_sync else {}
-    committed = ctx.dst.put(ctx.dst_loc(rel), data, crc32c=h.crc32c, metadata=_metadata(h), **durability)
+    committed = ctx.dst.put(ctx.dst_loc(unit["rel"]), data, crc32c=h.crc32c, metadata=_metadata(h), **durability)
+    return _record(ctx, unit["rel"], h, committed)
+
+
+def _hashed(ctx: JobContext, unit: dict, data) -> FileHash:
+    if len(data) != unit["size"]:
+        raise IntegrityError(f"{ctx.src_loc(unit['rel'])}: read {len(data)} bytes, planned {unit['size']}: "
+                             f"the source changed during the copy")
+    return FileHash.of(data)
+
+
+def _record(ctx: JobContext, rel: str, h: FileHash, committed: ObjectInfo) -> dict:
     entry = manifests.entry_from_hash(rel, h, committed=committed).to_dict()
-    ctx.written(rel, entry, len(data))
-    ctx.progress.moved(len(data))
+    ctx.written(rel, entry, h.size)
+    ctx.progress.moved(h.size)
     ctx.progress.file_finished()
     return entry
 

@@ -191,7 +191,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files, deletions)
     # As for copy, not the file list: what a killed sync finished is found again by path.
     plan.key = job_key("sync", plan.source, plan.destination, chunk_size, delete)
-    batching(plan, src_store, dst_root, settings)
+    batching(plan, src_root, dst_root, settings)
     return plan, reasons
 
 

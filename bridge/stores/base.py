@@ -208,6 +208,24 @@ class Store(abc.ABC):
                 failures[i] = exc
         return failures
 
+    # True where put_many keeps several requests in flight from one thread (as reads_many).
+    writes_many: bool = False
+
+    def put_many(self, count: int, body: Callable[[int], tuple[Location, bytes, str, dict[str, str]]],
+                 each: Callable[[int, ObjectInfo], None]) -> dict[int, BridgeError]:
+        """Whole objects: ``body(i)`` gives (location, bytes, CRC32C hex, metadata) when object i is
+        about to be sent, ``each(i, info)`` takes what ``put`` would have returned; what failed,
+        by index. A BridgeError from ``body`` or ``each`` is that object's failure. Here one after
+        another; stores with ``writes_many`` overlap them."""
+        failures: dict[int, BridgeError] = {}
+        for i in range(count):
+            try:
+                loc, data, crc, metadata = body(i)
+                each(i, self.put(loc, data, crc32c=crc, metadata=metadata))
+            except BridgeError as exc:
+                failures[i] = exc
+        return failures
+
     @abc.abstractmethod
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
         """Write a whole object in one request; the store checks ``crc32c`` where it can. Returns

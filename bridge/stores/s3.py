@@ -261,8 +261,28 @@ class S3Store(Store):
         else:
             resp = self._call(loc, "put_object", Bucket=loc.bucket, Key=loc.key, Body=_body(data),
                               ChecksumAlgorithm="CRC32C", ChecksumCRC32C=crc_hex_to_b64(crc32c), Metadata=metadata)
-        sums = {"crc32c": crc_b64_to_hex(resp["ChecksumCRC32C"])} if resp.get("ChecksumCRC32C") else {}
-        return ObjectInfo(loc, len(data), sums, dict(metadata), _identity(resp))
+        return _put_info(loc, len(data), metadata, resp)
+
+    @property
+    def writes_many(self) -> bool:
+        return self._direct is not None
+
+    def put_many(self, count: int, body, each) -> dict:
+        if self._direct is None:
+            return super().put_many(count, body, each)
+        sent: dict[int, tuple[Location, int, dict]] = {}   # what each answer is about
+
+        def request(i: int) -> tuple:
+            loc, data, crc32c, metadata = body(i)
+            sent[i] = (loc, len(data), metadata)
+            return loc, data, crc_hex_to_b64(crc32c), metadata
+
+        def answered(i: int, resp: dict) -> None:
+            loc, size, metadata = sent.pop(i)
+            each(i, _put_info(loc, size, metadata, resp))
+
+        return self._direct.put_many(count, request, answered, _from_code,
+                                     connections=self.settings.transfer.concurrency, retries=self.retries)
 
     def delete(self, loc: Location) -> None:
         if self._direct is not None:
@@ -419,6 +439,11 @@ class S3Store(Store):
             if not markers["KeyMarker"]:
                 raise BridgeError(f"{prefix}: the endpoint truncated the list of uploads without "
                                   f"saying where the next page starts")
+
+
+def _put_info(loc: Location, size: int, metadata: dict[str, str], resp: dict) -> ObjectInfo:
+    sums = {"crc32c": crc_b64_to_hex(resp["ChecksumCRC32C"])} if resp.get("ChecksumCRC32C") else {}
+    return ObjectInfo(loc, size, sums, dict(metadata), _identity(resp))
 
 
 def _identity(answer: dict) -> dict[str, str]:

@@ -66,20 +66,49 @@ class Direct:
             from_code) -> dict[str, str]:
         """PUT one object; what S3 answered, named as botocore names it (ETag, VersionId,
         ChecksumCRC32C), for the store to make its ObjectInfo of."""
-        path = self._path(loc)
-        headers = {"Content-Length": str(len(data)), "x-amz-sdk-checksum-algorithm": "CRC32C",
-                   "x-amz-checksum-crc32c": crc32c_b64,
-                   **{f"x-amz-meta-{k}": v for k, v in metadata.items()}}
-        self._signer.sign("PUT", self.netloc, path, "", headers, data)
+        path, headers = self._put_request(loc, data, crc32c_b64, metadata)
         with self._connection(loc) as conn:
             conn.request("PUT", path, body=data, headers=headers)
             resp = conn.getresponse()
             if resp.status >= 300:
                 raise _error(loc, resp, from_code)
             resp.read()
-        answer = {"ETag": resp.getheader("ETag"), "VersionId": resp.getheader("x-amz-version-id"),
-                  "ChecksumCRC32C": resp.getheader("x-amz-checksum-crc32c")}
-        return {k: v for k, v in answer.items() if v}
+        return _put_answer(resp.getheader)
+
+    def _put_request(self, loc: Location, data, crc32c_b64: str, metadata: dict[str, str]) -> tuple[str, dict[str, str]]:
+        path = self._path(loc)
+        headers = {"Content-Length": str(len(data)), "x-amz-sdk-checksum-algorithm": "CRC32C",
+                   "x-amz-checksum-crc32c": crc32c_b64,
+                   **{f"x-amz-meta-{k}": v for k, v in metadata.items()}}
+        self._signer.sign("PUT", self.netloc, path, "", headers, data)
+        return path, headers
+
+    def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], from_code, *,
+                 connections: int, retries: int) -> dict[int, BridgeError]:
+        """Whole objects, ``connections`` PUTs in flight from this thread: ``body(i)`` gives
+        (location, bytes, CRC32C base64, metadata) when its request is about to go, ``each(i,
+        answer)`` takes what S3 answered (as ``put`` returns it). Failures by index, as get_many."""
+        from bridge.retry import acall_with_retries
+        from bridge.stores.streams import run_many
+        failures: dict[int, BridgeError] = {}
+
+        async def one(i: int, link) -> None:
+            try:
+                loc, data, crc32c_b64, metadata = body(i)
+
+                async def attempt() -> dict:
+                    path, headers = self._put_request(loc, data, crc32c_b64, metadata)
+                    answer = await link.send("PUT", path, headers, data, what=str(loc))
+                    if answer.status >= 300:
+                        raise _error_of(loc, answer.status, answer.body[:65536], from_code)
+                    return _put_answer(lambda name: answer.headers.get(name.lower()))
+
+                each(i, await acall_with_retries(attempt, retries))
+            except BridgeError as exc:
+                failures[i] = exc
+
+        run_many(count, one, self.origin, connections=connections, timeout=self._timeout)
+        return failures
 
     def _path(self, loc: Location) -> str:
         return f"{self.base}/{quote(loc.bucket)}/{quote(loc.key, safe='/~')}"
@@ -253,6 +282,13 @@ class Direct:
             raise BridgeError(f"{prefix}: the endpoint truncated the listing without saying where "
                               f"the next page starts")
         return items, following
+
+
+def _put_answer(header: Callable[[str], str | None]) -> dict[str, str]:
+    """A PUT's answer named as botocore names it (ETag, VersionId, ChecksumCRC32C)."""
+    answer = {"ETag": header("ETag"), "VersionId": header("x-amz-version-id"),
+              "ChecksumCRC32C": header("x-amz-checksum-crc32c")}
+    return {k: v for k, v in answer.items() if v}
 
 
 def _error(loc: Location, resp, from_code) -> BridgeError:
