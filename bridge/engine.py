@@ -595,7 +595,7 @@ def _route(ctx: JobContext, unit: dict) -> dict:
             if result.job_wide:
                 ctx.route_down = str(result)
             continue
-        ctx.journal.put(f"file:{rel}", ctx.journaled(rel, asdict(result)))
+        ctx.journal.put(f"file:{rel}", ctx.journaled(rel, result.to_dict()))
         ctx.progress.file_finished()
     for f in todo:
         if f.rel not in fallen and ctx.route_down and not ctx.matches(ctx.journal.get(f"file:{f.rel}"),

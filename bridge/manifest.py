@@ -54,7 +54,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from bridge import __version__
 from bridge.errors import IntegrityError, ManifestError, ObjectNotFound
@@ -135,7 +135,7 @@ def _put_json(store: Store, loc: Location, data: bytes) -> None:
 
 def write(store: Store, root: Location, manifest: Manifest, shard_entries: int = SHARD_ENTRIES) -> None:
     root = root.as_prefix()
-    entries = [asdict(manifest.files[p]) for p in sorted(manifest.files)]
+    entries = [manifest.files[p].to_dict() for p in sorted(manifest.files)]
     version = 2 if any(not e["computed"] for e in entries) else 1
     doc: dict = {"format": FORMAT, "version": version, "bridge_version": manifest.bridge_version,
                  "created": _now(), "source": manifest.source, "destination": manifest.destination,
