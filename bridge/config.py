@@ -310,7 +310,10 @@ def _file_values(path: Path, profile: str, explicit: bool) -> dict[str, Any]:
         if profile != "default" or explicit:
             raise InvalidOption(f"settings file {path} has no profile {profile!r}")
         return {}
-    return profiles[profile] or {}
+    values = profiles[profile] or {}
+    if not isinstance(values, dict):
+        raise InvalidOption(f"settings file {path}: profile {profile!r} must be a mapping of sections (s3, transfer ...)")
+    return values
 
 
 def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:

@@ -36,6 +36,8 @@ def test_missing_file_is_fine_unless_named(tmp_path):
     ("profiles:\n  default:\n    s3: {bogus: 1}\n", "s3.bogus"),
     ("profiles:\n  default:\n    transfer: {concurrency: 0}\n", "transfer.concurrency"),
     ("profiles: {default: {}}\n  : bad: [", "not valid YAML"),
+    ("profiles: {default: 5}\n", "profile 'default' must be a mapping"),
+    ("profiles: {default: [s3]}\n", "profile 'default' must be a mapping"),
 ])
 def test_bad_settings_file_names_the_field(tmp_path, text, needle):
     cfg = tmp_path / "c.yaml"
