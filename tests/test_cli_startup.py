@@ -74,6 +74,11 @@ def test_the_app_for_one_command_parses_as_the_whole_app(args, capsys):
     assert run(typer.main.get_group(view)) == run(cli.app)
 
 
+def test_no_name_is_in_two_groups():
+    names = [name for group in cli.GROUPS.values() for name in group]
+    assert len(names) == len(set(names))
+
+
 def test_a_name_no_group_has_gets_the_whole_app():
     assert cli._only(["cpp"]) is None and cli._only(["--help"]) is None and cli._only([]) is None
 
@@ -130,3 +135,18 @@ def test_a_quiet_copy_prints_its_summary_line(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("copied 1 files, 1 B in ") and r.stdout.endswith("/out/_bridge/manifest.json\n")
     assert r.stderr == ""
+
+
+def test_the_console_serves_as_a_rich_progress_console(monkeypatch):
+    """mcbridge jobs watch hands the console itself to a rich progress bar."""
+    from rich.progress import BarColumn, Progress
+    monkeypatch.setenv("FORCE_COLOR", "1")   # a terminal, so the live display runs
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    console = Console(stderr=True, highlight=False)
+    with Progress(BarColumn(), console=console) as bar:
+        task = bar.add_task("copying", total=2)
+        bar.update(task, completed=1)
+        console.print("a line above the bar", markup=False)
+        bar.update(task, completed=2)
+    assert "a line above the bar" in stream.getvalue() and "━" in stream.getvalue()   # the bar was drawn

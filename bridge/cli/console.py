@@ -65,8 +65,17 @@ class Console:
             return
         self.rich.print(*objects, markup=markup, soft_wrap=soft_wrap, **kwargs)
 
+    # A rich Live (a progress bar given this console) enters the console around each refresh.
+    def __enter__(self):
+        return self.rich.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.rich.__exit__(*exc)
+
     def __getattr__(self, name: str) -> Any:
-        # is_terminal, print_json, width ...: whatever else a rich console offers.
-        if name.startswith("_"):
+        # print_json, width, _live_stack (rich's Live reads it when this is its console) ...:
+        # whatever else a rich console offers. Not our own fields (an instance made without
+        # __init__, by copy, has none yet) nor dunders.
+        if name.startswith("__") or name in ("_rich", "_stderr", "_options"):
             raise AttributeError(name)
         return getattr(self.rich, name)
