@@ -361,8 +361,7 @@ class JobContext(jobs.Context):
             if not batch:
                 return
             self.dst.settle([loc for loc, _key, _record in batch])
-            for _loc, key, record in batch:
-                self.journal.put(key, record)
+            self.journal.put_many([(key, record) for _loc, key, record in batch])
 
     def parts_finished(self, rel: str) -> bool:
         with self._lock:

@@ -278,3 +278,17 @@ def test_a_manifest_entry_as_a_dict_is_asdicts():
     copied = entry.to_dict()
     copied["parts"].append("p3")
     assert entry.parts == ["p1", "p2"]
+
+
+def test_the_file_journal_takes_many_records_in_one_write_and_reads_them_back(tmp_path):
+    from bridge.journal import FileJournal
+    journal = FileJournal(tmp_path / "j.jsonl")
+    journal.put("file:a", {"size": 1})
+    journal.put_many([(f"file:{i}", {"size": i}) for i in range(300)] + [("file:a", {"size": 2})])
+    journal.close()
+    with open(tmp_path / "j.jsonl", "ab") as f:
+        f.write(b'{"k":"file:cut","v":')   # a kill in the middle of a write
+    again = FileJournal(tmp_path / "j.jsonl")
+    assert again.get("file:a") == {"size": 2} and again.get("file:299") == {"size": 299}
+    assert again.get("file:cut") is None and len(again.items("file:")) == 301
+    again.close()

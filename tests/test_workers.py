@@ -221,9 +221,11 @@ def test_the_redis_journal_is_the_engines_journal(client, namespace):
     journal.put("file:a/b.txt", {"size": 3})
     journal.put("part:big.bin:1", {"crc32c": "00000001"})
     journal.put("part:big.bin:2", {"crc32c": "00000002"})
+    journal.put_many([("file:c.txt", {"size": 4}), ("file:d.txt", {"size": 5}), ("part:big.bin:3", {"n": 3})])
     assert journal.get("file:a/b.txt") == {"size": 3} and journal.get("file:nope") is None
-    assert set(journal.items("part:big.bin:")) == {"part:big.bin:1", "part:big.bin:2"}
-    assert set(journal.items("file:")) == {"file:a/b.txt"}
+    assert journal.get("file:d.txt") == {"size": 5}
+    assert set(journal.items("part:big.bin:")) == {"part:big.bin:1", "part:big.bin:2", "part:big.bin:3"}
+    assert set(journal.items("file:")) == {"file:a/b.txt", "file:c.txt", "file:d.txt"}
     assert 0 < client.ttl(f"{namespace}:journal:k1:part") <= 60
     journal.clear()
     assert journal.items("part:") == {} and not list(client.scan_iter(match=f"{namespace}:journal:*"))

@@ -33,6 +33,19 @@ class RedisJournal:
         pipe.expire(name, self.ttl)
         pipe.execute()
 
+    def put_many(self, records: list[tuple[str, Any]]) -> None:
+        """Several records in one round trip."""
+        if not records:
+            return
+        by_hash: dict[str, dict[str, str]] = {}
+        for key, value in records:
+            by_hash.setdefault(self._hash(key), {})[key] = json.dumps(value, separators=(",", ":"))
+        pipe = self.client.pipeline(transaction=False)
+        for name, mapping in by_hash.items():
+            pipe.hset(name, mapping=mapping)
+            pipe.expire(name, self.ttl)
+        pipe.execute()
+
     def present(self, keys: list[str]) -> set[str]:
         """Which of ``keys`` have a record: one HMGET per kind, not a round trip per key."""
         by_hash: dict[str, list[str]] = {}
