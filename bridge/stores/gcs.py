@@ -4,13 +4,21 @@ Large objects are uploaded as parallel parts, each a temporary object under the 
 ``_bridge/uploads/<upload id>/`` carrying its CRC32C, then composed into the destination (32
 sources per compose, in a tree when there are more). GCS computes the composite's CRC32C itself,
 which is compared with the whole file's CRC32C.
+
+Reads (bytes, object metadata, listings, bucket metadata) go through gcsdirect.py, one
+http.client connection per thread, wherever it can stand in for gcsfs (an emulator's endpoint,
+or Google credentials on Google's endpoint; see there); gcsfs and aiohttp are imported only when
+first needed, so a job that only reads from GCS never loads them.
 """
 
 from __future__ import annotations
 
+import functools
 import http.client
+import importlib.util
 import json
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,13 +31,11 @@ from bridge.stores.base import (GiB, MiB, RESERVED, Features, ObjectInfo, PartRe
                                 crc_b64_to_hex, crc_hex_to_b64)
 from bridge.urls import Location
 
-try:
-    import aiohttp
-    from fsspec.asyn import sync
-    from gcsfs.core import GCSFileSystem  # gcsfs.core skips the experimental gRPC bucket probe
-    from gcsfs.retry import HttpError
-except ImportError as exc:
-    raise ImportError(str(exc), name=exc.name) from exc
+# Only that the SDK stack is installed is checked here (the registry turns an ImportError into
+# an install hint); it is imported when first needed.
+for _module in ("gcsfs", "aiohttp", "fsspec", "google.auth"):
+    if importlib.util.find_spec(_module) is None:
+        raise ImportError(f"No module named {_module!r}", name=_module)
 
 UPLOADS = f"{RESERVED}/uploads/"
 COMPOSE_MAX = 32
@@ -55,8 +61,18 @@ def _signed_v4(creds, endpoint: str, loc: Location, expires: int, now=None) -> s
     return f"{endpoint}{path}?{canonical_query}&X-Goog-Signature={signature}"
 
 
+@functools.cache
+def _sdk():
+    import aiohttp
+    from fsspec.asyn import sync
+    from gcsfs.core import GCSFileSystem  # gcsfs.core skips the experimental gRPC bucket probe
+    from gcsfs.retry import HttpError
+    return aiohttp, sync, GCSFileSystem, HttpError
+
+
 @contextmanager
 def _translate(loc: Location, endpoint: str):
+    aiohttp, _sync, _fs, HttpError = _sdk()
     try:
         yield
     except BridgeError:
@@ -117,13 +133,27 @@ class GCSStore(Store):
         if endpoint and not endpoint.startswith("http"):
             endpoint = "http://" + endpoint
         self.endpoint = endpoint or "https://storage.googleapis.com"
+        self._endpoint_url = endpoint
         self._token = _credentials(settings)
-        self.fs = GCSFileSystem(project=settings.gcs.project or "", token=self._token,
-                                endpoint_url=endpoint, skip_instance_cache=True,
-                                requests_timeout=settings.transfer.read_timeout)
-        # gcsfs's _request retries inside; bridge.retry is the one retry layer, so call under it.
-        self._raw_request = type(self.fs)._request.__wrapped__
+        from bridge.stores.gcsdirect import Direct
+        # None: reads go through gcsfs too
+        self._direct = Direct.for_store(endpoint, self._token, settings.transfer.read_timeout)
+        self._fs = None
+        self._fs_lock = threading.Lock()
         self.retries = settings.transfer.retries
+
+    @property
+    def fs(self):
+        """The gcsfs filesystem, built on first use."""
+        with self._fs_lock:
+            if self._fs is None:
+                _aiohttp, _sync, GCSFileSystem, _e = _sdk()
+                self._fs = GCSFileSystem(project=self.settings.gcs.project or "", token=self._token,
+                                         endpoint_url=self._endpoint_url, skip_instance_cache=True,
+                                         requests_timeout=self.settings.transfer.read_timeout)
+                # gcsfs's _request retries inside; bridge.retry is the one retry layer, so call under it.
+                self._raw_request = type(self._fs)._request.__wrapped__
+            return self._fs
 
     # One request, no hidden retry loop; errors translated by the caller.
     async def _acall(self, method, path, *args, json_out=False, **kwargs):
@@ -131,10 +161,16 @@ class GCSStore(Store):
         return json.loads(contents) if json_out else (headers, contents)
 
     def _call(self, loc: Location, method: str, path: str, *args, recovered=None, **kwargs):
+        fs, sync = self.fs, _sdk()[1]
+
         def once():
             with _translate(loc, self.endpoint):
-                return sync(self.fs.loop, self._acall, method, path, *args, **kwargs)
+                return sync(fs.loop, self._acall, method, path, *args, **kwargs)
         return call_with_retries(once, self.retries, recovered=recovered)
+
+    def _direct_call(self, fn):
+        """One request of the direct path, retried as _call's are (it raises bridge's errors itself)."""
+        return call_with_retries(fn, self.retries)
 
     @staticmethod
     def _info(bucket: str, item: dict) -> ObjectInfo:
@@ -149,30 +185,41 @@ class GCSStore(Store):
                           dict(item.get("metadata") or {}), identity)
 
     def _list_raw(self, prefix: Location) -> Iterator[dict]:
+        page = self._direct_page if self._direct is not None else self._gcsfs_page
         token = None
         while True:
-            params = {"prefix": prefix.key, "maxResults": 1000}
-            if token:
-                params["pageToken"] = token
             try:
-                page = self._call(prefix, "GET", "b/{}/o", prefix.bucket, json_out=True, **params)
+                items, token = page(prefix, token)
             except ObjectNotFound as exc:
                 raise BucketNotFound(f"bucket {prefix.bucket!r} does not exist") from exc
-            yield from page.get("items", [])
-            token = page.get("nextPageToken")
+            yield from items
             if not token:
                 return
+
+    def _direct_page(self, prefix: Location, token: str | None) -> tuple[list[dict], str | None]:
+        return self._direct_call(lambda: self._direct.list_page(prefix, token))
+
+    def _gcsfs_page(self, prefix: Location, token: str | None) -> tuple[list[dict], str | None]:
+        params = {"prefix": prefix.key, "maxResults": 1000}
+        if token:
+            params["pageToken"] = token
+        page = self._call(prefix, "GET", "b/{}/o", prefix.bucket, json_out=True, **params)
+        return page.get("items", []), page.get("nextPageToken")
 
     def list(self, prefix: Location) -> Iterator[ObjectInfo]:
         for item in self._list_raw(prefix):
             yield self._info(prefix.bucket, item)
 
     def info(self, loc: Location) -> ObjectInfo:
+        if self._direct is not None:
+            return self._info(loc.bucket, self._direct_call(lambda: self._direct.object(loc)))
         return self._info(loc.bucket, self._call(loc, "GET", "b/{}/o/{}", loc.bucket, loc.key, json_out=True))
 
     def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
         if length == 0:
             return b""
+        if self._direct is not None:
+            return self._direct_call(lambda: self._direct.get(loc, offset, length))
         headers = {}
         if offset or length is not None:
             end = "" if length is None else str(offset + length - 1)
@@ -220,18 +267,19 @@ class GCSStore(Store):
             return True
         return False
 
-    def check_bucket(self, loc: Location) -> None:
+    def _bucket(self, loc: Location) -> dict:
         try:
-            self._call(loc, "GET", "b/{}", loc.bucket, json_out=True)
+            if self._direct is not None:
+                return self._direct_call(lambda: self._direct.bucket(loc))
+            return self._call(loc, "GET", "b/{}", loc.bucket, json_out=True)
         except ObjectNotFound as exc:
             raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
 
+    def check_bucket(self, loc: Location) -> None:
+        self._bucket(loc)
+
     def bucket_region(self, loc: Location) -> str | None:
-        try:
-            bucket = self._call(loc, "GET", "b/{}", loc.bucket, json_out=True)
-        except ObjectNotFound as exc:
-            raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
-        return bucket.get("location")
+        return self._bucket(loc).get("location")
 
     # -- server-side copy, signed URLs ------------------------------------------------------
     def copy_object(self, src: Location, dst: Location, *, size: int) -> ObjectInfo:

@@ -1,0 +1,274 @@
+"""GCS reads without the event loop: one keep-alive http.client connection per thread, the JSON
+API's media GET read straight into the buffer that is returned, object metadata, bucket metadata
+and listing pages as plain JSON GETs.
+
+Why (issue 13): gcsfs runs every request of the engine's threads on one aiohttp event loop, and
+each small GET paid gcsfs's and aiohttp's Python there, one request at a time; a big object's
+bytes were copied out of the parser, joined, then copied again. Here each thread sends its own
+request and reads the body with ``readinto`` (one copy, from the socket into the buffer) while
+the GIL is free. Measured against rclone on fake-gcs-server: see bench/README.md.
+
+The requests are the ones gcsfs sent for the same calls (``/storage/v1/b/{bucket}/o/{name}``,
+with ``alt=media`` for the bytes; listing pages of 1,000), so what comes back is the same JSON
+and the same bytes, with one difference kept on purpose: a media GET asks for
+``Accept-Encoding: gzip``, so an object stored with ``Content-Encoding: gzip`` comes back as the
+bytes GCS stores, whose size and CRC32C are the ones its metadata and listing report (aiohttp
+under gcsfs let GCS decompress it, and the copy then failed on a size that did not match).
+
+Used for:
+- an explicit endpoint (``settings.gcs.endpoint``: an emulator), reached anonymously as gcsfs
+  reaches it;
+- Google credentials (a key file, or application default credentials) on the default endpoint
+  ``https://storage.googleapis.com``: the bearer token of the google.auth credentials object,
+  refreshed under a lock when it has expired (or is about to: google.auth's ``valid``). Not when
+  the credentials belong to another universe, nor when client certificates are asked for (mTLS,
+  GOOGLE_API_USE_CLIENT_CERTIFICATE): those keep gcsfs, which knows them.
+Uploads, compose, rewrite and deletes stay on gcsfs. Failures are raised as bridge's errors with
+the meaning gcs.py gives gcsfs's; nothing is retried here (the store retries each call through
+bridge.retry, the one retry layer).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import ssl
+import threading
+import zlib
+from contextlib import contextmanager
+from urllib.parse import quote, urlencode, urlsplit
+
+from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable,
+                           ObjectNotFound, PermissionDenied, TransientError)
+from bridge.urls import Location
+
+DEFAULT_ENDPOINT = "https://storage.googleapis.com"
+
+
+class Bearer:
+    """The Authorization header from a google.auth credentials object, refreshed by one thread
+    at a time when google.auth says the token is no longer valid (expired, or expiring within
+    its refresh threshold); the other threads wait for that refresh and use its token."""
+
+    def __init__(self, credentials):
+        self.credentials = credentials
+        self._lock = threading.Lock()
+        self._request = None
+
+    def apply(self, headers: dict[str, str]) -> None:
+        creds = self.credentials
+        if not creds.valid:
+            with self._lock:
+                if not creds.valid:
+                    self._refresh()
+        creds.apply(headers)   # Authorization, and x-goog-user-project for a quota project
+
+    def _refresh(self) -> None:
+        import google.auth.exceptions
+        from google.auth.transport.requests import Request
+        if self._request is None:
+            self._request = Request()
+        try:
+            self.credentials.refresh(self._request)
+        except google.auth.exceptions.TransportError as exc:
+            raise TransientError(f"cannot refresh the Google access token: {exc}") from exc
+        except google.auth.exceptions.RefreshError as exc:
+            raise PermissionDenied(f"Google refused to refresh the access token: {exc}") from exc
+        except google.auth.exceptions.DefaultCredentialsError as exc:
+            raise CredentialsMissing(f"the Google credentials cannot make an access token: {exc}") from exc
+
+
+class Direct:
+    page_size: int = 1000   # objects per listing page, as gcsfs asks for
+
+    def __init__(self, endpoint: str, bearer: Bearer | None, timeout: float):
+        url = urlsplit(endpoint)
+        self.endpoint = endpoint
+        self.base = url.path.rstrip("/") + "/storage/v1/b/"
+        self._bearer = bearer
+        self._connect = lambda: (http.client.HTTPSConnection if url.scheme == "https" else
+                                 http.client.HTTPConnection)(url.hostname, url.port, timeout=timeout)
+        self._local = threading.local()
+
+    @classmethod
+    def for_store(cls, endpoint: str | None, token, timeout: float) -> Direct | None:
+        """The direct path for a GCS store: ``endpoint`` as set (None: Google's), ``token`` what
+        the store resolved its credentials to ("anon", a key file's path, or a google.auth
+        credentials object). None where gcsfs must stay (see the module's docstring)."""
+        if token == "anon":
+            return cls(endpoint or DEFAULT_ENDPOINT, None, timeout)
+        if endpoint:
+            return None
+        credentials = _google_credentials(token)
+        if credentials is None:
+            return None
+        return cls(DEFAULT_ENDPOINT, Bearer(credentials), timeout)
+
+    # -- requests ---------------------------------------------------------------------------
+    def _object_path(self, loc: Location) -> str:
+        return f"{self.base}{quote(loc.bucket, safe='')}/o/{quote(loc.key, safe='')}"
+
+    @contextmanager
+    def _connection(self, loc: Location):
+        """This thread's connection, given back for reuse only after a clean, complete exchange."""
+        conn = getattr(self._local, "conn", None) or self._connect()
+        self._local.conn = None
+        try:
+            yield conn
+        except ConnectionRefusedError as exc:
+            conn.close()
+            raise EndpointUnreachable(f"cannot reach the GCS endpoint {self.endpoint}: {type(exc).__name__}") from exc
+        except ssl.SSLCertVerificationError as exc:
+            conn.close()
+            raise BridgeError(f"the GCS endpoint {self.endpoint} did not prove who it is: {exc}") from exc
+        except (http.client.HTTPException, OSError) as exc:
+            conn.close()
+            raise TransientError(f"{loc}: connection dropped ({type(exc).__name__}: {exc})") from exc
+        except BaseException:
+            conn.close()
+            raise
+        self._local.conn = conn
+
+    def _send(self, conn, loc: Location, method: str, target: str, headers: dict[str, str]):
+        if self._bearer is not None:
+            self._bearer.apply(headers)
+        conn.request(method, target, headers=headers)
+        resp = conn.getresponse()
+        if resp.status >= 300:
+            raise _error(loc, resp)
+        return resp
+
+    def _json(self, loc: Location, target: str) -> dict:
+        with self._connection(loc) as conn:
+            body = self._send(conn, loc, "GET", target, {}).read()
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise TransientError(f"{loc}: GCS's answer could not be read as JSON ({exc})") from exc
+
+    def get(self, loc: Location, offset: int = 0, length: int | None = None) -> bytearray:
+        """Bytes [offset, offset+length) of ``loc`` as GCS stores them (all of it when length
+        is None)."""
+        headers = {"Accept-Encoding": "gzip"}
+        ranged = bool(offset) or length is not None
+        if ranged:
+            headers["Range"] = f"bytes={offset}-{'' if length is None else offset + length - 1}"
+        with self._connection(loc) as conn:
+            resp = self._send(conn, loc, "GET", self._object_path(loc) + "?alt=media", headers)
+            got_range = resp.getheader("Content-Range", "")
+            if ranged and not got_range.startswith(f"bytes {offset}-"):
+                raise BridgeError(f"{loc}: the endpoint ignored the byte range asked for "
+                                  f"(HTTP {resp.status}, Content-Range {got_range!r})")
+            encoding = (resp.getheader("Content-Encoding") or "").lower()
+            if encoding == "gzip" and (resp.getheader("X-Goog-Stored-Content-Encoding") or "").lower() != "gzip":
+                # Compressed on the way only (the stored object is not): undo it.
+                return bytearray(_gunzip(loc, resp.read(), length))
+            announced = resp.getheader("Content-Length")
+            if announced is None:   # chunked: no size to read into
+                buf = bytearray(resp.read())
+                if length is not None and len(buf) != length:
+                    raise TransientError(f"{loc}: the endpoint sent {len(buf)} bytes, asked for {length}")
+                return buf
+            size = int(announced)
+            if length is not None and size != length:
+                raise TransientError(f"{loc}: the endpoint announced {size} bytes, asked for {length}")
+            buf = bytearray(size)
+            view, pos = memoryview(buf), 0
+            while pos < size:
+                got = resp.readinto(view[pos:])
+                if not got:
+                    raise TransientError(f"{loc}: connection closed after {pos} of {size} bytes")
+                pos += got
+        return buf
+
+    def object(self, loc: Location) -> dict:
+        """The object's metadata, as objects.get gives it (name, size, crc32c, md5Hash,
+        generation, metadata, ...)."""
+        return self._json(loc, self._object_path(loc))
+
+    def bucket(self, loc: Location) -> dict:
+        return self._json(loc, f"{self.base}{quote(loc.bucket, safe='')}")
+
+    def list_page(self, prefix: Location, token: str | None) -> tuple[list[dict], str | None]:
+        """One page of objects.list under ``prefix`` (from ``token``): the items, and the next
+        page's token (None: the last)."""
+        params = {"prefix": prefix.key, "maxResults": str(self.page_size)}
+        if token:
+            params["pageToken"] = token
+        page = self._json(prefix, f"{self.base}{quote(prefix.bucket, safe='')}/o?"
+                                  f"{urlencode(params, quote_via=quote, safe='')}")
+        return page.get("items", []), page.get("nextPageToken") or None
+
+
+def _gunzip(loc: Location, body: bytes, length: int | None) -> bytes:
+    try:
+        data = zlib.decompress(body, wbits=31)
+    except zlib.error as exc:
+        raise TransientError(f"{loc}: a gzip-compressed answer could not be decompressed ({exc})") from exc
+    if length is not None and len(data) != length:
+        raise TransientError(f"{loc}: the endpoint sent {len(data)} bytes, asked for {length}")
+    return data
+
+
+def _error(loc: Location, resp) -> BridgeError:
+    """bridge's error for an error status, as gcs.py's ``_translate`` gives it for gcsfs's."""
+    status = resp.status
+    body = resp.read(65536)
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = body.decode("utf-8", "replace").strip()
+    if status == 404:
+        if "bucket" in message.lower():
+            return BucketNotFound(f"bucket {loc.bucket!r} does not exist")
+        return ObjectNotFound(f"{loc}: no such object")
+    if status in (401, 403):
+        return PermissionDenied(f"{loc}: access denied ({message or status})")
+    if status == 429 or status >= 500:
+        return TransientError(f"{loc}: HTTP {status}")
+    return BridgeError(f"{loc}: GCS error {status}: {message}")
+
+
+def _google_credentials(token):
+    """A google.auth credentials object whose bearer token can be sent to Google's endpoint, or
+    None (gcsfs then keeps the reads). ``token`` is a key file's path or a credentials object."""
+    if _uses_client_cert() or os.environ.get(_UNIVERSE_VARIABLE, "googleapis.com") != "googleapis.com":
+        return None
+    if isinstance(token, str):
+        token = _key_file_credentials(token)
+    if not (hasattr(token, "refresh") and hasattr(token, "apply") and hasattr(token, "valid")):
+        return None
+    if getattr(token, "universe_domain", "googleapis.com") != "googleapis.com":
+        return None
+    return token
+
+
+def _key_file_credentials(path: str):
+    """The credentials of a service account's key or a user's (gcloud's) credentials file, as
+    gcsfs reads them; None for any other kind of file (gcsfs then keeps the reads)."""
+    from google.oauth2 import credentials, service_account
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+        if info.get("type") == "service_account":
+            return service_account.Credentials.from_service_account_info(info, scopes=[_SCOPE])
+        if info.get("type") == "authorized_user":
+            return credentials.Credentials.from_authorized_user_info(info, scopes=[_SCOPE])
+    except (OSError, ValueError, AttributeError):
+        return None   # gcsfs reports what is wrong with the file when it reads it
+    return None
+
+
+_SCOPE = "https://www.googleapis.com/auth/devstorage.full_control"
+
+# gcsfs sends to storage.{this universe} and presents a client certificate when google-auth says
+# so; both are decided from the environment, there, when its filesystem is made. The direct path
+# steps aside in both cases rather than send elsewhere than gcsfs would.
+_UNIVERSE_VARIABLE = "GOOGLE_CLOUD_UNIVERSE_DOMAIN"
+
+
+def _uses_client_cert() -> bool:
+    from google.auth.transport import mtls
+    should = getattr(mtls, "should_use_client_cert", None)
+    return bool(should and should() and mtls.has_default_client_cert_source())

@@ -1,0 +1,242 @@
+"""GCS reads without gcsfs (bridge/stores/gcsdirect.py), against fake-gcs-server over real HTTP,
+directly and through the fault proxy."""
+
+from __future__ import annotations
+
+import datetime
+import gzip
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from bridge import ops
+from bridge.errors import BucketNotFound, EndpointUnreachable, NotFound, ObjectNotFound, TransientError
+from bridge.stores import get_store
+from bridge.stores.gcsdirect import Bearer, Direct
+from bridge.urls import parse
+from tests.emulators import free_port, unique_name
+from tests.faultproxy import FaultProxy, Rule
+from tests.helpers import settings_for
+
+MiB = 1024 * 1024
+NAME = "a dir/ckpt #1 ü?&=+.bin"
+
+
+@pytest.fixture
+def bucket(fake_gcs):
+    name = unique_name("gd")
+    fake_gcs.create_bucket(name)
+    return name
+
+
+@pytest.fixture
+def store(fake_gcs, bucket, tmp_path):
+    return get_store(parse(f"gs://{bucket}/"), settings_for({**fake_gcs.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}))
+
+
+def put(fake_gcs, bucket: str, key: str, data: bytes, **attrs) -> None:
+    blob = fake_gcs.client().bucket(bucket).blob(key)
+    for name, value in attrs.items():
+        setattr(blob, name, value)
+    blob.upload_from_string(data, content_type="application/octet-stream")
+
+
+def test_ranged_and_whole_reads_come_back_byte_exact(fake_gcs, bucket, store, tmp_path):
+    data = os.urandom(20 * MiB + 7)
+    put(fake_gcs, bucket, NAME, data)
+    assert isinstance(store._direct, Direct)
+    loc = parse(f"gs://{bucket}/{NAME}")
+    assert bytes(store.read(loc)) == data
+    assert bytes(store.read(loc, 5 * MiB, 3)) == data[5 * MiB:5 * MiB + 3]
+    assert bytes(store.read(loc, 20 * MiB)) == data[20 * MiB:]
+    assert bytes(store.read(loc, 0, 1)) == data[:1]
+    assert store.read(loc, 7, 0) == b""
+    ops.copy(f"gs://{bucket}/{NAME}", f"{tmp_path}/out/", store.settings, chunk_size=8 * MiB)
+    got = (tmp_path / "out" / NAME.rsplit("/", 1)[-1]).read_bytes()
+    assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
+
+
+def test_missing_objects_and_buckets_are_bridge_errors(store, bucket):
+    with pytest.raises(ObjectNotFound):
+        store.read(parse(f"gs://{bucket}/no/such/key"))
+    with pytest.raises(ObjectNotFound):
+        store.info(parse(f"gs://{bucket}/no/such/key"))
+    # fake-gcs-server answers a missing bucket's object with a plain 404 (GCS says which one is
+    # missing, and the read is then BucketNotFound): not found, either way.
+    with pytest.raises(NotFound):
+        store.read(parse("gs://no-such-bucket-here/key"), 0, 10)
+    with pytest.raises(BucketNotFound):
+        list(store.list(parse("gs://no-such-bucket-here/x/")))
+    with pytest.raises(BucketNotFound):
+        store.check_bucket(parse("gs://no-such-bucket-here/"))
+
+
+def test_metadata_and_listings_are_gcsfs_own(fake_gcs, bucket, store, monkeypatch):
+    """info(), list() (two objects a page here) and the bucket's location through the direct
+    path give what they gave through gcsfs: names, sizes, checksums, metadata, generations."""
+    from bridge.hashing import FileHash
+    keys = ["list/a b.bin", "list/ü/名前.txt", "list/x+y%z.bin", "list/amp&lt?.bin", "list/tab\tkey", "list/z"]
+    for i, key in enumerate(keys):
+        data = os.urandom(10 + i)
+        store.put(parse(f"gs://{bucket}/{key}"), data, crc32c=FileHash.of(data).crc32c, metadata={"k": str(i)})
+    monkeypatch.setattr(store._direct, "page_size", 2)
+    prefix = parse(f"gs://{bucket}/list/")
+    direct = sorted(store.list(prefix), key=lambda o: o.location.key)
+    one = store.info(parse(f"gs://{bucket}/{keys[1]}"))
+    region = store.bucket_region(prefix)
+    monkeypatch.setattr(store, "_direct", None)
+    assert [o.location.key for o in direct] == sorted(keys)
+    assert direct == sorted(store.list(prefix), key=lambda o: o.location.key)
+    assert one == store.info(parse(f"gs://{bucket}/{keys[1]}"))
+    assert one.identity["generation"] and one.metadata == {"k": "1"} and one.checksums["crc32c"]
+    assert region == store.bucket_region(prefix)
+
+
+def test_a_gzip_encoded_object_comes_back_as_stored(fake_gcs, bucket, store, tmp_path):
+    """An object stored with Content-Encoding gzip is read as the bytes GCS stores, whose size
+    and CRC32C are the listing's: the copy completes and verifies (through gcsfs, aiohttp had
+    them decompressed and the copy failed on the size)."""
+    stored = gzip.compress(os.urandom(3000) + b"a" * 100_000)
+    put(fake_gcs, bucket, "z/logs.json", stored, content_encoding="gzip")
+    loc = parse(f"gs://{bucket}/z/logs.json")
+    assert store.info(loc).size == len(stored)
+    assert bytes(store.read(loc)) == stored
+    assert bytes(store.read(loc, 10, 100)) == stored[10:110]
+    ops.copy(f"gs://{bucket}/z/", f"{tmp_path}/out/", store.settings)
+    assert (tmp_path / "out" / "logs.json").read_bytes() == stored
+
+
+def test_a_body_cut_short_is_read_again_and_errors_are_retried(fake_gcs, bucket, tmp_path):
+    data = os.urandom(3 * MiB)
+    put(fake_gcs, bucket, NAME, data)
+    loc = parse(f"gs://{bucket}/{NAME}")
+    with FaultProxy(fake_gcs.endpoint) as proxy:
+        store = get_store(loc, settings_for({**fake_gcs.env(), "STORAGE_EMULATOR_HOST": proxy.endpoint}, retries=2))
+        assert isinstance(store._direct, Direct)
+        proxy.configure(rules=[Rule(r"^GET /storage/v1/b/[^/]+/o/[^?]+\?alt=media", "cut")])
+        assert bytes(store.read(loc)) == data
+        assert proxy.counts["cut"] == 1 and proxy.counts["requests"] == 2, proxy.log
+        proxy.configure(rules=[Rule(r"alt=media", "cut"), Rule(r"alt=media", "error")])
+        assert bytes(store.read(loc, MiB, MiB)) == data[MiB:2 * MiB]
+        assert [action for _, action in proxy.log] == ["cut", "error", "forward"]
+        proxy.configure(rules=[Rule(r"^GET /storage/v1/b/[^/]+/o\?", "error"),
+                               Rule(r"^GET /storage/v1/b/[^/]+/o/[^?]+$", "cut")])
+        assert [o.location.key for o in store.list(parse(f"gs://{bucket}/a dir/"))] == [NAME]
+        assert store.info(loc).size == len(data)
+        assert proxy.counts["error"] == 1 and proxy.counts["cut"] == 1
+        # Cut every time: 1 + retries GETs, then the error; the store still works afterwards.
+        proxy.configure(rules=[Rule(r"alt=media", "cut", times=10_000)])
+        with pytest.raises(TransientError):
+            store.read(loc, 0, 100)
+        assert proxy.counts["requests"] == 3
+        proxy.configure()
+        assert bytes(store.read(loc, 0, 100)) == data[:100]
+
+
+def test_nothing_listening_is_endpoint_unreachable(tmp_path):
+    env = {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{free_port()}", "GOOGLE_CLOUD_PROJECT": "test"}
+    store = get_store(parse("gs://bucket/"), settings_for(env, retries=0))
+    with pytest.raises(EndpointUnreachable):
+        store.read(parse("gs://bucket/k"))
+
+
+def test_a_download_never_imports_gcsfs(fake_gcs, bucket, tmp_path):
+    """A job that only reads from GCS runs without gcsfs and aiohttp: their import was most of
+    the store's start-up."""
+    put(fake_gcs, bucket, "d/one.bin", os.urandom(1000))
+    put(fake_gcs, bucket, "d/two.bin", os.urandom(9 * MiB))
+    script = ("import sys; from bridge import ops; from tests.helpers import settings_for; import os\n"
+              f"ops.copy('gs://{bucket}/d/', {str(tmp_path / 'out')!r} + '/', settings_for(dict(os.environ)), chunk_size=4 * 2**20)\n"
+              "print(sorted(m for m in ('gcsfs', 'aiohttp', 'fsspec.asyn') if m in sys.modules))")
+    env = {**os.environ, **fake_gcs.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+    assert sorted(os.listdir(tmp_path / "out")) == ["_bridge", "one.bin", "two.bin"]
+
+
+class HeaderProxy(FaultProxy):
+    """The fault proxy, keeping the Authorization header of each request."""
+
+    def __init__(self, upstream: str):
+        super().__init__(upstream)
+        self.authorizations: list[str | None] = []
+
+    async def _handle(self, request):
+        self.authorizations.append(request.headers.get("Authorization"))
+        return await super()._handle(request)
+
+
+def test_a_bearer_token_is_sent_and_refreshed_once_when_expired(fake_gcs, bucket):
+    """Real google.auth credentials (user credentials with a refresh handler, so that no token
+    service is needed): an expired token is refreshed by one thread while the others wait,
+    and each request carries the token that is valid."""
+    from google.oauth2.credentials import Credentials
+
+    refreshes = []
+    lock = threading.Lock()
+
+    def refresh_handler(request, scopes):
+        with lock:
+            refreshes.append(1)
+            n = len(refreshes)
+        return f"token-{n}", datetime.datetime.utcnow() + datetime.timedelta(hours=1)
+
+    creds = Credentials(token="stale", expiry=datetime.datetime.utcnow() - datetime.timedelta(minutes=1),
+                        refresh_handler=refresh_handler)
+    assert not creds.valid
+    data = os.urandom(1000)
+    put(fake_gcs, bucket, "auth/x.bin", data)
+    loc = parse(f"gs://{bucket}/auth/x.bin")
+    with HeaderProxy(fake_gcs.endpoint) as proxy:
+        direct = Direct(proxy.endpoint, Bearer(creds), timeout=30)
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(bytes(direct.get(loc)))) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == [data] * 8
+        assert len(refreshes) == 1
+        assert proxy.authorizations == ["Bearer token-1"] * 8
+        creds.expiry = datetime.datetime.utcnow() - datetime.timedelta(seconds=1)
+        assert direct.object(loc)["size"] == "1000"
+        assert proxy.authorizations[-1] == "Bearer token-2" and len(refreshes) == 2
+
+
+def test_which_credentials_go_direct(tmp_path, monkeypatch):
+    from google.oauth2.credentials import Credentials
+    assert Direct.for_store("http://127.0.0.1:1", "anon", 5).endpoint == "http://127.0.0.1:1"
+    user = Credentials(token="t", refresh_handler=lambda request, scopes: ("t", None))
+    assert Direct.for_store(None, user, 5).endpoint == "https://storage.googleapis.com"
+    elsewhere = Credentials(token="t", universe_domain="example.goog")
+    assert Direct.for_store(None, elsewhere, 5) is None
+    monkeypatch.setenv("GOOGLE_CLOUD_UNIVERSE_DOMAIN", "example.goog")
+    assert Direct.for_store(None, user, 5) is None
+    monkeypatch.delenv("GOOGLE_CLOUD_UNIVERSE_DOMAIN")
+    not_json = tmp_path / "key.txt"
+    not_json.write_text("not a key")
+    assert Direct.for_store(None, str(not_json), 5) is None
+    # A service account's key and a user's credentials file, as GOOGLE_APPLICATION_CREDENTIALS:
+    # bearer tokens on Google's endpoint (nothing is sent until a read).
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    pem = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+    key = tmp_path / "sa.json"
+    key.write_text(json.dumps({"type": "service_account", "project_id": "p", "private_key_id": "k1",
+                               "private_key": pem, "client_email": "bridge@p.iam.gserviceaccount.com",
+                               "client_id": "1", "token_uri": "https://oauth2.googleapis.com/token"}))
+    user_file = tmp_path / "user.json"
+    user_file.write_text(json.dumps({"type": "authorized_user", "client_id": "c", "client_secret": "s",
+                                     "refresh_token": "r"}))
+    for path in (key, user_file):
+        store = get_store(parse("gs://bucket/"), settings_for({"GOOGLE_APPLICATION_CREDENTIALS": str(path),
+                                                              "GOOGLE_CLOUD_PROJECT": "p"}))
+        assert store._direct.endpoint == "https://storage.googleapis.com"
+        assert store._direct._bearer.credentials.requires_scopes is False
