@@ -240,3 +240,35 @@ def test_which_credentials_go_direct(tmp_path, monkeypatch):
                                                               "GOOGLE_CLOUD_PROJECT": "p"}))
         assert store._direct.endpoint == "https://storage.googleapis.com"
         assert store._direct._bearer.credentials.requires_scopes is False
+
+
+def test_gcs_answers_are_translated_as_gcsfs_ones_were(fake_gcs, bucket):
+    """Answers fake-gcs-server does not give, as GCS gives them, through the proxy's replies:
+    GCS names a missing bucket; 401/403 are refused at once; 429 and 5xx are retried; any other
+    status is an error that is not."""
+    from bridge.errors import BridgeError, PermissionDenied
+
+    def reply(status: int, message: str) -> Rule:
+        body = json.dumps({"error": {"code": status, "message": message}}).encode()
+        return Rule(r"alt=media", "reply", reply=(status, {"Content-Type": "application/json"}, body))
+
+    data = os.urandom(1000)
+    put(fake_gcs, bucket, "t/x.bin", data)
+    loc = parse(f"gs://{bucket}/t/x.bin")
+    with FaultProxy(fake_gcs.endpoint) as proxy:
+        store = get_store(loc, settings_for({**fake_gcs.env(), "STORAGE_EMULATOR_HOST": proxy.endpoint}, retries=3))
+        cases = [(reply(404, "The specified bucket does not exist."), BucketNotFound),
+                 (reply(404, f"No such object: {bucket}/t/x.bin"), ObjectNotFound),
+                 (reply(403, "caller does not have storage.objects.get access"), PermissionDenied),
+                 (reply(401, "Invalid Credentials"), PermissionDenied),
+                 (reply(400, "Invalid argument"), BridgeError)]
+        for rule, error in cases:
+            proxy.configure(rules=[rule])
+            with pytest.raises(error) as raised:
+                store.read(loc)
+            assert not isinstance(raised.value, TransientError)
+            assert proxy.counts["requests"] == 1, (rule, proxy.log)
+        for status in (429, 500, 503):
+            proxy.configure(rules=[reply(status, "slow down")])
+            assert bytes(store.read(loc)) == data
+            assert [action for _, action in proxy.log] == ["reply", "forward"]

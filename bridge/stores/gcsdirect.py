@@ -220,7 +220,7 @@ def _error(loc: Location, resp) -> BridgeError:
     except (ValueError, KeyError, TypeError):
         message = body.decode("utf-8", "replace").strip()
     if status == 404:
-        if "bucket" in message.lower():
+        if "bucket does not exist" in message.lower():   # GCS: "The specified bucket does not exist."
             return BucketNotFound(f"bucket {loc.bucket!r} does not exist")
         return ObjectNotFound(f"{loc}: no such object")
     if status in (401, 403):
