@@ -272,3 +272,29 @@ def test_gcs_answers_are_translated_as_gcsfs_ones_were(fake_gcs, bucket):
             proxy.configure(rules=[reply(status, "slow down")])
             assert bytes(store.read(loc)) == data
             assert [action for _, action in proxy.log] == ["reply", "forward"]
+
+
+def test_batches_of_small_objects_are_read_whole_and_retried_per_object(fake_gcs, bucket, tmp_path):
+    """read_many (the engine's batches of small files): every object byte-exact, a gzip-encoded
+    one as stored, a cut or refused answer sent again, a missing object that object's failure
+    alone; and a copy of small files to a local folder runs through it."""
+    files = {f"s/{i:03d} ü.bin": os.urandom(100 + i) for i in range(40)}
+    files["s/z.gz"] = gzip.compress(b"z" * 50_000)
+    for key, data in files.items():
+        put(fake_gcs, bucket, key, data, **({"content_encoding": "gzip"} if key.endswith(".gz") else {}))
+    keys = sorted(files) + ["s/missing"]
+    with FaultProxy(fake_gcs.endpoint) as proxy:
+        store = get_store(parse(f"gs://{bucket}/"), settings_for(
+            {**fake_gcs.env(), "STORAGE_EMULATOR_HOST": proxy.endpoint, "MCBRIDGE_STATE_DIR": str(tmp_path / "state")},
+            retries=2))
+        assert store.reads_many
+        proxy.configure(rules=[Rule(r"005%20", "cut"), Rule(r"017%20", "error"), Rule(r"z\.gz", "cut")])
+        got: dict[int, bytes] = {}
+        failures = store.read_many([parse(f"gs://{bucket}/{k}") for k in keys], lambda i, data: got.__setitem__(i, bytes(data)))
+        assert list(failures) == [len(keys) - 1] and isinstance(failures[len(keys) - 1], ObjectNotFound)
+        assert {keys[i]: data for i, data in got.items()} == files
+        assert proxy.counts["cut"] == 2 and proxy.counts["error"] == 1
+        proxy.configure()
+        ops.copy(f"gs://{bucket}/s/", f"{tmp_path}/out/", store.settings)
+        assert proxy.counts["requests"] >= len(files)
+    assert {f"s/{p.name}": p.read_bytes() for p in (tmp_path / "out").iterdir() if p.is_file()} == files

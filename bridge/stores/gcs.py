@@ -227,6 +227,16 @@ class GCSStore(Store):
         _h, body = self._call(loc, "GET", "b/{}/o/{}", loc.bucket, loc.key, alt="media", headers=headers)
         return body
 
+    @property
+    def reads_many(self) -> bool:
+        return self._direct is not None
+
+    def read_many(self, locs: list[Location], each) -> dict:
+        if self._direct is None:
+            return super().read_many(locs, each)
+        return self._direct.get_many(locs, each, connections=self.settings.transfer.concurrency,
+                                     retries=self.retries)
+
     def _upload(self, loc: Location, data: bytes, crc32c: str, metadata: dict[str, str]) -> dict:
         meta = {"name": loc.key, "crc32c": crc_hex_to_b64(crc32c), "metadata": metadata}
         boundary = "bridge-" + uuid.uuid4().hex

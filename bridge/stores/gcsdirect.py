@@ -6,7 +6,9 @@ Why (issue 13): gcsfs runs every request of the engine's threads on one aiohttp 
 each small GET paid gcsfs's and aiohttp's Python there, one request at a time; a big object's
 bytes were copied out of the parser, joined, then copied again. Here each thread sends its own
 request and reads the body with ``readinto`` (one copy, from the socket into the buffer) while
-the GIL is free. Measured against rclone on fake-gcs-server: see bench/README.md.
+the GIL is free. Batches of small whole objects (``get_many``, the engine's "batch" units) go
+over a few keep-alive connections of one event loop in the calling thread
+(bridge.stores.streams), where a thread per request spends its time passing the GIL around.
 
 The requests are the ones gcsfs sent for the same calls (``/storage/v1/b/{bucket}/o/{name}``,
 with ``alt=media`` for the bytes; listing pages of 1,000), so what comes back is the same JSON
@@ -36,6 +38,7 @@ import os
 import ssl
 import threading
 import zlib
+from collections.abc import Callable
 from contextlib import contextmanager
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -85,6 +88,9 @@ class Direct:
     def __init__(self, endpoint: str, bearer: Bearer | None, timeout: float):
         url = urlsplit(endpoint)
         self.endpoint = endpoint
+        self.origin = f"{url.scheme}://{url.netloc}"
+        self.netloc = url.netloc
+        self._timeout = timeout
         self.base = url.path.rstrip("/") + "/storage/v1/b/"
         self._bearer = bearer
         self._connect = lambda: (http.client.HTTPSConnection if url.scheme == "https" else
@@ -160,9 +166,7 @@ class Direct:
             if ranged and not got_range.startswith(f"bytes {offset}-"):
                 raise BridgeError(f"{loc}: the endpoint ignored the byte range asked for "
                                   f"(HTTP {resp.status}, Content-Range {got_range!r})")
-            encoding = (resp.getheader("Content-Encoding") or "").lower()
-            if encoding == "gzip" and (resp.getheader("X-Goog-Stored-Content-Encoding") or "").lower() != "gzip":
-                # Compressed on the way only (the stored object is not): undo it.
+            if _compressed_on_the_way(resp.getheader):
                 return bytearray(_gunzip(loc, resp.read(), length))
             announced = resp.getheader("Content-Length")
             if announced is None:   # chunked: no size to read into
@@ -181,6 +185,39 @@ class Direct:
                     raise TransientError(f"{loc}: connection closed after {pos} of {size} bytes")
                 pos += got
         return buf
+
+    def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], *,
+                 connections: int, retries: int) -> dict[int, BridgeError]:
+        """Whole objects, ``connections`` requests in flight from this thread
+        (bridge.stores.streams): ``each(i, body)`` here as each arrives, in any order; what
+        failed, by index, once its retries (bridge.retry, per object) are spent. A BridgeError
+        from ``each`` is that object's failure; any other exception ends the batch."""
+        from bridge.retry import acall_with_retries
+        from bridge.stores.streams import run_many
+        failures: dict[int, BridgeError] = {}
+
+        async def one(i: int, link) -> None:
+            loc = locs[i]
+            target = self._object_path(loc) + "?alt=media"
+
+            async def attempt() -> bytes:
+                headers = {"Host": self.netloc, "Accept-Encoding": "gzip"}
+                if self._bearer is not None:
+                    self._bearer.apply(headers)
+                answer = await link.send("GET", target, headers, what=str(loc))
+                if answer.status >= 300:
+                    raise _error_of(loc, answer.status, answer.body[:65536])
+                if _compressed_on_the_way(answer.headers.get):
+                    return _gunzip(loc, answer.body, None)
+                return answer.body
+
+            try:
+                each(i, await acall_with_retries(attempt, retries))
+            except BridgeError as exc:
+                failures[i] = exc
+
+        run_many(len(locs), one, self.origin, connections=connections, timeout=self._timeout)
+        return failures
 
     def object(self, loc: Location) -> dict:
         """The object's metadata, as objects.get gives it (name, size, crc32c, md5Hash,
@@ -201,6 +238,12 @@ class Direct:
         return page.get("items", []), page.get("nextPageToken") or None
 
 
+def _compressed_on_the_way(header: Callable[[str], str | None]) -> bool:
+    """gzip-compressed by the server for this answer only, the stored object not being so."""
+    return ((header("content-encoding") or "").lower() == "gzip"
+            and (header("x-goog-stored-content-encoding") or "").lower() != "gzip")
+
+
 def _gunzip(loc: Location, body: bytes, length: int | None) -> bytes:
     try:
         data = zlib.decompress(body, wbits=31)
@@ -212,9 +255,11 @@ def _gunzip(loc: Location, body: bytes, length: int | None) -> bytes:
 
 
 def _error(loc: Location, resp) -> BridgeError:
+    return _error_of(loc, resp.status, resp.read(65536))
+
+
+def _error_of(loc: Location, status: int, body: bytes) -> BridgeError:
     """bridge's error for an error status, as gcs.py's ``_translate`` gives it for gcsfs's."""
-    status = resp.status
-    body = resp.read(65536)
     try:
         message = json.loads(body)["error"]["message"]
     except (ValueError, KeyError, TypeError):
