@@ -6,7 +6,6 @@ asked for a FULL_OBJECT CRC32C, which S3 checks against the whole file's CRC32C 
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures as cf
 import errno
 import functools
@@ -50,7 +49,7 @@ def _sdk():
     import s3fs
     dropped = (bce.HTTPClientError, ResponseParserError, aiohttp.ClientPayloadError,
                aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, http.client.IncompleteRead,
-               asyncio.TimeoutError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)
+               TimeoutError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)   # asyncio.TimeoutError is TimeoutError (3.11)
     return SimpleNamespace(bce=bce, s3fs=s3fs, dropped=dropped)
 
 
