@@ -65,15 +65,25 @@ def _translate(loc: Location, endpoint: str):
         if not status and isinstance(exc.__cause__, (ServiceResponseError, DecodeError)):
             # the blob downloader gave up on a body cut short and wrapped the cause
             raise TransientError(f"{loc}: connection dropped ({type(exc.__cause__).__name__})") from exc
-        if status == 501 or code == "NotImplemented" or "not implemented" in str(exc.message or "").lower():
-            raise Unsupported(f"{loc}: the Azure endpoint does not implement this request ({code or status})") from exc
-        if code in ("Md5Mismatch", "Crc64Mismatch", "InvalidMd5"):
-            raise IntegrityError(f"{loc}: Azure rejected the bytes as not matching their checksum") from exc
-        if status in (401, 403):
-            raise PermissionDenied(f"{loc}: access denied ({code or status})") from exc
-        if status == 429 or status >= 500:
-            raise TransientError(f"{loc}: HTTP {status} {code}") from exc
-        raise BridgeError(f"{loc}: Azure error {code or status}") from exc
+        raise _from_code(loc, status, code, str(exc.message or "")) from exc
+
+
+def _from_code(loc: Location, status: int, code: str, message: str = "") -> BridgeError:
+    """bridge's error for an Azure error answer: its HTTP status and error code (x-ms-error-code).
+    The SDK's HttpResponseError comes here, and the direct path's answers (azuredirect.py)."""
+    if status == 404:
+        if code == "ContainerNotFound":
+            return BucketNotFound(f"container {loc.bucket!r} does not exist")
+        return ObjectNotFound(f"{loc}: no such blob")
+    if status == 501 or code == "NotImplemented" or "not implemented" in message.lower():
+        return Unsupported(f"{loc}: the Azure endpoint does not implement this request ({code or status})")
+    if code in ("Md5Mismatch", "Crc64Mismatch", "InvalidMd5"):
+        return IntegrityError(f"{loc}: Azure rejected the bytes as not matching their checksum")
+    if status in (401, 403):
+        return PermissionDenied(f"{loc}: access denied ({code or status})")
+    if status == 429 or status >= 500:
+        return TransientError(f"{loc}: HTTP {status} {code}")
+    return BridgeError(f"{loc}: Azure error {code or status}")
 
 
 def _storage_error(exc: HttpResponseError):
@@ -192,6 +202,9 @@ class AzureStore(Store):
             raise CredentialsMissing("no Azure credentials found: set AZURE_STORAGE_CONNECTION_STRING, "
                                      "or AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY")
         self.endpoint = self.client.url
+        from bridge.stores.azuredirect import Direct
+        # None: reads go through the SDK (a SAS, Azure AD, or an endpoint that is not plain)
+        self._direct = Direct.for_client(self.client, _from_code, t.connect_timeout, t.read_timeout)
         self._validate = _transactional_checksum()
         self.retries = t.retries
 
@@ -205,6 +218,9 @@ class AzureStore(Store):
         return self.client.get_blob_client(loc.bucket, loc.key)
 
     def list(self, prefix: Location) -> Iterator[ObjectInfo]:
+        if self._direct is not None:
+            yield from self._direct_list(prefix)
+            return
         container = self.client.get_container_client(prefix.bucket)
         token = None
         while True:
@@ -219,6 +235,20 @@ class AzureStore(Store):
             if not token:
                 return
 
+    def _direct_list(self, prefix: Location) -> Iterator[ObjectInfo]:
+        marker = None
+        while True:
+            blobs, marker = self._request(prefix, lambda marker=marker: self._direct.list_page(prefix, marker))
+            for b in blobs:
+                yield self._direct_info(Location("az", prefix.bucket, b["name"]), b)
+            if not marker:
+                return
+
+    @staticmethod
+    def _direct_info(loc: Location, p: dict) -> ObjectInfo:
+        sums = {"md5": p["content_md5"].hex()} if p["content_md5"] else {}
+        return ObjectInfo(loc, p["size"], sums, p["metadata"], _identity(p["etag"], p["last_modified"]))
+
     @staticmethod
     def _info(container, name, size, content_settings, metadata, etag, last_modified) -> ObjectInfo:
         sums = {}
@@ -229,6 +259,8 @@ class AzureStore(Store):
                           _identity(etag, last_modified))
 
     def info(self, loc: Location) -> ObjectInfo:
+        if self._direct is not None:
+            return self._direct_info(loc, self._request(loc, lambda: self._direct.head(loc)))
         p = self._request(loc, self._blob(loc).get_blob_properties)
         return self._info(loc.bucket, loc.key, p.size, p.content_settings, p.metadata, p.etag, p.last_modified)
 
@@ -240,6 +272,8 @@ class AzureStore(Store):
         if length == 0:
             return b""
         ranged = bool(offset) or length is not None
+        if self._direct is not None:
+            return self._request(loc, lambda: self._direct.get(loc, offset, length))
         header = f"bytes={offset}-{'' if length is None else offset + length - 1}" if ranged else None
         return self._request(loc, lambda: self._get(loc, header))
 

@@ -1,0 +1,264 @@
+"""Azure Blob reads without the SDK's pipeline: one keep-alive http.client connection per thread,
+requests signed with Shared Key here, the body read straight into the buffer that is returned.
+
+Why: a download through azure-storage-blob (issue 13) runs each request through azure-core's
+pipeline of policies (request ids, user agent, signing, response hooks, deserialisation) and
+then joins the body out of the transport's chunks, a copy per chunk and another for the join.
+Here Get Blob costs one signature and one request, and each thread of the engine reads its
+answer with ``readinto`` (one copy, from the socket into the buffer) while the GIL is free.
+Measured against rclone on Azurite: see bench/README.md.
+
+What is sent is what the SDK sends for the same call, with the same checks on the answer: Get
+Blob, whole or a range (``x-ms-range``), the body's length against its Content-Length; Get Blob
+Properties (HEAD) for ``info``; List Blobs pages with metadata. Uploads, block lists, copies and
+everything else stay on the SDK.
+
+Used only where it is plainly equivalent: the SDK client was given the account's shared key (a
+connection string with AccountKey, or AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY), and its
+endpoint is a plain blob endpoint, path-style (``http://127.0.0.1:10000/devstoreaccount1``, as
+Azurite) or the account's own host (``https://ACCOUNT.blob.core.windows.net``). A SAS token or an
+Azure AD (OAuth) credential keeps the SDK path, which knows how to attach and refresh them.
+
+Failures are raised as bridge's errors through the store's own ``from_code(loc, status, code)``,
+the meaning azure.py gives the SDK's errors; a refused connection is EndpointUnreachable, one
+dropped or cut short is TransientError. Nothing is retried here: the store retries each call
+through bridge.retry, the one retry layer, and each attempt is one request.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import http.client
+import re
+import select
+import threading
+import time
+import xml.etree.ElementTree as ET
+from contextlib import suppress
+from datetime import datetime
+from email.utils import formatdate, parsedate_to_datetime
+from urllib.parse import quote, unquote, urlsplit
+
+from bridge.errors import BridgeError, EndpointUnreachable, TransientError
+from bridge.urls import Location
+
+_CODE = re.compile(rb"<Code>([^<]+)</Code>")
+
+# The standard headers Shared Key signs, by value, in this order (an absent one as an empty line).
+_SIGNED = ("content-encoding", "content-language", "content-length", "content-md5", "content-type", "date",
+           "if-modified-since", "if-match", "if-none-match", "if-unmodified-since", "range")
+
+
+def _service_order(name: str) -> str:
+    """The order the service sorts x-ms- header names in (azure-storage-blob's
+    ``_storage_header_sort`` emulates it): hyphens do not count, '_' comes before digits and letters."""
+    return name.replace("-", "").replace("_", "\x01")
+
+
+class SharedKey:
+    """Shared Key authorization as azure-storage-blob's SharedKeyCredentialPolicy makes it
+    (tests/test_azuredirect.py compares the two on the same requests), without its pipeline."""
+
+    def __init__(self, account: str, key: str):
+        self.account = account
+        self._key = base64.b64decode(key)
+        self._second, self._date = -1, ""
+
+    def _now(self, now: float | None) -> str:
+        second = int(time.time() if now is None else now)
+        if second != self._second:
+            self._date, self._second = formatdate(second, usegmt=True), second
+        return self._date
+
+    def sign(self, method: str, path: str, query: dict[str, str], headers: dict[str, str],
+             now: float | None = None) -> None:
+        """Add x-ms-date and Authorization to ``headers``. ``path`` is sent as given (already
+        percent-encoded); ``query`` holds the values before encoding."""
+        headers["x-ms-date"] = self._now(now)
+        lower = {k.lower(): str(v) for k, v in headers.items()}
+        if lower.get("content-length") == "0":
+            del lower["content-length"]
+        standard = "".join(f"{lower.get(name, '')}\n" for name in _SIGNED)
+        ms = "".join(f"{k}:{lower[k]}\n" for k in sorted((k for k in lower if k.startswith("x-ms-")),
+                                                            key=_service_order))
+        resource = f"/{self.account}{path}" + "".join(f"\n{k.lower()}:{v}" for k, v in sorted(query.items()))
+        to_sign = f"{method}\n{standard}{ms}{resource}"
+        signature = base64.b64encode(hmac.digest(self._key, to_sign.encode(), "sha256")).decode()
+        headers["Authorization"] = f"SharedKey {self.account}:{signature}"
+
+
+def _dropped(sock) -> bool:
+    """An idle keep-alive connection that has something to read was closed by the server (or
+    holds garbage): either way it is not to be reused. One poll, no waiting."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+class Direct:
+    page_size: int | None = None   # blobs per listing page; None: the service's (5,000)
+
+    def __init__(self, endpoint: str, account: str, key: str, api_version: str, from_code,
+                 connect_timeout: float, read_timeout: float):
+        url = urlsplit(endpoint)
+        self.endpoint = endpoint.rstrip("/")
+        self.base = url.path.rstrip("/")
+        self.version = api_version
+        self.read_timeout = read_timeout
+        self._from_code = from_code
+        self._connect = lambda: (http.client.HTTPSConnection if url.scheme == "https" else
+                                 http.client.HTTPConnection)(url.hostname, url.port, timeout=connect_timeout)
+        self._signer = SharedKey(account, key)
+        self._local = threading.local()
+
+    @classmethod
+    def for_client(cls, client, from_code, connect_timeout: float, read_timeout: float) -> Direct | None:
+        """The direct path for what the SDK ``client`` (a BlobServiceClient) was built with, or
+        None where it keeps the SDK path: no shared key, or an endpoint that is not plain."""
+        credential = client.credential
+        account = getattr(credential, "account_name", None)
+        key = getattr(credential, "account_key", None)
+        url = urlsplit(client.url)
+        if not (account and key) or url.scheme not in ("http", "https") or url.query or url.username:
+            return None
+        path = url.path.rstrip("/")
+        path_style = path == f"/{account}"
+        account_host = not path and (url.hostname or "").startswith(f"{account}.blob.")
+        if not (path_style or account_host):
+            return None
+        return cls(client.url, account, key, client.api_version, from_code, connect_timeout, read_timeout)
+
+    # -- one exchange on this thread's connection ---------------------------------------------------
+    def _take(self, loc: Location) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None and conn.sock is not None and _dropped(conn.sock):
+            conn.close()
+        if conn is None:
+            conn = self._connect()
+        if conn.sock is None:
+            try:
+                conn.connect()
+            except OSError as exc:
+                conn.close()
+                raise EndpointUnreachable(f"cannot reach the Azure endpoint {self.endpoint}: "
+                                          f"{type(exc).__name__}") from exc
+            conn.sock.settimeout(self.read_timeout)
+        return conn
+
+    def _exchange(self, loc: Location, method: str, path: str, query: dict[str, str],
+                  headers: dict[str, str], take_body):
+        """Send one signed request; ``take_body(resp)`` of a success, else the error raised. The
+        connection is kept for the thread's next request only after a complete exchange."""
+        headers["x-ms-version"] = self.version
+        self._signer.sign(method, path, query, headers)
+        target = path + ("?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query.items()) if query else "")
+        conn = self._take(loc)
+        try:
+            conn.request(method, target, headers=headers)
+            resp = conn.getresponse()
+            if resp.status >= 300:
+                body = resp.read()
+                error, result = self._error(loc, resp, body), None
+            else:
+                error, result = None, take_body(resp)
+        except (http.client.HTTPException, OSError) as exc:
+            conn.close()
+            raise TransientError(f"{loc}: connection dropped ({type(exc).__name__}: {exc})") from exc
+        except BaseException:
+            conn.close()
+            raise
+        self._local.conn = conn
+        if error is not None:
+            raise error
+        return resp, result
+
+    def _error(self, loc: Location, resp, body: bytes) -> BridgeError:
+        code = resp.getheader("x-ms-error-code")
+        if not code:
+            found = _CODE.search(body)
+            code = found.group(1).decode() if found else ""
+        return self._from_code(loc, resp.status, code)
+
+    def _path(self, loc: Location) -> str:
+        return f"{self.base}/{quote(loc.bucket)}/{quote(loc.key, safe='~/')}"
+
+    # -- Get Blob, Get Blob Properties, List Blobs -------------------------------------------------
+    def get(self, loc: Location, offset: int = 0, length: int | None = None) -> bytearray:
+        """Bytes [offset, offset+length) of ``loc`` (from offset to the end when length is None)."""
+        ranged = bool(offset) or length is not None
+        headers = {}
+        if ranged:
+            headers["x-ms-range"] = f"bytes={offset}-{'' if length is None else offset + length - 1}"
+
+        def body(resp) -> bytearray:
+            got_range = resp.getheader("Content-Range", "")
+            if ranged and not got_range.startswith(f"bytes {offset}-"):
+                raise BridgeError(f"{loc}: the endpoint ignored the byte range asked for "
+                                  f"(HTTP {resp.status}, Content-Range {got_range!r})")
+            size = int(resp.getheader("Content-Length", "-1"))
+            if size < 0:
+                raise TransientError(f"{loc}: the answer carries no Content-Length")
+            buf = bytearray(size)
+            view, pos = memoryview(buf), 0
+            while pos < size:
+                got = resp.readinto(view[pos:])
+                if not got:
+                    raise TransientError(f"{loc}: connection dropped (read {pos} of {size} bytes)")
+                pos += got
+            return buf
+
+        return self._exchange(loc, "GET", self._path(loc), {}, headers, body)[1]
+
+    def head(self, loc: Location) -> dict:
+        """Get Blob Properties: size, content_md5 (bytes or None), metadata, etag, last_modified."""
+        resp, _ = self._exchange(loc, "HEAD", self._path(loc), {}, {}, lambda resp: resp.read())
+        got = resp.getheader
+        md5 = got("Content-MD5")
+        modified = got("Last-Modified")
+        return {"size": int(got("Content-Length", "0")), "content_md5": base64.b64decode(md5) if md5 else None,
+                "metadata": {k[10:]: v for k, v in resp.getheaders() if k.lower().startswith("x-ms-meta-")},
+                "etag": got("ETag"), "last_modified": parsedate_to_datetime(modified) if modified else None}
+
+    def list_page(self, prefix: Location, marker: str | None) -> tuple[list[dict], str | None]:
+        """One page of List Blobs under ``prefix`` with their metadata, from ``marker``: per blob
+        what head() gives and its name, and the next page's marker (None: the last)."""
+        query = {"restype": "container", "comp": "list", "include": "metadata"}
+        if prefix.key:
+            query["prefix"] = prefix.key
+        if marker:
+            query["marker"] = marker
+        if self.page_size:
+            query["maxresults"] = str(self.page_size)
+        _, body = self._exchange(prefix, "GET", f"{self.base}/{quote(prefix.bucket)}", query, {},
+                                 lambda resp: resp.read())
+        try:
+            root = ET.fromstring(body)
+        except ET.ParseError as exc:
+            raise TransientError(f"{prefix}: the listing could not be parsed ({exc})") from exc
+        blobs = []
+        for blob in root.iterfind("Blobs/Blob"):
+            name = blob.find("Name")
+            text = name.text or "" if name is not None else ""
+            props = blob.find("Properties")
+            prop = (lambda tag: props.findtext(tag) or None) if props is not None else (lambda tag: None)
+            md5, modified = prop("Content-MD5"), prop("Last-Modified")
+            meta = blob.find("Metadata")
+            blobs.append({"name": unquote(text) if name is not None and name.get("Encoded") == "true" else text,
+                          "size": int(prop("Content-Length") or 0),
+                          "content_md5": base64.b64decode(md5) if md5 else None,
+                          "metadata": {m.tag: m.text or "" for m in meta} if meta is not None else {},
+                          "etag": prop("Etag"),
+                          "last_modified": _when(modified)})
+        return blobs, root.findtext("NextMarker") or None
+
+
+def _when(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    with suppress(TypeError, ValueError):
+        return parsedate_to_datetime(text)
+    return None
