@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -150,10 +155,61 @@ def test_the_signature_is_the_sdks():
     for method, path, query, headers in cases:
         ours = {"x-ms-version": "2026-10-06", **headers}
         SharedKey(AZURITE_ACCOUNT, AZURITE_KEY).sign(method, path, query, ours, now)
-        from urllib.parse import quote
         url = f"http://127.0.0.1:10000{path}" + ("?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query.items())
                                                if query else "")
         theirs = HttpRequest(method, url, headers={k: v for k, v in ours.items() if k != "Authorization"})
         SharedKeyCredentialPolicy(AZURITE_ACCOUNT, AZURITE_KEY).on_request(
             PipelineRequest(theirs, PipelineContext(None)))
         assert ours["Authorization"] == theirs.headers["Authorization"], (method, path, query)
+
+
+CONNECTION_STRINGS = [
+    f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+    f"BlobEndpoint=http://127.0.0.1:10000/{AZURITE_ACCOUNT};",
+    f"AccountName=acct;AccountKey={AZURITE_KEY}",
+    f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={AZURITE_KEY};EndpointSuffix=core.chinacloudapi.cn",
+    f"DefaultEndpointsProtocol=http;AccountName=acct;AccountKey={AZURITE_KEY}",     # the SDK keeps https
+    f"accountname=acct;accountkey={AZURITE_KEY};blobendpoint=https://acct.blob.core.windows.net/",
+    f"AccountName=acct;AccountKey={AZURITE_KEY};SharedAccessSignature=sv=1&sig=x",   # the key signs
+    "BlobEndpoint=https://acct.blob.core.windows.net;SharedAccessSignature=sv=1&sig=x",
+    f"BlobEndpoint=http://127.0.0.1:10000/{AZURITE_ACCOUNT};AccountName={AZURITE_ACCOUNT}",
+]
+
+
+@pytest.mark.parametrize("text", CONNECTION_STRINGS)
+def test_connection_strings_are_read_as_the_sdk_reads_them(text):
+    """Where the direct path finds a shared key, the SDK's client has the same endpoint, account
+    and key; where it finds none, the SDK signs with no shared key either."""
+    from azure.storage.blob import BlobServiceClient
+
+    from bridge.config import AzureSettings
+    from bridge.stores.azuredirect import API_VERSION, shared_key
+
+    client = BlobServiceClient.from_connection_string(text)
+    found = shared_key(AzureSettings(connection_string=text))
+    cred = client.credential
+    if found is None:
+        assert getattr(cred, "account_key", None) is None
+    else:
+        assert found == (client.url.rstrip("/"), cred.account_name, cred.account_key)
+    assert API_VERSION == client.api_version
+
+
+def test_a_download_never_imports_the_sdk(azurite, make_root, tmp_path):
+    """A job the direct path serves whole (check the container, list, HEAD, GET) runs without
+    azure-core or azure-storage-blob loaded (only found: their namespace packages are)."""
+    container = parse(make_root("az")).bucket
+    for i in range(3):
+        _put(azurite, container, f"d/{i}.bin", os.urandom(1000 + i))
+    code = ("import sys; from bridge import ops; from tests.helpers import settings_for; import json, os\n"
+            "settings = settings_for(json.loads(os.environ['ENV']))\n"
+            f"ops.copy('az://{container}/d/', sys.argv[1], settings)\n"
+            f"ops.copy('az://{container}/d/1.bin', sys.argv[1] + 'one/', settings)\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('azure.core', 'azure.storage.'))))\n")
+    run = subprocess.run([sys.executable, "-c", code, f"{tmp_path}/out/"], capture_output=True, text=True,
+                         env={**os.environ, "ENV": json.dumps({**azurite.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "s")})},
+                         cwd=Path(__file__).parent.parent, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.bin")) == ["0.bin", "1.bin", "2.bin"]
+    assert (tmp_path / "out" / "one" / "1.bin").stat().st_size == 1001

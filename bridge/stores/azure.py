@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import importlib.util
 import logging
 import re
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable, InvalidOption,
@@ -25,14 +29,22 @@ from bridge.retry import call_with_retries
 from bridge.stores.base import GiB, MiB, Features, ObjectInfo, PartRecord, Store, utc_seconds
 from bridge.urls import Location
 
-try:
+# azure-core and azure-storage-blob are imported when first needed: jobs that the direct path
+# (azuredirect.py) serves whole never need them, and importing them is a large part of a short
+# job's start-up. Here only that they are installed is checked (the registry turns an ImportError
+# into an install hint).
+for _module in ("azure.core", "azure.storage.blob"):
+    if importlib.util.find_spec(_module) is None:
+        raise ImportError(f"No module named {_module!r}", name=_module)
+
+
+@functools.cache
+def _sdk():
     from azure.core import MatchConditions
-    from azure.core.exceptions import (ClientAuthenticationError, DecodeError, HttpResponseError,
-                                       ResourceNotFoundError, ServiceRequestError,
-                                       ServiceResponseError)
+    from azure.core import exceptions
     from azure.storage.blob import BlobBlock, BlobServiceClient, ExponentialRetry
-except ImportError as exc:
-    raise ImportError(str(exc), name=exc.name) from exc
+    return SimpleNamespace(MatchConditions=MatchConditions, errors=exceptions, BlobBlock=BlobBlock,
+                           BlobServiceClient=BlobServiceClient, ExponentialRetry=ExponentialRetry)
 
 # azure-core logs a warning for each answer cut short ("Incomplete download.") that Python's
 # last-resort handler would print on stderr beside bridge's one-line error; bridge translates
@@ -46,26 +58,37 @@ def _translate(loc: Location, endpoint: str):
         yield
     except BridgeError:
         raise
-    except ResourceNotFoundError as exc:
+    except Exception as exc:
+        error = _sdk_error(loc, endpoint, exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def _sdk_error(loc: Location, endpoint: str, exc: Exception) -> BridgeError | None:
+    """bridge's error for one of the SDK's, or None to let ``exc`` through as it is."""
+    e = _sdk().errors
+    if isinstance(exc, e.ResourceNotFoundError):
         _copy_source(loc, exc)
         if getattr(exc, "error_code", None) == "ContainerNotFound":
-            raise BucketNotFound(f"container {loc.bucket!r} does not exist") from exc
-        raise ObjectNotFound(f"{loc}: no such blob") from exc
-    except ClientAuthenticationError as exc:
-        raise PermissionDenied(f"{loc}: authentication failed") from exc
-    except ServiceRequestError as exc:
-        raise EndpointUnreachable(f"cannot reach the Azure endpoint {endpoint}: {type(exc).__name__}") from exc
-    except (ServiceResponseError, DecodeError) as exc:
+            return BucketNotFound(f"container {loc.bucket!r} does not exist")
+        return ObjectNotFound(f"{loc}: no such blob")
+    if isinstance(exc, e.ClientAuthenticationError):
+        return PermissionDenied(f"{loc}: authentication failed")
+    if isinstance(exc, e.ServiceRequestError):
+        return EndpointUnreachable(f"cannot reach the Azure endpoint {endpoint}: {type(exc).__name__}")
+    if isinstance(exc, (e.ServiceResponseError, e.DecodeError)):
         # the answer was lost or cut short (IncompleteReadError is a DecodeError)
-        raise TransientError(f"{loc}: connection dropped ({type(exc).__name__})") from exc
-    except HttpResponseError as exc:
+        return TransientError(f"{loc}: connection dropped ({type(exc).__name__})")
+    if isinstance(exc, e.HttpResponseError):
         _copy_source(loc, exc)
         code = getattr(exc, "error_code", None) or ""
         status = exc.status_code or 0
-        if not status and isinstance(exc.__cause__, (ServiceResponseError, DecodeError)):
+        if not status and isinstance(exc.__cause__, (e.ServiceResponseError, e.DecodeError)):
             # the blob downloader gave up on a body cut short and wrapped the cause
-            raise TransientError(f"{loc}: connection dropped ({type(exc.__cause__).__name__})") from exc
-        raise _from_code(loc, status, code, str(exc.message or "")) from exc
+            return TransientError(f"{loc}: connection dropped ({type(exc.__cause__).__name__})")
+        return _from_code(loc, status, code, str(exc.message or ""))
+    return None
 
 
 def _from_code(loc: Location, status: int, code: str, message: str = "") -> BridgeError:
@@ -86,7 +109,7 @@ def _from_code(loc: Location, status: int, code: str, message: str = "") -> Brid
     return BridgeError(f"{loc}: Azure error {code or status}")
 
 
-def _storage_error(exc: HttpResponseError):
+def _storage_error(exc):
     """Raise ``exc`` as the blob SDK's public calls would: typed, with its ``error_code`` set."""
     try:
         from azure.storage.blob._shared.response_handlers import process_storage_error
@@ -95,7 +118,7 @@ def _storage_error(exc: HttpResponseError):
     process_storage_error(exc)
 
 
-def _copy_source(loc: Location, exc: HttpResponseError) -> None:
+def _copy_source(loc: Location, exc) -> None:
     """Azure could not read the source URL of a copy (the SDK files it under not-found)."""
     if getattr(exc, "error_code", None) == "CannotVerifyCopySource":
         headers = exc.response.headers if exc.response is not None else {}
@@ -172,14 +195,42 @@ class AzureStore(Store):
     def __init__(self, settings: Settings):
         self.settings = settings
         az, t = settings.azure, settings.transfer
-        # bridge.retry is the one retry layer: azure-core sends each request once.
-        retry = ExponentialRetry(retry_total=0)
-        common = {"retry_policy": retry, "connection_timeout": t.connect_timeout,
-                  "read_timeout": t.read_timeout, "max_single_put_size": 256 * MiB}
         if az.connection_string:
             _check_connection_string(az.connection_string.get_secret_value())
+        from bridge.stores.azuredirect import Direct
+        # None: reads go through the SDK (a SAS, Azure AD, or an endpoint that is not plain)
+        self._direct = Direct.for_settings(settings, _from_code)
+        self._client = None
+        self._client_lock = threading.Lock()
+        if self._direct is None:
+            self.endpoint = self.client.url   # the SDK client now: what is wrong in the settings shows at once
+        else:
+            self.endpoint = self._direct.endpoint
+        self.retries = t.retries
+
+    @property
+    def client(self):
+        """The SDK's BlobServiceClient, built on first use."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = self._make_client()
+            return self._client
+
+    @functools.cached_property
+    def _validate(self) -> str | bool:
+        return _transactional_checksum()
+
+    def _make_client(self):
+        az, t = self.settings.azure, self.settings.transfer
+        sdk = _sdk()
+        # bridge.retry is the one retry layer: azure-core sends each request once.
+        retry = sdk.ExponentialRetry(retry_total=0)
+        common = {"retry_policy": retry, "connection_timeout": t.connect_timeout,
+                  "read_timeout": t.read_timeout, "max_single_put_size": 256 * MiB}
+        BlobServiceClient = sdk.BlobServiceClient
+        if az.connection_string:
             try:
-                self.client = BlobServiceClient.from_connection_string(
+                return BlobServiceClient.from_connection_string(
                     az.connection_string.get_secret_value(), **common)
             except ValueError as exc:  # its text is generic; the string itself may hold a key
                 raise InvalidOption("the Azure connection string (AZURE_STORAGE_CONNECTION_STRING) is "
@@ -189,7 +240,7 @@ class AzureStore(Store):
             url = az.endpoint or f"https://{az.account_name}.blob.core.windows.net"
             cred = ({"account_name": az.account_name, "account_key": az.account_key.get_secret_value()}
                     if az.account_key else az.sas_token.get_secret_value())
-            self.client = BlobServiceClient(url, credential=cred, **common)
+            return BlobServiceClient(url, credential=cred, **common)
         elif az.account_name:
             try:
                 from azure.identity import DefaultAzureCredential
@@ -197,16 +248,9 @@ class AzureStore(Store):
                 raise CredentialsMissing("AZURE_STORAGE_ACCOUNT is set without a key: set "
                                          "AZURE_STORAGE_KEY, or install azure-identity") from exc
             url = az.endpoint or f"https://{az.account_name}.blob.core.windows.net"
-            self.client = BlobServiceClient(url, credential=DefaultAzureCredential(), **common)
-        else:
-            raise CredentialsMissing("no Azure credentials found: set AZURE_STORAGE_CONNECTION_STRING, "
-                                     "or AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY")
-        self.endpoint = self.client.url
-        from bridge.stores.azuredirect import Direct
-        # None: reads go through the SDK (a SAS, Azure AD, or an endpoint that is not plain)
-        self._direct = Direct.for_client(self.client, _from_code, t.connect_timeout, t.read_timeout)
-        self._validate = _transactional_checksum()
-        self.retries = t.retries
+            return BlobServiceClient(url, credential=DefaultAzureCredential(), **common)
+        raise CredentialsMissing("no Azure credentials found: set AZURE_STORAGE_CONNECTION_STRING, "
+                                 "or AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY")
 
     def _request(self, loc: Location, fn, recovered=None):
         def once():
@@ -287,7 +331,7 @@ class AzureStore(Store):
         try:
             stream, headers = self._blob(loc)._client.blob.download(
                 range=header, cls=lambda response, _body, headers: (_body, headers))
-        except HttpResponseError as exc:
+        except _sdk().errors.HttpResponseError as exc:
             _storage_error(exc)
         data = b"".join(stream)
         expected = headers.get("Content-Length")
@@ -318,6 +362,9 @@ class AzureStore(Store):
         return False
 
     def check_bucket(self, loc: Location) -> None:
+        if self._direct is not None:
+            self._request(loc, lambda: self._direct.check_container(loc))
+            return
         if not self._request(loc, self.client.get_container_client(loc.bucket).exists):
             raise BucketNotFound(f"container {loc.bucket!r} does not exist")
 
@@ -415,7 +462,7 @@ class AzureStore(Store):
                         crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
         """Put Block List. Azure keeps no whole-object checksum of a block blob (each block was
         checked on arrival, by its transactional CRC64 or MD5): the answer reports none."""
-        blocks = [BlobBlock(block_id=p.token) for p in sorted(parts, key=lambda p: p.number)]
+        blocks = [_sdk().BlobBlock(block_id=p.token) for p in sorted(parts, key=lambda p: p.number)]
         size = sum(p.size for p in parts)
 
         def finished() -> bool:  # an earlier attempt committed, and its answer was lost
@@ -447,21 +494,22 @@ class AzureStore(Store):
         blocks of other uploads to the same blob go too: this is for leftovers.
         """
         blob = self._blob(loc)
+        sdk = _sdk()
         with _translate(loc, self.endpoint):
             try:
                 committed, uncommitted = blob.get_block_list("all")
-            except ResourceNotFoundError:
+            except sdk.errors.ResourceNotFoundError:
                 return
             if not any(_block_number(b.id)[0] == upload_id for b in uncommitted):
                 return
             try:
                 props = blob.get_blob_properties()
-            except ResourceNotFoundError:
+            except sdk.errors.ResourceNotFoundError:
                 blob.delete_blob()   # only uncommitted blocks: deleting the name discards them
                 return
-            same = {"etag": props.etag, "match_condition": MatchConditions.IfNotModified}
+            same = {"etag": props.etag, "match_condition": sdk.MatchConditions.IfNotModified}
             if committed:
-                blob.commit_block_list([BlobBlock(block_id=b.id) for b in committed], metadata=props.metadata,
+                blob.commit_block_list([sdk.BlobBlock(block_id=b.id) for b in committed], metadata=props.metadata,
                                        content_settings=props.content_settings, **same)
             else:
                 # Its bytes become one block (numbered 0, which no upload uses, and as long as the
@@ -469,7 +517,7 @@ class AzureStore(Store):
                 data = blob.download_blob(**same).readall()
                 block_id = _block_id(upload_id, 0)
                 blob.stage_block(block_id, data, length=len(data), validate_content=self._validate)
-                blob.commit_block_list([BlobBlock(block_id=block_id)], metadata=props.metadata,
+                blob.commit_block_list([sdk.BlobBlock(block_id=block_id)], metadata=props.metadata,
                                        content_settings=props.content_settings, **same)
 
     def list_uploads(self, prefix: Location) -> Iterator[tuple[Location, str]]:

@@ -13,11 +13,13 @@ Blob, whole or a range (``x-ms-range``), the body's length against its Content-L
 Properties (HEAD) for ``info``; List Blobs pages with metadata. Uploads, block lists, copies and
 everything else stay on the SDK.
 
-Used only where it is plainly equivalent: the SDK client was given the account's shared key (a
-connection string with AccountKey, or AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY), and its
-endpoint is a plain blob endpoint, path-style (``http://127.0.0.1:10000/devstoreaccount1``, as
-Azurite) or the account's own host (``https://ACCOUNT.blob.core.windows.net``). A SAS token or an
-Azure AD (OAuth) credential keeps the SDK path, which knows how to attach and refresh them.
+Used only where it is plainly equivalent: the settings give the account's shared key (a
+connection string with AccountKey, read as the SDK reads it, or AZURE_STORAGE_ACCOUNT with
+AZURE_STORAGE_KEY), and the endpoint is a plain blob endpoint, path-style
+(``http://127.0.0.1:10000/devstoreaccount1``, as Azurite) or the account's own host
+(``https://ACCOUNT.blob.core.windows.net``). A SAS token or an Azure AD (OAuth) credential keeps
+the SDK path, which knows how to attach and refresh them. A job the direct path serves whole (a
+download to local files) never imports the SDK: the store builds its client on first use.
 
 Failures are raised as bridge's errors through the store's own ``from_code(loc, status, code)``,
 the meaning azure.py gives the SDK's errors; a refused connection is EndpointUnreachable, one
@@ -40,10 +42,46 @@ from datetime import datetime
 from email.utils import formatdate, parsedate_to_datetime
 from urllib.parse import quote, unquote, urlsplit
 
-from bridge.errors import BridgeError, EndpointUnreachable, TransientError
+from bridge.config import AzureSettings, Settings
+from bridge.errors import BridgeError, BucketNotFound, EndpointUnreachable, ObjectNotFound, TransientError
 from bridge.urls import Location
 
 _CODE = re.compile(rb"<Code>([^<]+)</Code>")
+# The service version sent, as azure-storage-blob sends its newest (tests/test_azuredirect.py
+# checks that they agree).
+API_VERSION = "2026-10-06"
+
+
+def shared_key(az: AzureSettings) -> tuple[str, str, str] | None:
+    """(blob endpoint, account name, account key) when the settings give the account's shared
+    key, read as azure-storage-blob reads a connection string; None otherwise (a SAS, Azure AD,
+    development storage, or a string the SDK is left to refuse)."""
+    if az.connection_string:
+        pairs = [part.split("=", 1) for part in az.connection_string.get_secret_value().rstrip(";").split(";")]
+        if any(len(pair) != 2 for pair in pairs):
+            return None
+        conf = {name.upper(): value for name, value in pairs}
+        account, key = conf.get("ACCOUNTNAME"), conf.get("ACCOUNTKEY")
+        if not (account and key) or "USEDEVELOPMENTSTORAGE" in conf:
+            return None
+        endpoint = conf.get("BLOBENDPOINT")
+        if not endpoint:
+            if "BLOBSECONDARYENDPOINT" in conf:
+                return None
+            if "DEFAULTENDPOINTSPROTOCOL" in conf and "ENDPOINTSUFFIX" in conf:
+                endpoint = f"{conf['DEFAULTENDPOINTSPROTOCOL']}://{account}.blob.{conf['ENDPOINTSUFFIX']}"
+            else:
+                endpoint = f"https://{account}.blob.{conf.get('ENDPOINTSUFFIX', 'core.windows.net')}"
+    elif az.account_name and az.account_key:
+        endpoint = az.endpoint or f"https://{az.account_name}.blob.core.windows.net"
+        account, key = az.account_name, az.account_key.get_secret_value()
+    else:
+        return None
+    try:
+        base64.b64decode(key, validate=True)
+    except ValueError:
+        return None   # the SDK fails to sign with it, and says so
+    return endpoint.rstrip("/"), account, key
 
 # The standard headers Shared Key signs, by value, in this order (an absent one as an empty line).
 _SIGNED = ("content-encoding", "content-language", "content-length", "content-md5", "content-type", "date",
@@ -115,21 +153,23 @@ class Direct:
         self._local = threading.local()
 
     @classmethod
-    def for_client(cls, client, from_code, connect_timeout: float, read_timeout: float) -> Direct | None:
-        """The direct path for what the SDK ``client`` (a BlobServiceClient) was built with, or
-        None where it keeps the SDK path: no shared key, or an endpoint that is not plain."""
-        credential = client.credential
-        account = getattr(credential, "account_name", None)
-        key = getattr(credential, "account_key", None)
-        url = urlsplit(client.url)
-        if not (account and key) or url.scheme not in ("http", "https") or url.query or url.username:
+    def for_settings(cls, settings: Settings, from_code) -> Direct | None:
+        """The direct path for ``settings``, or None where the SDK path stays: no shared key, or
+        an endpoint that is not plain."""
+        found = shared_key(settings.azure)
+        if found is None:
+            return None
+        endpoint, account, key = found
+        url = urlsplit(endpoint)
+        if url.scheme not in ("http", "https") or url.query or url.fragment or url.username or not url.hostname:
             return None
         path = url.path.rstrip("/")
         path_style = path == f"/{account}"
-        account_host = not path and (url.hostname or "").startswith(f"{account}.blob.")
+        account_host = not path and url.hostname.startswith(f"{account}.blob.")
         if not (path_style or account_host):
             return None
-        return cls(client.url, account, key, client.api_version, from_code, connect_timeout, read_timeout)
+        t = settings.transfer
+        return cls(endpoint, account, key, API_VERSION, from_code, t.connect_timeout, t.read_timeout)
 
     # -- one exchange on this thread's connection ---------------------------------------------------
     def _take(self, loc: Location) -> http.client.HTTPConnection:
@@ -187,6 +227,16 @@ class Direct:
         return f"{self.base}/{quote(loc.bucket)}/{quote(loc.key, safe='~/')}"
 
     # -- Get Blob, Get Blob Properties, List Blobs -------------------------------------------------
+    def check_container(self, loc: Location) -> None:
+        """Get Container Properties: nothing when the container of ``loc`` exists, else BucketNotFound."""
+        try:
+            self._exchange(loc, "HEAD", f"{self.base}/{quote(loc.bucket)}", {"restype": "container"}, {},
+                           lambda resp: resp.read())
+        except ObjectNotFound as exc:   # an answer without an error code (a HEAD has no body)
+            if isinstance(exc, BucketNotFound):
+                raise
+            raise BucketNotFound(f"container {loc.bucket!r} does not exist") from exc
+
     def get(self, loc: Location, offset: int = 0, length: int | None = None) -> bytearray:
         """Bytes [offset, offset+length) of ``loc`` (from offset to the end when length is None)."""
         ranged = bool(offset) or length is not None
