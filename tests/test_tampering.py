@@ -60,6 +60,7 @@ def rewrite(emulator_for, url: str, data: bytes, *, part_sizes: list[int] | None
     """Replace the object at ``url`` by ``data`` with the provider's SDK, keeping its metadata
     (bridge_crc32c, bridge_sha256), its reported CRC32C and on Azure its block sizes."""
     loc = parse(url)
+    data = bytes(data)   # a store's read may give a bytearray, which the Azure SDK takes for an iterable
     if loc.is_local:
         path = loc.local_path
         before = os.stat(path)

@@ -5,6 +5,10 @@ talks to the SDK directly. Every block is sent with a transactional CRC64 (MD5 w
 native extension) that the service checks;
 a committed blob carries bridge's CRC32C and SHA-256 in its metadata, and its block list records
 each block's size, which ``mcbridge verify`` compares with the manifest.
+
+With the account's shared key on a plain endpoint, reads (Get Blob, Get Blob Properties, List
+Blobs, Get Container Properties) skip the SDK: bridge/stores/azuredirect.py. The SDK is imported,
+and its client built, when something else first needs it.
 """
 
 from __future__ import annotations

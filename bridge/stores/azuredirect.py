@@ -6,12 +6,13 @@ pipeline of policies (request ids, user agent, signing, response hooks, deserial
 then joins the body out of the transport's chunks, a copy per chunk and another for the join.
 Here Get Blob costs one signature and one request, and each thread of the engine reads its
 answer with ``readinto`` (one copy, from the socket into the buffer) while the GIL is free.
-Measured against rclone on Azurite: see bench/README.md.
+bench/bench_speed.py --stores azure measures it against rclone on Azurite.
 
 What is sent is what the SDK sends for the same call, with the same checks on the answer: Get
-Blob, whole or a range (``x-ms-range``), the body's length against its Content-Length; Get Blob
-Properties (HEAD) for ``info``; List Blobs pages with metadata. Uploads, block lists, copies and
-everything else stay on the SDK.
+Blob, whole or a range (``x-ms-range``), the body's length against its Content-Length (and that
+a range was honoured); Get Blob Properties (HEAD) for ``info``; List Blobs pages with metadata;
+Get Container Properties for ``check_bucket``. Uploads, block lists, copies and everything else
+stay on the SDK.
 
 Used only where it is plainly equivalent: the settings give the account's shared key (a
 connection string with AccountKey, read as the SDK reads it, or AZURE_STORAGE_ACCOUNT with
@@ -82,6 +83,7 @@ def shared_key(az: AzureSettings) -> tuple[str, str, str] | None:
     except ValueError:
         return None   # the SDK fails to sign with it, and says so
     return endpoint.rstrip("/"), account, key
+
 
 # The standard headers Shared Key signs, by value, in this order (an absent one as an empty line).
 _SIGNED = ("content-encoding", "content-language", "content-length", "content-md5", "content-type", "date",
