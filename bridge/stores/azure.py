@@ -325,6 +325,16 @@ class AzureStore(Store):
         header = f"bytes={offset}-{'' if length is None else offset + length - 1}" if ranged else None
         return self._request(loc, lambda: self._get(loc, header))
 
+    @property
+    def reads_many(self) -> bool:
+        return self._direct is not None
+
+    def read_many(self, locs: list[Location], each) -> dict:
+        if self._direct is None:
+            return super().read_many(locs, each)
+        return self._direct.get_many(locs, each, connections=self.settings.transfer.concurrency,
+                                     retries=self.retries)
+
     def _get(self, loc: Location, header: str | None) -> bytes:
         """One GET, its body read whole: exactly one request per attempt of bridge's retry layer.
 

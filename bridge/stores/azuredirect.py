@@ -38,6 +38,7 @@ import select
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from contextlib import suppress
 from datetime import datetime
 from email.utils import formatdate, parsedate_to_datetime
@@ -145,9 +146,12 @@ class Direct:
                  connect_timeout: float, read_timeout: float):
         url = urlsplit(endpoint)
         self.endpoint = endpoint.rstrip("/")
+        self.origin = f"{url.scheme}://{url.netloc}"
+        self.netloc = url.netloc
         self.base = url.path.rstrip("/")
         self.version = api_version
         self.read_timeout = read_timeout
+        self._timeout = max(connect_timeout, read_timeout)
         self._from_code = from_code
         self._connect = lambda: (http.client.HTTPSConnection if url.scheme == "https" else
                                  http.client.HTTPConnection)(url.hostname, url.port, timeout=connect_timeout)
@@ -219,11 +223,13 @@ class Direct:
         return resp, result
 
     def _error(self, loc: Location, resp, body: bytes) -> BridgeError:
-        code = resp.getheader("x-ms-error-code")
+        return self._error_of(loc, resp.status, resp.getheader("x-ms-error-code"), body)
+
+    def _error_of(self, loc: Location, status: int, code: str | None, body: bytes) -> BridgeError:
         if not code:
-            found = _CODE.search(body)
+            found = _CODE.search(body[:65536])
             code = found.group(1).decode() if found else ""
-        return self._from_code(loc, resp.status, code)
+        return self._from_code(loc, status, code)
 
     def _path(self, loc: Location) -> str:
         return f"{self.base}/{quote(loc.bucket)}/{quote(loc.key, safe='~/')}"
@@ -264,6 +270,37 @@ class Direct:
             return buf
 
         return self._exchange(loc, "GET", self._path(loc), {}, headers, body)[1]
+
+    def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], *,
+                 connections: int, retries: int) -> dict[int, BridgeError]:
+        """Whole blobs, ``connections`` requests in flight from this thread (bridge.stores.streams):
+        ``each(i, body)`` here as each arrives, in any order; what failed, by index, once its
+        retries (bridge.retry, per blob) are spent. A BridgeError from ``each`` is that blob's
+        failure; any other exception ends the batch. A body is read to its Content-Length or the
+        attempt fails, as get() reads one."""
+        from bridge.retry import acall_with_retries
+        from bridge.stores.streams import run_many
+        failures: dict[int, BridgeError] = {}
+
+        async def one(i: int, link) -> None:
+            loc = locs[i]
+            path = self._path(loc)
+
+            async def attempt() -> bytes:
+                headers = {"Host": self.netloc, "x-ms-version": self.version}
+                self._signer.sign("GET", path, {}, headers)
+                answer = await link.send("GET", path, headers, what=str(loc))
+                if answer.status >= 300:
+                    raise self._error_of(loc, answer.status, answer.headers.get("x-ms-error-code"), answer.body)
+                return answer.body
+
+            try:
+                each(i, await acall_with_retries(attempt, retries))
+            except BridgeError as exc:
+                failures[i] = exc
+
+        run_many(len(locs), one, self.origin, connections=connections, timeout=self._timeout)
+        return failures
 
     def head(self, loc: Location) -> dict:
         """Get Blob Properties: size, content_md5 (bytes or None), metadata, etag, last_modified."""
