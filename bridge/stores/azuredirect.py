@@ -273,34 +273,23 @@ class Direct:
 
     def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], *,
                  connections: int, retries: int) -> dict[int, BridgeError]:
-        """Whole blobs, ``connections`` requests in flight from this thread (bridge.stores.streams):
-        ``each(i, body)`` here as each arrives, in any order; what failed, by index, once its
-        retries (bridge.retry, per blob) are spent. A BridgeError from ``each`` is that blob's
-        failure; any other exception ends the batch. A body is read to its Content-Length or the
-        attempt fails, as get() reads one."""
-        from bridge.retry import acall_with_retries
-        from bridge.stores.streams import run_many
-        failures: dict[int, BridgeError] = {}
+        """Whole blobs, ``connections`` requests in flight from this thread
+        (``bridge.stores.streams.each_of``: ``each(i, body)`` here as each arrives, failures by
+        index). A body is read to its Content-Length or the attempt fails, as get() reads one."""
+        from bridge.stores.streams import each_of
 
-        async def one(i: int, link) -> None:
+        async def send(i: int, link) -> bytes:
             loc = locs[i]
             path = self._path(loc)
+            headers = {"Host": self.netloc, "x-ms-version": self.version}
+            self._signer.sign("GET", path, {}, headers)
+            answer = await link.send("GET", path, headers, what=str(loc))
+            if answer.status >= 300:
+                raise self._error_of(loc, answer.status, answer.headers.get("x-ms-error-code"), answer.body)
+            return answer.body
 
-            async def attempt() -> bytes:
-                headers = {"Host": self.netloc, "x-ms-version": self.version}
-                self._signer.sign("GET", path, {}, headers)
-                answer = await link.send("GET", path, headers, what=str(loc))
-                if answer.status >= 300:
-                    raise self._error_of(loc, answer.status, answer.headers.get("x-ms-error-code"), answer.body)
-                return answer.body
-
-            try:
-                each(i, await acall_with_retries(attempt, retries))
-            except BridgeError as exc:
-                failures[i] = exc
-
-        run_many(len(locs), one, self.origin, connections=connections, timeout=self._timeout)
-        return failures
+        return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout,
+                       retries=retries)
 
     def head(self, loc: Location) -> dict:
         """Get Blob Properties: size, content_md5 (bytes or None), metadata, etag, last_modified."""

@@ -189,35 +189,23 @@ class Direct:
     def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], *,
                  connections: int, retries: int) -> dict[int, BridgeError]:
         """Whole objects, ``connections`` requests in flight from this thread
-        (bridge.stores.streams): ``each(i, body)`` here as each arrives, in any order; what
-        failed, by index, once its retries (bridge.retry, per object) are spent. A BridgeError
-        from ``each`` is that object's failure; any other exception ends the batch."""
-        from bridge.retry import acall_with_retries
-        from bridge.stores.streams import run_many
-        failures: dict[int, BridgeError] = {}
+        (``bridge.stores.streams.each_of``: ``each(i, body)`` here as each arrives, failures by index)."""
+        from bridge.stores.streams import each_of
 
-        async def one(i: int, link) -> None:
+        async def send(i: int, link) -> bytes:
             loc = locs[i]
-            target = self._object_path(loc) + "?alt=media"
+            headers = {"Host": self.netloc, "Accept-Encoding": "gzip"}
+            if self._bearer is not None:
+                self._bearer.apply(headers)
+            answer = await link.send("GET", self._object_path(loc) + "?alt=media", headers, what=str(loc))
+            if answer.status >= 300:
+                raise _error_of(loc, answer.status, answer.body[:65536])
+            if _compressed_on_the_way(answer.headers.get):
+                return _gunzip(loc, answer.body, None)
+            return answer.body
 
-            async def attempt() -> bytes:
-                headers = {"Host": self.netloc, "Accept-Encoding": "gzip"}
-                if self._bearer is not None:
-                    self._bearer.apply(headers)
-                answer = await link.send("GET", target, headers, what=str(loc))
-                if answer.status >= 300:
-                    raise _error_of(loc, answer.status, answer.body[:65536])
-                if _compressed_on_the_way(answer.headers.get):
-                    return _gunzip(loc, answer.body, None)
-                return answer.body
-
-            try:
-                each(i, await acall_with_retries(attempt, retries))
-            except BridgeError as exc:
-                failures[i] = exc
-
-        run_many(len(locs), one, self.origin, connections=connections, timeout=self._timeout)
-        return failures
+        return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout,
+                       retries=retries)
 
     def object(self, loc: Location) -> dict:
         """The object's metadata, as objects.get gives it (name, size, crc32c, md5Hash,

@@ -86,29 +86,25 @@ class Direct:
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], from_code, *,
                  connections: int, retries: int) -> dict[int, BridgeError]:
         """Whole objects, ``connections`` PUTs in flight from this thread: ``body(i)`` gives
-        (location, bytes, CRC32C base64, metadata) when its request is about to go, ``each(i,
-        answer)`` takes what S3 answered (as ``put`` returns it). Failures by index, as get_many."""
-        from bridge.retry import acall_with_retries
-        from bridge.stores.streams import run_many
-        failures: dict[int, BridgeError] = {}
+        (location, bytes, CRC32C base64, metadata) when its request is first about to go (its
+        retries send the same), ``each(i, answer)`` takes what S3 answered (as ``put`` returns
+        it). Failures by index, as get_many."""
+        from bridge.stores.streams import each_of
+        bodies: dict[int, tuple] = {}
 
-        async def one(i: int, link) -> None:
-            try:
-                loc, data, crc32c_b64, metadata = body(i)
+        async def send(i: int, link) -> dict:
+            if i not in bodies:
+                bodies[i] = body(i)
+            loc, data, crc32c_b64, metadata = bodies[i]
+            path, headers = self._put_request(loc, data, crc32c_b64, metadata)
+            answer = await link.send("PUT", path, headers, data, what=str(loc))
+            if answer.status >= 300:
+                raise _error_of(loc, answer.status, answer.body[:65536], from_code)
+            del bodies[i]
+            return _put_answer(lambda name: answer.headers.get(name.lower()))
 
-                async def attempt() -> dict:
-                    path, headers = self._put_request(loc, data, crc32c_b64, metadata)
-                    answer = await link.send("PUT", path, headers, data, what=str(loc))
-                    if answer.status >= 300:
-                        raise _error_of(loc, answer.status, answer.body[:65536], from_code)
-                    return _put_answer(lambda name: answer.headers.get(name.lower()))
-
-                each(i, await acall_with_retries(attempt, retries))
-            except BridgeError as exc:
-                failures[i] = exc
-
-        run_many(count, one, self.origin, connections=connections, timeout=self._timeout)
-        return failures
+        return each_of(count, send, each, self.origin, connections=connections, timeout=self._timeout,
+                       retries=retries)
 
     def _path(self, loc: Location) -> str:
         return f"{self.base}/{quote(loc.bucket)}/{quote(loc.key, safe='/~')}"
@@ -177,33 +173,22 @@ class Direct:
 
     def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], from_code, *,
                  connections: int, retries: int) -> dict[int, BridgeError]:
-        """Whole objects, ``connections`` requests in flight from this thread (bridge.stores.streams):
-        ``each(i, body)`` here as each arrives, in any order; what failed, by index, once its
-        retries (bridge.retry, per object) are spent. A BridgeError from ``each`` is that object's
-        failure; any other exception ends the batch."""
-        from bridge.retry import acall_with_retries
-        from bridge.stores.streams import run_many
-        failures: dict[int, BridgeError] = {}
+        """Whole objects, ``connections`` requests in flight from this thread
+        (``bridge.stores.streams.each_of``: ``each(i, body)`` here as each arrives, failures by index)."""
+        from bridge.stores.streams import each_of
 
-        async def one(i: int, link) -> None:
+        async def send(i: int, link) -> bytes:
             loc = locs[i]
             path = self._path(loc)
+            headers: dict[str, str] = {}
+            self._signer.sign("GET", self.netloc, path, "", headers)
+            answer = await link.send("GET", path, headers, what=str(loc))
+            if answer.status >= 300:
+                raise _error_of(loc, answer.status, answer.body[:65536], from_code)
+            return answer.body
 
-            async def attempt() -> bytes:
-                headers: dict[str, str] = {}
-                self._signer.sign("GET", self.netloc, path, "", headers)
-                answer = await link.send("GET", path, headers, what=str(loc))
-                if answer.status >= 300:
-                    raise _error_of(loc, answer.status, answer.body[:65536], from_code)
-                return answer.body
-
-            try:
-                each(i, await acall_with_retries(attempt, retries))
-            except BridgeError as exc:
-                failures[i] = exc
-
-        run_many(len(locs), one, self.origin, connections=connections, timeout=self._timeout)
-        return failures
+        return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout,
+                       retries=retries)
 
     def head(self, loc: Location, from_code) -> dict:
         """HEAD one object, checksums asked for; the answer named as botocore's head_object names

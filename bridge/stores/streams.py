@@ -20,11 +20,13 @@ import asyncio
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from bridge.errors import BridgeError, EndpointUnreachable, TransientError
 
 HEAD_LIMIT = 1 << 20   # the status line and headers of one answer, at most
+T = TypeVar("T")
 
 
 @dataclass
@@ -140,3 +142,23 @@ def run_many(count: int, work: Callable[[int, Link], Awaitable[None]], origin: s
         await asyncio.gather(*(lane() for _ in range(max(1, min(connections, count)))))
 
     asyncio.run(main())
+
+
+def each_of(count: int, send: Callable[[int, Link], Awaitable[T]], each: Callable[[int, T], None],
+            origin: str, *, connections: int, timeout: float, retries: int) -> dict[int, BridgeError]:
+    """What the stores' ``read_many`` and ``put_many`` share: for every i in range(count),
+    ``await send(i, link)`` (one attempt: a request and its answer checked, raising bridge's
+    error), retried on its own through bridge.retry, then ``each(i, result)`` here, in any
+    order. What failed, by index: a BridgeError from ``send`` once its retries are spent, or
+    from ``each``; any other exception ends the run."""
+    from bridge.retry import acall_with_retries
+    failures: dict[int, BridgeError] = {}
+
+    async def one(i: int, link: Link) -> None:
+        try:
+            each(i, await acall_with_retries(lambda: send(i, link), retries))
+        except BridgeError as exc:
+            failures[i] = exc
+
+    run_many(count, one, origin, connections=connections, timeout=timeout)
+    return failures
