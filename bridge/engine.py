@@ -271,6 +271,7 @@ class JobContext(jobs.Context):
         self._lock = threading.Lock()
         self._file_locks: dict[str, threading.Lock] = {}
         self._hashers: dict[str, OrderedSha256] = {}
+        self._buffers = threading.local()
         self._uploads: dict[str, tuple[str, dict]] = {}
         # parts still to finish of each file this process completes when its last part is done
         self._parts_left: dict[str, int] = {f.rel: f.parts for f in plan.files if f.part_size and f.whole}
@@ -303,6 +304,13 @@ class JobContext(jobs.Context):
     def _file_lock(self, rel: str) -> threading.Lock:
         with self._lock:
             return self._file_locks.setdefault(rel, threading.Lock())
+
+    def part_buffer(self, size: int) -> bytearray:
+        """This thread's buffer for a part of at most ``size`` bytes (kept for its next part)."""
+        buf = getattr(self._buffers, "buf", None)
+        if buf is None or len(buf) < size:
+            buf = self._buffers.buf = bytearray(size)
+        return buf
 
     def hasher(self, rel: str) -> OrderedSha256:
         with self._lock:
@@ -497,15 +505,22 @@ def _part(ctx: JobContext, unit: dict) -> dict:
             ctx.progress.skipped(length)
             return known
         ctx.progress.throttle(length)
-        data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel), offset, length))
+        dst = ctx.dst_loc(rel)
+        if ctx.dst_root.is_local:
+            # Into this thread's own buffer, used again by its next part: nothing keeps it once
+            # the part is written (the hasher reads the file), and a fresh 8 MiB per part cost a
+            # second of system time per GiB in page faults and zeroing (bench/README.md).
+            data = ctx.src.read_into(ctx.src_loc(rel), offset, length, ctx.part_buffer(length))
+        else:
+            data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel), offset, length))
         if len(data) != length:
             raise IntegrityError(f"{ctx.src_loc(rel)}: short read at {offset}: the source changed")
         crc = crc_hex(crc32c(data))
         if finished and known["crc32c"] == crc:
-            hasher.feed(number, data)
+            hasher.feed(number, ctx.dst.written_region(dst, upload_id, offset, length)
+                        if ctx.dst_root.is_local else data)
             ctx.progress.skipped(length)
             return known
-        dst = ctx.dst_loc(rel)
         if ctx.dst_root.is_local:
             # Written first, hashed into the file's SHA-256 from the page cache when its turn
             # comes: a part that finished before the parts ahead of it holds no memory, and its

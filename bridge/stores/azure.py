@@ -316,6 +316,11 @@ class AzureStore(Store):
         committed, _ = self._request(loc, lambda: self._blob(loc).get_block_list("committed"))
         return [b.size for b in committed]
 
+    def read_into(self, loc: Location, offset: int, length: int, buf: bytearray):
+        if self._direct is None or not length:
+            return super().read_into(loc, offset, length, buf)
+        return self._request(loc, lambda: self._direct.get(loc, offset, length, into=buf))
+
     def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
         if length == 0:
             return b""

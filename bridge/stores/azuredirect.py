@@ -46,6 +46,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from bridge.config import AzureSettings, Settings
 from bridge.errors import BridgeError, BucketNotFound, EndpointUnreachable, ObjectNotFound, TransientError
+from bridge.stores.base import receive
 from bridge.urls import Location
 
 _CODE = re.compile(rb"<Code>([^<]+)</Code>")
@@ -245,14 +246,16 @@ class Direct:
                 raise
             raise BucketNotFound(f"container {loc.bucket!r} does not exist") from exc
 
-    def get(self, loc: Location, offset: int = 0, length: int | None = None) -> bytearray:
-        """Bytes [offset, offset+length) of ``loc`` (from offset to the end when length is None)."""
+    def get(self, loc: Location, offset: int = 0, length: int | None = None,
+            into: bytearray | None = None) -> bytearray | memoryview:
+        """Bytes [offset, offset+length) of ``loc`` (from offset to the end when length is None),
+        in ``into`` when it is long enough (bridge.stores.base.receive)."""
         ranged = bool(offset) or length is not None
         headers = {}
         if ranged:
             headers["x-ms-range"] = f"bytes={offset}-{'' if length is None else offset + length - 1}"
 
-        def body(resp) -> bytearray:
+        def body(resp) -> bytearray | memoryview:
             got_range = resp.getheader("Content-Range", "")
             if ranged and not got_range.startswith(f"bytes {offset}-"):
                 raise BridgeError(f"{loc}: the endpoint ignored the byte range asked for "
@@ -260,14 +263,7 @@ class Direct:
             size = int(resp.getheader("Content-Length", "-1"))
             if size < 0:
                 raise TransientError(f"{loc}: the answer carries no Content-Length")
-            buf = bytearray(size)
-            view, pos = memoryview(buf), 0
-            while pos < size:
-                got = resp.readinto(view[pos:])
-                if not got:
-                    raise TransientError(f"{loc}: connection dropped (read {pos} of {size} bytes)")
-                pos += got
-            return buf
+            return receive(resp, size, loc, into)
 
         return self._exchange(loc, "GET", self._path(loc), {}, headers, body)[1]
 

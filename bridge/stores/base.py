@@ -192,6 +192,17 @@ class Store(abc.ABC):
     def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
         """Bytes [offset, offset+length) in one request."""
 
+    def read_into(self, loc: Location, offset: int, length: int, buf: bytearray) -> memoryview | bytes:
+        """Bytes [offset, offset+length) in one request, in ``buf`` (at least ``length`` long):
+        a view of it. Stores that receive straight into it override this; here read() copied in.
+        What comes back may be shorter or longer than asked: the caller checks."""
+        data = self.read(loc, offset, length)
+        if len(data) > len(buf):
+            return data
+        view = memoryview(buf)[:len(data)]
+        view[:] = data
+        return view
+
     # True where read_many keeps several requests in flight from one thread: the engine then
     # hands it batches of small whole files (bridge.engine, "batch" units) instead of one per unit.
     reads_many: bool = False
@@ -316,3 +327,23 @@ class Store(abc.ABC):
             rel = obj.location.relative_to(root)
             if rel and not is_reserved(rel):
                 yield rel, obj
+
+
+def receive(resp, size: int, what: object, into: bytearray | None = None) -> bytearray | memoryview:
+    """The ``size`` bytes of an http.client answer's body, read with ``readinto`` (one copy, from
+    the socket) into ``into`` when it is long enough (a view of it: no new buffer, no page
+    faults for it), else into a new bytearray. A body cut short is a TransientError."""
+    from bridge.errors import TransientError
+    if into is not None and len(into) >= size:
+        buf: bytearray | memoryview = memoryview(into)[:size]
+        view = buf
+    else:
+        buf = bytearray(size)
+        view = memoryview(buf)
+    pos = 0
+    while pos < size:
+        got = resp.readinto(view[pos:])
+        if not got:
+            raise TransientError(f"{what}: connection closed after {pos} of {size} bytes")
+        pos += got
+    return buf

@@ -44,6 +44,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable,
                            ObjectNotFound, PermissionDenied, TransientError)
+from bridge.stores.base import receive
 from bridge.urls import Location
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
@@ -153,9 +154,10 @@ class Direct:
         except ValueError as exc:
             raise TransientError(f"{loc}: GCS's answer could not be read as JSON ({exc})") from exc
 
-    def get(self, loc: Location, offset: int = 0, length: int | None = None) -> bytearray:
+    def get(self, loc: Location, offset: int = 0, length: int | None = None,
+            into: bytearray | None = None) -> bytearray | memoryview:
         """Bytes [offset, offset+length) of ``loc`` as GCS stores them (all of it when length
-        is None)."""
+        is None), in ``into`` when it is long enough (bridge.stores.base.receive)."""
         headers = {"Accept-Encoding": "gzip"}
         ranged = bool(offset) or length is not None
         if ranged:
@@ -177,14 +179,7 @@ class Direct:
             size = int(announced)
             if length is not None and size != length:
                 raise TransientError(f"{loc}: the endpoint announced {size} bytes, asked for {length}")
-            buf = bytearray(size)
-            view, pos = memoryview(buf), 0
-            while pos < size:
-                got = resp.readinto(view[pos:])
-                if not got:
-                    raise TransientError(f"{loc}: connection closed after {pos} of {size} bytes")
-                pos += got
-        return buf
+            return receive(resp, size, loc, into)
 
     def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], *,
                  connections: int, retries: int) -> dict[int, BridgeError]:

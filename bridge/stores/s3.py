@@ -243,6 +243,11 @@ class S3Store(Store):
             return _sync_read(self.fs, resp["Body"], int(resp["ContentLength"]))
         return self._request(loc, get)
 
+    def read_into(self, loc: Location, offset: int, length: int, buf: bytearray):
+        if self._direct is None or not length:
+            return super().read_into(loc, offset, length, buf)
+        return self._request(loc, lambda: self._direct.get(loc, _from_code, offset, length, into=buf))
+
     @property
     def reads_many(self) -> bool:
         return self._direct is not None

@@ -33,6 +33,7 @@ from urllib.parse import quote, unquote_plus, urlsplit
 
 from bridge.config import Settings
 from bridge.errors import BridgeError, EndpointUnreachable, TransientError
+from bridge.stores.base import receive
 from bridge.urls import Location
 
 _CODE = re.compile(rb"<Code>([^<]+)</Code>")
@@ -139,9 +140,11 @@ class Direct:
                 raise _error(loc, resp, from_code)
             return resp, resp.read()
 
-    def get(self, loc: Location, from_code, offset: int = 0, length: int | None = None) -> bytearray:
-        """Bytes [offset, offset+length) of ``loc`` (all of it when length is None);
-        ``from_code(loc, code, text)`` turns an S3 error code into bridge's error."""
+    def get(self, loc: Location, from_code, offset: int = 0, length: int | None = None,
+            into: bytearray | None = None) -> bytearray | memoryview:
+        """Bytes [offset, offset+length) of ``loc`` (all of it when length is None), in ``into``
+        when it is long enough (bridge.stores.base.receive); ``from_code(loc, code, text)``
+        turns an S3 error code into bridge's error."""
         path = self._path(loc)
         headers = {}
         ranged = offset or length is not None
@@ -162,14 +165,7 @@ class Direct:
             size = int(resp.getheader("Content-Length", "-1"))
             if size < 0 or (length is not None and size != length):
                 raise TransientError(f"{loc}: the endpoint announced {size} bytes, asked for {length}")
-            buf = bytearray(size)
-            view, pos = memoryview(buf), 0
-            while pos < size:
-                got = resp.readinto(view[pos:])
-                if not got:
-                    raise TransientError(f"{loc}: connection closed after {pos} of {size} bytes")
-                pos += got
-        return buf
+            return receive(resp, size, loc, into)
 
     def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], from_code, *,
                  connections: int, retries: int) -> dict[int, BridgeError]:

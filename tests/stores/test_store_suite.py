@@ -36,6 +36,21 @@ def test_put_read_info_list_delete(store_env):
         store.info(loc)
 
 
+def test_a_range_read_into_a_buffer_lands_in_that_buffer(store_env):
+    """read_into (the engine's parts to a local destination): the bytes asked for, as a view of
+    the caller's buffer, which a direct path fills straight from the socket."""
+    import os
+    store, root = store_env
+    data = os.urandom(300_000)
+    loc = root.join("into/obj.bin")
+    store.put(loc, data, crc32c=crc_hex(crc32c(data)), metadata={})
+    buf = bytearray(200_000)
+    for offset, length in ((0, 200_000), (123_457, 100_000), (299_990, 10)):
+        view = store.read_into(loc, offset, length, buf)
+        assert bytes(view) == data[offset:offset + length]
+        assert isinstance(view, memoryview) and view.obj is buf
+
+
 def test_empty_object(store_env):
     store, root = store_env
     loc = root.join("empty")
