@@ -18,6 +18,7 @@ declared ability against each store:
 from __future__ import annotations
 
 import abc
+import contextlib
 import base64
 import io
 from collections.abc import Callable, Iterable, Iterator
@@ -347,3 +348,31 @@ def receive(resp, size: int, what: object, into: bytearray | None = None) -> byt
             raise TransientError(f"{what}: connection closed after {pos} of {size} bytes")
         pos += got
     return buf
+
+
+@contextlib.contextmanager
+def kept_connection(local, connect, loc: Location, endpoint: str):
+    """This thread's keep-alive http.client connection (``local.conn``, made by ``connect()``),
+    given back for reuse only after a clean, complete exchange. A refused connection is
+    EndpointUnreachable, a certificate that does not verify a BridgeError (not retried), any other
+    failure of the exchange a TransientError; ``endpoint`` names the endpoint in the message."""
+    import http.client
+    import ssl
+    from bridge.errors import EndpointUnreachable, TransientError
+    conn = getattr(local, "conn", None) or connect()
+    local.conn = None
+    try:
+        yield conn
+    except ConnectionRefusedError as exc:
+        conn.close()
+        raise EndpointUnreachable(f"cannot reach {endpoint}: {type(exc).__name__}") from exc
+    except ssl.SSLCertVerificationError as exc:
+        conn.close()
+        raise BridgeError(f"{endpoint} did not prove who it is: {exc}") from exc
+    except (http.client.HTTPException, OSError) as exc:
+        conn.close()
+        raise TransientError(f"{loc}: connection dropped ({type(exc).__name__}: {exc})") from exc
+    except BaseException:
+        conn.close()
+        raise
+    local.conn = conn

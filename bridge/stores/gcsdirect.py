@@ -35,16 +35,14 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import ssl
 import threading
 import zlib
 from collections.abc import Callable
-from contextlib import contextmanager
 from urllib.parse import quote, urlencode, urlsplit
 
-from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable,
+from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing,
                            ObjectNotFound, PermissionDenied, TransientError)
-from bridge.stores.base import receive
+from bridge.stores.base import kept_connection, receive
 from bridge.urls import Location
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
@@ -116,26 +114,9 @@ class Direct:
     def _object_path(self, loc: Location) -> str:
         return f"{self.base}{quote(loc.bucket, safe='')}/o/{quote(loc.key, safe='')}"
 
-    @contextmanager
     def _connection(self, loc: Location):
         """This thread's connection, given back for reuse only after a clean, complete exchange."""
-        conn = getattr(self._local, "conn", None) or self._connect()
-        self._local.conn = None
-        try:
-            yield conn
-        except ConnectionRefusedError as exc:
-            conn.close()
-            raise EndpointUnreachable(f"cannot reach the GCS endpoint {self.endpoint}: {type(exc).__name__}") from exc
-        except ssl.SSLCertVerificationError as exc:
-            conn.close()
-            raise BridgeError(f"the GCS endpoint {self.endpoint} did not prove who it is: {exc}") from exc
-        except (http.client.HTTPException, OSError) as exc:
-            conn.close()
-            raise TransientError(f"{loc}: connection dropped ({type(exc).__name__}: {exc})") from exc
-        except BaseException:
-            conn.close()
-            raise
-        self._local.conn = conn
+        return kept_connection(self._local, self._connect, loc, f"the GCS endpoint {self.endpoint}")
 
     def _send(self, conn, loc: Location, method: str, target: str, headers: dict[str, str]):
         if self._bearer is not None:

@@ -27,13 +27,12 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from contextlib import contextmanager
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote, unquote_plus, urlsplit
 
 from bridge.config import Settings
-from bridge.errors import BridgeError, EndpointUnreachable, TransientError
-from bridge.stores.base import receive
+from bridge.errors import BridgeError, TransientError
+from bridge.stores.base import kept_connection, receive
 from bridge.urls import Location
 
 _CODE = re.compile(rb"<Code>([^<]+)</Code>")
@@ -110,23 +109,9 @@ class Direct:
     def _path(self, loc: Location) -> str:
         return f"{self.base}/{quote(loc.bucket)}/{quote(loc.key, safe='/~')}"
 
-    @contextmanager
     def _connection(self, loc: Location):
         """This thread's connection, given back for reuse only after a clean, complete exchange."""
-        conn = getattr(self._local, "conn", None) or self._connect()
-        self._local.conn = None
-        try:
-            yield conn
-        except ConnectionRefusedError as exc:
-            conn.close()
-            raise EndpointUnreachable(f"cannot reach the S3 endpoint {self.endpoint}: {type(exc).__name__}") from exc
-        except (http.client.HTTPException, OSError) as exc:
-            conn.close()
-            raise TransientError(f"{loc}: connection dropped ({type(exc).__name__}: {exc})") from exc
-        except BaseException:
-            conn.close()
-            raise
-        self._local.conn = conn
+        return kept_connection(self._local, self._connect, loc, f"the S3 endpoint {self.endpoint}")
 
     def _call(self, loc: Location, method: str, path: str, from_code, query: str = "",
               headers: dict[str, str] | None = None):
