@@ -11,6 +11,9 @@ bench_transfer.py: each tool is its own process, wall time from start to exit, p
 wait4(); each tool runs at its defaults with bridge's hashing and manifest on. Runs alternate
 between the tools (bridge, peer, bridge, peer ...) so that a burst of load from the machine's
 other users falls on both; the fastest of ``--repeat`` counts, and the load average is printed.
+Before each run the page cache is written back (``sync``), and downloaded small files are kept
+until the end, so that no run pays for another tool's dirty pages or freed inodes; bridge's
+modules are byte-compiled first, as a wheel's are when installed.
 """
 
 from __future__ import annotations
@@ -73,6 +76,14 @@ def main() -> None:
     base.update({"MCBRIDGE_STATE_DIR": str(work / "state"), "XDG_CONFIG_HOME": str(work / "noconfig"),
                  "AWS_EC2_METADATA_DISABLED": "true"})
     big, small = make_data(work / "data", args.size_mib, args.files)
+    # bridge runs from its bytecode, as installed from a wheel: with PYTHONDONTWRITEBYTECODE set
+    # (as on this machine) a source checkout would compile its modules again in every run
+    # (~50 ms of each small copy).
+    import compileall
+    for tree in [Path(__file__).resolve().parent.parent, *([Path(args.before)] if args.before else [])]:
+        for package in ("bridge", "policies", "workers"):
+            if (tree / package).is_dir():
+                compileall.compile_dir(str(tree / package), quiet=1)
     sizes = {"big-down": big.stat().st_size, "small-up": args.files * 16 * 1024,
              "small-down": args.files * 16 * 1024}
     extra = args.bridge_args.split()
@@ -87,7 +98,10 @@ def main() -> None:
             # The objects to download, put there by rclone (not timed).
             _run_once([rclone, "copy", str(big), f"{remote}bench/seed-big/"], env, log)
             _run_once([rclone, "copy", str(small), f"{remote}bench/seed-small/", "--transfers", "16"], env, log)
-            out = work / "out"
+            # Outputs of the small cases stay until the bench ends: ext4 scans past inodes freed in
+            # the last minutes when it allocates new ones (recently_deleted() in a kernel profile), so
+            # deleting 2,000-file trees between runs made every later run slower, by up to 2x.
+            out = work / f"out-{store}"
             for case in cases:
                 tools: dict[str, list[str]] = {}
                 if case == "big-down":
@@ -118,11 +132,14 @@ def main() -> None:
                 best: dict[str, tuple[float, int]] = {}
                 for i in range(args.repeat):
                     for tool, cmd in tools.items():
+                        # No tool pays for another's dirty pages (bridge's syncfs would write them back).
+                        os.sync()
                         t, peak = _run_once([c.replace("{run}", f"{case}-{i}") for c in cmd],
                                             before_env if tool == "before" else env, log)
                         old = best.get(tool)
                         best[tool] = (min(t, old[0]) if old else t, max(peak, old[1]) if old else peak)
-                    shutil.rmtree(out, ignore_errors=True)
+                    if case == "big-down":
+                        shutil.rmtree(out, ignore_errors=True)
                 peer = min((t for t in best if t not in ("bridge", "before")), key=lambda t: best[t][0])
                 row = {"store": store, "case": case, "load": load(), "best_peer": peer,
                        "ratio": round(best["bridge"][0] / best[peer][0], 2),

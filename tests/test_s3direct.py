@@ -270,3 +270,23 @@ def test_small_files_from_local_to_s3_go_in_batches_and_verify(s3, tmp_path, mon
     ops.execute(plan, settings)
     report = ops.verify(target, settings, deep=True)
     assert report["ok"] and report["checked"] == 20, report
+
+
+def test_a_part_cut_half_way_is_written_again_from_its_start(moto, tmp_path):
+    """Parts to a local destination are written piece by piece as they arrive: an answer cut
+    half-way is asked again and written again from the part's first byte, and the copy's
+    CRC32C and SHA-256 are those of the object, not of the pieces of the cut attempt."""
+    from tests.faultproxy import FaultProxy, Rule
+    moto.create_bucket("direct")
+    data = os.urandom(12 * MiB + 5)
+    moto.client().put_object(Bucket="direct", Key="cut/ckpt.bin", Body=data)
+    with FaultProxy(moto.endpoint) as proxy:
+        settings = settings_for({**moto.env(), "AWS_ENDPOINT_URL": proxy.endpoint,
+                                 "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}, retries=2)
+        # the second part (bytes from 4 MiB) is cut once, after half of it was sent
+        proxy.configure(rules=[Rule(r"^GET /direct/cut/ckpt\.bin", "cut", after=1)])
+        result = ops.copy("s3://direct/cut/ckpt.bin", f"{tmp_path}/out/", settings, chunk_size=4 * MiB)
+        assert proxy.counts["cut"] == 1, proxy.log
+    assert result["files"] == 1
+    assert (tmp_path / "out" / "ckpt.bin").read_bytes() == data
+    assert ops.verify(f"{tmp_path}/out/", settings, deep=True)["ok"]

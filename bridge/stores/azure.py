@@ -316,10 +316,10 @@ class AzureStore(Store):
         committed, _ = self._request(loc, lambda: self._blob(loc).get_block_list("committed"))
         return [b.size for b in committed]
 
-    def read_into(self, loc: Location, offset: int, length: int, buf: bytearray):
+    def read_through(self, loc: Location, offset: int, length: int, buf: bytearray, each) -> int:
         if self._direct is None or not length:
-            return super().read_into(loc, offset, length, buf)
-        return self._request(loc, lambda: self._direct.get(loc, offset, length, into=buf))
+            return super().read_through(loc, offset, length, buf, each)
+        return self._request(loc, lambda: self._direct.get(loc, offset, length, into=buf, each=each))
 
     def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
         if length == 0:

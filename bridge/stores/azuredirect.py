@@ -247,15 +247,16 @@ class Direct:
             raise BucketNotFound(f"container {loc.bucket!r} does not exist") from exc
 
     def get(self, loc: Location, offset: int = 0, length: int | None = None,
-            into: bytearray | None = None) -> bytearray | memoryview:
+            into: bytearray | None = None, each=None) -> bytearray | memoryview | int:
         """Bytes [offset, offset+length) of ``loc`` (from offset to the end when length is None),
-        in ``into`` when it is long enough (bridge.stores.base.receive)."""
+        or with ``into`` and ``each`` handed over piece by piece and counted
+        (bridge.stores.base.receive)."""
         ranged = bool(offset) or length is not None
         headers = {}
         if ranged:
             headers["x-ms-range"] = f"bytes={offset}-{'' if length is None else offset + length - 1}"
 
-        def body(resp) -> bytearray | memoryview:
+        def body(resp) -> bytearray | memoryview | int:
             got_range = resp.getheader("Content-Range", "")
             if ranged and not got_range.startswith(f"bytes {offset}-"):
                 raise BridgeError(f"{loc}: the endpoint ignored the byte range asked for "
@@ -263,7 +264,7 @@ class Direct:
             size = int(resp.getheader("Content-Length", "-1"))
             if size < 0:
                 raise TransientError(f"{loc}: the answer carries no Content-Length")
-            return receive(resp, size, loc, into)
+            return receive(resp, size, loc, into, each)
 
         return self._exchange(loc, "GET", self._path(loc), {}, headers, body)[1]
 

@@ -227,10 +227,10 @@ class GCSStore(Store):
         _h, body = self._call(loc, "GET", "b/{}/o/{}", loc.bucket, loc.key, alt="media", headers=headers)
         return body
 
-    def read_into(self, loc: Location, offset: int, length: int, buf: bytearray):
+    def read_through(self, loc: Location, offset: int, length: int, buf: bytearray, each) -> int:
         if self._direct is None or not length:
-            return super().read_into(loc, offset, length, buf)
-        return self._direct_call(lambda: self._direct.get(loc, offset, length, into=buf))
+            return super().read_through(loc, offset, length, buf, each)
+        return self._direct_call(lambda: self._direct.get(loc, offset, length, into=buf, each=each))
 
     @property
     def reads_many(self) -> bool:

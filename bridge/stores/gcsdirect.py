@@ -42,7 +42,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing,
                            ObjectNotFound, PermissionDenied, TransientError)
-from bridge.stores.base import kept_connection, receive
+from bridge.stores.base import hand_over, kept_connection, receive
 from bridge.urls import Location
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
@@ -136,9 +136,10 @@ class Direct:
             raise TransientError(f"{loc}: GCS's answer could not be read as JSON ({exc})") from exc
 
     def get(self, loc: Location, offset: int = 0, length: int | None = None,
-            into: bytearray | None = None) -> bytearray | memoryview:
+            into: bytearray | None = None, each=None) -> bytearray | memoryview | int:
         """Bytes [offset, offset+length) of ``loc`` as GCS stores them (all of it when length
-        is None), in ``into`` when it is long enough (bridge.stores.base.receive)."""
+        is None), or with ``into`` and ``each`` handed over piece by piece and counted
+        (bridge.stores.base.receive)."""
         headers = {"Accept-Encoding": "gzip"}
         ranged = bool(offset) or length is not None
         if ranged:
@@ -150,17 +151,18 @@ class Direct:
                 raise BridgeError(f"{loc}: the endpoint ignored the byte range asked for "
                                   f"(HTTP {resp.status}, Content-Range {got_range!r})")
             if _compressed_on_the_way(resp.getheader):
-                return bytearray(_gunzip(loc, resp.read(), length))
+                buf = bytearray(_gunzip(loc, resp.read(), length))
+                return buf if each is None else hand_over(buf, len(into or buf) or 1, each)
             announced = resp.getheader("Content-Length")
             if announced is None:   # chunked: no size to read into
                 buf = bytearray(resp.read())
                 if length is not None and len(buf) != length:
                     raise TransientError(f"{loc}: the endpoint sent {len(buf)} bytes, asked for {length}")
-                return buf
+                return buf if each is None else hand_over(buf, len(into or buf) or 1, each)
             size = int(announced)
             if length is not None and size != length:
                 raise TransientError(f"{loc}: the endpoint announced {size} bytes, asked for {length}")
-            return receive(resp, size, loc, into)
+            return receive(resp, size, loc, into, each)
 
     def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], *,
                  connections: int, retries: int) -> dict[int, BridgeError]:

@@ -13,8 +13,9 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from bridge.config import Settings
 from bridge.errors import BridgeError, ObjectNotFound, PermissionDenied
@@ -217,15 +218,40 @@ class LocalStore(Store):
 
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
                     crc32c: str) -> PartRecord:
+        self.write_part(loc, upload_id, offset, lambda write: write(0, memoryview(data)))
+        return self.record_part(loc, upload_id, number, offset, len(data), crc32c)
+
+    def write_part(self, loc: Location, upload_id: str, offset: int, fill: Callable[[Callable], Any]) -> Any:
+        """A part's bytes put into the partial file as ``fill(write)`` produces them:
+        ``write(pos, view)`` puts ``view`` at ``offset + pos`` (so a part can be written piece by
+        piece as it is received, and a retried request write its pieces again). Returns what
+        ``fill`` returns. The part is not finished until ``record_part``."""
         path = self._partial(loc, upload_id)
         with _translate(loc):
             fd = os.open(path, os.O_WRONLY)
-            try:
-                os.pwrite(fd, data, offset)
-            finally:
-                os.close(fd)
-            record = PartRecord(number, len(data), crc32c, str(offset))
-            with open(path + ".parts", "a") as f:  # O_APPEND: one line per write, safe across threads
+
+        written = [0]
+
+        def write(pos: int, view: memoryview) -> None:
+            with _translate(loc):   # (only the file's errors: fill's own, the source's, pass as they are)
+                done = 0
+                while done < len(view):
+                    done += os.pwrite(fd, view[done:], offset + pos + done)
+            written[0] = max(written[0], pos + len(view))
+
+        try:
+            result = fill(write)
+            _start_writeback(fd, offset, written[0])
+            return result
+        finally:
+            os.close(fd)
+
+    def record_part(self, loc: Location, upload_id: str, number: int, offset: int, size: int,
+                    crc32c: str) -> PartRecord:
+        """Part ``number``, written (write_part), recorded as finished in the upload's list."""
+        record = PartRecord(number, size, crc32c, str(offset))
+        with _translate(loc):
+            with open(self._partial(loc, upload_id) + ".parts", "a") as f:  # O_APPEND: one line per write, safe across threads
                 f.write(json.dumps(record.to_dict()) + "\n")
         return record
 
@@ -340,6 +366,28 @@ def _load_syncfs():
 
 
 _SYNCFS = _load_syncfs()
+
+
+def _load_sync_file_range():
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (AttributeError, OSError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint], ctypes.c_int
+    return fn
+
+
+_SYNC_FILE_RANGE = _load_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Start writing [offset, offset+length) of ``fd`` to disk without waiting for it
+    (sync_file_range(2), Linux): the fsync before the file takes its name then waits only for
+    the last parts, not for the whole file (0.36 s for 1 GiB here). Only a head start: the fsync
+    is what makes the file durable, so where this is missing or fails nothing else changes."""
+    if _SYNC_FILE_RANGE is not None and length:
+        _SYNC_FILE_RANGE(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
 def _syncfs(folder: str) -> None:

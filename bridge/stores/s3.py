@@ -243,10 +243,10 @@ class S3Store(Store):
             return _sync_read(self.fs, resp["Body"], int(resp["ContentLength"]))
         return self._request(loc, get)
 
-    def read_into(self, loc: Location, offset: int, length: int, buf: bytearray):
+    def read_through(self, loc: Location, offset: int, length: int, buf: bytearray, each) -> int:
         if self._direct is None or not length:
-            return super().read_into(loc, offset, length, buf)
-        return self._request(loc, lambda: self._direct.get(loc, _from_code, offset, length, into=buf))
+            return super().read_through(loc, offset, length, buf, each)
+        return self._request(loc, lambda: self._direct.get(loc, _from_code, offset, length, into=buf, each=each))
 
     @property
     def reads_many(self) -> bool:

@@ -126,10 +126,11 @@ class Direct:
             return resp, resp.read()
 
     def get(self, loc: Location, from_code, offset: int = 0, length: int | None = None,
-            into: bytearray | None = None) -> bytearray | memoryview:
-        """Bytes [offset, offset+length) of ``loc`` (all of it when length is None), in ``into``
-        when it is long enough (bridge.stores.base.receive); ``from_code(loc, code, text)``
-        turns an S3 error code into bridge's error."""
+            into: bytearray | None = None, each=None) -> bytearray | memoryview | int:
+        """Bytes [offset, offset+length) of ``loc`` (all of it when length is None), or with
+        ``into`` and ``each`` handed over through ``into`` piece by piece and counted
+        (bridge.stores.base.receive); ``from_code(loc, code, text)`` turns an S3 error code into
+        bridge's error."""
         path = self._path(loc)
         headers = {}
         ranged = offset or length is not None
@@ -150,7 +151,7 @@ class Direct:
             size = int(resp.getheader("Content-Length", "-1"))
             if size < 0 or (length is not None and size != length):
                 raise TransientError(f"{loc}: the endpoint announced {size} bytes, asked for {length}")
-            return receive(resp, size, loc, into)
+            return receive(resp, size, loc, into, each)
 
     def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], from_code, *,
                  connections: int, retries: int) -> dict[int, BridgeError]:

@@ -36,19 +36,25 @@ def test_put_read_info_list_delete(store_env):
         store.info(loc)
 
 
-def test_a_range_read_into_a_buffer_lands_in_that_buffer(store_env):
-    """read_into (the engine's parts to a local destination): the bytes asked for, as a view of
-    the caller's buffer, which a direct path fills straight from the socket."""
+def test_a_range_read_through_a_buffer_comes_in_order_in_pieces(store_env):
+    """read_through (the engine's parts to a local destination): the bytes asked for, handed
+    over in order in pieces no longer than the buffer; a direct path receives them straight
+    into the caller's buffer from the socket."""
     import os
     store, root = store_env
     data = os.urandom(300_000)
     loc = root.join("into/obj.bin")
     store.put(loc, data, crc32c=crc_hex(crc32c(data)), metadata={})
-    buf = bytearray(200_000)
+    buf = bytearray(64 * 1024)
     for offset, length in ((0, 200_000), (123_457, 100_000), (299_990, 10)):
-        view = store.read_into(loc, offset, length, buf)
-        assert bytes(view) == data[offset:offset + length]
-        assert isinstance(view, memoryview) and view.obj is buf
+        pieces: list[tuple[int, bytes, bool]] = []
+        got = store.read_through(loc, offset, length, buf,
+                                 lambda pos, view: pieces.append((pos, bytes(view), view.obj is buf)))
+        assert got == length
+        assert b"".join(p for _, p, _ in pieces) == data[offset:offset + length]
+        assert [pos for pos, _, _ in pieces] == list(range(0, length, len(buf)))
+        if getattr(store, "_direct", None) is not None:
+            assert all(in_buf for _, _, in_buf in pieces)
 
 
 def test_empty_object(store_env):
