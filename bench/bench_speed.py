@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -66,6 +67,7 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--bridge-args", default="", help="extra arguments for mcbridge cp")
+    ap.add_argument("--verbose", action="store_true", help="print every run's time, not only the fastest")
     ap.add_argument("--before", default="", help="a folder holding an earlier bridge/ package: run it too, "
                     "as tool 'before', for a before/after comparison in the same run")
     args = ap.parse_args()
@@ -130,12 +132,16 @@ def main() -> None:
                                        for c in tools["bridge"]]
                 before_env = dict(env, PYTHONPATH=args.before)
                 best: dict[str, tuple[float, int]] = {}
+                times: dict[str, list[float]] = {}
                 for i in range(args.repeat):
                     for tool, cmd in tools.items():
                         # No tool pays for another's dirty pages (bridge's syncfs would write them back).
                         os.sync()
                         t, peak = _run_once([c.replace("{run}", f"{case}-{i}") for c in cmd],
                                             before_env if tool == "before" else env, log)
+                        if args.verbose:
+                            print(f"  {store} {case} run {i} {tool:<7} {t:6.2f}s", flush=True)
+                        times.setdefault(tool, []).append(t)
                         old = best.get(tool)
                         best[tool] = (min(t, old[0]) if old else t, max(peak, old[1]) if old else peak)
                     if case == "big-down":
@@ -145,6 +151,11 @@ def main() -> None:
                        "ratio": round(best["bridge"][0] / best[peer][0], 2),
                        **{f"{t}_s": round(v[0], 2) for t, v in best.items()},
                        "bridge_peak_mib": round(best["bridge"][1] / MiB)}
+                # The median as well: on this VM one tool's 1 GiB download moved by 2-3x between runs
+                # minutes apart (memory the hypervisor had taken back is slow to touch again).
+                median = {t: statistics.median(v) for t, v in times.items()}
+                row["median_ratio"] = round(median["bridge"] / min(median[t] for t in median if t not in ("bridge", "before")), 2)
+                row.update({f"{t}_median_s": round(v, 2) for t, v in median.items()})
                 if "before" in best:
                     row["before_ratio"] = round(best["before"][0] / best[peer][0], 2)
                     row["before_peak_mib"] = round(best["before"][1] / MiB)
@@ -152,6 +163,7 @@ def main() -> None:
                 tools_line = "  ".join(f"{t} {v[0]:6.2f}s" for t, v in best.items())
                 before = f"  before/{peer} {row['before_ratio']:5.2f}" if "before" in row else ""
                 print(f"{store:<6} {case:<11} {tools_line}  bridge/{peer} {row['ratio']:5.2f}{before}  "
+                      f"(medians: bridge/best peer {row['median_ratio']:5.2f})  "
                       f"bridge peak {row['bridge_peak_mib']} MiB  (load {row['load']}, "
                       f"{sizes[case] / best['bridge'][0] / MiB:.0f} MiB/s)", flush=True)
     print(json.dumps(rows))
