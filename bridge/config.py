@@ -16,17 +16,26 @@ The settings file is YAML, found at ``--config``, ``$MCBRIDGE_CONFIG`` or
 The environment is read with each SDK's own variable names (``AWS_ENDPOINT_URL``,
 ``STORAGE_EMULATOR_HOST``, ``AZURE_STORAGE_CONNECTION_STRING`` ...), so pointing them at an emulator
 just works. Only ``load_settings`` reads the environment; everything else receives a ``Settings``.
+
+The sections are plain classes checked from their annotations (``_Model``, ``Field``): values
+are coerced as the environment and YAML give them ("5" -> 5 for an int, 10 -> 10.0 for a float),
+bounds, choices and patterns are checked, an unknown name is refused, and a bad value is one
+``InvalidOption`` naming the setting (``invalid setting transfer.concurrency: must be at least 1``).
+They were pydantic models: importing pydantic and building these classes' schemas cost every
+process that read its settings ~135 ms of CPU (``python -c "import bridge.config"``: 181 ms,
+now 46 ms), more than a copy of a few thousand small files spends on anything but the copy.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import re
-from collections.abc import Mapping
+import reprlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from types import UnionType
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
 from bridge.errors import InvalidOption
 
@@ -47,11 +56,290 @@ def parse_size(value: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[unit])
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SecretStr:
+    """A secret that prints as stars (in a repr of the settings, a log line, an error) and
+    compares by value; ``get_secret_value()`` is the one way to read it."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str):
+        self._value = value
+
+    def get_secret_value(self) -> str:
+        return self._value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SecretStr) and self._value == other._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __len__(self) -> int:
+        return len(self._value)
+
+    def __str__(self) -> str:
+        return "**********" if self._value else ""
+
+    def __repr__(self) -> str:
+        return f"SecretStr({str(self)!r})"
 
 
-class S3Settings(_Section):
+class _Invalid(InvalidOption):
+    """A setting's error that already names the setting (raised from deep in a nested value)."""
+
+
+_REQUIRED: Any = object()
+
+
+class Field:
+    """What a field's annotation does not say: its default (none: the setting is required),
+    bounds, a pattern, and checks run on the raw value (``before``: "8MiB" for a size) or on the
+    typed one (``after``). Checks raise InvalidOption or ValueError with a short message."""
+
+    __slots__ = ("default", "ge", "gt", "le", "pattern", "before", "after", "convert")
+
+    def __init__(self, default: Any = _REQUIRED, *, ge: float | None = None, gt: float | None = None,
+                 le: float | None = None, pattern: str | None = None,
+                 before: Callable[[Any], Any] | None = None, after: Callable[[Any], Any] | None = None):
+        self.default, self.ge, self.gt, self.le, self.before, self.after = default, ge, gt, le, before, after
+        self.pattern = re.compile(pattern) if pattern else None
+        self.convert: Callable[[Any, str], Any] = _no_type   # set from the annotation (_Model)
+
+    def check(self, value: Any, path: str) -> Any:
+        try:
+            if self.before:
+                value = self.before(value)
+            value = self.convert(value, path)
+            if value is not None:
+                if self.ge is not None and value < self.ge:
+                    raise ValueError(f"must be at least {self.ge}")
+                if self.gt is not None and value <= self.gt:
+                    raise ValueError(f"must be greater than {self.gt}")
+                if self.le is not None and value > self.le:
+                    raise ValueError(f"must be at most {self.le}")
+                if self.pattern and not self.pattern.match(value):
+                    raise ValueError(f"{value!r} does not match {self.pattern.pattern}")
+            if self.after:
+                value = self.after(value)
+        except _Invalid:
+            raise
+        except (InvalidOption, ValueError) as exc:
+            raise _Invalid(f"invalid setting {path}: {exc}") from None
+        return value
+
+
+def _no_type(value: Any, path: str) -> Any:
+    raise TypeError(f"{path}: a Field outside a settings class")
+
+
+def _at(path: str, convert: Callable[[Any, str], Any], value: Any) -> Any:
+    """``convert(value)``, a ValueError named after ``path`` (an item of a list or a mapping)."""
+    try:
+        return convert(value, path)
+    except ValueError as exc:
+        raise _Invalid(f"invalid setting {path}: {exc}") from None
+
+
+def _int(value: Any, path: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            try:
+                number = float(value)
+            except ValueError:
+                number = None
+            if number is not None and number.is_integer():
+                return int(number)
+    raise ValueError(f"must be a whole number, not {reprlib.repr(value)}")
+
+
+def _float(value: Any, path: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ValueError(f"must be a number, not {reprlib.repr(value)}")
+
+
+def _str(value: Any, path: str) -> str:
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"must be a string, not {type(value).__name__}")
+
+
+def _secret(value: Any, path: str) -> SecretStr:
+    if isinstance(value, SecretStr):
+        return value
+    if isinstance(value, str):
+        return SecretStr(value)
+    raise ValueError(f"must be a string, not {type(value).__name__}")   # never the value: it is a secret
+
+
+def _converter(tp: Any) -> Callable[[Any, str], Any]:
+    """The check for one annotation: the types these settings use, and nothing more."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, UnionType):
+        (inner,) = [a for a in args if a is not type(None)]   # X | None is the only union used
+        convert = _converter(inner)
+        return lambda value, path: None if value is None else convert(value, path)
+    if origin is Literal:
+        def choice(value: Any, path: str) -> Any:
+            if isinstance(value, str) and value in args:
+                return value
+            raise ValueError(f"must be one of {', '.join(args)}, not {reprlib.repr(value)}")
+        return choice
+    if origin is list:
+        item = _converter(args[0])
+        def items(value: Any, path: str) -> list:
+            if not isinstance(value, (list, tuple)):
+                raise ValueError("must be a list")
+            return [_at(f"{path}.{i}", item, v) for i, v in enumerate(value)]
+        return items
+    if origin is tuple:
+        parts = [_converter(a) for a in args]
+        def fixed(value: Any, path: str) -> tuple:
+            if not isinstance(value, (list, tuple)) or len(value) != len(parts):
+                raise ValueError(f"must be a list of {len(parts)}")
+            return tuple(_at(f"{path}.{i}", part, v) for i, (part, v) in enumerate(zip(parts, value)))
+        return fixed
+    if origin is dict:
+        key, val = _converter(args[0]), _converter(args[1])
+        def mapping(value: Any, path: str) -> dict:
+            if not isinstance(value, Mapping):
+                raise ValueError("must be a mapping")
+            return {_at(f"{path}.{k}", key, k): _at(f"{path}.{k}", val, v) for k, v in value.items()}
+        return mapping
+    if isinstance(tp, type) and issubclass(tp, _Model):
+        return tp._from
+    simple = {int: _int, float: _float, str: _str, SecretStr: _secret}.get(tp)
+    if simple is None:
+        raise TypeError(f"no check for settings of type {tp!r}")
+    return simple
+
+
+def _dump(value: Any) -> Any:
+    if isinstance(value, _Model):
+        return value.model_dump()
+    if isinstance(value, list):
+        return [_dump(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _dump(v) for k, v in value.items()}
+    return value
+
+
+class _Model:
+    """A settings section: each annotated name is a field, its class value the default (or a
+    ``Field``). Built from keywords and checked then; unknown names are refused. The pydantic
+    methods the code uses are kept: ``model_dump()``, ``model_copy(update=)``, ``model_fields``."""
+
+    model_fields: ClassVar[dict[str, Field]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        fields: dict[str, Field] = {}
+        for name, tp in get_type_hints(cls).items():
+            if get_origin(tp) is ClassVar:
+                continue
+            spec = cls.__dict__.get(name, _REQUIRED)
+            field = spec if isinstance(spec, Field) else Field(spec)
+            field.convert = _converter(tp)
+            fields[name] = field
+            if name in cls.__dict__:
+                delattr(cls, name)   # the value lives on each instance; the class keeps the Field
+        cls.model_fields = fields
+
+    def __init__(self, **values: Any):
+        self.__dict__.update(self._check(values, ""))
+
+    @classmethod
+    def _check(cls, values: Mapping[str, Any], where: str) -> dict[str, Any]:
+        for name in values:
+            if name not in cls.model_fields:
+                raise _Invalid(f"invalid setting {where}{name}: unknown setting")
+        out = {}
+        for name, field in cls.model_fields.items():
+            if name in values:
+                value = values[name]
+            elif field.default is _REQUIRED:
+                raise _Invalid(f"invalid setting {where}{name}: missing")
+            elif isinstance(field.default, (list, dict, _Model)):   # a fresh copy: none shared
+                value = copy.deepcopy(field.default)
+            else:
+                value = field.default
+            out[name] = field.check(value, where + name)
+        return out
+
+    @classmethod
+    def _from(cls, value: Any, path: str) -> Any:
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError("must be a mapping")
+        model = cls.__new__(cls)
+        model.__dict__.update(cls._check(value, f"{path}."))
+        return model
+
+    def model_dump(self) -> dict[str, Any]:
+        """Nested dicts and lists; secrets stay SecretStr (as pydantic's python mode left them)."""
+        return {name: _dump(getattr(self, name)) for name in self.model_fields}
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None) -> Any:
+        """A shallow copy with ``update`` applied as given (unchecked, as pydantic's was)."""
+        for name in update or {}:
+            if name not in self.model_fields:
+                raise TypeError(f"{type(self).__name__} has no setting {name!r}")
+        copied = type(self).__new__(type(self))
+        copied.__dict__.update(self.__dict__, **(update or {}))
+        return copied
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Model):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = None   # type: ignore[assignment]   # mutable, compared by value
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.model_fields)})"
+
+
+def _size_at_least_1(what: str) -> Callable[[Any], int | None]:
+    def check(value: Any) -> int | None:
+        if value is None:
+            return None
+        size = parse_size(value)
+        if size < 1:  # 0 used to fall back to the default silently
+            raise InvalidOption(f"{what} {value!r} must be at least 1 byte")
+        return size
+    return check
+
+
+def _rate(value: Any) -> int | None:
+    from bridge.bwlimit import parse_rate
+    return parse_rate(value)
+
+
+def _comma_list(value: Any) -> Any:
+    return [n.strip() for n in value.split(",") if n.strip()] if isinstance(value, str) else value
+
+
+def _stripe_classes(classes: dict[str, int]) -> dict[str, int]:
+    for size, count in classes.items():
+        parse_size(size)
+        if count == 0 or count < -1:
+            raise InvalidOption(f"stripe count {count} for {size}: use a positive count, or -1 for all OSTs")
+    return classes
+
+
+class S3Settings(_Model):
     endpoint_url: str | None = None
     region: str | None = None
     access_key_id: str | None = None
@@ -60,13 +348,13 @@ class S3Settings(_Section):
     profile: str | None = None
 
 
-class GCSSettings(_Section):
+class GCSSettings(_Model):
     endpoint: str | None = None          # an emulator, e.g. http://127.0.0.1:4443
     project: str | None = None
     credentials_file: str | None = None
 
 
-class AzureSettings(_Section):
+class AzureSettings(_Model):
     connection_string: SecretStr | None = None
     account_name: str | None = None
     account_key: SecretStr | None = None
@@ -75,9 +363,10 @@ class AzureSettings(_Section):
     region: str | None = None            # Azure's data plane does not say where an account is
 
 
-class TransferSettings(_Section):
+class TransferSettings(_Model):
     concurrency: int = Field(8, ge=1, le=256)
-    chunk_size: int | None = None        # None: derived per store from its limits
+    # None: derived per store from its limits
+    chunk_size: int | None = Field(None, before=_size_at_least_1("chunk size"))
     retries: int = Field(5, ge=0, le=20)
     # After a multipart upload: compare the whole-object checksum the store reports with ours.
     # "require" fails when the store reports none; "readback" then reads the object back and
@@ -88,31 +377,15 @@ class TransferSettings(_Section):
     connect_timeout: float = 5.0
     read_timeout: float = 120.0
     # Bytes per second across all of a job's connections (e.g. 50MiB); None: unlimited.
-    bwlimit: int | None = None
-
-    @field_validator("chunk_size", mode="before")
-    @classmethod
-    def _size(cls, v: Any) -> Any:
-        if v is None:
-            return None
-        size = parse_size(v)
-        if size < 1:  # 0 used to fall back to the default silently
-            raise InvalidOption(f"chunk size {v!r} must be at least 1 byte")
-        return size
-
-    @field_validator("bwlimit", mode="before")
-    @classmethod
-    def _rate(cls, v: Any) -> Any:
-        from bridge.bwlimit import parse_rate
-        return parse_rate(v)
+    bwlimit: int | None = Field(None, before=_rate)
 
 
-class NativeSettings(_Section):
+class NativeSettings(_Model):
     """The clouds' own transfer services (the ``sts`` and ``datasync`` routes, bridge/native/).
     Endpoints are overrides for a test double; left unset, each SDK finds the real service.
     ``enabled`` names the routes bridge may choose by itself and plans with; ``--route`` runs
     either route even when it is not enabled."""
-    enabled: list[Literal["sts", "datasync"]] = []
+    enabled: list[Literal["sts", "datasync"]] = Field([], before=_comma_list)   # "sts,datasync" from the environment
     poll_interval: float = Field(10.0, gt=0)    # seconds between status polls of a remote transfer
     sts_endpoint: str | None = None              # Storage Transfer Service REST endpoint
     sts_project: str | None = None               # the project that runs transfer jobs (default: gcs.project)
@@ -125,34 +398,29 @@ class NativeSettings(_Section):
     gcs_hmac_secret: SecretStr | None = None
     gcs_xml_endpoint: str = "https://storage.googleapis.com"
 
-    @field_validator("enabled", mode="before")
-    @classmethod
-    def _names(cls, v: Any) -> Any:
-        return [n.strip() for n in v.split(",") if n.strip()] if isinstance(v, str) else v
 
-
-class Discount(_Section):
+class Discount(_Model):
     """Negotiated discounts, in percent off the list price."""
     egress_pct: float = Field(0, ge=0, le=100)
     requests_pct: float = Field(0, ge=0, le=100)
     services_pct: float = Field(0, ge=0, le=100)
 
 
-class Interconnect(_Section):
+class Interconnect(_Model):
     """A private link priced per GB instead of internet egress, between two places written
     ``provider:region`` (``aws:us-east-1``), ``provider:*`` or ``site:NAME``."""
     between: tuple[str, str]
     usd_per_gb: float = Field(ge=0)
 
 
-class RouteSpeed(_Section):
+class RouteSpeed(_Model):
     """What planning assumes a route sustains: time = startup + max(bytes/rate, requests/rate)."""
     bytes_per_s: float | None = Field(None, gt=0)
     requests_per_s: float | None = Field(None, gt=0)
     startup_s: float | None = Field(None, ge=0)
 
 
-class PricingSettings(_Section):
+class PricingSettings(_Model):
     """What ``mcbridge plan`` and ``--max-cost`` price with, on top of policies/prices/*.yaml."""
     runs_in: str = Field("site:local", pattern=r"^(aws|gcp|azure|site):[A-Za-z0-9_.\-]+$")  # where this process runs
     site: str = "local"                  # the site that local and Lustre paths belong to
@@ -164,41 +432,19 @@ class PricingSettings(_Section):
     available_routes: list[str] = []     # routes to plan with as if bridge could run them
 
 
-class CacheSettings(_Section):
+class CacheSettings(_Model):
     """The node-local read cache (bridge/cache/): where it lives, how big it may grow."""
     dir: str | None = None               # load_settings fills in $XDG_CACHE_HOME/mcbridge/cache
-    quota: int | None = None             # bytes, e.g. 500GiB; None: no limit
+    quota: int | None = Field(None, before=_size_at_least_1("cache quota"))   # bytes, e.g. 500GiB; None: no limit
     high_watermark: float = Field(0.95, gt=0, le=1)   # of the quota: above it, evict ...
     low_watermark: float = Field(0.85, gt=0, le=1)    # ... least recently used entries down to this
     striping: Literal["auto", "on", "off"] = "auto"   # lfs setstripe: auto = when the dir is on Lustre
-    stripe_counts: dict[str, int] = {"0": 1, "1GiB": 4, "16GiB": 16}  # from this size up: -c N (-1: all OSTs)
+    # from this size up: lfs setstripe -c N (-1: all OSTs)
+    stripe_counts: dict[str, int] = Field({"0": 1, "1GiB": 4, "16GiB": 16}, after=_stripe_classes)
     lookahead: int = Field(4, ge=1, le=256)           # objects filled ahead of a prefetch's reader
 
-    @field_validator("quota", mode="before")
-    @classmethod
-    def _quota(cls, v: Any) -> Any:
-        if v is None:
-            return None
-        size = parse_size(v)
-        if size < 1:
-            raise InvalidOption(f"cache quota {v!r} must be at least 1 byte")
-        return size
 
-    @field_validator("stripe_counts")
-    @classmethod
-    def _classes(cls, v: dict[str, int]) -> dict[str, int]:
-        for size, count in v.items():
-            parse_size(size)
-            if count == 0 or count < -1:
-                raise InvalidOption(f"stripe count {count} for {size}: use a positive count, or -1 for all OSTs")
-        return v
-
-
-class Settings(BaseModel):
-    # What pydantic-settings' BaseSettings, which this was, set and load_settings relies on; its
-    # sources are load_settings's business, and leaving that library out saves ~70 ms a process.
-    model_config = ConfigDict(extra="forbid", validate_default=True, arbitrary_types_allowed=True)
-
+class Settings(_Model):
     s3: S3Settings = S3Settings()
     gcs: GCSSettings = GCSSettings()
     azure: AzureSettings = AzureSettings()
@@ -207,22 +453,19 @@ class Settings(BaseModel):
     native: NativeSettings = NativeSettings()
     cache: CacheSettings = CacheSettings()
 
-    @model_validator(mode="before")
     @classmethod
-    def _sections_in_any_case(cls, data: Any) -> Any:
+    def _check(cls, values: Mapping[str, Any], where: str) -> dict[str, Any]:
         """Section names match in any case (``S3:`` is ``s3:``), the first one given winning, as
-        BaseSettings matched them; the rest of a name is checked as it is."""
-        if not isinstance(data, dict):
-            return data
+        pydantic-settings' BaseSettings matched them; the rest of a name is checked as it is."""
         out: dict[Any, Any] = {}
         taken: set[Any] = set()
         for name in cls.model_fields:
-            given = [key for key in data if isinstance(key, str) and key.lower() == name]
+            given = [key for key in values if isinstance(key, str) and key.lower() == name]
             if given:
-                out[name] = data[given[0]]
+                out[name] = values[given[0]]
                 taken.update(given)
-        out.update((key, value) for key, value in data.items() if key not in taken)
-        return out
+        out.update((key, value) for key, value in values.items() if key not in taken)
+        return super()._check(out, where)
 
 
 # Standard SDK variable names -> (section, field). The first one set wins.
@@ -340,9 +583,4 @@ def load_settings(overrides: Mapping[str, Any] | None = None, *, profile: str | 
         merged.setdefault("transfer", {})["state_dir"] = str(default_state_dir(environ))
     if not merged.get("cache", {}).get("dir"):
         merged.setdefault("cache", {})["dir"] = str(default_cache_dir(environ))
-    try:
-        return Settings(**merged)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise InvalidOption(f"invalid setting {where}: {err['msg']}") from None
+    return Settings(**merged)   # a bad value: InvalidOption("invalid setting transfer.concurrency: ...")

@@ -11,9 +11,9 @@ import time
 import urllib.request
 
 import pytest
-from pydantic import SecretStr
 
 from bridge import ops
+from bridge.config import SecretStr
 from bridge.errors import JobCancelled, RouteFailed, RouteUnavailable
 from bridge.manifest import read as read_manifest
 from bridge.native import datasync

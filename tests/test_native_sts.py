@@ -14,9 +14,9 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from functools import partial
 
 import pytest
-from pydantic import SecretStr
 
 from bridge import ops
+from bridge.config import SecretStr
 from bridge.errors import JobCancelled, PermissionDenied, RouteFailed, RouteUnavailable
 from bridge.manifest import read as read_manifest
 from bridge.native import sts

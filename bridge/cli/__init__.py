@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import gc
 
-# What is imported here (typer, pydantic, the settings models) lives as long as the process. The
+# What is imported here (typer, the settings models) lives as long as the process. The
 # cyclic collector would walk it again and again while it loads (~60 young collections and a few
 # older ones, ~20 ms of a run's CPU): it pauses for these imports, and what they made is frozen
 # out of its reach (gc.freeze), as bridge.ops does once the stores exist.

@@ -8,9 +8,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from pydantic import SecretStr
-
-from bridge.config import Settings
+from bridge.config import SecretStr, Settings
 from bridge import registry
 from bridge.errors import BadURL
 from bridge.stores.base import Features, ObjectInfo, PartRecord, Store
