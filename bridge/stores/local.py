@@ -112,6 +112,24 @@ class LocalStore(Store):
             f.seek(offset)
             return f.read() if length is None else f.read(length)
 
+    def read_through(self, loc: Location, offset: int, length: int, buf: bytearray, each) -> int:
+        """Read into ``buf`` a piece at a time (Store.read_through): a part of a big local file
+        copied to another holds no more memory than the buffer, whatever the part's size."""
+        with _translate(loc):
+            fd = os.open(loc.local_path, os.O_RDONLY)
+        try:
+            view, pos = memoryview(buf), 0
+            while pos < length:
+                with _translate(loc):   # (not around each: the destination's errors are its own)
+                    got = os.preadv(fd, [view[:min(len(view), length - pos)]], offset + pos)
+                if not got:
+                    break   # shorter than planned: the caller says so
+                each(pos, view[:got])
+                pos += got
+            return pos
+        finally:
+            os.close(fd)
+
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str],
             durable: bool = True) -> ObjectInfo:
         """Write through a temporary name renamed into place. ``durable=False`` leaves the
