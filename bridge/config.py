@@ -560,10 +560,12 @@ def _file_values(path: Path, profile: str, explicit: bool) -> dict[str, Any]:
 
 
 def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``, as new dicts all the way down: load_settings fills in defaults
+    afterwards, and they must not land in a mapping the caller gave (its ``overrides``)."""
     out = dict(base)
     for key, value in top.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(dict(out[key]), value)
+        if isinstance(value, Mapping):
+            out[key] = _merge(dict(out[key]) if isinstance(out.get(key), Mapping) else {}, value)
         elif value is not None:
             out[key] = value
     return out

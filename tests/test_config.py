@@ -165,3 +165,11 @@ def test_state_dir_from_environment_or_default(tmp_path):
     assert load_settings(environ={"MCBRIDGE_STATE_DIR": str(tmp_path)}).transfer.state_dir == str(tmp_path)
     assert load_settings(environ={"XDG_STATE_HOME": "/x/state"}).transfer.state_dir == "/x/state/mcbridge"
     assert load_settings(environ={"HOME": "/home/u"}).transfer.state_dir == "/home/u/.local/state/mcbridge"
+
+
+def test_the_callers_overrides_are_left_as_given(tmp_path):
+    """load_settings fills in the default state and cache folders on its own copy."""
+    overrides = {"transfer": {"concurrency": 3}, "cache": {"quota": "1GiB"}}
+    s = load_settings(overrides, environ={"XDG_CONFIG_HOME": str(tmp_path), "HOME": str(tmp_path)})
+    assert s.transfer.concurrency == 3 and s.transfer.state_dir and s.cache.dir
+    assert overrides == {"transfer": {"concurrency": 3}, "cache": {"quota": "1GiB"}}
