@@ -57,11 +57,11 @@ SETTLE_BYTES = 256 * MiB
 # (Store.reads_many) and the destination is local: one event loop keeps `concurrency` requests in
 # flight, where a thread per request spends its time passing the GIL around (issue 13).
 BATCH_FILES = 256
-# Parts bound for a local destination are received and written this much at a time: the piece is
-# still in the CPU's cache (L2) when it is written, and a third of the system time of receiving
-# a whole 8 MiB part first was gone (bench/README.md).
-PIECE = 256 * 1024
 BATCH_BYTES = 64 * MiB
+# Parts bound for a local destination are received and written this much at a time: the piece is
+# still in the CPU's cache (L2) when it is written. Receiving a whole 8 MiB part first and writing
+# it then cost 2-3x the system time in a probe (bench/README.md).
+PIECE = 256 * 1024
 
 
 # -- planning ------------------------------------------------------------------------------
