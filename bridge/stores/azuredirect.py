@@ -23,8 +23,9 @@ the SDK path, which knows how to attach and refresh them. A job the direct path 
 download to local files) never imports the SDK: the store builds its client on first use.
 
 Failures are raised as bridge's errors through the store's own ``from_code(loc, status, code)``,
-the meaning azure.py gives the SDK's errors; a refused connection is EndpointUnreachable, one
-dropped or cut short is TransientError. Nothing is retried here: the store retries each call
+the meaning azure.py gives the SDK's errors; a connection that cannot be opened is
+EndpointUnreachable, one dropped or cut short is TransientError (bridge.stores.base.kept_connection,
+as on the S3 and GCS direct paths). Nothing is retried here: the store retries each call
 through bridge.retry, the one retry layer, and each attempt is one request.
 """
 
@@ -34,7 +35,6 @@ import base64
 import hmac
 import http.client
 import re
-import select
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -45,8 +45,8 @@ from email.utils import formatdate, parsedate_to_datetime
 from urllib.parse import quote, unquote, urlsplit
 
 from bridge.config import AzureSettings, Settings
-from bridge.errors import BridgeError, BucketNotFound, EndpointUnreachable, ObjectNotFound, TransientError
-from bridge.stores.base import receive
+from bridge.errors import BridgeError, BucketNotFound, ObjectNotFound, TransientError
+from bridge.stores.base import kept_connection, receive
 from bridge.urls import Location
 
 _CODE = re.compile(rb"<Code>([^<]+)</Code>")
@@ -130,16 +130,6 @@ class SharedKey:
         headers["Authorization"] = f"SharedKey {self.account}:{signature}"
 
 
-def _dropped(sock) -> bool:
-    """An idle keep-alive connection that has something to read was closed by the server (or
-    holds garbage): either way it is not to be reused. One poll, no waiting."""
-    if hasattr(select, "poll"):
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
-        return bool(poller.poll(0))
-    return bool(select.select([sock], [], [], 0)[0])
-
-
 class Direct:
     page_size: int | None = None   # blobs per listing page; None: the service's (5,000)
 
@@ -179,46 +169,32 @@ class Direct:
         return cls(endpoint, account, key, API_VERSION, from_code, t.connect_timeout, t.read_timeout)
 
     # -- one exchange on this thread's connection ---------------------------------------------------
-    def _take(self, loc: Location) -> http.client.HTTPConnection:
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
-        if conn is not None and conn.sock is not None and _dropped(conn.sock):
+    def _open(self) -> http.client.HTTPConnection:
+        """A new connection, opened within the connect timeout, then reading within the read timeout."""
+        conn = self._connect()
+        try:
+            conn.connect()
+        except BaseException:
             conn.close()
-        if conn is None:
-            conn = self._connect()
-        if conn.sock is None:
-            try:
-                conn.connect()
-            except OSError as exc:
-                conn.close()
-                raise EndpointUnreachable(f"cannot reach the Azure endpoint {self.endpoint}: "
-                                          f"{type(exc).__name__}") from exc
-            conn.sock.settimeout(self.read_timeout)
+            raise
+        conn.sock.settimeout(self.read_timeout)
         return conn
 
     def _exchange(self, loc: Location, method: str, path: str, query: dict[str, str],
                   headers: dict[str, str], take_body):
         """Send one signed request; ``take_body(resp)`` of a success, else the error raised. The
-        connection is kept for the thread's next request only after a complete exchange."""
+        connection is kept for the thread's next request after a complete exchange, an error
+        answer's included (its body is read to the end)."""
         headers["x-ms-version"] = self.version
         self._signer.sign(method, path, query, headers)
         target = path + ("?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query.items()) if query else "")
-        conn = self._take(loc)
-        try:
+        with kept_connection(self._local, self._open, loc, f"the Azure endpoint {self.endpoint}") as conn:
             conn.request(method, target, headers=headers)
             resp = conn.getresponse()
             if resp.status >= 300:
-                body = resp.read()
-                error, result = self._error(loc, resp, body), None
+                error, result = self._error(loc, resp, resp.read()), None
             else:
                 error, result = None, take_body(resp)
-        except (http.client.HTTPException, OSError) as exc:
-            conn.close()
-            raise TransientError(f"{loc}: connection dropped ({type(exc).__name__}: {exc})") from exc
-        except BaseException:
-            conn.close()
-            raise
-        self._local.conn = conn
         if error is not None:
             raise error
         return resp, result

@@ -370,17 +370,42 @@ def hand_over(data: bytes | bytearray | memoryview, piece: int, each: Callable[[
     return len(view)
 
 
+def _dropped(sock) -> bool:
+    """An idle keep-alive connection that has something to read was closed by the server (or
+    holds garbage): either way it is not to be reused. One poll, no waiting."""
+    import select
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([sock], [], [], 0)[0])
+
+
 @contextlib.contextmanager
 def kept_connection(local, connect, loc: Location, endpoint: str):
     """This thread's keep-alive http.client connection (``local.conn``, made by ``connect()``),
-    given back for reuse only after a clean, complete exchange. A refused connection is
+    given back for reuse only after an exchange that left nothing unread: to keep it after an
+    error answer, the caller reads the answer's body and raises after the ``with``. One the
+    server closed while it was kept is not reused (a request on it would fail, and be retried).
+    ``connect()`` may open the connection itself (to read with a timeout apart from the connect
+    timeout); any failure to open it is EndpointUnreachable. A refused connection is
     EndpointUnreachable, a certificate that does not verify a BridgeError (not retried), any other
     failure of the exchange a TransientError; ``endpoint`` names the endpoint in the message."""
     import http.client
     import ssl
     from bridge.errors import EndpointUnreachable, TransientError
-    conn = getattr(local, "conn", None) or connect()
+    conn = getattr(local, "conn", None)
     local.conn = None
+    if conn is not None and (conn.sock is None or _dropped(conn.sock)):
+        conn.close()
+        conn = None
+    if conn is None:
+        try:
+            conn = connect()
+        except ssl.SSLCertVerificationError as exc:
+            raise BridgeError(f"{endpoint} did not prove who it is: {exc}") from exc
+        except OSError as exc:
+            raise EndpointUnreachable(f"cannot reach {endpoint}: {type(exc).__name__}") from exc
     try:
         yield conn
     except ConnectionRefusedError as exc:
