@@ -19,12 +19,13 @@ def _parts(data: bytes, size: int) -> list[bytes]:
 
 def test_parts_fed_out_of_order_make_the_files_digest(tmp_path):
     """Parts arrive in a shuffled order from 4 threads, half as buffers and half as regions of
-    a file already written: feeding never waits for the parts ahead, and the digest is the file's."""
+    a file already written: with room for all of them, feeding never waits for the parts ahead,
+    and the digest is the file's."""
     data = os.urandom(40 * 1000 + 17)
     parts = _parts(data, 1000)
     path = tmp_path / "partial"
     path.write_bytes(data)
-    hasher = OrderedSha256(max_pending=len(parts))
+    hasher = OrderedSha256(max_pending=len(parts), max_ahead=len(parts))
     for n in range(1, len(parts) + 1):
         hasher.expect(n)
     order = list(range(1, len(parts) + 1))
@@ -65,6 +66,40 @@ def test_memory_waits_for_the_part_ahead_and_a_gap_gives_no_digest():
     other.expect(2)   # part 1 runs in another process
     assert not other.feed(2, parts[1])
     assert other.whole(2) is None
+
+
+def test_a_written_part_too_far_ahead_of_the_hash_waits_its_turn(tmp_path):
+    """A part already in the file (a FileRegion) is left at once while it is fewer than
+    ``max_ahead`` parts after the next one to hash; one further ahead waits until the hash
+    catches up, so that its thread starts no other download meanwhile."""
+    data = os.urandom(6000)
+    path = tmp_path / "partial"
+    path.write_bytes(data)
+    regions = [FileRegion(str(path), n * 1000, 1000) for n in range(6)]
+    hasher = OrderedSha256(max_ahead=2)
+    for n in range(1, 7):
+        hasher.expect(n)
+    assert hasher.feed(2, regions[1])            # 1 after the next (1): left at once
+    done = threading.Event()
+    far = threading.Thread(target=lambda: (hasher.feed(3, regions[2]), done.set()))
+    far.start()
+    assert not done.wait(0.3), "a part 2 after the next one to hash was taken without waiting"
+    hasher.feed(1, regions[0])                    # the hash moves on to part 3: it is let in
+    assert done.wait(30)
+    far.join(30)
+    for n in (4, 5, 6):
+        hasher.feed(n, regions[n - 1])
+    assert hasher.whole(6) == hashlib.sha256(data).hexdigest()
+
+    failed = OrderedSha256(max_ahead=1)
+    failed.expect(1)
+    failed.expect(2)
+    waiting = []
+    t = threading.Thread(target=lambda: waiting.append(pytest.raises(TransferFailed, failed.feed, 2, regions[1])))
+    t.start()
+    failed.fail(RuntimeError("part 1 failed"))   # a failure lets the waiting thread go, with an error
+    t.join(30)
+    assert not t.is_alive() and waiting
 
 
 def test_a_failed_part_stops_the_digest():
