@@ -30,7 +30,7 @@ from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, Endp
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported,
                            CopySourceUnreadable)
 from bridge.retry import call_with_retries
-from bridge.stores.base import GiB, MiB, Features, ObjectInfo, PartRecord, Store, utc_seconds
+from bridge.stores.base import GiB, MiB, DirectReads, Features, ObjectInfo, PartRecord, Store, utc_seconds
 from bridge.urls import Location
 
 # azure-core and azure-storage-blob are imported when first needed: jobs that the direct path
@@ -190,7 +190,7 @@ def _check_connection_string(value: str) -> None:
                                  "anonymous access to a public container give only BlobEndpoint=")
 
 
-class AzureStore(Store):
+class AzureStore(DirectReads, Store):
     scheme = "az"
     features = Features(checksums=frozenset({"md5"}), min_part_size=1 * MiB,
                         max_part_size=4000 * MiB, max_parts=50_000, max_object_size=190 * 1024 * GiB,
@@ -329,16 +329,6 @@ class AzureStore(Store):
             return self._request(loc, lambda: self._direct.get(loc, offset, length))
         header = f"bytes={offset}-{'' if length is None else offset + length - 1}" if ranged else None
         return self._request(loc, lambda: self._get(loc, header))
-
-    @property
-    def reads_many(self) -> bool:
-        return self._direct is not None
-
-    def read_many(self, locs: list[Location], each) -> dict:
-        if self._direct is None:
-            return super().read_many(locs, each)
-        return self._direct.get_many(locs, each, connections=self.settings.transfer.concurrency,
-                                     retries=self.retries)
 
     def _get(self, loc: Location, header: str | None) -> bytes:
         """One GET, its body read whole: exactly one request per attempt of bridge's retry layer.

@@ -328,6 +328,24 @@ class Store(abc.ABC):
                 yield rel, obj
 
 
+class DirectReads:
+    """``reads_many`` and ``read_many`` of a store (GCS, Azure) whose direct path ``_direct`` (None
+    where the SDK's path stays) fetches whole objects with ``get_many(locs, each, connections=,
+    retries=)``. Listed before Store among the bases."""
+
+    _direct: Any = None
+
+    @property
+    def reads_many(self) -> bool:
+        return self._direct is not None
+
+    def read_many(self, locs: list[Location], each: Callable[[int, bytes], None]) -> dict[int, BridgeError]:
+        if self._direct is None:
+            return super().read_many(locs, each)
+        return self._direct.get_many(locs, each, connections=self.settings.transfer.concurrency,
+                                     retries=self.retries)
+
+
 def receive(resp, size: int, what: object, into: bytearray | None = None,
             each: Callable[[int, memoryview], None] | None = None) -> bytearray | memoryview | int:
     """The ``size`` bytes of an http.client answer's body, read with ``readinto`` (one copy, from

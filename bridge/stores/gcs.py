@@ -27,7 +27,7 @@ from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError)
 from bridge.retry import call_with_retries
-from bridge.stores.base import (GiB, MiB, RESERVED, Features, ObjectInfo, PartRecord, Store,
+from bridge.stores.base import (GiB, MiB, RESERVED, DirectReads, Features, ObjectInfo, PartRecord, Store,
                                 crc_b64_to_hex, crc_hex_to_b64)
 from bridge.urls import Location
 
@@ -121,7 +121,7 @@ def _credentials(settings: Settings):
     return creds
 
 
-class GCSStore(Store):
+class GCSStore(DirectReads, Store):
     scheme = "gs"
     features = Features(checksums=frozenset({"crc32c", "md5"}), min_part_size=5 * MiB,
                         max_part_size=5 * 1024 * GiB, max_parts=10_000, max_object_size=5 * 1024 * GiB,
@@ -231,16 +231,6 @@ class GCSStore(Store):
         if self._direct is None or not length:
             return super().read_through(loc, offset, length, buf, each)
         return self._direct_call(lambda: self._direct.get(loc, offset, length, into=buf, each=each))
-
-    @property
-    def reads_many(self) -> bool:
-        return self._direct is not None
-
-    def read_many(self, locs: list[Location], each) -> dict:
-        if self._direct is None:
-            return super().read_many(locs, each)
-        return self._direct.get_many(locs, each, connections=self.settings.transfer.concurrency,
-                                     retries=self.retries)
 
     def _upload(self, loc: Location, data: bytes, crc32c: str, metadata: dict[str, str]) -> dict:
         meta = {"name": loc.key, "crc32c": crc_hex_to_b64(crc32c), "metadata": metadata}
