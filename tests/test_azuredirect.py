@@ -1,6 +1,6 @@
-"""Azure reads without the SDK's pipeline (bridge/stores/azuredirect.py), against Azurite over
-real HTTP: Get Blob whole and ranged, Get Blob Properties, List Blobs, the errors, a body cut
-short, and the Shared Key signature against the SDK's own policy."""
+"""Azure without the SDK's pipeline (bridge/stores/azuredirect.py), against Azurite over real
+HTTP: Get Blob whole and ranged, Get Blob Properties, List Blobs, Put Blob in batches, the errors,
+a body cut short, and the Shared Key signature against the SDK's own policy."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from urllib.parse import quote
 import pytest
 
 from bridge import ops
-from bridge.errors import BucketNotFound, EndpointUnreachable, ObjectNotFound, PermissionDenied
+from bridge.errors import BridgeError, BucketNotFound, EndpointUnreachable, ObjectNotFound, PermissionDenied
 from bridge.stores import get_store
 from bridge.stores.azuredirect import Direct, SharedKey
 from bridge.urls import parse
 from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY
 from tests.faultproxy import FaultProxy, Rule, proxied_environment
-from tests.helpers import settings_for
+from tests.helpers import settings_for, small_files_go_in_batches_and_verify
 
 MiB = 1024 * 1024
 KEYS = ["a dir/ckpt #1.bin", "ü/名前 x+y%z.bin", "amp&lt<.bin", "tilde~/plain"]
@@ -241,3 +241,57 @@ def test_many_small_blobs_from_one_thread(azurite, make_root):
         assert store.read_many(plain, lambda i, data: got.__setitem__(i, bytes(data))) == {}
         assert [line for line, _ in proxy.log].count(f"GET /{AZURITE_ACCOUNT}/{container}/many/b") == 2
     assert got == {i: blobs[loc.key] for i, loc in enumerate(plain)}
+
+
+def test_many_puts_from_one_thread_carry_their_md5_and_fail_per_blob(azurite, make_root, monkeypatch):
+    """Store.put_many on the direct path: each blob arrives byte-exact with its metadata and the
+    Content-MD5 it was sent with, which Azurite checks (a wrong one is that blob's IntegrityError,
+    not the batch's); a body that cannot be had is that blob's failure; what each answer says
+    comes back as put's ObjectInfo, and names like the SDK's sign and land as given."""
+    from bridge.errors import IntegrityError
+    from bridge.stores import azuredirect
+    container = parse(make_root("az")).bucket
+    store = _store(azurite.env(), concurrency=3)
+    assert store.writes_many
+    names = [f"puts/{k}" for k in KEYS] + [f"puts/{i:02d}" for i in range(20)]
+    blobs = [os.urandom(i * 1013 % 40_000) for i in range(len(names))]
+    infos = {}
+
+    def body(i):
+        if i == 7:
+            raise IntegrityError("the source changed")
+        return parse(f"az://{container}/{names[i]}"), blobs[i], "", {"bridge_n": str(i)}
+
+    failures = store.put_many(len(names), body, infos.__setitem__)
+    assert sorted(failures) == [7] and isinstance(failures[7], IntegrityError)
+    assert sorted(infos) == [i for i in range(len(names)) if i != 7]
+    client = azurite.client().get_container_client(container)
+    for i, info in infos.items():
+        blob = client.get_blob_client(names[i])
+        assert blob.download_blob().readall() == blobs[i]
+        props = blob.get_blob_properties()
+        assert props.metadata == {"bridge_n": str(i)}
+        assert bytes(props.content_settings.content_md5) == hashlib.md5(blobs[i]).digest()
+        assert info.size == len(blobs[i]) and info.checksums["md5"] == hashlib.md5(blobs[i]).hexdigest()
+        assert info.identity["etag"] == props.etag.strip('"')
+
+    real_md5 = hashlib.md5
+
+    class _Wrong:
+        def __init__(self, data):
+            self._digest = real_md5(bytes(data) + b"!").digest()
+
+        def digest(self):
+            return self._digest
+
+    monkeypatch.setattr(azuredirect.hashlib, "md5", _Wrong)
+    failures = store.put_many(1, lambda i: (parse(f"az://{container}/puts/wrong"), b"data", "", {}),
+                              infos.__setitem__)
+    # Azure answers Md5Mismatch (bridge: IntegrityError); Azurite InvalidOperation, "Provided
+    # contentMD5 doesn't match": either way that blob's failure, and nothing stored.
+    assert isinstance(failures.get(0), BridgeError) and "InvalidOperation" in str(failures[0]), failures
+    assert not client.get_blob_client("puts/wrong").exists()
+
+
+def test_small_files_from_local_to_azure_go_in_batches_and_verify(azurite, make_root, tmp_path, monkeypatch):
+    small_files_go_in_batches_and_verify(azurite.env(), f"{make_root('az')}up/", tmp_path, monkeypatch)

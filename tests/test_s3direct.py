@@ -15,7 +15,7 @@ from bridge.stores.base import crc_hex_to_b64
 from bridge.stores.s3direct import Direct
 from bridge.urls import parse
 from tests.emulators import RcloneS3
-from tests.helpers import settings_for
+from tests.helpers import settings_for, small_files_go_in_batches_and_verify
 
 MiB = 1024 * 1024
 
@@ -257,19 +257,7 @@ def test_many_puts_from_one_thread_carry_their_checksums_and_fail_per_object(s3)
 
 
 def test_small_files_from_local_to_s3_go_in_batches_and_verify(s3, tmp_path, monkeypatch):
-    from bridge import engine
-    monkeypatch.setattr(engine, "BATCH_FILES", 8)
-    src = tmp_path / "src"
-    for i in range(20):
-        (src / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
-        (src / f"d{i % 3}" / f"{i}.bin").write_bytes(os.urandom(i * 300))
-    settings = settings_for({**s3.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")})
-    target = f"s3://direct/up-{os.urandom(3).hex()}/"
-    plan = engine.plan_copy(f"{src}/", target, settings)
-    assert [len(u["files"]) for u in plan.units()] == [8, 8, 4]
-    ops.execute(plan, settings)
-    report = ops.verify(target, settings, deep=True)
-    assert report["ok"] and report["checked"] == 20, report
+    small_files_go_in_batches_and_verify(s3.env(), f"s3://direct/up-{os.urandom(3).hex()}/", tmp_path, monkeypatch)
 
 
 def test_a_part_cut_half_way_is_written_again_from_its_start(moto, tmp_path):

@@ -153,6 +153,12 @@ def _identity(etag: str | None, last_modified) -> dict[str, str]:
     return ident
 
 
+def _put_info(loc: Location, size: int, metadata: dict[str, str], resp: dict) -> ObjectInfo:
+    """What an upload's answer says of the blob written (the SDK's or the direct path's)."""
+    sums = {"md5": bytes(resp["content_md5"]).hex()} if resp.get("content_md5") else {}
+    return ObjectInfo(loc, size, sums, dict(metadata), _identity(resp.get("etag"), resp.get("last_modified")))
+
+
 SYNC_COPY_MAX = 256 * MiB      # Copy Blob From URL (synchronous) takes up to this
 FROM_URL_MAX = 4000 * MiB      # Put Block From URL: bytes per block
 COPY_POLL = 0.2                # seconds between looks at an asynchronous copy
@@ -352,9 +358,31 @@ class AzureStore(DirectReads, Store):
         body = _as_bytes(data)
         resp = self._request(loc, lambda: self._blob(loc).upload_blob(body, overwrite=True, metadata=metadata,
                                                                       validate_content=self._validate))
-        sums = {"md5": bytes(resp["content_md5"]).hex()} if resp.get("content_md5") else {}
-        return ObjectInfo(loc, len(data), sums, dict(metadata),
-                          _identity(resp.get("etag"), resp.get("last_modified")))
+        return _put_info(loc, len(data), metadata, resp)
+
+    @property
+    def writes_many(self) -> bool:
+        return self._direct is not None
+
+    def put_many(self, count: int, body, each) -> dict:
+        """Batches of small blobs go by the direct path's Put Blob, several in flight from one
+        thread: through the SDK, a copy of 2,000 x 16 KiB files to Azurite took 6.7 s of CPU,
+        its pipeline's work per request more than the request's."""
+        if self._direct is None:
+            return super().put_many(count, body, each)
+        sent: dict[int, tuple[Location, int, dict]] = {}   # what each answer is about
+
+        def request(i: int) -> tuple:
+            loc, data, _crc32c, metadata = body(i)   # (Azure checks the body's MD5)
+            sent[i] = (loc, len(data), metadata)
+            return loc, data, metadata
+
+        def answered(i: int, resp: dict) -> None:
+            loc, size, metadata = sent.pop(i)
+            each(i, _put_info(loc, size, metadata, resp))
+
+        return self._direct.put_many(count, request, answered, connections=self.settings.transfer.concurrency,
+                                     retries=self.retries)
 
     def body(self, data: bytes | bytearray) -> bytes:
         return _as_bytes(data)
