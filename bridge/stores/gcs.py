@@ -233,19 +233,12 @@ class GCSStore(DirectReads, Store):
         return self._direct_call(lambda: self._direct.get(loc, offset, length, into=buf, each=each))
 
     def _upload(self, loc: Location, data: bytes, crc32c: str, metadata: dict[str, str]) -> dict:
-        meta = {"name": loc.key, "crc32c": crc_hex_to_b64(crc32c), "metadata": metadata}
-        boundary = "bridge-" + uuid.uuid4().hex
-        body = b"".join([
-            f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
-            json.dumps(meta).encode(),
-            f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode(),
-            data,
-            f"\r\n--{boundary}--\r\n".encode(),
-        ])
+        from bridge.stores.gcsdirect import multipart
+        content_type, body = multipart(loc, data, crc_hex_to_b64(crc32c), metadata)
         try:
             return self._call(loc, "POST", f"{self.fs._location}/upload/storage/v1/b/{{}}/o", loc.bucket,
                               uploadType="multipart", json_out=True, data=body,
-                              headers={"Content-Type": f"multipart/related; boundary={boundary}"})
+                              headers={"Content-Type": content_type})
         except ObjectNotFound as exc:
             raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
 
@@ -253,6 +246,31 @@ class GCSStore(DirectReads, Store):
         item = self._upload(loc, data, crc32c, metadata)
         self._check_crc(loc, item, crc32c)
         return self._info(loc.bucket, item)
+
+    @property
+    def writes_many(self) -> bool:
+        return self._direct is not None
+
+    def put_many(self, count: int, body, each) -> dict:
+        """Batches of small objects by the direct path's multipart uploads, several in flight from
+        one thread: through gcsfs, a copy of 2,000 x 16 KiB files to fake-gcs-server took 3.0-3.9 s
+        of CPU."""
+        if self._direct is None:
+            return super().put_many(count, body, each)
+        sent: dict[int, tuple[Location, str]] = {}   # what each answer is about
+
+        def request(i: int) -> tuple:
+            loc, data, crc32c, metadata = body(i)
+            sent[i] = (loc, crc32c)
+            return loc, data, crc_hex_to_b64(crc32c), metadata
+
+        def answered(i: int, item: dict) -> None:
+            loc, crc32c = sent.pop(i)
+            self._check_crc(loc, item, crc32c)
+            each(i, self._info(loc.bucket, item))
+
+        return self._direct.put_many(count, request, answered, connections=self.settings.transfer.concurrency,
+                                     retries=self.retries)
 
     @staticmethod
     def _check_crc(loc: Location, item: dict, crc32c: str) -> None:
