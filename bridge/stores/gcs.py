@@ -7,8 +7,9 @@ which is compared with the whole file's CRC32C.
 
 Reads (bytes, object metadata, listings, bucket metadata) go through gcsdirect.py, one
 http.client connection per thread, wherever it can stand in for gcsfs (an emulator's endpoint,
-or Google credentials on Google's endpoint; see there); gcsfs and aiohttp are imported only when
-first needed, so a job that only reads from GCS never loads them.
+or Google credentials on Google's endpoint; see there), and so do batches of small uploads;
+gcsfs and aiohttp are imported only when first needed, so a job that only reads from GCS never
+loads them.
 """
 
 from __future__ import annotations

@@ -25,7 +25,9 @@ Used for:
   refreshed under a lock when it has expired (or is about to: google.auth's ``valid``). Not when
   the credentials belong to another universe, nor when client certificates are asked for (mTLS,
   GOOGLE_API_USE_CLIENT_CERTIFICATE): those keep gcsfs, which knows them.
-Uploads, compose, rewrite and deletes stay on gcsfs. Failures are raised as bridge's errors with
+Batches of small whole objects go up here too (``put_many``: the multipart upload gcsfs sends,
+their CRC32C in it, over the same event loop); single and parted uploads, compose, rewrite and
+deletes stay on gcsfs. Failures are raised as bridge's errors with
 the meaning gcs.py gives gcsfs's; nothing is retried here (the store retries each call through
 bridge.retry, the one retry layer).
 """
