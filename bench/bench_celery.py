@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bench.bench_transfer import make_data
 from tests.emulators import MotoServer, RcloneS3, Redis
-from workers.testing import ServiceProcess, purge_namespace
+from bridge.workers.testing import ServiceProcess, purge_namespace
 
 MiB = 1024 * 1024
 

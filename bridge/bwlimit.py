@@ -26,28 +26,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from bridge.config import parse_rate
 from bridge.errors import InvalidOption
 
 SLICE = 1024 * 1024
-_OFF = ("", "0", "off", "none", "unlimited")
-
-
-def parse_rate(value: str | int | None) -> int | None:
-    """'50MiB' or '50MiB/s' -> 52428800 bytes per second; '0', 'off' or None -> None (unlimited)."""
-    from bridge.config import parse_size
-    if value is None:
-        return None
-    if isinstance(value, int):
-        return value or None
-    text = str(value).strip().lower()
-    if text in _OFF:
-        return None
-    try:
-        rate = parse_size(text.removesuffix("/s"))
-    except InvalidOption:
-        raise InvalidOption(f"invalid bandwidth limit {value!r}: use bytes per second with an optional "
-                            f"unit, e.g. 50MiB (or 0/off for none)") from None
-    return rate or None
 
 
 class Bucket(Protocol):

@@ -322,8 +322,27 @@ def _size_at_least_1(what: str) -> Callable[[Any], int | None]:
     return check
 
 
+_OFF = ("", "0", "off", "none", "unlimited")
+
+
+def parse_rate(value: str | int | None) -> int | None:
+    """'50MiB' or '50MiB/s' -> 52428800 bytes per second; '0', 'off' or None -> None (unlimited)."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return value or None
+    text = str(value).strip().lower()
+    if text in _OFF:
+        return None
+    try:
+        rate = parse_size(text.removesuffix("/s"))
+    except InvalidOption:
+        raise InvalidOption(f"invalid bandwidth limit {value!r}: use bytes per second with an optional "
+                            f"unit, e.g. 50MiB (or 0/off for none)") from None
+    return rate or None
+
+
 def _rate(value: Any) -> int | None:
-    from bridge.bwlimit import parse_rate
     return parse_rate(value)
 
 
@@ -381,7 +400,7 @@ class TransferSettings(_Model):
 
 
 class NativeSettings(_Model):
-    """The clouds' own transfer services (the ``sts`` and ``datasync`` routes, bridge/native/).
+    """The clouds' own transfer services (the ``sts`` and ``datasync`` routes, bridge/routes/sts.py and datasync.py).
     Endpoints are overrides for a test double; left unset, each SDK finds the real service.
     ``enabled`` names the routes bridge may choose by itself and plans with; ``--route`` runs
     either route even when it is not enabled."""

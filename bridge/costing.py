@@ -1,25 +1,79 @@
-"""Pricing a job before it runs: the facts gathered here (plan, places), the decisions made by
-policies/ (price tables, cost, route planner).
+"""Pricing a job before it runs: the facts gathered here (the plan, where each store's bytes
+are), the decisions made by bridge.policies (price tables, cost model, route planner).
 
+    locate(url, settings)               the place of a URL's bucket or site: a cloud region, or the
+                                        site named by ``pricing.site`` (local and Lustre paths)
     route_plan(src, dst, settings)      every route priced and timed, one chosen (mcbridge plan)
     check_budget(usage, ...)            refuse a job whose estimate is above --max-cost
+
+Places are the I/O half of the cost model: S3 buckets by GetBucketLocation, GCS buckets by their
+``location``, Azure accounts from the settings (``azure.region``: the data plane does not say).
+``pricing.regions`` maps URL prefixes to regions and wins over all of these. Answers are cached
+per process: a bucket does not move.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from bridge import estimate
 from bridge.config import Settings
 from bridge.engine import Plan, plan_copy
 from bridge.errors import InvalidOption, OverBudget
-from bridge.places import host, locate
 from bridge.progress import human_bytes
-from policies import routes
-from policies.cost import Overrides, Place, price
-from policies.prices import builtin
+from bridge.stores import get_store
+from bridge.urls import parse
+from bridge.policies import routes
+from bridge.policies.cost import CLOUD_OF_SCHEME, Overrides, Place, price
+from bridge.policies.prices import builtin
 
 DEFAULT_SHARD_SIZE = 256 * 1024 * 1024
+
+# -- where each store's bytes are (places) --------------------------------------------------------
+
+_cache: dict[tuple[str, str, str], str | None] = {}
+_lock = threading.Lock()
+
+
+def _configured(url: str, settings: Settings) -> str | None:
+    best = None
+    for prefix, region in settings.pricing.regions.items():
+        if url.startswith(prefix) and (best is None or len(prefix) > len(best[0])):
+            best = (prefix, region)
+    return best[1] if best else None
+
+
+def locate(url: str, settings: Settings) -> Place:
+    """The place of ``url``'s bucket (or site); ``assumed`` when it could not be found out."""
+    loc = parse(url)
+    if loc.is_local:
+        return Place("site", _configured(str(loc), settings) or settings.pricing.site)
+    provider = CLOUD_OF_SCHEME[loc.scheme]
+    region = _configured(str(loc), settings)
+    if region is None and loc.scheme == "az":
+        region = settings.azure.region
+    if region is None:
+        endpoint = {"s3": settings.s3.endpoint_url, "gs": settings.gcs.endpoint}.get(loc.scheme) or ""
+        key = (loc.scheme, endpoint, loc.bucket)
+        with _lock:
+            known = key in _cache
+            region = _cache.get(key)
+        if not known:
+            region = get_store(loc, settings).bucket_region(loc)
+            with _lock:
+                _cache[key] = region
+    if region is None:
+        return Place(provider, builtin()[provider].default_region, assumed=True)
+    return Place(provider, region.lower())
+
+
+def host(settings: Settings) -> Place:
+    """Where this process runs (``pricing.runs_in``): its legs of a direct copy are priced from there."""
+    return Place.parse(settings.pricing.runs_in)
+
+
+# -- prices of plans ------------------------------------------------------------------------------
 
 
 def _speeds(settings: Settings) -> dict[str, dict[str, float | None]]:
@@ -99,27 +153,3 @@ def check_budget(usage: estimate.Usage | list[estimate.Usage], settings: Setting
 
 def total_cost(usages: list[estimate.Usage], settings: Settings) -> float:
     return sum(cost_of(u, settings, u.source.url, u.destination.url) for u in usages)
-
-
-def job_usages(kind: str, source: str, destinations: list[str], settings: Settings, *, delete: bool = False,
-               pack: dict[str, Any] | None = None, route: str | None = None) -> list[estimate.Usage]:
-    """What a job of ``kind`` (copy, sync, replicate, pack, unpack) would read, write and request,
-    by planning it here with these settings (a service job is priced before it is queued); a copy
-    or sync by the route its workers will choose (or ``route``), as they choose it."""
-    if kind == "pack":
-        from bridge.packing import job as packing
-        return [packing.plan_pack(source, destinations[0], settings, **(pack or {})).usage()]
-    if kind == "unpack":
-        from bridge.packing import unpack
-        return [unpack.plan_unpack(source, destinations[0], settings, (pack or {}).get("prefix")).usage(settings)]
-    out = []
-    for dst in destinations:
-        if kind == "copy":
-            plan = plan_copy(source, dst, settings, settings.transfer.chunk_size)
-        else:
-            from bridge.ops import plan_sync
-            plan, _ = plan_sync(source, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size)
-        from bridge import routes as runnable
-        runnable.choose(plan, settings, route)
-        out.append(estimate.usage(plan, plan.route or "direct"))
-    return out

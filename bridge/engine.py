@@ -153,12 +153,6 @@ class Plan:
                 + sum(1 for f in self.files if f.part_size and f.whole)
                 + len(self.completions) + len(self.deletions) + 1)
 
-    def usage(self):
-        """What this plan will read from and write to each store, and the requests it will send
-        by kind (``bridge.estimate.Usage``), before anything runs: what policies price."""
-        from bridge import estimate
-        return estimate.usage(self, self.route if self.route in estimate.ROUTES else "direct")
-
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -454,3 +454,10 @@ def pack_commit(pack_plan: Any) -> Usage:
     dst.requests["PUT"] += 1 + len(pack_plan.shards)
     _destination_commit(dst, 0)
     return Usage("pack", StoreUsage(_root(pack_plan.source_root)), dst, 0, 0, 0, 0)
+
+
+def of_plan(plan: Plan) -> Usage:
+    """What ``plan`` will read from and write to each store, and the requests it will send by
+    kind, on the route it was given (``direct`` for one this module does not model): what
+    policies price, before anything runs."""
+    return usage(plan, plan.route if plan.route in ROUTES else "direct")

@@ -173,7 +173,7 @@ class ThreadExecutor:
                             stop.set()
                     fill()
             except BaseException:
-                # Ctrl-C or SIGTERM: a unit following a remote job (bridge/native) cancels it
+                # Ctrl-C or SIGTERM: a unit following a remote job (bridge/routes/delegated.py) cancels it
                 # before the pool's shutdown waits for it.
                 cancelled = getattr(ctx, "cancelled", None)
                 if cancelled is not None:

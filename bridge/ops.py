@@ -13,6 +13,7 @@ import gc
 from bridge import bwlimit
 from bridge import manifest as manifests
 from bridge import check
+from bridge import estimate
 from bridge import routes
 from bridge.check import mismatch, reported_crc32c
 from bridge.hashing import rehash
@@ -45,7 +46,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
             "bytes": plan.bytes, "units": plan.unit_count(),
             "multipart_files": sum(1 for f in plan.files if f.part_size),
             "deletions": len(plan.deletions), "route": {"name": plan.route, "why": plan.route_why},
-            "usage": plan.usage().to_dict(),
+            "usage": estimate.of_plan(plan).to_dict(),
             "plan": [{"path": f.rel, "size": f.size, "parts": f.parts if f.part_size else 1,
                       "part_size": f.part_size} for f in plan.files]}
 
@@ -62,7 +63,7 @@ def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
     # A route whose service moves the bytes cancels its remote job on SIGTERM as on Ctrl-C.
     remote = getattr(routes.REGISTRY.get(plan.route), "remote", False)
     if remote:
-        from bridge.native import sigterm_cancels
+        from bridge.routes.delegated import sigterm_cancels
     try:
         with (sigterm_cancels() if remote else contextlib.nullcontext()):
             results = jobs.run(ctx, plan.units(), journal, settings.transfer.concurrency, "copy")
@@ -82,7 +83,7 @@ def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what:
     """Refuse a plan estimated above ``max_cost`` dollars, before any data request."""
     if max_cost is not None:
         from bridge import costing, estimate
-        costing.check_budget(plan.usage(), settings, max_cost, what)
+        costing.check_budget(estimate.of_plan(plan), settings, max_cost, what)
 
 
 def copy(source: str, destination: str, settings: Settings, *, chunk_size: int | None = None,
@@ -220,3 +221,25 @@ def uploads(url: str, settings: Settings, *, abort: bool = False) -> list[dict[s
             store.abort_upload(loc, upload_id)
         rows.append({"object": str(loc), "upload_id": upload_id, "aborted": abort})
     return rows
+
+
+def job_usages(kind: str, source: str, destinations: list[str], settings: Settings, *, delete: bool = False,
+               pack: dict[str, Any] | None = None, route: str | None = None) -> list[Any]:
+    """What a job of ``kind`` (copy, sync, replicate, pack, unpack) would read, write and request,
+    by planning it here with these settings (a service job is priced before it is queued); a copy
+    or sync by the route its workers will choose (or ``route``), as they choose it."""
+    if kind == "pack":
+        from bridge.packing import job as packing
+        return [packing.plan_pack(source, destinations[0], settings, **(pack or {})).usage()]
+    if kind == "unpack":
+        from bridge.packing import unpack
+        return [unpack.plan_unpack(source, destinations[0], settings, (pack or {}).get("prefix")).usage(settings)]
+    out = []
+    for dst in destinations:
+        if kind == "copy":
+            plan = plan_copy(source, dst, settings, settings.transfer.chunk_size)
+        else:
+            plan, _ = plan_sync(source, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size)
+        routes.choose(plan, settings, route)
+        out.append(estimate.usage(plan, plan.route or "direct"))
+    return out

@@ -16,6 +16,6 @@ def load(target: str, extra: str, what: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise MissingBackend(f"{what} needs the '{extra}' extra: pip install 'mcbridge[{extra}]' "
+        raise MissingBackend(f"{what} needs the '{extra}' extra: pip install 'cloud-artifact-bridge[{extra}]' "
                              f"({exc.name} is missing)") from exc
     return getattr(module, attribute)

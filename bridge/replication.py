@@ -23,8 +23,8 @@ from bridge.errors import BridgeError, ObjectNotFound
 from bridge.journal import job_key
 from bridge.stores import get_store
 from bridge.urls import parse
-from policies import replication as rules
-from policies.replication import NamedPolicy
+from bridge.policies import replication as rules
+from bridge.policies.replication import NamedPolicy
 
 
 def folders(url: str, settings: Settings) -> set[str]:

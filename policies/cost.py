@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.prices import GB, ProviderPrices
+from bridge.policies.prices import GB, ProviderPrices
 
 CLOUD_OF_SCHEME = {"s3": "aws", "gs": "gcp", "az": "azure"}
 SERVICE_OF_ROUTE = {"datasync": ("aws", "datasync"), "sts": ("gcp", "storage_transfer")}

@@ -152,7 +152,7 @@ def parse(text: str, name: str) -> ProviderPrices:
 @functools.cache
 def builtin() -> dict[str, ProviderPrices]:
     """The tables shipped in policies/prices/, by provider."""
-    folder = resources.files("policies") / "prices"
+    folder = resources.files("bridge.policies") / "prices"
     tables = {}
     for provider in PROVIDERS:
         table = parse((folder / f"{provider}.yaml").read_text(), f"policies/prices/{provider}.yaml")

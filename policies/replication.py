@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from bridge.errors import BridgeError, InvalidOption
 from bridge.urls import parse as parse_url
-from policies.yamlcheck import compose, line_of
+from bridge.policies.yamlcheck import compose, line_of
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
 _DIGITS = re.compile(r"(\d+)")

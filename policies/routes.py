@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:   # the price tables (pydantic, YAML) load when a route is priced, not when one is checked
-    from policies.cost import Cost, Overrides, Place
-    from policies.prices import ProviderPrices
+    from bridge.policies.cost import Cost, Overrides, Place
+    from bridge.policies.prices import ProviderPrices
 
 ORDER = ("direct", "server", "from-url", "sts", "datasync", "pack")
 BUILT = frozenset({"direct", "pack", "server", "from-url"})   # what this bridge runs (bridge/routes)
@@ -75,22 +75,11 @@ class RouteChoice:
 
 def serves(route: str, src_scheme: str, dst_scheme: str, *, pack_allowed: bool) -> str | None:
     """Why ``route`` cannot carry a src -> dst copy, or None when it can."""
+    from bridge.routes import scheme_reason
     if route == "direct":
         return None
-    if route == "server":
-        return None if src_scheme == dst_scheme else "server-side copies stay inside one store account"
-    if route == "from-url":
-        if dst_scheme != "az":
-            return "only Azure pulls from a URL (S3's UploadPartCopy takes S3 sources only)"
-        return None if src_scheme in ("s3", "gs") else "from-url reads an S3 or GCS signed URL"
-    if route == "sts":
-        if dst_scheme != "gs":
-            return "Storage Transfer Service writes into GCS only"
-        return None if src_scheme in ("s3", "az", "gs") else "Storage Transfer Service needs an agent for local files"
-    if route == "datasync":
-        if "file" in (src_scheme, dst_scheme):
-            return "DataSync needs an agent next to local files"
-        return None if "s3" in (src_scheme, dst_scheme) else "DataSync moves data to or from S3"
+    if route in ("server", "from-url", "sts", "datasync"):
+        return scheme_reason(route, src_scheme, dst_scheme)
     if route == "pack":
         return None if pack_allowed else "changes the destination to shards: allowed with --pack tar|parquet"
     raise RouteError(f"unknown route {route!r}; routes: {', '.join(ORDER)}")
@@ -114,7 +103,7 @@ def plan_routes(usages: Mapping[str, Any], src: Place, dst: Place, host: Place,
                 speeds: Mapping[str, Mapping[str, float | None]] | None = None,
                 source_class: str | None = None) -> list[RouteChoice]:
     """Every route priced and timed, exactly one chosen (see the module docstring)."""
-    from policies.cost import price
+    from bridge.policies.cost import price
     available = set(available)
     if forced is not None and forced not in ORDER:
         raise RouteError(f"unknown route {forced!r}; routes: {', '.join(ORDER)}")
@@ -167,5 +156,5 @@ def _human_time(s: float) -> str:
 
 
 def scheme_provider(scheme: str) -> str:
-    from policies.cost import CLOUD_OF_SCHEME
+    from bridge.policies.cost import CLOUD_OF_SCHEME
     return CLOUD_OF_SCHEME.get(scheme, "site")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: local folders, in-process, no services.
 #   bash scripts/demo.sh [WORKDIR]
-# Installs mcbridge into .venv (if needed), makes a small corpus and a 64 MiB checkpoint,
+# Installs mcbridge with its cloud extras ([all]) into .venv (if needed), makes a small corpus and a 64 MiB checkpoint,
 # copies them with `mcbridge cp`, proves the copy with `mcbridge verify --deep`, and shows a
 # `mcbridge sync` that sends only a changed file.
 set -euo pipefail
@@ -9,11 +9,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 python=${PYTHON:-python3}
 work=${1:-$(mktemp -d -t mcbridge-demo.XXXXXX)}
 
-if [ ! -x .venv/bin/mcbridge ]; then
+if [ ! -x .venv/bin/mcbridge ] || ! .venv/bin/python -c 'import s3fs, gcsfs, azure.storage.blob, pyarrow' 2>/dev/null; then
     echo "==> installing mcbridge into .venv"
     [ -x .venv/bin/python ] || "$python" -m venv .venv
     .venv/bin/python -m pip install --disable-pip-version-check -q -U pip
-    .venv/bin/python -m pip install --disable-pip-version-check -q -e .
+    .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[all]'
 fi
 export PATH="$PWD/.venv/bin:$PATH"
 export MCBRIDGE_STATE_DIR="$work/state"

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from bridge import ops
-from bridge.bwlimit import Limiter, TokenBucket, parse_rate
+from bridge.bwlimit import Limiter, TokenBucket
+from bridge.config import parse_rate
 from bridge.errors import InvalidOption
 from tests.helpers import NO_CONFIG, mcbridge, settings_for
 from tests.test_workers_service import service  # noqa: F401  (the fixture)
@@ -65,8 +66,8 @@ def test_the_bucket_lets_bytes_through_at_its_rate_and_retimes_a_changed_rate():
 
 
 def test_a_route_gives_jobs_a_default_limit_and_bad_values_are_one_line():
-    from workers.executor import route_bwlimit
-    from workers.settings import WorkerSettings
+    from bridge.workers.executor import route_bwlimit
+    from bridge.workers.settings import WorkerSettings
     ws = WorkerSettings.from_env({"BRIDGE_ROUTE_BWLIMITS": "s3=200MiB, az://archive=50MiB, gs=0"})
     assert route_bwlimit(ws, "az://archive/x/") == 50 * MiB
     assert route_bwlimit(ws, "az://other/x/") is None

@@ -14,7 +14,7 @@ import pytest
 
 from tests.emulators import free_port, unique_name
 from tests.helpers import NO_CONFIG
-from workers.testing import ServiceProcess, purge_namespace
+from bridge.workers.testing import ServiceProcess, purge_namespace
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workers.settings import describe
+from bridge.workers.settings import describe
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -42,7 +42,7 @@ def test_compose_runs_redis_two_workers_one_beat_flower_and_three_emulators():
         for port in service.get("ports", []):
             assert port.startswith("127.0.0.1:"), f"{port} would listen beyond this machine"
     schedules = ROOT / "deploy" / "local" / "schedules.yaml"
-    from workers.schedules import load
+    from bridge.workers.schedules import load
     assert load(schedules)
 
 
@@ -72,7 +72,7 @@ def test_deploy_config_names_only_known_settings_and_no_credentials():
     known = {env for env, _default, _doc in describe()}
     assert {k for k in config if k.startswith("BRIDGE_")} <= known
     assert not {k for k in config if "SECRET" in k or "KEY" in k or "CONNECTION_STRING" in k}
-    from workers.schedules import parse
+    from bridge.workers.schedules import parse
     assert parse(config["schedules.yaml"], "config.yaml")
     compose_env = yaml.safe_load(COMPOSE.read_text())["x-bridge"]["environment"]
     assert {k for k in compose_env if k.startswith("BRIDGE_")} <= known

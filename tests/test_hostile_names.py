@@ -238,8 +238,8 @@ def test_the_service_plans_through_the_same_check(kind, make_root, emulator_for,
     """A worker's planning task refuses hostile keys before it prepares the destination or fans out."""
     pytest.importorskip("celery")
     from tests.helpers import settings_for
-    from workers.kinds import Files
-    from workers.specs import JobSpec
+    from bridge.workers.kinds import Files
+    from bridge.workers.specs import JobSpec
     root = make_root("s3")
     put_keys(emulator_for("s3"), root, {"x/../../escape.txt": b"pwned", "ok.txt": b"ok"})
     spec = JobSpec(kind=kind, source=root, destinations=[f"{tmp_path}/dl/"])

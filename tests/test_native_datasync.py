@@ -16,7 +16,7 @@ from bridge import ops
 from bridge.config import SecretStr
 from bridge.errors import JobCancelled, RouteFailed, RouteUnavailable
 from bridge.manifest import read as read_manifest
-from bridge.native import datasync
+from bridge.routes import datasync
 from bridge.progress import Progress
 from bridge.stores import get_store
 from bridge.urls import parse

@@ -19,7 +19,7 @@ from bridge import ops
 from bridge.config import SecretStr
 from bridge.errors import JobCancelled, PermissionDenied, RouteFailed, RouteUnavailable
 from bridge.manifest import read as read_manifest
-from bridge.native import sts
+from bridge.routes import sts
 from bridge.progress import Progress
 from bridge.stores import get_store
 from bridge.urls import parse

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bridge.config import load_settings
-from bridge.places import locate
+from bridge.costing import locate
 from tests.emulators import unique_name
 from tests.helpers import NO_CONFIG, mcbridge
 

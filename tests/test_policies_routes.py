@@ -9,9 +9,9 @@ import pytest
 
 from bridge import estimate
 from bridge.engine import FilePlan, Plan
-from policies import routes
-from policies.cost import Overrides, Place, price
-from policies.prices import GB, PriceError, builtin, parse
+from bridge.policies import routes
+from bridge.policies.cost import Overrides, Place, price
+from bridge.policies.prices import GB, PriceError, builtin, parse
 
 MiB, GiB, TiB = 1 << 20, 1 << 30, 1 << 40
 ALL = set(routes.ORDER)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from policies import replication as rules
+from bridge.policies import replication as rules
 from tests.emulators import unique_name
 from tests.helpers import mcbridge, settings_for
 

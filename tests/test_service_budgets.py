@@ -11,7 +11,7 @@ import pytest
 from tests.emulators import unique_name
 from tests.test_budgets import object_requests
 from tests.test_workers_service import service  # noqa: F401  (the fixture: a namespace, workers, the CLI)
-from workers.budgets import Budgets
+from bridge.workers.budgets import Budgets
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -115,17 +115,18 @@ def test_spend_is_priced_from_what_ran_a_cut_short_job_costs_less(service, moto)
     assert packed.spent_usd == pytest.approx(packed.estimate_usd, rel=1e-6)
 
     # priced with all 12 files; then 6 of them vanish before the worker reads them
-    from workers.app import configure, service as make_service
-    from workers.settings import WorkerSettings
+    from bridge.workers.app import configure, service as make_service
+    from bridge.workers.settings import WorkerSettings
     configure(WorkerSettings.from_env(service.env))
     svc = make_service()
-    from bridge.costing import job_usages, total_cost
+    from bridge.costing import total_cost
+    from bridge.ops import job_usages
     from bridge.config import load_settings
     settings = load_settings(environ=service.env)
     estimate = total_cost(job_usages("copy", f"s3://{src}/c/", [f"s3://{dst}/copy/"], settings), settings)
     for i in range(6):
         moto.client().delete_object(Bucket=src, Key=f"c/{i:02d}.bin")
-    from workers.specs import parse_spec
+    from bridge.workers.specs import parse_spec
     job_id = svc.submit(parse_spec({"kind": "copy", "source": f"s3://{src}/c/", "destinations": [f"s3://{dst}/copy/"]}),
                         budget="team", estimate=estimate)
     done = _priced(service, service.wait(job_id).id)

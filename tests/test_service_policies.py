@@ -13,12 +13,12 @@ import pytest
 from celery import Celery
 from celery.beat import Scheduler
 
-from policies.replication import load
+from bridge.policies.replication import load
 from tests.emulators import free_port, unique_name
 from tests.test_workers_service import metric_total, service  # noqa: F401  (the fixture)
-from workers import replicas
-from workers.budgets import Budgets
-from workers.settings import WorkerSettings, celery_config
+from bridge.workers import replicas
+from bridge.workers.budgets import Budgets
+from bridge.workers.settings import WorkerSettings, celery_config
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -207,7 +207,7 @@ def test_a_policy_run_past_its_monthly_budget_waits_for_approval(service, moto, 
 
 def test_mcbridge_beat_reads_the_policy_file_and_its_runs_land(service, moto, tmp_path):  # noqa: F811
     """The real beat process (mcbridge beat --policies): a policy every 2 s reaches a local site."""
-    from workers.testing import ServiceProcess
+    from bridge.workers.testing import ServiceProcess
     src = unique_name()
     moto.create_bucket(src)
     _put_checkpoint(moto, src, "step-7")

@@ -17,13 +17,13 @@ import uuid
 import pytest
 
 from bridge.errors import InvalidOption
-from workers.settings import WorkerSettings, celery_config, describe, parse_routes
-from workers.specs import JobSpec, parse_spec
+from bridge.workers.settings import WorkerSettings, celery_config, describe, parse_routes
+from bridge.workers.specs import JobSpec, parse_spec
 
 
 @pytest.fixture
 def namespace(redis_url):
-    from workers.testing import purge_namespace
+    from bridge.workers.testing import purge_namespace
     ns = f"mcbt-{uuid.uuid4().hex[:10]}"
     yield ns
     purge_namespace(redis_url, ns)
@@ -37,7 +37,7 @@ def ws(redis_url, namespace) -> WorkerSettings:
 
 @pytest.fixture
 def client(ws):
-    from workers.keys import redis_client
+    from bridge.workers.keys import redis_client
     return redis_client(ws.broker_url)
 
 
@@ -82,7 +82,7 @@ def test_bad_settings_are_one_line_naming_the_variable(env, words):
 
 
 def test_routes_pick_the_most_specific_match():
-    from workers.executor import route
+    from bridge.workers.executor import route
     ws = WorkerSettings.from_env({"BRIDGE_ROUTES": "s3=bridge.aws, gs://models-eu=bridge.eu"})
     assert parse_routes("s3=q1") == {"s3": "q1"}
     spec = lambda dst, **kw: parse_spec({"kind": "copy", "source": "/data/x/", "destination": dst, **kw})
@@ -146,7 +146,7 @@ schedules:
 
 def test_a_schedules_file_becomes_beat_entries():
     from celery.schedules import crontab, schedule
-    from workers.schedules import beat_entries, parse
+    from bridge.workers.schedules import beat_entries, parse
     schedules = parse(GOOD)
     assert [s.name for s in schedules] == ["golden-nightly", "corpus-dr", "paused"]
     entries = beat_entries(schedules, "bridge")
@@ -171,7 +171,7 @@ def test_a_schedules_file_becomes_beat_entries():
     (("schedules:\n", "schedules:\n  - oops\n"), "schedules.yaml:3: not valid YAML"),
 ])
 def test_a_bad_schedules_file_names_the_line_and_field(edit, expected):
-    from workers.schedules import ScheduleError, parse
+    from bridge.workers.schedules import ScheduleError, parse
     with pytest.raises(ScheduleError) as info:
         parse(GOOD.replace(*edit, 1))
     assert any(line.startswith(expected) for line in info.value.problems), info.value.problems
@@ -216,7 +216,7 @@ def test_the_log_filter_redacts_messages_and_tracebacks():
 # -- Redis: journal, job records ------------------------------------------------------------
 
 def test_the_redis_journal_is_the_engines_journal(client, namespace):
-    from workers.journal import RedisJournal
+    from bridge.workers.journal import RedisJournal
     journal = RedisJournal(client, f"{namespace}:journal:k1", ttl=60)
     journal.put("file:a/b.txt", {"size": 3})
     journal.put("part:big.bin:1", {"crc32c": "00000001"})
@@ -232,8 +232,8 @@ def test_the_redis_journal_is_the_engines_journal(client, namespace):
 
 
 def test_job_states_move_forward_only_and_cancel_wins_once(client, ws):
-    from workers.jobs import Jobs
-    from workers.keys import Keys
+    from bridge.workers.jobs import Jobs
+    from bridge.workers.keys import Keys
     jobs = Jobs(client, Keys(ws.namespace), ttl=3600)
     spec = parse_spec({"kind": "copy", "source": "s3://src-b/", "destination": "gs://dst-b/", "profile": "prod"})
     job_id = jobs.create(spec, queue="bridge.gs")
@@ -257,13 +257,13 @@ def test_job_states_move_forward_only_and_cancel_wins_once(client, ws):
 # -- Redis: leases and the sweeper -----------------------------------------------------------
 
 def _lease_parts(client, ws):
-    from workers.keys import Keys
-    from workers.leases import Leases
+    from bridge.workers.keys import Keys
+    from bridge.workers.leases import Leases
     return Leases(client, Keys(ws.namespace), ws.lease)
 
 
 def test_a_duplicate_delivery_finds_the_task_busy_then_done(client, ws):
-    from workers.leases import TaskRef
+    from bridge.workers.leases import TaskRef
     leases = _lease_parts(client, ws)
     client.set(leases.keys.job("j1", "pending"), 1)
     first = leases.lease(TaskRef("j1.t0", "bridge.transfer", ["j1", {}], "q", "j1"))
@@ -279,7 +279,7 @@ def test_a_duplicate_delivery_finds_the_task_busy_then_done(client, ws):
 
 
 def test_a_slow_task_keeps_its_lease_and_is_never_requeued(client, ws):
-    from workers.leases import Sweeper, TaskRef
+    from bridge.workers.leases import Sweeper, TaskRef
     leases = _lease_parts(client, ws)
     published: list[TaskRef] = []
     sweeper = Sweeper(leases, published.append)
@@ -294,7 +294,7 @@ def test_a_slow_task_keeps_its_lease_and_is_never_requeued(client, ws):
 
 
 def test_a_dead_holders_task_is_requeued_once_after_its_lease_expires(client, ws):
-    from workers.leases import Sweeper, TaskRef
+    from bridge.workers.leases import Sweeper, TaskRef
     leases = _lease_parts(client, ws)
     published: list[TaskRef] = []
     sweeper = Sweeper(leases, published.append)
@@ -314,7 +314,7 @@ def test_a_dead_holders_task_is_requeued_once_after_its_lease_expires(client, ws
 
 
 def test_a_holder_whose_lease_was_taken_over_learns_it(client, ws):
-    from workers.leases import TaskRef
+    from bridge.workers.leases import TaskRef
     leases = _lease_parts(client, ws)
     lease = leases.lease(TaskRef("j4.t0", "bridge.transfer", ["j4"], "q", "j4"))
     assert lease.acquire() == "ok"
@@ -323,7 +323,7 @@ def test_a_holder_whose_lease_was_taken_over_learns_it(client, ws):
 
 
 def test_only_one_sweeper_sweeps_at_a_time(client, ws):
-    from workers.leases import Sweeper, TaskRef
+    from bridge.workers.leases import Sweeper, TaskRef
     leases = _lease_parts(client, ws)
     published: list[TaskRef] = []
     ref = TaskRef("j5.t0", "bridge.transfer", ["j5"], "q", "j5", since=time.time() - 60)
@@ -343,7 +343,7 @@ def test_only_one_sweeper_sweeps_at_a_time(client, ws):
 
 
 def test_a_task_whose_worker_keeps_dying_fails_its_job_instead_of_looping(client, ws, tmp_path):
-    from workers.executor import Service
+    from bridge.workers.executor import Service
     sent = []
     svc = Service(ws, client, sent.append)
     job_id = svc.submit(parse_spec({"kind": "copy", "source": f"{tmp_path}/", "destination": f"{tmp_path}-copy/"}))
@@ -358,7 +358,7 @@ def test_a_task_whose_worker_keeps_dying_fails_its_job_instead_of_looping(client
 
 def test_fan_out_keeps_each_multipart_file_whole_and_batches_small_ones():
     from bridge.engine import FilePlan, Plan
-    from workers.kinds import fan_out
+    from bridge.workers.kinds import fan_out
     files = [FilePlan(f"s/{i:03d}", 1000) for i in range(130)] + [FilePlan("big1", 100, 10), FilePlan("big2", 300, 10)]
     plan = Plan("s3://a-a/", "gs://b-b/", None, files, [f"old/{i}" for i in range(3)], "key1")
     subs = fan_out(plan, batch_files=64, batch_bytes=10**9)
@@ -372,7 +372,7 @@ def test_fan_out_keeps_each_multipart_file_whole_and_batches_small_ones():
 
 def test_fan_out_spreads_the_parts_of_a_file_bigger_than_file_task_bytes_over_tasks():
     from bridge.engine import FilePlan, Plan
-    from workers.kinds import fan_out, split
+    from bridge.workers.kinds import fan_out, split
     files = [FilePlan("big", 95, 10), FilePlan("mid", 30, 10), FilePlan("s", 5)]
     plan = Plan("s3://a-a/", "gs://b-b/", None, files, [], "key1")
     subs = fan_out(plan, batch_files=64, batch_bytes=10**9, file_task_bytes=40)

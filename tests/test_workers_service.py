@@ -24,9 +24,9 @@ import pytest
 
 from bridge.urls import parse
 from tests.emulators import free_port
-from workers.jobs import TERMINAL, Jobs
-from workers.keys import Keys, redis_client
-from workers.testing import ServiceProcess, purge_namespace
+from bridge.workers.jobs import TERMINAL, Jobs
+from bridge.workers.keys import Keys, redis_client
+from bridge.workers.testing import ServiceProcess, purge_namespace
 
 MiB = 1024 * 1024
 pytestmark = pytest.mark.timeout(240)

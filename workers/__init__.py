@@ -1,7 +1,7 @@
 """The service: Celery workers on Redis that run bridge's units for many machines at once.
 
     settings.py   every setting, one table, read from the environment once
-    app.py        the Celery app (``celery -A workers.app ...``) and each worker's upkeep
+    app.py        the Celery app (``celery -A bridge.workers.app ...``) and each worker's upkeep
     tasks.py      thin tasks: plan, transfer, finalize, scheduled
     executor.py   what they do: fan a planned job out, run units, write the manifest, verify
     leases.py     leases, heartbeats and the sweeper: dead workers' tasks run again, slow ones once

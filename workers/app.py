@@ -1,6 +1,6 @@
-"""The Celery app: ``celery -A workers.app worker|beat|flower`` and ``mcbridge worker|beat`` use it.
+"""The Celery app: ``celery -A bridge.workers.app worker|beat|flower`` and ``mcbridge worker|beat`` use it.
 
-Its settings come from ``workers.settings`` (the environment, read once, here). Each worker's
+Its settings come from ``bridge.workers.settings`` (the environment, read once, here). Each worker's
 main process also runs the ``Upkeep`` step: it announces the worker in Redis, sweeps for tasks
 of dead workers (workers/leases.py) and serves the Prometheus metrics.
 """
@@ -15,12 +15,12 @@ import time
 from celery import Celery, bootsteps, signals
 
 from bridge import redact
-from workers import metrics
-from workers.settings import WorkerSettings, celery_config
+from bridge.workers import metrics
+from bridge.workers.settings import WorkerSettings, celery_config
 
 log = logging.getLogger(__name__)
 
-app = Celery("bridge", include=["workers.tasks", "workers.cache_tasks"])
+app = Celery("bridge", include=["bridge.workers.tasks", "bridge.workers.cache_tasks"])
 settings: WorkerSettings = WorkerSettings.from_env(os.environ)
 _service = None
 
@@ -41,9 +41,9 @@ def service():
     later must not share its parent's)."""
     global _service
     if _service is None or _service[0] != os.getpid():
-        from workers.broker import publisher
-        from workers.executor import Service
-        from workers.keys import redis_client
+        from bridge.workers.broker import publisher
+        from bridge.workers.executor import Service
+        from bridge.workers.keys import redis_client
         _service = (os.getpid(), Service(settings, redis_client(settings.broker_url), publisher(app)))
     return _service[1]
 
@@ -62,8 +62,8 @@ class Upkeep(bootsteps.StartStopStep):
     def start(self, worker) -> None:
         import json
 
-        from workers.broker import Unacked
-        from workers.leases import Sweeper
+        from bridge.workers.broker import Unacked
+        from bridge.workers.leases import Sweeper
         svc = service()
         queues = sorted(worker.app.amqp.queues.consume_from or [])
         presence = json.dumps({"hostname": worker.hostname, "pid": os.getpid(), "queues": queues,

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from functools import cached_property
 
-from workers.leases import Leases, TaskRef
+from bridge.workers.leases import Leases, TaskRef
 
 # Tasks whose first argument is a job id and which take a lease when they start.
 LEASED_TASKS = ("bridge.plan", "bridge.transfer", "bridge.finalize")

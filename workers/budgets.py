@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from workers.keys import Keys
+from bridge.workers.keys import Keys
 
 
 def month(ts: float | None = None) -> str:

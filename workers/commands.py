@@ -3,7 +3,7 @@
 
 ``bridge.cli`` imports this module at start (one of its GROUPS) and calls ``register(app)``; Celery, Redis and the
 rest are imported inside the commands, so ``mcbridge --help`` stays fast. Settings come from
-``workers.settings`` (environment), with these flags winning; a bad value, a bad URL or an
+``bridge.workers.settings`` (environment), with these flags winning; a bad value, a bad URL or an
 unreachable broker is refused on one line before anything is queued.
 """
 
@@ -17,6 +17,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from bridge.cli.options import ConfigOpt, settings_from_flags
+from bridge.cli.options import ProfileOpt as LocalProfileOpt
 from bridge.cli.options import (DeleteOpt, JsonOpt, QuietOpt, bwlimit_opt, chunk_size_opt, concurrency_opt,
                                 dry_run_opt, err, max_cost_opt, out, profile_opt, route_opt, store_checksums_opt)
 from bridge.progress import human_bytes
@@ -46,7 +48,7 @@ BudgetOpt = Annotated[Optional[str], typer.Option(
 
 
 def _ws(broker: str | None = None, **overrides: Any):
-    from workers.settings import WorkerSettings
+    from bridge.workers.settings import WorkerSettings
     return WorkerSettings.from_env(os.environ, broker_url=broker, **overrides)
 
 
@@ -55,12 +57,30 @@ def _safe_url(url: str) -> str:
     return redact(url)
 
 
+def _need_service() -> None:
+    """One line naming the extra when Celery or redis is not installed: every service command needs both."""
+    import importlib.util
+
+    from bridge.errors import MissingBackend
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):   # ValueError: a module set to None (blocked) in sys.modules
+            return True
+
+    missing = [name for name in ("celery", "redis") if absent(name)]
+    if missing:
+        raise MissingBackend(f"the service needs the 'service' extra: pip install 'cloud-artifact-bridge[service]' "
+                             f"({missing[0]} is missing)")
+
+
 def _connect(ws):
     """A Redis client that answered PING, or one line saying why not."""
+    _need_service()
     from redis.exceptions import RedisError
 
     from bridge.errors import EndpointUnreachable
-    from workers.keys import redis_client
+    from bridge.workers.keys import redis_client
     client = redis_client(ws.broker_url)
     try:
         client.ping()
@@ -70,8 +90,8 @@ def _connect(ws):
 
 
 def _jobs(ws):
-    from workers.jobs import Jobs
-    from workers.keys import Keys
+    from bridge.workers.jobs import Jobs
+    from bridge.workers.keys import Keys
     return Jobs(_connect(ws), Keys(ws.namespace), ws.job_ttl)
 
 
@@ -92,7 +112,7 @@ def worker(
     """Start a worker (Celery's own, with bridge's settings): runs the units of queued jobs."""
     ws = _ws(broker, metrics_port=metrics_port)
     _connect(ws)
-    from workers.app import app, configure
+    from bridge.workers.app import app, configure
     configure(ws)
     argv = ["worker", f"--loglevel={loglevel}", f"--pool={pool}", f"--queues={queues or ','.join(ws.default_queues())}"]
     if concurrency:
@@ -116,7 +136,7 @@ def beat(
 ) -> None:
     """Start the scheduler (Celery beat) for the schedules file and the replication policies'
     schedules; run exactly one."""
-    from workers.schedules import load
+    from bridge.workers.schedules import load
     ws = _ws(broker, schedules=str(schedules) if schedules else None, policies=str(policies) if policies else None)
     loaded = load(ws.schedules) if ws.schedules else []
     timed = _scheduled_policies(ws.policies) if ws.policies else []
@@ -139,7 +159,7 @@ def beat(
                   "BRIDGE_POLICIES): beat will send nothing", markup=False)
     _connect(ws)
     from bridge.config import load_settings
-    from workers.app import app, configure
+    from bridge.workers.app import app, configure
     configure(ws)
     # The state dir as every command resolves it ($MCBRIDGE_STATE_DIR, the settings file...):
     # it is the volume compose and k8s mount, so last run times survive a restart of beat.
@@ -153,7 +173,7 @@ def _scheduled_policies(path: str):
     """The policies of a file that have a schedule; a bad file (or a cron Celery refuses) exits 2
     naming file, line and field."""
     from bridge.cli.policy import load_policies
-    from workers.replicas import check_crons
+    from bridge.workers.replicas import check_crons
     policies = load_policies(Path(path))
     problems = check_crons(policies)
     if problems:
@@ -169,12 +189,12 @@ def _scheduled_policies(path: str):
 
 def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, dry_run: bool,
             broker: str | None, max_cost: float | None = None, budget: str | None = None) -> None:
-    from workers.specs import parse_spec
+    from bridge.workers.specs import parse_spec
     spec = parse_spec({k: v for k, v in fields.items() if v is not None})
     estimate = _within_budget(spec, max_cost) if max_cost is not None or budget is not None else None
     ws = _ws(broker)
     if dry_run:
-        from workers.executor import route
+        from bridge.workers.executor import route
         summary = {"spec": spec.to_dict(), "queue": route(ws, spec)}
         if as_json:
             out.print_json(json.dumps(summary))
@@ -183,13 +203,13 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
                       f"{summary['queue']}", markup=False)
         return
     client = _connect(ws)
-    from workers.app import configure, service
+    from bridge.workers.app import configure, service
     configure(ws)
     svc = service()
     queue = svc.route(spec)
     job_id = svc.submit(spec, budget=budget, estimate=estimate)
     if svc.jobs.state(job_id) == "awaiting-approval":
-        from workers.budgets import Budgets
+        from bridge.workers.budgets import Budgets
         b = Budgets(client, svc.keys)
         err.print(f"job {job_id} awaits approval: estimated ${estimate:.2f}, and budget {budget} has "
                   f"${b.spent(budget):.2f} of ${b.limit(budget):.2f} spent this month; run mcbridge jobs "
@@ -209,7 +229,8 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
 def _within_budget(spec, max_cost: float | None) -> float:
     """Price the job before it is queued: an estimate above ``max_cost`` is refused (exit 1)."""
     from bridge.config import load_settings
-    from bridge.costing import check_budget, job_usages, total_cost
+    from bridge.costing import check_budget, total_cost
+    from bridge.ops import job_usages
     settings = load_settings(profile=spec.profile)
     pack = None
     if spec.kind == "pack":
@@ -363,7 +384,7 @@ def _summary_line(jobs, record) -> str:
 def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, interval: float = 0.2) -> int:
     """Follow a job to its end with a progress bar (or state lines); 0 only if it succeeded."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-    from workers.jobs import TERMINAL
+    from bridge.workers.jobs import TERMINAL
     bar_on = not quiet and not as_json and err.is_terminal
     bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                    console=err, disable=not bar_on)
@@ -418,7 +439,7 @@ def jobs_list(state: Annotated[Optional[str], typer.Option("--state", help="Only
               broker: BrokerOpt = None) -> None:
     """The most recent jobs, newest first."""
     from bridge.errors import InvalidOption
-    from workers.jobs import ACTIVE, STATES
+    from bridge.workers.jobs import ACTIVE, STATES
     if state and state != "active" and state not in STATES:
         raise InvalidOption(f"--state {state!r}: use one of {', '.join(STATES)} or active")
     jobs = _jobs(_ws(broker))
@@ -523,9 +544,9 @@ def jobs_cancel(job_id: str, broker: BrokerOpt = None) -> None:
 def jobs_limit(job_id: str, rate: Annotated[str, typer.Argument(help="Bytes per second, e.g. 50MiB; 0 or off: none.")],
                broker: BrokerOpt = None) -> None:
     """Change a job's bandwidth limit while it runs; all of its workers follow within seconds."""
-    from bridge.bwlimit import parse_rate
-    from workers.jobs import TERMINAL
-    from workers.limits import set_limit
+    from bridge.config import parse_rate
+    from bridge.workers.jobs import TERMINAL
+    from bridge.workers.limits import set_limit
     value = parse_rate(rate)
     jobs = _jobs(_ws(broker))
     record = jobs.get(job_id)
@@ -543,7 +564,7 @@ def jobs_approve(job_id: str, broker: BrokerOpt = None) -> None:
     """Queue a job that waits for approval because it would pass its monthly budget."""
     ws = _ws(broker)
     _connect(ws)
-    from workers.app import configure, service
+    from bridge.workers.app import configure, service
     configure(ws)
     approved, state = service().approve(job_id)
     if state is None:
@@ -558,8 +579,8 @@ def budgets_set(name: Annotated[str, typer.Argument(help="Budget name, e.g. a po
                 usd: Annotated[float, typer.Argument(min=0, help="Monthly limit in US dollars.")],
                 broker: BrokerOpt = None) -> None:
     """Set the monthly limit of a budget; jobs submitted with --budget NAME are held above it."""
-    from workers.budgets import Budgets
-    from workers.keys import Keys
+    from bridge.workers.budgets import Budgets
+    from bridge.workers.keys import Keys
     ws = _ws(broker)
     Budgets(_connect(ws), Keys(ws.namespace)).set(name, usd)
     out.print(f"budget {name}: ${usd:.2f} a month", markup=False)
@@ -567,8 +588,8 @@ def budgets_set(name: Annotated[str, typer.Argument(help="Budget name, e.g. a po
 
 def budgets_list(as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
     """Each budget's monthly limit and what was spent this month."""
-    from workers.budgets import Budgets, month
-    from workers.keys import Keys
+    from bridge.workers.budgets import Budgets, month
+    from bridge.workers.keys import Keys
     ws = _ws(broker)
     rows = Budgets(_connect(ws), Keys(ws.namespace)).all()
     if as_json:
@@ -577,6 +598,109 @@ def budgets_list(as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
     for name, row in rows.items():
         cap = f"${row['limit_usd']:.2f}" if row["limit_usd"] is not None else "no limit"
         out.print(f"{name}: ${row['spent_usd']:.2f} spent in {month()} of {cap}", markup=False)
+
+
+# -- what the CLI's other groups ask of the service -------------------------------------------------
+
+def submit_warm(node: str, items: list[str], *, profile: str | None = None, lookahead: int | None = None,
+                wait: bool = False, broker: str | None = None, timeout: float | None = None) -> dict[str, Any]:
+    """Queue a warm on ``node``'s queue; with ``wait``, the worker's summary (errors raised as one line)."""
+    from bridge.errors import BridgeError
+    from bridge.urls import parse
+    from bridge.workers.app import app, configure
+    from bridge.workers.cache_tasks import WARM, node_queue
+    from bridge.workers.keys import Keys
+    for item in items:
+        parse(item)   # a bad URL is refused here, before anything is queued
+    ws = _ws(broker)
+    queue = node_queue(ws.queue_prefix, node)
+    client = _connect(ws)
+    configure(ws)
+    if not _consumed(client, Keys(ws.namespace), queue):
+        err.print(f"mcbridge: warning: no live worker consumes queue {queue}; the warm waits for one "
+                  f"(mcbridge worker -Q {queue} on {node})", markup=False)
+    result = app.send_task(WARM, args=[list(items), profile, lookahead], queue=queue)
+    summary: dict[str, Any] = {"task_id": result.id, "queue": queue, "node": node}
+    if wait:
+        try:
+            summary["result"] = result.get(timeout=timeout, propagate=True)
+        except BridgeError:
+            raise
+        except Exception as exc:  # the worker's error, re-raised by Celery under its own type name
+            raise BridgeError(f"cache warm on {node} failed: {type(exc).__name__}: {exc}") from None
+    return summary
+
+
+def policy_status(file: Annotated[Optional[Path], typer.Argument(
+                      help="The policy file (default: $BRIDGE_POLICIES).")] = None,
+                  name: Annotated[Optional[str], typer.Option("--name", help="Only this policy.")] = None,
+                  as_json: JsonOpt = False, profile: LocalProfileOpt = None, config: ConfigOpt = None,
+                  broker: Annotated[Optional[str], typer.Option(
+                      "--broker", help="Redis URL of the service (default: $BRIDGE_BROKER_URL).")] = None) -> None:
+    """Per policy and destination, as the service last ran it: last run, newest checkpoint
+    verified there and when, lag behind the source (listed now), and this month's spend
+    against the policy's budget."""
+    from bridge.errors import BridgeError, InvalidOption
+    from bridge.policies import replication as rules
+    from bridge.policies.replication import select
+    from bridge.workers.budgets import Budgets, month
+    from bridge.workers.keys import Keys
+    from bridge.workers.replicas import PolicyState
+    from bridge.cli.policy import load_policies
+    ws = _ws(broker)
+    path = file or (Path(ws.policies) if ws.policies else None)
+    if path is None:
+        raise InvalidOption("give the policy file (or set BRIDGE_POLICIES)")
+    chosen = select(load_policies(path), name)
+    client = _connect(ws)
+    keys = Keys(ws.namespace)
+    state, budgets = PolicyState(client, keys), Budgets(client, keys)
+    settings = settings_from_flags(profile, config)
+    report = []
+    for p in chosen:
+        recorded = state.destinations(p.name)
+        spend = state.spend(p.name)
+        try:
+            from bridge.replication import folders
+            source_now, listed = folders(p.policy.source, settings), None
+        except BridgeError as exc:
+            source_now, listed = None, str(exc)
+        rows = []
+        for dst in p.policy.destinations:
+            row = recorded.get(dst, {})
+            newest = row.get("newest_verified")
+            if source_now is not None:
+                lag = rules.lag(p.policy, source_now, [newest] if newest else [])
+            else:
+                lag = {"newest_source": row.get("newest_source"), "lag_checkpoints": row.get("lag_checkpoints")}
+            rows.append({"destination": dst, "last_run": row.get("last_run"), "job": row.get("job"),
+                         "ok": row.get("ok"), "newest_verified": newest, "verified_at": row.get("verified_at"),
+                         "newest_source": lag["newest_source"], "lag_checkpoints": lag["lag_checkpoints"],
+                         "spent_usd": round(spend.get(dst, 0.0), 9), "errors": row.get("errors", [])})
+        report.append({"name": p.name, "source": p.policy.source, "source_error": listed,
+                       "budget_usd": budgets.limit(p.name), "spent_usd": round(budgets.spent(p.name), 9),
+                       "max_cost_usd": p.policy.max_cost_usd, "destinations": rows})
+    if as_json:
+        out.print_json(json.dumps({"month": month(), "policies": report}))
+        return
+    for p in report:
+        cap = f"${p['budget_usd']:.2f}" if p["budget_usd"] is not None else "no monthly budget"
+        out.print(f"{p['name']}: {p['source']}: ${usd_text(p['spent_usd'])} spent in {month()} of {cap}", markup=False)
+        if p["source_error"]:
+            err.print(f"mcbridge: {p['name']}: source not listed: {p['source_error']}", markup=False, soft_wrap=True)
+        for row in p["destinations"]:
+            if row["last_run"] is None:
+                out.print(f"  {row['destination']}: never run by the service", markup=False)
+                continue
+            verified = (f"{row['newest_verified']} verified {row['verified_at']}" if row["newest_verified"]
+                        else "nothing verified yet")
+            lag = row["lag_checkpoints"]
+            behind = "up to date" if lag == 0 else f"{lag} checkpoint{'s' if lag != 1 else ''} behind {row['newest_source']}"
+            out.print(f"  {row['destination']}: last run {row['last_run']} (job {row['job']}, "
+                      f"{'ok' if row['ok'] else 'FAILED'}); {verified}; {behind}; ${usd_text(row['spent_usd'])} this month",
+                      markup=False)
+            for problem in row["errors"]:
+                out.print(f"    {problem}", markup=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -31,15 +31,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from bridge.errors import BridgeError
-from workers import metrics
-from workers.budgets import Budgets
-from workers.jobs import ACTIVE, Jobs, JobRecord
-from workers.journal import RedisJournal
-from workers.keys import Keys
-from workers.leases import Lease, Leases, TaskRef
+from bridge.workers import metrics
+from bridge.workers.budgets import Budgets
+from bridge.workers.jobs import ACTIVE, Jobs, JobRecord
+from bridge.workers.journal import RedisJournal
+from bridge.workers.keys import Keys
+from bridge.workers.leases import Lease, Leases, TaskRef
 from bridge.redact import redact
-from workers.settings import WorkerSettings
-from workers.specs import JobSpec, parse_spec
+from bridge.workers.settings import WorkerSettings
+from bridge.workers.specs import JobSpec, parse_spec
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class Service:
 
     def fire_policy(self, name: str, policy: dict, fire_id: str) -> dict:
         """A replication policy is due (sent by beat): see workers/replicas.py."""
-        from workers import replicas
+        from bridge.workers import replicas
         return replicas.fire(self, name, policy, fire_id)
 
     # -- running a task --------------------------------------------------------------------
@@ -294,7 +294,7 @@ class Service:
         return {"tasks": sent}
 
     def kind(self, spec: JobSpec):
-        from workers.kinds import kind_for
+        from bridge.workers.kinds import kind_for
         return kind_for(spec, self.ws.batch_files, self.ws.batch_bytes, self.ws.file_task_bytes)
 
     def _make_plan(self, job_id: str, spec: JobSpec) -> list[str]:
@@ -341,7 +341,7 @@ class Service:
         record, spec = self._record(job_id)
         if record is None or record.state in ("cancelled", "failed", "succeeded"):
             return {"skipped": record.state if record else "no such job"}
-        from workers.limits import job_limiter
+        from bridge.workers.limits import job_limiter
         submitted = self.settings_for(spec).transfer.bwlimit or route_bwlimit(self.ws, spec.destination)
         progress = Progress(limiter=job_limiter(self.r, self.keys, job_id, submitted))
         sink = ProgressSink(self.jobs, job_id, record.queue, route=sub.get("route") or "direct")
@@ -480,7 +480,7 @@ class Service:
     # -- replication: one sync per destination, the parent ends with the last of them -----
     def _start_children(self, record: JobRecord, spec: JobSpec) -> dict:
         if record.policy:
-            from workers import replicas
+            from bridge.workers import replicas
             return replicas.start_children(self, record, spec)
         children = [f"{record.id}-{n}" for n in range(1, len(spec.destinations) + 1)]
         if not self.r.hsetnx(self.keys.job(record.id), "children", json.dumps(children)):
@@ -503,7 +503,7 @@ class Service:
         if parent is None:
             return
         if parent.policy:
-            from workers import replicas
+            from bridge.workers import replicas
             return replicas.ended(self, parent)
         states = {child: self.jobs.state(child) for child in parent.children}
         failed = [f"{child}: {state}" for child, state in states.items() if state != "succeeded"]

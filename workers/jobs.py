@@ -20,9 +20,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.keys import Keys
+from bridge.workers.keys import Keys
 from bridge.redact import redact
-from workers.specs import JobSpec
+from bridge.workers.specs import JobSpec
 
 STATES = ("awaiting-approval", "queued", "planning", "running", "verifying", "succeeded", "failed", "cancelled")
 ACTIVE = ("awaiting-approval", "queued", "planning", "running", "verifying")

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from workers.specs import JobSpec
+from bridge.workers.specs import JobSpec
 
 
 @dataclass
@@ -56,7 +56,7 @@ def fan_out(plan, batch_files: int, batch_bytes: int, file_task_bytes: int | Non
                     route=plan.route, route_why=plan.route_why)
 
     if plan.route != "direct" and not _per_file(plan.route):
-        # A route that runs one remote job for all its files (bridge/native): one task.
+        # A route that runs one remote job for all its files (bridge/routes/delegated.py): one task.
         return [sub(plan.files, plan.deletions)]
     out = []
     for f in sorted((f for f in plan.files if f.part_size), key=lambda f: -f.size):
@@ -113,7 +113,7 @@ def _run(ctx, units: Iterator[dict], concurrency: int, count: int) -> Ran:
 
 @contextlib.contextmanager
 def _cancels_remote(ctx, units: Callable, interval: float = 0.5) -> Iterator[None]:
-    """While a task's route follows a remote job (bridge/native), ``jobs cancel`` (seen by the
+    """While a task's route follows a remote job (bridge/routes/delegated.py), ``jobs cancel`` (seen by the
     task's stop check, what ``units`` is bound to) cancels that job at its service."""
     from bridge import routes
     stop = getattr(units, "__self__", None)

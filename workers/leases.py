@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.keys import Keys
+from bridge.workers.keys import Keys
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ class Sweeper:
                  unacked: Any | None = None, on_requeue: Callable[[TaskRef], None] | None = None):
         self.leases = leases
         self.publish = publish
-        self.unacked = unacked          # workers.broker.Unacked, or None
+        self.unacked = unacked          # bridge.workers.broker.Unacked, or None
         self.on_requeue = on_requeue
 
     def sweep(self, lock_ttl: float | None = None) -> list[str]:

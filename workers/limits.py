@@ -18,7 +18,7 @@ from collections.abc import Callable
 from redis.exceptions import RedisError
 
 from bridge.bwlimit import Limiter
-from workers.keys import Keys
+from bridge.workers.keys import Keys
 
 log = logging.getLogger(__name__)
 

@@ -27,13 +27,13 @@ from datetime import timedelta
 from typing import Any
 
 from bridge.errors import BridgeError
-from policies import replication as rules
-from policies.replication import NamedPolicy, Policy
-from workers import metrics
-from workers.budgets import month
-from workers.jobs import ACTIVE, iso
-from workers.keys import Keys
-from workers.specs import JobSpec, parse_spec
+from bridge.policies import replication as rules
+from bridge.policies.replication import NamedPolicy, Policy
+from bridge.workers import metrics
+from bridge.workers.budgets import month
+from bridge.workers.jobs import ACTIVE, iso
+from bridge.workers.keys import Keys
+from bridge.workers.specs import JobSpec, parse_spec
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,8 @@ def celery_schedule(schedule: rules.Schedule, app=None, nowfun=None):
     """The Celery schedule of a policy's ``schedule`` (cron, or every N s/m/h/d)."""
     from celery.schedules import crontab
     from celery.schedules import schedule as every
-    from workers.schedules import CRON_FIELDS
-    from workers.settings import parse_duration
+    from bridge.workers.crons import CRON_FIELDS
+    from bridge.workers.settings import parse_duration
     if schedule.cron is not None:
         return crontab(**dict(zip(CRON_FIELDS, schedule.cron.split())), app=app, nowfun=nowfun)
     return every(timedelta(seconds=parse_duration(schedule.every)), app=app, nowfun=nowfun)
@@ -63,7 +63,7 @@ def beat_entries(policies: list[NamedPolicy], control_queue: str, app=None, nowf
 
 def check_crons(policies: list[NamedPolicy]) -> list[str]:
     """Cron expressions Celery refuses (the policy file's own check counts fields only)."""
-    from workers.schedules import check_cron
+    from bridge.workers.crons import check_cron
     problems = []
     for p in policies:
         if p.policy.schedule is not None and p.policy.schedule.cron is not None:

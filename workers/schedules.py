@@ -38,11 +38,11 @@ import yaml
 from pydantic import ValidationError
 
 from bridge.errors import InvalidOption
-from policies.yamlcheck import line_of as _line_of
-from workers.settings import parse_duration
-from workers.specs import JobSpec, error_line
+from bridge.policies.yamlcheck import line_of as _line_of
+from bridge.workers.crons import CRON_FIELDS, check_cron
+from bridge.workers.settings import parse_duration
+from bridge.workers.specs import JobSpec, error_line
 
-CRON_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
 SCHEDULE_KEYS = ("cron", "every", "enabled")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
 MIN_INTERVAL = 1.0
@@ -74,20 +74,6 @@ class Schedule:
     def describe(self) -> str:
         when = f"cron '{self.cron}'" if self.cron else f"every {self.every:g}s"
         return f"{self.name}: {when}, {self.spec.kind} {self.spec.source} -> {', '.join(self.spec.destinations)}"
-
-
-def check_cron(expr: str) -> str | None:
-    """Why ``expr`` is not a five-field cron expression, or None."""
-    from celery.schedules import crontab
-    parts = expr.split()
-    if len(parts) != 5:
-        return f"{expr!r} has {len(parts)} fields; a cron expression has 5: minute hour day-of-month month day-of-week"
-    for name, value in zip(CRON_FIELDS, parts):
-        try:
-            crontab(**{name: value})
-        except Exception as exc:  # celery raises ValueError or its own ParseException
-            return f"{name.replace('_', '-')} {value!r}: {exc}"
-    return None
 
 
 # -- locating a field in the YAML text ---------------------------------------------------------
@@ -182,7 +168,7 @@ def load(path: str | Path) -> list[Schedule]:
 
 def beat_entries(schedules: list[Schedule], control_queue: str, app=None) -> dict[str, dict[str, Any]]:
     """Celery ``beat_schedule`` entries that send ``bridge.scheduled`` for each enabled schedule."""
-    from workers.executor import SCHEDULED
+    from bridge.workers.executor import SCHEDULED
     return {f"mcbridge:{s.name}": {"task": SCHEDULED, "schedule": s.celery_schedule(app),
                                    "args": [s.name, s.spec.to_dict()], "options": {"queue": control_queue}}
             for s in schedules if s.enabled}
@@ -200,7 +186,7 @@ class Scheduler(PersistentScheduler):  # type: ignore[misc,valid-type]
     def setup_schedule(self) -> None:
         import logging
 
-        import workers.app as bridge_app
+        import bridge.workers.app as bridge_app
         ws = bridge_app.settings
         log = logging.getLogger(__name__)
         entries: dict[str, dict[str, Any]] = {}
@@ -210,8 +196,8 @@ class Scheduler(PersistentScheduler):  # type: ignore[misc,valid-type]
             for s in schedules:
                 log.info("schedule %s%s", s.describe(), "" if s.enabled else " (disabled)")
         if ws.policies:
-            from policies.replication import load as load_policies
-            from workers import replicas
+            from bridge.policies.replication import load as load_policies
+            from bridge.workers import replicas
             policies = load_policies(ws.policies)
             entries.update(replicas.beat_entries(policies, ws.control_queue, self.app))
             for p in policies:

@@ -69,7 +69,7 @@ def parse_routes(value: str) -> dict[str, str]:
 
 def parse_route_limits(value: str) -> dict[str, int]:
     """'s3=200MiB, az://archive=50MiB' -> {'s3': 209715200, 'az://archive': 52428800} (0: none)."""
-    from bridge.bwlimit import parse_rate
+    from bridge.config import parse_rate
     from bridge.errors import BridgeError
     limits: dict[str, int] = {}
     for item in filter(None, (part.strip() for part in value.split(","))):
@@ -241,5 +241,5 @@ def celery_config(ws: WorkerSettings) -> dict[str, Any]:
         # A task that loses the broker connection goes on: its lease still fences it, and the
         # duplicate Redis may deliver later finds its work done.
         "worker_cancel_long_running_tasks_on_connection_loss": False,
-        "beat_scheduler": "workers.schedules:Scheduler",
+        "beat_scheduler": "bridge.workers.schedules:Scheduler",
     }

@@ -88,7 +88,7 @@ class JobSpec(BaseModel):
     @field_validator("bwlimit", mode="before")
     @classmethod
     def _rate(cls, value: Any) -> Any:
-        from bridge.bwlimit import parse_rate
+        from bridge.config import parse_rate
         try:
             return parse_rate(value)
         except BridgeError as exc:

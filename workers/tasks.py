@@ -1,4 +1,4 @@
-"""The tasks: thin wrappers that hand a delivery to ``workers.executor.Service``.
+"""The tasks: thin wrappers that hand a delivery to ``bridge.workers.executor.Service``.
 
 Every task's first argument is its job id; none carries a credential. ``plan``, ``transfer``
 and ``finalize`` take a lease when they start (workers/leases.py), so a duplicate delivery does
@@ -7,10 +7,10 @@ nothing and a dead worker's task runs again elsewhere.
 
 from __future__ import annotations
 
-from workers.app import app, service
-from workers.executor import FINALIZE, PLAN, SCHEDULED, TRANSFER
-from workers.leases import TaskRef
-from workers.replicas import POLICY
+from bridge.workers.app import app, service
+from bridge.workers.executor import FINALIZE, PLAN, SCHEDULED, TRANSFER
+from bridge.workers.leases import TaskRef
+from bridge.workers.replicas import POLICY
 
 
 def _ref(task, args: list) -> TaskRef:

@@ -24,8 +24,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from workers.keys import Keys, redis_client
-from workers.settings import WorkerSettings
+from bridge.workers.keys import Keys, redis_client
+from bridge.workers.settings import WorkerSettings
 
 _PR_SET_PDEATHSIG = 1
 

@@ -44,19 +44,31 @@ app = typer.Typer(**_APP)
 
 # Command groups, each a module exposing ``register(app)``, and the names of the commands and
 # sub-groups it registers (tests/test_cli_startup.py checks them). A group whose package is not
-# installed here (workers without Celery) is left out.
+# installed here is left out. The service's commands are the service's (bridge/workers/commands.py):
+# bridge/ never imports bridge.workers, it finds them through the "mcbridge.service" entry point.
+SERVICE = "mcbridge.service"
 GROUPS: dict[str, tuple[str, ...]] = {
     "bridge.cli.transfer": ("ls", "cp", "sync", "verify", "uploads", "version"),
     "bridge.cli.packing": ("pack", "unpack", "cat", "migrate"),
-    "workers.commands": ("worker", "beat", "submit", "budgets", "jobs"),
+    SERVICE: ("worker", "beat", "submit", "budgets", "jobs"),
     "bridge.cli.policy": ("plan", "replicate", "policy"),
-    "bridge.cache.commands": ("cache",),
+    "bridge.cli.cache": ("cache",),
 }
 _registered = False
 
 
+def service_commands():
+    """The service's command module, as the installed package registers it (pyproject.toml's
+    "mcbridge.service" entry point); None when this installation has no service."""
+    from importlib.metadata import entry_points
+    found = entry_points(group=SERVICE, name="commands")
+    return next(iter(found)).load() if found else None
+
+
 def _import_group(name: str):
     """The group's module; None when that part of bridge is not installed here."""
+    if name == SERVICE:
+        return service_commands()
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from bridge import bwlimit as limits
-from bridge.bwlimit import parse_rate
+from bridge.config import parse_rate
 from bridge.cli.console import Console
 from bridge.config import Settings, load_settings, parse_size
 from bridge.errors import InvalidOption

@@ -56,7 +56,7 @@ PolicyFileArg = Annotated[Path, typer.Argument(help="A YAML file of replication 
 def load_policies(path: Path):
     """The policies of a file; a bad file exits 2, each mistake on its own line naming file, line
     and field (also what `mcbridge beat --policies` does with one)."""
-    from policies.replication import PolicyError, load
+    from bridge.policies.replication import PolicyError, load
     try:
         return load(path)
     except PolicyError as exc:
@@ -87,7 +87,7 @@ def replicate(policy_file: Annotated[Path, typer.Option("--policy", help="YAML f
     destination, each verified; older ones removed only once the newest is proven everywhere."""
     from bridge.errors import InvalidOption
     from bridge.replication import run_once
-    from policies.replication import select
+    from bridge.policies.replication import select
     if not once:
         raise InvalidOption("give --once to run the policies once in this process; on their schedules they "
                             "run on the service: mcbridge beat --policies FILE")
@@ -114,82 +114,13 @@ def replicate(policy_file: Annotated[Path, typer.Option("--policy", help="YAML f
         raise typer.Exit(1)
 
 
-def policy_status(file: Annotated[Optional[Path], typer.Argument(
-                      help="The policy file (default: $BRIDGE_POLICIES).")] = None,
-                  name: Annotated[Optional[str], typer.Option("--name", help="Only this policy.")] = None,
-                  as_json: JsonOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None,
-                  broker: Annotated[Optional[str], typer.Option(
-                      "--broker", help="Redis URL of the service (default: $BRIDGE_BROKER_URL).")] = None) -> None:
-    """Per policy and destination, as the service last ran it: last run, newest checkpoint
-    verified there and when, lag behind the source (listed now), and this month's spend
-    against the policy's budget."""
-    from bridge.errors import BridgeError, InvalidOption
-    from policies import replication as rules
-    from policies.replication import select
-    from workers.budgets import Budgets, month
-    from workers.commands import _connect, _ws, usd_text
-    from workers.keys import Keys
-    from workers.replicas import PolicyState
-    ws = _ws(broker)
-    path = file or (Path(ws.policies) if ws.policies else None)
-    if path is None:
-        raise InvalidOption("give the policy file (or set BRIDGE_POLICIES)")
-    chosen = select(load_policies(path), name)
-    client = _connect(ws)
-    keys = Keys(ws.namespace)
-    state, budgets = PolicyState(client, keys), Budgets(client, keys)
-    settings = settings_from_flags(profile, config)
-    report = []
-    for p in chosen:
-        recorded = state.destinations(p.name)
-        spend = state.spend(p.name)
-        try:
-            from bridge.replication import folders
-            source_now, listed = folders(p.policy.source, settings), None
-        except BridgeError as exc:
-            source_now, listed = None, str(exc)
-        rows = []
-        for dst in p.policy.destinations:
-            row = recorded.get(dst, {})
-            newest = row.get("newest_verified")
-            if source_now is not None:
-                lag = rules.lag(p.policy, source_now, [newest] if newest else [])
-            else:
-                lag = {"newest_source": row.get("newest_source"), "lag_checkpoints": row.get("lag_checkpoints")}
-            rows.append({"destination": dst, "last_run": row.get("last_run"), "job": row.get("job"),
-                         "ok": row.get("ok"), "newest_verified": newest, "verified_at": row.get("verified_at"),
-                         "newest_source": lag["newest_source"], "lag_checkpoints": lag["lag_checkpoints"],
-                         "spent_usd": round(spend.get(dst, 0.0), 9), "errors": row.get("errors", [])})
-        report.append({"name": p.name, "source": p.policy.source, "source_error": listed,
-                       "budget_usd": budgets.limit(p.name), "spent_usd": round(budgets.spent(p.name), 9),
-                       "max_cost_usd": p.policy.max_cost_usd, "destinations": rows})
-    if as_json:
-        out.print_json(json.dumps({"month": month(), "policies": report}))
-        return
-    for p in report:
-        cap = f"${p['budget_usd']:.2f}" if p["budget_usd"] is not None else "no monthly budget"
-        out.print(f"{p['name']}: {p['source']}: ${usd_text(p['spent_usd'])} spent in {month()} of {cap}", markup=False)
-        if p["source_error"]:
-            err.print(f"mcbridge: {p['name']}: source not listed: {p['source_error']}", markup=False, soft_wrap=True)
-        for row in p["destinations"]:
-            if row["last_run"] is None:
-                out.print(f"  {row['destination']}: never run by the service", markup=False)
-                continue
-            verified = (f"{row['newest_verified']} verified {row['verified_at']}" if row["newest_verified"]
-                        else "nothing verified yet")
-            lag = row["lag_checkpoints"]
-            behind = "up to date" if lag == 0 else f"{lag} checkpoint{'s' if lag != 1 else ''} behind {row['newest_source']}"
-            out.print(f"  {row['destination']}: last run {row['last_run']} (job {row['job']}, "
-                      f"{'ok' if row['ok'] else 'FAILED'}); {verified}; {behind}; ${usd_text(row['spent_usd'])} this month",
-                      markup=False)
-            for problem in row["errors"]:
-                out.print(f"    {problem}", markup=False)
-
-
 def register(app: typer.Typer) -> None:
     app.command()(plan)
     app.command()(replicate)
     group = typer.Typer(no_args_is_help=True, help="Replication policies: check a policy file, see their state.")
     group.command("check")(policy_check)
-    group.command("status")(policy_status)
+    from bridge.cli import service_commands
+    service = service_commands()   # the service's state: its command, registered by bridge.workers
+    if service is not None:
+        group.command("status")(service.policy_status)
     app.add_typer(group, name="policy")

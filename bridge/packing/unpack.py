@@ -187,7 +187,7 @@ def _parquet_file(store: Store, loc: Location, size: int, retries: int):
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:
-        raise MissingBackend("Parquet shards need the 'pack' extra: pip install 'mcbridge[pack]'") from exc
+        raise MissingBackend("Parquet shards need the 'pack' extra: pip install 'cloud-artifact-bridge[pack]'") from exc
     source = loc.local_path if loc.is_local else RangeFile(store, loc, size, window=256 * 1024, retries=retries)
     try:
         return pq.ParquetFile(source)

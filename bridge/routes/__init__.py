@@ -4,11 +4,11 @@
                pair, and is where every other route falls back to
     server     inside one store account: the store copies (bridge/routes/server.py)
     from-url   into Azure from S3 or GCS: Azure pulls blocks from a signed URL (bridge/routes/fromurl.py)
-    sts, datasync   the clouds' transfer services (bridge/native/, registered by that package)
+    sts, datasync   the clouds' transfer services (bridge/routes/sts.py and datasync.py, their steps in delegated.py, registered by native.py)
 
 The seam. A route is an object in ``REGISTRY`` (``register(route)``) with:
 
-    name                        its name, as in --route and policies.routes.ORDER
+    name                        its name, as in --route and bridge.policies.routes.ORDER
     serves(src, dst, settings)  why it cannot carry this pair of roots (None: it can); asked at
                                 planning, before any data request, from the URLs and the stores'
                                 declared abilities (``Store.features``)
@@ -33,7 +33,7 @@ only those that passed through this process as ``through``.
 ``choose(plan, settings, forced)`` fills ``plan.route`` and ``plan.route_why``: the forced route
 (bad input, exit 2, when it cannot serve the pair), else the first of ``AUTOMATIC`` that serves
 it and is ``preferred`` for it (``server`` is not, between local paths: it only saves the copy's
-writes there, and is taken with --route server), else ``direct``. ``policies.routes`` prices the same routes for ``mcbridge plan``.
+writes there, and is taken with --route server), else ``direct``. ``bridge.policies.routes`` prices the same routes for ``mcbridge plan``.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def names() -> list[str]:
 
 
 def available() -> set[str]:
-    """Routes this bridge can run (for policies.routes.plan_routes)."""
+    """Routes this bridge can run (for bridge.policies.routes.plan_routes)."""
     return set(names())
 
 
@@ -140,13 +140,33 @@ def _load_builtin() -> None:
 
 
 # Modules that register routes when imported; a missing one (not built or not installed) is skipped.
-BUILTIN = ("bridge.routes.server", "bridge.routes.fromurl", "bridge.native")
+BUILTIN = ("bridge.routes.server", "bridge.routes.fromurl", "bridge.routes.native")
+
+
+def scheme_reason(route: str, src_scheme: str, dst_scheme: str) -> str | None:
+    """Why ``route`` cannot carry a copy between these two kinds of store, or None when it can:
+    the route table, read by ``choose`` here and by bridge.policies.routes for ``mcbridge plan``.
+    A name that is no route is None here (``get`` refuses it)."""
+    if route == "server":
+        return None if src_scheme == dst_scheme else "server-side copies stay inside one store account"
+    if route == "from-url":
+        if dst_scheme != "az":
+            return "only Azure pulls from a URL (S3's UploadPartCopy takes S3 sources only)"
+        return None if src_scheme in ("s3", "gs") else "from-url reads an S3 or GCS signed URL"
+    if route == "sts":
+        if dst_scheme != "gs":
+            return "Storage Transfer Service writes into GCS only"
+        return None if src_scheme in ("s3", "az", "gs") else "Storage Transfer Service needs an agent for local files"
+    if route == "datasync":
+        if "file" in (src_scheme, dst_scheme):
+            return "DataSync needs an agent next to local files"
+        return None if "s3" in (src_scheme, dst_scheme) else "DataSync moves data to or from S3"
+    return None
 
 
 def pair_reason(name: str, src: Location, dst: Location) -> str | None:
-    """The route table's answer for the pair of schemes (policies.routes.serves)."""
-    from policies.routes import serves
-    return serves(name, src.scheme, dst.scheme, pack_allowed=False)
+    """The route table's answer for this pair of roots."""
+    return scheme_reason(name, src.scheme, dst.scheme)
 
 
 def roots(plan: Plan) -> tuple[Location, Location]:

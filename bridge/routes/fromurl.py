@@ -7,7 +7,7 @@ Only requests pass through bridge; Azure reads the source over the network, so t
 egress is paid as on the direct route, but no bridge machine carries the bytes.
 
 S3 cannot pull from another cloud (UploadPartCopy takes S3 sources only) and GCS has no such
-call: the route serves only pairs into Azure (policies.routes says so for mcbridge plan).
+call: the route serves only pairs into Azure (bridge.policies.routes says so for mcbridge plan).
 
 The manifest entry takes its CRC32C from what the source store reports (S3's full-object
 CRC32C, GCS's crc32c) or, for an object bridge wrote, from its metadata: Azure keeps no CRC32C

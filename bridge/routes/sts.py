@@ -30,7 +30,7 @@ import urllib.parse
 import urllib.request
 import uuid
 
-from bridge import native
+from bridge.routes import delegated as native
 from bridge.config import Settings
 from bridge.errors import InvalidOption, MissingBackend, PermissionDenied, RouteFailed, RouteUnavailable
 from bridge.progress import Progress
@@ -50,7 +50,7 @@ def client_for(settings: Settings):
     try:
         from google.cloud import storage_transfer
     except ImportError as exc:
-        raise MissingBackend("the sts route needs the 'native' extra: pip install 'mcbridge[native]'") from exc
+        raise MissingBackend("the sts route needs the 'native' extra: pip install 'cloud-artifact-bridge[native]'") from exc
     if settings.native.sts_endpoint:
         from google.auth.credentials import AnonymousCredentials
         return storage_transfer.StorageTransferServiceClient(

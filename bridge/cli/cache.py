@@ -57,8 +57,12 @@ def warm(items: Annotated[list[str], typer.Argument(help="Objects, prefixes (tra
          profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Fill the cache with objects, every object under prefixes, or the shards of shard sets, in order."""
     if node:
-        from workers.cache_tasks import submit_warm
-        summary = submit_warm(node, items, profile=profile, lookahead=lookahead, wait=wait, broker=broker)
+        from bridge.cli import service_commands
+        from bridge.errors import MissingBackend
+        service = service_commands()
+        if service is None:
+            raise MissingBackend("cache warm --node needs the service: pip install 'cloud-artifact-bridge[service]'")
+        summary = service.submit_warm(node, items, profile=profile, lookahead=lookahead, wait=wait, broker=broker)
         if as_json:
             out.print_json(json.dumps(summary))
         elif wait:

@@ -1,9 +1,9 @@
 """Routes on which a cloud's own transfer service moves the bytes, and bridge plans, follows,
 cancels and commits:
 
-    sts        GCP Storage Transfer Service (bridge/native/sts.py): s3:// or az:// (or an HTTP
+    sts        GCP Storage Transfer Service (bridge/routes/sts.py): s3:// or az:// (or an HTTP
                URL list) -> gs://
-    datasync   AWS DataSync (bridge/native/datasync.py): gs:// or az:// -> s3://, and
+    datasync   AWS DataSync (bridge/routes/datasync.py): gs:// or az:// -> s3://, and
                s3:// -> gs:// or az:// (agentless object-storage locations)
 
 Each route runs the same steps: ``plan`` checks that the route serves the job (RouteUnavailable
@@ -214,4 +214,3 @@ def summary(transfer: Transfer, progress: Progress, manifest: str, remote: dict)
                       "bytes_through_bridge": progress.bytes_through, "remote": remote}}
 
 
-from bridge.native import route as _route  # noqa: E402,F401  registers sts and datasync on the route seam

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from bridge import native
+from bridge.routes import delegated as native
 from bridge.config import Settings
 from bridge.errors import BridgeError, IntegrityError, JobCancelled, ObjectNotFound, RouteUnavailable
 from bridge.routes import Fallback, Route, register
@@ -116,7 +116,7 @@ class StsRoute(NativeRoute):
 
     @property
     def module(self):
-        from bridge.native import sts
+        from bridge.routes import sts
         return sts
 
 
@@ -128,11 +128,11 @@ class DataSyncRoute(NativeRoute):
 
     @property
     def module(self):
-        from bridge.native import datasync
+        from bridge.routes import datasync
         return datasync
 
     def written(self, settings: Settings):
-        from bridge.native import datasync
+        from bridge.routes import datasync
         return datasync._with_crc32c(settings)
 
 

@@ -24,7 +24,7 @@ import threading
 import urllib.parse
 import uuid
 
-from bridge import native
+from bridge.routes import delegated as native
 from bridge.config import Settings
 from bridge.errors import BridgeError, MissingBackend, PermissionDenied, RouteFailed, RouteUnavailable
 from bridge.progress import Progress
@@ -44,7 +44,7 @@ def _boto_session(settings: Settings):
     try:
         import boto3
     except ImportError as exc:
-        raise MissingBackend("the datasync route needs the 'native' extra: pip install 'mcbridge[native]'") from exc
+        raise MissingBackend("the datasync route needs the 'native' extra: pip install 'cloud-artifact-bridge[native]'") from exc
     s3 = settings.s3
     return boto3.session.Session(
         aws_access_key_id=s3.access_key_id, profile_name=s3.profile,

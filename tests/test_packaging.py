@@ -1,0 +1,89 @@
+"""What `pip install .` gives a user: one import package, `bridge`, with the service and the
+policies inside it (`bridge.workers`, `bridge.policies`, their data files), the `mcbridge`
+command, and the service's commands found through the package's entry point.
+
+The wheel is built from this checkout (no build isolation: nothing is fetched) and installed
+with --no-deps into a new virtual environment, which borrows the test environment's third-party
+packages through a plain path entry (no .pth of theirs runs, so this checkout's editable install
+is not seen)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("pkg")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(work / "dist"), str(ROOT)], check=True, capture_output=True, cwd=work)
+    wheel = next((work / "dist").glob("*.whl"))
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+                   check=True, capture_output=True)
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    (site / "zz_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return venv
+
+
+def run(venv: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(venv / "bin" / args[0]), *args[1:]], capture_output=True, text=True,
+                          cwd=venv.parent, timeout=120)
+
+
+def test_wheel_holds_one_import_package(installed):
+    wheel = next((installed.parent / "dist").glob("*.whl"))
+    assert wheel.name.startswith("cloud_artifact_bridge-")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert tops == {"bridge"}
+    assert "bridge/workers/app.py" in names and "bridge/policies/cost.py" in names
+    assert any(n.startswith("bridge/policies/prices/") and n.endswith(".yaml") for n in names)
+
+
+def test_top_level_workers_is_not_importable(installed):
+    r = run(installed, "python", "-c", "import workers")
+    assert r.returncode == 1 and "No module named 'workers'" in r.stderr
+    r = run(installed, "python", "-c", "import policies")
+    assert r.returncode == 1 and "No module named 'policies'" in r.stderr
+
+
+def test_service_and_policies_import_from_the_package(installed):
+    r = run(installed, "python", "-c",
+            "import bridge, bridge.workers.app, bridge.workers.tasks, bridge.policies.prices as p;"
+            "print(bridge.__file__); print(sorted(p.builtin()))")
+    assert r.returncode == 0, r.stderr
+    where, tables = r.stdout.splitlines()
+    assert str(installed) in where
+    assert "aws" in tables and "gcp" in tables
+
+
+def test_command_finds_the_service_commands(installed):
+    r = run(installed, "mcbridge", "jobs", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "list" in r.stdout and "cancel" in r.stdout
+    r = run(installed, "mcbridge", "policy", "status", "--help")
+    assert r.returncode == 0 and "--broker" in r.stdout
+
+
+@pytest.mark.parametrize("missing", ["redis", "celery"])
+def test_service_command_without_the_service_extra_names_it(missing, tmp_path):
+    """Without Celery or redis, a service command says which extra to install, in one line."""
+    code = (f"import sys; sys.modules[{missing!r}] = None; from bridge.cli import main; "
+            "sys.argv = ['mcbridge', 'jobs', 'list', '--broker', 'redis://127.0.0.1:1/0']; main()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={"PATH": "/usr/bin:/bin", "MCBRIDGE_STATE_DIR": str(tmp_path)})
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("mcbridge: error: the service needs the 'service' extra: "
+                                f"pip install 'cloud-artifact-bridge[service]' ({missing} is missing)")
