@@ -126,6 +126,18 @@ def test_link_at_an_entry_is_refused_when_listing(setup, tmp_path):
     assert (outside / "fake.json").exists()
 
 
+def test_a_fifo_in_place_of_an_entry_is_refused_not_waited_on(setup, tmp_path):
+    cache_dir, _outside, url, env = setup
+    assert mcbridge("cache", "path", url, env=env, state_dir=tmp_path).returncode == 0
+    key = key_of(url, env)
+    meta = cache_dir / "objects" / key[:2] / f"{key}.json"
+    meta.unlink()
+    os.mkfifo(meta)
+    r = mcbridge("cache", "ls", env=env, state_dir=tmp_path, timeout=60)   # an open for reading would block
+    refused(r, meta)
+    assert "a special file" in r.stderr
+
+
 def test_an_entry_owned_by_another_user_is_refused(setup, tmp_path):
     cache_dir, _outside, url, env = setup
     r = mcbridge("cache", "path", url, env=env, state_dir=tmp_path)
