@@ -68,8 +68,8 @@ def test_link_at_objects_shard_is_refused(setup, tmp_path):
     planted = cache_dir / "objects" / key[:2]
     planted.symlink_to(outside, target_is_directory=True)
     r = mcbridge("cache", "path", url, env=env, state_dir=tmp_path)
-    refused(r, planted)
     assert tree(outside) == []   # neither the entry's bytes nor its record landed there
+    refused(r, planted)
 
 
 def test_link_at_fill_dir_is_refused(setup, tmp_path):
@@ -78,8 +78,8 @@ def test_link_at_fill_dir_is_refused(setup, tmp_path):
     planted = cache_dir / "fills" / key
     planted.symlink_to(outside, target_is_directory=True)
     r = mcbridge("cache", "path", url, env=env, state_dir=tmp_path)
-    refused(r, planted)
     assert tree(outside) == []   # no reserve, journal or partial data written through it
+    refused(r, planted)
 
 
 def test_link_at_lock_file_is_refused_and_its_target_not_created(setup, tmp_path):
@@ -89,8 +89,8 @@ def test_link_at_lock_file_is_refused_and_its_target_not_created(setup, tmp_path
     victim = outside / "created-by-o_creat"
     planted.symlink_to(victim)
     r = mcbridge("cache", "path", url, env=env, state_dir=tmp_path)
-    refused(r, planted)
     assert not victim.exists() and tree(outside) == []
+    refused(r, planted)
 
 
 def test_link_at_pins_is_refused(setup, tmp_path):
@@ -99,8 +99,8 @@ def test_link_at_pins_is_refused(setup, tmp_path):
     planted.rmdir()
     planted.symlink_to(outside, target_is_directory=True)
     r = mcbridge("cache", "pin", url, env=env, state_dir=tmp_path)
-    refused(r, planted)
     assert tree(outside) == []
+    refused(r, planted)
 
 
 def test_link_at_quota_lock_is_refused_and_its_target_not_created(setup, tmp_path):
@@ -109,8 +109,8 @@ def test_link_at_quota_lock_is_refused_and_its_target_not_created(setup, tmp_pat
     victim = outside / "quota-victim"
     planted.symlink_to(victim)
     r = mcbridge("cache", "path", url, env={**env, "MCBRIDGE_CACHE_QUOTA": "1MB"}, state_dir=tmp_path)
-    refused(r, planted)
     assert not victim.exists()
+    refused(r, planted)
 
 
 def test_link_at_an_entry_is_refused_when_listing(setup, tmp_path):
