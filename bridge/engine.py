@@ -270,7 +270,7 @@ class JobContext(jobs.Context):
         self.settings = settings
         self.journal = journal
         self.progress = progress or Progress()
-        self.src_root = parse(plan.source) if plan.single is None else _parent(parse(plan.single))
+        self.src_root = parse(plan.source) if plan.single is None else _parent(parse(plan.single, empty_segments=True))
         self.dst_root = parse(plan.destination)
         self.src = get_store(self.src_root, settings)
         self.dst = get_store(self.dst_root, settings)
@@ -302,7 +302,7 @@ class JobContext(jobs.Context):
         return bool(rec) and rec.get("size") == unit["size"] and rec.get("source_id", {}) == source_id
 
     def src_loc(self, rel: str) -> Location:
-        return parse(self.plan.single) if self.plan.single else self.src_root.join(rel)
+        return parse(self.plan.single, empty_segments=True) if self.plan.single else self.src_root.join(rel)
 
     def dst_loc(self, rel: str) -> Location:
         return self.dst_root.join(rel)

@@ -72,8 +72,10 @@ class Location:
         return f"{self.scheme}://{self.bucket}/{self.key}"
 
 
-def parse(url: str) -> Location:
-    """Parse a URL or local path; raise BadURL with one line naming what is wrong."""
+def parse(url: str, *, empty_segments: bool = False) -> Location:
+    """Parse a URL or local path; raise BadURL with one line naming what is wrong.
+    ``empty_segments``: a cloud key may hold them (``a//b``, as listings can return), for an
+    object only read, whose key never becomes a local name (the cache's source)."""
     if not url or not url.strip():
         raise BadURL("empty location: give a local path or an s3://, gs://, az:// URL")
     m = _SCHEME_RE.match(url)
@@ -101,7 +103,7 @@ def parse(url: str) -> Location:
         raise BadURL(f"malformed URL {url!r}: missing bucket name after {scheme}://")
     if not _BUCKET_RULES[scheme].match(bucket):
         raise BadURL(f"malformed URL {url!r}: {bucket!r} is not a valid {scheme} bucket name")
-    if key.startswith("/") or "//" in key:
+    if not empty_segments and (key.startswith("/") or "//" in key):
         raise BadURL(f"malformed URL {url!r}: empty path segment in key")
     return Location(scheme, bucket, key)
 

@@ -18,6 +18,12 @@ A fill is one copy job of the engine (bridge/engine.py: the same parallel ranged
 part files as ``mcbridge cp`` to a local path) into ``fills/<key>/``, then checked (size, the
 CRC32C of the bytes on disk against the CRC32C the engine computed while reading, and against
 the CRC32C the store reports where it reports one) and renamed into ``objects/``.
+
+Every name below the root is opened relative to its parent's descriptor and never through a
+link (bridge/cache/safedir.py): a link planted anywhere in the cache, or a name owned by another
+user outside a group cache, is refused with one line. The engine writes a fill through
+``/proc/self/fd/N``, the fill's directory as opened, so renaming a link into its place does not
+move the fill's writes.
 """
 
 from __future__ import annotations
@@ -28,14 +34,15 @@ import os
 import shutil
 import socket
 import time
-import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISDIR
 from typing import Any
 
-from bridge.cache import locks, striping
+from bridge.cache import locks, safedir, striping
+from bridge.cache.safedir import UnsafeCache
 from bridge.config import Settings
 from bridge import manifest as manifests
 from bridge.engine import FilePlan, Plan, part_size_for
@@ -54,23 +61,7 @@ COUNTERS = ("hits", "misses", "waits", "fills", "bytes_filled", "fill_seconds", 
 
 
 STALE_FILL_AGE = 3600   # seconds: a dead filler's directory, untouched this long, is removed
-
-
-def _reserved(work: Path) -> int:
-    try:
-        return int((work / "reserve").read_text() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0   # being created right now: its filler waits for quota.lock, which we hold
-
-
-def _last_change(work: Path) -> float:
-    times = [work.stat().st_mtime] if work.exists() else [0.0]
-    for child in work.iterdir() if work.exists() else ():
-        try:
-            times.append(child.stat().st_mtime)
-        except FileNotFoundError:
-            pass
-    return max(times)
+SUBDIRS = ("objects", "fills", "locks", "pins")
 
 
 class CacheFull(BridgeError):
@@ -104,26 +95,15 @@ def store_crc32c(info: ObjectInfo) -> str | None:
     return info.checksums.get("crc32c") or info.metadata.get("bridge_crc32c")
 
 
-def _write_atomic(path: Path, data: bytes, durable: bool = True) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+def source_location(url: str | Location) -> Location:
+    """``parse(url)``, except that a cloud object's key may hold empty segments (``a//b``): the
+    cache only reads such an object and never makes a local name of its key."""
+    return url if isinstance(url, Location) else parse(url, empty_segments=True)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def file_hashes(path: Path, sha: bool = True) -> tuple[int, str, str]:
-    """(size, crc32c, sha256) of a local file, read in bounded chunks."""
+def file_hashes(path: Path | int, sha: bool = True) -> tuple[int, str, str]:
+    """(size, crc32c, sha256) of a local file (a path, or an fd this call closes), read in
+    bounded chunks."""
     value, digest, size = 0, hashlib.sha256() if sha else None, 0
     with open(path, "rb", buffering=0) as f:
         buf = bytearray(READ_SIZE)
@@ -144,8 +124,24 @@ class Cache:
         if not root:
             raise InvalidOption("no cache directory: set MCBRIDGE_CACHE_DIR or cache.dir in the settings file")
         self.root = Path(root).expanduser().absolute()
-        for sub in ("objects", "fills", "locks", "pins"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self._dirs: dict[str, int] = {}
+        self.safe = safedir.Root(self.root)
+        try:
+            for sub in SUBDIRS:
+                self._dirs[sub] = self.safe.opendir(self.safe.fd, sub, self.root / sub, create=True)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs.clear()
+        self.safe.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "safe", None) is not None:
+            self.close()
 
     # -- names ------------------------------------------------------------------------------
     def data_path(self, key: str) -> Path:
@@ -163,10 +159,29 @@ class Cache:
     def pin_path(self, url: str) -> Path:
         return self.root / "pins" / f"{url_hash(url)}.json"
 
+    # -- descriptors: every name below the root is reached through them -----------------------
+    def _objdir(self, key: str, create: bool = False):
+        return self.safe.directory(self._dirs["objects"], key[:2], self.root / "objects" / key[:2], create)
+
+    def _fill_fd(self, key: str, create: bool = False):
+        return self.safe.directory(self._dirs["fills"], key, self.fill_dir(key), create)
+
+    def _lock(self, key: str, *, blocking: bool = True) -> int | None:
+        name, folder = f"{key}.lock", self._dirs["locks"]
+        return locks.acquire(name, blocking=blocking, dir_fd=folder, opener=lambda: self.safe.open(
+            folder, name, self.root / "locks" / name, os.O_RDWR | os.O_CREAT))
+
+    def _root_lock(self, name: str):
+        return locks.held(name, dir_fd=self.safe.fd, opener=lambda: self.safe.open(
+            self.safe.fd, name, self.root / name, os.O_RDWR | os.O_CREAT))
+
+    def _remove_fill(self, name: str) -> None:
+        shutil.rmtree(name, dir_fd=self._dirs["fills"], ignore_errors=True)   # fd-relative: no link is followed
+
     # -- reading ------------------------------------------------------------------------------
-    def locate(self, url: str) -> tuple[Location, ObjectInfo, str]:
+    def locate(self, url: str | Location) -> tuple[Location, ObjectInfo, str]:
         """The object behind ``url`` as its store describes it now, and its entry's key."""
-        loc = parse(url)
+        loc = source_location(url)
         if loc.is_prefix:
             raise InvalidOption(f"{url} names a prefix or directory; the cache holds single objects "
                                 f"(cache warm takes prefixes)")
@@ -182,37 +197,49 @@ class Cache:
 
     def _get(self, url: str, progress: Progress | None = None) -> tuple[Path, str, int]:
         """(path, "hit" | "waited" | "filled", size)."""
+        key, outcome, size = self._obtain(url, progress)
+        return self.data_path(key), outcome, size
+
+    def _obtain(self, url: str, progress: Progress | None = None) -> tuple[str, str, int]:
+        """(key, "hit" | "waited" | "filled", size)."""
         loc, info, key = self.locate(url)
         if self._hit(key):
             self._count(hits=1)
-            return self.data_path(key), "hit", info.size
-        fd = locks.acquire(self.lock_path(key))
+            return key, "hit", info.size
+        fd = self._lock(key)
         try:
             if self._hit(key):
                 self._count(hits=1, waits=1)
-                return self.data_path(key), "waited", info.size
+                return key, "waited", info.size
             self._fill(key, loc, info, progress)
-            return self.data_path(key), "filled", info.size
+            return key, "filled", info.size
         finally:
             locks.release(fd)
 
     def _hit(self, key: str) -> bool:
-        if not self.data_path(key).exists():
-            return False
+        meta = f"{key}.json"
         try:
-            os.utime(self.meta_path(key))   # the entry's last use, for LRU
+            with self._objdir(key) as folder:
+                if self.safe.lstat(folder, key, self.data_path(key), want_dir=False) is None or \
+                        self.safe.lstat(folder, meta, self.meta_path(key), want_dir=False) is None:
+                    return False
+                try:
+                    os.utime(meta, dir_fd=folder, follow_symlinks=False)   # the entry's last use, for LRU
+                except FileNotFoundError:
+                    return False   # evicted between the two calls
+                except PermissionError:
+                    pass   # another user's entry in a shared cache: served, its recency left as it was
+                return self.safe.lstat(folder, key, self.data_path(key), want_dir=False) is not None
         except FileNotFoundError:
-            return False   # evicted between the two calls
-        except PermissionError:
-            pass   # another user's entry in a shared cache: served, its recency left as it was
-        return self.data_path(key).exists()
+            return False   # no entry in this shard yet
 
     def open(self, url: str):
         """An open binary file of ``url``'s bytes: once open, an eviction cannot take it away."""
         for _ in range(3):
-            path = self.fetch(url)
+            key, _outcome, _size = self._obtain(url)
             try:
-                return open(path, "rb")
+                with self._objdir(key) as folder:
+                    return os.fdopen(self.safe.open(folder, key, self.data_path(key), os.O_RDONLY), "rb")
             except FileNotFoundError:
                 continue   # evicted between fetch and open: fill again
         raise BridgeError(f"{url}: evicted again and again before it could be opened; raise the cache quota")
@@ -224,39 +251,51 @@ class Cache:
         the journal kept there: a filler killed mid-way leaves it, and the next one resumes it."""
         from bridge import ops
         started = time.monotonic()
-        work = self.fill_dir(key)
-        fresh = not work.exists()
+        shown = self.fill_dir(key)
+        fresh = self.safe.lstat(self._dirs["fills"], key, shown, want_dir=True) is None
         self._reserve(key, info.size)
-        if fresh:
-            striping.stripe(str(work), info.size, self.conf)
-        local = get_store("file", self.settings)
-        target = Location("file", "", str(work).lstrip("/") + "/")
-        plan = Plan(str(loc), str(target), str(loc),
-                    [FilePlan(DATA, info.size, part_size_for(info.size, local, self.settings.transfer.chunk_size),
-                              dict(info.identity))], key=f"cache-{key[:20]}")
-        try:
-            ops.execute(plan, self.settings, progress, state_dir=work)
-        except TransferFailed as exc:
-            raise TransferFailed(f"filling the cache from {loc} failed: {exc}") from exc
-        manifest = manifests.read(local, target)
-        done = manifest.files.get(DATA) if manifest else None
-        try:
-            self._check(work / DATA, loc, info, done)
-        except IntegrityError:
-            shutil.rmtree(work, ignore_errors=True)   # wrong bytes are not worth resuming
-            raise
-        meta = {"url": str(loc), "identity": info.identity, "size": info.size, "crc32c": done.crc32c,
-                "sha256": done.sha256, "store_crc32c": store_crc32c(info),
-                "filled_at": time.time(), "fill_seconds": round(time.monotonic() - started, 3)}
-        self._publish(key, work, meta)
+        with self._fill_fd(key) as work_fd:
+            if fresh:
+                striping.stripe(str(shown), info.size, self.conf)
+                self._same(key, work_fd)   # lfs takes a path: the name must still be this directory
+            else:
+                self.safe.check_tree(work_fd, shown)   # what a dead filler left, before resuming it
+            work = Path(safedir.fd_path(work_fd, shown))
+            local = get_store("file", self.settings)
+            target = Location("file", "", str(work).lstrip("/") + "/")
+            plan = Plan(str(loc), str(target), str(loc),
+                        [FilePlan(DATA, info.size, part_size_for(info.size, local, self.settings.transfer.chunk_size),
+                                  dict(info.identity))], key=f"cache-{key[:20]}")
+            try:
+                ops.execute(plan, self.settings, progress, state_dir=work)
+            except TransferFailed as exc:
+                raise TransferFailed(f"filling the cache from {loc} failed: {exc}") from exc
+            manifest = manifests.read(local, target)
+            done = manifest.files.get(DATA) if manifest else None
+            try:
+                self._check(work_fd, shown, loc, info, done)
+            except IntegrityError:
+                self._remove_fill(key)   # wrong bytes are not worth resuming
+                raise
+            meta = {"url": str(loc), "identity": info.identity, "size": info.size, "crc32c": done.crc32c,
+                    "sha256": done.sha256, "store_crc32c": store_crc32c(info),
+                    "filled_at": time.time(), "fill_seconds": round(time.monotonic() - started, 3)}
+            self._publish(key, work_fd, meta)
+        self._remove_fill(key)
         self._count(misses=1, fills=1, bytes_filled=info.size, fill_seconds=meta["fill_seconds"])
 
-    def _check(self, path: Path, loc: Location, info: ObjectInfo, done: FileEntry | None) -> None:
+    def _same(self, key: str, work_fd: int) -> None:
+        st = os.stat(key, dir_fd=self._dirs["fills"], follow_symlinks=False)
+        if not os.path.samestat(st, os.fstat(work_fd)):
+            self.safe.check(st, self.fill_dir(key), want_dir=True)
+            raise UnsafeCache(f"refusing the cache: {self.fill_dir(key)} was replaced while it was being filled")
+
+    def _check(self, work_fd: int, shown: Path, loc: Location, info: ObjectInfo, done: FileEntry | None) -> None:
         """Before publishing: the size, the CRC32C of the bytes on disk against the one computed
         while reading and the one the store reports, and the object still being that version."""
         if not done:
             raise TransferFailed(f"filling the cache from {loc}: the copy finished without a record of its file")
-        size, on_disk, _ = file_hashes(path, sha=False)
+        size, on_disk, _ = file_hashes(self.safe.open(work_fd, DATA, shown / DATA, os.O_RDONLY), sha=False)
         if size != info.size:
             raise IntegrityError(f"{loc}: {size} bytes cached, the store says {info.size}")
         if on_disk != done.crc32c:
@@ -268,21 +307,18 @@ class Cache:
         if identity_changed(info.identity, now.identity) or now.size != info.size:
             raise IntegrityError(f"{loc} was rewritten while it was being cached; nothing was kept, ask again")
 
-    def _publish(self, key: str, work: Path, meta: dict) -> None:
-        folder = self.data_path(key).parent
-        folder.mkdir(parents=True, exist_ok=True)
-        _write_atomic(self.meta_path(key), json.dumps(meta).encode())
-        os.replace(work / DATA, self.data_path(key))
-        _fsync_dir(folder)
-        shutil.rmtree(work, ignore_errors=True)
+    def _publish(self, key: str, work_fd: int, meta: dict) -> None:
+        with self._objdir(key, create=True) as folder:
+            self.safe.write_atomic(folder, f"{key}.json", self.meta_path(key), json.dumps(meta).encode())
+            os.replace(DATA, key, src_dir_fd=work_fd, dst_dir_fd=folder)
+            os.fsync(folder)
 
     # -- quota ------------------------------------------------------------------------------
     def _reserve(self, key: str, size: int) -> None:
         """Make room for ``size`` more bytes (called holding ``key``'s lock) and record them as
         this fill's, so that fills running at once never count the same free space twice."""
-        work = self.fill_dir(key)
         quota = self.conf.quota
-        with locks.held(str(self.root / "quota.lock")):
+        with self._root_lock("quota.lock"):
             live, dead = self._fills(exclude=key)
             if quota is not None:
                 entries = self.entries()
@@ -295,39 +331,58 @@ class Cache:
                 if used + size > quota:
                     raise CacheFull(f"cache full: {size} bytes do not fit under the quota of {quota} bytes; "
                                     f"{used} bytes are pinned, in use or being filled ({self.root})")
-            work.mkdir(parents=True, exist_ok=True)
-            (work / "reserve").write_text(str(size))
+            with self._fill_fd(key, create=True) as work:
+                self.safe.write_atomic(work, "reserve", self.fill_dir(key) / "reserve", str(size).encode(),
+                                       durable=False)
 
-    def _fills(self, exclude: str = "", *, sweep_all: bool = False) -> tuple[int, list[tuple[Path, int]]]:
-        """(bytes reserved by fills at work, [(dir, bytes) of fills nobody runs]). A dead
+    def _reserved(self, work: int, shown: Path) -> int:
+        try:
+            return int(self.safe.read(work, "reserve", shown / "reserve") or 0)
+        except (FileNotFoundError, ValueError):
+            return 0   # being created right now: its filler waits for quota.lock, which we hold
+
+    def _last_change(self, work: int, shown: Path) -> float:
+        return max([os.fstat(work).st_mtime, *(st.st_mtime for _name, st in self.safe.scan(work, shown))])
+
+    def _fills(self, exclude: str = "", *, sweep_all: bool = False) -> tuple[int, list[tuple[str, int]]]:
+        """(bytes reserved by fills at work, [(name, bytes) of fills nobody runs]). A dead
         filler's directory is kept for the next reader of its object to resume, until it is older
         than STALE_FILL_AGE, room is needed, or ``sweep_all``."""
         live, dead = 0, []
-        for work in (self.root / "fills").iterdir():
-            if work.name == exclude:
-                continue
-            reserved = _reserved(work)
-            fd = locks.acquire(self.lock_path(work.name), blocking=False)
-            if fd is None:
-                live += reserved
+        for name, _st in list(self.safe.scan(self._dirs["fills"], self.root / "fills")):
+            if name == exclude:
                 continue
             try:
-                if sweep_all or time.time() - _last_change(work) > STALE_FILL_AGE:
-                    shutil.rmtree(work, ignore_errors=True)
+                with self._fill_fd(name) as work:
+                    reserved = self._reserved(work, self.fill_dir(name))
+                    fd = self._lock(name, blocking=False)
+                    if fd is None:
+                        live += reserved
+                        continue
+                    try:
+                        stale = sweep_all or time.time() - self._last_change(work, self.fill_dir(name)) > STALE_FILL_AGE
+                    except BaseException:
+                        locks.release(fd)
+                        raise
+            except FileNotFoundError:
+                continue   # finished and removed meanwhile
+            try:
+                if stale:
+                    self._remove_fill(name)
                 else:
-                    dead.append((work, reserved))
+                    dead.append((name, reserved))
             finally:
                 locks.release(fd)
         return live, dead
 
-    def _remove_fills(self, dead: list[tuple[Path, int]]) -> int:
+    def _remove_fills(self, dead: list[tuple[str, int]]) -> int:
         freed = 0
-        for work, reserved in dead:
-            fd = locks.acquire(self.lock_path(work.name), blocking=False)
+        for name, reserved in dead:
+            fd = self._lock(name, blocking=False)
             if fd is None:
                 continue   # its object's next reader has just taken it over
             try:
-                shutil.rmtree(work, ignore_errors=True)
+                self._remove_fill(name)
                 freed += reserved
             finally:
                 locks.release(fd)
@@ -348,15 +403,19 @@ class Cache:
 
     def _remove(self, key: str, *, wait: bool = False) -> bool:
         """Remove an entry unless someone holds its lock (filling or verifying it)."""
-        lock = self.lock_path(key)
-        fd = locks.acquire(lock, blocking=wait)
+        fd = self._lock(key, blocking=wait)
         if fd is None:
             return False
         try:
-            existed = self.data_path(key).exists()
-            self.data_path(key).unlink(missing_ok=True)
-            self.meta_path(key).unlink(missing_ok=True)
-            locks.remove_held(lock)
+            try:
+                with self._objdir(key) as folder:
+                    existed = self.safe.lstat(folder, key, self.data_path(key), want_dir=False) is not None
+                    self.safe.lstat(folder, f"{key}.json", self.meta_path(key), want_dir=False)
+                    safedir.unlink(folder, key)
+                    safedir.unlink(folder, f"{key}.json")
+            except FileNotFoundError:
+                existed = False
+            locks.remove_held(f"{key}.lock", dir_fd=self._dirs["locks"])
             return existed
         finally:
             locks.release(fd)
@@ -364,19 +423,23 @@ class Cache:
     # -- entries, pins ----------------------------------------------------------------------
     def entries(self) -> list[Entry]:
         out = []
-        for folder in (self.root / "objects").iterdir():
-            if not folder.is_dir():
+        objects = self._dirs["objects"]
+        for shard, st in list(self.safe.scan(objects, self.root / "objects")):
+            if not S_ISDIR(st.st_mode):
                 continue
-            for meta_path in folder.glob("*.json"):
-                key = meta_path.name[:-len(".json")]
-                try:
-                    st = meta_path.stat()
-                    meta = json.loads(meta_path.read_text())
-                    if not self.data_path(key).exists():
-                        continue   # a meta whose data a killed publish never renamed: overwritten by the next fill
-                except (FileNotFoundError, ValueError):
-                    continue
-                out.append(Entry(key, meta["url"], int(meta["size"]), st.st_mtime, meta))
+            shown = self.root / "objects" / shard
+            with self.safe.directory(objects, shard, shown) as folder:
+                for name, meta_st in list(self.safe.scan(folder, shown)):
+                    if not name.endswith(".json"):
+                        continue
+                    key = name[:-len(".json")]
+                    try:
+                        meta = json.loads(self.safe.read(folder, name, shown / name))
+                        if self.safe.lstat(folder, key, shown / key, want_dir=False) is None:
+                            continue   # a meta whose data a killed publish never renamed: overwritten by the next fill
+                        out.append(Entry(key, meta["url"], int(meta["size"]), meta_st.st_mtime, meta))
+                    except (FileNotFoundError, ValueError, KeyError, TypeError):
+                        continue
         return out
 
     def usage(self) -> int:
@@ -384,29 +447,33 @@ class Cache:
 
     def pin(self, url: str, ttl: float | None = None) -> Path:
         path = self.fetch(url)
-        canonical = str(parse(url))
+        canonical = str(source_location(url))
         until = time.time() + ttl if ttl else None
-        _write_atomic(self.pin_path(canonical), json.dumps({"url": canonical, "until": until}).encode())
+        self.safe.write_atomic(self._dirs["pins"], f"{url_hash(canonical)}.json", self.pin_path(canonical),
+                               json.dumps({"url": canonical, "until": until}).encode())
         return path
 
     def unpin(self, url: str) -> bool:
-        path = self.pin_path(str(parse(url)))
-        existed = path.exists()
-        path.unlink(missing_ok=True)
-        return existed
+        canonical = str(source_location(url))
+        name = f"{url_hash(canonical)}.json"
+        self.safe.lstat(self._dirs["pins"], name, self.pin_path(canonical), want_dir=False)
+        return safedir.unlink(self._dirs["pins"], name)
 
     def pins(self) -> dict[str, dict]:
         """url hash -> pin record, for pins not expired (expired ones are removed)."""
         out, now = {}, time.time()
-        for path in (self.root / "pins").glob("*.json"):
+        folder = self._dirs["pins"]
+        for name, _st in list(self.safe.scan(folder, self.root / "pins")):
+            if not name.endswith(".json"):
+                continue
             try:
-                rec = json.loads(path.read_text())
+                rec = json.loads(self.safe.read(folder, name, self.root / "pins" / name))
             except (FileNotFoundError, ValueError):
                 continue
             if rec.get("until") is not None and rec["until"] < now:
-                path.unlink(missing_ok=True)
+                safedir.unlink(folder, name)
                 continue
-            out[path.name[:-len(".json")]] = rec
+            out[name[:-len(".json")]] = rec
         return out
 
     def pinned(self) -> set[str]:
@@ -416,8 +483,8 @@ class Cache:
         """Remove the entries of ``url`` (every version held), or every entry not pinned; an
         entry being filled or verified right now stays."""
         removed, pinned = [], self.pinned()
-        target = str(parse(url)) if url else None
-        with locks.held(str(self.root / "quota.lock")):
+        target = str(source_location(url)) if url else None
+        with self._root_lock("quota.lock"):
             if target is None:
                 self._fills(sweep_all=True)   # and what killed fillers left
             for entry in self.entries():
@@ -434,26 +501,28 @@ class Cache:
         """Rehash every entry; remove (and name) those whose bytes no longer match."""
         corrupted, checked = [], 0
         for entry in self.entries():
-            fd = locks.acquire(self.lock_path(entry.key), blocking=False)
+            fd = self._lock(entry.key, blocking=False)
             if fd is None:
                 continue   # being filled or evicted right now
             try:
-                try:
-                    size, crc, sha = file_hashes(self.data_path(entry.key), sha=bool(entry.meta.get("sha256")))
-                except FileNotFoundError:
-                    continue
-                checked += 1
-                problem = None
-                if size != entry.size:
-                    problem = f"{size} bytes, expected {entry.size}"
-                elif crc != entry.meta["crc32c"]:
-                    problem = f"CRC32C {crc}, expected {entry.meta['crc32c']}"
-                elif entry.meta.get("sha256") and sha != entry.meta["sha256"]:
-                    problem = f"SHA-256 {sha}, expected {entry.meta['sha256']}"
-                if problem:
-                    self.data_path(entry.key).unlink(missing_ok=True)
-                    self.meta_path(entry.key).unlink(missing_ok=True)
-                    corrupted.append({"url": entry.url, "path": str(self.data_path(entry.key)), "problem": problem})
+                with self._objdir(entry.key) as folder:
+                    try:
+                        data = self.safe.open(folder, entry.key, self.data_path(entry.key), os.O_RDONLY)
+                    except FileNotFoundError:
+                        continue
+                    size, crc, sha = file_hashes(data, sha=bool(entry.meta.get("sha256")))
+                    checked += 1
+                    problem = None
+                    if size != entry.size:
+                        problem = f"{size} bytes, expected {entry.size}"
+                    elif crc != entry.meta["crc32c"]:
+                        problem = f"CRC32C {crc}, expected {entry.meta['crc32c']}"
+                    elif entry.meta.get("sha256") and sha != entry.meta["sha256"]:
+                        problem = f"SHA-256 {sha}, expected {entry.meta['sha256']}"
+                    if problem:
+                        safedir.unlink(folder, entry.key)
+                        safedir.unlink(folder, f"{entry.key}.json")
+                        corrupted.append({"url": entry.url, "path": str(self.data_path(entry.key)), "problem": problem})
             finally:
                 locks.release(fd)
         if corrupted:
@@ -462,16 +531,16 @@ class Cache:
 
     # -- metrics ---------------------------------------------------------------------------
     def _count(self, **deltas: float) -> None:
-        path = self.root / "stats.json"
-        with locks.held(str(self.root / "stats.lock")):
+        with self._root_lock("stats.lock"):
             stats = self._read_stats()
             for name, value in deltas.items():
                 stats[name] = round(stats.get(name, 0) + value, 3)
-            _write_atomic(path, json.dumps(stats).encode(), durable=False)   # counters: not worth an fsync per hit
+            self.safe.write_atomic(self.safe.fd, "stats.json", self.root / "stats.json", json.dumps(stats).encode(),
+                                   durable=False)   # counters: not worth an fsync per hit
 
     def _read_stats(self) -> dict[str, float]:
         try:
-            stats = json.loads((self.root / "stats.json").read_text())
+            stats = json.loads(self.safe.read(self.safe.fd, "stats.json", self.root / "stats.json"))
         except (FileNotFoundError, ValueError):
             stats = {}
         return {name: stats.get(name, 0) for name in COUNTERS}
@@ -482,7 +551,7 @@ class Cache:
         used = sum(e.size for e in entries)
         return {"dir": str(self.root), "entries": len(entries), "bytes": used, "quota": self.conf.quota,
                 "pinned": len([e for e in entries if url_hash(e.url) in pins]),
-                "filling": len(list((self.root / "fills").iterdir())),
+                "filling": len(list(self.safe.scan(self._dirs["fills"], self.root / "fills"))),
                 "host": socket.gethostname(), **self._read_stats()}
 
     # -- many objects --------------------------------------------------------------------------
