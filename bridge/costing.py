@@ -102,6 +102,14 @@ def places(plan: Plan, settings: Settings) -> tuple[Place, Place, Place]:
     return locate(source, settings), locate(plan.destination, settings), host(settings)
 
 
+def choose_route(plan: Plan, settings: Settings, forced: str | None = None) -> Plan:
+    """The one route decision: ``mcbridge plan``, cp, sync, migrate, submit, replicate and the
+    service's policies all ask it (bridge.routes.choose: the forced route, else the first
+    automatic or enabled route that serves the pair, else direct)."""
+    from bridge import routes as runnable_routes
+    return runnable_routes.choose(plan, settings, forced)
+
+
 def route_plan(source: str, destination: str, settings: Settings, *, pack: str | None = None,
                shard_size: int = DEFAULT_SHARD_SIZE, forced: str | None = None, source_class: str | None = None,
                available: list[str] | None = None) -> dict[str, Any]:
@@ -110,13 +118,18 @@ def route_plan(source: str, destination: str, settings: Settings, *, pack: str |
         raise InvalidOption(f"--pack takes tar or parquet, not {pack!r}")
     plan = plan_copy(source, destination, settings, settings.transfer.chunk_size)
     src, dst, where = places(plan, settings)
+    what_if = bool(pack or available or settings.pricing.available_routes)
+    # Unless asked what would happen with packing or with routes assumed available, the route
+    # marked chosen is the one cp takes here: the same decision, asked the same way.
+    runs = None if forced or what_if else choose_route(plan, settings)
     usages = {route: estimate.usage(plan, route, shard_size=shard_size, shard_format=pack or "tar")
               for route in routes.ORDER}
     try:
         choices = routes.plan_routes(usages, src, dst, where, builtin(), available=available_routes(settings, available),
                                      pack_allowed=pack is not None, forced=forced,
                                      overrides=Overrides.from_settings(settings.pricing), speeds=_speeds(settings),
-                                     source_class=source_class)
+                                     source_class=source_class,
+                                     decided=(runs.route, runs.route_why) if runs is not None else None)
     except (routes.RouteError, ValueError) as exc:
         raise InvalidOption(str(exc)) from None
     return {"source": plan.single or plan.source, "destination": plan.destination, "files": len(plan.files),

@@ -15,6 +15,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+from bridge import costing
 from bridge import manifest as manifests
 from bridge import ops
 from bridge.config import Settings
@@ -50,7 +51,8 @@ def filtered(plan: Plan, include: list[str], exclude: list[str]) -> Plan:
 def plan_checkpoint(policy: rules.Policy, src: str, dst: str, settings: Settings) -> Plan:
     plan, _reasons = ops.plan_sync(src, dst, settings, delete=policy.mode == "mirror",
                                    chunk_size=settings.transfer.chunk_size)
-    return filtered(plan, policy.include, policy.exclude)
+    # The route the service's workers would take for the same sync: one decision for both.
+    return costing.choose_route(filtered(plan, policy.include, policy.exclude), settings)
 
 
 def remove_checkpoint(url: str, settings: Settings) -> int:

@@ -11,8 +11,10 @@ Routes (the native ones are the native-routes issue's):
 
 ``plan_routes`` takes everything as data (usages, places, tables, which routes this bridge can
 run, whether shards are acceptable) and returns one ``RouteChoice`` per route with exactly one
-chosen: the forced route, else the cheapest valid one, ties (to the cent) broken by time, then
-by the order above. Which routes are available is an argument, so that when a route is built
+chosen: the route decided for the run (``decided``: what bridge.routes.choose picks, so that
+``mcbridge plan`` marks the route cp takes), else the forced route, else the cheapest valid one,
+ties (to the cent) broken by time, then by the order above (a what-if: ``--pack`` or routes
+assumed available). Which routes are available is an argument, so that when a route is built
 only the caller's set changes.
 
 Time is an assumption, settable per route in the settings file (``pricing.speeds``):
@@ -101,8 +103,9 @@ def plan_routes(usages: Mapping[str, Any], src: Place, dst: Place, host: Place,
                 tables: dict[str, ProviderPrices], *, available: Iterable[str] = BUILT,
                 pack_allowed: bool = False, forced: str | None = None, overrides: Overrides | None = None,
                 speeds: Mapping[str, Mapping[str, float | None]] | None = None,
-                source_class: str | None = None) -> list[RouteChoice]:
-    """Every route priced and timed, exactly one chosen (see the module docstring)."""
+                source_class: str | None = None, decided: tuple[str, str] | None = None) -> list[RouteChoice]:
+    """Every route priced and timed, exactly one chosen (see the module docstring); with
+    ``decided`` (route, why), that route is the chosen one: the route a copy takes here."""
     from bridge.policies.cost import price
     available = set(available)
     if forced is not None and forced not in ORDER:
@@ -118,7 +121,10 @@ def plan_routes(usages: Mapping[str, Any], src: Place, dst: Place, host: Place,
         choices.append(RouteChoice(route, reason is None, False, usage.destination.bytes_written,
                                    usage.request_count, cost, seconds(route, usage, speeds), reason or "", usage))
     valid = [c for c in choices if c.valid]
-    if forced is not None:
+    if decided is not None and any(c.route == decided[0] and c.valid for c in choices):
+        pick = next(c for c in choices if c.route == decided[0])
+        pick.why = f"the route a copy takes here: {decided[1]}; ${pick.cost.total:.2f}, about {_human_time(pick.seconds)}"
+    elif forced is not None:
         pick = next(c for c in choices if c.route == forced)
         if not pick.valid:
             raise RouteError(f"route {forced} cannot be used for {_pair(src, dst)}: {pick.why}")

@@ -195,3 +195,22 @@ def test_one_object_by_datasync_and_a_rename_goes_direct(make_root, env, datasyn
     assert len(datasync_double.calls("CreateTask")) == 1     # no remote job for the rename
     assert read_tree(dst, settings) == {"b.txt": FILES["sub/b.txt"], "renamed.bin": FILES["a.bin"]}
     assert mcbridge("verify", dst, "--deep", env=env, state_dir=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("enabled,src_scheme,dst_scheme", [("datasync,sts", "s3", "gs"), ("sts,datasync", "s3", "gs"),
+                                                           ("", "s3", "gs"), ("", "s3", "s3"), ("", "local", "local")])
+def test_plan_marks_chosen_the_route_cp_takes(enabled, src_scheme, dst_scheme, make_root, env, tmp_path):
+    """One decision: what ``mcbridge plan`` marks chosen is what ``cp`` runs, with native routes
+    enabled in either order, none, inside one store and between local folders."""
+    settings = settings_for(env)
+    src, dst = make_root(src_scheme), make_root(dst_scheme) + "copy/"
+    fill(src, settings, FILES)
+    run_env = {**env, "MCBRIDGE_NATIVE_ROUTES": enabled} if enabled else env
+    planned = mcbridge("plan", src, dst, "--json", env=run_env, state_dir=tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    chosen = [row for row in json.loads(planned.stdout)["routes"] if row["chosen"]]
+    dry = mcbridge("cp", src, dst, "--dry-run", "--json", env=run_env, state_dir=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    runs = json.loads(dry.stdout)["route"]["name"]
+    assert [row["route"] for row in chosen] == [runs]
+    assert chosen[0]["why"].startswith("the route a copy takes here")

@@ -38,7 +38,7 @@ writes there, and is taken with --route server), else ``direct``. ``bridge.polic
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from bridge.config import Settings
@@ -174,8 +174,35 @@ def roots(plan: Plan) -> tuple[Location, Location]:
     return src, parse(plan.destination)
 
 
-def choose(plan: Plan, settings: Settings, forced: str | None = None) -> Plan:
-    """Set ``plan.route`` and ``plan.route_why`` (see the module docstring)."""
+def runnable(plan: Plan, settings: Settings) -> tuple[list[str], list[str]]:
+    """The routes that may carry ``plan`` without --route, ``direct`` first: each of ``AUTOMATIC``
+    and of the enabled native routes that serves the pair and is ``preferred`` for it; and why
+    each other one may not."""
+    src, dst = roots(plan)
+    known = names()
+    can, why_not = [DIRECT], []
+    for name in (*AUTOMATIC, *settings.native.enabled):   # native routes only where enabled
+        if name not in known:
+            continue
+        route = get(name)
+        if not route.preferred(src, dst):
+            continue
+        reason = pair_reason(name, src, dst) or route.serves(src, dst, settings)
+        if reason is None:
+            can.append(name)
+        else:
+            why_not.append(f"{name}: {reason}")
+    return can, why_not
+
+
+Decide = Callable[["Plan", list[str]], tuple[str, str]]
+
+
+def choose(plan: Plan, settings: Settings, forced: str | None = None, decide: Decide | None = None) -> Plan:
+    """Set ``plan.route`` and ``plan.route_why``: the forced route (bad input, exit 2, when it
+    cannot serve the pair), else, among the ``runnable`` routes, the one ``decide`` picks
+    (bridge.costing.choose_route passes the cost policy's choice: the one decision that ``plan``,
+    cp, sync, submit and replicate all ask), or without it the first that is not direct."""
     src, dst = roots(plan)
     if forced is not None and forced != DIRECT:
         route = get(forced)
@@ -187,20 +214,16 @@ def choose(plan: Plan, settings: Settings, forced: str | None = None) -> Plan:
     if forced == DIRECT:
         plan.route, plan.route_why = DIRECT, "forced with --route"
         return plan
-    why_not = []
-    for name in (*AUTOMATIC, *settings.native.enabled):   # native routes only where enabled
-        if name not in names():
-            continue
-        route = get(name)
-        if not route.preferred(src, dst):
-            continue
-        reason = pair_reason(name, src, dst) or route.serves(src, dst, settings)
-        if reason is None:
-            plan.route, plan.route_why = name, _why(name)
-            return plan
-        why_not.append(f"{name}: {reason}")
-    plan.route = DIRECT
-    plan.route_why = "no other route serves the pair (" + "; ".join(why_not) + ")" if why_not else "the only route"
+    can, why_not = runnable(plan, settings)
+    if len(can) == 1:
+        plan.route = DIRECT
+        plan.route_why = "no other route serves the pair (" + "; ".join(why_not) + ")" if why_not else "the only route"
+        return plan
+    if decide is not None:
+        plan.route, plan.route_why = decide(plan, can)
+    else:
+        plan.route = can[1]
+        plan.route_why = _why(plan.route)
     return plan
 
 
