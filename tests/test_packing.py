@@ -56,8 +56,9 @@ def read_back(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def settings():
-    return settings_for(dict(os.environ))
+def settings(tmp_path_factory):
+    # a job run without its own state_dir journals here, not in ~/.local/state/mcbridge
+    return settings_for({**os.environ, "MCBRIDGE_STATE_DIR": str(tmp_path_factory.mktemp("state"))})
 
 
 @pytest.fixture(scope="module")
@@ -401,7 +402,7 @@ def test_cli_errors_are_one_line_with_exit_2_for_bad_options(tree, tmp_path):
 # -- big files, repacking, resuming ------------------------------------------------------------------
 
 def test_big_files_stream_through_tar_in_parts(settings, tmp_path):
-    small_parts = settings_for(dict(os.environ), chunk_size=64 * 1024)
+    small_parts = settings_for({**os.environ, "MCBRIDGE_STATE_DIR": str(tmp_path / "st")}, chunk_size=64 * 1024)
     files = {"ckpt/model.bin": os.urandom(300 * 1024 + 7), "ckpt/meta.json": b"{}"}
     write_tree(tmp_path / "src", files)
     summary = job.pack(f"{tmp_path / 'src'}/", f"{tmp_path / 'set'}/", small_parts, state_dir=tmp_path / "st")
