@@ -148,14 +148,13 @@ def test_killed_filler_leaves_nothing_torn(moto, proxy, tmp_path):
     cache = Cache(settings_of(env))
     assert cache.entries() == []                             # nothing published, nothing torn
     assert not any((cache_dir / "objects").rglob("*"))
-    before = -1
-    while before != proxy.sent[f"GET /{url[5:]}"]:   # answers the proxy was still reading for the dead
-        before = proxy.sent[f"GET /{url[5:]}"]
-        time.sleep(0.5)
-    r = mcbridge("cache", "path", url, env=env, state_dir=tmp_path)
+    # The next reader goes through a proxy of its own, which counts exactly what it reads (the
+    # first proxy may still be reading answers for the dead filler).
+    with FaultProxy(moto.endpoint) as second:
+        r = mcbridge("cache", "path", url, env={**env, "AWS_ENDPOINT_URL": second.endpoint}, state_dir=tmp_path)
     assert r.returncode == 0, r.stderr
     assert sha(Path(r.stdout.strip().splitlines()[-1]).read_bytes()) == sha(data)
-    resumed = proxy.sent[f"GET /{url[5:]}"] - before
+    resumed = second.sent[f"GET /{url[5:]}"]
     assert 0 < resumed < len(data)                           # the next reader took over the parts done
     assert list((cache_dir / "fills").iterdir()) == []
 
@@ -359,7 +358,10 @@ def test_an_object_rewritten_during_its_fill_is_not_kept(tmp_path):
     errors = []
     filler = threading.Thread(target=lambda: errors.append(pytest.raises(Exception, cache.fetch, str(src))))
     filler.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 60     # rewritten once the fill has the first of its six parts
+    while not any(p.read_text().count("\n") for p in (tmp_path / "cache" / "fills").glob("*/*.parts")):
+        assert time.monotonic() < deadline and filler.is_alive(), "the fill never got its first part in"
+        time.sleep(0.01)
     with open(src, "r+b") as f:          # rewritten in place, same size: only its identity tells
         f.write(b"2" * MiB)
     filler.join(60)
@@ -386,10 +388,14 @@ def test_a_pin_ends_with_its_ttl(tmp_path):
     src = tmp_path / "p.bin"
     src.write_bytes(b"p" * 100)
     cache = Cache(settings_of(cache_env(dict(os.environ), tmp_path / "cache")))
-    cache.pin(str(src), ttl=0.3)
+    cache.pin(str(src), ttl=3600)
     assert cache.evict() == [] and len(cache.pins()) == 1
-    time.sleep(0.4)
-    assert cache.pins() == {} and cache.evict() == [str(src)]
+    cache.pin(str(src), ttl=0.3)         # pinned again: the new TTL replaces the old one
+    deadline = time.monotonic() + 30
+    while cache.pins():
+        assert time.monotonic() < deadline, "the pin outlived its TTL"
+        time.sleep(0.05)
+    assert cache.evict() == [str(src)]
 
 
 def test_a_filesystem_without_flock_is_named(tmp_path, monkeypatch):

@@ -107,6 +107,7 @@ def test_a_unit_with_several_slots_runs_alone_and_in_its_turn():
             self.running: set[str] = set()
             self.beside: dict[str, set[str]] = {}
             self.order: list[str] = []
+            self.paired = threading.Event()
 
         def work(self, unit):
             name = unit["name"]
@@ -116,7 +117,13 @@ def test_a_unit_with_several_slots_runs_alone_and_in_its_turn():
                 for other in self.running:
                     self.beside[other].add(name)
                 self.running.add(name)
-            time.sleep(0.02)
+                if len(self.running) >= 2:
+                    self.paired.set()
+            # The first small units wait for a second one to run beside them, so that the overlap
+            # asserted below does not depend on timing (the deadline only ends a run without any).
+            if name.startswith("a") and not self.paired.wait(20):
+                self.paired.set()
+            time.sleep(0.02)   # the unit's work: long enough for a wrongly started unit to show beside it
             with self.lock:
                 self.running.discard(name)
             return {}

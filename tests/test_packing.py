@@ -56,8 +56,9 @@ def read_back(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def settings():
-    return settings_for(dict(os.environ))
+def settings(tmp_path_factory):
+    # a job run without its own state_dir journals here, not in ~/.local/state/mcbridge
+    return settings_for({**os.environ, "MCBRIDGE_STATE_DIR": str(tmp_path_factory.mktemp("state"))})
 
 
 @pytest.fixture(scope="module")
@@ -401,7 +402,7 @@ def test_cli_errors_are_one_line_with_exit_2_for_bad_options(tree, tmp_path):
 # -- big files, repacking, resuming ------------------------------------------------------------------
 
 def test_big_files_stream_through_tar_in_parts(settings, tmp_path):
-    small_parts = settings_for(dict(os.environ), chunk_size=64 * 1024)
+    small_parts = settings_for({**os.environ, "MCBRIDGE_STATE_DIR": str(tmp_path / "st")}, chunk_size=64 * 1024)
     files = {"ckpt/model.bin": os.urandom(300 * 1024 + 7), "ckpt/meta.json": b"{}"}
     write_tree(tmp_path / "src", files)
     summary = job.pack(f"{tmp_path / 'src'}/", f"{tmp_path / 'set'}/", small_parts, state_dir=tmp_path / "st")
@@ -560,19 +561,24 @@ def test_unpack_from_the_index_url_and_pack_dry_run(tree, packed, settings, tmp_
 
 def test_shards_are_written_in_parallel_within_the_memory_budget(tree, tmp_path, monkeypatch):
     import threading
-    import time
 
     from bridge.packing import writer
     src, _files = tree
     settings = settings_for(dict(os.environ), concurrency=4)
     running, peak, lock = [0], [0], threading.Lock()
+    limit, full = [4], threading.Event()
     original = writer.ShardWriter.write
 
     def tracked(self, name, files):
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
-        time.sleep(0.05)
+            if running[0] >= limit[0]:
+                full.set()
+        # The first writers wait for one another until as many run at once as the limit allows;
+        # the deadline only ends the wait of a run that never gets there (its assert then fails).
+        if not full.wait(timeout=20):
+            full.set()
         try:
             return original(self, name, files)
         finally:
@@ -583,12 +589,13 @@ def test_shards_are_written_in_parallel_within_the_memory_budget(tree, tmp_path,
     plan = job.plan_pack(f"{src}/", f"{tmp_path / 'a'}/", settings, shard_size=128 * 1024)
     assert len(plan.shards) >= 8
     job.execute(plan, settings, state_dir=tmp_path / "st")
-    assert peak[0] == 4                                   # the concurrency setting
+    assert peak[0] == 4                                   # the concurrency setting, never more
     per_writer = job.get_format("tar").memory_per_writer(plan.part_size)
-    peak[0] = 0
+    peak[0], limit[0] = 0, 2
+    full.clear()
     plan = job.plan_pack(f"{src}/", f"{tmp_path / 'b'}/", settings, shard_size=128 * 1024)
     job.execute(plan, settings, state_dir=tmp_path / "st", memory=2 * per_writer)
-    assert peak[0] == 2                                   # the memory budget
+    assert peak[0] == 2                                   # the memory budget, never more
 
 
 def test_verify_checks_the_shard_set_through_its_index(tree, settings, tmp_path):

