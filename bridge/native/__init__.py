@@ -127,14 +127,21 @@ def follow(what: str, poll: Callable[[], Remote], cancel: Callable[[], None], *,
     except (KeyboardInterrupt, JobCancelled) as exc:
         why = str(exc) or "interrupted"
         with sigterm_cancels():   # a second SIGTERM must not cut the cancel short
-            cancel()
-            for _ in range(CANCEL_POLLS):
-                seen = poll()
-                if seen.state != "running":
-                    break
-                time.sleep(min(interval, 1.0))
+            seen = stop_remote(poll, cancel, interval)
         raise JobCancelled(f"{why}: {what} was cancelled at the service (it reports {seen.state}, "
                            f"{seen.files_done} objects copied); no manifest was written") from None
+
+
+def stop_remote(poll: Callable[[], Remote], cancel: Callable[[], None], interval: float) -> Remote:
+    """Cancel a remote job and wait (CANCEL_POLLS polls at most) until the service says it stopped."""
+    cancel()
+    seen = poll()
+    for _ in range(CANCEL_POLLS):
+        if seen.state != "running":
+            break
+        time.sleep(min(interval, 1.0))
+        seen = poll()
+    return seen
 
 
 def _advance(progress: Progress, before: Remote, now: Remote, count_files: bool) -> None:
