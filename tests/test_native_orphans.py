@@ -108,3 +108,70 @@ def test_sts_a_killed_job_for_other_objects_is_cancelled_and_deleted(make_root, 
     assert read_tree(dst, settings) == {**FILES, "new": b"added after the kill"}
     assert mcbridge("verify", dst, "--deep", env=env, state_dir=tmp_path).returncode == 0
     assert sts_left(sts_double) == [] and nothing_recorded(tmp_path)
+
+
+# -- DataSync -----------------------------------------------------------------------------------
+
+def ds_running(double) -> bool:
+    return any(run.state == "running" for _task, run in double.executions.values())
+
+
+def ds_left(double) -> list[str]:
+    """Locations and tasks not deleted, and executions still running."""
+    return ([*double.locations, *double.tasks]
+            + [arn for arn, (_task, run) in double.executions.items() if not run.finished.is_set()])
+
+
+def test_datasync_a_killed_copy_is_adopted_by_its_rerun(make_root, env, datasync_double, tmp_path):
+    settings = settings_for(env)
+    src, dst = make_root("gs"), make_root("s3")
+    fill(src, settings, FILES)
+    datasync_double.paused.set()
+    first = start("datasync", src, dst, env, tmp_path)
+    wait_for(lambda: ds_running(datasync_double), "the task execution to run")
+    kill(first)
+    assert len(ds_left(datasync_double)) == 4 and not nothing_recorded(tmp_path)   # 2 locations, task, execution
+
+    polled = len(datasync_double.calls("DescribeTaskExecution"))
+    rerun = start("datasync", src, dst, env, tmp_path)
+    wait_for(lambda: len(datasync_double.calls("DescribeTaskExecution")) > polled,
+             "the re-run to poll the killed run's execution")
+    assert ds_running(datasync_double)
+    datasync_double.paused.clear()
+    out, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err
+    for operation in ("CreateLocationObjectStorage", "CreateLocationS3", "CreateTask", "StartTaskExecution"):
+        assert len(datasync_double.calls(operation)) == 1, operation
+    ((_task, run),) = datasync_double.executions.values()
+    assert run.state == "success" and run.objects_copied == len(FILES)
+    assert read_tree(dst, settings) == FILES
+    deep = mcbridge("verify", dst, "--deep", env=env, state_dir=tmp_path)
+    assert deep.returncode == 0 and f"OK: {len(FILES)} files" in deep.stdout, deep.stdout + deep.stderr
+    assert ds_left(datasync_double) == [] and nothing_recorded(tmp_path)
+
+
+def test_datasync_a_killed_job_for_other_objects_is_cancelled_and_deleted(make_root, env, datasync_double, tmp_path):
+    settings = settings_for(env)
+    src, dst = make_root("gs"), make_root("s3")
+    fill(src, settings, FILES)
+    datasync_double.paused.set()
+    first = start("datasync", src, dst, env, tmp_path)
+    wait_for(lambda: ds_running(datasync_double), "the task execution to run")
+    kill(first)
+    ((old_arn, (_task, old_run)),) = datasync_double.executions.items()
+    old_made = set(datasync_double.locations) | set(datasync_double.tasks)
+    fill(src, settings, {"new": b"added after the kill"})
+    rerun = start("datasync", src, dst, env, tmp_path)
+    wait_for(old_run.finished.is_set, "the re-run to cancel the killed run's execution")
+    assert old_run.state == "cancelled"
+    assert any(c["TaskExecutionArn"] == old_arn for c in datasync_double.calls("CancelTaskExecution"))
+    datasync_double.paused.clear()
+    out, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err
+    assert len(datasync_double.calls("StartTaskExecution")) == 2
+    deleted = {c.get("TaskArn") or c.get("LocationArn")
+               for c in datasync_double.calls("DeleteTask") + datasync_double.calls("DeleteLocation")}
+    assert old_made <= deleted
+    assert read_tree(dst, settings) == {**FILES, "new": b"added after the kill"}
+    assert mcbridge("verify", dst, "--deep", env=env, state_dir=tmp_path).returncode == 0
+    assert ds_left(datasync_double) == [] and nothing_recorded(tmp_path)
