@@ -175,3 +175,26 @@ def test_datasync_a_killed_job_for_other_objects_is_cancelled_and_deleted(make_r
     assert read_tree(dst, settings) == {**FILES, "new": b"added after the kill"}
     assert mcbridge("verify", dst, "--deep", env=env, state_dir=tmp_path).returncode == 0
     assert ds_left(datasync_double) == [] and nothing_recorded(tmp_path)
+
+
+def test_sts_a_run_killed_before_recording_its_operation_is_found_by_the_job(make_root, env, sts_double, tmp_path):
+    """Killed between ``transferJobs.run`` and writing the operation's name: the re-run finds the
+    operation through the job's latestOperationName and follows it."""
+    from bridge import native
+    from bridge.native import sts
+    from bridge.native.ledger import Ledger
+    settings = settings_for(env, state_dir=str(tmp_path))
+    src, dst = make_root("s3"), make_root("gs")
+    fill(src, settings, FILES)
+    transfer = native.plan("sts", src, dst, settings, sts.PAIRS)
+    client = sts.client_for(settings)
+    name = "transferJobs/mcbridge-killed"
+    Ledger(settings, transfer).begin(route="sts", project="test", job=name)    # as run() records it
+    client.create_transfer_job({"transfer_job": {"name": name, "project_id": "test", "status": 1,
+                                                 "transfer_spec": sts.transfer_spec(transfer, settings)}})
+    client.run_transfer_job({"job_name": name, "project_id": "test"})
+    summary = sts.copy(src, dst, settings)
+    assert summary["route"]["remote"]["job"] == name and summary["route"]["remote"].get("adopted") is True
+    assert len(sts_double.server.calls("/v1/transferJobs")) == 1 and len(sts_double.operations) == 1
+    assert read_tree(dst, settings) == FILES
+    assert sts_left(sts_double) == [] and nothing_recorded(tmp_path)

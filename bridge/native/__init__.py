@@ -14,6 +14,10 @@ bridge's Progress and cancelling the remote job when the bridge job is cancelled
 SIGTERM, or ``stop``); ``commit`` then writes the manifest from what the stores report of each
 object (the bytes never passed through bridge: ``computed`` is empty, see bridge/manifest.py).
 
+What a route creates at the service is recorded in the state dir before it is created
+(bridge/native/ledger.py): a re-run of a copy killed mid-job adopts the remote job it left (or
+cancels it and deletes what bridge created), and a job that ends, however, deletes them.
+
 Source credentials go into the remote job's spec and nowhere else: summaries name the remote
 job and operation, never the spec, and every error line passes through bridge.redact.
 """
