@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("executor", ("bridge.costing", "bridge.ops", "bridge.packing.job", "bridge.packing.unpack",
                   "bridge.replication", "bridge.cache", "bridge.routes.server", "bridge.routes.fromurl",
                   "bridge.routes.delegated", "bridge.routes.sts", "bridge.routes.datasync",
-                  "bridge.routes.native")),
+                  "bridge.routes.native", "bridge.routes.ledger")),
     ("cli", ("bridge.cli", "bridge.__main__")),
     ("workers", ("bridge.workers",)),
 ]

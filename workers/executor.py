@@ -80,8 +80,10 @@ class ProgressSink:
     NAMES = ("bytes_done", "bytes_skipped", "units_done", "units_failed", "files_done", "retries",
              "bytes_through", "fallbacks")
 
-    def __init__(self, jobs: Jobs, job_id: str, queue: str, interval: float = 0.5, route: str = "direct"):
+    def __init__(self, jobs: Jobs, job_id: str, queue: str, interval: float = 0.5, route: str = "direct",
+                 task: str | None = None):
         self.jobs, self.job_id, self.queue, self.interval, self.route = jobs, job_id, queue, interval, route
+        self.task = task
         self.sent = dict.fromkeys(self.NAMES, 0)
         self.last = time.monotonic()
         self.lock = threading.Lock()
@@ -106,7 +108,7 @@ class ProgressSink:
         self.sent, self.last = now, time.monotonic()
         from redis.exceptions import RedisError
         try:
-            self.jobs.add_progress(self.job_id, delta)
+            self.jobs.add_progress(self.job_id, delta, task=self.task)
         except RedisError as exc:  # progress is best effort; the journal is what counts
             log.warning("job %s: progress not recorded: %s", self.job_id, exc)
         metrics.transfer(self.queue, moved=delta["bytes_done"] - delta["bytes_skipped"],
@@ -344,21 +346,36 @@ class Service:
         from bridge.workers.limits import job_limiter
         submitted = self.settings_for(spec).transfer.bwlimit or route_bwlimit(self.ws, spec.destination)
         progress = Progress(limiter=job_limiter(self.r, self.keys, job_id, submitted))
-        sink = ProgressSink(self.jobs, job_id, record.queue, route=sub.get("route") or "direct")
+        sink = ProgressSink(self.jobs, job_id, record.queue, route=sub.get("route") or "direct", task=lease.ref.id)
         progress.listeners.append(sink)
         stop = StopCheck(self.jobs, job_id, lease)
         kind, journal = self.kind(spec), self.journal(record.plan_key)
+        again = hasattr(kind, "marks") and self.r.hexists(self.keys.job(job_id, "seen"), lease.ref.id)
         before = self._marks_before(job_id, lease.ref.id, kind, sub, journal) if hasattr(kind, "marks") else None
+        start = kind.marks(sub, journal) if again else None   # an earlier attempt's worker died
         try:
             ran = kind.run(sub, self.settings_for(spec), journal, progress, stop.units)
         finally:
             if before is not None:  # what finished in this run, whatever happened next
                 self._used(job_id, kind.used(sub, before, kind.marks(sub, journal)))
         sink.close(progress, max_units=ran.units)
+        if start is not None and not lease.lost.is_set():
+            self._recount(job_id, lease.ref.id, progress, kind.used(sub, before, start))
         if ran.errors and not lease.lost.is_set():
             self.jobs.add_errors(job_id, ran.errors)
         return {"ok": not ran.errors, "errors": len(ran.errors), "stopped": stop(),
                 "bytes": progress.bytes_done - progress.bytes_skipped}
+
+    def _recount(self, job_id: str, task: str, progress, earlier: dict[str, int]) -> None:
+        """A task run again after its worker died found that worker's finished units in the
+        journal and counted them as skipped, while the dead worker reported only what it had
+        flushed before the kill: the job's counters get this task's true share instead, every
+        byte the store took from this job counted as sent once (``earlier``: the usage of the
+        units the earlier attempts finished)."""
+        moved_before = sum(v for k, v in earlier.items() if k.endswith("destination.bytes_written"))
+        true = {"bytes_done": progress.bytes_done, "bytes_skipped": max(0, progress.bytes_skipped - moved_before)}
+        got = self.jobs.reported(job_id, task)
+        self.jobs.add_progress(job_id, {k: v - got.get(k, 0) for k, v in true.items()}, task=task)
 
     def _finalize(self, lease: Lease, job_id: str) -> dict:
         record, spec = self._record(job_id)

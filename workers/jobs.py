@@ -211,7 +211,8 @@ class Jobs:
         pipe = self.r.pipeline(transaction=False)
         for key in (self.keys.job(job_id), self.keys.job(job_id, "errors"), self.keys.job(job_id, "done"),
                     self.keys.job(job_id, "pending"), self.keys.job(job_id, "attempts"),
-                    self.keys.job(job_id, "usage"), self.keys.job(job_id, "seen")):
+                    self.keys.job(job_id, "usage"), self.keys.job(job_id, "seen"),
+                    self.keys.job(job_id, "reported")):
             pipe.expire(key, self.ttl)
         pipe.delete(self.keys.job(job_id, "tasks"))
         pipe.execute()
@@ -222,14 +223,24 @@ class Jobs:
         if encoded:
             self.r.hset(self.keys.job(job_id), mapping=encoded)
 
-    def add_progress(self, job_id: str, deltas: dict[str, int]) -> None:
+    def add_progress(self, job_id: str, deltas: dict[str, int], task: str | None = None) -> None:
+        """Add to the job's counters; with ``task``, also to what that task's attempts reported
+        (``reported``: a task run again after its worker died corrects the job's counters)."""
         deltas = {k: v for k, v in deltas.items() if v}
         if not deltas:
             return
         pipe = self.r.pipeline(transaction=False)
         for name, delta in deltas.items():
             pipe.hincrby(self.keys.job(job_id), name, delta)
+            if task is not None:
+                pipe.hincrby(self.keys.job(job_id, "reported"), f"{task}:{name}", delta)
         pipe.execute()
+
+    def reported(self, job_id: str, task: str) -> dict[str, int]:
+        """What the attempts of ``task`` added to the job's counters so far."""
+        fields = self.r.hgetall(self.keys.job(job_id, "reported"))
+        prefix = f"{task}:"
+        return {k[len(prefix):]: int(v) for k, v in fields.items() if k.startswith(prefix)}
 
     def add_errors(self, job_id: str, errors: list[str]) -> None:
         if not errors:

@@ -9,8 +9,9 @@ SAS (``azure.sas_token``, else one bridge signs with the account key for the con
 ``CreateTask`` with ``VerifyMode`` ONLY_FILES_TRANSFERRED (DataSync checks what it wrote) and, for
 one object, an include filter naming it; ``StartTaskExecution``; ``DescribeTaskExecution`` until
 it ends; ``CancelTaskExecution`` when the bridge job is cancelled. Task and locations are deleted
-afterwards. With no agent (``native.datasync_agent_arns`` empty) the task runs in Enhanced mode,
-DataSync's agentless mode between clouds.
+afterwards; their ARNs are recorded in the state dir meanwhile, so that the re-run of a killed
+copy adopts its execution or deletes them (``run``). With no agent (``native.datasync_agent_arns``
+empty) the task runs in Enhanced mode, DataSync's agentless mode between clouds.
 
 S3 reports a full-object CRC32C only for objects written with one; where DataSync left none,
 bridge asks S3 to compute it by copying the object onto itself with ``ChecksumAlgorithm=CRC32C``
@@ -26,7 +27,8 @@ import uuid
 
 from bridge.routes import delegated as native
 from bridge.config import Settings
-from bridge.errors import BridgeError, MissingBackend, PermissionDenied, RouteFailed, RouteUnavailable
+from bridge.errors import BridgeError, JobCancelled, MissingBackend, PermissionDenied, RouteFailed, RouteUnavailable
+from bridge.routes.ledger import Ledger
 from bridge.progress import Progress
 from bridge.stores import get_store
 from bridge.stores.base import GiB, ObjectInfo, Store
@@ -174,60 +176,148 @@ def _with_crc32c(settings: Settings):
     return look
 
 
+def _gone(exc: Exception) -> bool:
+    """Whether DataSync's answer says the resource does not exist (it answers 400 for that)."""
+    return "not found" in _error(exc).lower() or "does not exist" in _error(exc).lower()
+
+
+def _delete(client, made: list[tuple[str, str]]) -> bool:
+    """Delete what bridge created, in reverse; whether all of it is gone."""
+    from botocore.exceptions import BotoCoreError, ClientError
+    gone = True
+    for operation, arn in reversed(made):
+        try:
+            getattr(client, operation)(**({"TaskArn": arn} if operation == "delete_task" else {"LocationArn": arn}))
+        except ClientError as exc:
+            gone = gone and _gone(exc)
+        except BotoCoreError:
+            gone = False
+    return gone
+
+
+def _made(record: dict) -> list[tuple[str, str]]:
+    made = [("delete_location", arn) for arn in record.get("locations", [])]
+    return made + ([("delete_task", record["task"])] if record.get("task") else [])
+
+
+def _adopt(client, ledger: Ledger, interval: float) -> tuple[str, str, list[tuple[str, str]]] | None:
+    """What a killed run of this job left at DataSync: its (task, execution, what to delete)
+    when that execution runs or succeeded for the same objects (the re-run follows it instead of
+    copying everything again); otherwise the execution is cancelled, task and locations deleted,
+    and None returned."""
+    from botocore.exceptions import BotoCoreError, ClientError
+    record = ledger.load()
+    if not record:
+        return None
+    task, arn, made = record.get("task", ""), record.get("execution", ""), _made(record)
+    cancelling = threading.Event()
+    try:
+        if task and not arn:   # killed between start and recording the execution, or before start
+            try:
+                arn = client.describe_task(TaskArn=task).get("CurrentTaskExecutionArn", "")
+            except ClientError as exc:
+                if not _gone(exc):
+                    raise
+        if arn:
+            try:
+                seen = _remote(client, arn, cancelling)
+            except RouteFailed:
+                seen = native.Remote("gone")
+            if seen.state in ("running", "done") and ledger.matches(record):
+                ledger.note(execution=arn)
+                return task, arn, made
+
+            def cancel() -> None:
+                cancelling.set()
+                client.cancel_task_execution(TaskExecutionArn=arn)
+            if seen.state == "running" and native.stop_remote(lambda: _remote(client, arn, cancelling), cancel,
+                                                              interval).state == "running":
+                raise RouteFailed(f"a killed run of this job left DataSync task execution {arn} running and it "
+                                  f"does not stop; cancel it in the console", moved_data=True)
+    except (ClientError, BotoCoreError) as exc:
+        raise RouteFailed(native.one_line(f"a killed run of this job left {arn or task or 'locations'} at DataSync "
+                                          f"and bridge cannot reach it to adopt or cancel it: {_error(exc)}"),
+                          moved_data=True) from None
+    if not _delete(client, made):
+        raise RouteFailed(native.one_line(f"a killed run of this job left {task or 'locations'} at DataSync and "
+                                          f"bridge cannot delete them; run the copy again"), moved_data=True)
+    ledger.drop()
+    return None
+
+
 def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, stop: threading.Event | None = None,
         count_files: bool = True, client=None, before_start=lambda: None) -> dict:
     """Create the locations and the task, call ``before_start``, start an execution and follow
     it to the end; task and locations are deleted afterwards. Returns the remote names.
-    RouteFailed(moved_data=False) when the service refused before any byte could move."""
+    RouteFailed(moved_data=False) when the service refused before any byte could move.
+
+    Each ARN is recorded in the state dir (bridge/routes/ledger.py) as the service gives it,
+    and the execution's once started: a re-run after a kill follows that execution when it still
+    runs (or succeeded) for the same objects, rather than starting a second one; otherwise it
+    cancels it and deletes the task and locations first. (A kill in the instant between the
+    service creating a location and bridge reading its answer leaves that location unrecorded.)"""
     from botocore.exceptions import BotoCoreError, ClientError
 
     requests = [location_request(transfer.src_root, settings, False),
                 location_request(transfer.dst_root, settings, True)]
     client = client or client_for(settings)
-    made: list[tuple[str, str]] = []      # (delete operation, arn), undone in reverse at the end
+    ledger = Ledger(settings, transfer)
+    interval = settings.native.poll_interval
     cancelling = threading.Event()
+    adopted = _adopt(client, ledger, interval)
+    final = native.Remote("failed", error="not started")
+    made: list[tuple[str, str]] = []      # (delete operation, arn), undone in reverse at the end
     try:
-        try:
-            arns = []
-            for operation, request in requests:
-                arns.append(getattr(client, operation)(**request)["LocationArn"])
-                made.append(("delete_location", arns[-1]))
+        if adopted:
+            task_arn, arn, made = adopted
             del requests
-            task = {"SourceLocationArn": arns[0], "DestinationLocationArn": arns[1],
-                    "Name": f"mcbridge-{uuid.uuid4().hex[:12]}", "TaskMode": "BASIC" if
-                    settings.native.datasync_agent_arns else "ENHANCED",
-                    "Options": {"VerifyMode": "ONLY_FILES_TRANSFERRED", "OverwriteMode": "ALWAYS",
-                                "PreserveDeletedFiles": "PRESERVE", "TransferMode": "ALL"}}
-            if transfer.filtered:
-                task["Includes"] = [{"FilterType": "SIMPLE_PATTERN",
-                                     "Value": "|".join("/" + rel for rel, _ in transfer.objects)}]
-            task_arn = client.create_task(**task)["TaskArn"]
-            made.append(("delete_task", task_arn))
-        except (ClientError, BotoCoreError) as exc:
-            raise _refused("to set up the task", exc) from None
-        before_start()
-        try:
-            arn = client.start_task_execution(TaskArn=task_arn)["TaskExecutionArn"]
-        except (ClientError, BotoCoreError) as exc:
-            raise _refused(f"to start {task_arn}", exc) from None
+            before_start()
+        else:
+            ledger.begin(route=ROUTE, locations=[])
+            try:
+                arns = []
+                for operation, request in requests:
+                    arns.append(getattr(client, operation)(**request)["LocationArn"])
+                    made.append(("delete_location", arns[-1]))
+                    ledger.note(locations=list(arns))
+                del requests
+                task = {"SourceLocationArn": arns[0], "DestinationLocationArn": arns[1],
+                        "Name": f"mcbridge-{uuid.uuid4().hex[:12]}", "TaskMode": "BASIC" if
+                        settings.native.datasync_agent_arns else "ENHANCED",
+                        "Options": {"VerifyMode": "ONLY_FILES_TRANSFERRED", "OverwriteMode": "ALWAYS",
+                                    "PreserveDeletedFiles": "PRESERVE", "TransferMode": "ALL"}}
+                if transfer.filtered:
+                    task["Includes"] = [{"FilterType": "SIMPLE_PATTERN",
+                                         "Value": "|".join("/" + rel for rel, _ in transfer.objects)}]
+                task_arn = client.create_task(**task)["TaskArn"]
+                made.append(("delete_task", task_arn))
+                ledger.note(task=task_arn)
+            except (ClientError, BotoCoreError) as exc:
+                raise _refused("to set up the task", exc) from None
+            before_start()
+            try:
+                arn = client.start_task_execution(TaskArn=task_arn)["TaskExecutionArn"]
+            except (ClientError, BotoCoreError) as exc:
+                raise _refused(f"to start {task_arn}", exc) from None
+            ledger.note(execution=arn)
 
         def cancel() -> None:
             cancelling.set()
             client.cancel_task_execution(TaskExecutionArn=arn)
         final = native.follow(f"DataSync task execution {arn}", lambda: _remote(client, arn, cancelling), cancel,
-                              interval=settings.native.poll_interval, progress=progress, stop=stop,
-                              count_files=count_files)
+                              interval=interval, progress=progress, stop=stop, count_files=count_files)
+    except JobCancelled:
+        final = native.Remote("cancelled")
+        raise
     finally:
-        for operation, made_arn in reversed(made):
-            try:
-                getattr(client, operation)(**({"TaskArn": made_arn} if operation == "delete_task"
-                                              else {"LocationArn": made_arn}))
-            except (ClientError, BotoCoreError):
-                pass   # only tidying up: a task left behind does not run again by itself
+        # A task left behind does not run again by itself, but it and its locations (which hold
+        # credentials) are bridge's to remove; the record goes with them.
+        if _delete(client, made) and final.state != "running":
+            ledger.drop()
     if final.state != "done":
         raise RouteFailed(native.one_line(f"DataSync task execution {arn} {final.state}: {final.error}"),
                           moved_data=final.files_done > 0 or final.bytes_done > 0)
-    return {"service": "datasync", "task": task_arn, "execution": arn}
+    return {"service": "datasync", "task": task_arn, "execution": arn, **({"adopted": True} if adopted else {})}
 
 
 def copy(source: str, destination: str, settings: Settings, *, progress: Progress | None = None,

@@ -14,6 +14,10 @@ bridge's Progress and cancelling the remote job when the bridge job is cancelled
 SIGTERM, or ``stop``); ``commit`` then writes the manifest from what the stores report of each
 object (the bytes never passed through bridge: ``computed`` is empty, see bridge/manifest.py).
 
+What a route creates at the service is recorded in the state dir before it is created
+(bridge/routes/ledger.py): a re-run of a copy killed mid-job adopts the remote job it left (or
+cancels it and deletes what bridge created), and a job that ends, however, deletes them.
+
 Source credentials go into the remote job's spec and nowhere else: summaries name the remote
 job and operation, never the spec, and every error line passes through bridge.redact.
 """
@@ -127,14 +131,21 @@ def follow(what: str, poll: Callable[[], Remote], cancel: Callable[[], None], *,
     except (KeyboardInterrupt, JobCancelled) as exc:
         why = str(exc) or "interrupted"
         with sigterm_cancels():   # a second SIGTERM must not cut the cancel short
-            cancel()
-            for _ in range(CANCEL_POLLS):
-                seen = poll()
-                if seen.state != "running":
-                    break
-                time.sleep(min(interval, 1.0))
+            seen = stop_remote(poll, cancel, interval)
         raise JobCancelled(f"{why}: {what} was cancelled at the service (it reports {seen.state}, "
                            f"{seen.files_done} objects copied); no manifest was written") from None
+
+
+def stop_remote(poll: Callable[[], Remote], cancel: Callable[[], None], interval: float) -> Remote:
+    """Cancel a remote job and wait (CANCEL_POLLS polls at most) until the service says it stopped."""
+    cancel()
+    seen = poll()
+    for _ in range(CANCEL_POLLS):
+        if seen.state != "running":
+            break
+        time.sleep(min(interval, 1.0))
+        seen = poll()
+    return seen
 
 
 def _advance(progress: Progress, before: Remote, now: Remote, count_files: bool) -> None:

@@ -32,7 +32,9 @@ import uuid
 
 from bridge.routes import delegated as native
 from bridge.config import Settings
-from bridge.errors import InvalidOption, MissingBackend, PermissionDenied, RouteFailed, RouteUnavailable
+from bridge.errors import (InvalidOption, JobCancelled, MissingBackend, PermissionDenied, RouteFailed,
+                           RouteUnavailable)
+from bridge.routes.ledger import Ledger
 from bridge.progress import Progress
 from bridge.redact import redact
 from bridge.stores import get_store
@@ -188,12 +190,16 @@ def _failure(doing: str, exc: Exception) -> RouteFailed | PermissionDenied:
 
 def _remote(client, op_name: str) -> native.Remote:
     from google.api_core import exceptions as gexc
-    from google.cloud import storage_transfer
     try:
         op = client.get_operation({"name": op_name})
     except (gexc.GoogleAPICallError, gexc.RetryError, OSError) as exc:
         raise RouteFailed(native.one_line(f"lost track of Storage Transfer Service operation {op_name} (it may "
                                           f"still run; see it in the console): {exc}"), moved_data=True) from None
+    return _read(op)
+
+
+def _read(op) -> native.Remote:
+    from google.cloud import storage_transfer
     meta = storage_transfer.TransferOperation.deserialize(op.metadata.value)
     counters = meta.counters
     status = storage_transfer.TransferOperation.Status
@@ -210,46 +216,118 @@ def _remote(client, op_name: str) -> native.Remote:
     return native.Remote(state, int(counters.objects_copied_to_sink), int(counters.bytes_copied_to_sink), error)
 
 
+def _delete_job(client, job_name: str, project: str) -> bool:
+    """Delete a transfer job bridge created; whether it is gone (a job already deleted is)."""
+    from google.api_core import exceptions as gexc
+    try:
+        client.delete_transfer_job({"job_name": job_name, "project_id": project})
+    except gexc.NotFound:
+        return True
+    except (gexc.GoogleAPICallError, gexc.RetryError, OSError):
+        return False
+    return True
+
+
+def _adopt(client, ledger: Ledger, interval: float) -> tuple[str, str, str] | None:
+    """What a killed run of this job left at the service: its (job, operation, project) when that
+    operation runs or succeeded for the same objects (the re-run follows it instead of copying
+    everything again); otherwise the operation is cancelled, the job deleted and None returned."""
+    from google.api_core import exceptions as gexc
+    record = ledger.load()
+    if not record:
+        return None
+    job_name, project, op_name = record.get("job", ""), record.get("project", ""), record.get("operation", "")
+    try:
+        if job_name and not op_name:   # killed between run and recording its operation, or before run
+            try:
+                op_name = client.get_transfer_job({"job_name": job_name, "project_id": project}).latest_operation_name
+            except gexc.NotFound:
+                op_name = ""
+        if op_name:
+            try:
+                seen = _read(client.get_operation({"name": op_name}))
+            except gexc.NotFound:
+                seen = native.Remote("gone")
+            if seen.state in ("running", "done") and ledger.matches(record):
+                ledger.note(operation=op_name)
+                return job_name, op_name, project
+            if seen.state == "running":
+                seen = native.stop_remote(lambda: _remote(client, op_name),
+                                          lambda: client.cancel_operation({"name": op_name}), interval)
+                if seen.state == "running":
+                    raise RouteFailed(f"a killed run of this job left Storage Transfer Service operation {op_name} "
+                                      f"running and it does not stop; cancel it in the console", moved_data=True)
+    except (gexc.GoogleAPICallError, gexc.RetryError, OSError) as exc:
+        raise RouteFailed(native.one_line(f"a killed run of this job left {job_name or op_name} at Storage Transfer "
+                                          f"Service and bridge cannot reach it to adopt or cancel it: {exc}"),
+                          moved_data=True) from None
+    if job_name and not _delete_job(client, job_name, project):
+        raise RouteFailed(f"a killed run of this job left {job_name} at Storage Transfer Service and bridge "
+                          f"cannot delete it; run the copy again", moved_data=True)
+    ledger.drop()
+    return None
+
+
 def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, stop: threading.Event | None = None,
         count_files: bool = True, client=None, list_url: str | None = None, before_start=lambda: None) -> dict:
     """Create the transfer job, call ``before_start``, run it and follow its operation to the
     end; the job is deleted afterwards. Returns the names of the remote job and operation.
-    RouteFailed(moved_data=False) when the service refused before any byte could move."""
+    RouteFailed(moved_data=False) when the service refused before any byte could move.
+
+    The job's name is recorded in the state dir (bridge/routes/ledger.py) before it is created,
+    and its operation's once it runs: a re-run after a kill follows that operation when it still
+    runs (or succeeded) for the same objects, rather than starting a second one."""
     from google.api_core import exceptions as gexc
     from google.cloud import storage_transfer
 
     project = _project(settings)
     client = client or client_for(settings)
-    job_name = f"transferJobs/mcbridge-{uuid.uuid4().hex}"
-    job = {"name": job_name, "project_id": project, "status": storage_transfer.TransferJob.Status.ENABLED,
-           "description": f"mcbridge copy to {transfer.dst_root}"[:1024],
-           "transfer_spec": transfer_spec(transfer, settings, list_url)}
-    try:
-        client.create_transfer_job({"transfer_job": job})
-    except (gexc.GoogleAPICallError, gexc.RetryError, OSError) as exc:
-        raise _failure("to create the transfer job", exc) from None
-    del job
-    try:
+    ledger = Ledger(settings, transfer)
+    interval = settings.native.poll_interval
+    adopted = _adopt(client, ledger, interval)
+    if adopted:
+        job_name, op_name, project = adopted
         before_start()
+    else:
+        job_name = f"transferJobs/mcbridge-{uuid.uuid4().hex}"
+        job = {"name": job_name, "project_id": project, "status": storage_transfer.TransferJob.Status.ENABLED,
+               "description": f"mcbridge copy to {transfer.dst_root}"[:1024],
+               "transfer_spec": transfer_spec(transfer, settings, list_url)}
+        ledger.begin(route=ROUTE, project=project, job=job_name)
         try:
-            started = client.run_transfer_job({"job_name": job_name, "project_id": project})
+            client.create_transfer_job({"transfer_job": job})
         except (gexc.GoogleAPICallError, gexc.RetryError, OSError) as exc:
-            raise _failure(f"to run {job_name}", exc) from None
-        op_name = started.operation.name
+            if _delete_job(client, job_name, project):   # a create that timed out may have happened
+                ledger.drop()
+            raise _failure("to create the transfer job", exc) from None
+        del job
+    final = native.Remote("failed", error="not started")
+    try:
+        if not adopted:
+            before_start()
+            try:
+                started = client.run_transfer_job({"job_name": job_name, "project_id": project})
+            except (gexc.GoogleAPICallError, gexc.RetryError, OSError) as exc:
+                raise _failure(f"to run {job_name}", exc) from None
+            op_name = started.operation.name
+            ledger.note(operation=op_name)
         final = native.follow(f"transfer operation {op_name}", lambda: _remote(client, op_name),
                               lambda: client.cancel_operation({"name": op_name}),
-                              interval=settings.native.poll_interval, progress=progress, stop=stop,
-                              count_files=count_files)
+                              interval=interval, progress=progress, stop=stop, count_files=count_files)
+    except JobCancelled:
+        final = native.Remote("cancelled")
+        raise
     finally:
-        try:
-            client.delete_transfer_job({"job_name": job_name, "project_id": project})
-        except (gexc.GoogleAPICallError, gexc.RetryError, OSError):
-            pass   # a one-time job without a schedule never runs again; deleting it only tidies up
+        # A one-time job without a schedule never runs again; deleting it leaves nothing behind.
+        # The record goes with it, unless the operation may still run (the service unreachable).
+        if _delete_job(client, job_name, project) and final.state != "running":
+            ledger.drop()
     if final.state != "done":
         raise RouteFailed(native.one_line(f"Storage Transfer Service operation {op_name} {final.state}: "
                                           f"{final.error}"),
                           moved_data=final.files_done > 0 or final.bytes_done > 0)
-    return {"service": "storage-transfer", "project": project, "job": job_name, "operation": op_name}
+    return {"service": "storage-transfer", "project": project, "job": job_name, "operation": op_name,
+            **({"adopted": True} if adopted else {})}
 
 
 def copy(source: str, destination: str, settings: Settings, *, progress: Progress | None = None,

@@ -164,6 +164,25 @@ class AzureSide(Side):
         self.container.upload_blob(self.prefix + rel, data, overwrite=True)
 
 
+class Pausable(Side):
+    """A source that, while ``paused`` is set, holds the run before reading its next object (a
+    test keeps a remote job running as long as it needs); a cancel request lets it go on to stop."""
+
+    def __init__(self, side: Side, paused: threading.Event, cancelled: threading.Event):
+        self.side, self.paused, self.cancelled = side, paused, cancelled
+
+    def list(self) -> list[tuple[str, int]]:
+        return self.side.list()
+
+    def read(self, rel: str) -> bytes:
+        while self.paused.is_set() and not self.cancelled.wait(0.02):
+            pass
+        return self.side.read(rel)
+
+    def write(self, rel: str, data: bytes) -> None:
+        self.side.write(rel, data)
+
+
 # -- a run --------------------------------------------------------------------------------------
 
 @dataclass
@@ -185,6 +204,12 @@ class Run:
     bytes_failed: int = 0
     cancel_requested: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
+
+    def pausable(self, paused: threading.Event) -> Run:
+        """Hold the run before each object while ``paused`` is set (see Pausable)."""
+        source = self.source
+        self.source = lambda: Pausable(source(), paused, self.cancel_requested)
+        return self
 
     def start(self) -> Run:
         threading.Thread(target=self._run, daemon=True).start()

@@ -15,6 +15,7 @@ shape (HTTP 400, ``{"__type": "InvalidRequestException", "message": ...}``):
     DescribeTaskExecution        Status (QUEUED, TRANSFERRING, SUCCESS, ERROR), Estimated*, FilesTransferred,
                                  BytesWritten, BytesTransferred, FilesVerified, Result.ErrorCode/ErrorDetail
     CancelTaskExecution          the execution stops before its next object and ends ERROR, cancelled
+    DescribeTask                 Status (AVAILABLE, RUNNING), CurrentTaskExecutionArn (its latest)
     DeleteTask, DeleteLocation
 
 An execution moves the bytes: S3 locations are buckets of the moto given to the double (the role
@@ -29,8 +30,8 @@ for locations with that role.
 Not emulated: SigV4 checking (any signature passes), agents and their activation, NFS/SMB/HDFS/EFS/
 FSx locations, Excludes, manifests, task reports, schedules, CloudWatch logging, Options other than
 VerifyMode (overwrite, preserve, bandwidth), the verification pass itself (FilesVerified is the
-count copied), List*/Describe* calls other than DescribeTaskExecution, the minutes the service
-takes to launch an execution.
+count copied), List* calls, Describe* calls other than DescribeTask and DescribeTaskExecution,
+the minutes the service takes to launch an execution.
 """
 
 from __future__ import annotations
@@ -72,11 +73,13 @@ def _matches(rel: str, patterns: list[str]) -> bool:
 
 class DataSyncDouble:
     """``DataSyncDouble(s3_endpoint=moto.endpoint)`` as a context manager; ``delay`` seconds
-    between objects of an execution."""
+    between objects of an execution; while ``paused`` is set, executions hold before their next
+    object."""
 
     def __init__(self, *, s3_endpoint: str, delay: float = 0.0):
         self.s3_endpoint, self.delay = s3_endpoint, delay
         self.deny_role: str | None = None
+        self.paused = threading.Event()     # set: executions hold before their next object
         self.locations: dict[str, dict] = {}
         self.tasks: dict[str, dict] = {}
         self.executions: dict[str, tuple[dict, Run]] = {}
@@ -92,6 +95,7 @@ class DataSyncDouble:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.paused.clear()
         for _task, run in self.executions.values():
             run.cancel()
         self.server.stop()
@@ -177,8 +181,24 @@ class DataSyncDouble:
             if rule.get("FilterType") != "SIMPLE_PATTERN" or not rule.get("Value"):
                 raise ApiError(400, "InvalidRequestException", "Includes need FilterType SIMPLE_PATTERN and a Value")
         arn = self._arn("task", "task")
-        self.tasks[arn] = {**doc, "VerifyMode": verify, "TaskMode": mode}
+        self.tasks[arn] = {**doc, "VerifyMode": verify, "TaskMode": mode, "CreationTime": now_rfc3339()}
         return {"TaskArn": arn}
+
+    def _op_DescribeTask(self, doc: dict) -> dict:
+        arn = _need(doc, "TaskArn")
+        task = self.tasks.get(arn)
+        if task is None:
+            raise ApiError(400, "InvalidRequestException", f"task {arn} not found")
+        runs = [(a, r) for a, (t, r) in self.executions.items() if t is task]
+        out = {"TaskArn": arn, "Name": task.get("Name", ""), "TaskMode": task["TaskMode"],
+               "Status": "RUNNING" if any(not r.finished.is_set() for _a, r in runs) else "AVAILABLE",
+               "SourceLocationArn": task["SourceLocationArn"],
+               "DestinationLocationArn": task["DestinationLocationArn"],
+               "Options": {**task.get("Options", {}), "VerifyMode": task["VerifyMode"]},
+               "Includes": task.get("Includes", []), "CreationTime": task["CreationTime"]}
+        if runs:
+            out["CurrentTaskExecutionArn"] = runs[-1][0]
+        return out
 
     def _op_DeleteTask(self, doc: dict) -> dict:
         if self.tasks.pop(_need(doc, "TaskArn"), None) is None:
@@ -211,7 +231,7 @@ class DataSyncDouble:
                       self._side(self.locations[task["DestinationLocationArn"]]),
                       include=lambda rel: not patterns or _matches(rel, patterns), delay=self.delay)
             arn = f"{task_arn}/execution/exec-{uuid.uuid4().hex[:17]}"
-            self.executions[arn] = (task, run.start())
+            self.executions[arn] = (task, run.pausable(self.paused).start())
         return {"TaskExecutionArn": arn}
 
     def _execution(self, doc: dict) -> tuple[str, dict, Run]:

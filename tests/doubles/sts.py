@@ -12,7 +12,8 @@ Emulated, with the documented required fields checked and refused in Google's er
                                                      a client-chosen name must match the documented
                                                      pattern; paths are "" or end with "/"
     POST   /v1/transferJobs/{id}:run                 projectId; starts an operation
-    GET    /v1/transferJobs/{id}?projectId=          the job, credentials left out (input-only)
+    GET    /v1/transferJobs/{id}?projectId=          the job, credentials left out (input-only), with
+                                                     latestOperationName once it has run
     DELETE /v1/transferJobs/{id}?projectId=
     GET    /v1/transferOperations/{id}               google.longrunning.Operation whose metadata is a
                                                      TransferOperation: status, counters, errorBreakdowns
@@ -27,7 +28,7 @@ object's size and MD5), into fake-gcs-server, under ``gcsDataSink.path`` (an HTT
 Not emulated: authentication (any caller is accepted), IAM (a roleArn is checked for form only,
 and S3 is then read with moto's test keys), schedules and event-driven jobs, agent pools and
 POSIX/HDFS sources, the service agent's access to GCS buckets, transferOptions (overwrite, delete, metadata), manifests,
-logging and notifications, the job's latestOperationName, pagination of list calls, the
+logging and notifications, pagination of list calls, the
 service's own retries and parallelism, the minutes a real job takes to be scheduled.
 """
 
@@ -101,7 +102,8 @@ class HttpListSide(Side):
 
 class StorageTransferDouble:
     """``StorageTransferDouble(s3_endpoint=..., gcs_endpoint=..., azure_endpoint=...)`` as a
-    context manager; ``azure_endpoint`` may hold ``{account}``. ``delay`` seconds between objects."""
+    context manager; ``azure_endpoint`` may hold ``{account}``. ``delay`` seconds between objects;
+    while ``paused`` is set, operations hold before their next object."""
 
     def __init__(self, *, gcs_endpoint: str, s3_endpoint: str | None = None, azure_endpoint: str | None = None,
                  delay: float = 0.0):
@@ -109,6 +111,7 @@ class StorageTransferDouble:
         self.delay = delay
         self.deny_projects: set[str] = set()
         self.quota_exhausted = False
+        self.paused = threading.Event()     # set: operations hold before their next object
         self.jobs: dict[str, dict] = {}
         self.operations: dict[str, tuple[dict, Run]] = {}
         self._lock = threading.Lock()
@@ -123,6 +126,7 @@ class StorageTransferDouble:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.paused.clear()
         for _op, run in self.operations.values():
             run.cancel()
         self.server.stop()
@@ -243,7 +247,8 @@ class StorageTransferDouble:
         meta = {"@type": "type.googleapis.com/google.storagetransfer.v1.TransferOperation", "name": op_name,
                 "projectId": job["projectId"], "transferSpec": self._public(job)["transferSpec"],
                 "transferJobName": name, "startTime": now_rfc3339()}
-        self.operations[op_name] = (meta, run.start())
+        job["latestOperationName"] = op_name
+        self.operations[op_name] = (meta, run.pausable(self.paused).start())
         return self._operation(op_name)
 
     def _source(self, spec: dict):
