@@ -32,7 +32,8 @@ try:
                                     DryOpt, JsonOpt, MaxCostOpt, ProfileOpt, ProgressBar, QuietOpt, StoreSumOpt, emit,
                                     err, out, print_plan, settings_from_flags)
     from bridge.errors import BridgeError
-    from bridge.redact import redact
+    from bridge.cli.console import PrintableFormatter
+    from bridge.redact import RedactingFilter, redact
     gc.freeze()
 finally:
     if _collecting:
@@ -117,7 +118,19 @@ def fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def log_to_stderr() -> None:
+    """What bridge's and the SDKs' loggers say at WARNING and above reaches stderr as Python's
+    last-resort handler would print it, but masked and escaped like every console line."""
+    import logging
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(PrintableFormatter())
+    handler.addFilter(RedactingFilter())
+    logging.getLogger().addHandler(handler)
+
+
 def main() -> None:
+    log_to_stderr()
     try:
         code = _run(sys.argv[1:])  # returns the code of a typer.Exit
     except BridgeError as exc:
