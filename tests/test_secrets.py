@@ -314,3 +314,28 @@ def test_names_with_control_characters_are_escaped_from_s3(moto, emulator_env, t
     assert r.returncode == 1
     _no_raw_controls(r.stdout + r.stderr, "verify")
     assert "extra       x\\x1b[2Jy.txt" in r.stdout and "missing     del\\x7fd.txt" in r.stdout
+
+
+def test_policy_run_reports_are_stored_masked(secrets, redis_url):
+    """What a policy run stores per destination (the job's replicas, the policy's state) quotes
+    the children's errors and retention's listing error: stored masked, in real Redis."""
+    from workers.jobs import Jobs
+    from workers.keys import Keys, redis_client
+    from workers.replicas import PolicyState
+    from workers.specs import parse_spec
+    from workers.testing import purge_namespace
+    namespace = f"mcbt-{uuid.uuid4().hex[:10]}"
+    client, keys = redis_client(redis_url), Keys(namespace)
+    problem = f"az://cont/a/: cannot reach the Azure endpoint {secrets.dead}/?{secrets.sas}: ServiceRequestError"
+    try:
+        jobs = Jobs(client, keys, ttl=60)
+        job_id = jobs.create(parse_spec({"kind": "replicate", "source": "s3://src-b/ck/",
+                                         "destinations": ["az://cont/a/"]}), queue="bridge.control")
+        row = {"ok": False, "newest_verified": "step-1", "errors": [problem]}
+        jobs.update(job_id, replicas={"az://cont/a/": row}, verify={"ok": False, "error": problem})
+        PolicyState(client, keys).put("golden", "az://cont/a/", row)
+        stored = _namespace_dump(client, namespace)
+        assert f"sig={MASK}" in stored and secrets.leaks(stored) == []
+        assert PolicyState(client, keys).destinations("golden")["az://cont/a/"]["newest_verified"] == "step-1"
+    finally:
+        purge_namespace(redis_url, namespace)
