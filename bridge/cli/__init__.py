@@ -120,11 +120,22 @@ def fail(message: str, code: int) -> None:
 
 def log_to_stderr() -> None:
     """What bridge's and the SDKs' loggers say at WARNING and above reaches stderr as Python's
-    last-resort handler would print it, but masked and escaped like every console line."""
+    last-resort handler would print it (only what no logger of its own handles or silences, as
+    google.auth does with a NullHandler), but masked and escaped like every console line."""
     import logging
+
+    def unhandled(record: logging.LogRecord) -> bool:
+        logger = logging.getLogger(record.name)
+        while logger is not logging.root:
+            if logger.handlers:
+                return False
+            logger = logger.parent
+        return True
+
     handler = logging.StreamHandler()
     handler.setLevel(logging.WARNING)
     handler.setFormatter(PrintableFormatter())
+    handler.addFilter(unhandled)
     handler.addFilter(RedactingFilter())
     logging.getLogger().addHandler(handler)
 
