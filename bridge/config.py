@@ -37,6 +37,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
+from bridge import redact
 from bridge.errors import InvalidOption
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
@@ -64,6 +65,7 @@ class SecretStr:
 
     def __init__(self, value: str):
         self._value = value
+        redact.remember(value)   # masked in any text that leaves the process, even bare
 
     def get_secret_value(self) -> str:
         return self._value

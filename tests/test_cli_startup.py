@@ -14,7 +14,7 @@ import typer
 from rich.console import Console as RichConsole
 
 from bridge import cli
-from bridge.cli.console import Console
+from bridge.cli.console import Console, printable
 from tests.helpers import mcbridge
 
 
@@ -94,13 +94,16 @@ LINES = ["copied 1 files, 6 B in 0.1s (70 B/s); manifest /tmp/x/_bridge/manifest
 @pytest.mark.parametrize("soft_wrap", [None, True])
 @pytest.mark.parametrize("options", [dict(highlight=False, soft_wrap=True), dict(highlight=False)])
 def test_the_console_prints_what_rich_prints(options, soft_wrap, markup, monkeypatch):
+    """What rich prints of the line with its control characters escaped (bell, CR, ESC: the
+    console escapes them, where rich would drop some and pass ESC to the terminal)."""
     for line in LINES:
         for stream_name in ("stdout", "stderr"):
             ours, theirs = io.StringIO(), io.StringIO()
             monkeypatch.setattr(sys, stream_name, ours)
             Console(stderr=stream_name == "stderr", **options).print(line, markup=markup, soft_wrap=soft_wrap)
             monkeypatch.setattr(sys, stream_name, theirs)
-            RichConsole(stderr=stream_name == "stderr", **options).print(line, markup=markup, soft_wrap=soft_wrap)
+            RichConsole(stderr=stream_name == "stderr", **options).print(printable(line), markup=markup,
+                                                                         soft_wrap=soft_wrap)
             assert ours.getvalue() == theirs.getvalue(), (line, stream_name)
 
 

@@ -8,8 +8,9 @@ so a cancel and a finishing worker cannot both win::
        \\__________\\__________\\_____________> cancelled   (not once verifying: the copy is done)
 
 Progress counters are incremented by the tasks as they go (HINCRBY); the rate is derived when the
-record is read. Errors are redacted before they are stored, and only the first ``MAX_ERRORS`` are
-kept (with a count of all). A finished job's keys expire after ``job_ttl``.
+record is read. Errors are redacted before they are stored, and so are the reports a job keeps
+(``REPORTS``: per-destination rows of a policy run, the verify summary, the route), which quote
+errors; only the first ``MAX_ERRORS`` errors are kept (with a count of all). A finished job's keys expire after ``job_ttl``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.workers.keys import Keys
-from bridge.redact import redact
+from bridge.redact import redact, redact_data
 from bridge.workers.specs import JobSpec
 
 STATES = ("awaiting-approval", "queued", "planning", "running", "verifying", "succeeded", "failed", "cancelled")
@@ -29,6 +30,7 @@ ACTIVE = ("awaiting-approval", "queued", "planning", "running", "verifying")
 TERMINAL = ("succeeded", "failed", "cancelled")
 CANCELLABLE = ("awaiting-approval", "queued", "planning", "running")
 MAX_ERRORS = 50
+REPORTS = ("replicas", "verify", "route")   # fields shown to people, never read back to run work
 
 COUNTERS = ("bytes_total", "files_total", "units_total", "tasks_total", "tasks_done", "bytes_done",
             "bytes_skipped", "units_done", "units_failed", "files_done", "retries", "requeued",
@@ -218,6 +220,7 @@ class Jobs:
         pipe.execute()
 
     def update(self, job_id: str, **fields: Any) -> None:
+        fields = {k: redact_data(v) if k in REPORTS else v for k, v in fields.items()}
         encoded = {k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in fields.items()
                    if v is not None}
         if encoded:

@@ -27,6 +27,7 @@ from datetime import timedelta
 from typing import Any
 
 from bridge.errors import BridgeError
+from bridge.redact import redact
 from bridge.policies import replication as rules
 from bridge.policies.replication import NamedPolicy, Policy
 from bridge.workers import metrics
@@ -83,6 +84,7 @@ class PolicyState:
         return {dst: json.loads(raw) for dst, raw in self.r.hgetall(self.keys.policy(name)).items()}
 
     def put(self, name: str, destination: str, state: dict[str, Any]) -> None:
+        state = {**state, "errors": [redact(e) for e in state.get("errors", [])]}   # they quote SDK errors
         self.r.hset(self.keys.policy(name), destination, json.dumps(state))
 
     def add_spend(self, name: str, destination: str, usd: float) -> None:

@@ -32,7 +32,8 @@ try:
                                     DryOpt, JsonOpt, MaxCostOpt, ProfileOpt, ProgressBar, QuietOpt, StoreSumOpt, emit,
                                     err, out, print_plan, settings_from_flags)
     from bridge.errors import BridgeError
-    from bridge.redact import redact
+    from bridge.cli.console import PrintableFormatter
+    from bridge.redact import RedactingFilter, redact
     gc.freeze()
 finally:
     if _collecting:
@@ -129,7 +130,30 @@ def fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def log_to_stderr() -> None:
+    """What bridge's and the SDKs' loggers say at WARNING and above reaches stderr as Python's
+    last-resort handler would print it (only what no logger of its own handles or silences, as
+    google.auth does with a NullHandler), but masked and escaped like every console line."""
+    import logging
+
+    def unhandled(record: logging.LogRecord) -> bool:
+        logger = logging.getLogger(record.name)
+        while logger is not logging.root:
+            if logger.handlers:
+                return False
+            logger = logger.parent
+        return True
+
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(PrintableFormatter())
+    handler.addFilter(unhandled)
+    handler.addFilter(RedactingFilter())
+    logging.getLogger().addHandler(handler)
+
+
 def main() -> None:
+    log_to_stderr()
     try:
         code = _run(sys.argv[1:])  # returns the code of a typer.Exit
     except BridgeError as exc:

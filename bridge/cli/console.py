@@ -6,20 +6,63 @@ line is written straight to the stream. Anything else (markup brackets, a possib
 code, other characters, wrapping, JSON, options) goes to the rich console, and once the rich
 console exists (a progress bar, say) every print goes through it, so a live display stays intact.
 A whole ``mcbridge cp ... -q`` thus never imports rich (~50 ms of start-up).
+
+This is also where text leaves the process, so both consoles, whatever printed through them,
+mask secrets (bridge.redact) in every line and every JSON document, and escape control
+characters (C0 but line feed and tab, DEL, C1): an ANSI escape or a carriage return in an object
+name cannot colour the terminal or rewrite a line. A name printed as a field of its own goes
+through ``shown``, which escapes line feed and tab too. JSON stays exact JSON: the encoder
+escapes C0 itself, and DEL and C1 are written as ``\\u`` escapes.
 """
 
 from __future__ import annotations
 
+import json as jsonlib
+import logging
 import os
 import re
 import sys
 from typing import Any
+
+from bridge.redact import redact, redact_data
 
 # What rich would change in a line printed with soft wrap: a markup tag opens with "[", an emoji
 # code is ":name:" (rich's own pattern), and only printable ASCII is left as it is (rich strips
 # some control codes, expands tabs, and may meet a stream that cannot encode the rest).
 _EMOJI_CODE = re.compile(r":\S*?:")
 _PLAIN = re.compile(r"[ -~\n]*")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROL_IN_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_IN_JSON = re.compile(r"[\x7f-\x9f]")   # what json.dumps leaves raw
+
+
+def _escape(match: re.Match) -> str:
+    return f"\\x{ord(match.group()):02x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with its secrets masked and its control characters (but line feed and tab) as
+    ``\\xNN``: what a line may show on a terminal."""
+    return _CONTROL.sub(_escape, redact(text))
+
+
+def shown(name: str) -> str:
+    """An object or file name as one field of a line: every control character as ``\\xNN``."""
+    return _CONTROL_IN_NAME.sub(_escape, name)
+
+
+def json_text(data: Any, *, indent: int | None = 2, default: Any = None) -> str:
+    """``data`` as JSON with its secrets masked and no raw control character."""
+    safe_default = (lambda o: redact_data(default(o))) if default is not None else None
+    text = jsonlib.dumps(redact_data(data), indent=indent, ensure_ascii=False, default=safe_default)
+    return _CONTROL_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+class PrintableFormatter(logging.Formatter):
+    """Log lines as the consoles print: secrets masked, control characters escaped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record))
 
 
 class Console:
@@ -58,12 +101,22 @@ class Console:
         return self._options.get("emoji", True) is False or not _EMOJI_CODE.search(text)
 
     def print(self, *objects: Any, markup: bool | None = None, soft_wrap: bool | None = None, **kwargs: Any) -> None:
+        objects = tuple(printable(o) if isinstance(o, str) else o for o in objects)
         if len(objects) == 1 and not kwargs and self._plain(objects[0], markup, soft_wrap):
             stream = sys.stderr if self._stderr else sys.stdout
             stream.write(objects[0] + "\n")
             stream.flush()
             return
         self.rich.print(*objects, markup=markup, soft_wrap=soft_wrap, **kwargs)
+
+    def print_json(self, json: str | None = None, *, data: Any = None, indent: int | None = 2,
+                   default: Any = None, **kwargs: Any) -> None:
+        """rich's ``print_json``, of the data redacted and with no raw control character."""
+        from rich.highlighter import JSONHighlighter, NullHighlighter
+        text = json_text(jsonlib.loads(json) if json is not None else data, indent=indent, default=default)
+        rendered = (JSONHighlighter() if kwargs.get("highlight", True) else NullHighlighter())(text)
+        rendered.no_wrap, rendered.overflow = True, None
+        self.rich.print(rendered, soft_wrap=True)
 
     # A rich Live (a progress bar given this console) enters the console around each refresh.
     def __enter__(self):

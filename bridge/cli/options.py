@@ -17,7 +17,7 @@ import typer
 
 from bridge import bwlimit as limits
 from bridge.config import parse_rate
-from bridge.cli.console import Console
+from bridge.cli.console import Console, shown
 from bridge.config import Settings, load_settings, parse_size
 from bridge.errors import InvalidOption
 from bridge.progress import Progress, human_bytes
@@ -177,9 +177,9 @@ def print_plan(summary: dict, as_json: bool) -> None:
         return
     for row in summary["plan"]:
         parts = f"{row['parts']} parts of {human_bytes(row['part_size'])}" if row["part_size"] else "1 request"
-        out.print(f"copy {row['path']}  {human_bytes(row['size'])}  ({parts})", markup=False)
+        out.print(f"copy {shown(row['path'])}  {human_bytes(row['size'])}  ({parts})", markup=False)
     for rel in summary.get("delete", []):
-        out.print(f"delete {rel}", markup=False)
+        out.print(f"delete {shown(rel)}", markup=False)
     out.print(f"would copy {summary['files']} files, {human_bytes(summary['bytes'])} from {summary['source']} "
               f"to {summary['destination']} in {summary['units']} units", markup=False)
     route = summary.get("route")

@@ -12,7 +12,7 @@ from bridge import __version__
 from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DeleteOpt, DryOpt,
                                 JsonOpt, MaxCostOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, StoreSumOpt, emit, out,
                                 route_line,
-                                print_plan, settings_from_flags)
+                                print_plan, settings_from_flags, shown)
 from bridge.progress import human_bytes
 
 
@@ -24,7 +24,7 @@ def ls(url: str, profile: ProfileOpt = None, config: ConfigOpt = None, as_json: 
         out.print_json(json.dumps(rows))
         return
     for row in rows:
-        out.print(f"{row['size']:>14}  {row['path']}", markup=False)
+        out.print(f"{row['size']:>14}  {shown(row['path'])}", markup=False)
 
 
 def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
@@ -87,13 +87,13 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
         out.print_json(json.dumps(report))
     else:
         for path in report["missing"]:
-            out.print(f"missing     {path}", markup=False)
+            out.print(f"missing     {shown(path)}", markup=False)
         for path in report["extra"]:
-            out.print(f"extra       {path}", markup=False)
+            out.print(f"extra       {shown(path)}", markup=False)
         for row in report["mismatched"]:
-            out.print(f"mismatched  {row['path']}: {row['reason']}", markup=False)
+            out.print(f"mismatched  {shown(row['path'])}: {row['reason']}", markup=False)
         for row in report["rehashed"]:
-            out.print(f"rehashed    {row['path']}: {row['reason']}", markup=False)
+            out.print(f"rehashed    {shown(row['path'])}: {row['reason']}", markup=False)
         for shard_set in report["shard_sets"]:
             for problem in shard_set["problems"]:
                 out.print(f"shard set   {shard_set['index']}: {problem}", markup=False)
@@ -120,7 +120,7 @@ def uploads(url: str, abort: Annotated[bool, typer.Option("--abort", help="Abort
         out.print_json(json.dumps(rows))
         return
     for row in rows:
-        out.print(f"{'aborted' if abort else 'unfinished'}  {row['object']}  ({row['upload_id']})", markup=False)
+        out.print(f"{'aborted' if abort else 'unfinished'}  {shown(row['object'])}  ({row['upload_id']})", markup=False)
     out.print(f"{len(rows)} unfinished uploads{' aborted' if abort else ''} under {url}", markup=False)
 
 
