@@ -102,14 +102,6 @@ def places(plan: Plan, settings: Settings) -> tuple[Place, Place, Place]:
     return locate(source, settings), locate(plan.destination, settings), host(settings)
 
 
-def choose_route(plan: Plan, settings: Settings, forced: str | None = None) -> Plan:
-    """The one route decision: ``mcbridge plan``, cp, sync, migrate, submit, replicate and the
-    service's policies all ask it (bridge.routes.choose: the forced route, else the first
-    automatic or enabled route that serves the pair, else direct)."""
-    from bridge import routes as runnable_routes
-    return runnable_routes.choose(plan, settings, forced)
-
-
 def route_plan(source: str, destination: str, settings: Settings, *, pack: str | None = None,
                shard_size: int = DEFAULT_SHARD_SIZE, forced: str | None = None, source_class: str | None = None,
                available: list[str] | None = None) -> dict[str, Any]:
@@ -121,7 +113,8 @@ def route_plan(source: str, destination: str, settings: Settings, *, pack: str |
     what_if = bool(pack or available or settings.pricing.available_routes)
     # Unless asked what would happen with packing or with routes assumed available, the route
     # marked chosen is the one cp takes here: the same decision, asked the same way.
-    runs = None if forced or what_if else choose_route(plan, settings)
+    from bridge import routes as runnable_routes
+    runs = None if forced or what_if else runnable_routes.choose(plan, settings)
     usages = {route: estimate.usage(plan, route, shard_size=shard_size, shard_format=pack or "tar")
               for route in routes.ORDER}
     try:

@@ -13,7 +13,6 @@ import gc
 from bridge import bwlimit
 from bridge import manifest as manifests
 from bridge import check
-from bridge import costing
 from bridge import estimate
 from bridge import routes
 from bridge.check import mismatch, reported_crc32c
@@ -90,7 +89,7 @@ def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what:
 def copy(source: str, destination: str, settings: Settings, *, chunk_size: int | None = None,
          progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False,
          max_cost: float | None = None, route: str | None = None) -> dict:
-    plan = costing.choose_route(plan_copy(source, destination, settings, chunk_size), settings, route)
+    plan = routes.choose(plan_copy(source, destination, settings, chunk_size), settings, route)
     _within_budget(plan, settings, max_cost, "copy")
     if dry_run:
         return {"dry_run": True, **plan_summary(plan)}
@@ -201,7 +200,7 @@ def sync(source: str, destination: str, settings: Settings, *, delete: bool = Fa
          chunk_size: int | None = None, progress: Progress | None = None, state_dir: Path | None = None,
          dry_run: bool = False, max_cost: float | None = None, route: str | None = None) -> dict[str, Any]:
     plan, reasons = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size)
-    costing.choose_route(plan, settings, route)
+    routes.choose(plan, settings, route)
     _within_budget(plan, settings, max_cost, "sync")
     counts = {k: len(v) for k, v in reasons.items()}
     if dry_run:
@@ -241,6 +240,6 @@ def job_usages(kind: str, source: str, destinations: list[str], settings: Settin
             plan = plan_copy(source, dst, settings, settings.transfer.chunk_size)
         else:
             plan, _ = plan_sync(source, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size)
-        costing.choose_route(plan, settings, route)
+        routes.choose(plan, settings, route)
         out.append(estimate.usage(plan, plan.route or "direct"))
     return out

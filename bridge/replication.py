@@ -15,8 +15,8 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from bridge import costing
 from bridge import manifest as manifests
+from bridge import routes
 from bridge import ops
 from bridge.config import Settings
 from bridge.engine import Plan
@@ -52,7 +52,7 @@ def plan_checkpoint(policy: rules.Policy, src: str, dst: str, settings: Settings
     plan, _reasons = ops.plan_sync(src, dst, settings, delete=policy.mode == "mirror",
                                    chunk_size=settings.transfer.chunk_size)
     # The route the service's workers would take for the same sync: one decision for both.
-    return costing.choose_route(filtered(plan, policy.include, policy.exclude), settings)
+    return routes.choose(filtered(plan, policy.include, policy.exclude), settings)
 
 
 def remove_checkpoint(url: str, settings: Settings) -> int:

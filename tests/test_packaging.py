@@ -9,6 +9,7 @@ is not seen)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -23,8 +24,14 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("pkg")
+    source = work / "source"   # a copy: setuptools builds in the source tree (build/, *.egg-info)
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    for name in ("bridge", "workers", "policies"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(work / "dist"), str(ROOT)], check=True, capture_output=True, cwd=work)
+                    "-w", str(work / "dist"), str(source)], check=True, capture_output=True, cwd=work)
     wheel = next((work / "dist").glob("*.whl"))
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)

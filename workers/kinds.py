@@ -167,8 +167,8 @@ class Files:
             if spec.include or spec.exclude:
                 from bridge.replication import filtered
                 plan = filtered(plan, spec.include or [], spec.exclude or [])
-        from bridge import costing
-        costing.choose_route(plan, settings, spec.route)
+        from bridge import routes
+        routes.choose(plan, settings, spec.route)
         # A route carries a file whole: its parts are not spread over tasks.
         task_bytes = self.file_task_bytes if plan.route == "direct" else None
         spread = split(plan, task_bytes)

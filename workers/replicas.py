@@ -135,8 +135,9 @@ def start(svc, name: str, policy: Policy) -> str:
     settings = svc.settings_for(spec)
     try:
         kept, plans, _unreachable = run.prepare(policy, settings)
+        from bridge import routes
         for plan in plans.values():   # priced by the route each sync's workers will choose
-            costing.choose_route(plan, settings)
+            routes.choose(plan, settings)
         usd = costing.total_cost([estimate.usage(p, p.route or "direct") for p in plans.values()], settings)
     except BridgeError as exc:
         return _fail(svc, spec, name, f"policy {name}: {exc}")

@@ -38,7 +38,7 @@ writes there, and is taken with --route server), else ``direct``. ``bridge.polic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from bridge.config import Settings
@@ -195,14 +195,11 @@ def runnable(plan: Plan, settings: Settings) -> tuple[list[str], list[str]]:
     return can, why_not
 
 
-Decide = Callable[["Plan", list[str]], tuple[str, str]]
-
-
-def choose(plan: Plan, settings: Settings, forced: str | None = None, decide: Decide | None = None) -> Plan:
+def choose(plan: Plan, settings: Settings, forced: str | None = None) -> Plan:
     """Set ``plan.route`` and ``plan.route_why``: the forced route (bad input, exit 2, when it
-    cannot serve the pair), else, among the ``runnable`` routes, the one ``decide`` picks
-    (bridge.costing.choose_route passes the cost policy's choice: the one decision that ``plan``,
-    cp, sync, submit and replicate all ask), or without it the first that is not direct."""
+    cannot serve the pair), else the first ``runnable`` route that is not direct. The one route decision: ``mcbridge plan`` (which
+    marks it chosen among the priced routes), cp, sync, migrate, submit, replicate and the
+    service's policies all ask it."""
     src, dst = roots(plan)
     if forced is not None and forced != DIRECT:
         route = get(forced)
@@ -219,11 +216,7 @@ def choose(plan: Plan, settings: Settings, forced: str | None = None, decide: De
         plan.route = DIRECT
         plan.route_why = "no other route serves the pair (" + "; ".join(why_not) + ")" if why_not else "the only route"
         return plan
-    if decide is not None:
-        plan.route, plan.route_why = decide(plan, can)
-    else:
-        plan.route = can[1]
-        plan.route_why = _why(plan.route)
+    plan.route, plan.route_why = can[1], _why(can[1])
     return plan
 
 
