@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from bridge import ops
+from bridge.names import NAME_MAX
 from bridge.stores import get_store
+from bridge.stores.local import LocalStore
 from bridge.urls import canonical, parse
 from tests.helpers import mcbridge, settings_for
 
@@ -107,3 +109,65 @@ def test_a_destination_inside_the_source_through_a_link_is_refused(tmp_path):
         r = mcbridge("cp", source, destination, env=env, state_dir=tmp_path / "state")
         assert r.returncode == 2 and "inside it" in one_line(r), (source, destination, r.stderr)
     assert sorted(os.listdir(a)) == ["x.txt"]
+
+
+# -- names up to NAME_MAX bytes -----------------------------------------------------------------
+
+def long_names() -> list[str]:
+    names = []
+    for size in (228, 240, NAME_MAX):
+        names.append(f"{size}-".ljust(size, "a"))
+        stem = f"{size}-".ljust(size - 2 * ((size - 4) // 2), "b")
+        names.append(stem + "é" * ((size - len(stem)) // 2))   # 2 bytes each
+        assert len(names[-1].encode()) == size, (size, len(names[-1].encode()))
+    kanji = "名" * (NAME_MAX // 3)   # 3 bytes each: 255
+    assert len(kanji.encode()) == NAME_MAX
+    return [*names, kanji]
+
+
+def long_tree(root: Path) -> dict[str, bytes]:
+    files = {name: os.urandom(100 + i) for i, name in enumerate(long_names())}
+    files["deep/" + long_names()[2]] = os.urandom(300)
+    files["big/" + "z" * NAME_MAX] = os.urandom(6 * 1024 * 1024 + 17)   # in parts: a partial file
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return files
+
+
+def local_tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*")
+            if p.is_file() and "_bridge" not in p.parts}
+
+
+@pytest.mark.parametrize("via", ["local", *CLOUDS])
+def test_names_of_up_to_name_max_bytes_round_trip(via, make_root, env_for, tmp_path):
+    env = env_for(*(() if via == "local" else (via,)))
+    src = tmp_path / "src"
+    files = long_tree(src)
+    middle = make_root(via) + "long/"
+    back = tmp_path / "back"
+    for source, destination in ((f"{src}/", middle), (middle, f"{back}/")):
+        r = mcbridge("cp", source, destination, "--chunk-size", "5MiB", "-q", env=env, state_dir=tmp_path / "state")
+        assert r.returncode == 0, (source, destination, r.stderr)
+    assert local_tree(back) == files
+    settings = settings_for(env_with_state(env, tmp_path))
+    for url in (middle, f"{back}/"):
+        report = ops.verify(url, settings, deep=True)
+        assert report["ok"] and report["checked"] == len(files), report
+    # No temporary or partial file left behind, in either local folder.
+    assert not [p for p in back.rglob("*") if ".bridge-" in p.name]
+
+
+def test_an_unfinished_upload_to_a_long_name_is_listed_under_that_name(tmp_path):
+    store = LocalStore(settings_for(dict(os.environ)))
+    name = "é" * 127 + "x"
+    loc = parse(f"{tmp_path}/{name}")
+    upload_id = store.begin_upload(loc, 10)
+    store.upload_part(loc, upload_id, 1, 0, b"0123456789", "")
+    assert all(len(os.fsencode(n)) <= NAME_MAX for n in os.listdir(tmp_path))
+    assert list(store.list_uploads(parse(f"{tmp_path}/"))) == [(loc, upload_id)]
+    assert [p.number for p in store.list_parts(loc, upload_id).values()] == [1]
+    store.abort_upload(loc, upload_id)
+    assert os.listdir(tmp_path) == []
