@@ -9,17 +9,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
-from bridge import ops
+from bridge import ops, retry
+from bridge.errors import EndpointUnreachable, StoreDown, TransientError
 from bridge.names import NAME_MAX
 from bridge.stores import get_store
 from bridge.stores.local import LocalStore
 from bridge.urls import canonical, parse
+from tests.faultproxy import FaultProxy, proxied_environment
 from tests.helpers import mcbridge, settings_for
 
 SCHEMES = ("local", "s3", "gs", "az")
@@ -171,3 +175,117 @@ def test_an_unfinished_upload_to_a_long_name_is_listed_under_that_name(tmp_path)
     assert [p.number for p in store.list_parts(loc, upload_id).values()] == [1]
     store.abort_upload(loc, upload_id)
     assert os.listdir(tmp_path) == []
+
+
+# -- a store that goes away mid-copy ------------------------------------------------------------
+
+class Vanishing(FaultProxy):
+    """Forwards the first ``after`` requests, then goes away as a stopped emulator does: it stops
+    listening (new connections are refused) and drops every connection still open."""
+
+    name = "vanishing"
+
+    def __init__(self, upstream: str, after: int):
+        super().__init__(upstream)
+        self.after = after
+        self.gone = False
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        with self._lock:
+            self.counts["seen"] += 1
+            vanish = self.counts["seen"] > self.after
+        if vanish:
+            if not self.gone:
+                self.gone = True
+                for site in list(self._runner.sites):
+                    await site.stop()
+            request.transport.abort()
+            await asyncio.sleep(0)
+            return web.Response(status=503)   # never reaches the client: its connection is gone
+        return await super()._handle(request)
+
+
+def small_tree(root: Path, count: int) -> None:
+    for i in range(count):
+        (root / f"d{i % 5}").mkdir(parents=True, exist_ok=True)
+        (root / f"d{i % 5}" / f"{i:04d}.bin").write_bytes(os.urandom(64 + i))
+
+
+def has_manifest(url: str, env: dict[str, str]) -> bool:
+    root = parse(url).as_prefix()
+    store = get_store(root, settings_for(env))
+    try:
+        store.info(root.join(MANIFEST))
+    except Exception:   # noqa: BLE001  (any answer but the object: not there)
+        return False
+    return True
+
+
+# Each stops within WINDOW plus a retry's wait; unbounded (file by file) they ran for minutes.
+HANG_GUARD = 120
+
+
+@pytest.mark.parametrize("src,dst", [("local", "s3"), ("s3", "gs"), ("local", "az")],
+                         ids=["local-to-s3", "s3-to-gs", "local-to-az"])
+def test_a_destination_that_goes_away_stops_the_job_in_one_line(src, dst, make_root, emulator_for, env_for, tmp_path):
+    env = env_for(*{s for s in (src, dst) if s != "local"})
+    tree = tmp_path / "tree"
+    small_tree(tree, 300)
+    source = f"{tree}/"
+    if src != "local":
+        source = make_root(src) + "tree/"
+        assert mcbridge("cp", f"{tree}/", source, "-q", env=env, state_dir=tmp_path / "seed").returncode == 0
+    target = make_root(dst) + "copy/"
+    with Vanishing(emulator_for(dst).endpoint, after=40) as proxy:
+        proxied = proxied_environment(env, {dst: proxy})
+        r = mcbridge("cp", source, target, "-q", env=proxied, state_dir=tmp_path / "state", timeout=HANG_GUARD)
+        assert proxy.gone, proxy.counts   # it did go away mid-copy
+    line = one_line(r)
+    print(f"{src} -> {dst}: {line}")
+    assert r.returncode == 1, r.stderr
+    assert "stopped: every request to" in line and f"127.0.0.1:{proxy.port}" in line, line
+    assert not has_manifest(target, env)   # nothing looks complete
+
+
+def breaker_at(clock: list[float], **kwargs) -> retry.Breaker:
+    return retry.Breaker(window=20, failures=4, clock=lambda: clock[0], **kwargs)
+
+
+def test_the_breaker_trips_only_on_a_window_of_one_stores_failures_all_alike():
+    now = [0.0]
+    breaker = breaker_at(now)
+    down = EndpointUnreachable("cannot reach the S3 endpoint http://h:1: refused")
+    for t in range(0, 19):            # many failures, but younger than the window
+        now[0] = t
+        breaker.failed("http://h:1", down)
+    assert not breaker.tripped.is_set()
+    breaker.succeeded("http://h:1")   # one success starts the streak again
+    for t in range(19, 40):
+        now[0] = t
+        breaker.failed("http://h:1", down if t % 2 else TransientError("503"))   # two ways, alternating
+        breaker.failed("http://other:2", down)
+        breaker.succeeded("http://other:2")   # another store answering does not clear this one's
+    assert not breaker.tripped.is_set()
+    for _ in range(4):                # then the last four the same way, the streak 20 s old
+        breaker.failed("http://h:1/path?sig=secret", down)
+    assert breaker.tripped.is_set()
+    assert "every request to http://h:1 failed for 20 s" in breaker.reason and "sig" not in breaker.reason
+    with pytest.raises(StoreDown):
+        breaker.check()
+
+
+def test_a_tripped_breaker_stops_the_requests_waiting_to_retry():
+    now = [0.0]
+    breaker = breaker_at(now)
+    calls = []
+
+    def down():
+        calls.append(1)
+        now[0] += 10
+        raise EndpointUnreachable("refused")
+
+    with retry.guarding(breaker), pytest.raises(StoreDown):
+        retry.call_with_retries(down, 20, where="http://h:1")
+    assert breaker.tripped.is_set() and len(calls) == 4   # not 21: it stopped at the trip
+    with retry.guarding(breaker), pytest.raises(StoreDown):
+        retry.call_with_retries(lambda: "never sent", 5, where="http://h:1")
