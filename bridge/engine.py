@@ -40,7 +40,7 @@ from bridge.manifest import FileEntry
 from bridge.progress import Progress
 from bridge.stores import Store, get_store
 from bridge.stores.base import MiB, ObjectInfo
-from bridge.urls import Location, parse
+from bridge.urls import Location, canonical, parse
 
 DEFAULT_PART_SIZE = 8 * MiB  # x concurrency 8: ~64 MiB of parts in flight
 # To a local destination a part is only a range read in one request and written as it arrives
@@ -215,10 +215,19 @@ def _local_dir_exists(loc: Location) -> bool:
 def check_route(src_root: Location, dst_root: Location, objects: list[tuple[str, ObjectInfo]],
                 single: str | None) -> None:
     """Before any byte moves: a destination inside its source would copy into itself (one level
-    deeper each run), and every name must be one the destination holds as written."""
-    if single is None and dst_root.is_within(src_root):
+    deeper each run), an object copied onto itself would be rewritten from itself (and its
+    folder's manifest set aside), and every name must be one the destination holds as written.
+    Links and other spellings are resolved first (``canonical``): ``b/`` where ``b`` is a link to
+    ``a`` is ``a/``."""
+    if single is None and canonical(dst_root).is_within(canonical(src_root)):
         raise InvalidOption(f"the destination {dst_root} is the source {src_root} or inside it: "
                             f"each run would copy the last one's copy again")
+    if single is not None:
+        rel = objects[0][0]
+        target = Location(dst_root.scheme, dst_root.bucket, dst_root.as_prefix().key + rel)
+        if target.same_as(parse(single)):
+            raise InvalidOption(f"the destination {target} is the source object {single} itself: "
+                                f"a copy onto itself would rewrite it from itself; nothing was copied")
     names.refuse(names.problems_for((rel for rel, _ in objects), dst_root.scheme, dst_root.key),
                  f"cannot copy to {dst_root}")
 

@@ -26,6 +26,7 @@
      │                              found before any request, so another route can take the job
      ├── JobCancelled               the job was cancelled (Ctrl-C, SIGTERM) and its remote transfer with it
      └── TransferFailed             a job ended with failed units
+          ├── StoreDown             every recent request to one store failed the same way: the job stopped
           └── RouteFailed           a cloud's transfer service refused or failed the job; ``moved_data``
                                     says whether it may have written anything (if not, ``direct`` can run it)
 
@@ -122,6 +123,10 @@ class OverBudget(BridgeError):
 
 class TransferFailed(BridgeError):
     pass
+
+
+class StoreDown(TransferFailed):
+    """A job's breaker tripped (bridge.retry.Breaker): its requests are not sent any more."""
 
 
 class RouteUnavailable(UsageError):

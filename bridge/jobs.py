@@ -62,8 +62,17 @@ class Context:
     progress: Progress
 
     def run_unit(self, unit: dict) -> dict:
-        with retry.reporting(lambda _exc: self.progress.retried()):
+        with retry.reporting(lambda _exc: self.progress.retried()), retry.guarding(self.breaker):
             return self.ops[unit["op"]](self, unit)
+
+    @property
+    def breaker(self) -> retry.Breaker:
+        """The job's breaker, shared by its units in this process: a store that stopped
+        answering stops the job (bridge.retry.Breaker)."""
+        breaker = self.__dict__.get("_breaker")
+        if breaker is None:
+            breaker = self.__dict__.setdefault("_breaker", retry.Breaker())
+        return breaker
 
     def followups(self, unit: dict) -> list[dict]:
         """Units that become ready when ``unit`` has succeeded."""
@@ -183,6 +192,9 @@ class ThreadExecutor:
             ctx.settle()  # before the manifest, and so that a re-run finds these files finished
         except BridgeError as exc:
             errors.append(describe(exc))
+        breaker = getattr(ctx, "breaker", None)
+        if breaker is not None and breaker.tripped.is_set():   # the one line that says why: the files' errors follow from it
+            return Outcome(False, [redact(breaker.reason)], {})
         if errors or stop.is_set():
             return Outcome(False, errors, {})
         results: dict[str, Any] = {}

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
@@ -59,6 +60,10 @@ class Location:
         return (self.scheme, self.bucket) == (outer.scheme, outer.bucket) and \
             self.as_prefix().key.startswith(outer.as_prefix().key)
 
+    def same_as(self, other: Location) -> bool:
+        """Whether both name the same object or folder, however spelt (``canonical``)."""
+        return canonical(self) == canonical(other)
+
     def relative_to(self, prefix: Location) -> str:
         return self.key[len(prefix.as_prefix().key):]
 
@@ -106,6 +111,24 @@ def parse(url: str, *, empty_segments: bool = False) -> Location:
     if not empty_segments and (key.startswith("/") or "//" in key):
         raise BadURL(f"malformed URL {url!r}: empty path segment in key")
     return Location(scheme, bucket, key)
+
+
+def canonical(loc: Location) -> Location:
+    """The one spelling that every alias of ``loc`` shares, to tell whether two locations are one
+    object or one inside the other: a local path with its links resolved (a link to a folder
+    reaches the folder itself), an Azure name with its '.' and '..' segments resolved as the
+    service resolves them. S3 and GCS keep a key exactly as written, so their keys are their own."""
+    if loc.is_local:
+        real = os.path.realpath(loc.local_path)
+        if loc.is_prefix and real != "/":
+            real += "/"
+        return Location("file", "", real.lstrip("/"))
+    if loc.scheme == "az" and any(seg in (".", "..") for seg in loc.key.split("/")):
+        resolved = posixpath.normpath("/" + loc.key).lstrip("/")
+        if loc.is_prefix and resolved:
+            resolved += "/"
+        return Location(loc.scheme, loc.bucket, resolved)
+    return loc
 
 
 def _local(path: str) -> Location:

@@ -266,7 +266,7 @@ class AzureStore(DirectReads, Store):
         def once():
             with _translate(loc, self.endpoint):
                 return fn()
-        return call_with_retries(once, self.retries, recovered=recovered)
+        return call_with_retries(once, self.retries, recovered=recovered, where=self.endpoint)
 
     def _blob(self, loc: Location):
         return self.client.get_blob_client(loc.bucket, loc.key)

@@ -167,11 +167,11 @@ class GCSStore(DirectReads, Store):
         def once():
             with _translate(loc, self.endpoint):
                 return sync(fs.loop, self._acall, method, path, *args, **kwargs)
-        return call_with_retries(once, self.retries, recovered=recovered)
+        return call_with_retries(once, self.retries, recovered=recovered, where=self.endpoint)
 
     def _direct_call(self, fn):
         """One request of the direct path, retried as _call's are (it raises bridge's errors itself)."""
-        return call_with_retries(fn, self.retries)
+        return call_with_retries(fn, self.retries, where=self.endpoint)
 
     @staticmethod
     def _info(bucket: str, item: dict) -> ObjectInfo:

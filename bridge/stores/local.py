@@ -22,12 +22,14 @@ from typing import Any
 from bridge.config import Settings
 from bridge.errors import BridgeError, ObjectNotFound, PermissionDenied
 from bridge.hashing import FileRegion, crc32c, crc_hex
-from bridge.names import PARTIAL, TEMPORARY, check_local_path
+from bridge.names import NAME_MAX, PARTIAL, TEMPORARY, check_local_path
 from bridge.stores.base import GiB, Features, ObjectInfo, PartRecord, Store
 from bridge.urls import Location
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 OLD_TEMP_AGE = 3600   # seconds: a temporary named without its writer is stale after this
+SHORT_NAME = 16       # hex digits of a long name's digest, in the names of its temporary files
+SIDECAR = ".parts"    # beside a partial file: its finished parts, one JSON line each
 
 # One lock per partial file, held by whichever thread is writing a piece into it. ext4 and most
 # filesystems take the file's inode lock for every buffered write; when the threads of a
@@ -55,10 +57,21 @@ def _host() -> str:
     return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 
 
+def _beside(path: str, suffix: str) -> str:
+    """A name for bridge's own file beside ``path``: ``path`` + ``suffix`` while that fits in
+    one path segment (NAME_MAX bytes), else a short digest of the name + ``suffix`` in the same
+    folder, so that every name the pre-flight check lets through (up to NAME_MAX bytes itself)
+    can be written through its temporary or partial file."""
+    folder, _, name = path.rpartition("/")
+    if len(os.fsencode(name)) + len(os.fsencode(suffix)) <= NAME_MAX:
+        return path + suffix
+    return f"{folder}/{hashlib.sha256(os.fsencode(name)).hexdigest()[:SHORT_NAME]}{suffix}"
+
+
 def _temporary(path: str) -> str:
     """``path`` + TEMPORARY + writer pid . host . random: a later run tells a dead writer's
     leftovers (a killed run: removed) from a live one's (a concurrent run: kept)."""
-    return f"{path}{TEMPORARY}{os.getpid()}.{_host()}.{os.urandom(4).hex()}"
+    return _beside(path, f"{TEMPORARY}{os.getpid()}.{_host()}.{os.urandom(4).hex()}")
 
 
 def _stale(dirpath: str, name: str) -> bool:
@@ -243,8 +256,12 @@ class LocalStore(Store):
 
     # -- multipart: parts pwrite'd into one partial file -----------------------------------
     def _partial(self, loc: Location, upload_id: str) -> str:
+        """``file.<upload id>.bridge-partial``, its sidecar that + ".parts"; for a name too long
+        for that, a digest of the name stands for it, and the sidecar's first line names the
+        file (``list_uploads`` reads it there)."""
         check_local_path(loc.local_path)  # every multipart write goes through here
-        return f"{loc.local_path}.{upload_id}{PARTIAL}"
+        path = _beside(loc.local_path, f".{upload_id}{PARTIAL}{SIDECAR}")
+        return path[: -len(SIDECAR)]
 
     def begin_upload(self, loc: Location, size: int) -> str:
         upload_id = uuid.uuid4().hex[:12]
@@ -253,7 +270,9 @@ class LocalStore(Store):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as f:
                 f.truncate(size)
-            open(path + ".parts", "w").close()
+            with open(path + SIDECAR, "w") as f:
+                if not path.startswith(loc.local_path + "."):
+                    f.write(json.dumps({"target": loc.name}) + "\n")
         return upload_id
 
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
@@ -291,7 +310,7 @@ class LocalStore(Store):
         """Part ``number``, written (write_part), recorded as finished in the upload's list."""
         record = PartRecord(number, size, crc32c, str(offset))
         with _translate(loc):
-            with open(self._partial(loc, upload_id) + ".parts", "a") as f:  # O_APPEND: one line per write, safe across threads
+            with open(self._partial(loc, upload_id) + SIDECAR, "a") as f:  # O_APPEND: one line per write, safe across threads
                 f.write(json.dumps(record.to_dict()) + "\n")
         return record
 
@@ -300,14 +319,17 @@ class LocalStore(Store):
         return FileRegion(self._partial(loc, upload_id), offset, length)
 
     def list_parts(self, loc: Location, upload_id: str) -> dict[int, PartRecord] | None:
-        path = self._partial(loc, upload_id) + ".parts"
+        path = self._partial(loc, upload_id) + SIDECAR
         if not os.path.exists(path):
             return None
         parts: dict[int, PartRecord] = {}
         with open(path) as f:
             for line in f:
                 if line.endswith("\n"):  # a line cut short by a kill is not a finished part
-                    rec = PartRecord.from_dict(json.loads(line))
+                    fields = json.loads(line)
+                    if "target" in fields:
+                        continue   # the header naming a long name's file
+                    rec = PartRecord.from_dict(fields)
                     parts[rec.number] = rec
         return parts
 
@@ -330,14 +352,14 @@ class LocalStore(Store):
                     os.close(fd)
                 os.replace(path, loc.local_path)
                 _fsync_dir(os.path.dirname(loc.local_path))
-            _unlink_quietly(path + ".parts")
+            _unlink_quietly(path + SIDECAR)
             st = os.stat(loc.local_path)
         return ObjectInfo(loc, st.st_size, identity=_identity(st))
 
     def abort_upload(self, loc: Location, upload_id: str) -> None:
         path = self._partial(loc, upload_id)
         _unlink_quietly(path)
-        _unlink_quietly(path + ".parts")
+        _unlink_quietly(path + SIDECAR)
 
     def clean_temporaries(self, folders: Iterable[Location]) -> int:
         """Remove the temporaries of whole-file writes whose writer died (a killed run) in these
@@ -363,7 +385,26 @@ class LocalStore(Store):
                 if name.endswith(PARTIAL):
                     stem = name[: -len(PARTIAL)]
                     target, _, upload_id = stem.rpartition(".")
+                    target = _long_target(os.path.join(dirpath, name)) or target
                     yield Location("file", "", os.path.join(dirpath, target).lstrip("/")), upload_id
+
+
+def _long_target(partial: str) -> str | None:
+    """The name a partial file stands for, from its sidecar's header (a name too long to carry
+    it in the partial file's own name); None if it has none."""
+    try:
+        with open(partial + SIDECAR) as f:
+            first = f.readline()
+    except FileNotFoundError:
+        return None
+    if not first.endswith("\n"):
+        return None
+    try:
+        header = json.loads(first)
+    except ValueError:
+        return None
+    target = header.get("target") if isinstance(header, dict) else None
+    return target if isinstance(target, str) and target and "/" not in target else None
 
 
 def _copy_range(fd_in: int, fd_out: int, size: int) -> None:

@@ -176,7 +176,7 @@ class S3Store(Store):
         def once():
             with _translate(loc, self.endpoint):
                 return fn()
-        return call_with_retries(once, self.retries, recovered=recovered)
+        return call_with_retries(once, self.retries, recovered=recovered, where=self.endpoint or "AWS S3")
 
     def _call(self, loc: Location, method: str, recovered=None, **kwargs):
         def send():

@@ -156,7 +156,7 @@ def each_of(count: int, send: Callable[[int, Link], Awaitable[T]], each: Callabl
 
     async def one(i: int, link: Link) -> None:
         try:
-            each(i, await acall_with_retries(lambda: send(i, link), retries))
+            each(i, await acall_with_retries(lambda: send(i, link), retries, where=origin))
         except BridgeError as exc:
             failures[i] = exc
 
