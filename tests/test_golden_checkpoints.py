@@ -200,3 +200,53 @@ def test_sharded_safetensors_complete_when_every_indexed_shard_is_there(moto, az
                  env=emulator_env, state_dir=tmp_path)
     assert r.returncode == 0, r.stderr
     assert float(load((tmp_path / "back.safetensors").read_bytes())["layers.3.weight"][0, 0]) == 3.0
+
+
+# -- a consistent copy ---------------------------------------------------------------------------
+
+def _manifest_at(url: str, env) -> bool:
+    from bridge import manifest as manifests
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    root = parse(url).as_prefix()
+    return manifests.read(get_store(root, settings_for(env)), root) is not None
+
+
+def test_a_shard_rewritten_mid_copy_commits_nothing_and_is_right_next_run(moto, fake_gcs, emulator_env, tmp_path):
+    src, gbucket = unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    s3 = moto.client()
+    for i in range(4):
+        s3.put_object(Bucket=src, Key=f"golden/step-1/shard-{i}.bin", Body=bytes([i]) * (512 * 1024))
+    s3.put_object(Bucket=src, Key="golden/step-1/.metadata", Body=b"committed")
+    dst = f"gs://{gbucket}/dr/"
+    policy_file = _write_policy(tmp_path, f"s3://{src}/golden/", dst, "    ready: {marker: .metadata}\n")
+    # slow enough (one file at a time, 512 KiB/s) that the source is rewritten while it is copied
+    slow = dict(emulator_env, MCBRIDGE_BWLIMIT="512KiB", MCBRIDGE_CONCURRENCY="1", MCBRIDGE_STATE_DIR=str(tmp_path),
+                XDG_CONFIG_HOME=NO_CONFIG)
+    proc = subprocess.Popen([*MCBRIDGE, "replicate", "--policy", str(policy_file), "--once", "--json"],
+                            env=slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    from google.cloud import storage  # noqa: F401  (the emulator's own client lists the destination)
+    bucket = fake_gcs.client().bucket(gbucket)
+    deadline = time.monotonic() + 60
+    while not any(b.name.endswith(".bin") for b in bucket.list_blobs(prefix="dr/step-1/")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the copy ended before any shard arrived"
+        time.sleep(0.05)
+    copied = next(b.name for b in bucket.list_blobs(prefix="dr/step-1/") if b.name.endswith(".bin"))
+    shard = copied.rsplit("/", 1)[-1]
+    assert proc.poll() is None, "the copy ended before the source was rewritten"
+    s3.put_object(Bucket=src, Key=f"golden/step-1/{shard}", Body=b"\xee" * (512 * 1024))   # same size, new bytes
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stdout + stderr
+    run = json.loads(stdout)["policies"][0]
+    row = run["destinations"][dst]["checkpoints"]["step-1"]
+    assert not row["verified"] and f"source changed while it was copied: {shard} (rewritten)" in row["error"], row
+    assert not _manifest_at(f"{dst}step-1/", emulator_env)              # nothing committed for it
+    assert mcbridge("verify", f"{dst}step-1/", env=emulator_env, state_dir=tmp_path).returncode != 0
+
+    code, run, stderr = _once(policy_file, emulator_env, tmp_path)
+    assert code == 0, stderr
+    assert run["destinations"][dst]["checkpoints"]["step-1"]["verified"]
+    assert bucket.blob(f"dr/step-1/{shard}").download_as_bytes() == b"\xee" * (512 * 1024)
+    assert mcbridge("verify", f"{dst}step-1/", "--deep", env=emulator_env, state_dir=tmp_path).returncode == 0
