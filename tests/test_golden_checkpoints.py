@@ -250,3 +250,94 @@ def test_a_shard_rewritten_mid_copy_commits_nothing_and_is_right_next_run(moto, 
     assert run["destinations"][dst]["checkpoints"]["step-1"]["verified"]
     assert bucket.blob(f"dr/step-1/{shard}").download_as_bytes() == b"\xee" * (512 * 1024)
     assert mcbridge("verify", f"{dst}step-1/", "--deep", env=emulator_env, state_dir=tmp_path).returncode == 0
+
+
+# -- replicate --watch while a slow writer is at work --------------------------------------------
+
+WRITER = """
+import sys, time, boto3
+endpoint, bucket, prefix, pause = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+for i in range(4):
+    s3.put_object(Bucket=bucket, Key=f"{prefix}__{i}_0.distcp", Body=bytes([i]) * 200000)
+    print(f"shard {i}", flush=True)
+    time.sleep(pause)   # a trainer between shards, not a synchronisation
+s3.put_object(Bucket=bucket, Key=f"{prefix}.metadata", Body=b"dcp-metadata")
+print(f"marker {time.time()}", flush=True)
+"""
+
+
+def test_watch_replicates_a_checkpoint_soon_after_its_marker_and_never_before(moto, fake_gcs, azurite,
+                                                                              emulator_env, tmp_path):
+    src, gbucket, container = unique_name(), unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    azurite.create_bucket(container)
+    s3 = moto.client()
+    for step in ("step-100", "step-200"):
+        for i in range(4):
+            s3.put_object(Bucket=src, Key=f"golden/{step}/__{i}_0.distcp", Body=os.urandom(20000))
+        s3.put_object(Bucket=src, Key=f"golden/{step}/.metadata", Body=b"dcp-metadata")
+    gs, az = f"gs://{gbucket}/dr/", f"az://{container}/dr/"
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{gs}, {az}]\n"
+                           f"    checkpoints: \"step-*\"\n    keep_last: 2\n    ready: {{marker: .metadata}}\n"
+                           f"    watch: {{interval: 1s}}\n")
+    env = dict(emulator_env, MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
+    watcher = subprocess.Popen([*MCBRIDGE, "replicate", "--policy", str(policy_file), "--watch", "--json"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    events: list[dict] = []
+    threading.Thread(target=lambda: events.extend(json.loads(line) for line in watcher.stdout), daemon=True).start()
+
+    def verified_in_output(step: str) -> set[str]:
+        return {dst for e in list(events) if e["event"] == "run"
+                for dst, state in e["destinations"].items() if state["checkpoints"].get(step, {}).get("verified")}
+
+    def marker_exists() -> bool:
+        return bool(s3.list_objects_v2(Bucket=src, Prefix="golden/step-300/.metadata").get("KeyCount"))
+
+    try:
+        deadline = time.monotonic() + 60
+        while verified_in_output("step-200") != {gs, az}:
+            assert watcher.poll() is None and time.monotonic() < deadline, watcher.stderr.read() if watcher.poll() else ""
+            time.sleep(0.1)
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, moto.endpoint, src, "golden/step-300/", "5"],
+                                  env=env, stdout=subprocess.PIPE, text=True)
+        polls_before_marker = 0
+        deadline = time.monotonic() + 90   # a hang guard, not a timing
+        while verified_in_output("step-300") != {gs, az}:
+            assert time.monotonic() < deadline, f"step-300 not verified everywhere; events: {events[-3:]}"
+            # what the destinations and the watch show first, then the marker: a copy seen before a
+            # marker that is still absent afterwards was made before the marker existed
+            seen = {dst: (_folders(dst, emulator_env), _manifest_at(f"{dst}step-300/", emulator_env)) for dst in (gs, az)}
+            said = verified_in_output("step-300")
+            if not marker_exists():
+                polls_before_marker += 1
+                assert not said, f"the watch said step-300 verified before its marker: {said}"
+                for dst, (present, committed) in seen.items():
+                    assert not committed, f"{dst} holds a manifest for step-300 before its marker"
+                    assert {"step-100", "step-200"} <= present, f"{dst} lost an older checkpoint early: {present}"
+            time.sleep(0.2)
+        verified_seen = time.time()
+        marker_line = next(line for line in writer.communicate(timeout=30)[0].splitlines() if line.startswith("marker"))
+        assert writer.returncode == 0 and polls_before_marker > 10
+        run = next(e for e in reversed(list(events)) if e["event"] == "run" and e["checkpoints"][-1] == "step-300")
+        latency = {dst: state["commit_to_verified_s"] for dst, state in run["destinations"].items()}
+        print(f"\nmarker to verified: {verified_seen - float(marker_line.split()[1]):.1f}s seen by the test; "
+              f"reported by the watch per destination: {latency}")
+        assert all(v is not None for v in latency.values())
+        deadline = time.monotonic() + 60
+        while any(_folders(dst, emulator_env) != {"step-200", "step-300"} for dst in (gs, az)):
+            assert time.monotonic() < deadline, {dst: _folders(dst, emulator_env) for dst in (gs, az)}
+            time.sleep(0.2)
+        assert run["removed"] == {gs: ["step-100"], az: ["step-100"]}
+        for dst in (gs, az):
+            assert mcbridge("verify", f"{dst}step-300/", "--deep", env=emulator_env, state_dir=tmp_path).returncode == 0
+    finally:
+        watcher.send_signal(signal.SIGTERM)
+        try:
+            watcher.wait(timeout=60)
+        finally:
+            if watcher.poll() is None:
+                watcher.kill()
+    assert watcher.returncode == 0, watcher.stderr.read()
