@@ -139,7 +139,8 @@ def _watch(chosen, settings, max_cost, as_json: bool) -> None:
     import threading
     from bridge.replication import watch
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for sig in (signal.SIGTERM, signal.SIGINT):   # stop after the run in progress
+        signal.signal(sig, lambda *_: stop.set())
 
     def emit(event: dict) -> None:
         if as_json:
