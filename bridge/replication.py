@@ -6,23 +6,33 @@ are planned and priced first, all of them, so that ``max_cost_usd`` refuses befo
 request. Then retention asks the policy what may be removed, which is nothing unless the newest
 checkpoint was verified at every destination; a removed checkpoint loses its manifest first, so
 a removal cut short never leaves a prefix that looks complete.
+
+Only committed checkpoints are in the window (``survey``: the source listed once, each folder's
+readiness decided by policies/replication.py). A checkpoint's copy commits only what the listing
+named (``copy_checkpoint``): a source file rewritten while it is copied fails that checkpoint for
+this run, with no manifest written, and the next run sends it again. ``watch`` lists the source
+every ``watch.interval`` and runs the policy when a checkpoint commits.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 from bridge import manifest as manifests
-from bridge import routes
-from bridge import ops
+from bridge import bwlimit, jobs, ops, routes
 from bridge.config import Settings
-from bridge.engine import Plan
-from bridge.errors import BridgeError, ObjectNotFound
+from bridge.engine import JobContext, Plan
+from bridge.errors import BridgeError, ObjectNotFound, TransferFailed
 from bridge.journal import job_key
+from bridge.progress import Progress
 from bridge.stores import get_store
+from bridge.stores.base import ObjectInfo, identity_changed
 from bridge.urls import parse
 from bridge.policies import replication as rules
 from bridge.policies.replication import NamedPolicy
@@ -33,6 +43,92 @@ def folders(url: str, settings: Settings) -> set[str]:
     store = get_store(root, settings)
     store.check_bucket(root)
     return {rel.split("/", 1)[0] for rel, _info in store.walk(root) if "/" in rel}
+
+
+def listing(url: str, settings: Settings) -> dict[str, dict[str, ObjectInfo]]:
+    """The folders directly under ``url``, each with its files (paths inside it, ``_bridge/``
+    included: a bridge copy's manifest says it is complete). One listing of the source."""
+    root = parse(url).as_prefix()
+    store = get_store(root, settings)
+    store.check_bucket(root)
+    out: dict[str, dict[str, ObjectInfo]] = {}
+    for info in store.list(root):
+        folder, _, inner = info.location.relative_to(root).partition("/")
+        if inner and folder != "_bridge":
+            out.setdefault(folder, {})[inner] = info
+    return out
+
+
+_INDEXES: dict[tuple, str] = {}   # a safetensors index's text, by its identity: read once per version
+
+
+def survey(policy: rules.Policy, settings: Settings, now: float | None = None) -> dict[str, rules.Readiness]:
+    """Each checkpoint at the source, committed or waiting and why (policies/replication.py
+    ``assess``). Lists the source once; reads only safetensors indexes not read before."""
+    root = parse(policy.source).as_prefix()
+    found = listing(policy.source, settings)
+    files = {name: {rel: rules.SourceFile(i.size, rules.modified_at(i.identity)) for rel, i in inner.items()}
+             for name, inner in found.items()}
+    indexes: dict[str, str] = {}
+    if policy.ready.marker is None:
+        store = get_store(root, settings)
+        if len(_INDEXES) > 4096:
+            _INDEXES.clear()
+        for name in rules.checkpoints(policy, found):
+            for rel in rules.index_files(found[name]):
+                info = found[name][rel]
+                key = (str(info.location), info.size, tuple(sorted(info.identity.items())))
+                if key not in _INDEXES:
+                    try:
+                        _INDEXES[key] = store.read(info.location).decode("utf-8", "replace")
+                    except ObjectNotFound:
+                        _INDEXES[key] = ""
+                indexes[f"{name}/{rel}"] = _INDEXES[key]
+    return rules.assess(policy, files, time.time() if now is None else now, atomic_rename=root.is_local,
+                        indexes=indexes)
+
+
+class SourceChanged(TransferFailed):
+    """A source file was rewritten (another identity or size) while its checkpoint was copied."""
+
+
+class ConsistentCopy(JobContext):
+    """A checkpoint's copy that commits only what was listed: right before the manifest, every
+    source file sent is looked at again, and one that is gone or another version than the
+    listing's fails the copy, nothing committed (the destination's old manifest stays set aside)."""
+
+    def run_unit(self, unit: dict) -> dict:
+        if unit["op"] == "finalize":
+            changed = self.changed_sources()
+            if changed:
+                raise SourceChanged(f"source changed while it was copied: {', '.join(changed[:3])}"
+                                    f"{f' and {len(changed) - 3} more' if len(changed) > 3 else ''}; "
+                                    f"nothing committed, the next run copies it again")
+        return super().run_unit(unit)
+
+    def changed_sources(self) -> list[str]:
+        def look(f) -> str | None:
+            try:
+                now = self.src.info(self.src_loc(f.rel))
+            except ObjectNotFound:
+                return f"{f.rel} (gone)"
+            if now.size != f.size:
+                return f"{f.rel} (size {f.size} -> {now.size})"
+            return f"{f.rel} (rewritten)" if identity_changed(f.source_id, now.identity) else None
+
+        with cf.ThreadPoolExecutor(self.settings.transfer.concurrency) as pool:
+            return [why for why in pool.map(look, self.plan.files) if why]
+
+
+def copy_checkpoint(plan: Plan, settings: Settings) -> dict:
+    """``ops.execute`` for one checkpoint, with ``ConsistentCopy``'s check before the commit."""
+    progress = Progress()
+    if settings.transfer.bwlimit:
+        progress.limiter = bwlimit.local(settings.transfer.bwlimit)
+    journal = ops.journal_for(plan, settings)
+    ctx = ConsistentCopy(plan, settings, journal, progress)
+    progress.plan(plan.bytes, plan.unit_count())
+    return jobs.run(ctx, plan.units(), journal, settings.transfer.concurrency, "copy")
 
 
 def filtered(plan: Plan, include: list[str], exclude: list[str]) -> Plan:
@@ -73,10 +169,13 @@ def remove_checkpoint(url: str, settings: Settings) -> int:
     return removed
 
 
-def prepare(policy: rules.Policy, settings: Settings) -> tuple[list[str], dict[tuple[str, str], Plan], dict[str, str]]:
-    """The checkpoints the policy keeps now, the sync plan of each (destination, checkpoint),
-    and the destinations that cannot be reached (with why). Lists; moves nothing."""
-    kept = rules.window(policy, folders(policy.source, settings))
+def prepare(policy: rules.Policy, settings: Settings, readiness: dict[str, rules.Readiness] | None = None,
+            ) -> tuple[list[str], dict[tuple[str, str], Plan], dict[str, str]]:
+    """The committed checkpoints the policy keeps now, the sync plan of each (destination,
+    checkpoint), and the destinations that cannot be reached (with why). Lists; moves nothing."""
+    if readiness is None:
+        readiness = survey(policy, settings)
+    kept = rules.window(policy, rules.committed(readiness))
     plans: dict[tuple[str, str], Plan] = {}
     unreachable: dict[str, str] = {}
     for dst in policy.destinations:
@@ -106,15 +205,26 @@ def retain(policy: rules.Policy, kept: list[str], verified: dict[str, dict[str, 
     return removed, errors
 
 
-def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None = None) -> dict[str, Any]:
-    """Replicate the policy's window of checkpoints to every destination, verify, apply retention."""
+def iso(when: float | None) -> str | None:
+    return None if when is None else datetime.fromtimestamp(when, timezone.utc).isoformat(timespec="seconds")
+
+
+def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None = None,
+             readiness: dict[str, rules.Readiness] | None = None) -> dict[str, Any]:
+    """Replicate the policy's window of committed checkpoints to every destination, verify,
+    apply retention. ``commit_to_verified_s``: from a checkpoint's commit to its verify here."""
     policy = named.policy
     started = time.monotonic()
-    kept, plans, unreachable = prepare(policy, settings)
+    if readiness is None:
+        readiness = survey(policy, settings)
+    kept, plans, unreachable = prepare(policy, settings, readiness)
     report: dict[str, Any] = {"policy": named.name, "source": policy.source, "checkpoints": kept,
+                              "waiting": rules.waiting(readiness),
+                              "committed_at": {c: iso(readiness[c].committed_at) for c in kept},
                               "destinations": {}, "removed": {}}
     for dst in policy.destinations:
-        report["destinations"][dst] = {"checkpoints": {}, "error": unreachable.get(dst), "last_proven_equal": None}
+        report["destinations"][dst] = {"checkpoints": {}, "error": unreachable.get(dst), "last_proven_equal": None,
+                                       "commit_to_verified_s": None}
 
     limits = [x for x in (max_cost, policy.max_cost_usd) if x is not None]
     if limits:
@@ -126,9 +236,10 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
     for (dst, ckpt), plan in plans.items():
         state = report["destinations"][dst]
         row = state["checkpoints"][ckpt] = {"sent": len(plan.files), "bytes": plan.bytes,
-                                            "deleted": len(plan.deletions), "verified": False, "error": None}
+                                            "deleted": len(plan.deletions), "verified": False, "error": None,
+                                            "commit_to_verified_s": None}
         try:
-            ops.execute(plan, settings)
+            copy_checkpoint(plan, settings)
             if policy.verify != "none":
                 check = ops.verify(f"{dst}{ckpt}/", settings, deep=policy.verify == "deep")
                 row["verified"] = check["ok"]
@@ -138,6 +249,11 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
         except BridgeError as exc:
             row["error"] = str(exc)
         verified[dst][ckpt] = row["verified"]
+        commit = readiness[ckpt].committed_at
+        if row["verified"] and (plan.files or plan.deletions) and commit is not None:
+            row["commit_to_verified_s"] = round(max(0.0, time.time() - commit), 1)
+            if ckpt == kept[-1]:
+                state["commit_to_verified_s"] = row["commit_to_verified_s"]
 
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
     for dst, state in report["destinations"].items():
@@ -161,8 +277,45 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
              [f"{dst}{ckpt}/: {row['error']}" for dst, state in report["destinations"].items()
               for ckpt, row in state["checkpoints"].items() if row["error"]]
     if not kept:
-        errors.append(f"no checkpoint under {policy.source} matches {policy.checkpoints!r}")
+        pending = f" ({len(report['waiting'])} not committed yet)" if report["waiting"] else ""
+        errors.append(f"no committed checkpoint under {policy.source} matches {policy.checkpoints!r}{pending}")
     report.update(verified_copies=copies, copies_needed=policy.copies_needed, errors=errors,
                   ok=bool(kept) and copies >= policy.copies_needed,
                   elapsed_s=round(time.monotonic() - started, 3))
     return report
+
+
+def watch(chosen: list[NamedPolicy], settings: Settings, emit: Callable[[dict[str, Any]], None],
+          stop: threading.Event, *, max_cost: float | None = None) -> None:
+    """Until ``stop``: list each policy's source every ``watch.interval`` (one listing; markers
+    and names decide readiness, no file is read but safetensors indexes) and run the policy
+    when its window of committed checkpoints moved or its last run did not prove it. ``emit``
+    gets each run's report (``event: run``) and each change of what waits (``event: waiting``)."""
+    done: dict[str, tuple[tuple[str, ...], bool]] = {}
+    waited: dict[str, dict[str, str]] = {}
+    due = dict.fromkeys((p.name for p in chosen), 0.0)
+    while not stop.is_set():
+        for named in chosen:
+            if time.monotonic() < due[named.name] or stop.is_set():
+                continue
+            due[named.name] = time.monotonic() + named.policy.watch.interval_s
+            try:
+                readiness = survey(named.policy, settings)
+            except BridgeError as exc:
+                emit({"event": "error", "policy": named.name, "error": f"source not listed: {exc}"})
+                continue
+            kept = tuple(rules.window(named.policy, rules.committed(readiness)))
+            pending = rules.waiting(readiness)
+            if pending != waited.get(named.name):
+                waited[named.name] = pending
+                emit({"event": "waiting", "policy": named.name, "waiting": pending})
+            if kept and done.get(named.name) != (kept, True):
+                try:
+                    report = run_once(named, settings, max_cost=max_cost, readiness=readiness)
+                except BridgeError as exc:   # refused (over budget): said, and tried again next tick
+                    done[named.name] = (kept, False)
+                    emit({"event": "error", "policy": named.name, "error": str(exc)})
+                    continue
+                done[named.name] = (kept, report["ok"])
+                emit({"event": "run", **report})
+        stop.wait(max(0.05, min(due.values()) - time.monotonic()))

@@ -14,6 +14,16 @@
         verify: store               # store | deep | none
         max_cost_usd: 5             # refuse a run estimated above this
         schedule: {cron: "0 2 * * *"}
+        ready: {marker: ".metadata", min_age: 10m}   # when a checkpoint counts as committed
+        watch: {interval: 5s}       # replicate --watch: how often the source is listed
+
+Readiness (``assess``): a checkpoint enters the window only once committed. With ``ready.marker``
+that file (written last by the trainer) must be there. Without one, known layouts say it: a
+PyTorch DCP ``.metadata``, Orbax's ``commit_success.txt`` (object stores) or its rename into place
+(``<step>.orbax-checkpoint-tmp-<n>`` folders are never checkpoints), a ``*.safetensors.index.json``
+whose every shard is present, bridge's own ``_bridge/manifest.json``; a folder of no known layout
+waits when its siblings were committed by a marker it lacks. ``ready.min_age`` adds a quiet period:
+no file of the checkpoint newer than that.
 
 What is decided here, as pure functions: which checkpoints a policy keeps (``window``), which
 files of one it sends (``wants``), and what retention may remove (``removals``): an older
@@ -24,8 +34,11 @@ A file with mistakes is refused whole, one line per mistake: ``FILE:LINE: FIELD:
 
 from __future__ import annotations
 
+import calendar
 import fnmatch
+import json
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -114,6 +127,72 @@ class Schedule(BaseModel):
         return self
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def seconds(text: str) -> float:
+    """``10m`` -> 600.0; ValueError naming the form otherwise."""
+    found = _DURATION.fullmatch(str(text).strip())
+    if not found:
+        raise ValueError(f"{text!r}: use a number and s, m, h or d, e.g. 10m")
+    return float(found.group(1)) * _UNIT_S[found.group(2)]
+
+
+class Ready(BaseModel):
+    """When a checkpoint counts as committed (see ``assess``)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    marker: str | None = None     # a file inside the checkpoint its writer writes last
+    min_age: str | None = None    # no file of the checkpoint newer than this
+
+    @field_validator("marker")
+    @classmethod
+    def _marker(cls, marker: str | None) -> str | None:
+        if marker is None:
+            return None
+        parts = marker.split("/")
+        if not marker or marker.startswith("/") or any(p in ("", ".", "..") for p in parts) or \
+                any(c in marker for c in "*?["):
+            raise ValueError(f"marker {marker!r}: a file's path inside the checkpoint (no '/' first, "
+                             f"no '..', no wildcards), e.g. .metadata")
+        return marker
+
+    @field_validator("min_age")
+    @classmethod
+    def _min_age(cls, text: str | None) -> str | None:
+        if text is not None:
+            try:
+                seconds(text)
+            except ValueError as exc:
+                raise ValueError(f"min_age {exc}") from None
+        return text
+
+    @property
+    def min_age_s(self) -> float:
+        return seconds(self.min_age) if self.min_age else 0.0
+
+
+class Watch(BaseModel):
+    """``replicate --watch``: how often the source's checkpoints are listed for new commits."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    interval: str = "30s"
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, text: str) -> str:
+        try:
+            value = seconds(text)
+        except ValueError as exc:
+            raise ValueError(f"interval {exc}") from None
+        if value < 1:
+            raise ValueError(f"interval {text!r} is under 1s")
+        return text
+
+    @property
+    def interval_s(self) -> float:
+        return seconds(self.interval)
+
+
 class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -128,6 +207,8 @@ class Policy(BaseModel):
     verify: Literal["store", "deep", "none"] = "store"
     max_cost_usd: float | None = Field(None, ge=0)
     schedule: Schedule | None = None
+    ready: Ready = Ready()
+    watch: Watch = Watch()
 
     @field_validator("source")
     @classmethod
@@ -234,9 +315,154 @@ def select(policies: list[NamedPolicy], name: str | None) -> list[NamedPolicy]:
 
 # -- decisions ------------------------------------------------------------------------------
 
+def temporary(name: str) -> bool:
+    """A folder a writer has not committed by its name: Orbax writes ``<step>.orbax-checkpoint-tmp-<n>``
+    and renames it into place; never a checkpoint, whatever the pattern."""
+    return _TEMPORARY.search(name) is not None
+
+
+_TEMPORARY = re.compile(r"\.orbax-checkpoint-tmp-\d+$")
+
+
 def checkpoints(policy: Policy, folders: Iterable[str]) -> list[str]:
     """The checkpoint folders among ``folders``, oldest first by natural order."""
-    return sorted({f for f in folders if fnmatch.fnmatchcase(f, policy.checkpoints)}, key=natural_key)
+    return sorted({f for f in folders if fnmatch.fnmatchcase(f, policy.checkpoints) and not temporary(f)},
+                  key=natural_key)
+
+
+# -- readiness ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SourceFile:
+    """What a listing says of one file of a checkpoint: its size and when it was last written
+    (seconds since the epoch; None when the store does not say)."""
+    size: int
+    modified: float | None = None
+
+
+@dataclass(frozen=True)
+class Readiness:
+    committed: bool
+    why: str                        # how it is known to be committed, or what it waits for
+    committed_at: float | None = None   # the marker's time (else the newest file's)
+    marker: str | None = None       # the file that committed it, when one did
+
+
+DCP_METADATA = ".metadata"
+ORBAX_COMMIT = "commit_success.txt"
+BRIDGE_MANIFEST = "_bridge/manifest.json"
+_ORBAX_SIGNS = ("_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt")
+_SHARD_OF = re.compile(r"-\d+-of-\d+\.safetensors$")
+
+
+def modified_at(identity: Mapping[str, str]) -> float | None:
+    """When a store's identity of an object says it was written: S3's and Azure's last-modified,
+    a local file's mtime, a GCS generation (microseconds since the epoch)."""
+    if identity.get("last_modified"):
+        return float(calendar.timegm(time.strptime(identity["last_modified"], "%Y-%m-%dT%H:%M:%SZ")))
+    if identity.get("mtime_ns", "").isdigit():
+        return int(identity["mtime_ns"]) / 1e9
+    generation = identity.get("generation", "")
+    if generation.isdigit() and int(generation) > 10 ** 15:
+        return int(generation) / 1e6
+    return None
+
+
+def index_files(files: Iterable[str]) -> list[str]:
+    """The safetensors indexes among a checkpoint's files: ``assess`` needs their text."""
+    return sorted(f for f in files if f.endswith(".safetensors.index.json"))
+
+
+def _safetensors(files: Mapping[str, SourceFile], indexes: Mapping[str, str]) -> Readiness | None:
+    found = index_files(files)
+    if not found:
+        shards = [f for f in files if _SHARD_OF.search(f)]
+        return Readiness(False, f"{len(shards)} safetensors shards and no *.safetensors.index.json yet") \
+            if shards else None
+    named: set[str] = set()
+    for rel in found:
+        folder = rel.rpartition("/")[0]
+        try:
+            weight_map = json.loads(indexes[rel])["weight_map"]
+            named |= {f"{folder}/{s}" if folder else s for s in weight_map.values()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return Readiness(False, f"{rel} is not a safetensors index (no weight_map) yet")
+    missing = sorted(named - set(files), key=natural_key)
+    if missing:
+        return Readiness(False, f"{rel} names {len(named)} shards, {len(missing)} not there yet: "
+                                f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    return Readiness(True, f"{rel}: all {len(named)} shards present", marker=rel)
+
+
+def _layout(files: Mapping[str, SourceFile], indexes: Mapping[str, str], atomic_rename: bool) -> Readiness | None:
+    """What a known layout says of a checkpoint; None when the layout is not known."""
+    by_index = _safetensors(files, indexes)
+    if by_index is not None:
+        return by_index
+    for marker, what in ((BRIDGE_MANIFEST, "bridge manifest"), (DCP_METADATA, "PyTorch DCP"),
+                         (ORBAX_COMMIT, "Orbax")):
+        if marker in files:
+            return Readiness(True, f"{what} {marker} present", marker=marker)
+    if any(f.rsplit("/", 1)[-1] in _ORBAX_SIGNS for f in files):
+        if atomic_rename:
+            return Readiness(True, "Orbax checkpoint renamed into place")
+        return Readiness(False, f"Orbax checkpoint without {ORBAX_COMMIT} yet")
+    if any(f.endswith(".distcp") for f in files):
+        return Readiness(False, f"PyTorch DCP shards without {DCP_METADATA} yet")
+    return None
+
+
+def assess(policy: Policy, listing: Mapping[str, Mapping[str, SourceFile]], now: float, *,
+           atomic_rename: bool = False, indexes: Mapping[str, str] | None = None) -> dict[str, Readiness]:
+    """Whether each checkpoint of ``listing`` (folder -> its files by path inside it) is committed,
+    and why. ``atomic_rename``: the source is a file system, where a folder renamed into place is
+    complete; ``indexes``: the text of the safetensors indexes (``index_files``), by
+    ``folder/path``. A folder of no known layout is committed as listed, unless sibling
+    checkpoints were committed by a marker it lacks."""
+    ready, indexes = policy.ready, indexes or {}
+    out: dict[str, Readiness] = {}
+    for name in checkpoints(policy, listing):
+        files = listing[name]
+        if ready.marker is not None:
+            verdict = Readiness(True, f"{ready.marker} present", marker=ready.marker) if ready.marker in files \
+                else Readiness(False, f"no {ready.marker} yet")
+        else:
+            mine = {rel[len(name) + 1:]: text for rel, text in indexes.items() if rel.startswith(f"{name}/")}
+            verdict = _layout(files, mine, atomic_rename)
+        out[name] = verdict
+    markers = {v.marker for v in out.values() if v and v.committed and v.marker}
+    for name, verdict in out.items():
+        if verdict is None:
+            lacking = sorted(markers, key=natural_key)
+            out[name] = Readiness(False, f"no {' or '.join(lacking)} yet, which its siblings have") if lacking \
+                else Readiness(True, "no commit marker known for its layout: committed as listed")
+    for name, verdict in out.items():
+        files = listing[name]
+        times = [f.modified for f in files.values()]
+        newest = max(times) if times and None not in times else None
+        at = (files[verdict.marker].modified if verdict.marker in files else newest) if verdict.committed else None
+        verdict = Readiness(verdict.committed, verdict.why, at, verdict.marker)
+        if verdict.committed and ready.min_age:
+            if newest is None:
+                verdict = Readiness(False, f"min_age {ready.min_age}: the store does not say when its files "
+                                           f"were written")
+            elif now - newest < ready.min_age_s:
+                verdict = Readiness(False, f"quiet for {max(0.0, now - newest):.0f}s of min_age {ready.min_age}")
+            else:
+                verdict = Readiness(True, verdict.why, max(newest + ready.min_age_s, at or newest),
+                                    verdict.marker)
+        out[name] = verdict
+    return out
+
+
+def committed(readiness: Mapping[str, Readiness]) -> list[str]:
+    """The committed checkpoints, oldest first: the window is taken among these only."""
+    return sorted((n for n, r in readiness.items() if r.committed), key=natural_key)
+
+
+def waiting(readiness: Mapping[str, Readiness]) -> dict[str, str]:
+    """The checkpoints not committed yet, each with what it waits for."""
+    return {n: r.why for n, r in sorted(readiness.items(), key=lambda i: natural_key(i[0])) if not r.committed}
 
 
 def window(policy: Policy, folders: Iterable[str]) -> list[str]:

@@ -661,10 +661,11 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
         recorded = state.destinations(p.name)
         spend = state.spend(p.name)
         try:
-            from bridge.replication import folders
-            source_now, listed = folders(p.policy.source, settings), None
+            from bridge.replication import survey
+            readiness = survey(p.policy, settings)
+            source_now, listed, waiting = rules.committed(readiness), None, rules.waiting(readiness)
         except BridgeError as exc:
-            source_now, listed = None, str(exc)
+            source_now, listed, waiting = None, str(exc), {}
         rows = []
         for dst in p.policy.destinations:
             row = recorded.get(dst, {})
@@ -676,10 +677,11 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
             rows.append({"destination": dst, "last_run": row.get("last_run"), "job": row.get("job"),
                          "ok": row.get("ok"), "newest_verified": newest, "verified_at": row.get("verified_at"),
                          "newest_source": lag["newest_source"], "lag_checkpoints": lag["lag_checkpoints"],
+                         "commit_to_verified_s": row.get("commit_to_verified_s"),
                          "spent_usd": round(spend.get(dst, 0.0), 9), "errors": row.get("errors", [])})
         report.append({"name": p.name, "source": p.policy.source, "source_error": listed,
                        "budget_usd": budgets.limit(p.name), "spent_usd": round(budgets.spent(p.name), 9),
-                       "max_cost_usd": p.policy.max_cost_usd, "destinations": rows})
+                       "max_cost_usd": p.policy.max_cost_usd, "waiting": waiting, "destinations": rows})
     if as_json:
         out.print_json(json.dumps({"month": month(), "policies": report}))
         return
@@ -688,12 +690,16 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
         out.print(f"{p['name']}: {p['source']}: ${usd_text(p['spent_usd'])} spent in {month()} of {cap}", markup=False)
         if p["source_error"]:
             err.print(f"mcbridge: {p['name']}: source not listed: {p['source_error']}", markup=False, soft_wrap=True)
+        for ckpt, why in p["waiting"].items():
+            out.print(f"  {ckpt} waiting: {why}", markup=False)
         for row in p["destinations"]:
             if row["last_run"] is None:
                 out.print(f"  {row['destination']}: never run by the service", markup=False)
                 continue
             verified = (f"{row['newest_verified']} verified {row['verified_at']}" if row["newest_verified"]
                         else "nothing verified yet")
+            if row["newest_verified"] and row["commit_to_verified_s"] is not None:
+                verified += f", {row['commit_to_verified_s']}s after its commit"
             lag = row["lag_checkpoints"]
             behind = "up to date" if lag == 0 else f"{lag} checkpoint{'s' if lag != 1 else ''} behind {row['newest_source']}"
             out.print(f"  {row['destination']}: last run {row['last_run']} (job {row['job']}, "

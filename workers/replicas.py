@@ -12,7 +12,8 @@ schedules' specs do; the decisions are policies/replication.py's, the I/O bridge
 
 Per destination, in ``<ns>:policy:<name>`` (field: the destination URL; JSON): when the policy
 last ran there (``last_run``, ``job``, ``ok``), the newest checkpoint verified there and when
-(``newest_verified``, ``verified_at``), the newest at the source and how many source checkpoints
+(``newest_verified``, ``verified_at``) and how long after its commit (``commit_to_verified_s``,
+the run's end from the checkpoint's commit), the newest at the source and how many source checkpoints
 are newer than the verified one (``newest_source``, ``lag_checkpoints``), what retention removed.
 Spend per destination and month is in ``<ns>:policy-spend:<YYYY-MM>``; the policy's own monthly
 budget is the budget of its name (workers/budgets.py).
@@ -134,7 +135,8 @@ def start(svc, name: str, policy: Policy) -> str:
     spec = _spec(policy)
     settings = svc.settings_for(spec)
     try:
-        kept, plans, _unreachable = run.prepare(policy, settings)
+        readiness = run.survey(policy, settings)
+        kept, plans, _unreachable = run.prepare(policy, settings, readiness)
         from bridge import routes
         for plan in plans.values():   # priced by the route each sync's workers will choose
             routes.choose(plan, settings)
@@ -142,10 +144,13 @@ def start(svc, name: str, policy: Policy) -> str:
     except BridgeError as exc:
         return _fail(svc, spec, name, f"policy {name}: {exc}")
     if not kept:
-        return _fail(svc, spec, name, f"policy {name}: no checkpoint under {policy.source} matches "
-                                      f"{policy.checkpoints!r}")
+        pending = rules.waiting(readiness)
+        return _fail(svc, spec, name, f"policy {name}: no committed checkpoint under {policy.source} matches "
+                                      f"{policy.checkpoints!r}" + (f" ({len(pending)} not committed yet)"
+                                                                   if pending else ""))
     policy_fields = {"policy": name, "policy_spec": json.dumps(policy.model_dump(mode="json")),
-                     "checkpoints": json.dumps(kept)}
+                     "checkpoints": json.dumps(kept), "waiting": json.dumps(rules.waiting(readiness)),
+                     "committed_at": json.dumps({c: readiness[c].committed_at for c in kept})}
     if policy.max_cost_usd is not None and usd > policy.max_cost_usd:
         return _fail(svc, spec, name, f"policy {name} refused: estimated ${usd:.2f} for {len(plans)} syncs of "
                                       f"{', '.join(kept)} is over max_cost_usd ${policy.max_cost_usd:.2f}; "
@@ -202,13 +207,14 @@ def ended(svc, parent) -> None:
     except BridgeError as exc:
         removed, unlisted = {}, {dst: str(exc) for dst in policy.destinations}
     try:
-        source_now = run.folders(policy.source, settings)
+        source_now = rules.committed(run.survey(policy, settings))
     except BridgeError:
         source_now = set(kept)
     copies, enough = rules.outcome(policy, kept, verified)
 
     state = PolicyState(svc.r, svc.keys)
     before = state.destinations(name)
+    commits = json.loads(svc.r.hget(svc.keys.job(parent.id), "committed_at") or "{}")
     now = time.time()
     replicas = {}
     for dst in policy.destinations:
@@ -219,10 +225,13 @@ def ended(svc, parent) -> None:
         newest = max(proven, key=rules.natural_key) if proven else None
         renewed = newest is not None and verified[dst].get(newest)
         lag = rules.lag(policy, source_now, [newest] if newest else [])
+        commit = commits.get(newest) if renewed and newest in kept and not prev.get("newest_verified") == newest else None
         row = {"last_run": iso(now), "job": parent.id, "ok": all(verified[dst].get(c) for c in kept),
                "checkpoints": verified[dst], "newest_verified": newest,
                "verified_at": iso(now) if renewed else prev.get("verified_at"),
                "newest_source": lag["newest_source"], "lag_checkpoints": lag["lag_checkpoints"],
+               "commit_to_verified_s": round(max(0.0, now - commit), 1) if commit is not None
+               else prev.get("commit_to_verified_s"),
                "removed": removed.get(dst, []), "spent_usd": round(spent[dst], 9),
                "errors": (problems[dst] + ([unlisted[dst]] if dst in unlisted else []))[:5]}
         state.put(name, dst, row)

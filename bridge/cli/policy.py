@@ -81,37 +81,82 @@ def policy_check(file: PolicyFileArg, as_json: JsonOpt = False) -> None:
 def replicate(policy_file: Annotated[Path, typer.Option("--policy", help="YAML file of replication policies.")],
               name: Annotated[Optional[str], typer.Option("--name", help="Only this policy.")] = None,
               once: Annotated[bool, typer.Option("--once", help="Run each policy once, in this process.")] = False,
+              watch: Annotated[bool, typer.Option(
+                  "--watch", help="Keep running: list the source every watch.interval of the policy and "
+                  "replicate each checkpoint soon after it commits (Ctrl-C stops). With --json, one JSON "
+                  "object per line.")] = False,
               max_cost: MaxCostOpt = None, as_json: JsonOpt = False, profile: ProfileOpt = None,
               config: ConfigOpt = None) -> None:
-    """Replicate checkpoints by the rules of a policy file: the newest keep_last to every
-    destination, each verified; older ones removed only once the newest is proven everywhere."""
+    """Replicate checkpoints by the rules of a policy file: the newest keep_last committed ones to
+    every destination, each verified; older ones removed only once the newest is proven everywhere."""
     from bridge.errors import InvalidOption
     from bridge.replication import run_once
     from bridge.policies.replication import select
-    if not once:
-        raise InvalidOption("give --once to run the policies once in this process; on their schedules they "
-                            "run on the service: mcbridge beat --policies FILE")
+    if once == watch:
+        raise InvalidOption("give --once to run the policies once in this process, or --watch to replicate "
+                            "checkpoints as they commit; on their schedules they run on the service: "
+                            "mcbridge beat --policies FILE")
     chosen = select(load_policies(policy_file), name)
     settings = settings_from_flags(profile, config)
+    if watch:
+        _watch(chosen, settings, max_cost, as_json)
+        return
     reports = [run_once(p, settings, max_cost=max_cost) for p in chosen]
     if as_json:
         out.print_json(json.dumps({"policies": reports, "ok": all(r["ok"] for r in reports)}))
     else:
         for r in reports:
-            for dst, state in r["destinations"].items():
-                rows = ", ".join(f"{c} {'verified' if row['verified'] else 'FAILED' if row['error'] else 'sent'}"
-                                 f" ({row['sent']} sent)" for c, row in state["checkpoints"].items())
-                out.print(f"{r['policy']}: {dst}: {rows or state['error']}", markup=False)
-            for dst, old in r["removed"].items():
-                out.print(f"{r['policy']}: {dst}: removed {', '.join(old)}", markup=False)
-            for problem in r["errors"]:
-                err.print(f"mcbridge: {r['policy']}: {problem}", markup=False, soft_wrap=True)
-            verdict = "OK" if r["ok"] else "FAILED"
-            out.print(f"{verdict}: {r['policy']}: {', '.join(r['checkpoints']) or 'no checkpoints'} at "
-                      f"{r['verified_copies']} of {len(r['destinations'])} destinations (need {r['copies_needed']})",
-                      markup=False)
+            _print_run(r)
     if not all(r["ok"] for r in reports):
         raise typer.Exit(1)
+
+
+def _print_run(r: dict) -> None:
+    for dst, state in r["destinations"].items():
+        rows = ", ".join(f"{c} {'verified' if row['verified'] else 'FAILED' if row['error'] else 'sent'}"
+                         f" ({row['sent']} sent{_latency(row)})" for c, row in state["checkpoints"].items())
+        out.print(f"{r['policy']}: {dst}: {rows or state['error']}", markup=False)
+    for ckpt, why in r.get("waiting", {}).items():
+        out.print(f"{r['policy']}: {ckpt} waiting: {why}", markup=False)
+    for dst, old in r["removed"].items():
+        out.print(f"{r['policy']}: {dst}: removed {', '.join(old)}", markup=False)
+    for problem in r["errors"]:
+        err.print(f"mcbridge: {r['policy']}: {problem}", markup=False, soft_wrap=True)
+    verdict = "OK" if r["ok"] else "FAILED"
+    out.print(f"{verdict}: {r['policy']}: {', '.join(r['checkpoints']) or 'no checkpoints'} at "
+              f"{r['verified_copies']} of {len(r['destinations'])} destinations (need {r['copies_needed']})",
+              markup=False)
+
+
+def _latency(row: dict) -> str:
+    return f", verified {row['commit_to_verified_s']}s after its commit" \
+        if row.get("commit_to_verified_s") is not None else ""
+
+
+def _watch(chosen, settings, max_cost, as_json: bool) -> None:
+    """``replicate --watch``: until Ctrl-C or SIGTERM, each run and each change of what waits."""
+    import signal
+    import threading
+    from bridge.replication import watch
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):   # stop after the run in progress
+        signal.signal(sig, lambda *_: stop.set())
+
+    def emit(event: dict) -> None:
+        if as_json:
+            out.print(json.dumps(event), markup=False, highlight=False, soft_wrap=True)
+        elif event["event"] == "run":
+            _print_run(event)
+        elif event["event"] == "waiting":
+            waiting = "; ".join(f"{c}: {why}" for c, why in event["waiting"].items())
+            out.print(f"{event['policy']}: waiting: {waiting or 'nothing'}", markup=False)
+        else:
+            err.print(f"mcbridge: {event['policy']}: {event['error']}", markup=False, soft_wrap=True)
+
+    try:
+        watch(chosen, settings, emit, stop, max_cost=max_cost)
+    except KeyboardInterrupt:
+        pass
 
 
 def register(app: typer.Typer) -> None:
