@@ -44,6 +44,8 @@ fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     step "installing bridge and its extras [all,dev] into $venv"
     "$venv/bin/python" -m pip install --disable-pip-version-check -q -U pip
+    # the distribution was called "mcbridge" before (a name PyPI gives to another project): drop it
+    "$venv/bin/python" -m pip uninstall --disable-pip-version-check -q -y mcbridge >/dev/null 2>&1 || true
     "$venv/bin/python" -m pip install --disable-pip-version-check -q -e '.[all,dev]'
     touch "$stamp"
 else
