@@ -57,14 +57,35 @@ def sts_left(double) -> list[str]:
             + [name for name, (_meta, run) in double.operations.items() if not run.finished.is_set()])
 
 
-def test_sts_a_killed_copy_is_adopted_by_its_rerun(make_root, env, sts_double, tmp_path):
+def killed_mid_job(route: str, src_scheme: str, dst_scheme: str, double, running, make_root, env, tmp_path):
+    """A copy by ``route`` started and SIGKILLed while its remote job runs (the double holds it
+    until ``paused`` is cleared): the settings and the two roots."""
     settings = settings_for(env)
-    src, dst = make_root("s3"), make_root("gs")
+    src, dst = make_root(src_scheme), make_root(dst_scheme)
     fill(src, settings, FILES)
-    sts_double.paused.set()
-    first = start("sts", src, dst, env, tmp_path)
-    wait_for(lambda: sts_running(sts_double), "the remote operation to run")
+    double.paused.set()
+    first = start(route, src, dst, env, tmp_path)
+    wait_for(lambda: running(double), "the remote job to run")
     kill(first)
+    return settings, src, dst
+
+
+def completes(rerun: subprocess.Popen) -> None:
+    _out, err = rerun.communicate(timeout=120)
+    assert rerun.returncode == 0, err
+
+
+def copied_once_and_verifies(run, dst: str, settings, env, tmp_path) -> None:
+    """The one remote run succeeded having copied each object once, and the copy proves deep."""
+    assert run.state == "success" and run.objects_copied == len(FILES)
+    assert read_tree(dst, settings) == FILES
+    deep = mcbridge("verify", dst, "--deep", env=env, state_dir=tmp_path)
+    assert deep.returncode == 0 and f"OK: {len(FILES)} files" in deep.stdout, deep.stdout + deep.stderr
+
+
+def test_sts_a_killed_copy_is_adopted_by_its_rerun(make_root, env, sts_double, tmp_path):
+    settings, src, dst = killed_mid_job("sts", "s3", "gs", sts_double, sts_running, make_root,
+                                        env, tmp_path)
     assert sts_left(sts_double) and not nothing_recorded(tmp_path)   # orphaned, and bridge knows it
 
     polled = len(sts_double.server.calls(""))
@@ -74,25 +95,16 @@ def test_sts_a_killed_copy_is_adopted_by_its_rerun(make_root, env, sts_double, t
              "the re-run to poll the killed run's operation")
     assert sts_running(sts_double)
     sts_double.paused.clear()
-    out, err = rerun.communicate(timeout=120)
-    assert rerun.returncode == 0, err
+    completes(rerun)
     assert len(sts_double.server.calls("/v1/transferJobs")) == 1 and len(sts_double.server.calls(":run")) == 1
     ((_meta, run),) = sts_double.operations.values()
-    assert run.state == "success" and run.objects_copied == len(FILES)     # each object copied once
-    assert read_tree(dst, settings) == FILES
-    deep = mcbridge("verify", dst, "--deep", env=env, state_dir=tmp_path)
-    assert deep.returncode == 0 and f"OK: {len(FILES)} files" in deep.stdout, deep.stdout + deep.stderr
+    copied_once_and_verifies(run, dst, settings, env, tmp_path)
     assert sts_left(sts_double) == [] and nothing_recorded(tmp_path)
 
 
 def test_sts_a_killed_job_for_other_objects_is_cancelled_and_deleted(make_root, env, sts_double, tmp_path):
-    settings = settings_for(env)
-    src, dst = make_root("s3"), make_root("gs")
-    fill(src, settings, FILES)
-    sts_double.paused.set()
-    first = start("sts", src, dst, env, tmp_path)
-    wait_for(lambda: sts_running(sts_double), "the remote operation to run")
-    kill(first)
+    settings, src, dst = killed_mid_job("sts", "s3", "gs", sts_double, sts_running, make_root,
+                                        env, tmp_path)
     (old_job,) = sts_double.jobs
     ((old_op, (_meta, old_run)),) = sts_double.operations.items()
     fill(src, settings, {"new": b"added after the kill"})   # the re-run copies other objects
@@ -100,8 +112,7 @@ def test_sts_a_killed_job_for_other_objects_is_cancelled_and_deleted(make_root, 
     wait_for(old_run.finished.is_set, "the re-run to cancel the killed run's operation")
     assert old_run.state == "cancelled"
     sts_double.paused.clear()
-    out, err = rerun.communicate(timeout=120)
-    assert rerun.returncode == 0, err
+    completes(rerun)
     assert len(sts_double.server.calls("/v1/transferJobs")) == 2
     assert sts_double.jobs[old_job]["status"] == "DELETED"
     assert sts_double.server.calls(f"{old_op}:cancel")
@@ -123,13 +134,8 @@ def ds_left(double) -> list[str]:
 
 
 def test_datasync_a_killed_copy_is_adopted_by_its_rerun(make_root, env, datasync_double, tmp_path):
-    settings = settings_for(env)
-    src, dst = make_root("gs"), make_root("s3")
-    fill(src, settings, FILES)
-    datasync_double.paused.set()
-    first = start("datasync", src, dst, env, tmp_path)
-    wait_for(lambda: ds_running(datasync_double), "the task execution to run")
-    kill(first)
+    settings, src, dst = killed_mid_job("datasync", "gs", "s3", datasync_double, ds_running, make_root,
+                                        env, tmp_path)
     assert len(ds_left(datasync_double)) == 4 and not nothing_recorded(tmp_path)   # 2 locations, task, execution
 
     polled = len(datasync_double.calls("DescribeTaskExecution"))
@@ -138,26 +144,17 @@ def test_datasync_a_killed_copy_is_adopted_by_its_rerun(make_root, env, datasync
              "the re-run to poll the killed run's execution")
     assert ds_running(datasync_double)
     datasync_double.paused.clear()
-    out, err = rerun.communicate(timeout=120)
-    assert rerun.returncode == 0, err
+    completes(rerun)
     for operation in ("CreateLocationObjectStorage", "CreateLocationS3", "CreateTask", "StartTaskExecution"):
         assert len(datasync_double.calls(operation)) == 1, operation
     ((_task, run),) = datasync_double.executions.values()
-    assert run.state == "success" and run.objects_copied == len(FILES)
-    assert read_tree(dst, settings) == FILES
-    deep = mcbridge("verify", dst, "--deep", env=env, state_dir=tmp_path)
-    assert deep.returncode == 0 and f"OK: {len(FILES)} files" in deep.stdout, deep.stdout + deep.stderr
+    copied_once_and_verifies(run, dst, settings, env, tmp_path)
     assert ds_left(datasync_double) == [] and nothing_recorded(tmp_path)
 
 
 def test_datasync_a_killed_job_for_other_objects_is_cancelled_and_deleted(make_root, env, datasync_double, tmp_path):
-    settings = settings_for(env)
-    src, dst = make_root("gs"), make_root("s3")
-    fill(src, settings, FILES)
-    datasync_double.paused.set()
-    first = start("datasync", src, dst, env, tmp_path)
-    wait_for(lambda: ds_running(datasync_double), "the task execution to run")
-    kill(first)
+    settings, src, dst = killed_mid_job("datasync", "gs", "s3", datasync_double, ds_running, make_root,
+                                        env, tmp_path)
     ((old_arn, (_task, old_run)),) = datasync_double.executions.items()
     old_made = set(datasync_double.locations) | set(datasync_double.tasks)
     fill(src, settings, {"new": b"added after the kill"})
@@ -166,8 +163,7 @@ def test_datasync_a_killed_job_for_other_objects_is_cancelled_and_deleted(make_r
     assert old_run.state == "cancelled"
     assert any(c["TaskExecutionArn"] == old_arn for c in datasync_double.calls("CancelTaskExecution"))
     datasync_double.paused.clear()
-    out, err = rerun.communicate(timeout=120)
-    assert rerun.returncode == 0, err
+    completes(rerun)
     assert len(datasync_double.calls("StartTaskExecution")) == 2
     deleted = {c.get("TaskArn") or c.get("LocationArn")
                for c in datasync_double.calls("DeleteTask") + datasync_double.calls("DeleteLocation")}

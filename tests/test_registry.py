@@ -11,7 +11,7 @@ from bridge.stores.base import Store
 
 
 def test_missing_extra_names_the_install_command():
-    with pytest.raises(MissingBackend, match=r"s3:// needs the 's3' extra: pip install 'mcbridge\[s3\]' "
+    with pytest.raises(MissingBackend, match=r"s3:// needs the 's3' extra: pip install 'cloud-artifact-bridge\[s3\]' "
                                              r"\(no_such_sdk_module is missing\)"):
         registry.load("no_such_sdk_module:Store", "s3", "s3://")
 
