@@ -19,6 +19,7 @@ and back on, as rclone does.
 
 from __future__ import annotations
 
+import reprlib
 import signal
 import threading
 import time
@@ -45,7 +46,7 @@ def parse_rate(value: str | int | None) -> int | None:
     try:
         rate = parse_size(text.removesuffix("/s"))
     except InvalidOption:
-        raise InvalidOption(f"invalid bandwidth limit {value!r}: use bytes per second with an optional "
+        raise InvalidOption(f"invalid bandwidth limit {reprlib.repr(value)}: use bytes per second with an optional "
                             f"unit, e.g. 50MiB (or 0/off for none)") from None
     return rate or None
 
