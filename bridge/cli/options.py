@@ -160,7 +160,7 @@ def _read_rate_file(path: Path) -> str:
 def settings_from_flags(profile: str | None, config: str | Path | None, concurrency: int | None = None,
                         chunk_size: str | None = None, store_checksums: str | None = None, *,
                         bwlimit: str | None = None, bwlimit_file: Path | None = None,
-                        route: str | None = None) -> Settings:
+                        route: str | None = None, cache_dir: bool = False) -> Settings:
     if bwlimit_file is not None:
         bwlimit = _read_rate_file(bwlimit_file)
         if not bwlimit.strip():
@@ -171,10 +171,14 @@ def settings_from_flags(profile: str | None, config: str | Path | None, concurre
         transfer["concurrency"] = concurrency
     given("--config", None if config is None else str(config))
     settings = load_settings({"transfer": transfer}, profile=profile, config_path=config)
-    problem = dir_problem(Path(settings.transfer.state_dir))
-    if problem:   # found here, not as an OSError from deep in the first job that writes its journal
-        raise InvalidOption(f"state directory {settings.transfer.state_dir} (transfer.state_dir, MCBRIDGE_STATE_DIR): "
-                            f"{problem}")
+    # Found here, not as an OSError from deep in the first job that writes its journal.
+    dirs = [("state directory", settings.transfer.state_dir, "transfer.state_dir, MCBRIDGE_STATE_DIR")]
+    if cache_dir:
+        dirs.append(("cache directory", settings.cache.dir, "cache.dir, MCBRIDGE_CACHE_DIR"))
+    for what, path, where in dirs:
+        problem = dir_problem(Path(path))
+        if problem:
+            raise InvalidOption(f"{what} {path} ({where}): {problem}")
     return settings
 
 
