@@ -140,7 +140,8 @@ def transfer_flags(*, chunk_size: str | None = None, store_checksums: str | None
         parsed["bwlimit"] = parse_rate(bwlimit) or 0
     if route is not None:
         from bridge import routes
-        routes.get(route)   # an unknown name: InvalidOption listing the routes
+        if route != routes.DIRECT:   # direct is no registered route: it is the engine itself
+            routes.get(route)        # an unknown name: InvalidOption listing the routes
     return parsed
 
 
