@@ -641,19 +641,22 @@ def load_settings(overrides: Mapping[str, Any] | None = None, *, profile: str | 
     profile = profile or environ.get("MCBRIDGE_PROFILE") or "default"
     path = Path(config_path) if config_path else default_config_path(environ)
     explicit = config_path is not None or "MCBRIDGE_CONFIG" in environ or profile != "default"
-    from_env, origin = _env_values(environ)
-    merged = _merge(_file_values(path, profile, explicit), from_env)
+    merged = _merge(_file_values(path, profile, explicit), _env_values(environ)[0])
     merged = _merge(merged, overrides or {})
     if not merged.get("transfer", {}).get("state_dir"):
         merged.setdefault("transfer", {})["state_dir"] = str(default_state_dir(environ))
     if not merged.get("cache", {}).get("dir"):
         merged.setdefault("cache", {})["dir"] = str(default_cache_dir(environ))
-    try:
-        return Settings(**merged)   # a bad value: InvalidOption("invalid setting transfer.concurrency: ...")
-    except InvalidOption as exc:
-        message = str(exc)
-        for where, var in origin.items():
-            section, field = where.split(".")
-            if message.startswith((f"invalid setting {where}:", f"invalid setting {where}.")) and field not in (overrides or {}).get(section, {}):
-                raise InvalidOption(f"{message} (from {var})") from None
-        raise
+    return Settings(**merged)   # a bad value: InvalidOption("invalid setting transfer.concurrency: ...")
+
+
+def variable_of(error: InvalidOption, environ: Mapping[str, str], overrides: Mapping[str, Any] | None = None) -> str | None:
+    """The environment variable that gave the setting ``error`` (from load_settings) refuses,
+    or None when the value came from elsewhere: a CLI names the input as the user wrote it."""
+    message = str(error)
+    for where, var in _env_values(environ)[1].items():
+        section, field = where.split(".")
+        if (message.startswith((f"invalid setting {where}:", f"invalid setting {where}."))
+                and field not in (overrides or {}).get(section, {})):
+            return var
+    return None

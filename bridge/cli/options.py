@@ -20,7 +20,7 @@ import typer
 from bridge import bwlimit as limits
 from bridge.bwlimit import parse_rate
 from bridge.cli.console import Console
-from bridge.config import Settings, load_settings, parse_size
+from bridge.config import Settings, load_settings, parse_size, variable_of
 from bridge.errors import InvalidOption
 from bridge.progress import Progress, human_bytes
 
@@ -171,7 +171,13 @@ def settings_from_flags(profile: str | None, config: str | Path | None, concurre
     if concurrency:
         transfer["concurrency"] = concurrency
     given("--config", None if config is None else str(config))
-    settings = load_settings({"transfer": transfer}, profile=profile, config_path=config)
+    try:
+        settings = load_settings({"transfer": transfer}, profile=profile, config_path=config)
+    except InvalidOption as exc:
+        var = variable_of(exc, os.environ, {"transfer": transfer})
+        if var is None:
+            raise
+        raise InvalidOption(f"{exc} (from {var})") from None
     # Found here, not as an OSError from deep in the first job that writes its journal.
     dirs = [("state directory", settings.transfer.state_dir, "transfer.state_dir, MCBRIDGE_STATE_DIR")]
     if cache_dir:
