@@ -29,6 +29,7 @@ now 46 ms), more than a copy of a few thousand small files spends on anything bu
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 import reprlib
@@ -36,6 +37,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import UnionType
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
+from urllib.parse import urlsplit
 
 from bridge import redact
 from bridge.errors import InvalidOption
@@ -161,14 +163,19 @@ def _int(value: Any, path: str) -> int:
 
 
 def _float(value: Any, path: str) -> float:
+    number = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
+        number = float(value)
+    elif isinstance(value, str):
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
             pass
-    raise ValueError(f"must be a number, not {reprlib.repr(value)}")
+    if number is None:
+        raise ValueError(f"must be a number, not {reprlib.repr(value)}")
+    if not math.isfinite(number):   # nan passes every bound (each comparison is false)
+        raise ValueError(f"must be a finite number, not {reprlib.repr(value)}")
+    return number
 
 
 def _str(value: Any, path: str) -> str:
@@ -339,13 +346,31 @@ def parse_rate(value: str | int | None) -> int | None:
     try:
         rate = parse_size(text.removesuffix("/s"))
     except InvalidOption:
-        raise InvalidOption(f"invalid bandwidth limit {value!r}: use bytes per second with an optional "
+        raise InvalidOption(f"invalid bandwidth limit {reprlib.repr(value)}: use bytes per second with an optional "
                             f"unit, e.g. 50MiB (or 0/off for none)") from None
     return rate or None
 
 
 def _rate(value: Any) -> int | None:
     return parse_rate(value)
+
+
+def _endpoint(bare_host: bool = False) -> Callable[[Any], str | None]:
+    """An endpoint URL: http(s), a host, a valid port. ``bare_host``: ``HOST:PORT`` alone is taken
+    as http://HOST:PORT (as STORAGE_EMULATOR_HOST is by the GCS store)."""
+    def check(value: str | None) -> str | None:
+        if value is None:
+            return None
+        text = "http://" + value if bare_host and "://" not in value else value
+        try:
+            parts = urlsplit(text)
+            parts.port   # noqa: B018   # ValueError for a port that is not a number or out of range
+        except ValueError as exc:
+            raise ValueError(f"{reprlib.repr(value)} is not a valid URL: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{reprlib.repr(value)} is not an endpoint URL: use http(s)://HOST[:PORT]")
+        return value
+    return check
 
 
 def _comma_list(value: Any) -> Any:
@@ -361,7 +386,7 @@ def _stripe_classes(classes: dict[str, int]) -> dict[str, int]:
 
 
 class S3Settings(_Model):
-    endpoint_url: str | None = None
+    endpoint_url: str | None = Field(None, after=_endpoint())
     region: str | None = None
     access_key_id: str | None = None
     secret_access_key: SecretStr | None = None
@@ -370,7 +395,7 @@ class S3Settings(_Model):
 
 
 class GCSSettings(_Model):
-    endpoint: str | None = None          # an emulator, e.g. http://127.0.0.1:4443
+    endpoint: str | None = Field(None, after=_endpoint(bare_host=True))   # an emulator, e.g. http://127.0.0.1:4443
     project: str | None = None
     credentials_file: str | None = None
 
@@ -380,7 +405,7 @@ class AzureSettings(_Model):
     account_name: str | None = None
     account_key: SecretStr | None = None
     sas_token: SecretStr | None = None
-    endpoint: str | None = None
+    endpoint: str | None = Field(None, after=_endpoint())
     region: str | None = None            # Azure's data plane does not say where an account is
 
 
@@ -395,8 +420,8 @@ class TransferSettings(_Model):
     store_checksums: Literal["require", "readback", "skip"] = "require"
     # Where the journal of unfinished copies lives (load_settings fills in the default).
     state_dir: str | None = None
-    connect_timeout: float = 5.0
-    read_timeout: float = 120.0
+    connect_timeout: float = Field(5.0, gt=0)
+    read_timeout: float = Field(120.0, gt=0)
     # Bytes per second across all of a job's connections (e.g. 50MiB); None: unlimited.
     bwlimit: int | None = Field(None, before=_rate)
 
@@ -408,16 +433,16 @@ class NativeSettings(_Model):
     either route even when it is not enabled."""
     enabled: list[Literal["sts", "datasync"]] = Field([], before=_comma_list)   # "sts,datasync" from the environment
     poll_interval: float = Field(10.0, gt=0)    # seconds between status polls of a remote transfer
-    sts_endpoint: str | None = None              # Storage Transfer Service REST endpoint
+    sts_endpoint: str | None = Field(None, after=_endpoint())   # Storage Transfer Service REST endpoint
     sts_project: str | None = None               # the project that runs transfer jobs (default: gcs.project)
     sts_aws_role_arn: str | None = None          # role STS assumes to read S3 (instead of access keys)
-    datasync_endpoint: str | None = None
+    datasync_endpoint: str | None = Field(None, after=_endpoint())
     datasync_region: str | None = None           # default: s3.region
     datasync_s3_role_arn: str | None = None      # BucketAccessRoleArn DataSync assumes on S3 buckets
     datasync_agent_arns: list[str] = []          # none: an agentless (Enhanced mode) task
     gcs_hmac_access_id: str | None = None        # DataSync reads or writes GCS through its XML API
     gcs_hmac_secret: SecretStr | None = None
-    gcs_xml_endpoint: str = "https://storage.googleapis.com"
+    gcs_xml_endpoint: str = Field("https://storage.googleapis.com", after=_endpoint())
 
 
 class Discount(_Model):
@@ -529,13 +554,17 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
 }
 
 
-def _env_values(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+def _env_values(environ: Mapping[str, str]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The settings the environment gives, and the variable each came from ("s3.endpoint_url" ->
+    "AWS_ENDPOINT_URL"), so that a bad value is named as the user wrote it."""
     out: dict[str, dict[str, Any]] = {}
+    origin: dict[str, str] = {}
     for var, (section, field) in _ENV_MAP.items():
         value = environ.get(var)
         if value and field not in out.get(section, {}):
             out.setdefault(section, {})[field] = value
-    return out
+            origin[f"{section}.{field}"] = var
+    return out, origin
 
 
 def default_state_dir(environ: Mapping[str, str]) -> Path:
@@ -557,16 +586,42 @@ def default_config_path(environ: Mapping[str, str]) -> Path:
     return Path(base).expanduser() / "mcbridge" / "config.yaml"
 
 
+MAX_SETTINGS_BYTES = 1024 * 1024   # a settings file is a few KiB; /dev/zero must not fill memory
+
+
+def read_text_file(path: Path, what: str, limit: int = MAX_SETTINGS_BYTES) -> str:
+    """The UTF-8 text of a small regular file, or InvalidOption naming ``what`` and ``path``: a
+    directory, a device, an unreadable, oversized or binary file is bad input, not a crash."""
+    try:
+        if path.is_dir():
+            raise InvalidOption(f"{what} {path} is a directory, not a file")
+        if not path.is_file():
+            raise InvalidOption(f"{what} {path} is not a regular file")
+        with path.open("rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as exc:
+        raise InvalidOption(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+    if len(raw) > limit:
+        raise InvalidOption(f"{what} {path} is over {limit // 1024} KiB: not a settings file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidOption(f"{what} {path} is not UTF-8 text (byte {exc.start})") from None
+
+
 def _file_values(path: Path, profile: str, explicit: bool) -> dict[str, Any]:
     if not path.exists():
         if explicit:
             raise InvalidOption(f"settings file {path} does not exist")
         return {}
+    text = read_text_file(path, "settings file")
     import yaml   # only when there is a file to read (~20 ms)
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
+        doc = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
         raise InvalidOption(f"settings file {path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    except RecursionError:
+        raise InvalidOption(f"settings file {path} is nested too deeply") from None
     profiles = doc.get("profiles", {}) if isinstance(doc, dict) else None
     if not isinstance(profiles, dict):
         raise InvalidOption(f"settings file {path}: 'profiles' must be a mapping of profile names")
@@ -577,6 +632,13 @@ def _file_values(path: Path, profile: str, explicit: bool) -> dict[str, Any]:
     values = profiles[profile] or {}
     if not isinstance(values, dict):
         raise InvalidOption(f"settings file {path}: profile {profile!r} must be a mapping of sections (s3, transfer ...)")
+    for section, body in values.items():
+        if not isinstance(section, str):
+            raise InvalidOption(f"settings file {path}: profile {profile!r}: {reprlib.repr(section)} is not a "
+                                f"section name (s3, transfer ...)")
+        if body is not None and not isinstance(body, dict):   # it would be dropped when merged
+            raise InvalidOption(f"settings file {path}: profile {profile!r}: {section} must be a mapping of "
+                                f"settings, not {type(body).__name__}")
     return values
 
 
@@ -600,10 +662,22 @@ def load_settings(overrides: Mapping[str, Any] | None = None, *, profile: str | 
     profile = profile or environ.get("MCBRIDGE_PROFILE") or "default"
     path = Path(config_path) if config_path else default_config_path(environ)
     explicit = config_path is not None or "MCBRIDGE_CONFIG" in environ or profile != "default"
-    merged = _merge(_file_values(path, profile, explicit), _env_values(environ))
+    merged = _merge(_file_values(path, profile, explicit), _env_values(environ)[0])
     merged = _merge(merged, overrides or {})
     if not merged.get("transfer", {}).get("state_dir"):
         merged.setdefault("transfer", {})["state_dir"] = str(default_state_dir(environ))
     if not merged.get("cache", {}).get("dir"):
         merged.setdefault("cache", {})["dir"] = str(default_cache_dir(environ))
     return Settings(**merged)   # a bad value: InvalidOption("invalid setting transfer.concurrency: ...")
+
+
+def variable_of(error: InvalidOption, environ: Mapping[str, str], overrides: Mapping[str, Any] | None = None) -> str | None:
+    """The environment variable that gave the setting ``error`` (from load_settings) refuses,
+    or None when the value came from elsewhere: a CLI names the input as the user wrote it."""
+    message = str(error)
+    for where, var in _env_values(environ)[1].items():
+        section, field = where.split(".")
+        if (message.startswith((f"invalid setting {where}:", f"invalid setting {where}."))
+                and field not in (overrides or {}).get(section, {})):
+            return var
+    return None

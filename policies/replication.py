@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from bridge.errors import BridgeError, InvalidOption
 from bridge.urls import parse as parse_url
-from bridge.policies.yamlcheck import compose, line_of
+from bridge.policies.yamlcheck import compose, line_of, read
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
 _DIGITS = re.compile(r"(\d+)")
@@ -296,11 +296,10 @@ def parse(text: str, filename: str = "policies.yaml") -> list[NamedPolicy]:
 
 def load(path) -> list[NamedPolicy]:
     """The policies of a file, or PolicyError (one line per mistake)."""
-    from pathlib import Path
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise PolicyError([f"{path}: cannot read the policy file: {exc.strerror or exc}"]) from None
+        text = read(path, "policy file")
+    except ValueError as exc:
+        raise PolicyError([str(exc)]) from None
     return parse(text, str(path))
 
 

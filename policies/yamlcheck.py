@@ -33,6 +33,32 @@ def line_of(node: yaml.Node | None, path: tuple, keys: bool = False) -> int | No
     return line
 
 
+MAX_BYTES = 4 * 1024 * 1024   # a policy or schedules file is a few KiB; /dev/zero must not fill memory
+
+
+def read(path, what: str) -> str:
+    """The UTF-8 text of a YAML file the user named, or ValueError naming the file: a directory,
+    a device, an unreadable, oversized or binary file is bad input, not a crash."""
+    from pathlib import Path
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise ValueError(f"{path}: cannot read the {what}: it is a directory")
+        if path.exists() and not path.is_file():
+            raise ValueError(f"{path}: cannot read the {what}: not a regular file")
+        with path.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_BYTES:
+        raise ValueError(f"{path}: the {what} is over {MAX_BYTES // 1024 // 1024} MiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: the {what} is not UTF-8 text (byte {exc.start})") from None
+
+
 def compose(text: str, filename: str) -> tuple[yaml.Node | None, object]:
     """The node tree and the plain document; ValueError naming the line of a YAML mistake."""
     try:
@@ -41,3 +67,5 @@ def compose(text: str, filename: str) -> tuple[yaml.Node | None, object]:
         mark = getattr(exc, "problem_mark", None)
         reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ValueError(f"{filename}:{mark.line + 1 if mark else 1}: not valid YAML: {reason}") from None
+    except RecursionError:   # PyYAML composes recursively: thousands of nested [ or {
+        raise ValueError(f"{filename}:1: nested too deeply to read") from None

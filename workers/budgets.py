@@ -14,6 +14,7 @@ replication policy's runs are charged to the budget of the policy's name (worker
 
 from __future__ import annotations
 
+import math
 import time
 
 from bridge.workers.keys import Keys
@@ -21,6 +22,18 @@ from bridge.workers.keys import Keys
 
 def month(ts: float | None = None) -> str:
     return time.strftime("%Y-%m", time.gmtime(time.time() if ts is None else ts))
+
+
+def check(name: str, usd: float) -> None:
+    """A budget needs a name and a finite limit of 0 or more: nan would admit every job (it
+    compares false with every estimate), inf likewise, and an empty name is no budget."""
+    from bridge.errors import InvalidOption
+    if not name.strip():
+        raise InvalidOption("the budget name is empty: name it, e.g. after the team or policy it limits")
+    if name != name.strip() or any(not c.isprintable() for c in name):
+        raise InvalidOption(f"budget name {name!r}: no spaces at its ends and no control characters")
+    if not (math.isfinite(usd) and usd >= 0):
+        raise InvalidOption(f"budget {name}: {usd} is not a limit: give a finite number of US dollars, 0 or more")
 
 
 class Budgets:
@@ -36,6 +49,7 @@ class Budgets:
         return f"{self.keys.namespace}:spend:{when}"
 
     def set(self, name: str, usd: float) -> None:
+        check(name, usd)
         self.r.hset(self._limits, name, repr(float(usd)))
 
     def limit(self, name: str) -> float | None:

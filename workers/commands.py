@@ -20,7 +20,8 @@ import typer
 from bridge.cli.options import ConfigOpt, settings_from_flags
 from bridge.cli.options import ProfileOpt as LocalProfileOpt
 from bridge.cli.options import (DeleteOpt, JsonOpt, QuietOpt, bwlimit_opt, chunk_size_opt, concurrency_opt,
-                                dry_run_opt, err, max_cost_opt, out, profile_opt, route_opt, store_checksums_opt)
+                                dry_run_opt, err, given, max_cost_opt, out, profile_opt, refuse_unused, route_opt,
+                                store_checksums_opt, transfer_flags, usd_amount)
 from bridge.progress import human_bytes
 
 # The flags of mcbridge cp, with the meaning they have for a job that runs on workers.
@@ -49,7 +50,28 @@ BudgetOpt = Annotated[Optional[str], typer.Option(
 
 def _ws(broker: str | None = None, **overrides: Any):
     from bridge.workers.settings import WorkerSettings
-    return WorkerSettings.from_env(os.environ, broker_url=broker, **overrides)
+    given("--broker", broker)
+    ws = WorkerSettings.from_env(os.environ, broker_url=broker, **overrides)
+    _check_broker(ws.broker_url, "--broker" if broker else "BRIDGE_BROKER_URL")
+    return ws
+
+
+def _check_broker(url: str, named: str) -> None:
+    """A Redis URL redis-py can use, or one line naming the flag or variable it came from."""
+    from urllib.parse import urlsplit
+
+    from redis.connection import parse_url
+
+    from bridge.errors import InvalidOption
+    try:
+        parts = parse_url(url)
+        db = urlsplit(url).path.strip("/") if url.startswith(("redis://", "rediss://")) else ""
+    except ValueError as exc:
+        raise InvalidOption(f"{named} {_safe_url(url)!r} is not a Redis URL: {exc}") from None
+    if not (parts.get("host") or parts.get("path")):
+        raise InvalidOption(f"{named} {_safe_url(url)!r} names no host: use redis://HOST:PORT/DB")
+    if db and not db.isdigit():
+        raise InvalidOption(f"{named} {_safe_url(url)!r}: the database must be a number, not {db!r}")
 
 
 def _safe_url(url: str) -> str:
@@ -110,6 +132,9 @@ def worker(
     broker: BrokerOpt = None,
 ) -> None:
     """Start a worker (Celery's own, with bridge's settings): runs the units of queued jobs."""
+    _queue_names(queues)
+    for flag, value in (("--hostname", hostname), ("--pool", pool), ("--loglevel", loglevel)):
+        given(flag, value)
     ws = _ws(broker, metrics_port=metrics_port)
     _connect(ws)
     from bridge.workers.app import app, configure
@@ -120,6 +145,21 @@ def worker(
     if hostname:
         argv.append(f"--hostname={hostname}")
     app.worker_main(argv)
+
+
+def _queue_names(queues: str | None) -> list[str] | None:
+    """The queues of -Q, each a name: an empty one would make Celery consume every queue."""
+    from bridge.errors import InvalidOption
+    from bridge.workers.settings import _NAME_RE
+    if queues is None:
+        return None
+    names = [name.strip() for name in queues.split(",")]
+    if not any(names):
+        raise InvalidOption("--queues is empty: name the queues, or leave the option out for the defaults")
+    for name in names:
+        if not _NAME_RE.match(name):
+            raise InvalidOption(f"--queues {queues!r}: {name!r} is not a queue name (letters, digits, '_', '.', '-')")
+    return names
 
 
 def beat(
@@ -190,6 +230,16 @@ def _scheduled_policies(path: str):
 def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, dry_run: bool,
             broker: str | None, max_cost: float | None = None, budget: str | None = None) -> None:
     from bridge.workers.specs import parse_spec
+    # The flags mcbridge cp shares, by the function cp checks them with: refused here, in the
+    # same words, rather than by a worker after the job was queued.
+    fields.update(transfer_flags(chunk_size=fields.get("chunk_size"), store_checksums=fields.get("store_checksums"),
+                                 bwlimit=fields.get("bwlimit"), route=fields.get("route"),
+                                 profile=fields.get("profile")))
+    for flag, name in (("--queue", "queue"), ("--prefix", "shard_prefix"), ("--shard-size", "shard_size"),
+                       ("--row-group-size", "row_group_size")):
+        given(flag, fields.get(name))
+    given("--budget", budget)
+    usd_amount("--max-cost", max_cost)
     spec = parse_spec({k: v for k, v in fields.items() if v is not None})
     estimate = _within_budget(spec, max_cost) if max_cost is not None or budget is not None else None
     ws = _ws(broker)
@@ -306,6 +356,8 @@ def submit_pack(src: str, dst: str,
     """Queue packing the files under SRC into shards at DST (as mcbridge pack), one task per
     shard; prints the job id."""
     options = dict(locals())
+    if shard_format != "parquet":
+        refuse_unused(f"to {shard_format} shards (parquet only)", **{"--row-group-size": row_group_size})
     _submit(_fields("pack", options, destinations=[dst], shard_format=shard_format, shard_size=shard_size,
                     max_count=max_count, shard_prefix=prefix, row_group_size=row_group_size), **_how(options))
 
@@ -327,10 +379,12 @@ def submit_migrate(src: str, dst: str,
                    pack: Annotated[Optional[str], typer.Option(
                        "--pack", help="Pack into tar (WebDataset) or parquet shards on the way; "
                        "without it, a plain copy.")] = None,
-                   shard_size: Annotated[str, typer.Option("--shard-size", help="Target shard size.")] = "256MiB",
+                   shard_size: Annotated[Optional[str], typer.Option(
+                       "--shard-size", help="Target shard size (default 256MiB).")] = None,
                    max_count: Annotated[Optional[int], typer.Option("--max-count", min=1,
                                                                     help="At most N files per shard.")] = None,
-                   prefix: Annotated[str, typer.Option("--prefix", help="Shard names: PREFIX-000000.tar ...")] = "shard",
+                   prefix: Annotated[Optional[str], typer.Option(
+                       "--prefix", help="Shard names: PREFIX-000000.tar ... (default shard)")] = None,
                    concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
                    bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
                    wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
@@ -340,17 +394,21 @@ def submit_migrate(src: str, dst: str,
     way, one task per shard; without, a copy. Prints the job id."""
     options = dict(locals())
     if pack is None:
+        refuse_unused("without --pack", **{"--shard-size": shard_size, "--max-count": max_count, "--prefix": prefix})
         _submit(_fields("copy", options, destinations=[dst]), **_how(options))
         return
     if pack not in ("tar", "parquet"):
         raise typer.BadParameter(f"--pack takes tar or parquet, not {pack!r}")
-    _submit(_fields("pack", options, destinations=[dst], shard_format=pack, shard_size=shard_size,
-                    max_count=max_count, shard_prefix=prefix, row_group_size=None), **_how(options))
+    _submit(_fields("pack", options, destinations=[dst], shard_format=pack, shard_size=shard_size or "256MiB",
+                    max_count=max_count, shard_prefix="shard" if prefix is None else prefix, row_group_size=None),
+            **_how(options))
 
 
 def _fields(kind: str, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
     names = ("concurrency", "chunk_size", "store_checksums", "bwlimit", "profile", "queue", "verify")
-    routed = {"route": options["route"]} if options.get("route") and kind in ("copy", "sync") else {}
+    if kind not in ("copy", "sync"):
+        refuse_unused(f"to a {kind} job", **{"--route": options.get("route")})
+    routed = {"route": options["route"]} if options.get("route") is not None else {}
     return {"kind": kind, "source": options["src"], **{n: options[n] for n in names}, **routed, **extra}
 
 
@@ -547,6 +605,9 @@ def jobs_limit(job_id: str, rate: Annotated[str, typer.Argument(help="Bytes per 
     from bridge.config import parse_rate
     from bridge.workers.jobs import TERMINAL
     from bridge.workers.limits import set_limit
+    if not rate.strip():
+        from bridge.errors import InvalidOption
+        raise InvalidOption("RATE is empty: give bytes per second (e.g. 50MiB), or 0 or off for no limit")
     value = parse_rate(rate)
     jobs = _jobs(_ws(broker))
     record = jobs.get(job_id)
@@ -579,8 +640,9 @@ def budgets_set(name: Annotated[str, typer.Argument(help="Budget name, e.g. a po
                 usd: Annotated[float, typer.Argument(min=0, help="Monthly limit in US dollars.")],
                 broker: BrokerOpt = None) -> None:
     """Set the monthly limit of a budget; jobs submitted with --budget NAME are held above it."""
-    from bridge.workers.budgets import Budgets
+    from bridge.workers.budgets import Budgets, check
     from bridge.workers.keys import Keys
+    check(name, usd)
     ws = _ws(broker)
     Budgets(_connect(ws), Keys(ws.namespace)).set(name, usd)
     out.print(f"budget {name}: ${usd:.2f} a month", markup=False)

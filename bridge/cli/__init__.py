@@ -152,6 +152,17 @@ def log_to_stderr() -> None:
     logging.getLogger().addHandler(handler)
 
 
+def _bad_sdk_setting(exc: Exception) -> str | None:
+    """A setting an SDK refused while reading its own configuration (not a bug of ours): the
+    line naming it. Looked up only when an SDK is loaded, which it is when it raised."""
+    botocore = sys.modules.get("botocore.exceptions")
+    if botocore is not None and isinstance(exc, botocore.ProfileNotFound):
+        return f"AWS profile {exc.kwargs.get('profile')!r} (AWS_PROFILE or s3.profile) is not in the AWS config files"
+    if botocore is not None and isinstance(exc, botocore.ConfigParseError):
+        return f"AWS config file {exc.kwargs.get('path')} (AWS_CONFIG_FILE) cannot be parsed"
+    return None
+
+
 def main() -> None:
     log_to_stderr()
     try:
@@ -170,6 +181,9 @@ def main() -> None:
         # Usage errors of typer's (vendored) click arrive here in non-standalone mode.
         if hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int):
             fail(exc.format_message(), exc.exit_code)
+        named = _bad_sdk_setting(exc)
+        if named:
+            fail(named, 2)
         # A bug of ours: still one line, and an SDK's text in it may quote a signed URL.
         fail(f"internal error: {type(exc).__name__}: {exc}", 1)
     sys.exit(code if isinstance(code, int) else 0)

@@ -23,7 +23,7 @@ LookaheadOpt = Annotated[Optional[int], typer.Option(
 
 def _cache(profile, config):
     from bridge.cache.core import Cache
-    return Cache(settings_from_flags(profile, config))
+    return Cache(settings_from_flags(profile, config, cache_dir=True))
 
 
 def _duration(text: str) -> float:
@@ -135,6 +135,9 @@ def unpin(url: str, profile: ProfileOpt = None, config: ConfigOpt = None) -> Non
 def evict(url: Annotated[Optional[str], typer.Argument(help="Only this object (every version held).")] = None,
           as_json: JsonOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Remove URL's entries, or every entry that is not pinned; entries being filled stay."""
+    if url is not None and not url.strip():   # '' must not mean "everything"
+        from bridge.errors import InvalidOption
+        raise InvalidOption("URL is empty: name the object to evict, or give no URL to evict every unpinned entry")
     removed = _cache(profile, config).evict(url)
     if as_json:
         out.print_json(json.dumps({"removed": removed}))

@@ -10,6 +10,8 @@ type and limits stay the same everywhere.
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -18,7 +20,7 @@ import typer
 from bridge import bwlimit as limits
 from bridge.config import parse_rate
 from bridge.cli.console import Console, shown
-from bridge.config import Settings, load_settings, parse_size
+from bridge.config import Settings, load_settings, parse_size, variable_of
 from bridge.errors import InvalidOption
 from bridge.progress import Progress, human_bytes
 
@@ -56,13 +58,23 @@ def dry_run_opt(help: str = "Print the plan; move nothing."):
     return Annotated[bool, typer.Option("--dry-run", help=help)]
 
 
+def usd_amount(flag: str, usd: float | None) -> float | None:
+    """A dollar amount: finite and not negative (nan compares false with every limit, so a guard
+    given nan, like one given inf, would never refuse anything)."""
+    if usd is not None and not (math.isfinite(usd) and usd >= 0):
+        raise InvalidOption(f"{flag} {usd}: give a finite number of US dollars, 0 or more")
+    return usd
+
+
 def max_cost_opt(help: str = "Refuse, before any data request, a job estimated above this many US dollars "
                  "(see mcbridge plan)."):
-    return Annotated[Optional[float], typer.Option("--max-cost", min=0, help=help)]
+    return Annotated[Optional[float], typer.Option("--max-cost", min=0, help=help,
+                                                   callback=lambda usd: usd_amount("--max-cost", usd))]
 
 
 ProfileOpt = profile_opt()
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", help="Settings file (YAML).")]
+# A string, not a Path: typer turns an empty Path into ".", and --config '' must be refused as empty.
+ConfigOpt = Annotated[Optional[str], typer.Option("--config", help="Settings file (YAML).")]
 ConcOpt = concurrency_opt()
 ChunkOpt = chunk_size_opt()
 StoreSumOpt = store_checksums_opt()
@@ -86,24 +98,110 @@ RouteOpt = route_opt()
 DeleteOpt = Annotated[bool, typer.Option("--delete", help="Remove from DST what SRC no longer has.")]
 
 
-def settings_from_flags(profile: str | None, config: Path | None, concurrency: int | None = None,
-                        chunk_size: str | None = None, store_checksums: str | None = None, *,
-                        bwlimit: str | None = None, bwlimit_file: Path | None = None) -> Settings:
-    transfer: dict[str, Any] = {}
-    if bwlimit_file is not None:
-        try:
-            bwlimit = bwlimit_file.read_text()
-        except OSError as exc:
-            raise InvalidOption(f"--bwlimit-file {bwlimit_file}: {exc.strerror or exc}") from None
+STORE_CHECKSUMS = ("require", "readback", "skip")
+
+
+def given(flag: str, value: str | None) -> str | None:
+    """An option's value as given; an empty one is refused: it must not quietly mean "unset"
+    (``--profile ''`` the default profile, ``--bwlimit ''`` no limit)."""
+    if value is not None and not str(value).strip():
+        raise InvalidOption(f"{flag} is empty: give a value, or leave the option out")
+    return value
+
+
+def refuse_unused(reason: str, **flags: Any) -> None:
+    """Refuse options given where they do not apply (``flags``: option name -> value, None when
+    not given) rather than ignore them."""
+    unused = [name for name, value in flags.items() if value is not None]
+    if unused:
+        raise InvalidOption(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply {reason}")
+
+
+def transfer_flags(*, chunk_size: str | None = None, store_checksums: str | None = None,
+                   bwlimit: str | None = None, route: str | None = None,
+                   profile: str | None = None) -> dict[str, Any]:
+    """The transfer flags cp, sync, pack, migrate and submit share, checked by one function so
+    that a job queued for workers is refused with the same words as one run here, before
+    anything runs or is queued. Returns the parsed values that were given."""
+    for flag, value in (("--chunk-size", chunk_size), ("--store-checksums", store_checksums),
+                        ("--bwlimit", bwlimit), ("--route", route), ("--profile", profile)):
+        given(flag, value)
+    parsed: dict[str, Any] = {}
+    if chunk_size is not None:
+        size = parse_size(chunk_size)
+        if size < 1:
+            raise InvalidOption(f"--chunk-size {chunk_size!r} must be at least 1 byte")
+        parsed["chunk_size"] = size
+    if store_checksums is not None:
+        if store_checksums not in STORE_CHECKSUMS:
+            raise InvalidOption(f"--store-checksums {store_checksums!r}: use one of {', '.join(STORE_CHECKSUMS)}")
+        parsed["store_checksums"] = store_checksums
     if bwlimit is not None:
-        transfer["bwlimit"] = parse_rate(bwlimit) or 0
-    if store_checksums:
-        transfer["store_checksums"] = store_checksums
+        parsed["bwlimit"] = parse_rate(bwlimit) or 0
+    if route is not None:
+        from bridge import routes
+        if route != routes.DIRECT:   # direct is no registered route: it is the engine itself
+            routes.get(route)        # an unknown name: InvalidOption listing the routes
+    return parsed
+
+
+def _read_rate_file(path: Path) -> str:
+    try:
+        if path.is_dir():
+            raise InvalidOption(f"--bwlimit-file {path}: is a directory")
+        with path.open("rb") as f:
+            raw = f.read(1024)   # a rate is a few bytes; /dev/zero must not fill memory
+        return raw.decode("utf-8")
+    except OSError as exc:
+        raise InvalidOption(f"--bwlimit-file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise InvalidOption(f"--bwlimit-file {path}: not a text file (give a rate such as 50MiB)") from None
+
+
+def settings_from_flags(profile: str | None, config: str | Path | None, concurrency: int | None = None,
+                        chunk_size: str | None = None, store_checksums: str | None = None, *,
+                        bwlimit: str | None = None, bwlimit_file: Path | None = None,
+                        route: str | None = None, cache_dir: bool = False) -> Settings:
+    if bwlimit_file is not None:
+        bwlimit = _read_rate_file(bwlimit_file)
+        if not bwlimit.strip():
+            raise InvalidOption(f"--bwlimit-file {bwlimit_file} is empty: write a rate such as 50MiB, or 0 for none")
+    transfer = transfer_flags(chunk_size=chunk_size, store_checksums=store_checksums, bwlimit=bwlimit,
+                              route=route, profile=profile)
     if concurrency:
         transfer["concurrency"] = concurrency
-    if chunk_size:
-        transfer["chunk_size"] = parse_size(chunk_size)
-    return load_settings({"transfer": transfer}, profile=profile, config_path=config)
+    given("--config", None if config is None else str(config))
+    try:
+        settings = load_settings({"transfer": transfer}, profile=profile, config_path=config)
+    except InvalidOption as exc:
+        var = variable_of(exc, os.environ, {"transfer": transfer})
+        if var is None:
+            raise
+        raise InvalidOption(f"{exc} (from {var})") from None
+    # Found here, not as an OSError from deep in the first job that writes its journal.
+    dirs = [("state directory", settings.transfer.state_dir, "transfer.state_dir, MCBRIDGE_STATE_DIR")]
+    if cache_dir:
+        dirs.append(("cache directory", settings.cache.dir, "cache.dir, MCBRIDGE_CACHE_DIR"))
+    for what, path, where in dirs:
+        problem = dir_problem(Path(path))
+        if problem:
+            raise InvalidOption(f"{what} {path} ({where}): {problem}")
+    return settings
+
+
+def dir_problem(path: Path) -> str | None:
+    """Why a directory cannot be used or made at ``path``, or None; checked without making it:
+    the nearest path up that exists must be a directory this user may write."""
+    at = path
+    while not os.path.lexists(at):
+        if at.parent == at:
+            break
+        at = at.parent
+    if not at.is_dir():
+        return "is not a directory" if at == path else f"{at} is not a directory"
+    if not os.access(at, os.W_OK | os.X_OK):
+        return "cannot be written" if at == path else f"cannot be created: {at} is not writable"
+    return None
 
 
 class ProgressBar:

@@ -10,35 +10,46 @@ from typing import Annotated, Optional
 import typer
 
 from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, MaxCostOpt, RouteOpt, route_line,
-                                ProfileOpt, ProgressBar, QuietOpt, StoreSumOpt, emit, out, print_plan,
-                                print_usage, settings_from_flags)
+                                ProfileOpt, ProgressBar, QuietOpt, StoreSumOpt, emit, given, out, print_plan,
+                                print_usage, refuse_unused, settings_from_flags)
+from bridge.errors import InvalidOption
 from bridge.config import parse_size
 from bridge.progress import human_bytes
 
 FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Shard format: tar (WebDataset) or parquet.")]
 PackOpt = Annotated[Optional[str], typer.Option("--pack", help="Pack into shards on the way: tar or parquet "
                                                 "(default: copy the files as they are).")]
-ShardSizeOpt = Annotated[str, typer.Option("--shard-size", help="Target shard size, e.g. 256MiB; a sample "
-                                           "bigger than this gets a shard of its own.")]
+ShardSizeOpt = Annotated[Optional[str], typer.Option("--shard-size", help="Target shard size (default 256MiB); a "
+                                                     "sample bigger than this gets a shard of its own.")]
 MaxCountOpt = Annotated[Optional[int], typer.Option("--max-count", min=1, help="At most N files per shard.")]
-PrefixOpt = Annotated[str, typer.Option("--prefix", help="Shard names: PREFIX-000000.tar …, index "
-                                        "PREFIX.index.json.")]
+PrefixOpt = Annotated[Optional[str], typer.Option("--prefix", help="Shard names: PREFIX-000000.tar …, index "
+                                                  "PREFIX.index.json (default shard).")]
 RowGroupOpt = Annotated[Optional[str], typer.Option("--row-group-size", help="Parquet: data bytes per row "
                                                     "group (default 32MiB).")]
-MemoryOpt = Annotated[str, typer.Option("--memory", help="Memory budget for shards written at once.")]
+MemoryOpt = Annotated[Optional[str], typer.Option("--memory", help="Memory budget for shards written at once "
+                                                  "(default 1GiB).")]
 SetPrefixOpt = Annotated[Optional[str], typer.Option("--prefix", help="Which shard set, when the root holds "
                                                      "several (default: the only one).")]
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write to FILE, not stdout.")]
 
 DEFAULT_SHARD_SIZE = "256MiB"
+DEFAULT_PREFIX = "shard"
+DEFAULT_MEMORY = "1GiB"
 
 
-def _pack(src: str, dst: str, fmt: str, shard_size: str, max_count: int | None, prefix: str,
-          row_group_size: str | None, memory: str, concurrency: int | None, chunk_size: str | None,
+def _pack(src: str, dst: str, fmt: str, shard_size: str | None, max_count: int | None, prefix: str | None,
+          row_group_size: str | None, memory: str | None, concurrency: int | None, chunk_size: str | None,
           store_checksums: str | None, dry_run: bool, as_json: bool, quiet: bool, profile: str | None,
-          config: Path | None, bwlimit: str | None = None, bwlimit_file: Path | None = None,
+          config: str | None, bwlimit: str | None = None, bwlimit_file: Path | None = None,
           max_cost: float | None = None) -> None:
     from bridge.packing import job
+    for flag, value in (("--format", fmt), ("--shard-size", shard_size), ("--prefix", prefix),
+                        ("--row-group-size", row_group_size), ("--memory", memory)):
+        given(flag, value)
+    if fmt != "parquet":
+        refuse_unused(f"to {fmt} shards (parquet only)", **{"--row-group-size": row_group_size})
+    shard_size, memory = shard_size or DEFAULT_SHARD_SIZE, memory or DEFAULT_MEMORY
+    prefix = DEFAULT_PREFIX if prefix is None else prefix
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
                                    bwlimit_file=bwlimit_file)
     options = {"row_group_size": parse_size(row_group_size)} if row_group_size else {}
@@ -62,9 +73,9 @@ def _pack(src: str, dst: str, fmt: str, shard_size: str, max_count: int | None, 
           f"{summary['elapsed_s']:.1f}s; index {summary['index']}; manifest {summary['manifest']}")
 
 
-def pack(src: str, dst: str, fmt: FormatOpt = "tar", shard_size: ShardSizeOpt = DEFAULT_SHARD_SIZE,
-         max_count: MaxCountOpt = None, prefix: PrefixOpt = "shard", row_group_size: RowGroupOpt = None,
-         memory: MemoryOpt = "1GiB", concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
+def pack(src: str, dst: str, fmt: FormatOpt = "tar", shard_size: ShardSizeOpt = None,
+         max_count: MaxCountOpt = None, prefix: PrefixOpt = None, row_group_size: RowGroupOpt = None,
+         memory: MemoryOpt = None, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
          store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
          dry_run: DryOpt = False, as_json: JsonOpt = False,
          quiet: QuietOpt = False, max_cost: MaxCostOpt = None, profile: ProfileOpt = None,
@@ -74,22 +85,26 @@ def pack(src: str, dst: str, fmt: FormatOpt = "tar", shard_size: ShardSizeOpt = 
           store_checksums, dry_run, as_json, quiet, profile, config, bwlimit, bwlimit_file, max_cost)
 
 
-def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSizeOpt = DEFAULT_SHARD_SIZE,
-            max_count: MaxCountOpt = None, prefix: PrefixOpt = "shard", row_group_size: RowGroupOpt = None,
-            memory: MemoryOpt = "1GiB", concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
+def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSizeOpt = None,
+            max_count: MaxCountOpt = None, prefix: PrefixOpt = None, row_group_size: RowGroupOpt = None,
+            memory: MemoryOpt = None, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
             store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
             dry_run: DryOpt = False, as_json: JsonOpt = False,
             quiet: QuietOpt = False, max_cost: MaxCostOpt = None, route: RouteOpt = None,
             profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Move a corpus from SRC to DST in one pass, packing it into shards with --pack; the
     destination gets its index and _bridge/manifest.json."""
+    given("--pack", pack_format)
     if pack_format:
+        refuse_unused("with --pack (packing writes through this process)", **{"--route": route})
         _pack(src, dst, pack_format, shard_size, max_count, prefix, row_group_size, memory, concurrency,
               chunk_size, store_checksums, dry_run, as_json, quiet, profile, config, bwlimit, bwlimit_file, max_cost)
         return
     from bridge import ops
+    refuse_unused("without --pack", **{"--shard-size": shard_size, "--max-count": max_count, "--prefix": prefix,
+                                       "--row-group-size": row_group_size, "--memory": memory})
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
-                                   bwlimit_file=bwlimit_file)
+                                   bwlimit_file=bwlimit_file, route=route)
     if dry_run:
         print_plan(ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True,
                             route=route), as_json)
@@ -107,6 +122,7 @@ def unpack(src: str, dst: str, prefix: SetPrefixOpt = None, concurrency: ConcOpt
     """Restore the files packed at SRC (a shard set, its .index.json, or .tar/.parquet shards)
     into DST, checking every file against its hash; unsafe members stop it before any write."""
     from bridge.packing.unpack import unpack as run
+    given("--prefix", prefix)
     settings = settings_from_flags(profile, config, concurrency)
     if dry_run:
         summary = run(src, dst, settings, prefix=prefix, dry_run=True)
@@ -129,9 +145,18 @@ def cat(shardset: str, path: str, prefix: SetPrefixOpt = None, output: OutputOpt
         profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Print one file of the shard set SHARDSET, read by a single ranged request through its index."""
     from bridge.packing.reading import cat as read_one
+    if output is not None:   # before the read: a file that cannot be written is bad input, not a crash after it
+        given("--output", str(output))
+        if output.is_dir():
+            raise InvalidOption(f"--output {output} is a directory: name a file")
+        if not output.parent.is_dir():
+            raise InvalidOption(f"--output {output}: {output.parent} is not a directory")
     data, _where = read_one(shardset, path, settings_from_flags(profile, config), prefix)
     if output is not None:
-        output.write_bytes(data)
+        try:
+            output.write_bytes(data)
+        except OSError as exc:
+            raise InvalidOption(f"--output {output} cannot be written: {exc.strerror or exc}") from None
         return
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()

@@ -35,7 +35,7 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
     """Copy SRC to DST: one object, or every object under a directory or prefix (trailing slash)."""
     from bridge import ops
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
-                                   bwlimit_file=bwlimit_file)
+                                   bwlimit_file=bwlimit_file, route=route)
     if dry_run:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True,
                            route=route)
@@ -59,7 +59,7 @@ def sync(src: str, dst: str, delete: DeleteOpt = False,
     what no longer matches the manifest, and with --delete remove what SRC no longer has."""
     from bridge import ops
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
-                                   bwlimit_file=bwlimit_file)
+                                   bwlimit_file=bwlimit_file, route=route)
     if dry_run:
         summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
                            dry_run=True, route=route)
