@@ -194,3 +194,18 @@ def test_sts_a_run_killed_before_recording_its_operation_is_found_by_the_job(mak
     assert len(sts_double.server.calls("/v1/transferJobs")) == 1 and len(sts_double.operations) == 1
     assert read_tree(dst, settings) == FILES
     assert sts_left(sts_double) == [] and nothing_recorded(tmp_path)
+
+
+def test_a_record_half_written_by_a_killed_run_goes_with_the_record(env, tmp_path):
+    """SIGKILL between writing a note and renaming it into place leaves ``<key>.<pid>.tmp``:
+    dropping the record removes it too, so nothing of the job stays in the state dir."""
+    from bridge.routes import delegated
+    from bridge.routes.ledger import Ledger
+    from bridge.urls import parse
+    settings = settings_for(env, state_dir=str(tmp_path))
+    transfer = delegated.Transfer("sts", parse("s3://bkt/src/"), parse("gs://cnt/dst/"), [], None)
+    ledger = Ledger(settings, transfer)
+    ledger.begin(route="sts", job="transferJobs/x")
+    ledger.path.with_suffix(".12345.tmp").write_text('{"half": ')
+    ledger.drop()
+    assert nothing_recorded(tmp_path)

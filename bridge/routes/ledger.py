@@ -68,5 +68,8 @@ class Ledger:
         os.replace(tmp, self.path)
 
     def drop(self) -> None:
+        """Forget the record, and any half-written one a run killed while noting left beside it."""
         self._record = None
         self.path.unlink(missing_ok=True)
+        for stale in self.path.parent.glob(f"{self.path.stem}.*.tmp"):
+            stale.unlink(missing_ok=True)
