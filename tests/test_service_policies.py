@@ -148,6 +148,8 @@ policies:
     assert f"{az}: lag 1" in listed.stdout, listed.stdout
 
     assert metric_total(port, "bridge_replica_lag_checkpoints") == 1           # gs 0, az 1
+    # a newest checkpoint newly verified: step-1000 at both, step-2000 at both, step-3000 at gs only
+    assert metric_total(port, "bridge_replica_commit_to_verified_seconds_count") == 5
     assert metric_total(port, "bridge_replica_spend_usd_total") == pytest.approx(
         Budgets(service.redis, service.keys).spent("golden"), rel=1e-6)
 

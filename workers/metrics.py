@@ -89,6 +89,9 @@ def _metrics() -> dict | None:
                              "newest checkpoint verified", ["policy", "destination"], multiprocess_mode="mostrecent"),
         "spend": pc.Counter("bridge_replica_spend_usd", "US dollars a policy's runs spent at a destination",
                             ["policy", "destination"]),
+        "commit_latency": pc.Histogram("bridge_replica_commit_to_verified_seconds", "From a checkpoint's commit "
+                                       "(its marker) to its verification at a destination", ["policy", "destination"],
+                                       buckets=(1, 5, 15, 30, 60, 120, 300, 900, 3600, 4 * 3600, 24 * 3600)),
     }
 
 
@@ -137,10 +140,13 @@ def cache(queue: str, hits: int = 0, misses: int = 0, bytes_filled: int = 0) -> 
         m["cache_filled"].labels(queue).inc(bytes_filled)
 
 
-def replica(policy: str, destination: str, *, lag: int, verified_at: float | None, spent: float) -> None:
+def replica(policy: str, destination: str, *, lag: int, verified_at: float | None, spent: float,
+            commit_to_verified: float | None = None) -> None:
     m = _metrics()
     if m is None:
         return
+    if commit_to_verified is not None:
+        m["commit_latency"].labels(policy, destination).observe(commit_to_verified)
     m["lag"].labels(policy, destination).set(lag)
     if verified_at is not None:
         m["verified"].labels(policy, destination).set(verified_at)

@@ -238,7 +238,8 @@ def ended(svc, parent) -> None:
         state.add_spend(name, dst, spent[dst])
         replicas[dst] = row
         metrics.replica(name, dst, lag=lag["lag_checkpoints"],
-                        verified_at=now if renewed else _ts(prev.get("verified_at")), spent=spent[dst])
+                        verified_at=now if renewed else _ts(prev.get("verified_at")), spent=spent[dst],
+                        commit_to_verified=max(0.0, now - commit) if commit is not None else None)
     svc.jobs.update(parent.id, replicas=replicas, verified_copies=copies, copies_needed=policy.copies_needed)
     errors = [p for dst in policy.destinations for p in problems[dst]] + \
              [f"{dst}: not listed for retention: {why}" for dst, why in unlisted.items()]
