@@ -49,6 +49,9 @@ BudgetOpt = Annotated[Optional[str], typer.Option(
 
 
 def _ws(broker: str | None = None, **overrides: Any):
+    """The service's settings, the broker URL checked; every service command starts here, so a
+    missing 'service' extra is named before anything imports redis."""
+    _need_service()
     from bridge.workers.settings import WorkerSettings
     given("--broker", broker)
     ws = WorkerSettings.from_env(os.environ, broker_url=broker, **overrides)
