@@ -42,7 +42,7 @@ def test_a_quiet_copy_loads_no_rich_and_no_other_group(tmp_path):
     assert (tmp_path / "out" / "f.txt").read_text() == "x"
     # typer 0.29 and later convert every parameter through pydantic (pyproject keeps it below 0.29)
     for heavy in ("rich", "yaml", "pydantic", "pydantic_core", "bridge.cli.packing", "bridge.cli.policy", "bridge.cache",
-                  "bridge.cache.commands", "bridge.workers.commands", "fsspec"):
+                  "bridge.cli.cache", "bridge.workers.commands", "fsspec"):
         assert heavy not in loaded, heavy
 
 
