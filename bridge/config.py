@@ -589,24 +589,35 @@ def default_config_path(environ: Mapping[str, str]) -> Path:
 MAX_SETTINGS_BYTES = 1024 * 1024   # a settings file is a few KiB; /dev/zero must not fill memory
 
 
+class UnreadableText(InvalidOption):
+    """A file the user named that is no small UTF-8 text: ``reason`` says why, ``line`` where
+    the bad byte is (for a file that is not UTF-8)."""
+
+    def __init__(self, path: Path, what: str, reason: str, line: int | None = None):
+        super().__init__(f"{what} {path}: {reason}")
+        self.reason, self.line = reason, line
+
+
 def read_text_file(path: Path, what: str, limit: int = MAX_SETTINGS_BYTES) -> str:
-    """The UTF-8 text of a small regular file, or InvalidOption naming ``what`` and ``path``: a
-    directory, a device, an unreadable, oversized or binary file is bad input, not a crash."""
+    """The UTF-8 text of a small regular file, or UnreadableText naming ``what`` and ``path``: a
+    directory, a device, an unreadable, oversized or binary file is bad input, not a crash.
+    Settings, policy and schedule files are all read through here."""
     try:
         if path.is_dir():
-            raise InvalidOption(f"{what} {path} is a directory, not a file")
-        if not path.is_file():
-            raise InvalidOption(f"{what} {path} is not a regular file")
+            raise UnreadableText(path, what, "it is a directory, not a file")
+        if path.exists() and not path.is_file():
+            raise UnreadableText(path, what, "it is not a regular file")
         with path.open("rb") as f:
             raw = f.read(limit + 1)
     except OSError as exc:
-        raise InvalidOption(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+        raise UnreadableText(path, what, f"it cannot be read: {exc.strerror or exc}") from None
     if len(raw) > limit:
-        raise InvalidOption(f"{what} {path} is over {limit // 1024} KiB: not a settings file")
+        raise UnreadableText(path, what, f"it is over {limit // 1024} KiB")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InvalidOption(f"{what} {path} is not UTF-8 text (byte {exc.start})") from None
+        raise UnreadableText(path, what, f"it is not UTF-8 text (byte {exc.start})",
+                             line=raw[:exc.start].count(b"\n") + 1) from None
 
 
 def _file_values(path: Path, profile: str, explicit: bool) -> dict[str, Any]:

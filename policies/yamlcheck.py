@@ -37,26 +37,17 @@ MAX_BYTES = 4 * 1024 * 1024   # a policy or schedules file is a few KiB; /dev/ze
 
 
 def read(path, what: str) -> str:
-    """The UTF-8 text of a YAML file the user named, or ValueError naming the file: a directory,
-    a device, an unreadable, oversized or binary file is bad input, not a crash."""
+    """The UTF-8 text of a YAML file the user named, or ValueError naming the file (and the line
+    of a byte that is not UTF-8): bridge.config.read_text_file's checks, in this module's form."""
     from pathlib import Path
+
+    from bridge.config import UnreadableText, read_text_file
     path = Path(path)
     try:
-        if path.is_dir():
-            raise ValueError(f"{path}: cannot read the {what}: it is a directory")
-        if path.exists() and not path.is_file():
-            raise ValueError(f"{path}: cannot read the {what}: not a regular file")
-        with path.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_BYTES:
-        raise ValueError(f"{path}: the {what} is over {MAX_BYTES // 1024 // 1024} MiB")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line}: the {what} is not UTF-8 text (byte {exc.start})") from None
+        return read_text_file(path, what, MAX_BYTES)
+    except UnreadableText as exc:
+        where = f"{path}:{exc.line}" if exc.line else str(path)
+        raise ValueError(f"{where}: cannot read the {what}: {exc.reason}") from None
 
 
 def compose(text: str, filename: str) -> tuple[yaml.Node | None, object]:

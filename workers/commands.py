@@ -100,8 +100,8 @@ def _need_service() -> None:
 
 
 def _connect(ws):
-    """A Redis client that answered PING, or one line saying why not."""
-    _need_service()
+    """A Redis client that answered PING, or one line saying why not (``ws`` comes from ``_ws``,
+    which has checked that the service's packages are installed)."""
     from redis.exceptions import RedisError
 
     from bridge.errors import EndpointUnreachable
