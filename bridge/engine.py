@@ -288,6 +288,7 @@ class JobContext(jobs.Context):
         self._hashers: dict[str, OrderedSha256] = {}
         self._buffers = threading.local()
         self._uploads: dict[str, tuple[str, dict]] = {}
+        self._upload_failed: dict[str, BridgeError] = {}
         # parts still to finish of each file this process completes when its last part is done
         self._parts_left: dict[str, int] = {f.rel: f.parts for f in plan.files if f.part_size and f.whole}
         self._files: dict[str, FilePlan] = {f.rel: f for f in plan.files}
@@ -340,6 +341,8 @@ class JobContext(jobs.Context):
         with self._file_lock(rel):
             if rel in self._uploads:
                 return self._uploads[rel]
+            if rel in self._upload_failed:   # the file's other parts waited here: not asked again
+                raise self._upload_failed[rel]
             loc = self.dst_loc(rel)
             rec = self.journal.get(f"upload:{rel}")
             held = None
@@ -348,7 +351,11 @@ class JobContext(jobs.Context):
             if held is None:
                 if rec:
                     self.dst.abort_upload(loc, rec["id"])
-                upload_id = self.dst.begin_upload(loc, unit["size"])
+                try:
+                    upload_id = self.dst.begin_upload(loc, unit["size"])
+                except BridgeError as exc:
+                    self._upload_failed[rel] = exc
+                    raise
                 planned = self._files.get(rel)
                 self.journal.put(f"upload:{rel}", {"id": upload_id, "size": unit["size"],
                                                    "part_size": unit["part_size"],
@@ -415,9 +422,10 @@ class JobContext(jobs.Context):
                 {"op": "finalize"}]
 
     def prepare(self) -> None:
-        """Temporaries a killed run left beside the files, then the old manifest set aside."""
+        """Temporaries a killed run left beside the files. (The prefix's committed entries stay:
+        a file rewritten before this job commits no longer matches its entry, and a new one is
+        extra, so ``verify`` fails until the commit.)"""
         self.dst.clean_temporaries({_parent(self.dst_loc(f.rel)) for f in self.plan.files})
-        jobs.set_aside(self.dst, self.dst_root)
 
 
 def _metadata(h: FileHash) -> dict[str, str]:

@@ -4,18 +4,16 @@ A job of any kind (copy and sync in ``bridge.engine``, pack in ``bridge.packing.
 ``bridge.packing.unpack``) is planned into small JSON units, and gets a ``Context``: what its
 units share in one process (stores, journal, progress). Then, the same for every kind:
 
-    ctx.prepare()                  before any byte moves: the old manifest set aside (``set_aside``),
-                                   the temporaries of a killed run removed
+    ctx.prepare()                  before any byte moves: the temporaries of a killed run removed
     ThreadExecutor.run(ctx, units, ctx.finals())
                                    units on a bounded thread pool; ``ctx.followups(unit)`` are the
                                    units a finished one makes ready (a file's ``complete`` after its
                                    last part); one failed unit stops the rest of its file or shard, a
                                    fatal error (credentials, missing bucket, a bug) stops the job;
                                    then ``ctx.settle()`` makes what they wrote durable
-    the finals, in order           only when every unit succeeded: they end in ``commit``: the
-                                   entries merged into the set-aside manifest, the manifest written
-                                   last, then leftovers (the set-aside copy, unfinished uploads to
-                                   the objects just written) cleaned
+    the finals, in order           only when every unit succeeded: they end in ``commit``: one new
+                                   commit in the prefix's log, written last, then leftovers
+                                   (unfinished uploads to the objects just written) cleaned
     failure(what, errors)          the one error line a failed job raises
 
 ``run`` does all of that in this process, with the job's journal. The Celery executor
@@ -43,9 +41,8 @@ from typing import Any, ClassVar
 from bridge import manifest as manifests
 from bridge import retry
 from bridge.errors import AuthError, BridgeError, BucketNotFound, ObjectNotFound, TransferFailed
-from bridge.hashing import crc32c, crc_hex
 from bridge.journal import FileJournal
-from bridge.manifest import FileEntry, Manifest
+from bridge.manifest import FileEntry
 from bridge.progress import Progress
 from bridge.redact import redact
 from bridge.stores.base import Store
@@ -241,47 +238,37 @@ def run(ctx: Context, units: Iterable[dict], journal: FileJournal, concurrency: 
 
 # -- the one commit path ---------------------------------------------------------------------------
 
-def set_aside(store: Store, root: Location) -> None:
-    """Before any byte moves, an old manifest stops claiming the destination is complete; it is
-    kept aside (a resumed run finds it there) and merged back by ``commit``. A manifest beside an
-    older manifest.previous holds all of its entries (a commit merged them), so it replaces it."""
-    root = root.as_prefix()
-    try:
-        raw = store.read(root.join(manifests.MANIFEST))
-    except ObjectNotFound:
-        return
-    store.put(root.join(manifests.PREVIOUS), raw, crc32c=crc_hex(crc32c(raw)), metadata={})
-    store.delete(root.join(manifests.MANIFEST))
-
-
 def commit(store: Store, root: Location, source: str, destination: str, entries: Iterable[FileEntry], *,
            removed: Iterable[str] = (), extra: dict[str, Any] | None = None) -> str:
-    """The job's commit: its entries over the set-aside manifest's (``removed`` taken out, ``extra``
-    merged key by key), the manifest written last. What follows is cleaning up, and a failure
-    there leaves leftovers, not a failed job."""
+    """The job's commit: one new commit in the prefix's log (``bridge.manifest``) holding its
+    entries (a sized collection, or an iterator in path order), the paths it removed and the
+    ``extra`` it merges, written last. Other jobs committing into the same prefix at the same
+    time keep theirs. What follows is cleaning up, and a failure there leaves leftovers, not a
+    failed job."""
     root = root.as_prefix()
-    kept_aside = manifests.read(store, root, manifests.PREVIOUS)
-    previous = kept_aside or manifests.read(store, root)
-    files: dict[str, FileEntry] = dict(previous.files) if previous else {}
-    merged = dict(previous.extra) if previous else {}
-    written = []
-    for entry in entries:
-        files[entry.path] = entry
-        written.append(entry.path)
-    for rel in removed:   # after: a file written by a killed run may be removed by this one
-        files.pop(rel, None)
-    for key, value in (extra or {}).items():
-        merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) else value
-    manifests.write(store, root, Manifest(source, destination, files, extra=merged))
+    # Unfinished uploads to the objects this commit names are leftovers of runs that were killed
+    # and not resumed; uploads to other keys may belong to another job running now, and stay.
     try:
-        if kept_aside:
-            store.delete(root.join(manifests.PREVIOUS))
-        # Unfinished uploads to the objects just written are leftovers of runs that were killed
-        # and not resumed; uploads to other keys may belong to another job running now, and stay.
-        targets = {str(root.join(rel)) for rel in written}
-        for loc, upload_id in [] if store.commit_discards_uploads else list(store.list_uploads(root)):
-            if str(loc) in targets:
+        uploads = [] if store.commit_discards_uploads else list(store.list_uploads(root))
+    except BridgeError:
+        uploads = []
+    waiting = {loc.relative_to(root) for loc, _id in uploads}
+    written: set[str] = set()
+
+    def noted(items: Iterable[FileEntry]) -> Iterator[FileEntry]:
+        for entry in items:
+            path = entry.path if isinstance(entry, FileEntry) else entry["path"]
+            if path in waiting:
+                written.add(path)
+            yield entry
+
+    sized = hasattr(entries, "__len__")
+    where = manifests.append(store, root, source, destination, list(noted(entries)) if sized else noted(entries),
+                             removed=removed, extra=extra)
+    try:
+        for loc, upload_id in uploads:
+            if loc.relative_to(root) in written:
                 store.abort_upload(loc, upload_id)
     except BridgeError:
         pass  # `mcbridge uploads --abort` removes what is left
-    return str(root.join(manifests.MANIFEST))
+    return str(where)

@@ -16,6 +16,7 @@ from bridge import check
 from bridge import estimate
 from bridge import routes
 from bridge.check import mismatch, reported_crc32c
+from bridge.stores.base import identity_changed
 from bridge.hashing import rehash
 from bridge import jobs
 from bridge.engine import (FilePlan, JobContext, Plan, batching, check_chunk_size, check_route, file_plan,
@@ -112,39 +113,95 @@ def ls(url: str, settings: Settings) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["path"])
 
 
+LISTED = 10_000   # names listed per kind of problem in a report (all are counted)
+
+
 def verify(url: str, settings: Settings, *, deep: bool = False) -> dict[str, Any]:
-    """Check every object under ``url`` against its manifest: sizes and store-reported checksums,
-    or with ``deep`` a full re-read. Lists missing, extra and mismatched files."""
+    """Check every committed copy under ``url`` against its record: sizes and store-reported
+    checksums, or with ``deep`` a full re-read. ``url`` may be a copy's root, or any prefix above
+    copies (a bucket, a replication policy's destination): each committed prefix beneath it is
+    checked against its own record, and an object under none of them is extra. Lists missing,
+    extra and mismatched files, paths relative to ``url``; streams both sides in path order."""
     root = parse(url).as_prefix()
     store = get_store(root, settings)
     store.check_bucket(root)
-    manifest = manifests.read(store, root)
-    if manifest is None:
-        raise ManifestError(f"no manifest at {root.join(manifests.MANIFEST)}: the copy there is "
-                            f"incomplete, or was not made by mcbridge")
-    present = dict(store.walk(root))
-    missing = sorted(p for p in manifest.files if p not in present)
-    extra = sorted(p for p in present if p not in manifest.files)
-    mismatched, rehashed = [], []
+    prefixes = manifests.committed_prefixes(store, root)
+    if not prefixes:
+        raise ManifestError(f"no manifest at or under {root}: the copy there is incomplete, or was not made by "
+                            f"mcbridge")
+    report: dict[str, Any] = {"url": str(root), "ok": True, "deep": deep, "checked": 0, "bytes": 0,
+                              "missing": [], "extra": [], "mismatched": [], "rehashed": [], "shard_sets": [],
+                              "counts": {"missing": 0, "extra": 0, "mismatched": 0, "rehashed": 0}, "copies": []}
     with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
-        checks = {path: pool.submit(check.judge, store, present[path], entry, deep)
-                  for path, entry in sorted(manifest.files.items()) if path in present}
-        for path, fut in checks.items():
+        for prefix in prefixes:
+            report["copies"].append(_verify_copy(store, root, prefix, prefixes, deep, pool, report))
+        if "" not in prefixes:
+            # Objects under no committed prefix: uncommitted (a copy in progress, or not bridge's).
+            for rel, _info in store.walk(root):
+                if not any(rel.startswith(p) for p in prefixes):
+                    _note(report, "extra", rel)
+    report["ok"] = not any(report["counts"][k] for k in ("missing", "extra", "mismatched")) \
+        and all(s["ok"] for s in report["shard_sets"])
+    return report
+
+
+def _note(report: dict, kind: str, row: Any) -> None:
+    report["counts"][kind] += 1
+    if len(report[kind]) < LISTED:
+        report[kind].append(row)
+
+
+def _verify_copy(store, root, prefix: str, prefixes: list[str], deep: bool, pool: cf.ThreadPoolExecutor,
+                 report: dict) -> dict[str, Any]:
+    """One committed prefix: a merge of its listing and its record, both in path order. An object
+    under a deeper committed prefix belongs to that one, unless this record names it too."""
+    at = root.join(prefix) if prefix else root
+    record = manifests.open_record(store, at)
+    deeper = [p[len(prefix):] for p in prefixes if p != prefix and p.startswith(prefix)]
+    before = dict(report["counts"])
+    checked = size = 0
+    window: list[tuple[str, cf.Future]] = []
+
+    def drain(limit: int) -> None:
+        while len(window) > limit:
+            path, fut = window.pop(0)
             verdict = fut.result()
             if verdict.problem:
-                mismatched.append({"path": path, "reason": verdict.problem})
+                _note(report, "mismatched", {"path": prefix + path, "reason": verdict.problem})
             elif verdict.rehashed:
-                rehashed.append({"path": path, "reason": verdict.rehashed})
+                _note(report, "rehashed", {"path": prefix + path, "reason": verdict.rehashed})
+
+    entries = record.entries() if record else iter(())
+    listing = store.walk(at)
+    entry, obj = next(entries, None), next(listing, None)
+    while entry is not None or obj is not None:
+        if obj is None or (entry is not None and entry.path < obj[0]):
+            _note(report, "missing", prefix + entry.path)
+            checked, size = checked + 1, size + entry.size
+            entry = next(entries, None)
+        elif entry is None or obj[0] < entry.path:
+            if not any(obj[0].startswith(d) for d in deeper):
+                _note(report, "extra", prefix + obj[0])
+            obj = next(listing, None)
+        else:
+            checked, size = checked + 1, size + entry.size
+            window.append((entry.path, pool.submit(check.judge, store, obj[1], entry, deep)))
+            drain(4 * pool._max_workers)
+            entry, obj = next(entries, None), next(listing, None)
+    drain(0)
     shard_sets = []
-    for prefix, entry in sorted(manifest.extra.get("shard_sets", {}).items()):
-        from bridge.packing import index  # only manifests of packed corpora name shard sets
-        problems = list(index.check(store, root, entry, deep=deep))
-        shard_sets.append({"prefix": prefix, "index": entry.get("index"), "ok": not problems,
+    for shard_prefix, index_entry in sorted((record.extra if record else {}).get("shard_sets", {}).items()):
+        from bridge.packing import index  # only records of packed corpora name shard sets
+        problems = list(index.check(store, at, index_entry, deep=deep))
+        shard_sets.append({"prefix": prefix + shard_prefix, "index": index_entry.get("index"), "ok": not problems,
                            "problems": problems})
-    ok = not (missing or extra or mismatched) and all(s["ok"] for s in shard_sets)
-    return {"url": str(root), "ok": ok, "deep": deep, "checked": len(manifest.files),
-            "bytes": manifest.totals()["bytes"], "missing": missing, "extra": extra,
-            "mismatched": mismatched, "rehashed": rehashed, "shard_sets": shard_sets}
+    report["shard_sets"].extend(shard_sets)
+    report["checked"] += checked
+    report["bytes"] += size
+    found = {k: report["counts"][k] - before[k] for k in before}
+    return {"prefix": prefix, "url": str(at), "files": checked, "bytes": size,
+            "ok": not (found["missing"] or found["extra"] or found["mismatched"]) and all(s["ok"] for s in shard_sets),
+            **found}
 
 
 def _source_crc32c(store, info) -> str:
@@ -155,57 +212,103 @@ def _source_crc32c(store, info) -> str:
 
 
 def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
-              chunk_size: int | None = None) -> tuple[Plan, dict[str, list[str]]]:
-    """Only what is new, changed (by size and CRC32C, never by time) or no longer matches the
-    destination's manifest; with ``delete``, what the source no longer has."""
+              chunk_size: int | None = None) -> tuple[Plan, dict[str, int]]:
+    """Only what is new, changed or no longer matches the destination's record; with ``delete``,
+    what the source no longer has. The source's listing, the destination's listing and its record
+    are merged in path order (none is held whole), and an object costs no request of its own
+    while both listings show the versions the record names: the source's ``source_id`` and the
+    destination's ``identity``. Where they differ (or an older record lacks them), the source's
+    CRC32C (never its time) and the destination's checksums decide, at one request or read each."""
     src_root, dst_root, objects, single = resolve(source, destination, settings)
     check_route(src_root, dst_root, objects, single)
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
-    manifest = manifests.read(dst_store, dst_root) or manifests.read(dst_store, dst_root, manifests.PREVIOUS)
-    entries = manifest.files if manifest else {}
-    present = dict(dst_store.walk(dst_root))
-    reasons: dict[str, list[str]] = {"new": [], "changed": [], "repaired": [], "unchanged": []}
+    record = manifests.open_record(dst_store, dst_root)
+    counts = {"new": 0, "changed": 0, "repaired": 0, "unchanged": 0}
 
-    def judge(rel: str, info) -> str:
-        entry, there = entries.get(rel), present.get(rel)
-        if there is None or entry is None:
-            return "new"
-        if entry.size != info.size or _source_crc32c(src_store, info) != entry.crc32c:
+    def judge(info, entry, there) -> str:
+        if entry.size != info.size:
             return "changed"
-        if mismatch(dst_store, there, entry) is not None:
-            return "repaired"
-        return "unchanged"
+        if not (entry.source_id and info.identity and not identity_changed(entry.source_id, info.identity)):
+            if _source_crc32c(src_store, info) != entry.crc32c:
+                return "changed"
+        if entry.identity and there.identity and not identity_changed(entry.identity, there.identity):
+            return "unchanged"   # the very version committed (and checked then)
+        return "repaired" if mismatch(dst_store, there, entry) is not None else "unchanged"
+
+    files: list = []
+    deletions: list[str] = []
+    window: list[tuple[str, Any, Any]] = []
+
+    def settle(limit: int) -> None:
+        while len(window) > limit:
+            rel, info, verdict = window.pop(0)
+            verdict = verdict if isinstance(verdict, str) else verdict.result()
+            counts[verdict] += 1
+            if verdict != "unchanged":
+                files.append(file_plan(rel, info, dst_store, chunk_size))
 
     with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
-        verdicts = list(pool.map(lambda item: judge(*item), objects))
-    files = []
-    for (rel, info), verdict in zip(objects, verdicts):
-        reasons[verdict].append(rel)
-        if verdict != "unchanged":
-            files.append(file_plan(rel, info, dst_store, chunk_size))
-    deletions = []
+        for rel, info, entry, there in _merged(iter(objects), record.entries() if record else iter(()),
+                                               dst_store.walk(dst_root)):
+            if info is None:
+                if delete and single is None and there is not None:
+                    deletions.append(rel)
+                continue
+            if entry is None or there is None:
+                window.append((rel, info, "new"))
+            elif (entry.size == info.size and entry.source_id and info.identity
+                  and not identity_changed(entry.source_id, info.identity) and entry.identity and there.identity
+                  and not identity_changed(entry.identity, there.identity)):
+                window.append((rel, info, "unchanged"))   # the common case, decided without a thread
+            else:
+                window.append((rel, info, pool.submit(judge, info, entry, there)))
+            settle(4 * settings.transfer.concurrency)
+        settle(0)
     if delete and single is None:
-        wanted = {rel for rel, _ in objects}
-        deletions = sorted(p for p in set(present) | set(entries) if p not in wanted and p in present)
-        reasons["deleted"] = deletions
+        counts["deleted"] = len(deletions)
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files, deletions)
     # As for copy, not the file list: what a killed sync finished is found again by path.
     plan.key = job_key("sync", plan.source, plan.destination, chunk_size, delete)
     batching(plan, src_root, dst_root, settings)
-    return plan, reasons
+    return plan, counts
+
+
+def _merged(objects, entries, present):
+    """(path, source info, record entry, destination info) for every path any of the three
+    sorted streams has, in path order; None where one lacks it."""
+    src, ent, dst = next(objects, None), next(entries, None), next(present, None)
+    while src is not None or ent is not None or dst is not None:
+        path = min(p for p in (src and src[0], ent and ent.path, dst and dst[0]) if p is not None)
+        row_src = src[1] if src is not None and src[0] == path else None
+        row_ent = ent if ent is not None and ent.path == path else None
+        row_dst = dst[1] if dst is not None and dst[0] == path else None
+        if row_src is not None:
+            src = next(objects, None)
+        if row_ent is not None:
+            ent = next(entries, None)
+        if row_dst is not None:
+            dst = next(present, None)
+        yield path, row_src, row_ent, row_dst
 
 
 def sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
          chunk_size: int | None = None, progress: Progress | None = None, state_dir: Path | None = None,
          dry_run: bool = False, max_cost: float | None = None, route: str | None = None) -> dict[str, Any]:
-    plan, reasons = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size)
+    plan, counts = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size)
     routes.choose(plan, settings, route)
     _within_budget(plan, settings, max_cost, "sync")
-    counts = {k: len(v) for k, v in reasons.items()}
     if dry_run:
         return {"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts}
-    summary = execute(plan, settings, progress, state_dir)
+    dst_root = parse(plan.destination)
+    dst_store = get_store(dst_root, settings)
+    if not plan.files and not plan.deletions and manifests.committed(dst_store, dst_root):
+        # Nothing to send or delete under a record that stands: no job, no new commit.
+        summary = {"source": plan.source, "destination": plan.destination, "files": 0, "bytes": 0, "ok": True,
+                   "errors": [], **(progress or Progress()).snapshot(),
+                   "route": routes.report(plan, {}, 0), "manifest": str(dst_root.as_prefix()) + manifests.LOG}
+    else:
+        summary = execute(plan, settings, progress, state_dir)
     return {**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions}
 
 

@@ -152,13 +152,10 @@ def plan_checkpoint(policy: rules.Policy, src: str, dst: str, settings: Settings
 
 
 def remove_checkpoint(url: str, settings: Settings) -> int:
-    """Remove everything under ``url``, its manifest first."""
+    """Remove everything under ``url``, its record's commit markers first."""
     root = parse(url).as_prefix()
     store = get_store(root, settings)
-    try:
-        store.delete(root.join(manifests.MANIFEST))
-    except ObjectNotFound:
-        pass
+    manifests.remove(store, root)
     removed = 0
     for info in list(store.list(root)):
         try:

@@ -349,7 +349,8 @@ class Readiness:
 
 DCP_METADATA = ".metadata"
 ORBAX_COMMIT = "commit_success.txt"
-BRIDGE_MANIFEST = "_bridge/manifest.json"
+BRIDGE_MANIFEST = "_bridge/manifest.json"   # a record of bridge before its commit log
+BRIDGE_LOG = "_bridge/log/"                  # a commit of bridge's: c-<seq>-<ms>-<rand>.json
 _ORBAX_SIGNS = ("_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt")
 _SHARD_OF = re.compile(r"-\d+-of-\d+\.safetensors$")
 
@@ -398,6 +399,10 @@ def _layout(files: Mapping[str, SourceFile], indexes: Mapping[str, str], atomic_
     by_index = _safetensors(files, indexes)
     if by_index is not None:
         return by_index
+    commits = sorted(f for f in files if f.startswith(BRIDGE_LOG) and f.endswith(".json")
+                     and "/" not in f[len(BRIDGE_LOG):])
+    if commits:
+        return Readiness(True, f"bridge commit {commits[-1]} present", marker=commits[-1])
     for marker, what in ((BRIDGE_MANIFEST, "bridge manifest"), (DCP_METADATA, "PyTorch DCP"),
                          (ORBAX_COMMIT, "Orbax")):
         if marker in files:
@@ -429,7 +434,8 @@ def assess(policy: Policy, listing: Mapping[str, Mapping[str, SourceFile]], now:
             mine = {rel[len(name) + 1:]: text for rel, text in indexes.items() if rel.startswith(f"{name}/")}
             verdict = _layout(files, mine, atomic_rename)
         out[name] = verdict
-    markers = {v.marker for v in out.values() if v and v.committed and v.marker}
+    markers = {BRIDGE_LOG if v.marker.startswith(BRIDGE_LOG) else v.marker
+               for v in out.values() if v and v.committed and v.marker}
     for name, verdict in out.items():
         if verdict is None:
             lacking = sorted(markers, key=natural_key)

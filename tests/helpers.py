@@ -66,3 +66,25 @@ def small_files_go_in_batches_and_verify(env: dict[str, str], target: str, tmp_p
     ops.execute(plan, settings)
     report = ops.verify(target, settings, deep=True)
     assert report["ok"] and report["checked"] == 20, report
+
+
+def record(url: str, env: dict[str, str] | None = None) -> dict | None:
+    """The record (bridge.manifest) at ``url``, merged as one document: ``files`` (entries in
+    path order), ``source``, ``destination``, ``extra`` and ``docs`` (the log's documents, in the
+    order they apply); None when nothing was committed there."""
+    import json as _json
+
+    from bridge import manifest as manifests
+    root = parse(url).as_prefix()
+    store = get_store(root, settings_for(env or dict(os.environ)))
+    rec = manifests.open_record(store, root)
+    if rec is None:
+        return None
+    return {"files": [e.to_dict() for e in rec.entries()], "source": rec.source, "destination": rec.destination,
+            "extra": rec.extra, "docs": [_json.loads(store.read(s.loc)) for s in rec.sources]}
+
+
+def has_record(url: str, env: dict[str, str] | None = None) -> bool:
+    from bridge import manifest as manifests
+    root = parse(url).as_prefix()
+    return manifests.committed(get_store(root, settings_for(env or dict(os.environ))), root)

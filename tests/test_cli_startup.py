@@ -137,7 +137,8 @@ def test_a_quiet_copy_prints_its_summary_line(tmp_path):
     src.write_text("x")
     r = mcbridge("cp", str(src), f"{tmp_path}/out/", "-q", env=dict(os.environ), state_dir=tmp_path / "state")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("copied 1 files, 1 B in ") and r.stdout.endswith("/out/_bridge/manifest.json\n")
+    assert r.stdout.startswith("copied 1 files, 1 B in ") and "/out/_bridge/log/c-" in r.stdout
+    assert r.stdout.endswith(".json\n")
     assert r.stderr == ""
 
 

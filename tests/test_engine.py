@@ -42,8 +42,11 @@ def test_manifest_contents(tmp_path, emulator_env):
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["files"] == len(files) and summary["bytes"] == sum(map(len, files.values()))
-    doc = json.loads((tmp_path / "dst/_bridge/manifest.json").read_text())
-    assert doc["format"] == "mcbridge-manifest" and doc["version"] == 1
+    commits = sorted((tmp_path / "dst/_bridge/log").iterdir())
+    assert len(commits) == 1 and commits[0].name.startswith("c-000000000001-")
+    doc = json.loads(commits[0].read_text())
+    assert summary["manifest"] == str(commits[0])
+    assert doc["format"] == "mcbridge-manifest" and doc["version"] == 3 and doc["kind"] == "commit"
     assert doc["source"] == f"{tmp_path}/src/" and doc["destination"] == f"{tmp_path}/dst/"
     assert doc["bridge_version"] and doc["created"].endswith("Z")
     assert doc["totals"] == {"files": len(files), "bytes": sum(map(len, files.values()))}
@@ -63,13 +66,17 @@ def test_manifest_contents(tmp_path, emulator_env):
     assert not list((tmp_path / "state").glob("journal/*.jsonl")), "journal removed after success"
 
 
-def test_manifest_shards_for_large_corpora(tmp_path, emulator_env):
+def test_manifest_shards_for_large_corpora(tmp_path, emulator_env, monkeypatch):
     store = get_store(parse(f"{tmp_path}/"), settings_for(emulator_env))
     files = {f"f{i:05d}": manifests.FileEntry(f"f{i:05d}", i, "00000000", "0" * 64) for i in range(25)}
     m = manifests.Manifest("src", "dst", files)
-    manifests.write(store, parse(f"{tmp_path}/"), m, shard_entries=10)
-    doc = json.loads((tmp_path / "_bridge/manifest.json").read_text())
+    monkeypatch.setattr(manifests, "SHARD_ENTRIES", 10)
+    manifests.write(store, parse(f"{tmp_path}/"), m)
+    [commit] = (tmp_path / "_bridge/log").iterdir()
+    doc = json.loads(commit.read_text())
     assert "files" not in doc and [s["entries"] for s in doc["file_shards"]] == [10, 10, 5]
+    assert [(s["first"], s["last"]) for s in doc["file_shards"]] == [("f00000", "f00009"), ("f00010", "f00019"),
+                                                                     ("f00020", "f00024")]
     again = manifests.read(store, parse(f"{tmp_path}/"))
     assert again.files == files
 
@@ -237,7 +244,7 @@ def test_local_files_are_durable_before_the_journal_and_the_manifest_name_them(t
     # One unit at a time, so that the batches are 3, 3 and the last 1.
     settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state")}, concurrency=1)
     events: list[tuple[str, object]] = []
-    settle, write = LocalStore.settle, manifests.write
+    settle, write = LocalStore.settle, manifests.append
 
     def settling(self, locations):
         locations = list(locations)
@@ -246,7 +253,7 @@ def test_local_files_are_durable_before_the_journal_and_the_manifest_name_them(t
 
     monkeypatch.setattr(engine, "SETTLE_FILES", 3)
     monkeypatch.setattr(LocalStore, "settle", settling)
-    monkeypatch.setattr(manifests, "write", lambda *a, **k: (events.append(("manifest", None)), write(*a, **k))[1])
+    monkeypatch.setattr(manifests, "append", lambda *a, **k: (events.append(("manifest", None)), write(*a, **k))[1])
     from bridge.journal import FileJournal
     put = FileJournal.put
     monkeypatch.setattr(FileJournal, "put", lambda self, key, value: (
@@ -271,7 +278,7 @@ def test_local_files_are_durable_before_the_journal_and_the_manifest_name_them(t
     with pytest.raises(TransferFailed, match="settle failed"):
         ops.copy(f"{src}/", f"{tmp_path}/out2/", settings)
     assert not any(kind in ("journal", "manifest") for kind, _ in events)
-    assert not (tmp_path / "out2" / "_bridge" / "manifest.json").exists()
+    assert not (tmp_path / "out2" / "_bridge" / "log").exists()
 
 
 def test_a_manifest_entry_as_a_dict_is_asdicts():

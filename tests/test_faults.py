@@ -20,12 +20,11 @@ from bridge.stores import get_store
 from bridge.urls import parse
 from tests.emulators import unique_name
 from tests.faultproxy import FaultProxy, Rule, proxied_environment
-from tests.helpers import mcbridge, settings_for
+from tests.helpers import has_record, mcbridge, settings_for
 
 KINDS = ("local", "s3", "gs", "az")
 CLOUDS = ("s3", "gs", "az")
 BIG = 12 * 1024 * 1024 + 4321   # three parts of 5 MiB
-MANIFEST = "_bridge/manifest.json"
 
 
 def tree() -> dict[str, bytes]:
@@ -88,13 +87,7 @@ def faulty(proxies, error_rate: float, cut_rate: float, seed: int) -> None:
 
 
 def has_manifest(url: str, env: dict[str, str]) -> bool:
-    root = parse(url).as_prefix()
-    store = get_store(root, settings_for(env))
-    try:
-        store.info(root.join(MANIFEST))
-    except Exception:
-        return False
-    return True
+    return has_record(url, env)
 
 
 def verify_deep(url: str, env, tmp_path: Path) -> None:
@@ -227,9 +220,9 @@ def test_a_copy_that_cannot_commit_fails_in_one_line_and_leaves_no_manifest(
     _files, roots = seeded
     target = make_root("s3") + "copy/"
     faulty(proxies, 0.20, 0.10, seed=7)
-    proxies["s3"].rules.insert(0, Rule(r"^PUT /[^?]*_bridge/manifest\.json", "error", times=10_000))
+    proxies["s3"].rules.insert(0, Rule(r"^PUT /[^?]*_bridge/log/c-", "error", times=10_000))
     r = mcbridge("cp", roots["local"] + "small/", target, "-q", env=proxied_env, state_dir=tmp_path)
-    manifest_puts = [line for line, _ in proxies["s3"].log if "_bridge/manifest.json" in line
+    manifest_puts = [line for line, _ in proxies["s3"].log if "_bridge/log/c-" in line
                      and line.startswith("PUT")]
     configure(proxies)
     assert r.returncode == 1

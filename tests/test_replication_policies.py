@@ -159,6 +159,11 @@ policies:
             check = mcbridge("verify", f"{dst}{ckpt}/", "--deep", env=emulator_env, state_dir=tmp_path)
             assert check.returncode == 0, check.stdout + check.stderr
     assert run["removed"] == {} and run["verified_copies"] == 2
+    for dst in (gs, az):   # the destination root: each checkpoint is a committed copy of its own
+        root = mcbridge("verify", dst, "--json", env=emulator_env, state_dir=tmp_path)
+        assert root.returncode == 0, root.stdout + root.stderr
+        copies = json.loads(root.stdout)["copies"]
+        assert [(c["prefix"], c["ok"]) for c in copies] == [("step-1000/", True), ("step-300/", True)]
 
     # a fifth checkpoint moves the window: step-300 leaves both destinations
     _put_checkpoint(moto, src, "step-2000")

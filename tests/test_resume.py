@@ -19,7 +19,7 @@ from bridge.journal import FileJournal
 from bridge.stores import get_store
 from bridge.urls import parse
 from tests.faultproxy import FaultProxy, proxied_environment
-from tests.helpers import MCBRIDGE, mcbridge, settings_for
+from tests.helpers import MCBRIDGE, mcbridge, record, settings_for
 from tests.test_engine import _journaled_parts
 
 MiB = 1024 * 1024
@@ -105,7 +105,7 @@ def test_s3_to_local_killed_three_times_reads_each_part_once(moto, make_root, em
     # Each part once, plus at most what was in flight (-j 2) at each of the three kills.
     assert nparts <= gets <= nparts + 3 * 2, (gets, nparts)
 
-    entry = json.loads((dst / "_bridge/manifest.json").read_text())["files"][0]
+    entry = record(f"{dst}/", emulator_env)["files"][0]
     assert entry["sha256"] == hashlib.sha256(data).hexdigest(), "a local destination gives the whole SHA-256"
     assert entry["part_sha256"] == [hashlib.sha256(data[i:i + part]).hexdigest() for i in range(0, size, part)]
     assert mcbridge("verify", f"{dst}/", "--deep", env=emulator_env, state_dir=state).returncode == 0
@@ -125,8 +125,7 @@ def test_cloud_to_cloud_resume_keeps_part_hashes_and_verify_deep_checks_them(mot
     r = mcbridge("cp", f"{src}w.bin", dst, "--chunk-size", "5MiB", "-j", "2", "--route", "direct",
                  env=emulator_env, state_dir=state)
     assert r.returncode == 0, r.stderr
-    doc = json.loads(moto.client().get_object(Bucket=parse(dst).bucket, Key="copy/_bridge/manifest.json")["Body"].read())
-    entry = doc["files"][0]
+    entry = record(dst, emulator_env)["files"][0]
     assert entry["sha256"] == "" and "part_sha256" in entry["note"], "no whole SHA-256 is claimed unread"
     assert entry["part_sha256"] == [hashlib.sha256(data[i:i + part]).hexdigest() for i in range(0, size, part)]
     assert mcbridge("verify", dst, "--deep", env=emulator_env, state_dir=state).returncode == 0

@@ -217,7 +217,7 @@ def test_a_batch_of_small_files_is_written_and_resumed_per_file(s3, tmp_path, mo
         ops.execute(plan, settings)
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir() if p.is_file()) == sorted(set(blobs) - {"f05.txt"})
-    assert not (out / "_bridge" / "manifest.json").exists()
+    assert not (out / "_bridge" / "log").exists()
     client.put_object(Bucket="direct", Key=prefix + "f05.txt", Body=blobs["f05.txt"])
     result = ops.copy(f"s3://direct/{prefix}", f"{out}/", settings)
     assert result["bytes_skipped"] == sum(len(d) for rel, d in blobs.items() if rel != "f05.txt")

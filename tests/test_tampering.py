@@ -207,14 +207,19 @@ def test_manifest_records_provenance_and_identity(scheme, copied, emulator_env):
 
 
 def test_manifest_without_identity_is_read_and_checked_as_before(copied, emulator_for, emulator_env, tmp_path):
-    """A version-1 manifest written before identities: read, verified by what the store reports."""
+    """A version-1 manifest (one _bridge/manifest.json, before the commit log) written before
+    identities: read, verified by what the store reports."""
     _src, dst, files = copied("az")
     store = get_store(parse(dst), settings_for(emulator_env))
-    doc = json.loads(store.read(parse(dst).join(manifests.MANIFEST)))
+    merged = manifests.read(store, parse(dst))
+    doc = {"format": manifests.FORMAT, "version": 1, "bridge_version": "0.1.0", "created": "2026-11-29T15:00:00Z",
+           "source": merged.source, "destination": merged.destination,
+           "files": [e.to_dict() for e in merged.files.values()]}
     for e in doc["files"]:
-        for key in ("computed", "reported", "identity"):
-            e.pop(key)
+        for key in ("computed", "reported", "identity", "source_id"):
+            e.pop(key, None)
     old = json.dumps(doc).encode()
+    manifests.remove(store, parse(dst))
     store.put(parse(dst).join(manifests.MANIFEST), old, crc32c=crc_hex(crc32c(old)), metadata={})
     rewrite(emulator_for, dst + "small.txt", files["small.txt"])
     r = mcbridge("verify", dst, "--json", env=emulator_env, state_dir=tmp_path / "state")

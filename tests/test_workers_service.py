@@ -24,6 +24,7 @@ import pytest
 
 from bridge.urls import parse
 from tests.emulators import free_port
+from tests.helpers import record
 from bridge.workers.jobs import TERMINAL, Jobs
 from bridge.workers.keys import Keys, redis_client
 from bridge.workers.testing import ServiceProcess, purge_namespace
@@ -183,7 +184,7 @@ def test_a_job_of_100_mb_and_300_small_files_between_two_emulators(service, emul
     assert sorted(parts) == [("ckpt/model.bin", n) for n in range(1, parts_expected + 1)]
     assert set(parts.values()) == {1}, "a part was sent twice: a slow task ran twice"
     assert whole == Counter(smalls.keys()), "a small file was sent twice"
-    manifest = json.loads(moto.client().get_object(Bucket=bucket, Key="_bridge/manifest.json")["Body"].read())
+    manifest = record(f"s3://{bucket}/", service.env)
     assert {e["path"]: e["sha256"] for e in manifest["files"]} == expected
     # finalize on a worker records what S3 answered at commit, as the in-process copy does
     assert all(e["identity"].get("etag") and e["reported"].get("crc32c") == e["crc32c"]
@@ -381,8 +382,7 @@ def test_a_pack_job_writes_one_shard_per_task_and_unpacks_to_the_same_files(comm
     shards = status["progress"]["tasks_total"]
     assert shards >= 4 and status["progress"]["files_total"] == 120
     container = dst[len("az://"):].rstrip("/")
-    blob = emulator_for("az").client().get_blob_client(container, "shards/_bridge/manifest.json")
-    manifest = json.loads(blob.download_blob().readall())
+    manifest = record(f"az://{container}/shards/", service.env)
     assert all(e["identity"].get("etag") and e["computed"] == ["crc32c", "sha256"] for e in manifest["files"])
 
     out = tmp_path / "unpacked"
@@ -481,11 +481,11 @@ def test_the_parts_of_a_large_file_run_as_separate_tasks_and_commit_once(service
     assert sorted(parts) == [("ckpt/model.bin", n) for n in range(1, 10)] and set(parts.values()) == {1}
     part = 5 * MiB
     per_part = [hashlib.sha256(data[i:i + part]).hexdigest() for i in range(0, len(data), part)]
-    remote = json.loads(moto.client().get_object(Bucket=bucket, Key="_bridge/manifest.json")["Body"].read())
+    remote = record(f"s3://{bucket}/", service.env)
     entry = next(e for e in remote["files"] if e["path"] == "ckpt/model.bin")
     assert entry["part_sha256"] == per_part and entry["sha256"] == "" and "part_sha256" in entry["note"]
     assert (local / "ckpt/model.bin").read_bytes() == data
-    entry = next(e for e in json.loads((local / "_bridge/manifest.json").read_text())["files"]
+    entry = next(e for e in record(f"{local}/", service.env)["files"]
                  if e["path"] == "ckpt/model.bin")
     assert entry["part_sha256"] == per_part and entry["sha256"] == hashes["ckpt/model.bin"]
 

@@ -93,14 +93,6 @@ def split(plan, file_task_bytes: int | None) -> list:
     return [f for f in plan.files if f.part_size and f.parts > _parts_per_task(f, file_task_bytes)]
 
 
-def _manifest_written(store, root) -> bool:
-    """The manifest is there and nothing is kept aside: a finalize ran to the end already. (The
-    job's plan step removed any older manifest before a byte moved.) Writing it again would lose
-    the entries the kept-aside manifest carried over."""
-    from bridge import manifest as manifests
-    return manifests.read(store, root) is not None and manifests.read(store, root, manifests.PREVIOUS) is None
-
-
 def _run(ctx, units: Iterator[dict], concurrency: int, count: int) -> Ran:
     """One task's units, on bridge's own executor (the one an in-process job uses)."""
     from bridge.jobs import ThreadExecutor
@@ -138,15 +130,20 @@ def _cancels_remote(ctx, units: Callable, interval: float = 0.5) -> Iterator[Non
 
 def _commit(ctx) -> str:
     """The kind's finals (its last one commits through bridge.jobs.commit), unless a finalize
-    already ran to the end."""
-    from bridge import manifest as manifests
+    already ran to the end (the journal says where it committed): a finalize task delivered
+    twice commits once."""
     try:
-        if not _manifest_written(ctx.dst, ctx.dst_root):
-            for unit in ctx.finals():
-                ctx.run_unit(unit)
+        done = ctx.journal.get("committed")
+        if done:
+            return done
+        results: dict = {}
+        for unit in ctx.finals():
+            results.update(ctx.run_unit(unit) or {})
+        where = str(results.get("manifest", ""))
+        ctx.journal.put("committed", where)
+        return where
     finally:
         ctx.close()
-    return str(ctx.dst_root.join(manifests.MANIFEST))
 
 
 class Files:

@@ -79,8 +79,8 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
                                                         "instead of trusting store-reported checksums.")] = False,
            concurrency: ConcOpt = None, as_json: JsonOpt = False, profile: ProfileOpt = None,
            config: ConfigOpt = None) -> None:
-    """Check every object under URL against its manifest; exit 1 naming each missing, extra or
-    mismatched file."""
+    """Check every committed copy at or under URL against its record; exit 1 naming each missing,
+    extra or mismatched file."""
     from bridge import ops
     report = ops.verify(url, settings_from_flags(profile, config, concurrency), deep=deep)
     if as_json:
@@ -99,12 +99,18 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
                 out.print(f"shard set   {shard_set['index']}: {problem}", markup=False)
             if shard_set["ok"]:
                 out.print(f"shard set   {shard_set['index']}: intact", markup=False)
+        if len(report["copies"]) > 1 or report["copies"][0]["prefix"]:
+            for copy in report["copies"]:
+                out.print(f"{'intact' if copy['ok'] else 'FAILED':<11} {shown(copy['url'])}: {copy['files']} files, "
+                          f"{human_bytes(copy['bytes'])}", markup=False)
+        counts = report["counts"]
         verdict = "OK" if report["ok"] else "FAILED"
+        copies = len(report["copies"])
         out.print(f"{verdict}: {report['checked']} files, {human_bytes(report['bytes'])} checked "
-                  f"({'deep' if deep else 'store checksums'}) at {report['url']}; "
-                  f"{len(report['missing'])} missing, {len(report['extra'])} extra, "
-                  f"{len(report['mismatched'])} mismatched"
-                  + (f", {len(report['rehashed'])} rewritten with equal bytes" if report["rehashed"] else ""),
+                  f"({'deep' if deep else 'store checksums'}) at {report['url']}"
+                  + (f" in {copies} committed copies" if copies > 1 else "") + "; "
+                  f"{counts['missing']} missing, {counts['extra']} extra, {counts['mismatched']} mismatched"
+                  + (f", {counts['rehashed']} rewritten with equal bytes" if counts["rehashed"] else ""),
                   markup=False)
     if not report["ok"]:
         raise typer.Exit(1)

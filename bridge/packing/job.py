@@ -215,8 +215,8 @@ class PackContext(jobs.Context):
             self._read_pool.shutdown(cancel_futures=True)
 
     def prepare(self) -> None:
-        """The old index and manifest stop vouching for the root before any shard is rewritten."""
-        jobs.set_aside(self.dst, self.dst_root)
+        """The old index stops vouching for the root before any shard is rewritten (the shards it
+        names no longer match the committed entries until the new commit)."""
         if self.journal.get("index") is None:
             try:
                 self.dst.delete(self.dst_root.join(layout.index_name(self.plan.prefix)))

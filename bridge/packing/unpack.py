@@ -442,7 +442,6 @@ class UnpackContext(jobs.Context):
         self.extractor = _Extractor(self.src, self.dst, self.dst_root, settings, self.progress, journal)
 
     def prepare(self) -> None:
-        jobs.set_aside(self.dst, self.dst_root)
         self.dst.clean_temporaries({_folder(self.dst_root.join(path)) for path in self.plan.paths()})
 
     def close(self) -> None:

@@ -329,6 +329,5 @@ def copy(source: str, destination: str, settings: Settings, *, progress: Progres
     transfer = native.plan(ROUTE, source, destination, settings, PAIRS)
     progress.plan(transfer.bytes, len(transfer.objects))
     dst_store = get_store(transfer.dst_root, settings)
-    remote = run(transfer, settings, progress=progress, stop=stop, client=client,
-                 before_start=lambda: native.set_aside(dst_store, transfer.dst_root))
+    remote = run(transfer, settings, progress=progress, stop=stop, client=client)
     return native.summary(transfer, progress, native.commit(transfer, settings, _with_crc32c(settings)), remote)

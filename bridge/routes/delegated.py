@@ -8,8 +8,7 @@ cancels and commits:
 
 Each route runs the same steps: ``plan`` checks that the route serves the job (RouteUnavailable
 before any request otherwise, so another route can take it), the route creates the remote job
-(a refusal there is RouteFailed with ``moved_data=False``), ``set_aside`` moves the
-destination's old manifest aside, the route starts the job and ``follow`` polls it, feeding
+(a refusal there is RouteFailed with ``moved_data=False``), the route starts the job and ``follow`` polls it, feeding
 bridge's Progress and cancelling the remote job when the bridge job is cancelled (Ctrl-C,
 SIGTERM, or ``stop``); ``commit`` then writes the manifest from what the stores report of each
 object (the bytes never passed through bridge: ``computed`` is empty, see bridge/manifest.py).
@@ -157,12 +156,6 @@ def _advance(progress: Progress, before: Remote, now: Remote, count_files: bool)
 
 # -- committing ---------------------------------------------------------------------------------
 
-def set_aside(store: Store, root: Location) -> None:
-    """Before the service writes, the old manifest stops claiming the destination is complete
-    (the one commit path of every job, bridge/jobs.py)."""
-    jobs.set_aside(store, root)
-
-
 def reported_entry(transfer: Transfer, rel: str, src_store: Store | None, src_info: ObjectInfo,
                    written: ObjectInfo) -> FileEntry:
     """The manifest entry of an object the service wrote, from what both stores report of it.
@@ -186,14 +179,14 @@ def reported_entry(transfer: Transfer, rel: str, src_store: Store | None, src_in
     if not dst_crc:
         reported["source_crc32c"] = src_crc
     return FileEntry(rel, written.size, crc, "", computed=[], reported=reported, identity=dict(written.identity),
-                     note=f"copied by the {transfer.route} route: its bytes never passed through bridge "
+                     source_id=dict(src_info.identity), note=f"copied by the {transfer.route} route: its bytes never passed through bridge "
                           f"(verify --deep reads them)")
 
 
 def commit(transfer: Transfer, settings: Settings,
            written: Callable[[Store, Location], ObjectInfo] | None = None) -> str:
-    """Write the destination's manifest for the objects the service copied, merged with the
-    entries of the manifest set aside (bridge/jobs.py ``commit``); returns its URL."""
+    """Commit the objects the service copied into the destination's record (bridge/jobs.py
+    ``commit``); returns the commit's URL."""
     # A URL list is no store: what it says of each object (size, MD5) is in ``objects``.
     src_store = get_store(transfer.src_root, settings) if transfer.src_root.scheme in STORE_SCHEMES else None
     dst_store = get_store(transfer.dst_root, settings)

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import json
 import os
+import stat
 import socket
 import threading
 import time
@@ -126,14 +127,30 @@ class LocalStore(Store):
                 yield self.info(Location("file", "", prefix.key.rstrip("/")))
             return
         with _translate(prefix):
-            for dirpath, dirnames, filenames in os.walk(root):
-                dirnames.sort()
-                for name in sorted(filenames):
-                    full = os.path.join(dirpath, name)
-                    if PARTIAL in name or TEMPORARY in name or not os.path.isfile(full):
-                        continue
-                    st = os.stat(full)
-                    yield ObjectInfo(Location("file", "", full.lstrip("/")), st.st_size, identity=_identity(st))
+            yield from self._sorted_walk(root.rstrip("/"))
+
+    def _sorted_walk(self, folder: str) -> Iterator[ObjectInfo]:
+        """Files under ``folder`` in the order of their full paths (a folder's name sorts as
+        ``name/``), as cloud listings come: ``sync`` and ``verify`` merge listings in path order."""
+        try:
+            with os.scandir(folder) as it:
+                found = [(e.name + "/" if e.is_dir(follow_symlinks=False) else e.name, e) for e in it]
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        found.sort(key=lambda item: item[0])
+        for key, entry in found:
+            full = os.path.join(folder, entry.name)
+            if key.endswith("/"):
+                yield from self._sorted_walk(full)
+                continue
+            if PARTIAL in entry.name or TEMPORARY in entry.name:
+                continue
+            try:
+                st = os.stat(full)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield ObjectInfo(Location("file", "", full.lstrip("/")), st.st_size, identity=_identity(st))
 
     def info(self, loc: Location) -> ObjectInfo:
         with _translate(loc):

@@ -1,0 +1,88 @@
+"""Records at scale: ``verify`` above committed copies, and a sync that decides from listings."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import re
+
+from bridge.urls import parse
+from tests.helpers import mcbridge
+
+
+def test_verify_at_a_bucket_root_reports_each_committed_copy(make_root, emulator_env, tmp_path):
+    src = tmp_path / "src"
+    for folder in ("a", "b"):
+        (src / folder).mkdir(parents=True)
+        (src / folder / "x.bin").write_bytes(os.urandom(300))
+    (tmp_path / "v.txt").write_bytes(b"one object\n")
+    bucket = make_root("s3")
+    for name in ("one", "two", "three"):
+        assert mcbridge("cp", f"{src}/", f"{bucket}{name}/", "-q", env=emulator_env,
+                        state_dir=tmp_path).returncode == 0
+    # a single object copied to the bucket's root records that object, and claims nothing else
+    assert mcbridge("cp", str(tmp_path / "v.txt"), f"{bucket}v.txt", "-q", env=emulator_env,
+                    state_dir=tmp_path).returncode == 0
+    r = mcbridge("verify", bucket, "--json", env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert [(c["prefix"], c["files"], c["ok"]) for c in report["copies"]] == [
+        ("", 1, True), ("one/", 2, True), ("three/", 2, True), ("two/", 2, True)]
+    assert report["checked"] == 7 and report["extra"] == [] and report["missing"] == []
+    text = mcbridge("verify", bucket, env=emulator_env, state_dir=tmp_path)
+    assert text.returncode == 0 and "in 4 committed copies" in text.stdout, text.stdout
+    assert mcbridge("verify", f"{bucket}two/", env=emulator_env, state_dir=tmp_path).returncode == 0
+
+    # an uncommitted object beside the copies, and a missing one inside one: both named
+    (tmp_path / "stray").write_bytes(b"stray")
+    from bridge.stores import get_store
+    from tests.helpers import settings_for
+    store = get_store(parse(bucket), settings_for(emulator_env))
+    store.put(parse(f"{bucket}loose/stray"), b"stray", crc32c="00000000", metadata={})
+    store.delete(parse(f"{bucket}three/b/x.bin"))
+    bad = mcbridge("verify", bucket, "--json", env=emulator_env, state_dir=tmp_path)
+    assert bad.returncode == 1
+    report = json.loads(bad.stdout)
+    assert report["extra"] == ["loose/stray"] and report["missing"] == ["three/b/x.bin"]
+    # the stray object lies under the root's record (v.txt) and under no deeper one
+    assert [c["ok"] for c in report["copies"]] == [False, True, False, True]
+
+
+def test_a_no_op_sync_of_5000_s3_objects_sends_no_per_object_request(tmp_path):
+    """S3 (``rclone serve s3``, whose listings carry no checksums) behind a proxy that logs every
+    request: the no-op sync sends the listing's pages and nothing per object; a rewritten object
+    costs requests for that object only."""
+    from tests.emulators import RcloneS3, environment_for
+    from tests.faultproxy import FaultProxy, proxied_environment
+    with RcloneS3() as endpoint, FaultProxy(endpoint.endpoint) as proxy:
+        endpoint.create_bucket("corpus")
+        folder = endpoint.workdir / "data" / "corpus"
+        for i in range(5000):    # written where the endpoint serves them from: quick to make
+            (folder / f"d{i % 10}").mkdir(exist_ok=True)
+            (folder / f"d{i % 10}" / f"{i:05d}.bin").write_bytes(b"%d" % i)
+        env = proxied_environment(environment_for([endpoint]), {"s3": proxy})
+        dst = tmp_path / "dst"
+        first = mcbridge("sync", "s3://corpus/", f"{dst}/", "--json", env=env, state_dir=tmp_path)
+        assert first.returncode == 0, first.stderr
+        assert json.loads(first.stdout)["reasons"]["new"] == 5000
+
+        proxy.log.clear()
+        again = mcbridge("sync", "s3://corpus/", f"{dst}/", "--json", env=env, state_dir=tmp_path)
+        assert again.returncode == 0, again.stderr
+        out = json.loads(again.stdout)
+        assert out["reasons"] == {"new": 0, "changed": 0, "repaired": 0, "unchanged": 5000} and out["sent"] == []
+        sent = [line for line, _ in proxy.log]
+        per_object = [line for line in sent if line.split()[1].split("?")[0].strip("/") != "corpus"]
+        assert per_object == [], per_object[:5]
+        assert len(sent) <= 8, sent   # the listing's pages (5,000 keys: 5) and the bucket's check
+
+        # one source object rewritten with other bytes: that object is read, and sent
+        (folder / "d3" / "00003.bin").write_bytes(b"changed")
+        proxy.log.clear()
+        third = mcbridge("sync", "s3://corpus/", f"{dst}/", "--json", env=env, state_dir=tmp_path)
+        assert third.returncode == 0, third.stderr
+        assert json.loads(third.stdout)["sent"] == ["d3/00003.bin"]
+        keys = {line.split()[1].split("?")[0] for line, _ in proxy.log}
+        assert keys - {"/corpus", "/corpus/"} == {"/corpus/d3/00003.bin"}, keys
+        assert (dst / "d3/00003.bin").read_bytes() == b"changed"
