@@ -627,7 +627,9 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
         h = FileHash(size, crc, whole)
     elif whole is None:
         note = "sha256 left out: a resumed copy did not read finished parts again; part_sha256 covers every byte"
-    committed = manifests.committed_info(ctx.dst, dst, h)
+    # The completion's answer names the version written (S3's ETag, an answer read back): the
+    # entry records that, as a one-request put does, without asking again.
+    committed = reported if reported.identity and reported.size == size else manifests.committed_info(ctx.dst, dst, h)
     entry = manifests.entry_from_hash(rel, h, part_size, [p.crc32c for p in parts], committed)
     if all(part_sha256):
         entry.part_sha256 = part_sha256

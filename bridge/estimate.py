@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.engine import Plan
+from bridge.manifest import SHARD_ENTRIES
 from bridge.urls import Location, parse
 
 ROUTES = ("direct", "server", "from-url", "sts", "datasync", "pack")
@@ -83,19 +84,28 @@ def _pages(scheme: str, count: int) -> int:
 
 def _source_listing(plan: Plan, side: StoreUsage) -> None:
     side.requests["HEAD"] += 1                       # check_bucket
+    listed = getattr(plan, "listed", None)
     if plan.single:
         side.requests["HEAD"] += 1                   # info of the one object
     else:
-        side.requests["LIST"] += _pages(side.scheme, len(plan.files))
+        side.requests["LIST"] += _pages(side.scheme, listed["source"] if listed else len(plan.files))
 
 
-def _destination_commit(side: StoreUsage, deletions: int) -> None:
-    """check_bucket, the old manifest looked up (prepare) and the kept-aside one (finalize), the
-    manifest written, leftover uploads listed, and the deletions of a sync."""
+def _sync_reads(plan: Plan, side: StoreUsage) -> None:
+    """What planning a sync asked of the destination: its listing's pages, its record's listing
+    and documents (``bridge.ops.plan_sync`` notes the counts on the plan)."""
+    listed = getattr(plan, "listed", None)
+    if listed:
+        side.requests["LIST"] += _pages(side.scheme, listed["destination"]) + 1
+        side.requests["GET"] += listed["record_reads"]
+
+
+def _destination_commit(side: StoreUsage, deletions: int, entries: int = 1) -> None:
+    """check_bucket, leftover uploads listed and the record's log listed (commit), the commit's
+    document written (and its shards past SHARD_ENTRIES entries), and the deletions of a sync."""
     side.requests["HEAD"] += 1
-    side.requests["GET"] += 2
-    side.requests["PUT"] += 1
-    side.requests["LIST"] += 1
+    side.requests["LIST"] += 2
+    side.requests["PUT"] += 1 + (math.ceil(entries / SHARD_ENTRIES) if entries > SHARD_ENTRIES else 0)
     side.requests["DELETE"] += deletions
 
 
@@ -135,6 +145,7 @@ def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_form
     src = StoreUsage(_root(plan.source if not plan.single else plan.single))
     dst = StoreUsage(plan.destination)
     _source_listing(plan, src)
+    _sync_reads(plan, dst)
     payload = plan.bytes
     written = len(plan.files)
     through = 0
@@ -143,7 +154,12 @@ def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_form
             _read(src, f.size, f.part_size)
             _upload(dst, f.size, f.part_size)
         through = payload
-        _destination_commit(dst, len(plan.deletions))
+        listed = getattr(plan, "listed", None)
+        if listed and listed["record_reads"] and not plan.files and not plan.deletions:
+            dst.requests["HEAD"] += 1     # check_bucket; nothing to do under a record that stands:
+            dst.requests["LIST"] += 1     # the record's listing, and no commit
+        else:
+            _destination_commit(dst, len(plan.deletions), len(plan.files))
     elif route == "pack":
         for f in plan.files:
             _read(src, f.size, 0 if f.size <= shard_part_size else shard_part_size)

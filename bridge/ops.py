@@ -239,6 +239,10 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     files: list = []
     deletions: list[str] = []
     window: list[tuple[str, Any, Any]] = []
+    # what planning asked of the stores, for the estimate (bridge.estimate): listings' lengths and
+    # the record's documents and shards read
+    listed = {"source": 0, "destination": 0,
+              "record_reads": sum(1 + len(s.doc.get("file_shards", [])) for s in record.sources) if record else 0}
 
     def settle(limit: int) -> None:
         while len(window) > limit:
@@ -250,7 +254,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
 
     with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
         for rel, info, entry, there in _merged(iter(objects), record.entries() if record else iter(()),
-                                               dst_store.walk(dst_root)):
+                                               dst_store.walk(dst_root), listed):
             if info is None:
                 if delete and single is None and there is not None:
                     deletions.append(rel)
@@ -268,15 +272,17 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     if delete and single is None:
         counts["deleted"] = len(deletions)
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files, deletions)
+    plan.listed = listed
     # As for copy, not the file list: what a killed sync finished is found again by path.
     plan.key = job_key("sync", plan.source, plan.destination, chunk_size, delete)
     batching(plan, src_root, dst_root, settings)
     return plan, counts
 
 
-def _merged(objects, entries, present):
+def _merged(objects, entries, present, listed: dict[str, int]):
     """(path, source info, record entry, destination info) for every path any of the three
-    sorted streams has, in path order; None where one lacks it."""
+    sorted streams has, in path order; None where one lacks it. Counts into ``listed`` how many
+    objects each listing gave."""
     src, ent, dst = next(objects, None), next(entries, None), next(present, None)
     while src is not None or ent is not None or dst is not None:
         path = min(p for p in (src and src[0], ent and ent.path, dst and dst[0]) if p is not None)
@@ -285,10 +291,12 @@ def _merged(objects, entries, present):
         row_dst = dst[1] if dst is not None and dst[0] == path else None
         if row_src is not None:
             src = next(objects, None)
+            listed["source"] += 1
         if row_ent is not None:
             ent = next(entries, None)
         if row_dst is not None:
             dst = next(present, None)
+            listed["destination"] += 1
         yield path, row_src, row_ent, row_dst
 
 

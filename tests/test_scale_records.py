@@ -6,6 +6,7 @@ import concurrent.futures as cf
 import json
 import os
 import re
+import time
 
 from bridge.urls import parse
 from tests.helpers import mcbridge
@@ -86,3 +87,61 @@ def test_a_no_op_sync_of_5000_s3_objects_sends_no_per_object_request(tmp_path):
         keys = {line.split()[1].split("?")[0] for line, _ in proxy.log}
         assert keys - {"/corpus", "/corpus/"} == {"/corpus/d3/00003.bin"}, keys
         assert (dst / "d3/00003.bin").read_bytes() == b"changed"
+
+
+def _kinds(moto, since: int, bucket: str):
+    """The requests moto logged since ``since`` (a length of its log), by bridge's request kinds."""
+    from collections import Counter
+    text = moto.log_path.read_text(errors="replace")[since:]
+    kinds: Counter = Counter()
+    for method, target in re.findall(r'"(GET|PUT|HEAD|POST|DELETE) ([^ ]+) HTTP/1\.1"', text):
+        path, _, query = target.partition("?")
+        if path.strip("/").split("/")[0] != bucket:
+            continue
+        whole_bucket = path.strip("/") == bucket
+        args = {a.split("=")[0] for a in query.split("&") if a}
+        if method == "GET":
+            kinds["LIST" if whole_bucket else "GET"] += 1
+        elif method == "PUT":
+            kinds["PART" if "partNumber" in args else "PUT"] += 1
+        elif method == "POST":
+            kinds["BEGIN" if "uploads" in args else "COMPLETE"] += 1
+        else:
+            kinds[method] += 1
+    return dict(kinds)
+
+
+def test_dry_run_request_counts_equal_what_the_emulator_logs(moto, make_root, emulator_env, tmp_path):
+    """cp, sync and migrate to S3: the requests ``--dry-run --json`` says the destination will
+    get are the requests moto logs when the same command runs."""
+    src = tmp_path / "src"
+    for i in range(40):
+        (src / f"d{i % 4}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 4}" / f"{i:03d}.bin").write_bytes(os.urandom(200 + i))
+    (src / "big.bin").write_bytes(os.urandom(12 * 1024 * 1024 + 5))
+    root = make_root("s3")
+    bucket = parse(root).bucket
+
+    def planned_then_ran(*args: str) -> tuple[dict, dict]:
+        dry = mcbridge(*args, "--dry-run", "--json", env=emulator_env, state_dir=tmp_path)
+        assert dry.returncode == 0, dry.stderr
+        planned = json.loads(dry.stdout)["usage"]["destination"]["requests"]
+        mark = len(moto.log_path.read_text(errors="replace"))
+        run = mcbridge(*args, "-q", env=emulator_env, state_dir=tmp_path)
+        assert run.returncode == 0, run.stderr
+        time.sleep(0.2)   # moto writes its log line after the answer
+        return planned, _kinds(moto, mark, bucket)
+
+    planned, ran = planned_then_ran("cp", f"{src}/", f"{root}copy/", "--chunk-size", "5MiB")
+    assert {k: v for k, v in planned.items() if v} == ran, (sorted(planned.items()), sorted(ran.items()))
+
+    (src / "d1" / "new.bin").write_bytes(b"new")
+    (src / "d2" / "002.bin").write_bytes(b"changed")
+    planned, ran = planned_then_ran("sync", f"{src}/", f"{root}copy/", "--chunk-size", "5MiB")
+    assert {k: v for k, v in planned.items() if v} == ran, (sorted(planned.items()), sorted(ran.items()))
+    planned, ran = planned_then_ran("sync", f"{src}/", f"{root}copy/", "--chunk-size", "5MiB")   # no-op
+    assert {k: v for k, v in planned.items() if v} == ran, (sorted(planned.items()), sorted(ran.items()))
+
+    planned, ran = planned_then_ran("migrate", f"{src}/", f"{root}packed/", "--pack", "tar",
+                                    "--shard-size", "64KiB")
+    assert {k: v for k, v in planned.items() if v} == ran, (sorted(planned.items()), sorted(ran.items()))
