@@ -118,6 +118,24 @@ class Console:
         rendered.no_wrap, rendered.overflow = True, None
         self.rich.print(rendered, soft_wrap=True)
 
+    def print_json_rows(self, head: dict, key: str, rows: Any, *, chunk: int = 1000) -> None:
+        """``head`` with ``rows`` under ``key``, as one JSON document written as the rows come
+        (one line each, in pieces of ``chunk``): a list of millions is never held whole, as
+        text or as data. Plain text, redacted and escaped as ``json_text`` does."""
+        stream = sys.stderr if self._stderr else sys.stdout
+        start = json_text(head)
+        stream.write((start[:-2] + ",\n" if len(head) else "{\n") + f"  {jsonlib.dumps(key)}: [")
+        piece: list[str] = []
+        sep = "\n    "
+        for row in rows:
+            piece.append(sep + json_text(row, indent=None))
+            sep = ",\n    "
+            if len(piece) >= chunk:
+                stream.write("".join(piece))
+                piece = []
+        stream.write("".join(piece) + ("\n  ]\n}\n" if sep != "\n    " else "]\n}\n"))
+        stream.flush()
+
     # A rich Live (a progress bar given this console) enters the console around each refresh.
     def __enter__(self):
         return self.rich.__enter__()

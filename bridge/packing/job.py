@@ -22,7 +22,7 @@ from bridge import jobs
 from bridge.config import Settings
 from bridge.engine import resolve
 from bridge.errors import BridgeError, InvalidOption, ObjectNotFound
-from bridge.journal import FileJournal, Journal, job_key
+from bridge.journal import Journal, job_key, journal_at
 from bridge.manifest import FileEntry
 from bridge.packing import index as indexes
 from bridge.packing import layout
@@ -341,7 +341,7 @@ def execute(plan: PackPlan, settings: Settings, progress: Progress | None = None
     if progress.limiter is None and settings.transfer.bwlimit:
         from bridge.bwlimit import local
         progress.limiter = local(settings.transfer.bwlimit)
-    journal = FileJournal((state_dir or Path(settings.transfer.state_dir)) / "journal" / f"{plan.key}.jsonl")
+    journal = journal_at(state_dir or Path(settings.transfer.state_dir), plan.key)
     ctx = PackContext(plan, settings, journal, progress)
     progress.plan(plan.shard_bytes, len(plan.shards) + 2)
     results = jobs.run(ctx, plan.units(), journal, ctx.writers(memory), "packing")

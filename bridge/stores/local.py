@@ -110,6 +110,34 @@ def _translate(loc: Location):
         raise BridgeError(f"{loc}: {exc.strerror or exc}") from exc
 
 
+def _sorted_files(folder: str) -> Iterator[ObjectInfo]:
+    """The regular files under ``folder`` in the order of their full paths (Store.walk's
+    contract): each folder's entries sorted by name, a subfolder as its name and "/" (so "a-b"
+    and "a.b" come before the folder "a", and "a0" after it), one folder's names held at a
+    time. Links to files are followed; links to folders are not (as os.walk does)."""
+    with os.scandir(folder) as it:
+        entries = sorted(((entry.name + "/" if _is_folder(entry) else entry.name), entry) for entry in it)
+    for key, entry in entries:
+        if key.endswith("/"):
+            try:
+                yield from _sorted_files(entry.path)
+            except (FileNotFoundError, NotADirectoryError, PermissionError):
+                continue   # gone or closed since it was listed, as os.walk skips it
+        elif PARTIAL not in key and TEMPORARY not in key and entry.is_file():
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            yield ObjectInfo(Location("file", "", entry.path.lstrip("/")), st.st_size, identity=_identity(st))
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir() and not entry.is_symlink()
+    except OSError:
+        return False
+
+
 class LocalStore(Store):
     scheme = "file"
     features = Features(min_part_size=1, max_part_size=64 * GiB, max_parts=1_000_000,
@@ -126,14 +154,7 @@ class LocalStore(Store):
                 yield self.info(Location("file", "", prefix.key.rstrip("/")))
             return
         with _translate(prefix):
-            for dirpath, dirnames, filenames in os.walk(root):
-                dirnames.sort()
-                for name in sorted(filenames):
-                    full = os.path.join(dirpath, name)
-                    if PARTIAL in name or TEMPORARY in name or not os.path.isfile(full):
-                        continue
-                    st = os.stat(full)
-                    yield ObjectInfo(Location("file", "", full.lstrip("/")), st.st_size, identity=_identity(st))
+            yield from _sorted_files(root.rstrip("/") or "/")
 
     def info(self, loc: Location) -> ObjectInfo:
         with _translate(loc):
