@@ -120,20 +120,28 @@ class Console:
 
     def print_json_rows(self, head: dict, key: str, rows: Any, *, chunk: int = 1000) -> None:
         """``head`` with ``rows`` under ``key``, as one JSON document written as the rows come
-        (one line each, in pieces of ``chunk``): a list of millions is never held whole, as
-        text or as data. Plain text, redacted and escaped as ``json_text`` does."""
+        (one line each, a piece of ``chunk`` rows at a time, each piece redacted and escaped as
+        ``json_text`` does): a list of millions is never held whole, as text or as data."""
         stream = sys.stderr if self._stderr else sys.stdout
         start = json_text(head)
-        stream.write((start[:-2] + ",\n" if len(head) else "{\n") + f"  {jsonlib.dumps(key)}: [")
+        stream.write((start[:-2] + ",\n" if head else "{\n") + f"  {jsonlib.dumps(key)}: [")
         piece: list[str] = []
-        sep = "\n    "
+        first = True
+
+        def write() -> None:
+            text = redact(",\n    ".join(piece))
+            stream.write(("\n    " if first else ",\n    ") + _CONTROL_IN_JSON.sub(
+                lambda m: f"\\u{ord(m.group()):04x}", text))
+
         for row in rows:
-            piece.append(sep + json_text(row, indent=None))
-            sep = ",\n    "
+            piece.append(jsonlib.dumps(row, ensure_ascii=False))
             if len(piece) >= chunk:
-                stream.write("".join(piece))
-                piece = []
-        stream.write("".join(piece) + ("\n  ]\n}\n" if sep != "\n    " else "]\n}\n"))
+                write()
+                piece, first = [], False
+        if piece:
+            write()
+            first = False
+        stream.write("]\n}\n" if first else "\n  ]\n}\n")
         stream.flush()
 
     # A rich Live (a progress bar given this console) enters the console around each refresh.
