@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,15 +140,25 @@ def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_form
     written = len(plan.files)
     through = 0
     if route == "direct":
-        for f in plan.files:
-            _read(src, f.size, f.part_size)
-            _upload(dst, f.size, f.part_size)
+        whole = whole_bytes = 0   # files of one request: counted together (a plan may hold millions)
+        for f in _shapes(plan):
+            if f.part_size:
+                _read(src, f.size, f.part_size)
+                _upload(dst, f.size, f.part_size)
+            else:
+                whole += 1
+                whole_bytes += f.size
+        src.bytes_read += whole_bytes
+        dst.bytes_written += whole_bytes
+        if whole:
+            src.requests["GET"] += whole
+            dst.requests["PUT"] += whole
         through = payload
         _destination_commit(dst, len(plan.deletions))
     elif route == "pack":
-        for f in plan.files:
+        for f in _shapes(plan):
             _read(src, f.size, 0 if f.size <= shard_part_size else shard_part_size)
-        shards = shard_sizes([f.size for f in plan.files], shard_size, shard_format)
+        shards = shard_sizes((f.size for f in _shapes(plan)), shard_size, shard_format)
         for size in shards:
             _upload(dst, size, shard_part_size if size > shard_part_size else 0)
         dst.requests["PUT"] += 1 + len(shards)       # the index and its per-shard files
@@ -155,7 +166,7 @@ def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_form
         through = payload
         _destination_commit(dst, 0)
     elif route == "server":
-        for f in plan.files:
+        for f in _shapes(plan):
             src.bytes_read += f.size
             dst.bytes_written += f.size
             if dst.scheme == "s3" and f.size > S3_COPY_LIMIT or dst.scheme == "az" and f.size > AZ_SYNC_COPY_LIMIT:
@@ -166,7 +177,7 @@ def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_form
                 dst.requests["COPY"] += 1
         _destination_commit(dst, len(plan.deletions))
     elif route == "from-url":
-        for f in plan.files:
+        for f in _shapes(plan):
             # Put Blob/Put Block From URL: Azure reads each range from a signed source URL
             src.bytes_read += f.size
             src.requests["GET"] += f.parts if f.part_size else 1
@@ -178,7 +189,7 @@ def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_form
         # The service lists both sides, reads each object whole and writes it; DataSync's
         # verification (ONLY_FILES_TRANSFERRED) reads back what it wrote.
         dst.requests["LIST"] += _pages(dst.scheme, len(plan.files))
-        for f in plan.files:
+        for f in _shapes(plan):
             src.requests["HEAD"] += 1
             _read(src, f.size, 0)
             if route == "sts":
@@ -190,7 +201,13 @@ def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_form
     return Usage(route, src, dst, len(plan.files), payload, through, written)
 
 
-def shard_sizes(sizes: list[int], shard_size: int, shard_format: str = "tar") -> list[int]:
+def _shapes(plan: Plan):
+    """The plan's files as counting needs them (sizes and parts; bridge.engine.FileList.shapes)."""
+    shapes = getattr(plan.files, "shapes", None)
+    return shapes() if shapes is not None else iter(plan.files)
+
+
+def shard_sizes(sizes: Iterable[int], shard_size: int, shard_format: str = "tar") -> list[int]:
     """Sizes of the shards that packing files of these sizes in order would cut (tar: each member
     a 512-byte header and its data padded to 512, two zero blocks at the end; parquet: the data
     and about 128 bytes of columns per file)."""

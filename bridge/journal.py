@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 PAGE = 1000   # records read per query by items()
+WAL_PAGES = 256   # the write-ahead log is folded into the database every 256 pages (1 MiB)
 
 
 class Journal(Protocol):
@@ -71,6 +72,7 @@ class FileJournal:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
         db.execute("CREATE TABLE IF NOT EXISTS records (k TEXT PRIMARY KEY, v TEXT NOT NULL) WITHOUT ROWID")
         return db
 

@@ -49,7 +49,7 @@ class PlanRows:
         self.files = files
 
     def __iter__(self):
-        for f in self.files:
+        for f in self.files.shapes():
             yield {"path": f.rel, "size": f.size, "parts": f.parts if f.part_size else 1, "part_size": f.part_size}
 
     def __len__(self) -> int:

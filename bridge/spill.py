@@ -14,7 +14,7 @@ import sqlite3
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 PAGE = 2000     # rows read per query, and written per transaction
@@ -38,7 +38,6 @@ class Rows:
         names = ", ".join(f"c{i}" for i in range(columns))
         self._db.execute(f"CREATE TABLE rows (seq INTEGER PRIMARY KEY, {names})")
         self._insert = f"INSERT INTO rows ({names}) VALUES ({', '.join('?' * columns)})"
-        self._select = f"SELECT seq, {names} FROM rows WHERE seq > ? ORDER BY seq LIMIT {PAGE}"
         self._pending: list[tuple] = []
         self._count = 0
         self._indexed = False
@@ -63,11 +62,17 @@ class Rows:
         return self._count
 
     def __iter__(self) -> Iterator[tuple]:
+        return self.columns_of(range(self.columns))
+
+    def columns_of(self, columns: Iterable[int]) -> Iterator[tuple]:
+        """The rows in order, only the given columns of each."""
         self._flush()
+        select = (f"SELECT seq, {', '.join(f'c{i}' for i in columns)} FROM rows WHERE seq > ? "
+                  f"ORDER BY seq LIMIT {PAGE}")
         after = 0
         while True:
             with self._lock:
-                page = self._db.execute(self._select, (after,)).fetchall()
+                page = self._db.execute(select, (after,)).fetchall()
             for row in page:
                 yield row[1:]
             if len(page) < PAGE:

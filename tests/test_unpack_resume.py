@@ -15,10 +15,11 @@ from tests.helpers import journaled_keys, mcbridge, settings_for
 
 MiB = 1024 * 1024
 
-# The child dies the moment it writes past 1 MiB, as a kill at that instant would leave it: Python
-# ignores SIGXFSZ (writes would fail cleanly), so the default action, termination, is put back.
-DIES_AT_1MIB = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_DFL); "
-                "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20)); "
+# The child dies the moment it writes past 2 MiB into one file (the 4 MiB one: the journal's log
+# stays near 1 MiB), as a kill at that instant would leave it: Python ignores SIGXFSZ (writes
+# would fail cleanly), so the default action, termination, is put back.
+DIES_AT_2MIB = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_DFL); "
+                "resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20)); "
                 "sys.argv = ['mcbridge'] + sys.argv[1:]; runpy.run_module('bridge', run_name='__main__')")
 
 
@@ -44,7 +45,7 @@ def test_a_killed_unpack_resumes_to_the_exact_tree_with_no_stray_files(tmp_path)
     job.pack(f"{tmp_path}/src/", f"{tmp_path}/set/", settings, shard_size=2 * MiB, state_dir=tmp_path / "packst")
     state, out = tmp_path / "state", tmp_path / "out"
     env["MCBRIDGE_STATE_DIR"] = str(state)
-    killed = subprocess.run([sys.executable, "-c", DIES_AT_1MIB, "unpack", f"{tmp_path}/set/", f"{out}/", "-j", "1"],
+    killed = subprocess.run([sys.executable, "-c", DIES_AT_2MIB, "unpack", f"{tmp_path}/set/", f"{out}/", "-j", "1"],
                             env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode < 0, f"the first unpack must be killed: {killed.returncode} {killed.stderr[-500:]}"
     left = _strays(out)

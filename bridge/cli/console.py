@@ -133,8 +133,9 @@ class Console:
             stream.write(("\n    " if first else ",\n    ") + _CONTROL_IN_JSON.sub(
                 lambda m: f"\\u{ord(m.group()):04x}", text))
 
+        encode = jsonlib.JSONEncoder(ensure_ascii=False).encode
         for row in rows:
-            piece.append(jsonlib.dumps(row, ensure_ascii=False))
+            piece.append(encode(row))
             if len(piece) >= chunk:
                 write()
                 piece, first = [], False
