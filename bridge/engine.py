@@ -37,7 +37,7 @@ from bridge import routes
 from bridge.config import Settings
 from bridge.errors import BridgeError, IntegrityError, InvalidOption, ObjectNotFound
 from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex, rehash_parts
-from bridge.journal import Journal, job_key
+from bridge.journal import Journal, job_key, key_bytes
 from bridge.jobs import FATAL, Outcome, ThreadExecutor, describe  # noqa: F401  (their old home)
 from bridge.manifest import FileEntry
 from bridge.progress import Progress
@@ -106,13 +106,13 @@ _compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _row(f: FilePlan) -> tuple:
-    return (f.rel, f.size, f.part_size, _compact(f.source_id) if f.source_id else "",
+    return (key_bytes(f.rel), f.size, f.part_size, _compact(f.source_id) if f.source_id else "",
             f.first_part, f.last_part)
 
 
 def _from_row(row: tuple) -> FilePlan:
     rel, size, part_size, source_id, first, last = row
-    return FilePlan(rel, size, part_size, json.loads(source_id) if source_id else {}, first, last)
+    return FilePlan(rel.decode("utf-8", "surrogatepass"), size, part_size, json.loads(source_id) if source_id else {}, first, last)
 
 
 class FileList:
@@ -159,7 +159,7 @@ class FileList:
         back: for counting units and requests, and listing a plan."""
         if self._rows is None:
             return iter(self._held)
-        return (FilePlan(rel, size, part_size, {}, first, last)
+        return (FilePlan(rel.decode("utf-8", "surrogatepass"), size, part_size, {}, first, last)
                 for rel, size, part_size, first, last in self._rows.columns_of((0, 1, 2, 4, 5)))
 
     def __len__(self) -> int:
@@ -188,7 +188,7 @@ class FileList:
 
     def find(self, rel: str) -> FilePlan | None:
         if self._rows is not None:
-            row = self._rows.find(rel)
+            row = self._rows.find(key_bytes(rel))
             return None if row is None else _from_row(row)
         if self._by_rel is None:
             self._by_rel = {f.rel: f for f in reversed(self._held)}

@@ -230,16 +230,17 @@ def pack_usage(pack_plan: Any) -> Usage:
     """Usage of a real pack plan (bridge.packing.job.PackPlan): exact shard sizes for tar."""
     src = StoreUsage(_root(pack_plan.source_root))
     dst = StoreUsage(pack_plan.destination)
-    files = [(rel, size) for shard in pack_plan.shards for rel, size in shard.files]
+    files = pack_plan.files
     src.requests["HEAD"] += 1
-    src.requests["LIST"] += _pages(src.scheme, len(files))
-    for _rel, size in files:
-        _read(src, size, 0 if size <= pack_plan.part_size else pack_plan.part_size)
+    src.requests["LIST"] += _pages(src.scheme, files)
+    for shard in pack_plan.shards:   # each shard's file list read in turn (a long one is on disk)
+        for _rel, size in shard.files:
+            _read(src, size, 0 if size <= pack_plan.part_size else pack_plan.part_size)
     for shard in pack_plan.shards:
         _upload(dst, shard.size, pack_plan.part_size if shard.size > pack_plan.part_size else 0)
     dst.requests["PUT"] += 1 + len(pack_plan.shards)
     _destination_commit(dst, 0)
-    return Usage("pack", src, dst, len(files), pack_plan.bytes, pack_plan.bytes, len(pack_plan.shards))
+    return Usage("pack", src, dst, files, pack_plan.bytes, pack_plan.bytes, len(pack_plan.shards))
 
 
 def unpack_usage(unpack_plan: Any, *, window: int, stream_over: int, part_size: int) -> Usage:

@@ -7,8 +7,9 @@ nothing that was put, and a transaction cut by the kill is rolled back when the 
 opened again. (``synchronous=NORMAL``: a power loss may take back the last transactions, never
 leave a half one; files the journal names were made durable before they were journaled.)
 
-``items(prefix)`` yields (key, value) in key order (SQLite compares TEXT by its UTF-8 bytes,
-which is code-point order, as Python compares str), a page at a time. The Celery executor
+``items(prefix)`` yields (key, value) in key order, a page at a time: keys are stored as their
+UTF-8 bytes (``key_bytes``), which SQLite compares as memcmp does: code-point order, as Python
+compares str. The Celery executor
 keeps the same records in Redis (``workers/journal.py``), behind the same interface.
 """
 
@@ -39,11 +40,16 @@ def job_key(*parts: object) -> str:
     return hashlib.sha256("\x00".join(map(str, parts)).encode()).hexdigest()[:20]
 
 
-def prefix_end(prefix: str) -> str | None:
-    """The least string after every string that starts with ``prefix`` (None: no bound)."""
-    while prefix and ord(prefix[-1]) == 0x10FFFF:
-        prefix = prefix[:-1]
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else None
+def key_bytes(key: str) -> bytes:
+    """A key as stored: UTF-8, lone surrogates too (a local file name that is not UTF-8 reaches
+    here through surrogateescape). Byte order of this encoding is code-point order, str's."""
+    return key.encode("utf-8", "surrogatepass")
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """The least byte string after every one that starts with ``prefix`` (None: no bound)."""
+    prefix = prefix.rstrip(b"\xff")
+    return prefix[:-1] + bytes([prefix[-1] + 1]) if prefix else None
 
 
 def journal_at(state_dir: Path | str, key: str) -> FileJournal:
@@ -73,7 +79,7 @@ class FileJournal:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
-        db.execute("CREATE TABLE IF NOT EXISTS records (k TEXT PRIMARY KEY, v TEXT NOT NULL) WITHOUT ROWID")
+        db.execute("CREATE TABLE IF NOT EXISTS records (k BLOB PRIMARY KEY, v TEXT NOT NULL) WITHOUT ROWID")
         return db
 
     def _adopt_lines(self, old: Path) -> None:
@@ -92,19 +98,19 @@ class FileJournal:
 
     def get(self, key: str) -> Any | None:
         with self._lock:
-            row = self._db.execute("SELECT v FROM records WHERE k = ?", (key,)).fetchone()
+            row = self._db.execute("SELECT v FROM records WHERE k = ?", (key_bytes(key),)).fetchone()
         return None if row is None else json.loads(row[0])
 
     def put(self, key: str, value: Any) -> None:
         raw = _dumps(value)
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO records (k, v) VALUES (?, ?)", (key, raw))
+            self._db.execute("INSERT OR REPLACE INTO records (k, v) VALUES (?, ?)", (key_bytes(key), raw))
 
     def put_many(self, records: list[tuple[str, Any]]) -> None:
         """Several records in one transaction: all of them are there after a kill, or none."""
         if not records:
             return
-        rows = [(k, _dumps(v)) for k, v in records]
+        rows = [(key_bytes(k), _dumps(v)) for k, v in records]
         with self._lock:
             self._db.execute("BEGIN")
             try:
@@ -117,8 +123,9 @@ class FileJournal:
     def items(self, prefix: str) -> Iterator[tuple[str, Any]]:
         """(key, value) of every record whose key starts with ``prefix``, in key order, read a
         page at a time (records put meanwhile may or may not be seen)."""
-        end = prefix_end(prefix)
-        after, first = prefix, True
+        start = key_bytes(prefix)
+        end = prefix_end(start)
+        after, first = start, True
         while True:
             query = "SELECT k, v FROM records WHERE k " + (">=" if first else ">") + " ?"
             args: tuple = (after,)
@@ -128,18 +135,19 @@ class FileJournal:
             with self._lock:
                 rows = self._db.execute(query + f" ORDER BY k LIMIT {PAGE}", args).fetchall()
             for key, raw in rows:
-                yield key, json.loads(raw)
+                yield key.decode("utf-8", "surrogatepass"), json.loads(raw)
             if len(rows) < PAGE:
                 return
             after, first = rows[-1][0], False
 
     def count(self, prefix: str) -> int:
-        end = prefix_end(prefix)
+        start = key_bytes(prefix)
+        end = prefix_end(start)
         with self._lock:
             if end is None:
-                return self._db.execute("SELECT count(*) FROM records WHERE k >= ?", (prefix,)).fetchone()[0]
+                return self._db.execute("SELECT count(*) FROM records WHERE k >= ?", (start,)).fetchone()[0]
             return self._db.execute("SELECT count(*) FROM records WHERE k >= ? AND k < ?",
-                                    (prefix, end)).fetchone()[0]
+                                    (start, end)).fetchone()[0]
 
     def clear(self) -> None:
         with self._lock:

@@ -79,6 +79,29 @@ class Rows:
                 return
             after = page[-1][0]
 
+    def range(self, after: int, count: int) -> Iterator[tuple]:
+        """``count`` rows from the one after the ``after``-th (rows are numbered from 1 as appended)."""
+        self._flush()
+        names = ", ".join(f"c{i}" for i in range(self.columns))
+        end = after + count
+        while after < end:
+            with self._lock:
+                page = self._db.execute(f"SELECT seq, {names} FROM rows WHERE seq > ? AND seq <= ? ORDER BY seq "
+                                        f"LIMIT {PAGE}", (after, end)).fetchall()
+            for row in page:
+                yield row[1:]
+            if len(page) < PAGE:
+                return
+            after = page[-1][0]
+
+    def ordered_by(self, *columns: int) -> Iterator[tuple]:
+        """Every row, sorted by these columns (SQLite sorts on disk past its cache): one query
+        read as it is consumed, so nothing may be appended meanwhile."""
+        self._flush()
+        names = ", ".join(f"c{i}" for i in range(self.columns))
+        order = ", ".join(f"c{i}" for i in columns)
+        yield from self._db.execute(f"SELECT {names} FROM rows ORDER BY {order}, seq")
+
     def find(self, key) -> tuple | None:
         """The first row whose first column is ``key``."""
         self._flush()

@@ -60,3 +60,22 @@ def test_items_stream_in_key_order_a_page_at_a_time_and_past_unicode(tmp_path):
     journal.clear()
     assert list(journal.items("")) == []
     journal.close()
+
+
+def test_a_name_that_is_not_utf8_is_a_key_like_any_other(tmp_path):
+    """A local file name with bytes that are not UTF-8 arrives as lone surrogates (surrogateescape):
+    journaled, found and listed in str order like the rest, and kept in a long plan's file list."""
+    from bridge.engine import SPILL_FILES, FileList, FilePlan
+    odd = b"caf\xe9.txt".decode("utf-8", "surrogateescape")
+    journal = FileJournal(tmp_path / "j.db")
+    names = ["a", odd, "caf\u00e9.txt", "caf\ue000", "z"]
+    journal.put_many([(f"file:{n}", {"n": n}) for n in names])
+    assert journal.get(f"file:{odd}") == {"n": odd}
+    assert [k for k, _ in journal.items("file:")] == [f"file:{n}" for n in sorted(names)]
+    journal.close()
+    files = FileList([FilePlan(f"{i:06d}", 1) for i in range(SPILL_FILES)] + [FilePlan(odd, 2, 0, {"ino": "1"})],
+                     where=tmp_path / "spill")
+    assert len(files) == SPILL_FILES + 1 and files.find(odd) == FilePlan(odd, 2, 0, {"ino": "1"})
+    assert list(files)[-1].rel == odd and [f.rel for f in files.shapes()][-1] == odd
+    assert not any((tmp_path / "spill").iterdir()), "a spilled list keeps no name in its folder"
+    files.close()
