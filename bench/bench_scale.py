@@ -169,7 +169,8 @@ def main() -> None:
     ap.add_argument("--files", default="10000", help="comma-separated file counts, e.g. 10000,1000000")
     ap.add_argument("--tree-dir", default="", help="where the source trees are made and kept for reuse")
     ap.add_argument("--listing", type=int, default=0, help="plan a copy of this many generated objects (dry run)")
-    ap.add_argument("--steps", default="cp,sync,verify", help="which of cp,sync,verify to run")
+    ap.add_argument("--steps", default="cp,sync,verify", help="which of cp,sync,verify,pack to run "
+                    "(pack: mcbridge pack local -> local, beside tar -cf in the rclone column)")
     ap.add_argument("--tools", default="bridge,rclone")
     ap.add_argument("--bridge-args", default="", help="extra arguments for mcbridge cp and sync")
     args = ap.parse_args()
@@ -204,6 +205,9 @@ def main() -> None:
                            "sync": [rclone, "sync", str(tree), f"s3e:bench/rclone-{count}"],
                            "verify": [rclone, "check", str(tree), f"s3e:bench/rclone-{count}"]},
             }
+            # pack, local -> local: beside tar, which only copies bytes
+            commands["bridge"]["pack"] = [*BRIDGE, "pack", f"{tree}/", str(work / f"packed-{count}"), "-q"]
+            commands["rclone"]["pack"] = ["tar", "-cf", str(work / f"packed-{count}.tar"), "-C", str(tree), "."]
             for step in steps:
                 row: dict = {"files": count, "step": step, "load": load()}
                 for tool in tools:
@@ -214,6 +218,9 @@ def main() -> None:
                     row[f"{tool}_peak_mib"] = round(peak / MiB, 1)
                 if "bridge" in tools and "rclone" in tools:
                     row["ratio"] = round(row["bridge_s"] / row["rclone_s"], 2)
+                if step == "pack":
+                    shutil.rmtree(work / f"packed-{count}", ignore_errors=True)
+                    Path(work / f"packed-{count}.tar").unlink(missing_ok=True)
                 rows.append(row)
                 print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)
     if args.listing:
