@@ -153,3 +153,15 @@ def test_a_listing_in_utf16_order_is_put_in_code_point_order():
     assert names != sorted(names)
     out = [o.location.key for o in in_code_point_order(ObjectInfo(Location("az", "c", n), 0) for n in names)]
     assert out == sorted(names)
+
+
+def test_two_sorted_listings_merge_side_by_side():
+    from bridge.errors import BridgeError
+    from bridge.stores.base import merged
+    left = [("a", 1), ("a/b", 2), ("c", 3)]
+    right = [("a-b", "x"), ("a/b", "y"), ("d", "z")]
+    assert list(merged(left, right)) == [("a", 1, None), ("a-b", None, "x"), ("a/b", 2, "y"), ("c", 3, None),
+                                         ("d", None, "z")]
+    assert list(merged([], right)) == [(r, None, v) for r, v in right]
+    with pytest.raises(BridgeError, match="not in order"):
+        list(merged([("b", 1), ("a", 2)], []))
