@@ -36,8 +36,9 @@ def journaled_keys(state: Path, prefix: str) -> list[str]:
     for path in sorted(state.glob("journal/*.db")):
         db = sqlite3.connect(path)
         try:
-            keys += [k for (k,) in db.execute("SELECT k FROM records WHERE substr(k, 1, ?) = ? ORDER BY k",
-                                              (len(prefix), prefix))]
+            raw = prefix.encode("utf-8", "surrogatepass")   # keys are stored as bytes (bridge.journal.key_bytes)
+            keys += [k.decode("utf-8", "surrogatepass") for (k,) in
+                     db.execute("SELECT k FROM records WHERE substr(k, 1, ?) = ? ORDER BY k", (len(raw), raw))]
         except sqlite3.OperationalError:
             pass   # created this instant: no table yet
         finally:
