@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
+import json
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -34,10 +37,11 @@ from bridge import routes
 from bridge.config import Settings
 from bridge.errors import BridgeError, IntegrityError, InvalidOption, ObjectNotFound
 from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex, rehash_parts
-from bridge.journal import Journal, job_key
+from bridge.journal import Journal, job_key, key_bytes
 from bridge.jobs import FATAL, Outcome, ThreadExecutor, describe  # noqa: F401  (their old home)
 from bridge.manifest import FileEntry
 from bridge.progress import Progress
+from bridge.spill import Rows
 from bridge.stores import Store, get_store
 from bridge.stores.base import MiB, ObjectInfo
 from bridge.urls import Location, canonical, parse
@@ -94,12 +98,114 @@ class FilePlan:
         return len(self.part_numbers()) == self.parts
 
 
+# A plan's files past this many are kept on disk (bridge.spill), not in memory.
+SPILL_FILES = 10_000
+
+
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _row(f: FilePlan) -> tuple:
+    return (key_bytes(f.rel), f.size, f.part_size, _compact(f.source_id) if f.source_id else "",
+            f.first_part, f.last_part)
+
+
+def _from_row(row: tuple) -> FilePlan:
+    rel, size, part_size, source_id, first, last = row
+    return FilePlan(rel.decode("utf-8", "surrogatepass"), size, part_size, json.loads(source_id) if source_id else {}, first, last)
+
+
+class FileList:
+    """A plan's files in the order they were added, with running totals. Up to ``SPILL_FILES``
+    are held in memory; past that, all of them go to an SQLite file of their own under ``where``
+    (the state dir; bridge.spill), read back a page at a time: planning and running a job of ten
+    million files holds a few thousand of them at once. ``find(rel)`` looks one up."""
+
+    def __init__(self, files: Iterable[FilePlan] = (), where: Path | str | None = None):
+        self.where = where
+        self._held: list[FilePlan] = []
+        self._rows: Rows | None = None
+        self._by_rel: dict[str, FilePlan] | None = None
+        self.bytes = 0
+        self.multipart = 0   # files sent in parts
+        for f in files:
+            self.append(f)
+
+    def append(self, f: FilePlan) -> None:
+        self.bytes += f.size
+        self.multipart += 1 if f.part_size else 0
+        if self._rows is not None:
+            self._rows.append(_row(f))
+            return
+        self._held.append(f)
+        self._by_rel = None
+        if len(self._held) > SPILL_FILES:
+            self._rows = Rows(6, self.where)
+            for held in self._held:
+                self._rows.append(_row(held))
+            self._held = []
+
+    def extend(self, files: Iterable[FilePlan]) -> None:
+        for f in files:
+            self.append(f)
+
+    def __iter__(self) -> Iterator[FilePlan]:
+        if self._rows is None:
+            return iter(self._held)
+        return map(_from_row, self._rows)
+
+    def shapes(self) -> Iterator[FilePlan]:
+        """The files without their source identities (``source_id`` left empty), faster to read
+        back: for counting units and requests, and listing a plan."""
+        if self._rows is None:
+            return iter(self._held)
+        return (FilePlan(rel.decode("utf-8", "surrogatepass"), size, part_size, {}, first, last)
+                for rel, size, part_size, first, last in self._rows.columns_of((0, 1, 2, 4, 5)))
+
+    def __len__(self) -> int:
+        return len(self._held) if self._rows is None else len(self._rows)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __getitem__(self, i: int) -> FilePlan:
+        if self._rows is None:
+            return self._held[i]
+        if i < 0:
+            i += len(self)
+        for n, f in enumerate(self):
+            if n == i:
+                return f
+        raise IndexError(i)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (FileList, list)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"FileList({len(self)} files, {self.bytes} bytes)"
+
+    def find(self, rel: str) -> FilePlan | None:
+        if self._rows is not None:
+            row = self._rows.find(key_bytes(rel))
+            return None if row is None else _from_row(row)
+        if self._by_rel is None:
+            self._by_rel = {f.rel: f for f in reversed(self._held)}
+        return self._by_rel.get(rel)
+
+    def close(self) -> None:
+        if self._rows is not None:
+            self._rows.close()
+
+
 @dataclass
 class Plan:
     source: str           # URL of the source root (prefix) or object
     destination: str      # URL of the destination root (prefix)
     single: str | None    # when one object is copied: its source URL
-    files: list[FilePlan] = field(default_factory=list)
+    # A plain list, or a FileList (which keeps a long one on disk); a list becomes a FileList.
+    files: FileList = field(default_factory=FileList)
     deletions: list[str] = field(default_factory=list)
     key: str = ""
     route: str = "direct"  # bridge.routes: how the files' bytes go, and why
@@ -109,12 +215,18 @@ class Plan:
     batch: int = 0        # > 0: whole files travel in "batch" units of up to this many
     slots: int = 1        # how much of the job's concurrency one batch unit takes
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.files, FileList):
+            self.files = FileList(self.files)
+        self._counted: tuple | None = None
+
     @property
     def bytes(self) -> int:
-        return sum(f.size for f in self.files)
+        return self.files.bytes
 
     def units(self) -> Iterator[dict[str, Any]]:
-        """The units that can start at once; ``complete`` and ``finalize`` follow from results."""
+        """The units that can start at once, made as they are taken; ``complete`` and
+        ``finalize`` follow from results."""
         if self.route != "direct":
             yield from routes.get(self.route).units(self)
             return
@@ -122,23 +234,26 @@ class Plan:
             yield {"op": "delete", "rel": rel}
         yield from self.direct_units(self.files)
 
-    def direct_units(self, files: list[FilePlan]) -> Iterator[dict[str, Any]]:
+    def direct_units(self, files: Iterable[FilePlan]) -> Iterator[dict[str, Any]]:
         """The units that copy ``files`` through this process: one put, parts, or batches of
-        whole files."""
+        whole files. Each carries what its file's records need (``source_id``), so that a
+        running job keeps no table of its files."""
         batch: list[list] = []
         held = 0
         for f in files:
             if f.part_size:
+                whole = f.whole
                 for n in f.part_numbers():
-                    yield {"op": "part", "rel": f.rel, "size": f.size, "part_size": f.part_size, "number": n}
+                    yield {"op": "part", "rel": f.rel, "size": f.size, "part_size": f.part_size, "number": n,
+                           "source_id": f.source_id, "whole": whole}
             elif self.batch:
-                batch.append([f.rel, f.size])
+                batch.append([f.rel, f.size, f.source_id])
                 held += f.size
                 if len(batch) >= self.batch or held >= BATCH_BYTES:
                     yield self._batch_unit(batch)
                     batch, held = [], 0
             else:
-                yield {"op": "put", "rel": f.rel, "size": f.size}
+                yield {"op": "put", "rel": f.rel, "size": f.size, "source_id": f.source_id}
         if batch:
             yield self._batch_unit(batch)
 
@@ -149,12 +264,35 @@ class Plan:
     def unit_count(self) -> int:
         if self.route != "direct":
             return routes.get(self.route).unit_count(self)
-        return (sum(1 for _ in self.direct_units(self.files))
-                + sum(1 for f in self.files if f.part_size and f.whole)
-                + len(self.completions) + len(self.deletions) + 1)
+        key = (len(self.files), self.batch, len(self.completions), len(self.deletions))
+        if self._counted is None or self._counted[0] != key:
+            self._counted = (key, self._count_direct())
+        return self._counted[1]
+
+    def _count_direct(self) -> int:
+        """What ``direct_units`` would yield, and the completions that follow, counted in one
+        pass over the files without making the units."""
+        units = len(self.completions) + len(self.deletions) + 1
+        batch = held = 0
+        for f in self.files.shapes():
+            if f.part_size:
+                parts = f.part_numbers()
+                units += len(parts) + (1 if len(parts) == f.parts else 0)
+            elif self.batch:
+                batch += 1
+                held += f.size
+                if batch >= self.batch or held >= BATCH_BYTES:
+                    units += 1
+                    batch = held = 0
+            else:
+                units += 1
+        return units + (1 if batch else 0)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"source": self.source, "destination": self.destination, "single": self.single,
+                "files": [asdict(f) for f in self.files], "deletions": list(self.deletions), "key": self.key,
+                "route": self.route, "route_why": self.route_why, "completions": list(self.completions),
+                "batch": self.batch, "slots": self.slots}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:
@@ -185,8 +323,10 @@ def _parent(loc: Location) -> Location:
     return Location(loc.scheme, loc.bucket, head + "/" if head else "")
 
 
-def resolve(source: str, destination: str, settings: Settings) -> tuple[Location, Location, list[tuple[str, ObjectInfo]], str | None]:
-    """Where the objects come from and go: (source root, destination root, [(rel, info)], single)."""
+def resolve(source: str, destination: str, settings: Settings) -> tuple[Location, Location, Iterator[tuple[str, ObjectInfo]], str | None]:
+    """Where the objects come from and go: (source root, destination root, (rel, info) in
+    sorted rel order as the source lists them, single). The listing is read as it is consumed;
+    its first page is read here, to say at once when there is nothing there."""
     src, dst = parse(source), parse(destination)
     src_store, dst_store = get_store(src, settings), get_store(dst, settings)
     src_store.check_bucket(src)
@@ -199,12 +339,15 @@ def resolve(source: str, destination: str, settings: Settings) -> tuple[Location
         if info is not None:
             root = dst if dst.is_prefix else _parent(dst)
             rel = src.name if dst.is_prefix else dst.key[len(root.key):]
-            return _parent(src), root, [(rel, info)], str(src)
+            return _parent(src), root, iter([(rel, info)]), str(src)
         src = src.as_prefix()
-    objects = sorted(src_store.walk(src), key=lambda item: item[0])
-    if not objects and not (src.is_local and _local_dir_exists(src)):
-        raise ObjectNotFound(f"{source}: no such object, prefix or directory")
-    return src, dst.as_prefix(), objects, None
+    listing = src_store.walk(src)
+    first = next(listing, None)
+    if first is None:
+        if not (src.is_local and _local_dir_exists(src)):
+            raise ObjectNotFound(f"{source}: no such object, prefix or directory")
+        return src, dst.as_prefix(), iter(()), None
+    return src, dst.as_prefix(), itertools.chain([first], listing), None
 
 
 def _local_dir_exists(loc: Location) -> bool:
@@ -212,24 +355,34 @@ def _local_dir_exists(loc: Location) -> bool:
     return os.path.isdir(loc.local_path)
 
 
-def check_route(src_root: Location, dst_root: Location, objects: list[tuple[str, ObjectInfo]],
-                single: str | None) -> None:
-    """Before any byte moves: a destination inside its source would copy into itself (one level
-    deeper each run), an object copied onto itself would be rewritten from itself (and its
-    folder's manifest set aside), and every name must be one the destination holds as written.
-    Links and other spellings are resolved first (``canonical``): ``b/`` where ``b`` is a link to
-    ``a`` is ``a/``."""
+def check_route(src_root: Location, dst_root: Location, objects: Iterable[tuple[str, ObjectInfo]],
+                single: str | None) -> Iterator[tuple[str, ObjectInfo]]:
+    """``objects`` checked as they pass, before any byte moves: a destination inside its source
+    would copy into itself (one level deeper each run), an object copied onto itself would be
+    rewritten from itself (and its folder's manifest set aside), and every name must be one the
+    destination holds as written (judged one by one as the listing streams; the names it cannot
+    hold are refused together once the listing ends). Links and other spellings are resolved
+    first (``canonical``): ``b/`` where ``b`` is a link to ``a`` is ``a/``."""
     if single is None and canonical(dst_root).is_within(canonical(src_root)):
         raise InvalidOption(f"the destination {dst_root} is the source {src_root} or inside it: "
                             f"each run would copy the last one's copy again")
+    objects = iter(objects)
     if single is not None:
-        rel = objects[0][0]
-        target = Location(dst_root.scheme, dst_root.bucket, dst_root.as_prefix().key + rel)
+        first = next(objects)
+        target = Location(dst_root.scheme, dst_root.bucket, dst_root.as_prefix().key + first[0])
         if target.same_as(parse(single)):
             raise InvalidOption(f"the destination {target} is the source object {single} itself: "
                                 f"a copy onto itself would rewrite it from itself; nothing was copied")
-    names.refuse(names.problems_for((rel for rel, _ in objects), dst_root.scheme, dst_root.key),
-                 f"cannot copy to {dst_root}")
+        objects = itertools.chain([first], objects)
+    return _named(objects, names.NameCheck(dst_root.scheme, dst_root.key), f"cannot copy to {dst_root}")
+
+
+def _named(objects: Iterator[tuple[str, ObjectInfo]], check: names.NameCheck,
+           what: str) -> Iterator[tuple[str, ObjectInfo]]:
+    for item in objects:
+        check.see(item[0])
+        yield item
+    check.refuse(what)
 
 
 def check_chunk_size(chunk_size: int | None, store: Store) -> None:
@@ -241,10 +394,12 @@ def check_chunk_size(chunk_size: int | None, store: Store) -> None:
 
 def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int | None = None) -> Plan:
     src_root, dst_root, objects, single = resolve(source, destination, settings)
-    check_route(src_root, dst_root, objects, single)
+    checked = check_route(src_root, dst_root, objects, single)
     dst_store = get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
-    files = [file_plan(rel, info, dst_store, chunk_size) for rel, info in objects]
+    files = FileList(where=spill_dir(settings))
+    for rel, info in checked:
+        files.append(file_plan(rel, info, dst_store, chunk_size))
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files)
     # Not the file list: a re-run after the source gained or lost files is the same job, and
     # finds its finished files and parts by path, size and source identity (JobContext.matches).
@@ -262,6 +417,11 @@ def batching(plan: Plan, src_root: Location, dst_root: Location, settings: Setti
     if ((dst_root.is_local and get_store(src_root, settings).reads_many)
             or (src_root.is_local and get_store(dst_root, settings).writes_many)):
         plan.batch, plan.slots = BATCH_FILES, settings.transfer.concurrency
+
+
+def spill_dir(settings: Settings) -> Path:
+    """Where a long plan's files go (FileList): beside the journals, in the state dir."""
+    return Path(settings.transfer.state_dir) / "spill"
 
 
 def file_plan(rel: str, info: ObjectInfo, dst_store: Store, chunk_size: int | None) -> FilePlan:
@@ -289,9 +449,9 @@ class JobContext(jobs.Context):
         self._buffers = threading.local()
         self._uploads: dict[str, tuple[str, dict]] = {}
         self._upload_failed: dict[str, BridgeError] = {}
-        # parts still to finish of each file this process completes when its last part is done
-        self._parts_left: dict[str, int] = {f.rel: f.parts for f in plan.files if f.part_size and f.whole}
-        self._files: dict[str, FilePlan] = {f.rel: f for f in plan.files}
+        # Per-file state is kept for the files in flight only (units carry the rest): parts
+        # still to finish of each file this process completes when its last part is done.
+        self._parts_left: dict[str, int] = {}
         # A local destination's whole files skip their two fsyncs each (file, folder): they are
         # settled in batches, and journaled only once durable (settle), so the journal never
         # names a file a power loss could take back, and the manifest never follows one.
@@ -305,11 +465,17 @@ class JobContext(jobs.Context):
         self.remote: dict | None = None          # what a remote route's service calls its job
         self.cancel_note = ""                    # what a remote route says of the job it cancelled
 
+    def source_id(self, unit: dict) -> dict:
+        """The identity of the unit's source file as planned: carried by the unit, or (a unit
+        made by hand, a header's completion) looked up in the plan."""
+        if "source_id" in unit:
+            return unit["source_id"]
+        planned = self.plan.files.find(unit["rel"])
+        return planned.source_id if planned else {}
+
     def matches(self, rec: dict | None, unit: dict) -> bool:
         """Whether a journaled record was made for this version of the unit's source file."""
-        planned = self._files.get(unit["rel"])
-        source_id = planned.source_id if planned else {}
-        return bool(rec) and rec.get("size") == unit["size"] and rec.get("source_id", {}) == source_id
+        return bool(rec) and rec.get("size") == unit["size"] and rec.get("source_id", {}) == self.source_id(unit)
 
     def src_loc(self, rel: str) -> Location:
         return parse(self.plan.single, empty_segments=True) if self.plan.single else self.src_root.join(rel)
@@ -356,23 +522,30 @@ class JobContext(jobs.Context):
                 except BridgeError as exc:
                     self._upload_failed[rel] = exc
                     raise
-                planned = self._files.get(rel)
                 self.journal.put(f"upload:{rel}", {"id": upload_id, "size": unit["size"],
                                                    "part_size": unit["part_size"],
-                                                   "source_id": planned.source_id if planned else {}})
+                                                   "source_id": self.source_id(unit)})
                 held = {}
             else:
                 upload_id = rec["id"]
             self._uploads[rel] = (upload_id, held)
             return self._uploads[rel]
 
-    def journaled(self, rel: str, entry: dict) -> dict:
-        planned = self._files.get(rel)
-        return {**entry, "source_id": planned.source_id if planned else {}}
+    def journaled(self, unit: dict, entry: dict) -> dict:
+        return {**entry, "source_id": self.source_id(unit)}
 
-    def written(self, rel: str, entry: dict, size: int) -> None:
+    def finished(self, rel: str) -> None:
+        """A multipart file is complete: what this process held for it goes."""
+        with self._lock:
+            self._uploads.pop(rel, None)
+            self._hashers.pop(rel, None)
+            self._file_locks.pop(rel, None)
+            self._parts_left.pop(rel, None)
+
+    def written(self, unit: dict, entry: dict, size: int) -> None:
         """Journal a whole file as written: at once, or at the next settle where it waits for one."""
-        record = self.journaled(rel, entry)
+        rel = unit["rel"]
+        record = self.journaled(unit, entry)
         if not self.defer_sync:
             self.journal.put(f"file:{rel}", record)
             return
@@ -399,33 +572,61 @@ class JobContext(jobs.Context):
             if rel not in self._parts_left:
                 return False   # its parts run in several tasks: completed at commit
             self._parts_left[rel] -= 1
-            return self._parts_left[rel] == 0
+            if self._parts_left[rel]:
+                return False
+            del self._parts_left[rel]
+            return True
 
     def before_submit(self, unit: dict) -> None:
         if unit["op"] == "part":   # in submission order, before any part can wait on it
-            self.hasher(unit["rel"]).expect(unit["number"])
+            rel = unit["rel"]
+            if "whole" in unit:
+                whole = unit["whole"]
+            else:   # a unit made by hand
+                planned = self.plan.files.find(rel)
+                whole = bool(planned and planned.part_size and planned.whole)
+            if whole:
+                with self._lock:   # a file this process completes: counted when its first part goes
+                    self._parts_left.setdefault(rel, math.ceil(unit["size"] / unit["part_size"]))
+            self.hasher(rel).expect(unit["number"])
 
     def followups(self, unit: dict) -> list[dict]:
         if unit["op"] == "part" and self.parts_finished(unit["rel"]):
-            return [{"op": "complete", "rel": unit["rel"], "size": unit["size"], "part_size": unit["part_size"]}]
+            return [{"op": "complete", "rel": unit["rel"], "size": unit["size"], "part_size": unit["part_size"],
+                     "source_id": self.source_id(unit)}]
         if unit["op"] == "route":   # the files a route handed back go the direct way
             with self._lock:
-                fallen = [self._files[rel] for rel in unit["files"] if rel in self.fallbacks]
+                back = [rel for rel in unit["files"] if rel in self.fallbacks]
+            fallen = [self.plan.files.find(rel) for rel in back]
             units = list(self.plan.direct_units(fallen))
             self.progress.plan(0, len(units) + sum(1 for f in fallen if f.part_size))
             return units
         return []
 
     def finals(self) -> list[dict]:
-        completions = [self._files[rel] for rel in self.plan.completions]
-        return [*({"op": "complete", "rel": f.rel, "size": f.size, "part_size": f.part_size} for f in completions),
+        completions = [self.plan.files.find(rel) for rel in self.plan.completions]
+        return [*({"op": "complete", "rel": f.rel, "size": f.size, "part_size": f.part_size,
+                   "source_id": f.source_id} for f in completions),
                 {"op": "finalize"}]
 
     def prepare(self) -> None:
         """Temporaries a killed run left beside the files. (The prefix's committed entries stay:
         a file rewritten before this job commits no longer matches its entry, and a new one is
         extra, so ``verify`` fails until the commit.)"""
-        self.dst.clean_temporaries({_parent(self.dst_loc(f.rel)) for f in self.plan.files})
+        if self.dst_root.is_local:
+            self.dst.clean_temporaries(self._folders())
+
+    def _folders(self) -> Iterator[Location]:
+        """The folders the plan's files go to, each once (or, past a few thousand, now and then
+        again: a second look costs a listdir, a table of every folder would cost memory)."""
+        seen: set[str] = set()
+        for f in self.plan.files:
+            folder = f.rel.rpartition("/")[0]
+            if folder not in seen:
+                if len(seen) >= SETTLE_FILES * 8:
+                    seen.clear()
+                seen.add(folder)
+                yield _parent(self.dst_loc(f.rel))
 
 
 def _metadata(h: FileHash) -> dict[str, str]:
@@ -447,8 +648,8 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
     ``_put`` does one. Files already journaled are skipped; those that fail are the unit's error
     (the first, and how many more), the rest of the batch written all the same."""
     todo = []
-    for rel, size in unit["files"]:
-        one = {"rel": rel, "size": size}
+    for rel, size, *source_id in unit["files"]:
+        one = {"rel": rel, "size": size, **({"source_id": source_id[0]} if source_id else {})}
         if ctx.matches(ctx.journal.get(f"file:{rel}"), one):
             ctx.progress.skipped(size)
         else:
@@ -470,7 +671,7 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
             return ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i])
 
         def sent(i: int, committed: ObjectInfo) -> None:
-            _record(ctx, todo[i]["rel"], hashes.pop(i), committed)
+            _record(ctx, todo[i], hashes.pop(i), committed)
 
         failures = ctx.dst.put_many(len(todo), body, sent)
     if failures:
@@ -487,7 +688,7 @@ def _write(ctx: JobContext, unit: dict, data) -> dict:
     h = _hashed(ctx, unit, data)
     durability = {"durable": False} if ctx.defer_sync else {}
     committed = ctx.dst.put(ctx.dst_loc(unit["rel"]), data, crc32c=h.crc32c, metadata=_metadata(h), **durability)
-    return _record(ctx, unit["rel"], h, committed)
+    return _record(ctx, unit, h, committed)
 
 
 def _hashed(ctx: JobContext, unit: dict, data) -> FileHash:
@@ -497,9 +698,9 @@ def _hashed(ctx: JobContext, unit: dict, data) -> FileHash:
     return FileHash.of(data)
 
 
-def _record(ctx: JobContext, rel: str, h: FileHash, committed: ObjectInfo) -> dict:
-    entry = manifests.entry_from_hash(rel, h, committed=committed).to_dict()
-    ctx.written(rel, entry, h.size)
+def _record(ctx: JobContext, unit: dict, h: FileHash, committed: ObjectInfo) -> dict:
+    entry = manifests.entry_from_hash(unit["rel"], h, committed=committed).to_dict()
+    ctx.written(unit, entry, h.size)
     ctx.progress.moved(h.size)
     ctx.progress.file_finished()
     return entry
@@ -600,6 +801,7 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     rel, size, part_size = unit["rel"], unit["size"], unit["part_size"]
     done = ctx.journal.get(f"file:{rel}")
     if ctx.matches(done, unit):
+        ctx.finished(rel)
         return done
     from bridge.stores.base import PartRecord
     count = math.ceil(size / part_size)
@@ -636,7 +838,8 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     if note:
         entry.computed, entry.note = ["crc32c", "part_sha256"], note
     entry = entry.to_dict()
-    ctx.journal.put(f"file:{rel}", ctx.journaled(rel, entry))
+    ctx.journal.put(f"file:{rel}", ctx.journaled(unit, entry))
+    ctx.finished(rel)
     ctx.progress.file_finished()
     return entry
 
@@ -645,12 +848,13 @@ def _route(ctx: JobContext, unit: dict) -> dict:
     """Files carried by the plan's route (bridge/routes); those it cannot carry go direct."""
     todo = []
     for rel in unit["files"]:
-        f = ctx._files[rel]
-        if ctx.matches(ctx.journal.get(f"file:{rel}"), {"rel": rel, "size": f.size}):
+        f = ctx.plan.files.find(rel)
+        if ctx.matches(ctx.journal.get(f"file:{rel}"), {"rel": rel, "size": f.size, "source_id": f.source_id}):
             ctx.progress.skipped(f.size)
         else:
             todo.append(f)
     fallen = {}
+    ids = {f.rel: f.source_id for f in todo}
     results = iter(()) if ctx.route_down else routes.get(ctx.plan.route).run(ctx, todo)
     for rel, result in results:
         if isinstance(result, routes.Fallback):
@@ -658,11 +862,11 @@ def _route(ctx: JobContext, unit: dict) -> dict:
             if result.job_wide:
                 ctx.route_down = str(result)
             continue
-        ctx.journal.put(f"file:{rel}", ctx.journaled(rel, result.to_dict()))
+        ctx.journal.put(f"file:{rel}", ctx.journaled({"rel": rel, "source_id": ids.get(rel, {})}, result.to_dict()))
         ctx.progress.file_finished()
     for f in todo:
-        if f.rel not in fallen and ctx.route_down and not ctx.matches(ctx.journal.get(f"file:{f.rel}"),
-                                                                      {"rel": f.rel, "size": f.size}):
+        if f.rel not in fallen and ctx.route_down and not ctx.matches(
+                ctx.journal.get(f"file:{f.rel}"), {"rel": f.rel, "size": f.size, "source_id": f.source_id}):
             fallen[f.rel] = ctx.route_down
     with ctx._lock:
         ctx.fallbacks.update(fallen)
@@ -679,12 +883,21 @@ def _delete(ctx: JobContext, unit: dict) -> dict:
     return {"deleted": unit["rel"]}
 
 
+def journaled_entries(journal: Journal, counted: list[int] | None = None) -> Iterator[FileEntry]:
+    """The entries of the files a job's journal holds as written, sorted by path (the journal's
+    key order), read as they are consumed; ``counted[0]`` counts them."""
+    for _key, record in journal.items("file:"):
+        if counted is not None:
+            counted[0] += 1
+        yield FileEntry.from_dict(record)
+
+
 def _finalize(ctx: JobContext, unit: dict) -> dict:
     ctx.settle()  # every file durable before the manifest, the commit marker, names it
-    written = {key[len("file:"):]: FileEntry.from_dict(entry) for key, entry in ctx.journal.items("file:").items()}
-    where = jobs.commit(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination, written.values(),
-                        removed=ctx.plan.deletions)
-    return {"manifest": where, "files": len(written)}
+    counted = [0]
+    where = jobs.commit(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination,
+                        journaled_entries(ctx.journal, counted), removed=ctx.plan.deletions)
+    return {"manifest": where, "files": counted[0]}
 
 
 OPS = {"put": _put, "batch": _batch, "part": _part, "complete": _complete, "delete": _delete, "finalize": _finalize,

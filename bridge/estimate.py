@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,9 +151,19 @@ def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_form
     written = len(plan.files)
     through = 0
     if route == "direct":
-        for f in plan.files:
-            _read(src, f.size, f.part_size)
-            _upload(dst, f.size, f.part_size)
+        whole = whole_bytes = 0   # files of one request: counted together (a plan may hold millions)
+        for f in _shapes(plan):
+            if f.part_size:
+                _read(src, f.size, f.part_size)
+                _upload(dst, f.size, f.part_size)
+            else:
+                whole += 1
+                whole_bytes += f.size
+        src.bytes_read += whole_bytes
+        dst.bytes_written += whole_bytes
+        if whole:
+            src.requests["GET"] += whole
+            dst.requests["PUT"] += whole
         through = payload
         listed = getattr(plan, "listed", None)
         if listed and listed["record_reads"] and not plan.files and not plan.deletions:
@@ -161,9 +172,9 @@ def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_form
         else:
             _destination_commit(dst, len(plan.deletions), len(plan.files))
     elif route == "pack":
-        for f in plan.files:
+        for f in _shapes(plan):
             _read(src, f.size, 0 if f.size <= shard_part_size else shard_part_size)
-        shards = shard_sizes([f.size for f in plan.files], shard_size, shard_format)
+        shards = shard_sizes((f.size for f in _shapes(plan)), shard_size, shard_format)
         for size in shards:
             _upload(dst, size, shard_part_size if size > shard_part_size else 0)
         dst.requests["PUT"] += 1 + len(shards)       # the index and its per-shard files
@@ -171,7 +182,7 @@ def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_form
         through = payload
         _destination_commit(dst, 0)
     elif route == "server":
-        for f in plan.files:
+        for f in _shapes(plan):
             src.bytes_read += f.size
             dst.bytes_written += f.size
             if dst.scheme == "s3" and f.size > S3_COPY_LIMIT or dst.scheme == "az" and f.size > AZ_SYNC_COPY_LIMIT:
@@ -182,7 +193,7 @@ def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_form
                 dst.requests["COPY"] += 1
         _destination_commit(dst, len(plan.deletions))
     elif route == "from-url":
-        for f in plan.files:
+        for f in _shapes(plan):
             # Put Blob/Put Block From URL: Azure reads each range from a signed source URL
             src.bytes_read += f.size
             src.requests["GET"] += f.parts if f.part_size else 1
@@ -194,7 +205,7 @@ def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_form
         # The service lists both sides, reads each object whole and writes it; DataSync's
         # verification (ONLY_FILES_TRANSFERRED) reads back what it wrote.
         dst.requests["LIST"] += _pages(dst.scheme, len(plan.files))
-        for f in plan.files:
+        for f in _shapes(plan):
             src.requests["HEAD"] += 1
             _read(src, f.size, 0)
             if route == "sts":
@@ -206,7 +217,13 @@ def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_form
     return Usage(route, src, dst, len(plan.files), payload, through, written)
 
 
-def shard_sizes(sizes: list[int], shard_size: int, shard_format: str = "tar") -> list[int]:
+def _shapes(plan: Plan):
+    """The plan's files as counting needs them (sizes and parts; bridge.engine.FileList.shapes)."""
+    shapes = getattr(plan.files, "shapes", None)
+    return shapes() if shapes is not None else iter(plan.files)
+
+
+def shard_sizes(sizes: Iterable[int], shard_size: int, shard_format: str = "tar") -> list[int]:
     """Sizes of the shards that packing files of these sizes in order would cut (tar: each member
     a 512-byte header and its data padded to 512, two zero blocks at the end; parquet: the data
     and about 128 bytes of columns per file)."""
@@ -229,16 +246,17 @@ def pack_usage(pack_plan: Any) -> Usage:
     """Usage of a real pack plan (bridge.packing.job.PackPlan): exact shard sizes for tar."""
     src = StoreUsage(_root(pack_plan.source_root))
     dst = StoreUsage(pack_plan.destination)
-    files = [(rel, size) for shard in pack_plan.shards for rel, size in shard.files]
+    files = pack_plan.files
     src.requests["HEAD"] += 1
-    src.requests["LIST"] += _pages(src.scheme, len(files))
-    for _rel, size in files:
-        _read(src, size, 0 if size <= pack_plan.part_size else pack_plan.part_size)
+    src.requests["LIST"] += _pages(src.scheme, files)
+    for shard in pack_plan.shards:   # each shard's file list read in turn (a long one is on disk)
+        for _rel, size in shard.files:
+            _read(src, size, 0 if size <= pack_plan.part_size else pack_plan.part_size)
     for shard in pack_plan.shards:
         _upload(dst, shard.size, pack_plan.part_size if shard.size > pack_plan.part_size else 0)
     dst.requests["PUT"] += 1 + len(pack_plan.shards)
     _destination_commit(dst, 0)
-    return Usage("pack", src, dst, len(files), pack_plan.bytes, pack_plan.bytes, len(pack_plan.shards))
+    return Usage("pack", src, dst, files, pack_plan.bytes, pack_plan.bytes, len(pack_plan.shards))
 
 
 def unpack_usage(unpack_plan: Any, *, window: int, stream_over: int, part_size: int) -> Usage:

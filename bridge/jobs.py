@@ -230,9 +230,7 @@ def run(ctx: Context, units: Iterable[dict], journal: FileJournal, concurrency: 
     if not outcome.ok:
         journal.close()
         raise failure(what, outcome.errors)
-    journal.clear()
-    journal.close()
-    journal.path.unlink(missing_ok=True)
+    journal.remove()
     return outcome.results
 
 

@@ -109,51 +109,80 @@ def problems_for(rels: Iterable[str], dst_scheme: str, dst_base: str) -> list[tu
     """(name, reason) for each relative name the destination cannot hold as written.
 
     ``dst_base`` is the destination root's key (the absolute path, for a local folder)."""
-    if dst_scheme != "file":
-        return [(rel, p) for rel in rels if (p := cloud_problem(dst_base + rel, dst_scheme))]
-    found, plain = [], []
-    for rel in rels:
+    check = NameCheck(dst_scheme, dst_base, keep=None)
+    for rel in sorted(rels):
+        check.see(rel)
+    return check.found
+
+
+class NameCheck:
+    """``problems_for`` one name at a time, for names that arrive in sorted order (as
+    ``Store.walk`` yields them), holding only the first ``keep`` problems and their count: a
+    listing of millions of names is judged as it streams by, in memory that does not grow with it.
+
+    A local destination cannot hold a name that is a file and also the folder of other names
+    ("a" and "a/b"). In sorted order every name between "a" and "a/..." starts with "a", so
+    the names that may still turn out to be folders form a stack of prefixes of the current one."""
+
+    def __init__(self, dst_scheme: str, dst_base: str, keep: int | None = SHOWN):
+        self.scheme, self.base, self.keep = dst_scheme, dst_base, keep
+        self.found: list[tuple[str, str]] = []
+        self.count = 0
+        self._above: list[list] = []   # [name, reported] of files that are prefixes of the last name
+        self._root = os.path.realpath("/" + dst_base) if dst_scheme == "file" else ""
+        self._inside: dict[str, bool] = {"": True}
+
+    def _add(self, rel: str, reason: str) -> None:
+        self.count += 1
+        if self.keep is None or len(self.found) < self.keep:
+            self.found.append((rel, reason))
+
+    def see(self, rel: str) -> None:
+        if self.scheme != "file":
+            problem = cloud_problem(self.base + rel, self.scheme)
+            if problem:
+                self._add(rel, problem)
+            return
         problem = local_problem(rel)
         if problem:
-            found.append((rel, problem))
-        else:
-            plain.append(rel)
-    folders: set[str] = set()
-    for rel in plain:
-        head = rel.rpartition("/")[0]
-        while head and head not in folders:
-            folders.add(head)
-            head = head.rpartition("/")[0]
-    found += [(rel, "is a file, and also the folder of other names") for rel in plain if rel in folders]
-    return found + _through_links(dst_base, plain)
+            self._add(rel, problem)
+            return
+        above = self._above
+        while above and not rel.startswith(above[-1][0]):
+            above.pop()
+        if above and rel.startswith(above[-1][0] + "/") and not above[-1][1]:
+            self._add(above[-1][0], "is a file, and also the folder of other names")
+            above[-1][1] = True
+        above.append([rel, False])
+        if not self._stays(rel.rpartition("/")[0]):
+            self._add(rel, "would be written outside the destination through a link in it")
 
-
-def _through_links(base: str, rels: list[str]) -> list[tuple[str, str]]:
-    """Names whose folder, already in the destination, is a link that leads out of it."""
-    root = os.path.realpath("/" + base)
-    inside: dict[str, bool] = {"": True}
-
-    def stays(folder: str) -> bool:  # one lstat per folder, its parents answered first
+    def _stays(self, folder: str) -> bool:
+        """Whether ``folder``, if it is in the destination already, leads nowhere outside it
+        (one lstat per folder, its parents answered first)."""
+        inside = self._inside
         if folder not in inside:
             parent = folder.rpartition("/")[0]
-            path = os.path.join(root, folder)
-            if not stays(parent):
+            path = os.path.join(self._root, folder)
+            if not self._stays(parent):
                 inside[folder] = False
             elif os.path.islink(path):
                 real = os.path.realpath(path)
-                inside[folder] = real == root or real.startswith(root.rstrip("/") + "/")
+                inside[folder] = real == self._root or real.startswith(self._root.rstrip("/") + "/")
             else:
                 inside[folder] = True
         return inside[folder]
 
-    return [(rel, "would be written outside the destination through a link in it")
-            for rel in rels if not stays(rel.rpartition("/")[0])]
+    def refuse(self, what: str) -> None:
+        refuse(self.found, what, self.count)
 
 
-def refuse(found: list[tuple[str, str]], what: str) -> None:
-    """Raise one UnsafeName naming the first few of ``found`` (and how many more)."""
+def refuse(found: list[tuple[str, str]], what: str, count: int | None = None) -> None:
+    """Raise one UnsafeName naming the first few of ``found`` (and how many more, of ``count``
+    in all when only the first few were kept)."""
     if not found:
         return
+    total = len(found) if count is None else count
     shown = "; ".join(f"{quote(name)} {reason}" for name, reason in found[:SHOWN])
-    more = f" (and {len(found) - SHOWN} more)" if len(found) > SHOWN else ""
+    more = f" (and {total - SHOWN} more)" if total > SHOWN else ""
     raise UnsafeName(f"{what}: {shown}{more}; nothing was copied")

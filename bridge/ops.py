@@ -23,7 +23,7 @@ from bridge.engine import (FilePlan, JobContext, Plan, batching, check_chunk_siz
                            part_size_for, plan_copy, resolve)
 from bridge.errors import JobCancelled, ManifestError, ObjectNotFound
 from bridge.journal import job_key
-from bridge.journal import FileJournal
+from bridge.journal import FileJournal, journal_at
 from bridge.progress import Progress
 from bridge.stores import get_store
 from bridge.urls import parse
@@ -31,7 +31,7 @@ from bridge.urls import parse
 
 def journal_for(plan: Plan, settings: Settings, state_dir: Path | None = None) -> FileJournal:
     base = state_dir or Path(settings.transfer.state_dir)
-    return FileJournal(base / "journal" / f"{plan.key}.jsonl")
+    return journal_at(base, plan.key)
 
 
 def _quiet_gc() -> None:
@@ -42,14 +42,28 @@ def _quiet_gc() -> None:
     gc.freeze()
 
 
+class PlanRows:
+    """A dry run's row per file, made as they are read: the plan of a job of millions of files
+    is printed without a list of them in memory (``bridge.cli`` streams it)."""
+
+    def __init__(self, files):
+        self.files = files
+
+    def __iter__(self):
+        for f in self.files.shapes():
+            yield {"path": f.rel, "size": f.size, "parts": f.parts if f.part_size else 1, "part_size": f.part_size}
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
 def plan_summary(plan: Plan) -> dict[str, Any]:
     return {"source": plan.source, "destination": plan.destination, "files": len(plan.files),
             "bytes": plan.bytes, "units": plan.unit_count(),
-            "multipart_files": sum(1 for f in plan.files if f.part_size),
+            "multipart_files": plan.files.multipart,
             "deletions": len(plan.deletions), "route": {"name": plan.route, "why": plan.route_why},
             "usage": estimate.of_plan(plan).to_dict(),
-            "plan": [{"path": f.rel, "size": f.size, "parts": f.parts if f.part_size else 1,
-                      "part_size": f.part_size} for f in plan.files]}
+            "plan": PlanRows(plan.files)}
 
 
 def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
@@ -220,7 +234,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     destination's ``identity``. Where they differ (or an older record lacks them), the source's
     CRC32C (never its time) and the destination's checksums decide, at one request or read each."""
     src_root, dst_root, objects, single = resolve(source, destination, settings)
-    check_route(src_root, dst_root, objects, single)
+    objects = list(check_route(src_root, dst_root, objects, single))
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     record = manifests.open_record(dst_store, dst_root)

@@ -27,7 +27,7 @@ from typing import Any
 from bridge import manifest as manifests
 from bridge import bwlimit, jobs, ops, routes
 from bridge.config import Settings
-from bridge.engine import JobContext, Plan
+from bridge.engine import FileList, JobContext, Plan
 from bridge.errors import BridgeError, ObjectNotFound, TransferFailed
 from bridge.journal import job_key
 from bridge.progress import Progress
@@ -136,7 +136,7 @@ def filtered(plan: Plan, include: list[str], exclude: list[str]) -> Plan:
     the destination. A plan of its own, with a key of its own."""
     if not (include or exclude):
         return plan
-    files = [f for f in plan.files if rules.selected(include, exclude, f.rel)]
+    files = FileList((f for f in plan.files if rules.selected(include, exclude, f.rel)), where=plan.files.where)
     deletions = [rel for rel in plan.deletions if rules.selected(include, exclude, rel)]
     out = replace(plan, files=files, deletions=deletions)
     out.key = job_key("replicate", plan.source, plan.destination, *(f"{f.rel}:{f.size}" for f in files),

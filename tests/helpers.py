@@ -28,6 +28,24 @@ def mcbridge(*args: str, env: dict[str, str], state_dir: Path, timeout: float = 
     return subprocess.run([*MCBRIDGE, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def journaled_keys(state: Path, prefix: str) -> list[str]:
+    """The keys starting with ``prefix`` in the journals of a state dir (SQLite files a running
+    or killed job may still hold open: read through SQLite, which reads their WAL too)."""
+    import sqlite3
+    keys = []
+    for path in sorted(state.glob("journal/*.db")):
+        db = sqlite3.connect(path)
+        try:
+            raw = prefix.encode("utf-8", "surrogatepass")   # keys are stored as bytes (bridge.journal.key_bytes)
+            keys += [k.decode("utf-8", "surrogatepass") for (k,) in
+                     db.execute("SELECT k FROM records WHERE substr(k, 1, ?) = ? ORDER BY k", (len(raw), raw))]
+        except sqlite3.OperationalError:
+            pass   # created this instant: no table yet
+        finally:
+            db.close()
+    return keys
+
+
 def make_tree(root: Path) -> dict[str, bytes]:
     """Nested folders, an empty file, non-ASCII names, a few-MB file and small files."""
     files = {

@@ -17,7 +17,7 @@ from bridge.hashing import crc32c, crc_hex
 from bridge.stores import get_store
 from bridge.urls import parse
 from tests.faultproxy import FaultProxy, proxied_environment
-from tests.helpers import MCBRIDGE, make_tree, mcbridge, read_tree, settings_for
+from tests.helpers import MCBRIDGE, journaled_keys, make_tree, mcbridge, read_tree, settings_for
 
 MiB = 1024 * 1024
 
@@ -63,7 +63,7 @@ def test_manifest_contents(tmp_path, emulator_env):
             assert e["parts"] == [crc_hex(crc32c(s)) for s in slices]
         else:
             assert e["part_size"] == 0 and e["parts"] == []
-    assert not list((tmp_path / "state").glob("journal/*.jsonl")), "journal removed after success"
+    assert not list((tmp_path / "state").glob("journal/*")), "journal removed after success"
 
 
 def test_manifest_shards_for_large_corpora(tmp_path, emulator_env, monkeypatch):
@@ -124,8 +124,7 @@ def _moto_part_puts(moto, key: str) -> int:
 
 
 def _journaled_parts(state: Path) -> int:
-    return sum(1 for j in state.glob("journal/*.jsonl") for line in j.read_text().splitlines()
-               if '"k":"part:' in line)
+    return len(journaled_keys(state, "part:"))
 
 
 @pytest.mark.parametrize("scheme", ["s3", "gs", "az", "local"])
@@ -294,15 +293,27 @@ def test_a_manifest_entry_as_a_dict_is_asdicts():
     assert entry.parts == ["p1", "p2"]
 
 
-def test_the_file_journal_takes_many_records_in_one_write_and_reads_them_back(tmp_path):
+def test_the_file_journal_takes_many_records_in_one_transaction_and_reads_them_back_in_key_order(tmp_path):
     from bridge.journal import FileJournal
-    journal = FileJournal(tmp_path / "j.jsonl")
+    journal = FileJournal(tmp_path / "j.db")
     journal.put("file:a", {"size": 1})
-    journal.put_many([(f"file:{i}", {"size": i}) for i in range(300)] + [("file:a", {"size": 2})])
+    journal.put_many([(f"file:{i}", {"size": i}) for i in range(3000)] + [("file:a", {"size": 2})])
+    journal.put("part:a:1", {"size": 9})
     journal.close()
-    with open(tmp_path / "j.jsonl", "ab") as f:
-        f.write(b'{"k":"file:cut","v":')   # a kill in the middle of a write
-    again = FileJournal(tmp_path / "j.jsonl")
-    assert again.get("file:a") == {"size": 2} and again.get("file:299") == {"size": 299}
-    assert again.get("file:cut") is None and len(again.items("file:")) == 301
-    again.close()
+    again = FileJournal(tmp_path / "j.db")
+    assert again.get("file:a") == {"size": 2} and again.get("file:2999") == {"size": 2999}
+    keys = [k for k, _v in again.items("file:")]
+    assert len(keys) == 3001 and keys == sorted(keys) and "part:a:1" not in keys
+    assert list(again.items("part:")) == [("part:a:1", {"size": 9})] and again.count("file:") == 3001
+    again.remove()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_journal_left_as_json_lines_by_an_earlier_version_is_taken_over(tmp_path):
+    from bridge.journal import FileJournal
+    (tmp_path / "j.jsonl").write_bytes(b'{"k":"file:a","v":{"size":1}}\n{"k":"file:a","v":{"size":2}}\n'
+                                       b'{"k":"file:cut","v":')   # a kill in the middle of a write
+    journal = FileJournal(tmp_path / "j.db")
+    assert journal.get("file:a") == {"size": 2} and journal.get("file:cut") is None
+    assert not (tmp_path / "j.jsonl").exists()
+    journal.close()

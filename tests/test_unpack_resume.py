@@ -11,14 +11,15 @@ import sys
 from pathlib import Path
 
 from bridge.packing import job
-from tests.helpers import mcbridge, settings_for
+from tests.helpers import journaled_keys, mcbridge, settings_for
 
 MiB = 1024 * 1024
 
-# The child dies the moment it writes past 1 MiB, as a kill at that instant would leave it: Python
-# ignores SIGXFSZ (writes would fail cleanly), so the default action, termination, is put back.
-DIES_AT_1MIB = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_DFL); "
-                "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20)); "
+# The child dies the moment it writes past 2 MiB into one file (the 4 MiB one: the journal's log
+# stays near 1 MiB), as a kill at that instant would leave it: Python ignores SIGXFSZ (writes
+# would fail cleanly), so the default action, termination, is put back.
+DIES_AT_2MIB = ("import resource, runpy, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_DFL); "
+                "resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20)); "
                 "sys.argv = ['mcbridge'] + sys.argv[1:]; runpy.run_module('bridge', run_name='__main__')")
 
 
@@ -44,13 +45,12 @@ def test_a_killed_unpack_resumes_to_the_exact_tree_with_no_stray_files(tmp_path)
     job.pack(f"{tmp_path}/src/", f"{tmp_path}/set/", settings, shard_size=2 * MiB, state_dir=tmp_path / "packst")
     state, out = tmp_path / "state", tmp_path / "out"
     env["MCBRIDGE_STATE_DIR"] = str(state)
-    killed = subprocess.run([sys.executable, "-c", DIES_AT_1MIB, "unpack", f"{tmp_path}/set/", f"{out}/", "-j", "1"],
+    killed = subprocess.run([sys.executable, "-c", DIES_AT_2MIB, "unpack", f"{tmp_path}/set/", f"{out}/", "-j", "1"],
                             env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode < 0, f"the first unpack must be killed: {killed.returncode} {killed.stderr[-500:]}"
     left = _strays(out)
     assert left, "the killed run left a temporary or partial file behind"
-    restored = sum(1 for j in state.glob("journal/*.jsonl") for line in j.read_text().splitlines()
-                   if '"k":"file:' in line)
+    restored = len(journaled_keys(state, "file:"))
     assert restored > 0, "the killed run had restored some files"
 
     r = mcbridge("unpack", f"{tmp_path}/set/", f"{out}/", "-j", "2", "--json", env=env, state_dir=state)
@@ -62,4 +62,4 @@ def test_a_killed_unpack_resumes_to_the_exact_tree_with_no_stray_files(tmp_path)
            if p.is_file() and "_bridge" not in p.relative_to(out).parts}
     assert got == files
     assert mcbridge("verify", f"{out}/", "--deep", env=env, state_dir=state).returncode == 0
-    assert not list(state.glob("journal/*.jsonl")), "the journal goes once the unpack is complete"
+    assert not list(state.glob("journal/*")), "the journal goes once the unpack is complete"

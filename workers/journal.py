@@ -9,7 +9,10 @@ again finds what the first run finished.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
+
+PAGE = 1000   # values read per HMGET by items()
 
 
 class RedisJournal:
@@ -59,8 +62,17 @@ class RedisJournal:
             found.update(k for k, v in zip(names, values) if v is not None)
         return found
 
-    def items(self, prefix: str) -> dict[str, Any]:
-        return {k: json.loads(v) for k, v in self.client.hscan_iter(self._hash(prefix)) if k.startswith(prefix)}
+    def items(self, prefix: str) -> Iterator[tuple[str, Any]]:
+        """(key, value) of the records whose key starts with ``prefix``, in key order (as the
+        in-process journal gives them): the keys are sorted here, the values read a page at a
+        time."""
+        name = self._hash(prefix)
+        keys = sorted(k for k, _v in self.client.hscan_iter(name) if k.startswith(prefix))
+        for start in range(0, len(keys), PAGE):
+            page = keys[start:start + PAGE]
+            for key, raw in zip(page, self.client.hmget(name, page)):
+                if raw is not None:
+                    yield key, json.loads(raw)
 
     def clear(self) -> None:
         names = list(self.client.scan_iter(match=f"{self.key}:*", count=100))

@@ -219,7 +219,7 @@ class Files:
         from bridge.urls import parse
         root = parse(header["destination"])
         store = get_store(root, settings)
-        for key, upload in journal.items("upload:").items():
+        for key, upload in journal.items("upload:"):
             yield store, root.join(key[len("upload:"):]), upload["id"]
 
 

@@ -118,6 +118,33 @@ class Console:
         rendered.no_wrap, rendered.overflow = True, None
         self.rich.print(rendered, soft_wrap=True)
 
+    def print_json_rows(self, head: dict, key: str, rows: Any, *, chunk: int = 1000) -> None:
+        """``head`` with ``rows`` under ``key``, as one JSON document written as the rows come
+        (one line each, a piece of ``chunk`` rows at a time, each piece redacted and escaped as
+        ``json_text`` does): a list of millions is never held whole, as text or as data."""
+        stream = sys.stderr if self._stderr else sys.stdout
+        start = json_text(head)
+        stream.write((start[:-2] + ",\n" if head else "{\n") + f"  {jsonlib.dumps(key)}: [")
+        piece: list[str] = []
+        first = True
+
+        def write() -> None:
+            text = redact(",\n    ".join(piece))
+            stream.write(("\n    " if first else ",\n    ") + _CONTROL_IN_JSON.sub(
+                lambda m: f"\\u{ord(m.group()):04x}", text))
+
+        encode = jsonlib.JSONEncoder(ensure_ascii=False).encode
+        for row in rows:
+            piece.append(encode(row))
+            if len(piece) >= chunk:
+                write()
+                piece, first = [], False
+        if piece:
+            write()
+            first = False
+        stream.write("]\n}\n" if first else "\n  ]\n}\n")
+        stream.flush()
+
     # A rich Live (a progress bar given this console) enters the console around each refresh.
     def __enter__(self):
         return self.rich.__enter__()

@@ -269,9 +269,18 @@ def print_usage(usage: dict | None) -> None:
                   f"{requests}", markup=False)
 
 
+# A dry run's --json lists up to this many files through rich; a longer plan is written as it is
+# read (Console.print_json_rows), in memory that does not grow with it.
+JSON_ROWS_AT_ONCE = 1000
+
+
 def print_plan(summary: dict, as_json: bool) -> None:
     if as_json:
-        out.print_json(json.dumps(summary))
+        rows = summary.get("plan")
+        if rows is None or isinstance(rows, list) or len(rows) <= JSON_ROWS_AT_ONCE:
+            out.print_json(data={**summary, "plan": list(rows)} if rows is not None else summary)
+        else:
+            out.print_json_rows({k: v for k, v in summary.items() if k != "plan"}, "plan", rows)
         return
     for row in summary["plan"]:
         parts = f"{row['parts']} parts of {human_bytes(row['part_size'])}" if row["part_size"] else "1 request"

@@ -14,21 +14,24 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
-from dataclasses import asdict, dataclass, field
+import hashlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from bridge import jobs
 from bridge.config import Settings
-from bridge.engine import resolve
+from bridge.engine import resolve, spill_dir
 from bridge.errors import BridgeError, InvalidOption, ObjectNotFound
-from bridge.journal import FileJournal, Journal, job_key
+from bridge.journal import Journal, job_key, journal_at
 from bridge.manifest import FileEntry
 from bridge.packing import index as indexes
 from bridge.packing import layout
 from bridge.packing.sink import put_whole, stream_part_size
 from bridge.packing.writer import FORMATS, ShardFormat, ShardWriter, get_format
 from bridge.progress import Progress
+from bridge.spill import Rows
 from bridge.stores import Store, get_store
 from bridge.stores.base import GiB, MiB
 from bridge.urls import Location, parse
@@ -37,15 +40,49 @@ DEFAULT_SHARD_SIZE = 256 * MiB
 DEFAULT_MEMORY = 1 * GiB
 
 
+# A pack plan past this many files keeps them on disk (bridge.spill) while it sorts and cuts them.
+SPILL_FILES = 10_000
+
+
+class MemberSlice:
+    """One shard's [rel, size] in pack order, kept in its plan's table of members (bridge.spill)
+    and read when its unit is made: a plan of millions of files holds none of them."""
+
+    def __init__(self, rows: Rows, after: int, count: int, nbytes: int):
+        self.rows, self.after, self.count, self.bytes = rows, after, count, nbytes
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        for rel, size in self.rows.range(self.after, self.count):
+            yield [rel.decode("utf-8", "surrogatepass"), size]
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, MemberSlice)) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"MemberSlice({self.count} files, {self.bytes} bytes)"
+
+
 @dataclass
 class ShardPlan:
     number: int
     name: str
     size: int                         # exact for tar, an estimate for parquet
-    files: list[list[Any]]            # [rel, size], in pack order
+    files: list[list[Any]] | MemberSlice  # [rel, size], in pack order
+
+    @property
+    def bytes(self) -> int:
+        known = getattr(self.files, "bytes", None)
+        return known if known is not None else sum(size for _rel, size in self.files)
 
     def unit(self) -> dict[str, Any]:
-        return {"op": "shard", "number": self.number, "name": self.name, "size": self.size, "files": self.files}
+        return {"op": "shard", "number": self.number, "name": self.name, "size": self.size,
+                "files": list(self.files)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"number": self.number, "name": self.name, "size": self.size, "files": list(self.files)}
 
 
 @dataclass
@@ -68,14 +105,15 @@ class PackPlan:
 
     @property
     def bytes(self) -> int:
-        return sum(size for s in self.shards for _rel, size in s.files)
+        return sum(s.bytes for s in self.shards)
 
     @property
     def shard_bytes(self) -> int:
         return sum(s.size for s in self.shards)
 
-    def units(self) -> list[dict[str, Any]]:
-        return [s.unit() for s in self.shards]
+    def units(self) -> Iterator[dict[str, Any]]:
+        """One unit per shard, its file list read as the unit is made."""
+        return (s.unit() for s in self.shards)
 
     def usage(self):
         """What packing will read, write and request at each store (``bridge.estimate``)."""
@@ -83,7 +121,8 @@ class PackPlan:
         return estimate.pack_usage(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "shards"},
+                "options": dict(self.options), "shards": [s.to_dict() for s in self.shards]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PackPlan:
@@ -115,53 +154,108 @@ def plan_pack(source: str, destination: str, settings: Settings, *, fmt: str = "
     if single is None and dst_root.is_within(src_root):
         raise InvalidOption(f"the destination {dst_root} is inside the source {src_root}: the shards "
                             f"would be packed into themselves")
-    files = sorted(((rel, info.size) for rel, info in objects), key=lambda f: layout.pack_order(f[0]))
-    _check_files(files, shard_format)
-    groups = _samples(files)
+    members = _Members(spill_dir(settings))
+    for rel, info in objects:
+        _check_file(rel, info.size, shard_format)
+        members.add(rel, info.size)
     plan = PackPlan(str(src_root) if single is None else single, str(src_root), str(dst_root), fmt, prefix,
                     shard_size, max_count, stream_part_size(dst_store, shard_size, settings.transfer.chunk_size),
                     dict(options or {}))
-    plan.shards = _cut(groups, shard_format, prefix, shard_size, max_count)
-    plan.key = job_key("pack", plan.source, plan.destination, fmt, prefix, shard_size, max_count,
-                       sorted(plan.options.items()), *(f"{rel}:{size}" for rel, size in files))
+    # The job's key names every file, as job_key would of them all, hashed as they pass.
+    key = hashlib.sha256("\x00".join(map(str, ("pack", plan.source, plan.destination, fmt, prefix, shard_size,
+                                                max_count, sorted(plan.options.items())))).encode())
+
+    def keyed(files: Iterator[tuple[str, int]]) -> Iterator[tuple[str, int]]:
+        for rel, size in files:
+            key.update(f"\x00{rel}:{size}".encode())
+            yield rel, size
+
+    plan.shards = _cut(_samples(keyed(members.in_pack_order())), shard_format, prefix, shard_size, max_count,
+                       members.cut_table())
+    plan.key = key.hexdigest()[:20]
     return plan
 
 
-def _check_files(files: list[tuple[str, int]], fmt: ShardFormat) -> None:
-    for rel, size in files:
-        path, problem = layout.normalize_member(rel)
-        if problem or path != rel:
-            raise InvalidOption(f"cannot pack {rel!r}: the name {problem or 'is not a plain relative path'}; "
-                                f"unpacking it would not restore it safely")
-        if size > fmt.max_file_size:
-            raise InvalidOption(f"cannot pack {rel!r}: {size} bytes is over the {fmt.name} limit of "
-                                f"{fmt.max_file_size} bytes per file; use --format tar")
+class _Members:
+    """The files of a pack plan as listed, given back in pack order: sorted in memory, or past
+    SPILL_FILES by SQLite on disk (by sample key, then path: code-point order, as str sorts)."""
+
+    def __init__(self, where: Path):
+        self.where = where
+        self.held: list[tuple[str, int]] | None = []
+        self.rows: Rows | None = None
+
+    def add(self, rel: str, size: int) -> None:
+        if self.held is not None:
+            self.held.append((rel, size))
+            if len(self.held) <= SPILL_FILES:
+                return
+            held, self.held = self.held, None
+            self.rows = Rows(3, self.where)
+            for one in held:
+                self._spill(*one)
+            return
+        self._spill(rel, size)
+
+    def _spill(self, rel: str, size: int) -> None:
+        self.rows.append((layout.sample_key(rel).encode("utf-8", "surrogatepass"),
+                          rel.encode("utf-8", "surrogatepass"), size))
+
+    def in_pack_order(self) -> Iterator[tuple[str, int]]:
+        if self.held is not None:
+            return iter(sorted(self.held, key=lambda f: layout.pack_order(f[0])))
+        return ((rel.decode("utf-8", "surrogatepass"), size) for _key, rel, size in self.rows.ordered_by(0, 1))
+
+    def cut_table(self) -> Rows | None:
+        """Where the shards' file lists go: none (lists in memory) for a short plan."""
+        return None if self.rows is None else Rows(2, self.where)
 
 
-def _samples(files: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
-    groups: list[list[tuple[str, int]]] = []
+def _check_file(rel: str, size: int, fmt: ShardFormat) -> None:
+    path, problem = layout.normalize_member(rel)
+    if problem or path != rel:
+        raise InvalidOption(f"cannot pack {rel!r}: the name {problem or 'is not a plain relative path'}; "
+                            f"unpacking it would not restore it safely")
+    if size > fmt.max_file_size:
+        raise InvalidOption(f"cannot pack {rel!r}: {size} bytes is over the {fmt.name} limit of "
+                            f"{fmt.max_file_size} bytes per file; use --format tar")
+
+
+def _samples(files: Iterable[tuple[str, int]]) -> Iterator[list[tuple[str, int]]]:
+    group: list[tuple[str, int]] = []
     last_key = None
     for rel, size in files:
         key = layout.sample_key(rel)
-        if key != last_key or not groups:
-            groups.append([])
-            last_key = key
-        groups[-1].append((rel, size))
-    return groups
+        if key != last_key and group:
+            yield group
+            group = []
+        last_key = key
+        group.append((rel, size))
+    if group:
+        yield group
 
 
-def _cut(groups: list[list[tuple[str, int]]], fmt: ShardFormat, prefix: str, shard_size: int,
-         max_count: int | None) -> list[ShardPlan]:
+def _cut(groups: Iterable[list[tuple[str, int]]], fmt: ShardFormat, prefix: str, shard_size: int,
+         max_count: int | None, table: Rows | None = None) -> list[ShardPlan]:
+    """Shards of whole samples; with ``table``, each shard's files are appended to it as the
+    shard closes and the shard keeps only where they are (MemberSlice)."""
     shards: list[ShardPlan] = []
     current: list[list[Any]] = []
     current_bytes = 0
+    stored = 0
 
     def close() -> None:
-        nonlocal current, current_bytes
+        nonlocal current, current_bytes, stored
         if current:
             number = len(shards)
+            files: list[list[Any]] | MemberSlice = current
+            if table is not None:
+                for rel, size in current:
+                    table.append((rel.encode("utf-8", "surrogatepass"), size))
+                files = MemberSlice(table, stored, len(current), sum(size for _rel, size in current))
+                stored += len(current)
             shards.append(ShardPlan(number, layout.shard_name(prefix, number, fmt.extension),
-                                    fmt.shard_size(current_bytes), current))
+                                    fmt.shard_size(current_bytes), files))
         current, current_bytes = [], 0
 
     for group in groups:
@@ -341,7 +435,7 @@ def execute(plan: PackPlan, settings: Settings, progress: Progress | None = None
     if progress.limiter is None and settings.transfer.bwlimit:
         from bridge.bwlimit import local
         progress.limiter = local(settings.transfer.bwlimit)
-    journal = FileJournal((state_dir or Path(settings.transfer.state_dir)) / "journal" / f"{plan.key}.jsonl")
+    journal = journal_at(state_dir or Path(settings.transfer.state_dir), plan.key)
     ctx = PackContext(plan, settings, journal, progress)
     progress.plan(plan.shard_bytes, len(plan.shards) + 2)
     results = jobs.run(ctx, plan.units(), journal, ctx.writers(memory), "packing")

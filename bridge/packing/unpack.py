@@ -30,7 +30,7 @@ from bridge import jobs
 from bridge import names
 from bridge.config import Settings
 from bridge.errors import IntegrityError, MissingBackend, ObjectNotFound
-from bridge.journal import FileJournal, Journal, job_key
+from bridge.journal import Journal, job_key, journal_at
 from bridge.manifest import FileEntry
 from bridge.packing import index as indexes
 from bridge.packing import layout
@@ -475,7 +475,7 @@ def unpack(source: str, destination: str, settings: Settings, *, prefix: str | N
         return {"dry_run": True, **plan.summary(), "usage": plan.usage(settings).to_dict(),
                 "plan": [{"shard": s["name"], "files": len(s["members"]), "size": s["size"]} for s in plan.shards]}
     progress.plan(plan.bytes, len(plan.shards) + 1)
-    journal = FileJournal((state_dir or Path(settings.transfer.state_dir)) / "journal" / f"{plan.key}.jsonl")
+    journal = journal_at(state_dir or Path(settings.transfer.state_dir), plan.key)
     ctx = UnpackContext(plan, settings, journal, progress)
     concurrency = max(1, min(settings.transfer.concurrency, len(plan.shards)))
     results = jobs.run(ctx, plan.units(), journal, concurrency, "unpack")

@@ -30,7 +30,8 @@ from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, Endp
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported,
                            CopySourceUnreadable)
 from bridge.retry import call_with_retries
-from bridge.stores.base import GiB, MiB, DirectReads, Features, ObjectInfo, PartRecord, Store, utc_seconds
+from bridge.stores.base import (GiB, MiB, DirectReads, Features, ObjectInfo, PartRecord, Store, in_code_point_order,
+                                utc_seconds)
 from bridge.urls import Location
 
 # azure-core and azure-storage-blob are imported when first needed: jobs that the direct path
@@ -272,6 +273,9 @@ class AzureStore(DirectReads, Store):
         return self.client.get_blob_client(loc.bucket, loc.key)
 
     def list(self, prefix: Location) -> Iterator[ObjectInfo]:
+        return in_code_point_order(self._list(prefix))
+
+    def _list(self, prefix: Location) -> Iterator[ObjectInfo]:
         if self._direct is not None:
             yield from self._direct_list(prefix)
             return

@@ -23,6 +23,7 @@ import base64
 import io
 from collections.abc import Callable, Iterable, Iterator
 import dataclasses
+import heapq
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -326,6 +327,49 @@ class Store(abc.ABC):
             rel = obj.location.relative_to(root)
             if rel and not is_reserved(rel):
                 yield rel, obj
+
+
+def merged(left: Iterable[tuple[str, Any]], right: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any, Any]]:
+    """Two listings in Store.walk's order (a walk, a manifest's entries), walked side by side as a
+    merge join (rclone's march does so): (rel, left's value or None, right's or None) for every rel
+    in either, in order, holding one item of each. A listing out of order is an error, not a
+    silent miss."""
+    a, b = iter(left), iter(right)
+    x, y = next(a, None), next(b, None)
+    last = None
+    while x is not None or y is not None:
+        if y is None or (x is not None and x[0] < y[0]):
+            rel, out, x = x[0], (x[0], x[1], None), next(a, None)
+        elif x is None or y[0] < x[0]:
+            rel, out, y = y[0], (y[0], None, y[1]), next(b, None)
+        else:
+            rel, out, x, y = x[0], (x[0], x[1], y[1]), next(a, None), next(b, None)
+        if last is not None and rel <= last:
+            raise BridgeError(f"internal error: a listing is not in order ({rel!r} after {last!r})")
+        last = rel
+        yield out
+
+
+def in_code_point_order(objects: Iterator[ObjectInfo]) -> Iterator[ObjectInfo]:
+    """A listing in UTF-16 order (Azurite's; Azure documents no finer order than "alphabetical")
+    put in code-point order, Store.walk's, as it streams. The two orders differ only where a
+    character beyond U+FFFF (a surrogate pair, D800-DBFF first) meets one of U+E000-U+FFFF: in
+    UTF-16 order such a name comes earlier than in code points, never later. So each name with
+    one waits in a heap until a name without any that sorts after it comes by; the others pass
+    straight through. (Only those names are held: all of them when a listing has nothing else.)"""
+    waiting: list[tuple[str, int, ObjectInfo]] = []
+    n = 0
+    for obj in objects:
+        key = obj.location.key
+        if not key.isascii() and max(key) > "\uffff":
+            heapq.heappush(waiting, (key, n, obj))
+            n += 1
+            continue
+        while waiting and waiting[0][0] < key:
+            yield heapq.heappop(waiting)[2]
+        yield obj
+    while waiting:
+        yield heapq.heappop(waiting)[2]
 
 
 class DirectReads:

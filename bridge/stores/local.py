@@ -10,7 +10,6 @@ import functools
 import hashlib
 import json
 import os
-import stat
 import socket
 import threading
 import time
@@ -111,6 +110,34 @@ def _translate(loc: Location):
         raise BridgeError(f"{loc}: {exc.strerror or exc}") from exc
 
 
+def _sorted_files(folder: str) -> Iterator[ObjectInfo]:
+    """The regular files under ``folder`` in the order of their full paths (Store.walk's
+    contract): each folder's entries sorted by name, a subfolder as its name and "/" (so "a-b"
+    and "a.b" come before the folder "a", and "a0" after it), one folder's names held at a
+    time. Links to files are followed; links to folders are not (as os.walk does)."""
+    with os.scandir(folder) as it:
+        entries = sorted(((entry.name + "/" if _is_folder(entry) else entry.name), entry) for entry in it)
+    for key, entry in entries:
+        if key.endswith("/"):
+            try:
+                yield from _sorted_files(entry.path)
+            except (FileNotFoundError, NotADirectoryError, PermissionError):
+                continue   # gone or closed since it was listed, as os.walk skips it
+        elif PARTIAL not in key and TEMPORARY not in key and entry.is_file():
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            yield ObjectInfo(Location("file", "", entry.path.lstrip("/")), st.st_size, identity=_identity(st))
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir() and not entry.is_symlink()
+    except OSError:
+        return False
+
+
 class LocalStore(Store):
     scheme = "file"
     features = Features(min_part_size=1, max_part_size=64 * GiB, max_parts=1_000_000,
@@ -127,30 +154,7 @@ class LocalStore(Store):
                 yield self.info(Location("file", "", prefix.key.rstrip("/")))
             return
         with _translate(prefix):
-            yield from self._sorted_walk(root.rstrip("/"))
-
-    def _sorted_walk(self, folder: str) -> Iterator[ObjectInfo]:
-        """Files under ``folder`` in the order of their full paths (a folder's name sorts as
-        ``name/``), as cloud listings come: ``sync`` and ``verify`` merge listings in path order."""
-        try:
-            with os.scandir(folder) as it:
-                found = [(e.name + "/" if e.is_dir(follow_symlinks=False) else e.name, e) for e in it]
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        found.sort(key=lambda item: item[0])
-        for key, entry in found:
-            full = os.path.join(folder, entry.name)
-            if key.endswith("/"):
-                yield from self._sorted_walk(full)
-                continue
-            if PARTIAL in entry.name or TEMPORARY in entry.name:
-                continue
-            try:
-                st = os.stat(full)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                yield ObjectInfo(Location("file", "", full.lstrip("/")), st.st_size, identity=_identity(st))
+            yield from _sorted_files(root.rstrip("/") or "/")
 
     def info(self, loc: Location) -> ObjectInfo:
         with _translate(loc):

@@ -119,3 +119,49 @@ def test_missing_bucket(store_env):
         pytest.skip("local paths have no bucket")
     with pytest.raises(BucketNotFound):
         store.check_bucket(parse(f"{root.scheme}://no-such-bucket-xyz/k"))
+
+
+# Names whose order differs between a walk of folders and a sort of whole paths ("a-b" and "a.b"
+# sort before the folder "a/", "a0" after it), or between code points and UTF-16 ("～" U+FF5E
+# and "😀" U+1F600), upper and lower case, a space, accents and CJK.
+AWKWARD = ["a-b", "a/b", "a.b", "a0", "a/b-c/d", "a/b.x", "a/c/d/e", "ab", "A", "a b", "é", "e", "ä/ö",
+           "日本/x", "～", "😀", "z/9", "z-1"]
+
+
+def test_walk_yields_every_name_in_sorted_order(store_env):
+    """Store.walk's contract, which sync's merge of two listings relies on: (rel, info) in
+    Python's str order (code points; S3 and GCS order keys by their UTF-8 bytes, the same
+    order), read lazily."""
+    store, root = store_env
+    for rel in reversed(AWKWARD):
+        data = rel.encode()
+        store.put(root.join(rel), data, crc32c=crc_hex(crc32c(data)), metadata={})
+    walked = [(rel, info.size) for rel, info in store.walk(root)]
+    assert walked == [(rel, len(rel.encode())) for rel in sorted(AWKWARD)]
+    sub = [rel for rel, _ in store.walk(root.join("a").as_prefix())]
+    assert sub == sorted(rel[2:] for rel in AWKWARD if rel.startswith("a/"))
+
+
+def test_a_listing_in_utf16_order_is_put_in_code_point_order():
+    import random
+    from bridge.stores.base import ObjectInfo, in_code_point_order
+    from bridge.urls import Location
+    rng = random.Random(7)
+    alphabet = ["a", "b", "/", "-", "é", "\ue000", "～", "\uffff", "😀", "\U0001f600\U0001f601", "𝄞"]
+    names = sorted({"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))) for _ in range(3000)},
+                   key=lambda n: n.encode("utf-16-be"))
+    assert names != sorted(names)
+    out = [o.location.key for o in in_code_point_order(ObjectInfo(Location("az", "c", n), 0) for n in names)]
+    assert out == sorted(names)
+
+
+def test_two_sorted_listings_merge_side_by_side():
+    from bridge.errors import BridgeError
+    from bridge.stores.base import merged
+    left = [("a", 1), ("a/b", 2), ("c", 3)]
+    right = [("a-b", "x"), ("a/b", "y"), ("d", "z")]
+    assert list(merged(left, right)) == [("a", 1, None), ("a-b", None, "x"), ("a/b", 2, "y"), ("c", 3, None),
+                                         ("d", None, "z")]
+    assert list(merged([], right)) == [(r, None, v) for r, v in right]
+    with pytest.raises(BridgeError, match="not in order"):
+        list(merged([("b", 1), ("a", 2)], []))

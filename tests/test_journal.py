@@ -1,0 +1,81 @@
+"""The in-process journal: on disk (SQLite, WAL), every record put before a SIGKILL is there after
+it, records come back in key order, and a job's records never live in the process's memory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+from bridge.journal import FileJournal
+
+WRITER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from bridge.journal import FileJournal
+    journal = FileJournal(Path(sys.argv[1]))
+    i = 0
+    while True:
+        if i % 7 == 0:
+            journal.put_many([(f"file:{i + k:08d}", {"size": i + k}) for k in range(7)])
+            i += 7
+        else:
+            journal.put(f"file:{i:08d}", {"size": i})
+            i += 1
+        sys.stdout.write(f"{i}\\n")
+        sys.stdout.flush()
+""")
+
+
+def test_every_record_put_before_a_sigkill_is_there_after_it(tmp_path):
+    path = tmp_path / "journal" / "job.db"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    acknowledged = 0
+    for line in proc.stdout:
+        acknowledged = int(line)
+        if acknowledged >= 3000:
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert os.path.exists(f"{path}-wal"), "killed with its write-ahead log not yet folded in"
+    journal = FileJournal(path)
+    keys = [k for k, _v in journal.items("file:")]
+    assert len(keys) >= acknowledged and keys == [f"file:{i:08d}" for i in range(len(keys))]
+    assert journal.get(f"file:{acknowledged - 1:08d}") == {"size": acknowledged - 1}
+    journal.remove()
+    assert not any(path.parent.iterdir())
+
+
+def test_items_stream_in_key_order_a_page_at_a_time_and_past_unicode(tmp_path):
+    journal = FileJournal(tmp_path / "j.db")
+    names = ["a-b", "a/b", "a.b", "a0", "é", "～", "😀", "z"]
+    journal.put_many([(f"file:{n}", {"n": n}) for n in reversed(names)] + [("part:x:1", {}), ("filf", {})])
+    journal.put_many([(f"file:~{i:05d}", {}) for i in range(2500)])
+    rows = list(journal.items("file:"))
+    expected = sorted([f"file:{n}" for n in names] + [f"file:~{i:05d}" for i in range(2500)])
+    assert [k for k, _ in rows] == expected
+    assert [v for _, v in rows[:3]] == [{"n": n} for n in sorted(names)[:3]]
+    journal.clear()
+    assert list(journal.items("")) == []
+    journal.close()
+
+
+def test_a_name_that_is_not_utf8_is_a_key_like_any_other(tmp_path):
+    """A local file name with bytes that are not UTF-8 arrives as lone surrogates (surrogateescape):
+    journaled, found and listed in str order like the rest, and kept in a long plan's file list."""
+    from bridge.engine import SPILL_FILES, FileList, FilePlan
+    odd = b"caf\xe9.txt".decode("utf-8", "surrogateescape")
+    journal = FileJournal(tmp_path / "j.db")
+    names = ["a", odd, "caf\u00e9.txt", "caf\ue000", "z"]
+    journal.put_many([(f"file:{n}", {"n": n}) for n in names])
+    assert journal.get(f"file:{odd}") == {"n": odd}
+    assert [k for k, _ in journal.items("file:")] == [f"file:{n}" for n in sorted(names)]
+    journal.close()
+    files = FileList([FilePlan(f"{i:06d}", 1) for i in range(SPILL_FILES)] + [FilePlan(odd, 2, 0, {"ino": "1"})],
+                     where=tmp_path / "spill")
+    assert len(files) == SPILL_FILES + 1 and files.find(odd) == FilePlan(odd, 2, 0, {"ino": "1"})
+    assert list(files)[-1].rel == odd and [f.rel for f in files.shapes()][-1] == odd
+    assert not any((tmp_path / "spill").iterdir()), "a spilled list keeps no name in its folder"
+    files.close()

@@ -1,0 +1,133 @@
+"""Jobs in bounded memory: a plan past its threshold lives on disk and runs the same as one in
+memory; planning a long listing holds about as much memory as planning a short one."""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from bridge import engine, ops, stores
+from bridge.packing import job as packing
+from bridge.packing import unpack
+from bridge.stores.base import Features, ObjectInfo, Store
+from bridge.urls import Location, parse
+from tests.helpers import settings_for
+
+ENV = dict(os.environ, XDG_CONFIG_HOME="/nonexistent")
+
+
+def _tree(root: Path, count: int) -> dict[str, bytes]:
+    files = {}
+    for i in range(count):
+        # "s.d/" folders put pack order (by sample key) apart from path order
+        rel = f"s{i % 7}.d/x{i:04d}.{'jpg' if i % 2 else 'json'}" if i % 3 else f"s{i % 7}/y{i:04d}.bin"
+        files[rel] = os.urandom(i % 50)
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return files
+
+
+def test_a_pack_plan_cut_on_disk_is_the_plan_cut_in_memory(tmp_path, monkeypatch):
+    _tree(tmp_path / "src", 300)
+    settings = settings_for(ENV, state_dir=str(tmp_path / "state"))
+    kw = dict(fmt="tar", shard_size=16 * 1024, max_count=40)
+    held = packing.plan_pack(f"{tmp_path}/src/", f"{tmp_path}/set/", settings, **kw)
+    monkeypatch.setattr(packing, "SPILL_FILES", 25)
+    spilled = packing.plan_pack(f"{tmp_path}/src/", f"{tmp_path}/set/", settings, **kw)
+    assert any(isinstance(s.files, packing.MemberSlice) for s in spilled.shards)
+    assert len(held.shards) > 3 and spilled.key == held.key
+    assert [s.to_dict() for s in spilled.shards] == [s.to_dict() for s in held.shards]
+    assert spilled.to_dict() == held.to_dict() and spilled.files == 300 and spilled.bytes == held.bytes
+    assert list(spilled.units()) == list(held.units())
+    assert not any((tmp_path / "state" / "spill").iterdir()), "a plan's tables keep no name in their folder"
+
+
+def test_a_copy_and_a_pack_whose_plans_live_on_disk_run_resume_and_verify(tmp_path, monkeypatch):
+    files = _tree(tmp_path / "src", 120)
+    (tmp_path / "src" / "big.bin").write_bytes(os.urandom(3 * 1024 * 1024 + 5))
+    settings = settings_for(ENV, state_dir=str(tmp_path / "state"))
+    monkeypatch.setattr(engine, "SPILL_FILES", 10)
+    monkeypatch.setattr(packing, "SPILL_FILES", 10)
+    plan = engine.plan_copy(f"{tmp_path}/src/", f"{tmp_path}/out/", settings, 1024 * 1024)
+    assert plan.files._rows is not None and plan.files.multipart == 1
+    assert plan.unit_count() == sum(1 for _ in plan.units()) + 1 + 1   # the big file's complete, finalize
+    summary = ops.copy(f"{tmp_path}/src/", f"{tmp_path}/out/", settings, chunk_size=1024 * 1024)
+    assert summary["files"] == 121
+    assert ops.verify(f"{tmp_path}/out/", settings, deep=True)["ok"]
+    for rel, data in files.items():
+        assert (tmp_path / "out" / rel).read_bytes() == data
+    again = ops.copy(f"{tmp_path}/src/", f"{tmp_path}/out/", settings, chunk_size=1024 * 1024)
+    assert again["files"] == 121
+    packing.pack(f"{tmp_path}/src/", f"{tmp_path}/set/", settings, shard_size=64 * 1024)
+    unpack.unpack(f"{tmp_path}/set/", f"{tmp_path}/back/", settings)
+    for rel, data in files.items():
+        assert (tmp_path / "back" / rel).read_bytes() == data
+    assert not list((tmp_path / "state" / "journal").iterdir())
+
+
+class Generated(Store):
+    """An s3:// listing of ``COUNT`` 1 KiB objects, synthesised: no request, nothing else served."""
+
+    scheme = "s3"
+    features = Features(min_part_size=5 * 1024**2, max_part_size=5 * 1024**3, max_parts=10_000,
+                        max_object_size=5 * 1024**4, max_copy_size=5 * 1024**3)
+    COUNT = 0
+
+    def __init__(self, settings):
+        self.settings = settings
+
+    def check_bucket(self, loc):
+        return None
+
+    def info(self, loc):
+        from bridge.errors import ObjectNotFound
+        raise ObjectNotFound(str(loc))
+
+    def read(self, loc, offset=0, length=None):
+        raise NotImplementedError
+
+    put = delete = read
+
+    def list(self, prefix):
+        for i in range(self.COUNT):
+            yield ObjectInfo(Location("s3", prefix.bucket, f"{prefix.key}d{i // 1000:04d}/f{i:07d}.bin"), 1024,
+                             identity={"etag": f"{i:032x}"})
+
+
+def _planning_peak(tmp_path: Path, count: int) -> int:
+    stores.store_class("s3").COUNT = count   # the class as the registry loaded it
+    settings = settings_for(ENV, state_dir=str(tmp_path / "state"))
+    tracemalloc.start()
+    try:
+        summary = ops.copy("s3://gen/", f"{tmp_path}/dst/", settings, dry_run=True)
+        assert summary["files"] == count and sum(1 for _ in summary["plan"]) == count
+        assert summary["usage"]["destination"]["requests"]["PUT"] == count + 1
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_planning_a_listing_ten_times_longer_takes_about_the_same_memory(tmp_path, monkeypatch):
+    monkeypatch.setitem(stores.REGISTRY, "s3", stores.Backend("tests.test_streaming:Generated", ""))
+    monkeypatch.setattr(stores, "_cache", type(stores._cache)())
+    monkeypatch.setattr(engine, "SPILL_FILES", 500)
+    (tmp_path / "dst").mkdir()
+    short, long = _planning_peak(tmp_path, 4_000), _planning_peak(tmp_path, 40_000)
+    assert long < short * 1.5, f"planning 40,000 objects peaked at {long} bytes, 4,000 at {short}"
+
+
+def test_a_listing_read_once_as_it_is_planned(tmp_path, monkeypatch):
+    """resolve() reads the listing lazily: its first object before it returns, the rest as the
+    plan is built."""
+    monkeypatch.setitem(stores.REGISTRY, "s3", stores.Backend("tests.test_streaming:Generated", ""))
+    monkeypatch.setattr(stores, "_cache", type(stores._cache)())
+    stores.store_class("s3").COUNT = 5
+    settings = settings_for(ENV)
+    src, dst, objects, single = engine.resolve("s3://gen/", f"{tmp_path}/", settings)
+    assert single is None and not isinstance(objects, list)
+    assert [rel for rel, _ in objects] == [f"d0000/f{i:07d}.bin" for i in range(5)]
+    assert parse(str(src)) == parse("s3://gen/")
