@@ -26,13 +26,14 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bridge import attributes
 from bridge import check
 from bridge import jobs
 from bridge import manifest as manifests
 from bridge import names
 from bridge import routes
 from bridge.config import Settings
-from bridge.errors import BridgeError, IntegrityError, InvalidOption, ObjectNotFound
+from bridge.errors import Archived, BridgeError, IntegrityError, InvalidOption, ObjectNotFound
 from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex, rehash_parts
 from bridge.journal import Journal, job_key
 from bridge.jobs import FATAL, Outcome, ThreadExecutor, describe  # noqa: F401  (their old home)
@@ -79,6 +80,9 @@ class FilePlan:
     # last_part (1-based, inclusive; 0: to the end). The file's ``complete`` then runs at commit.
     first_part: int = 1
     last_part: int = 0
+    # The source's headers and user metadata when its listing carried them (bridge.attributes);
+    # None: asked of the source when the file is written.
+    attrs: dict | None = None
 
     @property
     def parts(self) -> int:
@@ -108,6 +112,9 @@ class Plan:
     completions: list[str] = field(default_factory=list)
     batch: int = 0        # > 0: whole files travel in "batch" units of up to this many
     slots: int = 1        # how much of the job's concurrency one batch unit takes
+    # Manifest entries of objects found already at the destination, equal to their source
+    # (bridge/adopt.py): committed with the files the job writes, never sent.
+    adopted: list[dict] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
@@ -160,7 +167,8 @@ class Plan:
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         return cls(d["source"], d["destination"], d["single"], [FilePlan(**f) for f in d["files"]],
                    list(d.get("deletions", [])), d.get("key", ""), d.get("route", "direct"),
-                   d.get("route_why", ""), list(d.get("completions", [])), d.get("batch", 0), d.get("slots", 1))
+                   d.get("route_why", ""), list(d.get("completions", [])), d.get("batch", 0), d.get("slots", 1),
+                   list(d.get("adopted", [])))
 
 
 def part_size_for(size: int, store: Store, requested: int | None) -> int:
@@ -230,6 +238,12 @@ def check_route(src_root: Location, dst_root: Location, objects: list[tuple[str,
                                 f"a copy onto itself would rewrite it from itself; nothing was copied")
     names.refuse(names.problems_for((rel for rel, _ in objects), dst_root.scheme, dst_root.key),
                  f"cannot copy to {dst_root}")
+    archived = [rel for rel, info in objects if info.needs_restore]
+    if archived:
+        shown = ", ".join(repr(rel) for rel in archived[:5]) + (" ..." if len(archived) > 5 else "")
+        raise Archived(f"{len(archived)} source objects are archived ({objects[0][1].location.scheme}:// "
+                             f"{next(info.storage_class for _, info in objects if info.needs_restore)}) and "
+                             f"need a restore before they can be read: {shown}")
 
 
 def check_chunk_size(chunk_size: int | None, store: Store) -> None:
@@ -266,7 +280,7 @@ def batching(plan: Plan, src_root: Location, dst_root: Location, settings: Setti
 
 def file_plan(rel: str, info: ObjectInfo, dst_store: Store, chunk_size: int | None) -> FilePlan:
     return FilePlan(rel, info.size, part_size_for(info.size, dst_store, chunk_size),
-                    dict(info.identity))
+                    dict(info.identity), attrs=None if info.attrs is None else info.attrs.to_dict())
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -348,7 +362,7 @@ class JobContext(jobs.Context):
             if held is None:
                 if rec:
                     self.dst.abort_upload(loc, rec["id"])
-                upload_id = self.dst.begin_upload(loc, unit["size"])
+                upload_id = self.dst.begin_upload(loc, unit["size"], self.attrs(rel))
                 planned = self._files.get(rel)
                 self.journal.put(f"upload:{rel}", {"id": upload_id, "size": unit["size"],
                                                    "part_size": unit["part_size"],
@@ -358,6 +372,23 @@ class JobContext(jobs.Context):
                 upload_id = rec["id"]
             self._uploads[rel] = (upload_id, held)
             return self._uploads[rel]
+
+    def attrs(self, rel: str, known: attributes.Attrs | None = None) -> attributes.Attrs | None:
+        """The headers and user metadata the destination object gets (bridge.attributes.for_copy):
+        the source's (``known``, or from the plan, or asked of the source store), with the
+        settings' overrides. None: nothing to write."""
+        objects = self.settings.objects
+        if objects.metadata == "off" and not (objects.content_type or objects.set_metadata):
+            return None
+        source = known
+        if objects.metadata == "on" and source is None:
+            planned = self._files.get(rel)
+            if planned is not None and planned.attrs is not None:
+                source = attributes.Attrs.from_dict(planned.attrs)
+            else:
+                size = planned.size if planned else 0
+                source = self.src.attributes(ObjectInfo(self.src_loc(rel), size))
+        return attributes.for_copy(source, objects)
 
     def journaled(self, rel: str, entry: dict) -> dict:
         planned = self._files.get(rel)
@@ -459,7 +490,7 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
             ctx.progress.throttle(todo[i]["size"])
             data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel)))
             hashes[i] = _hashed(ctx, todo[i], data)
-            return ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i])
+            return ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i]), ctx.attrs(rel)
 
         def sent(i: int, committed: ObjectInfo) -> None:
             _record(ctx, todo[i]["rel"], hashes.pop(i), committed)
@@ -478,7 +509,8 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
 def _write(ctx: JobContext, unit: dict, data) -> dict:
     h = _hashed(ctx, unit, data)
     durability = {"durable": False} if ctx.defer_sync else {}
-    committed = ctx.dst.put(ctx.dst_loc(unit["rel"]), data, crc32c=h.crc32c, metadata=_metadata(h), **durability)
+    committed = ctx.dst.put(ctx.dst_loc(unit["rel"]), data, crc32c=h.crc32c, metadata=_metadata(h),
+                            attrs=ctx.attrs(unit["rel"]), **durability)
     return _record(ctx, unit["rel"], h, committed)
 
 
@@ -609,7 +641,8 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     h = FileHash(size, crc, whole or "")
     upload_id, _held = ctx.upload(unit)
     dst = ctx.dst_loc(rel)
-    reported = ctx.dst.complete_upload(dst, upload_id, parts, crc32c=crc, metadata=_metadata(h))
+    reported = ctx.dst.complete_upload(dst, upload_id, parts, crc32c=crc, metadata=_metadata(h),
+                                       attrs=ctx.attrs(rel))
     check.completed(ctx.dst, dst, reported, crc, ctx.settings.transfer.store_checksums)
     note = ""
     if whole is None and dst.is_local:
@@ -671,7 +704,8 @@ def _delete(ctx: JobContext, unit: dict) -> dict:
 
 def _finalize(ctx: JobContext, unit: dict) -> dict:
     ctx.settle()  # every file durable before the manifest, the commit marker, names it
-    written = {key[len("file:"):]: FileEntry.from_dict(entry) for key, entry in ctx.journal.items("file:").items()}
+    written = {e["path"]: FileEntry.from_dict(e) for e in ctx.plan.adopted}
+    written.update({key[len("file:"):]: FileEntry.from_dict(entry) for key, entry in ctx.journal.items("file:").items()})
     where = jobs.commit(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination, written.values(),
                         removed=ctx.plan.deletions)
     return {"manifest": where, "files": len(written)}

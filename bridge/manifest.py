@@ -41,6 +41,12 @@ refuses the manifest instead of failing each such file. ``verify --deep`` re-rea
 and compares its CRC32C, the hash both stores reported; a manifest without any such entry
 stays version 1.
 
+``adopted`` (optional, written only when set) marks an object bridge did not write but found
+already at the destination, equal to its source (bridge/adopt.py): it names the checksum that
+proved it (``md5``, ``crc64nvme``, ``crc32c``, ``crc32``, or ``deep`` when both sides were read).
+``reported`` then holds what the destination reports of the object, ``computed`` the hashes bridge
+took from bytes it read (a local source's; both sides' under ``deep``), and ``note`` says so.
+
 For corpora with millions of files the entries go to JSON-lines shards of at most
 ``SHARD_ENTRIES`` each, ``_bridge/manifest.d/files-000000.jsonl`` …, and ``files`` is replaced
 by ``file_shards`` (name, entries, sha256 of the shard), so the top document stays small and a
@@ -83,19 +89,22 @@ class FileEntry:
     identity: dict[str, str] = field(default_factory=dict)   # the object version committed
     part_sha256: list[str] = field(default_factory=list)   # per part, when every part has one
     note: str = ""                              # why a hash is left out ("" : none is)
+    adopted: str = ""                           # found already there, equal by this checksum (bridge.adopt)
 
     @classmethod
     def from_dict(cls, d: dict) -> FileEntry:
         return cls(d["path"], int(d["size"]), d["crc32c"], d["sha256"], int(d.get("part_size", 0)),
                    list(d.get("parts", [])), list(d.get("computed", COMPUTED)), dict(d.get("reported", {})),
-                   dict(d.get("identity", {})), list(d.get("part_sha256", [])), d.get("note", ""))
+                   dict(d.get("identity", {})), list(d.get("part_sha256", [])), d.get("note", ""),
+                   d.get("adopted", ""))
 
     def to_dict(self) -> dict:
         """As ``dataclasses.asdict`` gives it, without its deep copy (~10x faster; one per file)."""
         return {"path": self.path, "size": self.size, "crc32c": self.crc32c, "sha256": self.sha256,
                 "part_size": self.part_size, "parts": list(self.parts), "computed": list(self.computed),
                 "reported": dict(self.reported), "identity": dict(self.identity),
-                "part_sha256": list(self.part_sha256), "note": self.note}
+                "part_sha256": list(self.part_sha256), "note": self.note,
+                **({"adopted": self.adopted} if self.adopted else {})}
 
     @property
     def reported_only(self) -> bool:

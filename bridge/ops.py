@@ -10,6 +10,7 @@ import concurrent.futures as cf
 import contextlib
 import gc
 
+from bridge import adopt as adopting
 from bridge import bwlimit
 from bridge import manifest as manifests
 from bridge import check
@@ -45,7 +46,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     return {"source": plan.source, "destination": plan.destination, "files": len(plan.files),
             "bytes": plan.bytes, "units": plan.unit_count(),
             "multipart_files": sum(1 for f in plan.files if f.part_size),
-            "deletions": len(plan.deletions), "route": {"name": plan.route, "why": plan.route_why},
+            "deletions": len(plan.deletions), "adopted": len(plan.adopted),
+            "route": {"name": plan.route, "why": plan.route_why},
             "usage": estimate.of_plan(plan).to_dict(),
             "plan": [{"path": f.rel, "size": f.size, "parts": f.parts if f.part_size else 1,
                       "part_size": f.part_size} for f in plan.files]}
@@ -86,10 +88,35 @@ def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what:
         costing.check_budget(estimate.of_plan(plan), settings, max_cost, what)
 
 
+def adopt_existing(plan: Plan, settings: Settings, mode: str) -> None:
+    """``cp --skip-existing``/``--checksum``: files whose destination object is already equal to
+    the source (bridge/adopt.py) leave the plan and are committed as adopted."""
+    if mode == "off" or not plan.files:
+        return
+    src_root = parse(plan.source) if plan.single is None else parse(plan.single, empty_segments=True)
+    dst_root = parse(plan.destination)
+    src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
+    present = dict(dst_store.walk(dst_root))
+
+    def one(f: FilePlan):
+        there = present.get(f.rel)
+        if there is None:
+            return None
+        src = src_root if plan.single else src_root.join(f.rel)
+        return adopting.compare(src_store, src_store.info(src), dst_store, there, f.rel, deep=mode == "deep")
+
+    with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
+        found = list(pool.map(one, plan.files))
+    plan.adopted = [a.entry.to_dict() for a in found if a is not None and a.equal]
+    plan.files = [f for f, a in zip(plan.files, found) if a is None or not a.equal]
+
+
 def copy(source: str, destination: str, settings: Settings, *, chunk_size: int | None = None,
          progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False,
-         max_cost: float | None = None, route: str | None = None) -> dict:
-    plan = routes.choose(plan_copy(source, destination, settings, chunk_size), settings, route)
+         max_cost: float | None = None, route: str | None = None, adopt: str = "off") -> dict:
+    plan = plan_copy(source, destination, settings, chunk_size)
+    adopt_existing(plan, settings, adopt)
+    plan = routes.choose(plan, settings, route)
     _within_budget(plan, settings, max_cost, "copy")
     if dry_run:
         return {"dry_run": True, **plan_summary(plan)}
@@ -155,9 +182,11 @@ def _source_crc32c(store, info) -> str:
 
 
 def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
-              chunk_size: int | None = None) -> tuple[Plan, dict[str, list[str]]]:
+              chunk_size: int | None = None, adopt: str = "checksum") -> tuple[Plan, dict[str, list[str]]]:
     """Only what is new, changed (by size and CRC32C, never by time) or no longer matches the
-    destination's manifest; with ``delete``, what the source no longer has."""
+    destination's manifest; with ``delete``, what the source no longer has. An object there that
+    the manifest does not name (or with no manifest at all) is adopted when equal to its source
+    (bridge/adopt.py; ``adopt``: checksum, deep or off)."""
     src_root, dst_root, objects, single = resolve(source, destination, settings)
     check_route(src_root, dst_root, objects, single)
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
@@ -165,10 +194,17 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     manifest = manifests.read(dst_store, dst_root) or manifests.read(dst_store, dst_root, manifests.PREVIOUS)
     entries = manifest.files if manifest else {}
     present = dict(dst_store.walk(dst_root))
-    reasons: dict[str, list[str]] = {"new": [], "changed": [], "repaired": [], "unchanged": []}
+    reasons: dict[str, list[str]] = {"new": [], "changed": [], "repaired": [], "unchanged": [], "adopted": []}
+    adopted: dict[str, dict] = {}
 
     def judge(rel: str, info) -> str:
         entry, there = entries.get(rel), present.get(rel)
+        if there is not None and entry is None and adopt != "off":
+            found = adopting.compare(src_store, info, dst_store, there, rel, deep=adopt == "deep")
+            if found.equal:
+                adopted[rel] = found.entry.to_dict()
+                return "adopted"
+            return "changed"
         if there is None or entry is None:
             return "new"
         if entry.size != info.size or _source_crc32c(src_store, info) != entry.crc32c:
@@ -182,7 +218,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     files = []
     for (rel, info), verdict in zip(objects, verdicts):
         reasons[verdict].append(rel)
-        if verdict != "unchanged":
+        if verdict not in ("unchanged", "adopted"):
             files.append(file_plan(rel, info, dst_store, chunk_size))
     deletions = []
     if delete and single is None:
@@ -190,6 +226,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
         deletions = sorted(p for p in set(present) | set(entries) if p not in wanted and p in present)
         reasons["deleted"] = deletions
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files, deletions)
+    plan.adopted = [adopted[rel] for rel in sorted(adopted)]
     # As for copy, not the file list: what a killed sync finished is found again by path.
     plan.key = job_key("sync", plan.source, plan.destination, chunk_size, delete)
     batching(plan, src_root, dst_root, settings)
@@ -198,15 +235,17 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
 
 def sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
          chunk_size: int | None = None, progress: Progress | None = None, state_dir: Path | None = None,
-         dry_run: bool = False, max_cost: float | None = None, route: str | None = None) -> dict[str, Any]:
-    plan, reasons = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size)
+         dry_run: bool = False, max_cost: float | None = None, route: str | None = None,
+         adopt: str = "checksum") -> dict[str, Any]:
+    plan, reasons = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size, adopt=adopt)
     routes.choose(plan, settings, route)
     _within_budget(plan, settings, max_cost, "sync")
     counts = {k: len(v) for k, v in reasons.items()}
     if dry_run:
         return {"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts}
     summary = execute(plan, settings, progress, state_dir)
-    return {**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions}
+    return {**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions,
+            "adopted": {e["path"]: e["adopted"] for e in plan.adopted}}
 
 
 def uploads(url: str, settings: Settings, *, abort: bool = False) -> list[dict[str, Any]]:
