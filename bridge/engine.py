@@ -83,6 +83,7 @@ class FilePlan:
     # The source's headers and user metadata when its listing carried them (bridge.attributes);
     # None: asked of the source when the file is written.
     attrs: dict | None = None
+    storage_class: str = ""   # the source's, when its listing names one (for retrieval prices)
 
     @property
     def parts(self) -> int:
@@ -221,7 +222,7 @@ def _local_dir_exists(loc: Location) -> bool:
 
 
 def check_route(src_root: Location, dst_root: Location, objects: list[tuple[str, ObjectInfo]],
-                single: str | None) -> None:
+                single: str | None, archived_ok: bool = False) -> None:
     """Before any byte moves: a destination inside its source would copy into itself (one level
     deeper each run), an object copied onto itself would be rewritten from itself (and its
     folder's manifest set aside), and every name must be one the destination holds as written.
@@ -238,7 +239,7 @@ def check_route(src_root: Location, dst_root: Location, objects: list[tuple[str,
                                 f"a copy onto itself would rewrite it from itself; nothing was copied")
     names.refuse(names.problems_for((rel for rel, _ in objects), dst_root.scheme, dst_root.key),
                  f"cannot copy to {dst_root}")
-    archived = [rel for rel, info in objects if info.needs_restore]
+    archived = [] if archived_ok else [rel for rel, info in objects if info.needs_restore]
     if archived:
         shown = ", ".join(repr(rel) for rel in archived[:5]) + (" ..." if len(archived) > 5 else "")
         raise Archived(f"{len(archived)} source objects are archived ({objects[0][1].location.scheme}:// "
@@ -253,9 +254,11 @@ def check_chunk_size(chunk_size: int | None, store: Store) -> None:
                             f"{store.features.max_part_size} bytes per part")
 
 
-def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int | None = None) -> Plan:
+def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int | None = None,
+              archived_ok: bool = False) -> Plan:
+    """``archived_ok``: plan sources that need a restore too (to price them: mcbridge plan)."""
     src_root, dst_root, objects, single = resolve(source, destination, settings)
-    check_route(src_root, dst_root, objects, single)
+    check_route(src_root, dst_root, objects, single, archived_ok)
     dst_store = get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     files = [file_plan(rel, info, dst_store, chunk_size) for rel, info in objects]
@@ -280,7 +283,8 @@ def batching(plan: Plan, src_root: Location, dst_root: Location, settings: Setti
 
 def file_plan(rel: str, info: ObjectInfo, dst_store: Store, chunk_size: int | None) -> FilePlan:
     return FilePlan(rel, info.size, part_size_for(info.size, dst_store, chunk_size),
-                    dict(info.identity), attrs=None if info.attrs is None else info.attrs.to_dict())
+                    dict(info.identity), attrs=None if info.attrs is None else info.attrs.to_dict(),
+                    storage_class=info.storage_class)
 
 
 # -- running ---------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, Endp
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported,
                            CopySourceUnreadable)
 from bridge.retry import call_with_retries
-from bridge.stores.base import (GiB, MiB, DirectReads, Features, ObjectInfo, PartRecord, Store, is_reserved,
+from bridge.stores.base import (put_args, GiB, MiB, DirectReads, Features, ObjectInfo, PartRecord, Store, is_reserved,
                                 utc_seconds)
 from bridge.urls import Location
 
@@ -401,7 +401,7 @@ class AzureStore(DirectReads, Store):
         sent: dict[int, tuple[Location, int, dict]] = {}   # what each answer is about
 
         def request(i: int) -> tuple:
-            loc, data, _crc32c, metadata, attrs = body(i)   # (Azure checks the body's MD5)
+            loc, data, _crc32c, metadata, attrs = put_args(body(i))   # (Azure checks the body's MD5)
             sent[i] = (loc, len(data), metadata)
             return loc, data, self.direct_headers(loc, metadata, attrs)
 

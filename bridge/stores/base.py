@@ -229,14 +229,14 @@ class Store(abc.ABC):
 
     def put_many(self, count: int, body: Callable[[int], tuple[Location, bytes, str, dict[str, str], Attrs | None]],
                  each: Callable[[int, ObjectInfo], None]) -> dict[int, BridgeError]:
-        """Whole objects: ``body(i)`` gives (location, bytes, CRC32C hex, metadata, attrs) when object i is
+        """Whole objects: ``body(i)`` gives (location, bytes, CRC32C hex, metadata[, attrs]) when object i is
         about to be sent, ``each(i, info)`` takes what ``put`` would have returned; what failed,
         by index. A BridgeError from ``body`` or ``each`` is that object's failure. Here one after
         another; stores with ``writes_many`` overlap them."""
         failures: dict[int, BridgeError] = {}
         for i in range(count):
             try:
-                loc, data, crc, metadata, attrs = body(i)
+                loc, data, crc, metadata, attrs = put_args(body(i))
                 each(i, self.put(loc, data, crc32c=crc, metadata=metadata, attrs=attrs))
             except BridgeError as exc:
                 failures[i] = exc
@@ -346,6 +346,11 @@ class Store(abc.ABC):
             rel = obj.location.relative_to(root)
             if rel and not is_reserved(rel):
                 yield rel, obj
+
+
+def put_args(given: tuple) -> tuple:
+    """A put_many body's (location, bytes, CRC32C, metadata, attrs); attrs may be left out."""
+    return (*given, None) if len(given) == 4 else given
 
 
 class DirectReads:

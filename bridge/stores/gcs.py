@@ -30,7 +30,7 @@ from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError)
 from bridge.retry import call_with_retries
-from bridge.stores.base import (GiB, MiB, RESERVED, DirectReads, Features, ObjectInfo, PartRecord, Store,
+from bridge.stores.base import (put_args, GiB, MiB, RESERVED, DirectReads, Features, ObjectInfo, PartRecord, Store,
                                 crc_b64_to_hex, crc_hex_to_b64, is_reserved)
 from bridge.urls import Location
 
@@ -281,7 +281,7 @@ class GCSStore(DirectReads, Store):
         sent: dict[int, tuple[Location, str]] = {}   # what each answer is about
 
         def request(i: int) -> tuple:
-            loc, data, crc32c, metadata, attrs = body(i)
+            loc, data, crc32c, metadata, attrs = put_args(body(i))
             sent[i] = (loc, crc32c)
             return loc, data, crc_hex_to_b64(crc32c), self.resource(loc, metadata, attrs)
 

@@ -24,7 +24,7 @@ from bridge.errors import (BridgeError, BucketNotFound, ClockSkewed, Credentials
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported)
 from bridge.hashing import crc_hex
 from bridge.retry import call_with_retries
-from bridge.stores.base import (GiB, MiB, BufferReader, Features, ObjectInfo, PartRecord, Store, crc_b64_to_hex,
+from bridge.stores.base import (put_args, GiB, MiB, BufferReader, Features, ObjectInfo, PartRecord, Store, crc_b64_to_hex,
                                 crc_hex_to_b64, is_reserved, utc_seconds)
 from bridge.urls import Location
 
@@ -304,7 +304,7 @@ class S3Store(Store):
         sent: dict[int, tuple[Location, int, dict]] = {}   # what each answer is about
 
         def request(i: int) -> tuple:
-            loc, data, crc32c, metadata, attrs = body(i)
+            loc, data, crc32c, metadata, attrs = put_args(body(i))
             sent[i] = (loc, len(data), metadata)
             return loc, data, crc_hex_to_b64(crc32c), self.written(loc, metadata, attrs)
 
