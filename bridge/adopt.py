@@ -42,14 +42,14 @@ class Adoption:
 
 def reported(store: Store, info: ObjectInfo, ask: bool = False) -> dict[str, str]:
     """The whole-object checksums a store reports of an object, lower-case hex, by ``ORDER``'s
-    names; with ``ask``, the object is asked for those its listing left out (S3's checksums come
-    with HEAD only)."""
+    names; with ``ask``, an S3 object whose listing gives none (no MD5 ETag: a multipart upload) is
+    asked for them (S3's checksums come with HEAD only)."""
     sums = dict(info.checksums)
-    if ask and info.location.scheme == "s3" and not sums:
-        sums = dict(store.info(info.location).checksums)
     etag = info.identity.get("etag", "").lower()
     if info.location.scheme == "s3" and _MD5.match(etag):
         sums.setdefault("md5", etag)          # a one-request upload's ETag is its MD5
+    elif ask and info.location.scheme == "s3" and not sums:
+        sums = dict(store.info(info.location).checksums)
     if "crc32c" not in sums and info.metadata.get("bridge_crc32c"):
         sums["crc32c"] = info.metadata["bridge_crc32c"]
     return {k: v.lower() for k, v in sums.items() if k in ORDER and v}

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "bridge.packing.tarfmt", "bridge.packing.parquetfmt")),
     ("plan", ("bridge.engine", "bridge.estimate", "bridge.jobs", "bridge.routes")),
     ("policies", ("bridge.policies",)),
-    ("executor", ("bridge.costing", "bridge.ops", "bridge.packing.job", "bridge.packing.unpack",
+    ("executor", ("bridge.costing", "bridge.ops", "bridge.compare", "bridge.packing.job", "bridge.packing.unpack",
                   "bridge.replication", "bridge.cache", "bridge.routes.server", "bridge.routes.fromurl",
                   "bridge.routes.delegated", "bridge.routes.sts", "bridge.routes.datasync",
                   "bridge.routes.native", "bridge.routes.ledger")),
