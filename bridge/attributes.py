@@ -250,3 +250,42 @@ def for_copy(source: Attrs | None, objects) -> Attrs:
     if objects.set_metadata:
         base = replace(base, user={**base.user, **objects.set_metadata})
     return base
+
+
+# -- where the settings say it: a destination's class and encryption, a copy's overrides ------
+
+_SECTION = {"s3": "s3", "gs": "gcs", "az": "azure"}
+_PLACEMENT = {"s3": {"storage_class": "storage_class", "kms_key": "sse_kms_key_id", "bucket_key": "bucket_key"},
+              "gs": {"storage_class": "storage_class", "kms_key": "kms_key_name"},
+              "az": {"storage_class": "tier", "encryption_scope": "encryption_scope"}}
+
+
+def with_objects(settings, destination: str, objects: Mapping[str, Any] | None = None, *,
+                 storage_class: str | None = None, kms_key: str | None = None, bucket_key: bool | None = None,
+                 encryption_scope: str | None = None):
+    """``settings`` with ``objects`` (the ``objects`` section's fields) and the destination's
+    storage class and encryption (in its store's section: S3 storage_class, sse_kms_key_id,
+    bucket_key; GCS storage_class, kms_key_name; Azure tier, encryption_scope) applied and
+    checked; one given for a store that has no such thing is bad input."""
+    from bridge.config import _Invalid
+    from bridge.urls import parse
+    scheme = parse(destination).scheme
+    updates: dict[str, dict[str, Any]] = {"objects": dict(objects)} if objects else {}
+    placement = {"storage_class": storage_class, "kms_key": kms_key, "bucket_key": bucket_key,
+                 "encryption_scope": encryption_scope}
+    given = {k: v for k, v in placement.items() if v is not None}
+    if given:
+        fields = _PLACEMENT.get(scheme, {})
+        wrong = [f"--{k.replace('_', '-')}" for k in given if k not in fields]
+        if wrong:
+            raise InvalidOption(f"{', '.join(wrong)} does not apply to a {scheme}:// destination")
+        updates[_SECTION[scheme]] = {fields[k]: v for k, v in given.items()}
+    if not updates:
+        return settings
+    try:
+        sections = {name: type(getattr(settings, name))._from({**getattr(settings, name).model_dump(), **values},
+                                                               name)
+                    for name, values in updates.items()}
+    except _Invalid as exc:
+        raise InvalidOption(str(exc).replace("invalid setting ", "invalid ", 1)) from None
+    return settings.model_copy(update=sections)

@@ -157,3 +157,21 @@ def test_plan_prices_a_deep_archive_destination_and_a_read_from_a_cold_class(fak
     plain = next(row for row in standard["routes"] if row["route"] == "direct")["cost"]
     assert abs((cost["requests_usd"] - plain["requests_usd"]) - 4 * (0.05 - 0.005) / 1000) < 1e-6
     assert "storage" not in plain
+
+
+def test_a_replication_policy_places_each_destination(azurite, make_root, emulator_env, tmp_path):
+    src = tmp_path / "ckpts"
+    (src / "step-1").mkdir(parents=True)
+    (src / "step-1" / "model.safetensors").write_bytes(os.urandom(2048))
+    cool, hot = make_root("az") + "dr/", make_root("az") + "hot/"
+    policy = tmp_path / "policies.yaml"
+    policy.write_text(f"policies:\n  golden:\n    source: {src}/\n    destinations: [{cool}, {hot}]\n"
+                      f"    placement:\n      {cool}: {{storage_class: Cold}}\n")
+    r = mcbridge("replicate", "--policy", str(policy), "--once", "--json", env=emulator_env, state_dir=tmp_path / "s")
+    assert r.returncode == 0, r.stdout + r.stderr
+    tiers = {}
+    for root in (cool, hot):
+        loc = parse(root)
+        blob = azurite.client().get_blob_client(loc.bucket, loc.key + "step-1/model.safetensors")
+        tiers[root] = blob.get_blob_properties().blob_tier
+    assert tiers == {cool: "Cold", hot: "Hot"}

@@ -11,9 +11,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from bridge.config import Settings, _Invalid
+from bridge.config import Settings
 from bridge.errors import InvalidOption
-from bridge.urls import parse
 
 ContentTypeOpt = Annotated[Optional[str], typer.Option(
     "--content-type", help="Content-Type of every object written (default: the source's; a local file's "
@@ -42,48 +41,25 @@ ChecksumOpt = Annotated[bool, typer.Option(
     "--checksum", help="Like --skip-existing (rclone's name for comparing by size and checksum).")]
 
 ADOPT = ("checksum", "deep", "off")
-_SECTION = {"s3": "s3", "gs": "gcs", "az": "azure"}
 
 
 def with_object_flags(settings: Settings, destination: str, *, content_type: str | None = None,
                       metadata: list[str] | None = None, no_metadata: bool = False,
                       storage_class: str | None = None, kms_key: str | None = None,
                       bucket_key: bool | None = None, encryption_scope: str | None = None) -> Settings:
-    """``settings`` with the flags given applied: ``objects`` for the headers and metadata, the
-    destination store's section for its class and encryption."""
-    from bridge.attributes import parse_pairs
-    scheme = parse(destination).scheme
-    updates: dict[str, dict[str, Any]] = {}
+    """``settings`` with the flags given applied (bridge.attributes.with_objects)."""
+    from bridge.attributes import parse_pairs, with_objects
+    if content_type is not None and not content_type.strip():
+        raise InvalidOption("--content-type is empty: give a type such as application/json")
     objects: dict[str, Any] = {}
     if no_metadata:
         objects["metadata"] = "off"
     if content_type is not None:
-        if not content_type.strip():
-            raise InvalidOption("--content-type is empty: give a type such as application/json")
         objects["content_type"] = content_type
     if metadata:
         objects["set_metadata"] = parse_pairs(metadata)
-    if objects:
-        updates["objects"] = objects
-    placement = {"storage_class": storage_class, "kms_key": kms_key, "bucket_key": bucket_key,
-                 "encryption_scope": encryption_scope}
-    given = {k: v for k, v in placement.items() if v is not None}
-    if given:
-        fields = {"s3": {"storage_class": "storage_class", "kms_key": "sse_kms_key_id", "bucket_key": "bucket_key"},
-                  "gs": {"storage_class": "storage_class", "kms_key": "kms_key_name"},
-                  "az": {"storage_class": "tier", "encryption_scope": "encryption_scope"}}.get(scheme, {})
-        wrong = [f"--{k.replace('_', '-')}" for k in given if k not in fields]
-        if wrong:
-            raise InvalidOption(f"{', '.join(wrong)} does not apply to a {scheme}:// destination")
-        updates[_SECTION[scheme]] = {fields[k]: v for k, v in given.items()}
-    if not updates:
-        return settings
-    try:
-        sections = {name: getattr(settings, name)._from({**getattr(settings, name).model_dump(), **values}, name)
-                    for name, values in updates.items()}
-    except _Invalid as exc:
-        raise InvalidOption(str(exc).replace("invalid setting ", "invalid ", 1)) from None
-    return settings.model_copy(update=sections)
+    return with_objects(settings, destination, objects, storage_class=storage_class, kms_key=kms_key,
+                        bucket_key=bucket_key, encryption_scope=encryption_scope)
 
 
 def adopt_mode(adopt: str | None, skip_existing: bool = False, checksum: bool = False,
