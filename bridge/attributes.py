@@ -260,6 +260,21 @@ _PLACEMENT = {"s3": {"storage_class": "storage_class", "kms_key": "sse_kms_key_i
               "az": {"storage_class": "tier", "encryption_scope": "encryption_scope"}}
 
 
+def placement_overrides(destination: str, **placement: Any) -> dict[str, dict[str, Any]]:
+    """A destination's placement (storage_class, kms_key, bucket_key, encryption_scope) as the
+    settings section of its store it overrides: ``{"azure": {"tier": "Cool"}}``."""
+    from bridge.urls import parse
+    scheme = parse(destination).scheme
+    given = {k: v for k, v in placement.items() if v is not None}
+    if not given:
+        return {}
+    fields = _PLACEMENT.get(scheme, {})
+    wrong = [f"--{k.replace('_', '-')}" for k in given if k not in fields]
+    if wrong:
+        raise InvalidOption(f"{', '.join(wrong)} does not apply to a {scheme}:// destination")
+    return {_SECTION[scheme]: {fields[k]: v for k, v in given.items()}}
+
+
 def with_objects(settings, destination: str, objects: Mapping[str, Any] | None = None, *,
                  storage_class: str | None = None, kms_key: str | None = None, bucket_key: bool | None = None,
                  encryption_scope: str | None = None):
@@ -269,17 +284,9 @@ def with_objects(settings, destination: str, objects: Mapping[str, Any] | None =
     checked; one given for a store that has no such thing is bad input."""
     from bridge.config import _Invalid
     from bridge.urls import parse
-    scheme = parse(destination).scheme
     updates: dict[str, dict[str, Any]] = {"objects": dict(objects)} if objects else {}
-    placement = {"storage_class": storage_class, "kms_key": kms_key, "bucket_key": bucket_key,
-                 "encryption_scope": encryption_scope}
-    given = {k: v for k, v in placement.items() if v is not None}
-    if given:
-        fields = _PLACEMENT.get(scheme, {})
-        wrong = [f"--{k.replace('_', '-')}" for k in given if k not in fields]
-        if wrong:
-            raise InvalidOption(f"{', '.join(wrong)} does not apply to a {scheme}:// destination")
-        updates[_SECTION[scheme]] = {fields[k]: v for k, v in given.items()}
+    updates.update(placement_overrides(destination, storage_class=storage_class, kms_key=kms_key,
+                                       bucket_key=bucket_key, encryption_scope=encryption_scope))
     if not updates:
         return settings
     try:

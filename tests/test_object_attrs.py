@@ -138,3 +138,17 @@ def test_a_key_no_mapping_can_hold_fails_the_file_naming_it(make_root, emulator_
     r = mcbridge("cp", src, make_root("s3"), "-q", env=emulator_env, state_dir=tmp_path)
     assert r.returncode == 1
     assert "differ only in case" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_headers_read_from_s3_come_with_the_get(seeded, moto, make_root, emulator_env, tmp_path):
+    """An S3 listing carries no metadata; the GET of a whole object does, so a copy out of S3
+    sends no HEAD for it (counted at a proxy)."""
+    from tests.faultproxy import FaultProxy, proxied_environment
+    target = make_root("local") + "out/"
+    with FaultProxy(moto.endpoint) as proxy:
+        env = proxied_environment(emulator_env, {"s3": proxy})
+        r = mcbridge("cp", seeded["s3"], target, "--chunk-size", "5MiB", "-q", env=env, state_dir=tmp_path)
+        assert r.returncode == 0, r.stderr
+        heads = [line for line, _ in proxy.log if line.startswith("HEAD ") and "_bridge" not in line]
+    assert not any("doc.json.gz" in line or "table.csv" in line for line in heads), heads
+    assert attrs_at(target, emulator_env) == SENT

@@ -12,6 +12,7 @@ import functools
 import http.client
 import importlib.util
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -128,6 +129,7 @@ def _from_code(loc: Location, code: str, text: str) -> BridgeError:
 
 
 COPY_PART = 512 * MiB   # UploadPartCopy part size, for copies over max_copy_size
+SEEN = 4096             # whole-object GETs whose headers are kept for attributes()
 
 
 class UploadGone(ObjectNotFound):
@@ -146,6 +148,12 @@ class S3Store(Store):
         self.endpoint = s3.endpoint_url
         from bridge.stores.s3direct import Direct
         self._direct = Direct.for_settings(settings)  # None: reads go through aiobotocore
+        # Headers and metadata seen on whole-object GETs, until attributes() takes them: copying
+        # them then costs no HEAD. Bounded: objects read for other reasons are forgotten.
+        self._seen: OrderedDict[str, Attrs] = OrderedDict()
+        self._seen_lock = threading.Lock()
+        if self._direct is not None:
+            self._direct.on_headers = self._remember
         self._fs = None
         self._fs_lock = threading.Lock()
         self.retries = t.retries
@@ -264,6 +272,25 @@ class S3Store(Store):
             return super().read_many(locs, each)
         t = self.settings.transfer
         return self._direct.get_many(locs, each, _from_code, connections=t.concurrency, retries=self.retries)
+
+    def _remember(self, loc: Location, headers: list[tuple[str, str]]) -> None:
+        named = {k.lower(): v for k, v in headers}
+        attrs = Attrs(**{name: named.get(attributes.HTTP_NAMES[name].lower()) or None for name in attributes.HEADERS},
+                      user=attributes.from_s3({k[len("x-amz-meta-"):]: v for k, v in named.items()
+                                               if k.startswith("x-amz-meta-")}))
+        with self._seen_lock:
+            self._seen[str(loc)] = attrs
+            while len(self._seen) > SEEN:
+                self._seen.popitem(last=False)
+
+    def attributes(self, info: ObjectInfo) -> Attrs:
+        """From the object's last whole GET here when there was one (no request), else HEAD."""
+        if info.attrs is None:
+            with self._seen_lock:
+                seen = self._seen.pop(str(info.location), None)
+            if seen is not None:
+                return seen
+        return super().attributes(info)
 
     def written(self, loc: Location, metadata: dict[str, str], attrs: Attrs | None) -> dict:
         """The parameters of a write of ``loc`` besides its bytes, as botocore names them: bridge's

@@ -40,6 +40,9 @@ _CODE = re.compile(rb"<Code>([^<]+)</Code>")
 
 class Direct:
     page_size: int | None = None   # objects per listing page; None: the service's (1,000)
+    # Called with (location, [(header, value)]) of each whole-object GET's answer: the store keeps
+    # the headers and metadata it carries, so that copying them costs no HEAD.
+    on_headers: Callable[[Location, list[tuple[str, str]]], None] | None = None
 
     def __init__(self, endpoint: str, region: str, key: str, secret: str, token: str | None, timeout: float):
         url = urlsplit(endpoint)
@@ -156,7 +159,10 @@ class Direct:
             size = int(resp.getheader("Content-Length", "-1"))
             if size < 0 or (length is not None and size != length):
                 raise TransientError(f"{loc}: the endpoint announced {size} bytes, asked for {length}")
-            return receive(resp, size, loc, into, each)
+            got = receive(resp, size, loc, into, each)
+        if not ranged and self.on_headers is not None:
+            self.on_headers(loc, resp.getheaders())
+        return got
 
     def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], from_code, *,
                  connections: int, retries: int) -> dict[int, BridgeError]:
@@ -172,6 +178,8 @@ class Direct:
             answer = await link.send("GET", path, headers, what=str(loc))
             if answer.status >= 300:
                 raise _error_of(loc, answer.status, answer.body[:65536], from_code)
+            if self.on_headers is not None:
+                self.on_headers(loc, list(answer.headers.items()))
             return answer.body
 
         return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout,
