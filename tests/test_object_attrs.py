@@ -152,3 +152,27 @@ def test_headers_read_from_s3_come_with_the_get(seeded, moto, make_root, emulato
         heads = [line for line, _ in proxy.log if line.startswith("HEAD ") and "_bridge" not in line]
     assert not any("doc.json.gz" in line or "table.csv" in line for line in heads), heads
     assert attrs_at(target, emulator_env) == SENT
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "az"])
+def test_the_sdk_paths_carry_them_too(scheme, make_root, emulator_env):
+    """With the store's direct path off (as with an AWS profile, a SAS, or gcsfs's credentials),
+    the SDK's requests write and read the same headers, metadata and class."""
+    from bridge.hashing import crc32c, crc_hex
+    from bridge.stores import store_class
+    klass = {"s3": ("s3", {"storage_class": "STANDARD_IA"}), "gs": ("gcs", {"storage_class": "NEARLINE"}),
+             "az": ("azure", {"tier": "Cool"})}[scheme]
+    settings = settings_for(emulator_env)
+    settings = settings.model_copy(update={klass[0]: getattr(settings, klass[0]).model_copy(update=klass[1])})
+    store = store_class(scheme)(settings)
+    store._direct = None
+    root = parse(make_root(scheme))
+    sent = SENT["doc.json.gz"]
+    data = b"payload"
+    store.put(root.join("one.json"), data, crc32c=crc_hex(crc32c(data)), metadata={"bridge_crc32c": "x"}, attrs=sent)
+    got = store.info(root.join("one.json"))
+    assert got.attrs == sent and got.metadata["bridge_crc32c"] == "x"
+    listed = {info.location.name: info for info in store.list(root)}
+    assert listed["one.json"].storage_class == next(iter(klass[1].values()))
+    assert store.attributes(listed["one.json"]) == sent
+
