@@ -242,9 +242,9 @@ def check_route(src_root: Location, dst_root: Location, objects: list[tuple[str,
     archived = [] if archived_ok else [rel for rel, info in objects if info.needs_restore]
     if archived:
         shown = ", ".join(repr(rel) for rel in archived[:5]) + (" ..." if len(archived) > 5 else "")
-        raise Archived(f"{len(archived)} source objects are archived ({objects[0][1].location.scheme}:// "
-                             f"{next(info.storage_class for _, info in objects if info.needs_restore)}) and "
-                             f"need a restore before they can be read: {shown}")
+        cls = next(info.storage_class for _, info in objects if info.needs_restore)
+        raise Archived(f"{len(archived)} source objects are archived ({src_root.scheme}:// {cls}) and "
+                       f"need a restore before they can be read: {shown}")
 
 
 def check_chunk_size(chunk_size: int | None, store: Store) -> None:
