@@ -41,7 +41,7 @@ refuses the manifest instead of failing each such file. ``verify --deep`` re-rea
 and compares its CRC32C, the hash both stores reported; a manifest without any such entry
 stays version 1.
 
-``adopted`` (optional, written only when set) marks an object bridge did not write but found
+``adopted`` (optional: an entry without it reads as "", and an older reader ignores it) marks an object bridge did not write but found
 already at the destination, equal to its source (bridge/adopt.py): it names the checksum that
 proved it (``md5``, ``crc64nvme``, ``crc32c``, ``crc32``, or ``deep`` when both sides were read).
 ``reported`` then holds what the destination reports of the object, ``computed`` the hashes bridge
@@ -103,8 +103,7 @@ class FileEntry:
         return {"path": self.path, "size": self.size, "crc32c": self.crc32c, "sha256": self.sha256,
                 "part_size": self.part_size, "parts": list(self.parts), "computed": list(self.computed),
                 "reported": dict(self.reported), "identity": dict(self.identity),
-                "part_sha256": list(self.part_sha256), "note": self.note,
-                **({"adopted": self.adopted} if self.adopted else {})}
+                "part_sha256": list(self.part_sha256), "note": self.note, "adopted": self.adopted}
 
     @property
     def reported_only(self) -> bool:
