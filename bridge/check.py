@@ -5,7 +5,10 @@ checksum, GCS crc32c) or, where it keeps none, the CRC32C bridge stored in the o
 (Azure) together with the committed block sizes. A local file reports nothing, so its CRC32C is
 computed from the disk. ``deep`` re-reads every object and compares CRC32C and SHA-256 (CRC32C alone for a file the
 clouds copied, whose entry holds only what the stores reported).
-A checksum the store does not report is a failure, never a pass.
+Where the store reports no CRC32C (an object rewritten with its same bytes by a plain PUT, or one
+adopted from another tool's copy), another checksum recorded at commit (``reported``: an S3
+one-request ETag's MD5, GCS md5, Azure Content-MD5) is compared, or else the object is re-read and
+hashed: listed as ``rehashed`` when equal, never passed on trust.
 
 All of that vouches only for the object version bridge committed. The manifest records that
 version's identity (ETag, generation, version id, last-modified, inode and times); an object
@@ -87,7 +90,24 @@ def judge(store: Store, info: ObjectInfo, entry: FileEntry, deep: bool = False) 
         if differ:
             return Verdict(f"rewritten since the manifest was written ({changed}): {differ}", changed)
         return Verdict(None, f"{changed} since the manifest was written; bytes proven equal by rehash")
-    return Verdict(_cheap_problem(store, info, entry))
+    problem = _cheap_problem(store, info, entry)
+    if problem is not _UNREPORTED:
+        return Verdict(problem)
+    # The store reports no CRC32C (an object rewritten with the same bytes by a plain PUT, or
+    # one bridge adopted): another checksum recorded for it at commit, else its bytes, decide.
+    from bridge.adopt import reported
+    now = reported(store, info, ask=True)
+    common = [name for name in ("md5", "crc64nvme", "crc32c", "crc32") if name in now and name in entry.reported]
+    if common:
+        name = common[0]
+        if now[name] == entry.reported[name]:
+            return Verdict(None)
+        return Verdict(f"{name.upper()} {now[name]} reported by the store, manifest says {entry.reported[name]}")
+    differ = _bytes_differ(store, info, entry)
+    why = "the store reports no CRC32C for it"
+    if differ:
+        return Verdict(f"{why}; read again: {differ}", why)
+    return Verdict(None, f"{why}; bytes proven equal by rehash")
 
 
 def _identity_change(store: Store, info: ObjectInfo, entry: FileEntry) -> str | None:
@@ -118,13 +138,16 @@ def _bytes_differ(store: Store, info: ObjectInfo, entry: FileEntry) -> str | Non
     return None
 
 
+_UNREPORTED = "the store reports no CRC32C"
+
+
 def _cheap_problem(store: Store, info: ObjectInfo, entry: FileEntry) -> str | None:
     if not store.features.checksums and info.location.is_local:
         crc, _ = rehash(store, info.location, info.size, sha=False)
         return None if crc == entry.crc32c else f"CRC32C {crc}, manifest says {entry.crc32c}"
     crc = reported_crc32c(store, info)
     if crc is None:
-        return f"the store reports no CRC32C for it (expected {entry.crc32c})"
+        return _UNREPORTED
     if crc != entry.crc32c:
         return f"CRC32C {crc} reported by the store, manifest says {entry.crc32c}"
     if "bridge_sha256" in info.metadata and info.metadata["bridge_sha256"] != entry.sha256:

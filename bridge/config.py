@@ -184,6 +184,17 @@ def _str(value: Any, path: str) -> str:
     raise ValueError(f"must be a string, not {type(value).__name__}")
 
 
+_TRUTHS = {"true": True, "on": True, "yes": True, "1": True, "false": False, "off": False, "no": False, "0": False}
+
+
+def _bool(value: Any, path: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUTHS:
+        return _TRUTHS[value.strip().lower()]
+    raise ValueError(f"must be true or false, not {reprlib.repr(value)}")
+
+
 def _secret(value: Any, path: str) -> SecretStr:
     if isinstance(value, SecretStr):
         return value
@@ -228,7 +239,7 @@ def _converter(tp: Any) -> Callable[[Any, str], Any]:
         return mapping
     if isinstance(tp, type) and issubclass(tp, _Model):
         return tp._from
-    simple = {int: _int, float: _float, str: _str, SecretStr: _secret}.get(tp)
+    simple = {bool: _bool, int: _int, float: _float, str: _str, SecretStr: _secret}.get(tp)
     if simple is None:
         raise TypeError(f"no check for settings of type {tp!r}")
     return simple
@@ -385,6 +396,21 @@ def _stripe_classes(classes: dict[str, int]) -> dict[str, int]:
     return classes
 
 
+S3Class = Literal["STANDARD", "REDUCED_REDUNDANCY", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING",
+                  "GLACIER", "DEEP_ARCHIVE", "GLACIER_IR", "OUTPOSTS", "EXPRESS_ONEZONE", "SNOW"]
+GCSClass = Literal["STANDARD", "NEARLINE", "COLDLINE", "ARCHIVE", "MULTI_REGIONAL", "REGIONAL",
+                   "DURABLE_REDUCED_AVAILABILITY"]
+AzureTier = Literal["Hot", "Cool", "Cold", "Archive"]
+
+
+class ObjectSettings(_Model):
+    """What a copy writes besides the bytes (bridge/attributes.py): ``metadata: off`` carries no
+    headers or user metadata of the source's; ``content_type`` and ``set_metadata`` override."""
+    metadata: Literal["on", "off"] = "on"
+    content_type: str | None = None
+    set_metadata: dict[str, str] = {}
+
+
 class S3Settings(_Model):
     endpoint_url: str | None = Field(None, after=_endpoint())
     region: str | None = None
@@ -392,12 +418,19 @@ class S3Settings(_Model):
     secret_access_key: SecretStr | None = None
     session_token: SecretStr | None = None
     profile: str | None = None
+    # What objects written here are stored as (bridge's own _bridge/ records keep the bucket's
+    # default class, so that they read back without a restore): README, Storage classes.
+    storage_class: S3Class | None = None
+    sse_kms_key_id: str | None = None     # SSE-KMS with this key (id, ARN or alias)
+    bucket_key: bool | None = None        # S3 Bucket Keys for SSE-KMS
 
 
 class GCSSettings(_Model):
     endpoint: str | None = Field(None, after=_endpoint(bare_host=True))   # an emulator, e.g. http://127.0.0.1:4443
     project: str | None = None
     credentials_file: str | None = None
+    storage_class: GCSClass | None = None
+    kms_key_name: str | None = None       # CMEK: projects/P/locations/L/keyRings/R/cryptoKeys/K
 
 
 class AzureSettings(_Model):
@@ -407,6 +440,8 @@ class AzureSettings(_Model):
     sas_token: SecretStr | None = None
     endpoint: str | None = Field(None, after=_endpoint())
     region: str | None = None            # Azure's data plane does not say where an account is
+    tier: AzureTier | None = None        # access tier of blobs written here
+    encryption_scope: str | None = None
 
 
 class TransferSettings(_Model):
@@ -498,6 +533,7 @@ class Settings(_Model):
     pricing: PricingSettings = PricingSettings()
     native: NativeSettings = NativeSettings()
     cache: CacheSettings = CacheSettings()
+    objects: ObjectSettings = ObjectSettings()
 
     @classmethod
     def _check(cls, values: Mapping[str, Any], where: str) -> dict[str, Any]:

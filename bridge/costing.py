@@ -108,8 +108,13 @@ def route_plan(source: str, destination: str, settings: Settings, *, pack: str |
     """What each route would read, write, request, cost and take for SRC -> DST, and the choice."""
     if pack not in (None, "tar", "parquet"):
         raise InvalidOption(f"--pack takes tar or parquet, not {pack!r}")
-    plan = plan_copy(source, destination, settings, settings.transfer.chunk_size)
+    plan = plan_copy(source, destination, settings, settings.transfer.chunk_size, archived_ok=True)
     src, dst, where = places(plan, settings)
+    classes: dict[str, int] = {}
+    for f in plan.files:
+        if f.storage_class:
+            classes[f.storage_class] = classes.get(f.storage_class, 0) + f.size
+    restore = [f for f in plan.files if f.storage_class in ARCHIVED]
     what_if = bool(pack or available or settings.pricing.available_routes)
     # Unless asked what would happen with packing or with routes assumed available, the route
     # marked chosen is the one cp takes here: the same decision, asked the same way.
@@ -121,13 +126,29 @@ def route_plan(source: str, destination: str, settings: Settings, *, pack: str |
         choices = routes.plan_routes(usages, src, dst, where, builtin(), available=available_routes(settings, available),
                                      pack_allowed=pack is not None, forced=forced,
                                      overrides=Overrides.from_settings(settings.pricing), speeds=_speeds(settings),
-                                     source_class=source_class,
+                                     source_class=source_class, source_classes=classes,
+                                     destination_class=destination_class(destination, settings),
                                      decided=(runs.route, runs.route_why) if runs is not None else None)
     except (routes.RouteError, ValueError) as exc:
         raise InvalidOption(str(exc)) from None
     return {"source": plan.single or plan.source, "destination": plan.destination, "files": len(plan.files),
             "bytes": plan.bytes, "places": {"source": str(src), "destination": str(dst), "runs_in": str(where)},
+            "source_classes": classes, "destination_class": destination_class(destination, settings),
+            **({"restore": {"files": len(restore), "bytes": sum(f.size for f in restore),
+                            "why": f"{len(restore)} source objects are archived "
+                                   f"({', '.join(sorted({f.storage_class for f in restore}))}) and need a "
+                                   f"restore before they can be read"}} if restore else {}),
             "routes": [c.to_dict() for c in choices]}
+
+
+ARCHIVED = ("GLACIER", "DEEP_ARCHIVE", "Archive")   # classes read only after a restore
+
+
+def destination_class(url: str, settings: Settings) -> str | None:
+    """The storage class objects written at ``url`` get (its store's settings), or None."""
+    scheme = parse(url).scheme
+    return {"s3": settings.s3.storage_class, "gs": settings.gcs.storage_class,
+            "az": settings.azure.tier}.get(scheme)
 
 
 def cost_of(usage: estimate.Usage, settings: Settings, source_url: str, destination_url: str) -> float:

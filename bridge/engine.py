@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import heapq
 import itertools
 import json
 import math
@@ -29,13 +30,14 @@ from pathlib import Path
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bridge import attributes
 from bridge import check
 from bridge import jobs
 from bridge import manifest as manifests
 from bridge import names
 from bridge import routes
 from bridge.config import Settings
-from bridge.errors import BridgeError, IntegrityError, InvalidOption, ObjectNotFound
+from bridge.errors import Archived, BridgeError, IntegrityError, InvalidOption, ObjectNotFound
 from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex, rehash_parts
 from bridge.journal import Journal, job_key, key_bytes
 from bridge.jobs import FATAL, Outcome, ThreadExecutor, describe  # noqa: F401  (their old home)
@@ -83,6 +85,10 @@ class FilePlan:
     # last_part (1-based, inclusive; 0: to the end). The file's ``complete`` then runs at commit.
     first_part: int = 1
     last_part: int = 0
+    # The source's headers and user metadata when its listing carried them (bridge.attributes);
+    # None: asked of the source when the file is written.
+    attrs: dict | None = None
+    storage_class: str = ""   # the source's, when its listing names one (for retrieval prices)
 
     @property
     def parts(self) -> int:
@@ -106,13 +112,17 @@ _compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _row(f: FilePlan) -> tuple:
+    more = _compact({"attrs": f.attrs, "storage_class": f.storage_class}) \
+        if f.attrs is not None or f.storage_class else ""
     return (key_bytes(f.rel), f.size, f.part_size, _compact(f.source_id) if f.source_id else "",
-            f.first_part, f.last_part)
+            f.first_part, f.last_part, more)
 
 
 def _from_row(row: tuple) -> FilePlan:
-    rel, size, part_size, source_id, first, last = row
-    return FilePlan(rel.decode("utf-8", "surrogatepass"), size, part_size, json.loads(source_id) if source_id else {}, first, last)
+    rel, size, part_size, source_id, first, last, more = row
+    extra = json.loads(more) if more else {}
+    return FilePlan(rel.decode("utf-8", "surrogatepass"), size, part_size, json.loads(source_id) if source_id else {},
+                    first, last, extra.get("attrs"), extra.get("storage_class", ""))
 
 
 class FileList:
@@ -140,7 +150,7 @@ class FileList:
         self._held.append(f)
         self._by_rel = None
         if len(self._held) > SPILL_FILES:
-            self._rows = Rows(6, self.where)
+            self._rows = Rows(7, self.where)
             for held in self._held:
                 self._rows.append(_row(held))
             self._held = []
@@ -214,6 +224,9 @@ class Plan:
     completions: list[str] = field(default_factory=list)
     batch: int = 0        # > 0: whole files travel in "batch" units of up to this many
     slots: int = 1        # how much of the job's concurrency one batch unit takes
+    # Manifest entries of objects found already at the destination, equal to their source
+    # (bridge/adopt.py): committed with the files the job writes, never sent.
+    adopted: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not isinstance(self.files, FileList):
@@ -298,7 +311,8 @@ class Plan:
     def from_dict(cls, d: dict[str, Any]) -> Plan:
         return cls(d["source"], d["destination"], d["single"], [FilePlan(**f) for f in d["files"]],
                    list(d.get("deletions", [])), d.get("key", ""), d.get("route", "direct"),
-                   d.get("route_why", ""), list(d.get("completions", [])), d.get("batch", 0), d.get("slots", 1))
+                   d.get("route_why", ""), list(d.get("completions", [])), d.get("batch", 0), d.get("slots", 1),
+                   list(d.get("adopted", [])))
 
 
 def part_size_for(size: int, store: Store, requested: int | None) -> int:
@@ -356,12 +370,13 @@ def _local_dir_exists(loc: Location) -> bool:
 
 
 def check_route(src_root: Location, dst_root: Location, objects: Iterable[tuple[str, ObjectInfo]],
-                single: str | None) -> Iterator[tuple[str, ObjectInfo]]:
+                single: str | None, archived_ok: bool = False) -> Iterator[tuple[str, ObjectInfo]]:
     """``objects`` checked as they pass, before any byte moves: a destination inside its source
     would copy into itself (one level deeper each run), an object copied onto itself would be
     rewritten from itself (and its folder's manifest set aside), and every name must be one the
     destination holds as written (judged one by one as the listing streams; the names it cannot
-    hold are refused together once the listing ends). Links and other spellings are resolved
+    hold are refused together once the listing ends, as are sources archived in a class that
+    must be restored before it can be read, unless ``archived_ok``). Links and other spellings are resolved
     first (``canonical``): ``b/`` where ``b`` is a link to ``a`` is ``a/``."""
     if single is None and canonical(dst_root).is_within(canonical(src_root)):
         raise InvalidOption(f"the destination {dst_root} is the source {src_root} or inside it: "
@@ -374,15 +389,26 @@ def check_route(src_root: Location, dst_root: Location, objects: Iterable[tuple[
             raise InvalidOption(f"the destination {target} is the source object {single} itself: "
                                 f"a copy onto itself would rewrite it from itself; nothing was copied")
         objects = itertools.chain([first], objects)
-    return _named(objects, names.NameCheck(dst_root.scheme, dst_root.key), f"cannot copy to {dst_root}")
+    return _named(objects, names.NameCheck(dst_root.scheme, dst_root.key), f"cannot copy to {dst_root}", src_root,
+                  archived_ok)
 
 
-def _named(objects: Iterator[tuple[str, ObjectInfo]], check: names.NameCheck,
-           what: str) -> Iterator[tuple[str, ObjectInfo]]:
+def _named(objects: Iterator[tuple[str, ObjectInfo]], check: names.NameCheck, what: str, src_root: Location,
+           archived_ok: bool) -> Iterator[tuple[str, ObjectInfo]]:
+    archived: list[str] = []
+    count, cls = 0, ""
     for item in objects:
         check.see(item[0])
+        if item[1].needs_restore and not archived_ok:
+            count, cls = count + 1, cls or item[1].storage_class
+            if len(archived) < 5:
+                archived.append(item[0])
         yield item
     check.refuse(what)
+    if count:
+        shown = ", ".join(repr(rel) for rel in archived) + (" ..." if count > 5 else "")
+        raise Archived(f"{count} source objects are archived ({src_root.scheme}:// {cls}) and "
+                       f"need a restore before they can be read: {shown}")
 
 
 def check_chunk_size(chunk_size: int | None, store: Store) -> None:
@@ -392,9 +418,11 @@ def check_chunk_size(chunk_size: int | None, store: Store) -> None:
                             f"{store.features.max_part_size} bytes per part")
 
 
-def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int | None = None) -> Plan:
+def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int | None = None,
+              archived_ok: bool = False) -> Plan:
+    """``archived_ok``: plan sources that need a restore too (to price them: mcbridge plan)."""
     src_root, dst_root, objects, single = resolve(source, destination, settings)
-    checked = check_route(src_root, dst_root, objects, single)
+    checked = check_route(src_root, dst_root, objects, single, archived_ok)
     dst_store = get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     files = FileList(where=spill_dir(settings))
@@ -426,7 +454,8 @@ def spill_dir(settings: Settings) -> Path:
 
 def file_plan(rel: str, info: ObjectInfo, dst_store: Store, chunk_size: int | None) -> FilePlan:
     return FilePlan(rel, info.size, part_size_for(info.size, dst_store, chunk_size),
-                    dict(info.identity))
+                    dict(info.identity), attrs=None if info.attrs is None else info.attrs.to_dict(),
+                    storage_class=info.storage_class)
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -518,7 +547,7 @@ class JobContext(jobs.Context):
                 if rec:
                     self.dst.abort_upload(loc, rec["id"])
                 try:
-                    upload_id = self.dst.begin_upload(loc, unit["size"])
+                    upload_id = self.dst.begin_upload(loc, unit["size"], self.attrs(rel))
                 except BridgeError as exc:
                     self._upload_failed[rel] = exc
                     raise
@@ -530,6 +559,23 @@ class JobContext(jobs.Context):
                 upload_id = rec["id"]
             self._uploads[rel] = (upload_id, held)
             return self._uploads[rel]
+
+    def attrs(self, rel: str, known: attributes.Attrs | None = None) -> attributes.Attrs | None:
+        """The headers and user metadata the destination object gets (bridge.attributes.for_copy):
+        the source's (``known``, or from the plan, or asked of the source store), with the
+        settings' overrides. None: nothing to write."""
+        objects = self.settings.objects
+        if objects.metadata == "off" and not (objects.content_type or objects.set_metadata):
+            return None
+        source = known
+        if objects.metadata == "on" and source is None:
+            planned = self.plan.files.find(rel)
+            if planned is not None and planned.attrs is not None:
+                source = attributes.Attrs.from_dict(planned.attrs)
+            else:
+                size = planned.size if planned else 0
+                source = self.src.attributes(ObjectInfo(self.src_loc(rel), size))
+        return attributes.for_copy(source, objects)
 
     def journaled(self, unit: dict, entry: dict) -> dict:
         return {**entry, "source_id": self.source_id(unit)}
@@ -668,7 +714,7 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
             ctx.progress.throttle(todo[i]["size"])
             data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel)))
             hashes[i] = _hashed(ctx, todo[i], data)
-            return ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i])
+            return ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i]), ctx.attrs(rel)
 
         def sent(i: int, committed: ObjectInfo) -> None:
             _record(ctx, todo[i], hashes.pop(i), committed)
@@ -687,7 +733,8 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
 def _write(ctx: JobContext, unit: dict, data) -> dict:
     h = _hashed(ctx, unit, data)
     durability = {"durable": False} if ctx.defer_sync else {}
-    committed = ctx.dst.put(ctx.dst_loc(unit["rel"]), data, crc32c=h.crc32c, metadata=_metadata(h), **durability)
+    committed = ctx.dst.put(ctx.dst_loc(unit["rel"]), data, crc32c=h.crc32c, metadata=_metadata(h),
+                            attrs=ctx.attrs(unit["rel"]), **durability)
     return _record(ctx, unit, h, committed)
 
 
@@ -819,7 +866,8 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     h = FileHash(size, crc, whole or "")
     upload_id, _held = ctx.upload(unit)
     dst = ctx.dst_loc(rel)
-    reported = ctx.dst.complete_upload(dst, upload_id, parts, crc32c=crc, metadata=_metadata(h))
+    reported = ctx.dst.complete_upload(dst, upload_id, parts, crc32c=crc, metadata=_metadata(h),
+                                       attrs=ctx.attrs(rel))
     check.completed(ctx.dst, dst, reported, crc, ctx.settings.transfer.store_checksums)
     note = ""
     if whole is None and dst.is_local:
@@ -895,9 +943,13 @@ def journaled_entries(journal: Journal, counted: list[int] | None = None) -> Ite
 def _finalize(ctx: JobContext, unit: dict) -> dict:
     ctx.settle()  # every file durable before the manifest, the commit marker, names it
     counted = [0]
-    where = jobs.commit(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination,
-                        journaled_entries(ctx.journal, counted), removed=ctx.plan.deletions)
-    return {"manifest": where, "files": counted[0]}
+    # Objects found already at the destination and equal to their source (bridge/adopt.py) are
+    # committed beside what the job wrote; for a path in both, the journal's entry is the later.
+    adopted = (FileEntry.from_dict(e) for e in sorted(ctx.plan.adopted, key=lambda e: e["path"]))
+    entries = heapq.merge(adopted, journaled_entries(ctx.journal, counted), key=lambda e: e.path)
+    where = jobs.commit(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination, entries,
+                        removed=ctx.plan.deletions)
+    return {"manifest": where, "files": counted[0] + len(ctx.plan.adopted)}
 
 
 OPS = {"put": _put, "batch": _batch, "part": _part, "complete": _complete, "delete": _delete, "finalize": _finalize,

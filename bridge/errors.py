@@ -19,7 +19,9 @@
      ├── UnsafeName                 a name the destination cannot hold as written, or one that would
      │    │                         land outside it (.., absolute, empty segment, NUL, a backslash to Azure)
      │    └── UnsafeMember          a shard member that must not be unpacked (absolute, .., link)
-     ├── Unsupported                the store answers that it does not do this (501, NotImplemented)
+     ├── MetadataError              headers or metadata the destination cannot hold, with no reversible mapping
+ ├── Archived                   source objects in an archive class: unreadable until restored
+ ├── Unsupported                the store answers that it does not do this (501, NotImplemented)
      ├── CopySourceUnreadable       the store could not read the URL it was to copy from
      ├── OverBudget                 a job's estimate is above its --max-cost (refused before it runs)
      ├── RouteUnavailable           a route cannot serve this job (pair, names, missing settings);
@@ -115,6 +117,16 @@ class UnsafeName(BridgeError):
 
 class UnsafeMember(UnsafeName):
     """A shard holds a member that must not be restored: absolute, climbing out, a link or device."""
+
+
+class MetadataError(BridgeError):
+    """Metadata a destination cannot hold as given, and that has no reversible mapping there
+    (bridge/attributes.py): the file fails rather than lose it."""
+
+
+class Archived(BridgeError):
+    """Source objects in an archive class (S3 Glacier / Deep Archive, Azure Archive), refused
+    before any byte moves: unreadable until restored."""
 
 
 class OverBudget(BridgeError):

@@ -66,6 +66,12 @@ Azure ETag and last-modified, a local file's inode, size, mtime and ctime): when
 another one, the object was rewritten since, and the cheap ``verify`` and ``sync`` re-read it.
 ``source_id`` is the identity the source object had when it was copied: ``sync`` compares it with
 the source's listing, so an unchanged source costs no request.
+
+``adopted`` (optional: an entry without it reads as "", and an older reader ignores it) marks an object bridge did not write but found
+already at the destination, equal to its source (bridge/adopt.py): it names the checksum that
+proved it (``md5``, ``crc64nvme``, ``crc32c``, ``crc32``, or ``deep`` when both sides were read).
+``reported`` then holds what the destination reports of the object, ``computed`` the hashes bridge
+took from bytes it read (a local source's; both sides' under ``deep``), and ``note`` says so.
 """
 
 from __future__ import annotations
@@ -111,21 +117,22 @@ class FileEntry:
     part_sha256: list[str] = field(default_factory=list)   # per part, when every part has one
     note: str = ""                              # why a hash is left out ("" : none is)
     source_id: dict[str, str] = field(default_factory=dict)  # the source version it was copied from
+    adopted: str = ""                           # found already there, equal by this checksum (bridge.adopt)
 
     @classmethod
     def from_dict(cls, d: dict) -> FileEntry:
         return cls(d["path"], int(d["size"]), d["crc32c"], d["sha256"], int(d.get("part_size", 0)),
                    list(d.get("parts", [])), list(d.get("computed", COMPUTED)), dict(d.get("reported", {})),
                    dict(d.get("identity", {})), list(d.get("part_sha256", [])), d.get("note", ""),
-                   dict(d.get("source_id", {})))
+                   dict(d.get("source_id", {})), d.get("adopted", ""))
 
     def to_dict(self) -> dict:
         """As ``dataclasses.asdict`` gives it, without its deep copy (~10x faster; one per file)."""
-        d = {"path": self.path, "size": self.size, "crc32c": self.crc32c, "sha256": self.sha256,
-             "part_size": self.part_size, "parts": list(self.parts), "computed": list(self.computed),
-             "reported": dict(self.reported), "identity": dict(self.identity),
-             "part_sha256": list(self.part_sha256), "note": self.note, "source_id": dict(self.source_id)}
-        return d
+        return {"path": self.path, "size": self.size, "crc32c": self.crc32c, "sha256": self.sha256,
+                "part_size": self.part_size, "parts": list(self.parts), "computed": list(self.computed),
+                "reported": dict(self.reported), "identity": dict(self.identity),
+                "part_sha256": list(self.part_sha256), "note": self.note, "source_id": dict(self.source_id),
+                "adopted": self.adopted}
 
     @property
     def reported_only(self) -> bool:

@@ -10,6 +10,7 @@ import concurrent.futures as cf
 import contextlib
 import gc
 
+from bridge import adopt as adopting
 from bridge import bwlimit
 from bridge import manifest as manifests
 from bridge import check
@@ -19,8 +20,8 @@ from bridge.check import mismatch, reported_crc32c
 from bridge.stores.base import identity_changed
 from bridge.hashing import rehash
 from bridge import jobs
-from bridge.engine import (FilePlan, JobContext, Plan, batching, check_chunk_size, check_route, file_plan,
-                           part_size_for, plan_copy, resolve)
+from bridge.engine import (FileList, FilePlan, JobContext, Plan, batching, check_chunk_size, check_route, file_plan,
+                           part_size_for, plan_copy, resolve, spill_dir)
 from bridge.errors import JobCancelled, ManifestError, ObjectNotFound
 from bridge.journal import job_key
 from bridge.journal import FileJournal, journal_at
@@ -61,7 +62,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     return {"source": plan.source, "destination": plan.destination, "files": len(plan.files),
             "bytes": plan.bytes, "units": plan.unit_count(),
             "multipart_files": plan.files.multipart,
-            "deletions": len(plan.deletions), "route": {"name": plan.route, "why": plan.route_why},
+            "deletions": len(plan.deletions), "adopted": len(plan.adopted),
+            "route": {"name": plan.route, "why": plan.route_why},
             "usage": estimate.of_plan(plan).to_dict(),
             "plan": PlanRows(plan.files)}
 
@@ -101,10 +103,35 @@ def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what:
         costing.check_budget(estimate.of_plan(plan), settings, max_cost, what)
 
 
+def adopt_existing(plan: Plan, settings: Settings, mode: str) -> None:
+    """``cp --skip-existing``/``--checksum``: files whose destination object is already equal to
+    the source (bridge/adopt.py) leave the plan and are committed as adopted."""
+    if mode == "off" or not plan.files:
+        return
+    src_root = parse(plan.source) if plan.single is None else parse(plan.single, empty_segments=True)
+    dst_root = parse(plan.destination)
+    src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
+    present = dict(dst_store.walk(dst_root))
+
+    def one(f: FilePlan):
+        there = present.get(f.rel)
+        if there is None:
+            return None
+        src = src_root if plan.single else src_root.join(f.rel)
+        return adopting.compare(src_store, src_store.info(src), dst_store, there, f.rel, deep=mode == "deep")
+
+    with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
+        found = list(pool.map(one, plan.files))
+    plan.adopted = [a.entry.to_dict() for a in found if a is not None and a.equal]
+    plan.files = [f for f, a in zip(plan.files, found) if a is None or not a.equal]
+
+
 def copy(source: str, destination: str, settings: Settings, *, chunk_size: int | None = None,
          progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False,
-         max_cost: float | None = None, route: str | None = None) -> dict:
-    plan = routes.choose(plan_copy(source, destination, settings, chunk_size), settings, route)
+         max_cost: float | None = None, route: str | None = None, adopt: str = "off") -> dict:
+    plan = plan_copy(source, destination, settings, chunk_size)
+    adopt_existing(plan, settings, adopt)
+    plan = routes.choose(plan, settings, route)
     _within_budget(plan, settings, max_cost, "copy")
     if dry_run:
         return {"dry_run": True, **plan_summary(plan)}
@@ -226,19 +253,22 @@ def _source_crc32c(store, info) -> str:
 
 
 def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
-              chunk_size: int | None = None) -> tuple[Plan, dict[str, int]]:
+              chunk_size: int | None = None, adopt: str = "checksum") -> tuple[Plan, dict[str, int]]:
     """Only what is new, changed or no longer matches the destination's record; with ``delete``,
     what the source no longer has. The source's listing, the destination's listing and its record
     are merged in path order (none is held whole), and an object costs no request of its own
     while both listings show the versions the record names: the source's ``source_id`` and the
     destination's ``identity``. Where they differ (or an older record lacks them), the source's
-    CRC32C (never its time) and the destination's checksums decide, at one request or read each."""
+    CRC32C (never its time) and the destination's checksums decide, at one request or read each.
+    An object there that the record does not name (or with no record at all) is adopted when equal
+    to its source (bridge/adopt.py; ``adopt``: checksum, deep or off)."""
     src_root, dst_root, objects, single = resolve(source, destination, settings)
-    objects = list(check_route(src_root, dst_root, objects, single))
+    objects = check_route(src_root, dst_root, objects, single)   # checked as the merge reads it
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     record = manifests.open_record(dst_store, dst_root)
-    counts = {"new": 0, "changed": 0, "repaired": 0, "unchanged": 0}
+    counts = {"new": 0, "changed": 0, "repaired": 0, "unchanged": 0, "adopted": 0}
+    adopted: list[dict] = []
 
     def judge(info, entry, there) -> str:
         if entry.size != info.size:
@@ -250,7 +280,11 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
             return "unchanged"   # the very version committed (and checked then)
         return "repaired" if mismatch(dst_store, there, entry) is not None else "unchanged"
 
-    files: list = []
+    def adoption(rel: str, info, there):
+        found = adopting.compare(src_store, info, dst_store, there, rel, deep=adopt == "deep")
+        return ("adopted", found.entry.to_dict()) if found.equal else "changed"
+
+    files = FileList(where=spill_dir(settings))
     deletions: list[str] = []
     window: list[tuple[str, Any, Any]] = []
     # what planning asked of the stores, for the estimate (bridge.estimate): listings' lengths and
@@ -262,8 +296,11 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
         while len(window) > limit:
             rel, info, verdict = window.pop(0)
             verdict = verdict if isinstance(verdict, str) else verdict.result()
+            if isinstance(verdict, tuple):    # adopted: its entry is committed, nothing sent
+                verdict, entry = verdict
+                adopted.append(entry)
             counts[verdict] += 1
-            if verdict != "unchanged":
+            if verdict not in ("unchanged", "adopted"):
                 files.append(file_plan(rel, info, dst_store, chunk_size))
 
     with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
@@ -273,7 +310,9 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
                 if delete and single is None and there is not None:
                     deletions.append(rel)
                 continue
-            if entry is None or there is None:
+            if entry is None and there is not None and adopt != "off":
+                window.append((rel, info, pool.submit(adoption, rel, info, there)))
+            elif entry is None or there is None:
                 window.append((rel, info, "new"))
             elif (entry.size == info.size and entry.source_id and info.identity
                   and not identity_changed(entry.source_id, info.identity) and entry.identity and there.identity
@@ -287,6 +326,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
         counts["deleted"] = len(deletions)
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files, deletions)
     plan.listed = listed
+    plan.adopted = adopted
     # As for copy, not the file list: what a killed sync finished is found again by path.
     plan.key = job_key("sync", plan.source, plan.destination, chunk_size, delete)
     batching(plan, src_root, dst_root, settings)
@@ -316,22 +356,24 @@ def _merged(objects, entries, present, listed: dict[str, int]):
 
 def sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
          chunk_size: int | None = None, progress: Progress | None = None, state_dir: Path | None = None,
-         dry_run: bool = False, max_cost: float | None = None, route: str | None = None) -> dict[str, Any]:
-    plan, counts = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size)
+         dry_run: bool = False, max_cost: float | None = None, route: str | None = None,
+         adopt: str = "checksum") -> dict[str, Any]:
+    plan, counts = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size, adopt=adopt)
     routes.choose(plan, settings, route)
     _within_budget(plan, settings, max_cost, "sync")
     if dry_run:
         return {"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts}
     dst_root = parse(plan.destination)
     dst_store = get_store(dst_root, settings)
-    if not plan.files and not plan.deletions and manifests.committed(dst_store, dst_root):
+    if not plan.files and not plan.deletions and not plan.adopted and manifests.committed(dst_store, dst_root):
         # Nothing to send or delete under a record that stands: no job, no new commit.
         summary = {"source": plan.source, "destination": plan.destination, "files": 0, "bytes": 0, "ok": True,
                    "errors": [], **(progress or Progress()).snapshot(),
                    "route": routes.report(plan, {}, 0), "manifest": str(dst_root.as_prefix()) + manifests.LOG}
     else:
         summary = execute(plan, settings, progress, state_dir)
-    return {**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions}
+    return {**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions,
+            "adopted": {e["path"]: e["adopted"] for e in plan.adopted}}
 
 
 def uploads(url: str, settings: Settings, *, abort: bool = False) -> list[dict[str, Any]]:

@@ -144,7 +144,14 @@ def filtered(plan: Plan, include: list[str], exclude: list[str]) -> Plan:
     return out
 
 
+def placed(policy: rules.Policy, dst: str, settings: Settings) -> Settings:
+    """The settings a destination's copies run with: its placement (class, encryption) applied."""
+    from bridge.attributes import with_objects
+    return with_objects(settings, dst, **policy.placement_of(dst))
+
+
 def plan_checkpoint(policy: rules.Policy, src: str, dst: str, settings: Settings) -> Plan:
+    settings = placed(policy, dst, settings)
     plan, _reasons = ops.plan_sync(src, dst, settings, delete=policy.mode == "mirror",
                                    chunk_size=settings.transfer.chunk_size)
     # The route the service's workers would take for the same sync: one decision for both.
@@ -236,7 +243,7 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
                                             "deleted": len(plan.deletions), "verified": False, "error": None,
                                             "commit_to_verified_s": None}
         try:
-            copy_checkpoint(plan, settings)
+            copy_checkpoint(plan, placed(policy, dst, settings))
             if policy.verify != "none":
                 check = ops.verify(f"{dst}{ckpt}/", settings, deep=policy.verify == "deep")
                 row["verified"] = check["ok"]

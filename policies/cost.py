@@ -10,7 +10,12 @@ Dollars are egress + requests + native service fees + retrieval of cold storage 
   A private interconnect from the settings replaces the price of the legs it joins.
 - **requests**, per store, by the provider's price class of each request kind.
 - **service fees**: DataSync per GB; Storage Transfer Service between clouds charges none.
-- **retrieval**, when the source objects are in a cold storage class.
+- **retrieval**, when the source objects are in a cold storage class (given, or each class's
+  bytes as the source's listing says).
+- **the destination's storage class**: writes into a cold class are priced at its request price
+  (S3 charges $0.05 per 1,000 PUTs into Deep Archive against $0.005), part of the total; what the
+  copy will then cost to keep (per month, and the least it is billed: the class's minimum storage
+  duration) is reported beside the total (``storage``), not in it.
 
 Discounts from the settings file take their percentage off each part. Pure functions: no I/O.
 """
@@ -70,6 +75,7 @@ class Cost:
     services: float = 0.0
     retrieval: float = 0.0
     lines: list[str] = field(default_factory=list)   # how each amount was reached
+    storage: dict[str, Any] = field(default_factory=dict)   # the destination class's keeping costs
 
     @property
     def total(self) -> float:
@@ -78,7 +84,8 @@ class Cost:
     def to_dict(self) -> dict[str, Any]:
         return {"usd": round(self.total, 6), "egress_usd": round(self.egress, 6),
                 "requests_usd": round(self.requests, 6), "services_usd": round(self.services, 6),
-                "retrieval_usd": round(self.retrieval, 6), "breakdown": self.lines}
+                "retrieval_usd": round(self.retrieval, 6), "breakdown": self.lines,
+                **({"storage": self.storage} if self.storage else {})}
 
 
 def _matches(pattern: str, place: Place) -> bool:
@@ -123,8 +130,11 @@ def legs(route: str, src: Place, dst: Place, host: Place) -> list[tuple[Place, P
 
 
 def price(usage: Any, src: Place, dst: Place, host: Place, tables: dict[str, ProviderPrices],
-          overrides: Overrides | None = None, source_class: str | None = None) -> Cost:
-    """The dollars of ``usage`` (a bridge.estimate.Usage) between these places."""
+          overrides: Overrides | None = None, source_class: str | None = None,
+          destination_class: str | None = None, source_classes: dict[str, int] | None = None) -> Cost:
+    """The dollars of ``usage`` (a bridge.estimate.Usage) between these places. ``source_class``
+    prices every byte's retrieval from that class; else ``source_classes`` (bytes by class, from
+    the listing) prices each class's bytes. ``destination_class`` is the class written."""
     overrides = overrides or Overrides()
     cost = Cost()
     gb = usage.payload / GB
@@ -137,7 +147,8 @@ def price(usage: Any, src: Place, dst: Place, host: Place, tables: dict[str, Pro
             continue
         table = tables[place.provider]
         off = overrides.off(place.provider, "requests")
-        usd = sum(table.request_usd(kind, n) for kind, n in side.requests.items()) * off
+        written = table.storage_class(destination_class) if destination_class and side is usage.destination else None
+        usd = sum(_request_usd(table, kind, n, written) for kind, n in side.requests.items()) * off
         cost.requests += usd
         counts = ", ".join(f"{n} {kind}" for kind, n in sorted(side.requests.items()))
         cost.lines.append(f"requests at {place}: {counts} = ${usd:.6f}{_pct(off)}")
@@ -147,11 +158,41 @@ def price(usage: Any, src: Place, dst: Place, host: Place, tables: dict[str, Pro
         off = overrides.off(provider, "services")
         cost.services += gb * rate.usd_per_gb * off
         cost.lines.append(f"{service} fee {gb:.3f} GB at ${rate.usd_per_gb}/GB{_pct(off)} ({rate.source}, {rate.date})")
-    if source_class and src.provider != "site":
-        rate = tables[src.provider].retrieval.get(source_class)
-        if rate is None:
-            raise ValueError(f"no retrieval price for storage class {source_class!r} on {src.provider}; "
-                             f"known: {', '.join(sorted(tables[src.provider].retrieval)) or 'none'}")
-        cost.retrieval += gb * rate.usd_per_gb
-        cost.lines.append(f"retrieval of {gb:.3f} GB from {source_class} at ${rate.usd_per_gb}/GB ({rate.source}, {rate.date})")
+    classes = {source_class: usage.payload} if source_class else dict(source_classes or {})
+    if classes and src.provider != "site":
+        for name, nbytes in sorted(classes.items()):
+            rate = tables[src.provider].retrieval_rate(name)
+            if rate is None and source_class:
+                raise ValueError(f"no retrieval price for storage class {source_class!r} on {src.provider}; "
+                                 f"known: {', '.join(sorted(tables[src.provider].retrieval)) or 'none'}")
+            if rate is None:
+                continue   # a class read without a retrieval fee (STANDARD, Hot ...)
+            part = nbytes / GB
+            cost.retrieval += part * rate.usd_per_gb
+            cost.lines.append(f"retrieval of {part:.3f} GB from {name} at ${rate.usd_per_gb}/GB ({rate.source}, {rate.date})")
+    if destination_class and dst.provider != "site":
+        kept = tables[dst.provider].storage_class(destination_class)
+        if kept is None:
+            raise ValueError(f"no storage price for class {destination_class!r} on {dst.provider}; "
+                             f"known: {', '.join(sorted(tables[dst.provider].storage)) or 'none'}")
+        stored = usage.payload / GB
+        month = stored * kept.usd_per_gb_month
+        cost.storage = {"class": destination_class, "gb": round(stored, 6),
+                        "usd_per_gb_month": kept.usd_per_gb_month, "month_usd": round(month, 6),
+                        "min_days": kept.min_days, "minimum_usd": round(month * kept.min_days / 30, 6)}
+        cost.lines.append(f"kept in {destination_class}: {stored:.3f} GB at ${kept.usd_per_gb_month}/GB-month "
+                          f"= ${month:.4f} a month, billed for at least {kept.min_days} days "
+                          f"({kept.source}, {kept.date})")
     return cost
+
+
+WRITES = ("PUT", "BEGIN", "PART", "COMPLETE", "COPY")   # requests that write into the class (bridge's
+# own manifest among them: priced as if it went there too, a small overestimate)
+
+
+def _request_usd(table: ProviderPrices, kind: str, count: int, written: Any) -> float:
+    """A kind's requests at the price of their class; writes into ``written`` (a StorageRate) at
+    that storage class's write price."""
+    if written is not None and written.write_usd_per_1000 is not None and kind in WRITES:
+        return written.write_usd_per_1000 * count / 1000.0
+    return table.request_usd(kind, count)

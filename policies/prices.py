@@ -12,6 +12,10 @@ from the ``pricing`` section of the settings file and are applied on top (``with
     requests.classes[name]        $ per 1,000 requests of a price class (S3 write/read, GCS A/B ...)
     requests.kinds[kind]          bridge's request kinds (GET, PUT, PART ...) -> price class
     retrieval[storage class]      $/GB read from a cold storage class
+    storage[storage class]        $/GB-month stored in a class, its minimum storage duration in
+                                  days (deleting or moving sooner bills the rest), and what a
+                                  write into the class costs per 1,000 when it differs from the
+                                  standard class's
     services[name]                $/GB of a native transfer service (DataSync, Storage Transfer)
 
 Nothing here does I/O except reading these files once.
@@ -82,6 +86,12 @@ class PerThousand(Sourced):
     usd: float = Field(ge=0)
 
 
+class StorageRate(Sourced):
+    usd_per_gb_month: float = Field(ge=0)
+    min_days: int = Field(0, ge=0)
+    write_usd_per_1000: float | None = Field(None, ge=0)
+
+
 class Egress(_Strict):
     internet: dict[str, Tiered]
     other_clouds: dict[str, Tiered]
@@ -112,7 +122,15 @@ class ProviderPrices(_Strict):
     egress: Egress
     requests: Requests
     retrieval: dict[str, Rate] = {}
+    storage: dict[str, StorageRate] = {}
     services: dict[str, Rate] = {}
+
+    def storage_class(self, name: str) -> StorageRate | None:
+        """The storage prices of a class, named as the store names it (Azure's ``Cool`` is ``COOL``)."""
+        return self.storage.get(name.upper())
+
+    def retrieval_rate(self, name: str) -> Rate | None:
+        return self.retrieval.get(name.upper())
 
     @model_validator(mode="after")
     def _groups_priced(self) -> ProviderPrices:

@@ -16,6 +16,9 @@
         schedule: {cron: "0 2 * * *"}
         ready: {marker: ".metadata", min_age: 10m}   # when a checkpoint counts as committed
         watch: {interval: 5s}       # replicate --watch: how often the source is listed
+        placement:                  # per destination: storage class / tier and encryption
+          az://dr-models/golden/: {storage_class: Cool, encryption_scope: dr}
+          gs://dr-models/golden/: {storage_class: ARCHIVE, kms_key: projects/p/locations/l/keyRings/r/cryptoKeys/k}
 
 Readiness (``assess``): a checkpoint enters the window only once committed. With ``ready.marker``
 that file (written last by the trainer) must be there. Without one, known layouts say it: a
@@ -41,7 +44,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -193,11 +196,23 @@ class Watch(BaseModel):
         return seconds(self.interval)
 
 
+class Placement(BaseModel):
+    """How one destination stores what it receives: its storage class (S3, GCS) or access tier
+    (Azure), and encryption (S3 SSE-KMS key and bucket key, GCS CMEK key, Azure encryption scope)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    storage_class: str | None = None
+    kms_key: str | None = None
+    bucket_key: bool | None = None
+    encryption_scope: str | None = None
+
+
 class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     source: str
     destinations: list[str] = Field(min_length=1)
+    placement: dict[str, Placement] = {}   # destination URL -> its class and encryption
     checkpoints: str = "*"
     keep_last: int | None = Field(None, ge=1)
     include: list[str] = []
@@ -238,10 +253,27 @@ class Policy(BaseModel):
         if self.min_verified_copies is not None and self.min_verified_copies > len(self.destinations):
             raise ValueError(f"min_verified_copies {self.min_verified_copies} is more than the "
                              f"{len(self.destinations)} destinations")
+        unknown = [url for url in self.placement if _prefix_url(url) not in self.destinations]
+        if unknown:
+            raise ValueError(f"placement names {unknown[0]}, which is not one of the destinations")
+        from bridge.attributes import with_objects
+        from bridge.config import Settings
+        for url, placed in self.placement.items():
+            try:
+                with_objects(Settings(), url, **placed.model_dump(exclude_none=True))
+            except InvalidOption as exc:
+                raise ValueError(f"placement of {url}: {str(exc).replace('--', '')}") from None
         if self.mode == "mirror" and self.verify == "none":
             raise ValueError("mode mirror removes old checkpoints only once the newest is proven: "
                              "verify must be store or deep (or use mode append-only)")
         return self
+
+    def placement_of(self, url: str) -> dict[str, Any]:
+        """The placement of the destination ``url`` is under (a checkpoint's URL included)."""
+        for dst, placed in self.placement.items():
+            if url.startswith(_prefix_url(dst)):
+                return placed.model_dump(exclude_none=True)
+        return {}
 
     @property
     def copies_needed(self) -> int:

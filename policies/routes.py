@@ -103,7 +103,9 @@ def plan_routes(usages: Mapping[str, Any], src: Place, dst: Place, host: Place,
                 tables: dict[str, ProviderPrices], *, available: Iterable[str] = BUILT,
                 pack_allowed: bool = False, forced: str | None = None, overrides: Overrides | None = None,
                 speeds: Mapping[str, Mapping[str, float | None]] | None = None,
-                source_class: str | None = None, decided: tuple[str, str] | None = None) -> list[RouteChoice]:
+                source_class: str | None = None, decided: tuple[str, str] | None = None,
+                destination_class: str | None = None, source_classes: Mapping[str, int] | None = None
+                ) -> list[RouteChoice]:
     """Every route priced and timed, exactly one chosen (see the module docstring); with
     ``decided`` (route, why), that route is the chosen one: the route a copy takes here."""
     from bridge.policies.cost import price
@@ -117,7 +119,8 @@ def plan_routes(usages: Mapping[str, Any], src: Place, dst: Place, host: Place,
         reason = serves(route, src_scheme, dst_scheme, pack_allowed=pack_allowed)
         if reason is None and route not in available:
             reason = "not available in this bridge yet"
-        cost = price(usage, src, dst, host, tables, overrides, source_class)
+        cost = price(usage, src, dst, host, tables, overrides, source_class, destination_class,
+                     dict(source_classes or {}))
         choices.append(RouteChoice(route, reason is None, False, usage.destination.bytes_written,
                                    usage.request_count, cost, seconds(route, usage, speeds), reason or "", usage))
     valid = [c for c in choices if c.valid]

@@ -72,7 +72,8 @@ def test_a_no_op_sync_of_5000_s3_objects_sends_no_per_object_request(tmp_path):
         again = mcbridge("sync", "s3://corpus/", f"{dst}/", "--json", env=env, state_dir=tmp_path)
         assert again.returncode == 0, again.stderr
         out = json.loads(again.stdout)
-        assert out["reasons"] == {"new": 0, "changed": 0, "repaired": 0, "unchanged": 5000} and out["sent"] == []
+        assert out["reasons"] == {"new": 0, "changed": 0, "repaired": 0, "unchanged": 5000, "adopted": 0}
+        assert out["sent"] == []
         sent = [line for line, _ in proxy.log]
         per_object = [line for line in sent if line.split()[1].split("?")[0].strip("/") != "corpus"]
         assert per_object == [], per_object[:5]

@@ -101,7 +101,9 @@ class PolicyState:
 def _spec(policy: Policy) -> JobSpec:
     return parse_spec({"kind": "replicate", "source": policy.source, "destinations": policy.destinations,
                        "delete": policy.mode == "mirror", "verify": policy.verify,
-                       "include": policy.include or None, "exclude": policy.exclude or None})
+                       "include": policy.include or None, "exclude": policy.exclude or None,
+                       "placement": {url: placed.model_dump(exclude_none=True)
+                                     for url, placed in policy.placement.items()} or None})
 
 
 def _fail(svc, spec: JobSpec, name: str, problem: str, **fields: Any) -> str:

@@ -42,6 +42,8 @@ class JobSpec(BaseModel):
     store_checksums: Literal["require", "readback", "skip"] | None = None
     route: str | None = Field(None, pattern=r"^[a-z][a-z\-]*$")   # copy and sync: bridge/routes; None: chosen
     bwlimit: int | None = None           # bytes/s across the job's workers; `jobs limit` changes it
+    # destination URL -> its storage class / tier and encryption (a replication policy's placement)
+    placement: dict[str, dict[str, Any]] | None = None
     # sync and replicate: only the files matching one of include (default all) and none of exclude
     include: list[str] | None = None
     exclude: list[str] | None = None
@@ -131,7 +133,13 @@ class JobSpec(BaseModel):
         transfer = {k: v for k, v in (("concurrency", self.concurrency), ("chunk_size", self.chunk_size),
                                       ("store_checksums", self.store_checksums),
                                       ("bwlimit", self.bwlimit)) if v is not None}
-        return {"transfer": transfer} if transfer else {}
+        out: dict[str, Any] = {"transfer": transfer} if transfer else {}
+        if self.kind != "replicate":   # a sync to one destination: that destination's placement
+            from bridge.attributes import placement_overrides
+            for url, placed in (self.placement or {}).items():
+                if self.destination.startswith(url):
+                    out.update(placement_overrides(self.destination, **placed))
+        return out
 
     def for_destination(self, url: str) -> JobSpec:
         """The sync that keeps one destination of a replication equal to the source."""

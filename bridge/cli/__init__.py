@@ -50,6 +50,7 @@ app = typer.Typer(**_APP)
 SERVICE = "mcbridge.service"
 GROUPS: dict[str, tuple[str, ...]] = {
     "bridge.cli.transfer": ("ls", "cp", "sync", "verify", "uploads", "version"),
+    "bridge.cli.compare": ("check",),
     "bridge.cli.packing": ("pack", "unpack", "cat", "migrate"),
     SERVICE: ("worker", "beat", "submit", "budgets", "jobs"),
     "bridge.cli.policy": ("plan", "replicate", "policy"),

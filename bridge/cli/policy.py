@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from bridge.cli.objects import StorageClassOpt, with_object_flags
 from bridge.cli.options import ConfigOpt, JsonOpt, MaxCostOpt, ProfileOpt, err, out, settings_from_flags
 from bridge.config import parse_size
 from bridge.progress import human_bytes
@@ -25,11 +26,12 @@ def plan(src: str, dst: str,
              "COLDLINE, COOL).")] = None,
          available: Annotated[Optional[list[str]], typer.Option(
              "--assume-available", help="Plan as if this route could run here (repeatable).")] = None,
-         as_json: JsonOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+         as_json: JsonOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None,
+         storage_class: StorageClassOpt = None) -> None:
     """Price every route for copying SRC to DST (bytes, requests, dollars, time) and say which
     one bridge would take and why. Lists the source; moves nothing."""
     from bridge.costing import route_plan
-    settings = settings_from_flags(profile, config)
+    settings = with_object_flags(settings_from_flags(profile, config), dst, storage_class=storage_class)
     report = route_plan(src, dst, settings, pack=pack, shard_size=parse_size(shard_size), forced=route,
                         source_class=source_class, available=available)
     if as_json:
@@ -48,6 +50,8 @@ def plan(src: str, dst: str,
     out.print(f"chosen: {chosen['route']}", markup=False)
     for line in chosen["cost"]["breakdown"]:
         out.print(f"  {line}", markup=False)
+    if "restore" in report:
+        out.print(f"restore first: {report['restore']['why']}", markup=False)
 
 
 PolicyFileArg = Annotated[Path, typer.Argument(help="A YAML file of replication policies.")]

@@ -13,6 +13,9 @@ from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, C
                                 JsonOpt, MaxCostOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, StoreSumOpt, emit, out,
                                 route_line,
                                 print_plan, settings_from_flags, shown)
+from bridge.cli.objects import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
+                                NoMetadataOpt, ScopeOpt, SkipExistingOpt, StorageClassOpt, adopt_mode,
+                                with_object_flags)
 from bridge.progress import human_bytes
 
 
@@ -31,19 +34,26 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
        store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
        dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
        max_cost: MaxCostOpt = None, route: RouteOpt = None, profile: ProfileOpt = None,
-       config: ConfigOpt = None) -> None:
+       config: ConfigOpt = None, content_type: ContentTypeOpt = None, metadata: MetadataOpt = None,
+       no_metadata: NoMetadataOpt = False, storage_class: StorageClassOpt = None, kms_key: KmsKeyOpt = None,
+       bucket_key: BucketKeyOpt = None, encryption_scope: ScopeOpt = None, skip_existing: SkipExistingOpt = False,
+       checksum: ChecksumOpt = False, adopt: AdoptOpt = None) -> None:
     """Copy SRC to DST: one object, or every object under a directory or prefix (trailing slash)."""
     from bridge import ops
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
                                    bwlimit_file=bwlimit_file, route=route)
+    settings = with_object_flags(settings, dst, content_type=content_type, metadata=metadata,
+                                 no_metadata=no_metadata, storage_class=storage_class, kms_key=kms_key,
+                                 bucket_key=bucket_key, encryption_scope=encryption_scope)
+    adopting = adopt_mode(adopt, skip_existing, checksum)
     if dry_run:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True,
-                           route=route)
+                           route=route, adopt=adopting)
         print_plan(summary, as_json)
         return
     with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress,
-                           max_cost=max_cost, route=route)
+                           max_cost=max_cost, route=route, adopt=adopting)
     emit(summary, as_json, f"copied {summary['files']} files, {human_bytes(summary['bytes'])} in "
           f"{summary['elapsed_s']:.1f}s ({human_bytes(summary['rate_bytes_per_s'])}/s){route_line(summary)}; "
           f"manifest {summary['manifest']}")
@@ -54,23 +64,31 @@ def sync(src: str, dst: str, delete: DeleteOpt = False,
          bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
          dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
          max_cost: MaxCostOpt = None, route: RouteOpt = None, profile: ProfileOpt = None,
-         config: ConfigOpt = None) -> None:
+         config: ConfigOpt = None, content_type: ContentTypeOpt = None, metadata: MetadataOpt = None,
+         no_metadata: NoMetadataOpt = False, storage_class: StorageClassOpt = None, kms_key: KmsKeyOpt = None,
+         bucket_key: BucketKeyOpt = None, encryption_scope: ScopeOpt = None, adopt: AdoptOpt = None) -> None:
     """Make DST equal to SRC: send what is new or changed (by size and checksum, not time), repair
-    what no longer matches the manifest, and with --delete remove what SRC no longer has."""
+    what no longer matches the manifest, adopt what is already there and equal though bridge did not
+    write it, and with --delete remove what SRC no longer has."""
     from bridge import ops
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
                                    bwlimit_file=bwlimit_file, route=route)
+    settings = with_object_flags(settings, dst, content_type=content_type, metadata=metadata,
+                                 no_metadata=no_metadata, storage_class=storage_class, kms_key=kms_key,
+                                 bucket_key=bucket_key, encryption_scope=encryption_scope)
+    adopting = adopt_mode(adopt, default="checksum")
     if dry_run:
         summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
-                           dry_run=True, route=route)
+                           dry_run=True, route=route, adopt=adopting)
         print_plan(summary, as_json)
         return
     with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
         summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
-                           progress=progress, max_cost=max_cost, route=route)
+                           progress=progress, max_cost=max_cost, route=route, adopt=adopting)
     r = summary["reasons"]
     emit(summary, as_json, f"sent {len(summary['sent'])} files ({r['new']} new, {r['changed']} changed, "
-          f"{r['repaired']} repaired), {r['unchanged']} unchanged, deleted {len(summary['deleted'])}; "
+          f"{r['repaired']} repaired), {r['unchanged']} unchanged, {r.get('adopted', 0)} adopted, "
+          f"deleted {len(summary['deleted'])}; "
           f"{human_bytes(summary['bytes'])} in {summary['elapsed_s']:.1f}s{route_line(summary)}; "
           f"manifest {summary['manifest']}")
 

@@ -60,26 +60,28 @@ class FromUrlRoute(Route):
         except AuthError as exc:
             raise Fallback(f"cannot sign a URL of {src_loc}: {exc}", job_wide=True) from exc
         metadata = {"bridge_crc32c": crc, **({"bridge_sha256": sha} if sha else {})}
+        attrs = ctx.attrs(f.rel, info.attrs)
         if f.size == 0:
-            committed = ctx.dst.put(dst_loc, b"", crc32c=crc, metadata=metadata)
+            committed = ctx.dst.put(dst_loc, b"", crc32c=crc, metadata=metadata, attrs=attrs)
         else:
-            committed = self._blocks(ctx, f, dst_loc, url, crc, metadata)
+            committed = self._blocks(ctx, f, dst_loc, url, crc, metadata, attrs)
         ctx.progress.moved(f.size, through=0)
         return FileEntry(f.rel, f.size, crc, sha, computed=[],
                          reported={"crc32c": crc, **committed.checksums}, identity=dict(committed.identity),
                          note=f"pulled by Azure from a signed URL (Put Block From URL); CRC32C {origin}"
                               + ("; SHA-256 stored by bridge in the source's metadata" if sha else ""))
 
-    def _blocks(self, ctx: JobContext, f: FilePlan, dst_loc: Location, url: str, crc: str, metadata: dict):
+    def _blocks(self, ctx: JobContext, f: FilePlan, dst_loc: Location, url: str, crc: str, metadata: dict,
+                attrs=None):
         block = f.part_size or f.size
         ranges = [(n, off, min(block, f.size - off)) for n, off in enumerate(range(0, f.size, block), 1)]
-        upload_id = ctx.dst.begin_upload(dst_loc, f.size)
+        upload_id = ctx.dst.begin_upload(dst_loc, f.size, attrs)
         try:
             workers = max(1, min(len(ranges), ctx.settings.transfer.concurrency))
             with cf.ThreadPoolExecutor(workers, thread_name_prefix="from-url") as pool:
                 parts: list[PartRecord] = list(pool.map(
                     lambda r: ctx.dst.upload_part_from_url(dst_loc, upload_id, r[0], r[1], url, r[1], r[2]), ranges))
-            ctx.dst.complete_upload(dst_loc, upload_id, parts, crc32c=crc, metadata=metadata)
+            ctx.dst.complete_upload(dst_loc, upload_id, parts, crc32c=crc, metadata=metadata, attrs=attrs)
         except Unsupported as exc:
             _abort(ctx, dst_loc, upload_id)
             raise Fallback(f"{ctx.dst.scheme}:// endpoint does not implement Put Block From URL: {exc}",

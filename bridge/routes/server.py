@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bridge.attributes import Attrs
 from bridge.check import rehash
 from bridge.config import Settings
 from bridge.errors import IntegrityError, ObjectNotFound, Unsupported
@@ -74,8 +75,12 @@ class ServerRoute(Route):
         if known_crc is None and "crc32c" not in ctx.dst.features.checksums and not dst_loc.is_local:
             raise Fallback(f"{src_loc} has no CRC32C its store reports or bridge recorded: "
                                    f"its bytes pass through bridge to be hashed")
+        objects = ctx.settings.objects
+        # The store's copy keeps the source's headers and metadata; given overrides replace them.
+        overrides = objects.metadata == "off" or objects.content_type or objects.set_metadata
+        attrs = (ctx.attrs(f.rel, info.attrs) or Attrs()) if overrides else None
         try:
-            copied = ctx.dst.copy_object(src_loc, dst_loc, size=f.size)
+            copied = ctx.dst.copy_object(src_loc, dst_loc, size=f.size, attrs=attrs)
         except Unsupported as exc:
             raise Fallback(str(exc), job_wide=True) from exc
         through, computed, note = 0, [], ""

@@ -25,12 +25,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
 
+from bridge import attributes
+from bridge.attributes import Attrs
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable, InvalidOption,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported,
                            CopySourceUnreadable)
 from bridge.retry import call_with_retries
-from bridge.stores.base import (GiB, MiB, DirectReads, Features, ObjectInfo, PartRecord, Store, in_code_point_order,
+from bridge.stores.base import (put_args, GiB, MiB, DirectReads, Features, ObjectInfo, PartRecord, Store, in_code_point_order, is_reserved,
                                 utc_seconds)
 from bridge.urls import Location
 
@@ -289,7 +291,7 @@ class AzureStore(DirectReads, Store):
             blobs, token = self._request(prefix, page)
             for blob in blobs:
                 yield self._info(prefix.bucket, blob.name, blob.size, blob.content_settings, blob.metadata,
-                                 blob.etag, blob.last_modified)
+                                 blob.etag, blob.last_modified, blob.blob_tier)
             if not token:
                 return
 
@@ -305,22 +307,45 @@ class AzureStore(DirectReads, Store):
     @staticmethod
     def _direct_info(loc: Location, p: dict) -> ObjectInfo:
         sums = {"md5": p["content_md5"].hex()} if p["content_md5"] else {}
-        return ObjectInfo(loc, p["size"], sums, p["metadata"], _identity(p["etag"], p["last_modified"]))
+        attrs = Attrs(**{name: p.get(name) or None for name in attributes.HEADERS},
+                      user=attributes.from_azure(p["metadata"]))
+        tier = p.get("tier") or ""
+        return ObjectInfo(loc, p["size"], sums, p["metadata"], _identity(p["etag"], p["last_modified"]), attrs,
+                          tier, tier == "Archive")
 
     @staticmethod
-    def _info(container, name, size, content_settings, metadata, etag, last_modified) -> ObjectInfo:
+    def _info(container, name, size, content_settings, metadata, etag, last_modified, tier=None) -> ObjectInfo:
         sums = {}
         md5 = getattr(content_settings, "content_md5", None)
         if md5:
             sums["md5"] = bytes(md5).hex()
+        attrs = Attrs(**{name: getattr(content_settings, name, None) or None for name in attributes.HEADERS},
+                      user=attributes.from_azure(metadata or {}))
+        tier = str(getattr(tier, "value", tier) or "")
         return ObjectInfo(Location("az", container, name), int(size), sums, dict(metadata or {}),
-                          _identity(etag, last_modified))
+                          _identity(etag, last_modified), attrs, tier, tier == "Archive")
+
+    def written(self, loc: Location, metadata: dict[str, str], attrs: Attrs | None) -> dict:
+        """The SDK's keywords of a write of ``loc`` besides its bytes: metadata (the user's under
+        Azure's names, bridge.attributes.to_azure, and bridge's), content settings, and this
+        store's access tier (not for bridge's own records) and encryption scope."""
+        from azure.storage.blob import ContentSettings, StandardBlobTier
+        kw: dict = {"metadata": {**(attributes.to_azure(attrs.user) if attrs else {}), **metadata}}
+        if attrs and attrs.headers():
+            kw["content_settings"] = ContentSettings(**attrs.headers())
+        az = self.settings.azure
+        if az.tier and not is_reserved(loc.key):
+            kw["standard_blob_tier"] = StandardBlobTier(az.tier)
+        if az.encryption_scope:
+            kw["encryption_scope"] = az.encryption_scope
+        return kw
 
     def info(self, loc: Location) -> ObjectInfo:
         if self._direct is not None:
             return self._direct_info(loc, self._request(loc, lambda: self._direct.head(loc)))
         p = self._request(loc, self._blob(loc).get_blob_properties)
-        return self._info(loc.bucket, loc.key, p.size, p.content_settings, p.metadata, p.etag, p.last_modified)
+        return self._info(loc.bucket, loc.key, p.size, p.content_settings, p.metadata, p.etag, p.last_modified,
+                          p.blob_tier)
 
     def block_sizes(self, loc: Location) -> list[int]:
         committed, _ = self._request(loc, lambda: self._blob(loc).get_block_list("committed"))
@@ -358,10 +383,12 @@ class AzureStore(DirectReads, Store):
             raise TransientError(f"{loc}: connection dropped (read {len(data)} of {expected} bytes)")
         return data
 
-    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
+    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str],
+            attrs: Attrs | None = None) -> ObjectInfo:
         body = _as_bytes(data)
-        resp = self._request(loc, lambda: self._blob(loc).upload_blob(body, overwrite=True, metadata=metadata,
-                                                                      validate_content=self._validate))
+        kw = self.written(loc, metadata, attrs)
+        resp = self._request(loc, lambda: self._blob(loc).upload_blob(body, overwrite=True,
+                                                                      validate_content=self._validate, **kw))
         return _put_info(loc, len(data), metadata, resp)
 
     @property
@@ -377,9 +404,9 @@ class AzureStore(DirectReads, Store):
         sent: dict[int, tuple[Location, int, dict]] = {}   # what each answer is about
 
         def request(i: int) -> tuple:
-            loc, data, _crc32c, metadata = body(i)   # (Azure checks the body's MD5)
+            loc, data, _crc32c, metadata, attrs = put_args(body(i))   # (Azure checks the body's MD5)
             sent[i] = (loc, len(data), metadata)
-            return loc, data, metadata
+            return loc, data, self.direct_headers(loc, metadata, attrs)
 
         def answered(i: int, resp: dict) -> None:
             loc, size, metadata = sent.pop(i)
@@ -387,6 +414,19 @@ class AzureStore(DirectReads, Store):
 
         return self._direct.put_many(count, request, answered, connections=self.settings.transfer.concurrency,
                                      retries=self.retries)
+
+    def direct_headers(self, loc: Location, metadata: dict[str, str], attrs: Attrs | None) -> dict[str, str]:
+        """What ``written`` says, as Put Blob's headers (the direct path)."""
+        headers = {f"x-ms-meta-{k}": v for k, v in
+                   {**(attributes.to_azure(attrs.user) if attrs else {}), **metadata}.items()}
+        for name, value in (attrs.headers() if attrs else {}).items():
+            headers[f"x-ms-blob-{attributes.HTTP_NAMES[name].lower()}"] = value
+        az = self.settings.azure
+        if az.tier and not is_reserved(loc.key):
+            headers["x-ms-access-tier"] = az.tier
+        if az.encryption_scope:
+            headers["x-ms-encryption-scope"] = az.encryption_scope
+        return headers
 
     def body(self, data: bytes | bytearray) -> bytes:
         return _as_bytes(data)
@@ -410,19 +450,25 @@ class AzureStore(DirectReads, Store):
             raise BucketNotFound(f"container {loc.bucket!r} does not exist")
 
     # -- server-side copy, blocks from a URL, signed URLs, location ------------------------------
-    def copy_object(self, src: Location, dst: Location, *, size: int) -> ObjectInfo:
+    def copy_object(self, src: Location, dst: Location, *, size: int, attrs: Attrs | None = None) -> ObjectInfo:
         """Copy Blob From URL (synchronous) up to 256 MiB; larger blobs by Copy Blob, which
         Azure runs in the background inside the account, polled until it ends. Metadata and
-        content headers go with the bytes."""
+        content headers go with the bytes, or ``attrs`` replace them (bridge's keys kept); the
+        tier and encryption scope are this store's."""
         import time
         blob = self._blob(dst)
+        kw = {k: v for k, v in self.written(dst, {}, None).items() if k != "metadata"}
+        if attrs is not None:
+            kept = attributes.bridge_metadata(self.info(src).metadata)
+            kw["metadata"] = self.written(dst, kept, attrs)["metadata"]
         if size <= SYNC_COPY_MAX:
             url = self.signed_url(src)   # Copy Blob From URL reads its source through a SAS
-            self._request(dst, lambda: blob.start_copy_from_url(url, requires_sync=True))
+            self._request(dst, lambda: blob.start_copy_from_url(url, requires_sync=True, **kw))
+            self._set_headers(dst, attrs)
             return self.info(dst)
         # Copy Blob: a source in the same account is authorized by the request's own Shared Key.
         source = self._blob(src).url
-        answer = self._request(dst, lambda: blob.start_copy_from_url(source))
+        answer = self._request(dst, lambda: blob.start_copy_from_url(source, **kw))
         copy_id = answer.get("copy_id")
         while True:
             props = self._request(dst, blob.get_blob_properties)
@@ -430,12 +476,23 @@ class AzureStore(DirectReads, Store):
             if props.copy.id != copy_id:
                 raise BridgeError(f"{dst}: another copy to this blob started while ours ran")
             if status == "success":
+                if attrs is not None:
+                    self._set_headers(dst, attrs)
+                    return self.info(dst)
                 return self._info(dst.bucket, dst.key, props.size, props.content_settings, props.metadata,
-                                  props.etag, props.last_modified)
+                                  props.etag, props.last_modified, props.blob_tier)
             if status in ("failed", "aborted"):
                 raise BridgeError(f"{dst}: Azure's copy from {src} ended {status}: "
                                   f"{props.copy.status_description or ''}".rstrip(": "))
             time.sleep(COPY_POLL)
+
+    def _set_headers(self, loc: Location, attrs: Attrs | None) -> None:
+        """A copy takes its source's content headers: ``attrs`` replace them after it."""
+        if attrs is None:
+            return
+        from azure.storage.blob import ContentSettings
+        settings = ContentSettings(**attrs.headers())
+        self._request(loc, lambda: self._blob(loc).set_http_headers(content_settings=settings))
 
     def copy_part(self, loc: Location, upload_id: str, number: int, offset: int, src: Location,
                   src_offset: int, length: int) -> PartRecord:
@@ -473,8 +530,8 @@ class AzureStore(DirectReads, Store):
         return self.settings.azure.region
 
     # -- multipart: staged blocks, then one block-list commit ------------------------------------
-    def begin_upload(self, loc: Location, size: int) -> str:
-        return uuid.uuid4().hex[:16]
+    def begin_upload(self, loc: Location, size: int, attrs: Attrs | None = None) -> str:
+        return uuid.uuid4().hex[:16]   # the headers and metadata go with the block list
 
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
                     crc32c: str) -> PartRecord:
@@ -482,8 +539,9 @@ class AzureStore(DirectReads, Store):
         # bytes, not a stream: from a stream the SDK switches to structured-message CRC64,
         # which Azurite does not speak; a bytearray from a ranged read is copied here.
         body = _as_bytes(data)
+        scope = {"encryption_scope": self.settings.azure.encryption_scope} if self.settings.azure.encryption_scope else {}
         self._request(loc, lambda: self._blob(loc).stage_block(block_id, body, length=len(body),
-                                                               validate_content=self._validate))
+                                                               validate_content=self._validate, **scope))
         return PartRecord(number, len(data), crc32c, block_id)
 
     def list_parts(self, loc: Location, upload_id: str) -> dict[int, PartRecord] | None:
@@ -500,8 +558,8 @@ class AzureStore(DirectReads, Store):
         return parts
 
     def complete_upload(self, loc: Location, upload_id: str, parts: list[PartRecord], *,
-                        crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
-        """Put Block List. Azure keeps no whole-object checksum of a block blob (each block was
+                        crc32c: str, metadata: dict[str, str], attrs: Attrs | None = None) -> ObjectInfo:
+        """Put Block List, with the headers, metadata, tier and scope. Azure keeps no whole-object checksum of a block blob (each block was
         checked on arrival, by its transactional CRC64 or MD5): the answer reports none."""
         blocks = [_sdk().BlobBlock(block_id=p.token) for p in sorted(parts, key=lambda p: p.number)]
         size = sum(p.size for p in parts)
@@ -513,7 +571,8 @@ class AzureStore(DirectReads, Store):
                 return False
             return info.size == size and info.metadata.get("bridge_crc32c") == crc32c
 
-        answer = self._request(loc, lambda: self._blob(loc).commit_block_list(blocks, metadata=metadata),
+        kw = self.written(loc, metadata, attrs)
+        answer = self._request(loc, lambda: self._blob(loc).commit_block_list(blocks, **kw),
                                recovered=finished)
         if not answer:
             return self.info(loc)

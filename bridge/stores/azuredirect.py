@@ -269,7 +269,7 @@ class Direct:
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], *,
                  connections: int, retries: int) -> dict[int, BridgeError]:
         """Put Blob for whole block blobs, ``connections`` requests in flight from this thread:
-        ``body(i)`` gives (location, bytes, metadata) when blob i is first about to go (its
+        ``body(i)`` gives (location, bytes, headers: metadata, content headers, tier) when blob i is first about to go (its
         retries send the same), ``each(i, answer)`` takes what the service answered: etag,
         last_modified, content_md5 (as ``head`` names them). Each body goes with its Content-MD5,
         which the service checks before it stores the blob and keeps as the blob's property, as
@@ -280,13 +280,13 @@ class Direct:
 
         async def send(i: int, link) -> dict:
             if i not in bodies:
-                loc, data, metadata = body(i)
-                bodies[i] = (loc, data, metadata, base64.b64encode(hashlib.md5(data).digest()).decode())
-            loc, data, metadata, md5 = bodies[i]
+                loc, data, extra = body(i)
+                bodies[i] = (loc, data, extra, base64.b64encode(hashlib.md5(data).digest()).decode())
+            loc, data, extra, md5 = bodies[i]
             path = self._path(loc)
             headers = {"Host": self.netloc, "x-ms-version": self.version, "x-ms-blob-type": "BlockBlob",
                        "Content-Type": "application/octet-stream", "Content-Length": str(len(data)),
-                       "Content-MD5": md5, **{f"x-ms-meta-{k}": v for k, v in metadata.items()}}
+                       "Content-MD5": md5, **extra}
             self._signer.sign("PUT", path, {}, headers)
             answer = await link.send("PUT", path, headers, data, what=str(loc))
             if answer.status >= 300:
@@ -310,7 +310,9 @@ class Direct:
         modified = got("Last-Modified")
         return {"size": int(got("Content-Length", "0")), "content_md5": base64.b64decode(md5) if md5 else None,
                 "metadata": {k[10:]: v for k, v in resp.getheaders() if k.lower().startswith("x-ms-meta-")},
-                "etag": got("ETag"), "last_modified": parsedate_to_datetime(modified) if modified else None}
+                "etag": got("ETag"), "last_modified": parsedate_to_datetime(modified) if modified else None,
+                "tier": got("x-ms-access-tier"),
+                **{name: got(header) for name, header in _CONTENT.items()}}
 
     def list_page(self, prefix: Location, marker: str | None) -> tuple[list[dict], str | None]:
         """One page of List Blobs under ``prefix`` with their metadata, from ``marker``: per blob
@@ -341,8 +343,15 @@ class Direct:
                           "content_md5": base64.b64decode(md5) if md5 else None,
                           "metadata": {m.tag: m.text or "" for m in meta} if meta is not None else {},
                           "etag": prop("Etag"),
-                          "last_modified": _when(modified)})
+                          "last_modified": _when(modified), "tier": prop("AccessTier"),
+                          **{name: prop(header) for name, header in _CONTENT.items()}})
         return blobs, root.findtext("NextMarker") or None
+
+
+# Content headers as Get Blob Properties names them (and List Blobs' Properties elements do).
+_CONTENT = {"content_type": "Content-Type", "content_encoding": "Content-Encoding",
+            "content_language": "Content-Language", "content_disposition": "Content-Disposition",
+            "cache_control": "Cache-Control"}
 
 
 def _when(text: str | None) -> datetime | None:

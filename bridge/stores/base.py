@@ -27,6 +27,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from bridge.attributes import Attrs
 from bridge.errors import BridgeError
 from bridge.urls import Location
 
@@ -120,6 +121,11 @@ class ObjectInfo:
     # generation, Azure ETag and last-modified, a local file's inode and times): a rewrite, even
     # one that keeps size, metadata and checksums, changes it. Compared with identity_changed.
     identity: dict[str, str] = field(default_factory=dict)
+    # Standard headers and user metadata (bridge.attributes), None where the answer did not
+    # carry them (an S3 listing): Store.attributes then asks.
+    attrs: Attrs | None = None
+    storage_class: str = ""        # as the store names it (S3 class, GCS class, Azure tier); "" unknown
+    needs_restore: bool = False    # archived (S3 Glacier / Deep Archive, Azure Archive): unreadable until restored
 
 
 def identity_changed(recorded: dict[str, str], seen: dict[str, str]) -> bool:
@@ -222,24 +228,28 @@ class Store(abc.ABC):
     # True where put_many keeps several requests in flight from one thread (as reads_many).
     writes_many: bool = False
 
-    def put_many(self, count: int, body: Callable[[int], tuple[Location, bytes, str, dict[str, str]]],
+    def put_many(self, count: int, body: Callable[[int], tuple[Location, bytes, str, dict[str, str], Attrs | None]],
                  each: Callable[[int, ObjectInfo], None]) -> dict[int, BridgeError]:
-        """Whole objects: ``body(i)`` gives (location, bytes, CRC32C hex, metadata) when object i is
+        """Whole objects: ``body(i)`` gives (location, bytes, CRC32C hex, metadata[, attrs]) when object i is
         about to be sent, ``each(i, info)`` takes what ``put`` would have returned; what failed,
         by index. A BridgeError from ``body`` or ``each`` is that object's failure. Here one after
         another; stores with ``writes_many`` overlap them."""
         failures: dict[int, BridgeError] = {}
         for i in range(count):
             try:
-                loc, data, crc, metadata = body(i)
-                each(i, self.put(loc, data, crc32c=crc, metadata=metadata))
+                loc, data, crc, metadata, attrs = put_args(body(i))
+                each(i, self.put(loc, data, crc32c=crc, metadata=metadata, attrs=attrs))
             except BridgeError as exc:
                 failures[i] = exc
         return failures
 
     @abc.abstractmethod
-    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
-        """Write a whole object in one request; the store checks ``crc32c`` where it can. Returns
+    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str],
+            attrs: Attrs | None = None) -> ObjectInfo:
+        """Write a whole object in one request; the store checks ``crc32c`` where it can.
+        ``metadata`` is bridge's own keys; ``attrs`` the headers and user metadata to write (the
+        store maps them: bridge.attributes), and the store's settings say its storage class and
+        encryption (bridge's ``_bridge/`` records keep the bucket's default class). Returns
         what the store's answer says of the written object: the checksums it reports and its
         identity (possibly fewer fields than ``info`` gives, never a second request)."""
 
@@ -252,7 +262,9 @@ class Store(abc.ABC):
 
     # -- abilities: a store has one when its class implements the methods (see ABILITIES) ------
     # -- multipart -------------------------------------------------------------------------
-    def begin_upload(self, loc: Location, size: int) -> str:
+    def begin_upload(self, loc: Location, size: int, attrs: Attrs | None = None) -> str:
+        """A new upload; ``attrs`` are written with the object where the store takes them at the
+        start (S3), otherwise complete_upload's are."""
         raise NotImplementedError
 
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
@@ -264,8 +276,8 @@ class Store(abc.ABC):
         raise NotImplementedError
 
     def complete_upload(self, loc: Location, upload_id: str, parts: list[PartRecord], *,
-                        crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
-        """Make the object from its parts. Returns what the store reports of the object it made
+                        crc32c: str, metadata: dict[str, str], attrs: Attrs | None = None) -> ObjectInfo:
+        """Make the object from its parts (with ``attrs`` where the store takes them at the end). Returns what the store reports of the object it made
         (the whole-object checksums it keeps, its identity); the engine decides whether that
         proves the object intact (``--store-checksums``)."""
         raise NotImplementedError
@@ -283,10 +295,11 @@ class Store(abc.ABC):
         return 0
 
     # -- server_side_copy, part_copy -------------------------------------------------------
-    def copy_object(self, src: Location, dst: Location, *, size: int) -> ObjectInfo:
+    def copy_object(self, src: Location, dst: Location, *, size: int, attrs: Attrs | None = None) -> ObjectInfo:
         """Copy ``src`` (``size`` bytes) to ``dst``, both in this store account, without the
-        bytes leaving the store; metadata goes with it. Returns what the store reports of the
-        copy, as ``put`` does (no second request)."""
+        bytes leaving the store; metadata goes with it, or ``attrs`` replace its headers and user
+        metadata; the destination's storage class and encryption apply. Returns what the store
+        reports of the copy, as ``put`` does (no second request)."""
         raise NotImplementedError
 
     def copy_part(self, loc: Location, upload_id: str, number: int, offset: int, src: Location,
@@ -318,6 +331,13 @@ class Store(abc.ABC):
         """The form this store sends a body in; called right after a read, so that a conversion
         (a copy) does not live beside the original while the upload runs."""
         return data
+
+    def attributes(self, info: ObjectInfo) -> Attrs:
+        """The headers and user metadata of an object: from ``info`` when its answer carried
+        them, else from ``info()`` (one request: S3 listings do not carry them)."""
+        if info.attrs is not None:
+            return info.attrs
+        return self.info(info.location).attrs or Attrs()
 
     # -- helpers --------------------------------------------------------------------------
     def walk(self, prefix: Location) -> Iterator[tuple[str, ObjectInfo]]:
@@ -370,6 +390,11 @@ def in_code_point_order(objects: Iterator[ObjectInfo]) -> Iterator[ObjectInfo]:
         yield obj
     while waiting:
         yield heapq.heappop(waiting)[2]
+
+
+def put_args(given: tuple) -> tuple:
+    """A put_many body's (location, bytes, CRC32C, metadata, attrs); attrs may be left out."""
+    return (*given, None) if len(given) == 4 else given
 
 
 class DirectReads:

@@ -24,12 +24,14 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from bridge import attributes
+from bridge.attributes import Attrs
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError)
 from bridge.retry import call_with_retries
-from bridge.stores.base import (GiB, MiB, RESERVED, DirectReads, Features, ObjectInfo, PartRecord, Store,
-                                crc_b64_to_hex, crc_hex_to_b64)
+from bridge.stores.base import (put_args, GiB, MiB, RESERVED, DirectReads, Features, ObjectInfo, PartRecord, Store,
+                                crc_b64_to_hex, crc_hex_to_b64, is_reserved)
 from bridge.urls import Location
 
 # Only that the SDK stack is installed is checked here (the registry turns an ImportError into
@@ -182,8 +184,24 @@ class GCSStore(DirectReads, Store):
             sums["md5"] = crc_b64_to_hex(item["md5Hash"])
         # The generation changes with every write of the object's bytes and only then.
         identity = {"generation": str(item["generation"])} if item.get("generation") else {}
+        # An ARCHIVE object reads at once on GCS (at a retrieval fee): nothing to restore.
         return ObjectInfo(Location("gs", bucket, item["name"]), int(item.get("size", 0)), sums,
-                          dict(item.get("metadata") or {}), identity)
+                          dict(item.get("metadata") or {}), identity, attributes.from_gcs_resource(item),
+                          item.get("storageClass") or "")
+
+    def resource(self, loc: Location, metadata: dict[str, str], attrs: Attrs | None) -> dict:
+        """The object resource of a write besides its name: headers, user metadata with bridge's,
+        and this store's storage class (not for bridge's own records) and CMEK key."""
+        out: dict = attributes.to_gcs_resource(attrs) if attrs else {}
+        merged = {**(attrs.user if attrs else {}), **metadata}
+        if merged:
+            out["metadata"] = merged
+        gcs = self.settings.gcs
+        if gcs.storage_class and not is_reserved(loc.key):
+            out["storageClass"] = gcs.storage_class
+        if gcs.kms_key_name:
+            out["kmsKeyName"] = gcs.kms_key_name
+        return out
 
     def _list_raw(self, prefix: Location) -> Iterator[dict]:
         page = self._direct_page if self._direct is not None else self._gcsfs_page
@@ -233,9 +251,10 @@ class GCSStore(DirectReads, Store):
             return super().read_through(loc, offset, length, buf, each)
         return self._direct_call(lambda: self._direct.get(loc, offset, length, into=buf, each=each))
 
-    def _upload(self, loc: Location, data: bytes, crc32c: str, metadata: dict[str, str]) -> dict:
+    def _upload(self, loc: Location, data: bytes, crc32c: str, metadata: dict[str, str],
+                attrs: Attrs | None = None) -> dict:
         from bridge.stores.gcsdirect import multipart
-        content_type, body = multipart(loc, data, crc_hex_to_b64(crc32c), metadata)
+        content_type, body = multipart(loc, data, crc_hex_to_b64(crc32c), self.resource(loc, metadata, attrs))
         try:
             return self._call(loc, "POST", f"{self.fs._location}/upload/storage/v1/b/{{}}/o", loc.bucket,
                               uploadType="multipart", json_out=True, data=body,
@@ -243,8 +262,9 @@ class GCSStore(DirectReads, Store):
         except ObjectNotFound as exc:
             raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
 
-    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
-        item = self._upload(loc, data, crc32c, metadata)
+    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str],
+            attrs: Attrs | None = None) -> ObjectInfo:
+        item = self._upload(loc, data, crc32c, metadata, attrs)
         self._check_crc(loc, item, crc32c)
         return self._info(loc.bucket, item)
 
@@ -261,9 +281,9 @@ class GCSStore(DirectReads, Store):
         sent: dict[int, tuple[Location, str]] = {}   # what each answer is about
 
         def request(i: int) -> tuple:
-            loc, data, crc32c, metadata = body(i)
+            loc, data, crc32c, metadata, attrs = put_args(body(i))
             sent[i] = (loc, crc32c)
-            return loc, data, crc_hex_to_b64(crc32c), metadata
+            return loc, data, crc_hex_to_b64(crc32c), self.resource(loc, metadata, attrs)
 
         def answered(i: int, item: dict) -> None:
             loc, crc32c = sent.pop(i)
@@ -306,17 +326,26 @@ class GCSStore(DirectReads, Store):
         return self._bucket(loc).get("location")
 
     # -- server-side copy, signed URLs ------------------------------------------------------
-    def copy_object(self, src: Location, dst: Location, *, size: int) -> ObjectInfo:
+    def copy_object(self, src: Location, dst: Location, *, size: int, attrs: Attrs | None = None) -> ObjectInfo:
         """objects.rewrite, called again with its rewriteToken until done (a large object, or one
-        changing location or storage class, takes several calls on GCS)."""
-        params: dict = {}
+        changing location or storage class, takes several calls on GCS). The source's headers and
+        metadata go with it; where ``attrs`` or this store's class or key change anything, the
+        whole destination resource is sent (a partial one would drop the rest)."""
+        gcs = self.settings.gcs
+        body: dict = {}
+        if attrs is not None or gcs.storage_class or gcs.kms_key_name:
+            source = self.info(src)
+            body = self.resource(dst, attributes.bridge_metadata(source.metadata),
+                                 attrs if attrs is not None else source.attrs)
+            body.pop("kmsKeyName", None)   # a query parameter of rewrite
+        params: dict = {"destinationKmsKeyName": gcs.kms_key_name} if gcs.kms_key_name else {}
         while True:
             answer = self._call(dst, "POST", "b/{}/o/{}/rewriteTo/b/{}/o/{}", src.bucket, src.key,
-                                dst.bucket, dst.key, json_out=True, json={},
+                                dst.bucket, dst.key, json_out=True, json=body,
                                 headers={"Content-Type": "application/json"}, **params)
             if answer.get("done"):
                 return self._info(dst.bucket, answer["resource"])
-            params = {"rewriteToken": answer["rewriteToken"]}
+            params = {**params, "rewriteToken": answer["rewriteToken"]}
 
     def signed_url(self, loc: Location, expires: int = 3600) -> str:
         """A V4 signed URL from service-account credentials. Against an endpoint reached
@@ -341,8 +370,8 @@ class GCSStore(DirectReads, Store):
     def _part_loc(self, loc: Location, upload_id: str, number: int) -> Location:
         return Location("gs", loc.bucket, f"{UPLOADS}{upload_id}/{number:06d}")
 
-    def begin_upload(self, loc: Location, size: int) -> str:
-        return uuid.uuid4().hex
+    def begin_upload(self, loc: Location, size: int, attrs: Attrs | None = None) -> str:
+        return uuid.uuid4().hex   # the headers and metadata go with the compose
 
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
                     crc32c: str) -> PartRecord:
@@ -361,16 +390,17 @@ class GCSStore(DirectReads, Store):
         return parts
 
     def _compose(self, loc: Location, sources: list[str], metadata: dict[str, str] | None,
-                 recovered=None) -> dict | None:
+                 recovered=None, attrs: Attrs | None = None) -> dict | None:
+        """Compose ``sources``; the intermediate objects of a tree (``metadata`` None) are plain."""
+        resource = self.resource(loc, metadata, attrs) if metadata is not None else {}
         body = {"sourceObjects": [{"name": s} for s in sources], "kind": "storage#composeRequest",
                 "destination": {"name": loc.key, "bucket": loc.bucket,
-                                "contentType": "application/octet-stream",
-                                **({"metadata": metadata} if metadata else {})}}
+                                "contentType": "application/octet-stream", **resource}}
         return self._call(loc, "POST", "b/{}/o/{}/compose", loc.bucket, loc.key, json_out=True,
                           json=body, headers={"Content-Type": "application/json"}, recovered=recovered)
 
     def complete_upload(self, loc: Location, upload_id: str, parts: list[PartRecord], *,
-                        crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
+                        crc32c: str, metadata: dict[str, str], attrs: Attrs | None = None) -> ObjectInfo:
         names = [p.token for p in sorted(parts, key=lambda p: p.number)]
         size = sum(p.size for p in parts)
         level = 0
@@ -393,7 +423,7 @@ class GCSStore(DirectReads, Store):
                 return False
             return info.size == size and info.checksums.get("crc32c") == crc32c
 
-        item = self._compose(loc, names, metadata, recovered=finished)
+        item = self._compose(loc, names, metadata, recovered=finished, attrs=attrs)
         try:
             self.abort_upload(loc, upload_id)
         except BridgeError:

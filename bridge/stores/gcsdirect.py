@@ -191,7 +191,8 @@ class Direct:
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], *,
                  connections: int, retries: int) -> dict[int, BridgeError]:
         """Whole objects by multipart upload (objects.insert), ``connections`` in flight from this
-        thread: ``body(i)`` gives (location, bytes, CRC32C base64, metadata) when object i is
+        thread: ``body(i)`` gives (location, bytes, CRC32C base64, the object resource's other
+        fields: metadata, headers, class) when object i is
         first about to go (its retries send the same), ``each(i, item)`` takes the object resource
         GCS answered with, as gcsfs's upload gives it. GCS checks the bytes against the CRC32C
         sent with them. Failures by index (bridge.stores.streams.each_of)."""
@@ -200,8 +201,8 @@ class Direct:
 
         async def send(i: int, link) -> dict:
             if i not in bodies:
-                loc, data, crc32c_b64, metadata = body(i)
-                bodies[i] = (loc, *multipart(loc, data, crc32c_b64, metadata))
+                loc, data, crc32c_b64, resource = body(i)
+                bodies[i] = (loc, *multipart(loc, data, crc32c_b64, resource))
             loc, content_type, payload = bodies[i]
             headers = {"Host": self.netloc, "Content-Type": content_type, "Content-Length": str(len(payload))}
             if self._bearer is not None:
@@ -258,15 +259,16 @@ def _gunzip(loc: Location, body: bytes, length: int | None) -> bytes:
     return data
 
 
-def multipart(loc: Location, data, crc32c_b64: str, metadata: dict[str, str]) -> tuple[str, bytes]:
+def multipart(loc: Location, data, crc32c_b64: str, resource: dict) -> tuple[str, bytes]:
     """The Content-Type and body of a multipart upload (objects.insert, uploadType=multipart) of
-    ``data`` to ``loc``, with its CRC32C and metadata, as gcsfs sends one."""
-    meta = {"name": loc.key, "crc32c": crc32c_b64, "metadata": metadata}
+    ``data`` to ``loc``, with its CRC32C and the resource's other fields (metadata, contentType
+    ..., storageClass, kmsKeyName), as gcsfs sends one."""
+    meta = {"metadata": {}, **resource, "name": loc.key, "crc32c": crc32c_b64}
     boundary = "bridge-" + os.urandom(16).hex()
     body = b"".join([
         f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
         json.dumps(meta).encode(),
-        f"\r\n--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n".encode(),
+        f"\r\n--{boundary}\r\nContent-Type: {resource.get('contentType') or 'application/octet-stream'}\r\n\r\n".encode(),
         data,
         f"\r\n--{boundary}--\r\n".encode(),
     ])

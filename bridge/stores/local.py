@@ -5,6 +5,7 @@ finished part in a sidecar so that a killed copy can continue."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import functools
 import hashlib
@@ -19,6 +20,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from bridge import attributes
+from bridge.attributes import Attrs, MetadataError
 from bridge.config import Settings
 from bridge.errors import BridgeError, ObjectNotFound, PermissionDenied
 from bridge.hashing import FileRegion, crc32c, crc_hex
@@ -186,8 +189,23 @@ class LocalStore(Store):
         finally:
             os.close(fd)
 
+    def attributes(self, info: ObjectInfo) -> Attrs:
+        """From the file's ``user.`` extended attributes (as rclone's local backend keeps
+        metadata), its Content-Type guessed from its name when none is recorded."""
+        path = info.location.local_path
+        values: dict[str, bytes] = {}
+        try:
+            for name in os.listxattr(path):
+                if name.startswith(attributes.XATTR):
+                    values[name] = os.getxattr(path, name)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENODATA):
+                with _translate(info.location):
+                    raise
+        return attributes.from_xattrs(values, info.location.name)
+
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str],
-            durable: bool = True) -> ObjectInfo:
+            attrs: Attrs | None = None, durable: bool = True) -> ObjectInfo:
         """Write through a temporary name renamed into place. ``durable=False`` leaves the
         fsyncs of the file and of its folder to a later ``settle`` covering many files (one
         syncfs instead of two fsyncs each): the caller must settle before it records the file
@@ -207,6 +225,7 @@ class LocalStore(Store):
                     os.makedirs(folder, exist_ok=True)
                     fd = os.open(tmp, _CREATE, 0o666)
                 try:
+                    _set_xattrs(fd, loc, attrs)
                     view, pos = memoryview(data), 0
                     while pos < len(view):
                         pos += os.write(fd, view[pos:])
@@ -243,7 +262,7 @@ class LocalStore(Store):
             for folder in folders:
                 _fsync_dir(folder)
 
-    def copy_object(self, src: Location, dst: Location, *, size: int) -> ObjectInfo:
+    def copy_object(self, src: Location, dst: Location, *, size: int, attrs: Attrs | None = None) -> ObjectInfo:
         """copy_file_range: the kernel copies (or, on filesystems that share extents, such as
         XFS and Btrfs, reflinks) without the bytes entering this process; where it cannot
         (another filesystem, an old kernel) the bytes are copied by read and write."""
@@ -254,6 +273,8 @@ class LocalStore(Store):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             try:
                 with open(src.local_path, "rb") as fin, open(tmp, "wb") as fout:
+                    _set_xattrs(fout.fileno(), dst, attrs if attrs is not None
+                                else self.attributes(ObjectInfo(src, size)))
                     _copy_range(fin.fileno(), fout.fileno(), size)
                     fout.flush()
                     os.fsync(fout.fileno())
@@ -284,7 +305,7 @@ class LocalStore(Store):
         path = _beside(loc.local_path, f".{upload_id}{PARTIAL}{SIDECAR}")
         return path[: -len(SIDECAR)]
 
-    def begin_upload(self, loc: Location, size: int) -> str:
+    def begin_upload(self, loc: Location, size: int, attrs: Attrs | None = None) -> str:
         upload_id = uuid.uuid4().hex[:12]
         path = self._partial(loc, upload_id)
         with _translate(loc):
@@ -355,8 +376,9 @@ class LocalStore(Store):
         return parts
 
     def complete_upload(self, loc: Location, upload_id: str, parts: list[PartRecord], *,
-                        crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
-        """The partial file takes its name; a file reports no checksum of its own."""
+                        crc32c: str, metadata: dict[str, str], attrs: Attrs | None = None) -> ObjectInfo:
+        """The partial file takes its name (and ``attrs`` as extended attributes); a file reports
+        no checksum of its own."""
         path = self._partial(loc, upload_id)
         with _translate(loc):
             try:
@@ -368,6 +390,7 @@ class LocalStore(Store):
                     raise
             else:
                 try:
+                    _set_xattrs(fd, loc, attrs)
                     os.fsync(fd)  # every part's pwrite, before the file takes its final name
                 finally:
                     os.close(fd)
@@ -426,6 +449,24 @@ def _long_target(partial: str) -> str | None:
         return None
     target = header.get("target") if isinstance(header, dict) else None
     return target if isinstance(target, str) and target and "/" not in target else None
+
+
+def _set_xattrs(fd: int, loc: Location, attrs: Attrs | None) -> None:
+    """``attrs`` as the file's ``user.`` extended attributes; a Content-Type that its name
+    gives anyway is not written. A filesystem without them is an error when there is anything to
+    keep (``--no-metadata`` keeps nothing)."""
+    if attrs is None:
+        return
+    if attrs.content_type == attributes.guess_content_type(loc.name):
+        attrs = dataclasses.replace(attrs, content_type=None)
+    for name, value in attributes.to_xattrs(attrs).items():
+        try:
+            os.setxattr(fd, name, value)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise MetadataError(f"{loc}: this filesystem keeps no extended attributes, so the object's "
+                                    f"headers and metadata ({name}) cannot be kept (--no-metadata drops them)") from exc
+            raise MetadataError(f"{loc}: cannot keep {name} as an extended attribute: {exc.strerror}") from exc
 
 
 def _copy_range(fd_in: int, fd_out: int, size: int) -> None:

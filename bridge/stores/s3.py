@@ -12,18 +12,21 @@ import functools
 import http.client
 import importlib.util
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from types import SimpleNamespace
 
+from bridge import attributes
+from bridge.attributes import Attrs
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, ClockSkewed, CredentialsMissing, EndpointUnreachable,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported)
 from bridge.hashing import crc_hex
 from bridge.retry import call_with_retries
-from bridge.stores.base import (GiB, MiB, BufferReader, Features, ObjectInfo, PartRecord, Store, crc_b64_to_hex,
-                                crc_hex_to_b64, utc_seconds)
+from bridge.stores.base import (put_args, GiB, MiB, BufferReader, Features, ObjectInfo, PartRecord, Store, crc_b64_to_hex,
+                                crc_hex_to_b64, is_reserved, utc_seconds)
 from bridge.urls import Location
 
 # The SDK stack (s3fs, aiobotocore, botocore, aiohttp) is imported when first needed: jobs that
@@ -118,12 +121,15 @@ def _from_code(loc: Location, code: str, text: str) -> BridgeError:
         return TransientError(f"{loc}: {code}")
     if code in ("NotImplemented", "501"):
         return Unsupported(f"{loc}: the S3 endpoint does not implement this request ({code})")
+    if code == "InvalidObjectState":
+        return BridgeError(f"{loc}: archived (Glacier or Deep Archive): restore it before it can be read")
     if code in ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"):
         return IntegrityError(f"{loc}: S3 rejected the bytes as not matching their checksum ({code})")
     return BridgeError(f"{loc}: S3 error {code or text}")
 
 
 COPY_PART = 512 * MiB   # UploadPartCopy part size, for copies over max_copy_size
+SEEN = 4096             # whole-object GETs whose headers are kept for attributes()
 
 
 class UploadGone(ObjectNotFound):
@@ -142,6 +148,12 @@ class S3Store(Store):
         self.endpoint = s3.endpoint_url
         from bridge.stores.s3direct import Direct
         self._direct = Direct.for_settings(settings)  # None: reads go through aiobotocore
+        # Headers and metadata seen on whole-object GETs, until attributes() takes them: copying
+        # them then costs no HEAD. Bounded: objects read for other reasons are forgotten.
+        self._seen: OrderedDict[str, Attrs] = OrderedDict()
+        self._seen_lock = threading.Lock()
+        if self._direct is not None:
+            self._direct.on_headers = self._remember
         self._fs = None
         self._fs_lock = threading.Lock()
         self.retries = t.retries
@@ -197,8 +209,7 @@ class S3Store(Store):
                 kw["ContinuationToken"] = token
             page = self._call(prefix, "list_objects_v2", **kw)
             for item in page.get("Contents", []):
-                yield ObjectInfo(Location("s3", prefix.bucket, item["Key"]), int(item["Size"]),
-                                 identity=_identity(item))
+                yield _listed(prefix.bucket, item)
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return
@@ -210,8 +221,7 @@ class S3Store(Store):
             for item in page:
                 modified = item["LastModified"]
                 item["LastModified"] = datetime.fromisoformat(modified) if modified else None
-                yield ObjectInfo(Location("s3", prefix.bucket, item["Key"]), int(item["Size"]),
-                                 identity=_identity(item))
+                yield _listed(prefix.bucket, item)
             if token is None:
                 return
 
@@ -221,12 +231,17 @@ class S3Store(Store):
         else:
             head = self._call(loc, "head_object", Bucket=loc.bucket, Key=loc.key, ChecksumMode="ENABLED")
         sums = {}
-        if head.get("ChecksumCRC32C"):
-            value = head["ChecksumCRC32C"]
-            kind = head.get("ChecksumType", "FULL_OBJECT")
-            if "-" not in value and kind == "FULL_OBJECT":
-                sums["crc32c"] = crc_b64_to_hex(value)
-        return ObjectInfo(loc, int(head["ContentLength"]), sums, dict(head.get("Metadata", {})), _identity(head))
+        kind = head.get("ChecksumType", "FULL_OBJECT")
+        for name in ("CRC32C", "CRC64NVME", "CRC32"):
+            value = head.get(f"Checksum{name}")
+            if value and "-" not in value and kind == "FULL_OBJECT":
+                sums[name.lower()] = crc_b64_to_hex(value)
+        metadata = dict(head.get("Metadata", {}))
+        attrs = Attrs(**{name: head.get(_SDK_HEADERS[name]) or None for name in attributes.HEADERS},
+                      user=attributes.from_s3(metadata))
+        cls = head.get("StorageClass") or "STANDARD"
+        return ObjectInfo(loc, int(head["ContentLength"]), sums, metadata, _identity(head), attrs, cls,
+                          _needs_restore(cls, head.get("Restore")))
 
     def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
         kw = {"Bucket": loc.bucket, "Key": loc.key}
@@ -258,13 +273,52 @@ class S3Store(Store):
         t = self.settings.transfer
         return self._direct.get_many(locs, each, _from_code, connections=t.concurrency, retries=self.retries)
 
-    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
+    def _remember(self, loc: Location, headers: list[tuple[str, str]]) -> None:
+        named = {k.lower(): v for k, v in headers}
+        attrs = Attrs(**{name: named.get(attributes.HTTP_NAMES[name].lower()) or None for name in attributes.HEADERS},
+                      user=attributes.from_s3({k[len("x-amz-meta-"):]: v for k, v in named.items()
+                                               if k.startswith("x-amz-meta-")}))
+        with self._seen_lock:
+            self._seen[str(loc)] = attrs
+            while len(self._seen) > SEEN:
+                self._seen.popitem(last=False)
+
+    def attributes(self, info: ObjectInfo) -> Attrs:
+        """From the object's last whole GET here when there was one (no request), else HEAD."""
+        if info.attrs is None:
+            with self._seen_lock:
+                seen = self._seen.pop(str(info.location), None)
+            if seen is not None:
+                return seen
+        return super().attributes(info)
+
+    def written(self, loc: Location, metadata: dict[str, str], attrs: Attrs | None) -> dict:
+        """The parameters of a write of ``loc`` besides its bytes, as botocore names them: bridge's
+        metadata with the user's (bridge.attributes.to_s3), the headers, and this store's storage
+        class and encryption (not for bridge's own records, which stay readable)."""
+        user = attributes.to_s3(attrs.user) if attrs else {}
+        params: dict = {"Metadata": {**user, **metadata}}
+        for name, value in (attrs.headers() if attrs else {}).items():
+            params[_SDK_HEADERS[name]] = value
+        s3 = self.settings.s3
+        if s3.storage_class and not is_reserved(loc.key):
+            params["StorageClass"] = s3.storage_class
+        if s3.sse_kms_key_id:
+            params["ServerSideEncryption"] = "aws:kms"
+            params["SSEKMSKeyId"] = s3.sse_kms_key_id
+            if s3.bucket_key is not None:
+                params["BucketKeyEnabled"] = s3.bucket_key
+        return params
+
+    def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str],
+            attrs: Attrs | None = None) -> ObjectInfo:
         # S3 checks the body against the CRC32C header on arrival and rejects a mismatch.
+        params = self.written(loc, metadata, attrs)
         if self._direct is not None:
-            resp = self._request(loc, lambda: self._direct.put(loc, data, crc_hex_to_b64(crc32c), metadata, _from_code))
+            resp = self._request(loc, lambda: self._direct.put(loc, data, crc_hex_to_b64(crc32c), params, _from_code))
         else:
             resp = self._call(loc, "put_object", Bucket=loc.bucket, Key=loc.key, Body=_body(data),
-                              ChecksumAlgorithm="CRC32C", ChecksumCRC32C=crc_hex_to_b64(crc32c), Metadata=metadata)
+                              ChecksumAlgorithm="CRC32C", ChecksumCRC32C=crc_hex_to_b64(crc32c), **params)
         return _put_info(loc, len(data), metadata, resp)
 
     @property
@@ -277,9 +331,9 @@ class S3Store(Store):
         sent: dict[int, tuple[Location, int, dict]] = {}   # what each answer is about
 
         def request(i: int) -> tuple:
-            loc, data, crc32c, metadata = body(i)
+            loc, data, crc32c, metadata, attrs = put_args(body(i))
             sent[i] = (loc, len(data), metadata)
-            return loc, data, crc_hex_to_b64(crc32c), metadata
+            return loc, data, crc_hex_to_b64(crc32c), self.written(loc, metadata, attrs)
 
         def answered(i: int, resp: dict) -> None:
             loc, size, metadata = sent.pop(i)
@@ -309,26 +363,34 @@ class S3Store(Store):
         return answer.get("LocationConstraint") or "us-east-1"
 
     # -- server-side copy, part copy, signed URLs ------------------------------------------
-    def copy_object(self, src: Location, dst: Location, *, size: int) -> ObjectInfo:
+    def copy_object(self, src: Location, dst: Location, *, size: int, attrs: Attrs | None = None) -> ObjectInfo:
         """CopyObject up to ``max_copy_size`` (S3: 5 GiB), else a multipart upload of
-        UploadPartCopy parts. S3 computes the copy's CRC32C itself (ChecksumAlgorithm)."""
+        UploadPartCopy parts. S3 computes the copy's CRC32C itself (ChecksumAlgorithm). The
+        source's headers and metadata go with it (COPY), or ``attrs`` replace them (REPLACE,
+        bridge's keys of the source kept); the storage class and encryption are this store's."""
         if size > self.features.max_copy_size:
-            return self._copy_in_parts(src, dst, size)
+            return self._copy_in_parts(src, dst, size, attrs)
+        if attrs is None:
+            params = {k: v for k, v in self.written(dst, {}, None).items() if k != "Metadata"}
+            params["MetadataDirective"] = "COPY"
+        else:
+            kept = attributes.bridge_metadata(self.info(src).metadata)
+            params = {**self.written(dst, kept, attrs), "MetadataDirective": "REPLACE"}
         resp = self._call(dst, "copy_object", Bucket=dst.bucket, Key=dst.key,
-                          CopySource={"Bucket": src.bucket, "Key": src.key}, MetadataDirective="COPY",
-                          ChecksumAlgorithm="CRC32C")
+                          CopySource={"Bucket": src.bucket, "Key": src.key}, ChecksumAlgorithm="CRC32C",
+                          **params)
         result = resp.get("CopyObjectResult", {})
         sums = {"crc32c": crc_b64_to_hex(result["ChecksumCRC32C"])} if result.get("ChecksumCRC32C") else {}
         return ObjectInfo(dst, size, sums, {}, _identity({**result, "VersionId": resp.get("VersionId")}))
 
-    def _copy_in_parts(self, src: Location, dst: Location, size: int) -> ObjectInfo:
+    def _copy_in_parts(self, src: Location, dst: Location, size: int, attrs: Attrs | None = None) -> ObjectInfo:
         from bridge.hashing import combine_parts
         f = self.features
         part = max(f.min_part_size, -(-size // f.max_parts), min(COPY_PART, f.max_copy_size))
-        head = self._call(src, "head_object", Bucket=src.bucket, Key=src.key)
+        head = self.info(src)
+        params = self.written(dst, attributes.bridge_metadata(head.metadata), attrs if attrs is not None else head.attrs)
         resp = self._call(dst, "create_multipart_upload", Bucket=dst.bucket, Key=dst.key,
-                          Metadata=dict(head.get("Metadata", {})), ChecksumAlgorithm="CRC32C",
-                          ChecksumType="FULL_OBJECT")
+                          ChecksumAlgorithm="CRC32C", ChecksumType="FULL_OBJECT", **params)
         upload_id = resp["UploadId"]
         try:
             ranges = list(enumerate(range(0, size, part), 1))
@@ -364,9 +426,10 @@ class S3Store(Store):
         return self._request(loc, lambda: self.fs.url(f"{loc.bucket}/{loc.key}", expires=expires))
 
     # -- multipart -----------------------------------------------------------------------
-    def begin_upload(self, loc: Location, size: int) -> str:
+    def begin_upload(self, loc: Location, size: int, attrs: Attrs | None = None) -> str:
+        # S3 takes the headers, metadata, class and encryption when the upload starts.
         resp = self._call(loc, "create_multipart_upload", Bucket=loc.bucket, Key=loc.key,
-                          ChecksumAlgorithm="CRC32C", ChecksumType="FULL_OBJECT")
+                          ChecksumAlgorithm="CRC32C", ChecksumType="FULL_OBJECT", **self.written(loc, {}, attrs))
         return resp["UploadId"]
 
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
@@ -394,7 +457,7 @@ class S3Store(Store):
             marker = page["NextPartNumberMarker"]
 
     def complete_upload(self, loc: Location, upload_id: str, parts: list[PartRecord], *,
-                        crc32c: str, metadata: dict[str, str]) -> ObjectInfo:
+                        crc32c: str, metadata: dict[str, str], attrs: Attrs | None = None) -> ObjectInfo:
         """S3 checks the whole object against the CRC32C sent (FULL_OBJECT) and answers with the
         one it keeps; the engine compares that with ours (--store-checksums)."""
         body = {"Parts": [{"PartNumber": p.number, "ETag": p.token,
@@ -443,6 +506,25 @@ class S3Store(Store):
             if not markers["KeyMarker"]:
                 raise BridgeError(f"{prefix}: the endpoint truncated the list of uploads without "
                                   f"saying where the next page starts")
+
+
+_SDK_HEADERS = {"content_type": "ContentType", "content_encoding": "ContentEncoding",
+                "content_disposition": "ContentDisposition", "content_language": "ContentLanguage",
+                "cache_control": "CacheControl"}
+ARCHIVED = ("GLACIER", "DEEP_ARCHIVE")   # GLACIER_IR reads at once; these need a restore first
+
+
+def _needs_restore(storage_class: str | None, restore: str | None) -> bool:
+    """Archived and not restored: a GET answers InvalidObjectState (x-amz-restore says
+    ongoing-request="false" once a restored copy is there)."""
+    return storage_class in ARCHIVED and 'ongoing-request="false"' not in (restore or "")
+
+
+def _listed(bucket: str, item: dict) -> ObjectInfo:
+    cls = item.get("StorageClass") or "STANDARD"
+    restored = (item.get("RestoreStatus") or {}).get("IsRestoreInProgress") is False
+    return ObjectInfo(Location("s3", bucket, item["Key"]), int(item["Size"]), identity=_identity(item),
+                      storage_class=cls, needs_restore=cls in ARCHIVED and not restored)
 
 
 def _put_info(loc: Location, size: int, metadata: dict[str, str], resp: dict) -> ObjectInfo:

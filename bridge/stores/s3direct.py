@@ -40,6 +40,9 @@ _CODE = re.compile(rb"<Code>([^<]+)</Code>")
 
 class Direct:
     page_size: int | None = None   # objects per listing page; None: the service's (1,000)
+    # Called with (location, [(header, value)]) of each whole-object GET's answer: the store keeps
+    # the headers and metadata it carries, so that copying them costs no HEAD.
+    on_headers: Callable[[Location, list[tuple[str, str]]], None] | None = None
 
     def __init__(self, endpoint: str, region: str, key: str, secret: str, token: str | None, timeout: float):
         url = urlsplit(endpoint)
@@ -62,11 +65,13 @@ class Direct:
         return cls(s3.endpoint_url, s3.region or "us-east-1", s3.access_key_id,
                    s3.secret_access_key.get_secret_value(), token, settings.transfer.read_timeout)
 
-    def put(self, loc: Location, data: bytes | bytearray, crc32c_b64: str, metadata: dict[str, str],
+    def put(self, loc: Location, data: bytes | bytearray, crc32c_b64: str, params: dict,
             from_code) -> dict[str, str]:
-        """PUT one object; what S3 answered, named as botocore names it (ETag, VersionId,
-        ChecksumCRC32C), for the store to make its ObjectInfo of."""
-        path, headers = self._put_request(loc, data, crc32c_b64, metadata)
+        """PUT one object with ``params`` named as botocore's put_object names them (Metadata,
+        ContentType ..., StorageClass, ServerSideEncryption, SSEKMSKeyId, BucketKeyEnabled); what
+        S3 answered, named as botocore names it (ETag, VersionId, ChecksumCRC32C), for the store
+        to make its ObjectInfo of."""
+        path, headers = self._put_request(loc, data, crc32c_b64, params)
         with self._connection(loc) as conn:
             conn.request("PUT", path, body=data, headers=headers)
             resp = conn.getresponse()
@@ -75,18 +80,21 @@ class Direct:
             resp.read()
         return _put_answer(resp.getheader)
 
-    def _put_request(self, loc: Location, data, crc32c_b64: str, metadata: dict[str, str]) -> tuple[str, dict[str, str]]:
+    def _put_request(self, loc: Location, data, crc32c_b64: str, params: dict) -> tuple[str, dict[str, str]]:
         path = self._path(loc)
         headers = {"Content-Length": str(len(data)), "x-amz-sdk-checksum-algorithm": "CRC32C",
                    "x-amz-checksum-crc32c": crc32c_b64,
-                   **{f"x-amz-meta-{k}": v for k, v in metadata.items()}}
+                   **{f"x-amz-meta-{k}": v for k, v in params.get("Metadata", {}).items()}}
+        for name, value in params.items():
+            if name in PUT_HEADERS:
+                headers[PUT_HEADERS[name]] = str(value).lower() if isinstance(value, bool) else value
         self._signer.sign("PUT", self.netloc, path, "", headers, data)
         return path, headers
 
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], from_code, *,
                  connections: int, retries: int) -> dict[int, BridgeError]:
         """Whole objects, ``connections`` PUTs in flight from this thread: ``body(i)`` gives
-        (location, bytes, CRC32C base64, metadata) when its request is first about to go (its
+        (location, bytes, CRC32C base64, put_object's parameters) when its request is first about to go (its
         retries send the same), ``each(i, answer)`` takes what S3 answered (as ``put`` returns
         it). Failures by index, as get_many."""
         from bridge.stores.streams import each_of
@@ -95,8 +103,8 @@ class Direct:
         async def send(i: int, link) -> dict:
             if i not in bodies:
                 bodies[i] = body(i)
-            loc, data, crc32c_b64, metadata = bodies[i]
-            path, headers = self._put_request(loc, data, crc32c_b64, metadata)
+            loc, data, crc32c_b64, params = bodies[i]
+            path, headers = self._put_request(loc, data, crc32c_b64, params)
             answer = await link.send("PUT", path, headers, data, what=str(loc))
             if answer.status >= 300:
                 raise _error_of(loc, answer.status, answer.body[:65536], from_code)
@@ -151,7 +159,10 @@ class Direct:
             size = int(resp.getheader("Content-Length", "-1"))
             if size < 0 or (length is not None and size != length):
                 raise TransientError(f"{loc}: the endpoint announced {size} bytes, asked for {length}")
-            return receive(resp, size, loc, into, each)
+            got = receive(resp, size, loc, into, each)
+        if not ranged and self.on_headers is not None:
+            self.on_headers(loc, resp.getheaders())
+        return got
 
     def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], from_code, *,
                  connections: int, retries: int) -> dict[int, BridgeError]:
@@ -167,6 +178,8 @@ class Direct:
             answer = await link.send("GET", path, headers, what=str(loc))
             if answer.status >= 300:
                 raise _error_of(loc, answer.status, answer.body[:65536], from_code)
+            if self.on_headers is not None:
+                self.on_headers(loc, list(answer.headers.items()))
             return answer.body
 
         return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout,
@@ -180,7 +193,11 @@ class Direct:
         got = resp.getheader
         answer = {"ContentLength": int(got("Content-Length", "0")), "ETag": got("ETag"),
                   "VersionId": got("x-amz-version-id"), "ChecksumCRC32C": got("x-amz-checksum-crc32c"),
+                  "ChecksumCRC64NVME": got("x-amz-checksum-crc64nvme"), "ChecksumCRC32": got("x-amz-checksum-crc32"),
                   "ChecksumType": got("x-amz-checksum-type"),
+                  "StorageClass": got("x-amz-storage-class"), "Restore": got("x-amz-restore"),
+                  **{name: got(header) for name, header in PUT_HEADERS.items()
+                     if name.startswith(("Content", "Cache"))},
                   "LastModified": parsedate_to_datetime(got("Last-Modified")) if got("Last-Modified") else None,
                   "Metadata": {name[len("x-amz-meta-"):].lower(): value for name, value in resp.getheaders()
                                if name.lower().startswith("x-amz-meta-")}}
@@ -241,7 +258,8 @@ class Direct:
             key = item.findtext(f"{ns}Key", "")
             items.append({"Key": unquote_plus(key) if encoded else key, "Size": item.findtext(f"{ns}Size", "0"),
                           "ETag": item.findtext(f"{ns}ETag", ""),
-                          "LastModified": item.findtext(f"{ns}LastModified", "")})
+                          "LastModified": item.findtext(f"{ns}LastModified", ""),
+                          "StorageClass": item.findtext(f"{ns}StorageClass", "")})
         following = root.findtext(f"{ns}NextContinuationToken")
         if root.findtext(f"{ns}IsTruncated") != "true":
             return items, None
@@ -249,6 +267,15 @@ class Direct:
             raise BridgeError(f"{prefix}: the endpoint truncated the listing without saying where "
                               f"the next page starts")
         return items, following
+
+
+# put_object's parameters that travel as headers of their own (Metadata goes as x-amz-meta-*).
+PUT_HEADERS = {"ContentType": "Content-Type", "ContentEncoding": "Content-Encoding",
+               "ContentDisposition": "Content-Disposition", "ContentLanguage": "Content-Language",
+               "CacheControl": "Cache-Control", "StorageClass": "x-amz-storage-class",
+               "ServerSideEncryption": "x-amz-server-side-encryption",
+               "SSEKMSKeyId": "x-amz-server-side-encryption-aws-kms-key-id",
+               "BucketKeyEnabled": "x-amz-server-side-encryption-bucket-key-enabled"}
 
 
 def _put_answer(header: Callable[[str], str | None]) -> dict[str, str]:

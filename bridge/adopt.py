@@ -1,0 +1,137 @@
+"""Taking over copies bridge did not make: is the object at the destination the source's, proven
+without sending it?
+
+Two objects are equal for adoption when their sizes agree and so does the strongest checksum both
+stores report of them, in this order: MD5 (S3's ETag of a one-request upload, GCS md5Hash, Azure
+Content-MD5), CRC64NVME (S3), CRC32C (S3 full-object checksum, GCS crc32c, the CRC32C bridge keeps
+in an object's metadata), CRC32 (S3). A local file reports nothing but costs no egress to read, so
+whatever the other side reports is computed from its bytes. Where no checksum is common, ``deep``
+reads both sides and compares CRC32C and SHA-256; otherwise the object counts as different and is
+sent again. An S3 ETag is an MD5 only for an unencrypted (or SSE-S3) one-request upload: under
+SSE-KMS it is not, and such an object merely fails to match (it is sent again, never taken wrongly).
+
+``compare`` answers with an ``Adoption``: ``equal`` and by which checksum, and the manifest entry
+that records the object as adopted (``FileEntry.adopted`` names the checksum; ``computed`` the
+hashes bridge took from bytes it read: a local source's, or both sides' under ``deep``).
+``check_trees`` (bridge/compare.py) and sync's adoption both ask it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import zlib
+from dataclasses import dataclass
+
+from bridge.hashing import READ_SIZE, crc32c, crc_hex
+from bridge.manifest import FileEntry
+from bridge.stores.base import ObjectInfo, Store
+
+ORDER = ("md5", "crc64nvme", "crc32c", "crc32")   # strongest first
+COMPUTABLE = ("md5", "crc32c", "crc32")            # what bridge can hash a local file's bytes with
+_MD5 = re.compile(r"[0-9a-f]{32}\Z")
+
+
+@dataclass(frozen=True)
+class Adoption:
+    equal: bool
+    by: str                 # the checksum that decided ("md5", ..., "deep"), or "" when none could
+    why: str                # one line: how it was decided
+    entry: FileEntry | None = None   # when equal: the manifest entry of the adopted object
+
+
+def reported(store: Store, info: ObjectInfo, ask: bool = False) -> dict[str, str]:
+    """The whole-object checksums a store reports of an object, lower-case hex, by ``ORDER``'s
+    names; with ``ask``, an S3 object whose listing gives none (no MD5 ETag: a multipart upload) is
+    asked for them (S3's checksums come with HEAD only)."""
+    sums = dict(info.checksums)
+    etag = info.identity.get("etag", "").lower()
+    if info.location.scheme == "s3" and _MD5.match(etag):
+        sums.setdefault("md5", etag)          # a one-request upload's ETag is its MD5
+    elif ask and info.location.scheme == "s3" and not sums:
+        sums = dict(store.info(info.location).checksums)
+    if "crc32c" not in sums and info.metadata.get("bridge_crc32c"):
+        sums["crc32c"] = info.metadata["bridge_crc32c"]
+    return {k: v.lower() for k, v in sums.items() if k in ORDER and v}
+
+
+def digest(store: Store, info: ObjectInfo, names: tuple[str, ...]) -> dict[str, str]:
+    """``names`` (of ``md5``, ``crc32c``, ``crc32``, ``sha256``) of the object's bytes, read in
+    bounded ranges."""
+    md5 = hashlib.md5() if "md5" in names else None
+    sha = hashlib.sha256() if "sha256" in names else None
+    crc_c, crc, offset = 0, 0, 0
+    while offset < info.size:
+        data = store.read(info.location, offset, min(READ_SIZE, info.size - offset))
+        if not data:
+            break
+        crc_c = crc32c(data, crc_c)
+        if "crc32" in names:
+            crc = zlib.crc32(data, crc)
+        if md5:
+            md5.update(data)
+        if sha:
+            sha.update(data)
+        offset += len(data)
+    out = {"crc32c": crc_hex(crc_c)}
+    if "crc32" in names:
+        out["crc32"] = f"{crc:08x}"
+    if md5:
+        out["md5"] = md5.hexdigest()
+    if sha:
+        out["sha256"] = sha.hexdigest()
+    return out
+
+
+def common(src_sums: dict[str, str], dst_sums: dict[str, str], src_local: bool, dst_local: bool) -> str | None:
+    """The strongest checksum both sides have or, for a local side, can compute."""
+    for name in ORDER:
+        have_src = name in src_sums or (src_local and name in COMPUTABLE)
+        have_dst = name in dst_sums or (dst_local and name in COMPUTABLE)
+        if have_src and have_dst:
+            return name
+    return None
+
+
+def compare(src_store: Store, src: ObjectInfo, dst_store: Store, dst: ObjectInfo, rel: str,
+            deep: bool = False) -> Adoption:
+    """Whether ``dst`` holds ``src``'s bytes, by size and the strongest common checksum (or, with
+    ``deep`` where none is common, by reading both)."""
+    if src.size != dst.size:
+        return Adoption(False, "size", f"size {dst.size}, source {src.size}")
+    src_local, dst_local = src.location.is_local, dst.location.is_local
+    src_sums = reported(src_store, src, ask=not src_local)
+    dst_sums = reported(dst_store, dst, ask=not dst_local)
+    name = common(src_sums, dst_sums, src_local, dst_local)
+    read: dict[str, str] = {}
+    if name is None and not deep:
+        return Adoption(False, "", "no checksum both stores report (--adopt deep reads both)")
+    if name is None:
+        read = digest(src_store, src, ("sha256",))
+        theirs = digest(dst_store, dst, ("sha256",))
+        if (read["crc32c"], read["sha256"]) != (theirs["crc32c"], theirs["sha256"]):
+            return Adoption(False, "deep", "read both: CRC32C or SHA-256 differ")
+        return Adoption(True, "deep", "read both: CRC32C and SHA-256 equal",
+                        _entry(rel, src, dst, dst_sums, read, "deep", both_read=True))
+    if src_local or "crc32c" not in src_sums:
+        # A local source costs nothing to read. A cloud source that reports no CRC32C is read
+        # too (sync reads it to compare on every run anyway): the entry needs its CRC32C.
+        read = digest(src_store, src, (name, "sha256") if name in COMPUTABLE else ("sha256",))
+        src_sums = {**src_sums, **read}
+    if dst_local:
+        dst_sums = {**dst_sums, **digest(dst_store, dst, (name,))}
+    if src_sums[name] != dst_sums[name]:
+        return Adoption(False, name, f"{name.upper()} {dst_sums[name]}, source {src_sums[name]}")
+    return Adoption(True, name, f"{name.upper()} equal", _entry(rel, src, dst, dst_sums, {**src_sums, **read}, name))
+
+
+def _entry(rel: str, src: ObjectInfo, dst: ObjectInfo, dst_sums: dict[str, str], src_sums: dict[str, str],
+           by: str, both_read: bool = False) -> FileEntry:
+    """The manifest entry of an adopted object: its CRC32C the source's (reported or computed),
+    its SHA-256 where bridge read the source, what the destination reports, its identity."""
+    computed = [h for h in ("crc32c", "sha256") if h in src_sums and (src.location.is_local or both_read
+                                                                      or "sha256" in src_sums)]
+    note = f"adopted: equal to its source by {'reading both' if by == 'deep' else by.upper()}"
+    return FileEntry(rel, dst.size, src_sums.get("crc32c", ""), src_sums.get("sha256", ""),
+                     computed=computed, reported=dict(dst_sums), identity=dict(dst.identity), note=note,
+                     adopted=by)

@@ -1,0 +1,43 @@
+"""``mcbridge check SRC DST``: compare two trees without manifests (bridge/compare.py)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from bridge.cli.options import ConcOpt, ConfigOpt, JsonOpt, ProfileOpt, out, settings_from_flags, shown
+
+
+def check(src: str, dst: str,
+          download: Annotated[bool, typer.Option("--download", help="Read both sides and compare CRC32C and "
+                                                 "SHA-256, instead of the checksums the stores report.")] = False,
+          concurrency: ConcOpt = None, as_json: JsonOpt = False, profile: ProfileOpt = None,
+          config: ConfigOpt = None) -> None:
+    """Compare the objects under SRC and DST by size and a checksum both stores report (no manifest
+    needed, as rclone check); exit 1 naming each missing, extra, differing or unproven object."""
+    from bridge.compare import check_trees
+    report = check_trees(src, dst, settings_from_flags(profile, config, concurrency), download=download)
+    if as_json:
+        out.print_json(json.dumps(report))
+    else:
+        for path in report["missing"]:
+            out.print(f"missing     {shown(path)}", markup=False)
+        for path in report["extra"]:
+            out.print(f"extra       {shown(path)}", markup=False)
+        for row in report["differ"]:
+            out.print(f"differ      {shown(row['path'])}: {row['reason']}", markup=False)
+        for row in report["unproven"]:
+            out.print(f"unproven    {shown(row['path'])}: {row['reason']}", markup=False)
+        by = ", ".join(f"{n} by {name}" for name, n in sorted(report["by"].items()))
+        out.print(f"{'OK' if report['ok'] else 'FAILED'}: {report['equal']} of {report['checked']} pairs equal"
+                  f"{f' ({by})' if by else ''}; {len(report['missing'])} missing at {report['destination']}, "
+                  f"{len(report['extra'])} extra there, {len(report['differ'])} differ, "
+                  f"{len(report['unproven'])} unproven", markup=False)
+    if not report["ok"]:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(check)

