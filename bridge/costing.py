@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from bridge import estimate
+from bridge import estimate, money
 from bridge.config import Settings
 from bridge.engine import Plan, plan_copy
 from bridge.errors import InvalidOption, OverBudget
@@ -151,8 +151,8 @@ def check_budget(usage: estimate.Usage | list[estimate.Usage], settings: Setting
         requests = sum(u.request_count for u in usages)
         payload = sum(u.payload for u in usages)
         routes_used = ", ".join(sorted({u.route for u in usages}))
-        raise OverBudget(f"{what} refused: estimated ${usd:.2f} ({files} files, {human_bytes(payload)}, "
-                         f"{requests} requests, route {routes_used}) is over --max-cost ${max_cost:.2f}; "
+        raise OverBudget(f"{what} refused: estimated {money.usd(usd)} ({files} files, {human_bytes(payload)}, "
+                         f"{requests} requests, route {routes_used}) is over --max-cost {money.usd(max_cost)}; "
                          f"nothing was sent")
     return usd
 

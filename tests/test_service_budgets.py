@@ -31,9 +31,10 @@ def test_a_job_over_its_monthly_budget_waits_for_approval_and_is_charged(service
 
     mark = moto.log_path.stat().st_size
     r = service.cli("submit", "cp", f"s3://{src}/train/", f"s3://{dst}/copy/", "--budget", "golden")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 3, r.stderr   # held: neither queued nor failed
     job_id = r.stdout.strip()
     assert "awaits approval" in r.stderr and f"mcbridge jobs approve {job_id}" in r.stderr
+    assert "queued" not in r.stderr
     record = service.jobs.get(job_id)
     assert record.state == "awaiting-approval" and record.budget == "golden"
     assert record.estimate_usd > 0.00001
@@ -76,8 +77,10 @@ def test_a_job_awaiting_approval_can_be_cancelled(service, moto):  # noqa: F811
     moto.create_bucket(src)
     moto.client().put_object(Bucket=src, Key="a/x.bin", Body=b"x" * 1000)
     Budgets(service.redis, service.keys).set("tight", 0)
-    r = service.cli("submit", "cp", f"s3://{src}/a/", f"s3://{src}/b/", "--budget", "tight")
-    job_id = r.stdout.strip()
+    r = service.cli("submit", "cp", f"s3://{src}/a/", f"s3://{src}/b/", "--budget", "tight", "--json")
+    assert r.returncode == 3, r.stderr
+    job_id = json.loads(r.stdout)["id"]
+    assert json.loads(r.stdout)["state"] == "awaiting-approval"
     assert service.jobs.get(job_id).state == "awaiting-approval"
     r = service.cli("jobs", "cancel", job_id)
     assert r.returncode == 0, r.stderr
@@ -132,3 +135,60 @@ def test_spend_is_priced_from_what_ran_a_cut_short_job_costs_less(service, moto)
     done = _priced(service, service.wait(job_id).id)
     assert done.state == "succeeded" and done.counters["files_total"] == 6
     assert 0 < done.spent_usd < 0.75 * estimate
+
+
+def test_ten_submits_at_once_against_a_budget_for_three_admit_exactly_three(service, moto):  # noqa: F811
+    """Admission reserves each admitted job's estimate atomically (a Lua script): ten ``submit``
+    processes started together against a budget that fits three estimates admit three; the seven
+    others await approval (exit 3, never "queued"). The three run and are charged; what they
+    held is then released, and the seven stay held until someone approves them."""
+    import subprocess
+    import sys
+    from bridge.config import load_settings
+    from bridge.costing import total_cost
+    from bridge.ops import job_usages
+    src, dst = unique_name(), unique_name()
+    moto.create_bucket(src)
+    moto.create_bucket(dst)
+    for i in range(3):
+        moto.client().put_object(Bucket=src, Key=f"d/{i}.bin", Body=bytes([i]) * 5000)
+    settings = load_settings(environ=service.env)
+    each = total_cost(job_usages("copy", f"s3://{src}/d/", [f"s3://{dst}/c0/"], settings), settings)
+    assert each > 0
+    budgets = Budgets(service.redis, service.keys)
+    budgets.set("three", each * 3.5)
+
+    procs = [subprocess.Popen([sys.executable, "-m", "bridge", "submit", "cp", f"s3://{src}/d/", f"s3://{dst}/c{n}/",
+                               "--budget", "three", "--json"], env=service.env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for n in range(10)]
+    results = [(p.wait(timeout=180), *p.communicate()) for p in procs]
+    admitted = [json.loads(out)["id"] for code, out, _err in results if code == 0]
+    held = [json.loads(out)["id"] for code, out, _err in results if code == 3]
+    assert len(admitted) == 3 and len(held) == 7, [(code, err[-300:]) for code, _out, err in results]
+    for code, _out, err in results:
+        if code == 3:
+            assert "awaits approval" in err and "queued" not in err
+    assert {service.jobs.state(j) for j in admitted} == {"queued"}
+    assert {service.jobs.state(j) for j in held} == {"awaiting-approval"}
+    assert budgets.reserved("three") == pytest.approx(3 * each)
+    assert budgets.spent("three") == 0
+
+    service.worker("w1", concurrency=1).wait_ready()
+    for job_id in admitted:
+        assert service.wait(job_id).state == "succeeded"
+    done = [_priced(service, j) for j in admitted]
+    deadline = time.monotonic() + 30
+    while budgets.reserved("three") > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert budgets.reserved("three") == 0
+    assert budgets.spent("three") == pytest.approx(sum(r.spent_usd for r in done))
+    assert {service.jobs.state(j) for j in held} == {"awaiting-approval"}
+    listed = json.loads(service.cli("budgets", "list", "--json").stdout)["budgets"]["three"]
+    assert listed["reserved_usd"] == 0 and listed["spent_usd"] > 0
+
+    # cancelling a held job frees nothing it did not hold; approving one reserves and runs it
+    assert service.cli("jobs", "cancel", held[0]).returncode == 0
+    r = service.cli("jobs", "approve", held[1])
+    assert r.returncode == 0, r.stderr
+    assert service.wait(held[1]).state == "succeeded"
+    assert _priced(service, held[1]).spent_usd > 0

@@ -22,6 +22,8 @@ from bridge.cli.options import ProfileOpt as LocalProfileOpt
 from bridge.cli.options import (DeleteOpt, JsonOpt, QuietOpt, bwlimit_opt, chunk_size_opt, concurrency_opt,
                                 dry_run_opt, err, given, max_cost_opt, out, profile_opt, refuse_unused, route_opt,
                                 store_checksums_opt, transfer_flags, usd_amount)
+from bridge import money
+from bridge.money import usd
 from bridge.progress import human_bytes
 
 # The flags of mcbridge cp, with the meaning they have for a job that runs on workers.
@@ -43,6 +45,8 @@ VerifyOpt = Annotated[str, typer.Option(
     "--verify", help="After the copy: store (checksums the store reports), deep (re-read) or none.")]
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Follow the job; exit 0 only if it succeeds.")]
 RouteOpt = route_opt()
+# `submit --budget` when the job is held over its budget: not a failure, not queued either.
+AWAITING_APPROVAL = 3
 BudgetOpt = Annotated[Optional[str], typer.Option(
     "--budget", help="Charge the job to this monthly budget (mcbridge budgets); over it, the job waits "
     "for mcbridge jobs approve.")]
@@ -262,16 +266,24 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
     queue = svc.route(spec)
     job_id = svc.submit(spec, budget=budget, estimate=estimate)
     if svc.jobs.state(job_id) == "awaiting-approval":
+        # Held, not queued: the id on stdout (to approve or cancel it), why on stderr, exit 3.
         from bridge.workers.budgets import Budgets
         b = Budgets(client, svc.keys)
-        err.print(f"job {job_id} awaits approval: estimated ${estimate:.2f}, and budget {budget} has "
-                  f"${b.spent(budget):.2f} of ${b.limit(budget):.2f} spent this month; run mcbridge jobs "
-                  f"approve {job_id} (or cancel)", markup=False)
+        if as_json:
+            out.print_json(json.dumps({"id": job_id, "state": "awaiting-approval", "queue": queue,
+                                       "estimate_usd": money.usd_number(estimate or 0.0), "spec": spec.to_dict()}))
+        else:
+            out.print(job_id, markup=False)
+        err.print(f"job {job_id} awaits approval: estimated {usd(estimate or 0.0)}, and budget {budget} has "
+                  f"{usd(b.spent(budget) + b.reserved(budget))} of {usd(b.limit(budget) or 0.0)} spent or held by "
+                  f"admitted jobs this month; run mcbridge jobs approve {job_id} (or cancel)", markup=False,
+                  soft_wrap=True)
+        raise typer.Exit(AWAITING_APPROVAL)
     if not _consumed(client, svc.keys, queue):
         err.print(f"mcbridge: warning: no live worker consumes queue {queue}; the job waits for one "
                   f"(mcbridge worker -Q {queue})", markup=False)
     if as_json and not wait:
-        out.print_json(json.dumps({"id": job_id, "queue": queue, "spec": spec.to_dict()}))
+        out.print_json(json.dumps({"id": job_id, "state": "queued", "queue": queue, "spec": spec.to_dict()}))
     elif not as_json:
         out.print(job_id, markup=False)
         err.print(f"queued {spec.kind} job {job_id} on {queue}", markup=False)
@@ -472,11 +484,6 @@ def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, in
     return 0 if record.state == "succeeded" else 1
 
 
-def usd_text(usd: float) -> str:
-    """Dollars to the cent, or to six places when less than a cent (a small job's requests)."""
-    return f"{usd:.2f}" if usd >= 0.01 or usd == 0 else f"{usd:.6f}"
-
-
 def _no_job(job_id: str):
     from bridge.errors import InvalidOption
     return InvalidOption(f"no job {job_id!r} (it never existed, or its record expired)")
@@ -518,12 +525,12 @@ def jobs_list(state: Annotated[Optional[str], typer.Option("--state", help="Only
         progress = f"{human_bytes(min(t['bytes_done'], t['bytes_total']))} {pct}"
         route = f"{r.spec['source']} -> {', '.join(r.spec['destinations'])}"
         tag = f" [{r.schedule}]" if r.schedule else ""
-        usd = usd_text(r.spent_usd) if r.spent_usd is not None else f"~{usd_text(r.estimate_usd)}" if r.estimate_usd else "-"
-        out.print(f"{r.id:<14} {r.kind:<9} {r.state:<10} {progress:>22} {usd:>9} {r.to_dict()['created']:<20} "
+        cost = usd(r.spent_usd) if r.spent_usd is not None else f"~{usd(r.estimate_usd)}" if r.estimate_usd else "-"
+        out.print(f"{r.id:<14} {r.kind:<9} {r.state:<10} {progress:>22} {cost:>9} {r.to_dict()['created']:<20} "
                   f"{route}{tag}", markup=False)
         for dst, row in (r.replicas or {}).items():
             out.print(f"{'':<14} {dst}: lag {row['lag_checkpoints']}, newest verified "
-                      f"{row.get('newest_verified') or '-'}, ${usd_text(row['spent_usd'])}", markup=False)
+                      f"{row.get('newest_verified') or '-'}, {usd(row['spent_usd'])}", markup=False)
 
 
 def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
@@ -561,16 +568,16 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
         lines.append(f"  verified     {verdict} ({v['mode']}): {v['checked']} files, {v['missing']} missing, "
                      f"{v['mismatched']} mismatched, {v['extra']} extra, at {v['at']}")
     if record.spent_usd is not None or record.estimate_usd is not None:
-        spent = f"${usd_text(record.spent_usd)} spent" if record.spent_usd is not None else "not priced yet"
-        est = f" (estimated ${usd_text(record.estimate_usd)})" if record.estimate_usd is not None else ""
+        spent = f"{usd(record.spent_usd)} spent" if record.spent_usd is not None else "not priced yet"
+        est = f" (estimated {usd(record.estimate_usd)})" if record.estimate_usd is not None else ""
         lines.append(f"  cost         {spent}{est}" + (f", budget {record.budget}" if record.budget else ""))
     for child in doc.get("children", []):
-        spent = f", ${usd_text(child['spent_usd'])}" if child.get("spent_usd") is not None else ""
+        spent = f", {usd(child['spent_usd'])}" if child.get("spent_usd") is not None else ""
         lines.append(f"  -> {child['spec']['destinations'][0]}  {child['state']}  (job {child['id']}{spent})")
     for dst, row in (record.replicas or {}).items():
         verified = f"{row['newest_verified']} verified {row['verified_at']}" if row.get("newest_verified") else "nothing verified"
         lines.append(f"  replica      {dst}: {verified}; lag {row['lag_checkpoints']} checkpoints; "
-                     f"${usd_text(row['spent_usd'])}" + (f"; removed {', '.join(row['removed'])}" if row.get("removed") else ""))
+                     f"{usd(row['spent_usd'])}" + (f"; removed {', '.join(row['removed'])}" if row.get("removed") else ""))
     for dst, proof in (doc.get("proven_equal") or {}).items():
         proof = proof or {}
         when = f"{proof['proven_at']} (job {proof['job']})" if proof.get("proven_at") else "never"
@@ -648,7 +655,7 @@ def budgets_set(name: Annotated[str, typer.Argument(help="Budget name, e.g. a po
     check(name, usd)
     ws = _ws(broker)
     Budgets(_connect(ws), Keys(ws.namespace)).set(name, usd)
-    out.print(f"budget {name}: ${usd:.2f} a month", markup=False)
+    out.print(f"budget {name}: {money.usd(usd)} a month", markup=False)
 
 
 def budgets_list(as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
@@ -658,11 +665,13 @@ def budgets_list(as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
     ws = _ws(broker)
     rows = Budgets(_connect(ws), Keys(ws.namespace)).all()
     if as_json:
-        out.print_json(json.dumps({"month": month(), "budgets": rows}))
+        shown = {name: {k: None if v is None else money.usd_number(v) for k, v in row.items()}
+                 for name, row in rows.items()}
+        out.print_json(json.dumps({"month": month(), "budgets": shown}))
         return
     for name, row in rows.items():
-        cap = f"${row['limit_usd']:.2f}" if row["limit_usd"] is not None else "no limit"
-        out.print(f"{name}: ${row['spent_usd']:.2f} spent in {month()} of {cap}", markup=False)
+        cap = usd(row['limit_usd']) if row["limit_usd"] is not None else "no limit"
+        out.print(f"{name}: {usd(row['spent_usd'])} spent in {month()} of {cap}", markup=False)
 
 
 # -- what the CLI's other groups ask of the service -------------------------------------------------
@@ -743,16 +752,16 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
                          "ok": row.get("ok"), "newest_verified": newest, "verified_at": row.get("verified_at"),
                          "newest_source": lag["newest_source"], "lag_checkpoints": lag["lag_checkpoints"],
                          "commit_to_verified_s": row.get("commit_to_verified_s"),
-                         "spent_usd": round(spend.get(dst, 0.0), 9), "errors": row.get("errors", [])})
+                         "spent_usd": money.usd_number(spend.get(dst, 0.0)), "errors": row.get("errors", [])})
         report.append({"name": p.name, "source": p.policy.source, "source_error": listed,
-                       "budget_usd": budgets.limit(p.name), "spent_usd": round(budgets.spent(p.name), 9),
+                       "budget_usd": budgets.limit(p.name), "spent_usd": money.usd_number(budgets.spent(p.name)),
                        "max_cost_usd": p.policy.max_cost_usd, "waiting": waiting, "destinations": rows})
     if as_json:
         out.print_json(json.dumps({"month": month(), "policies": report}))
         return
     for p in report:
-        cap = f"${p['budget_usd']:.2f}" if p["budget_usd"] is not None else "no monthly budget"
-        out.print(f"{p['name']}: {p['source']}: ${usd_text(p['spent_usd'])} spent in {month()} of {cap}", markup=False)
+        cap = usd(p['budget_usd']) if p["budget_usd"] is not None else "no monthly budget"
+        out.print(f"{p['name']}: {p['source']}: {usd(p['spent_usd'])} spent in {month()} of {cap}", markup=False)
         if p["source_error"]:
             err.print(f"mcbridge: {p['name']}: source not listed: {p['source_error']}", markup=False, soft_wrap=True)
         for ckpt, why in p["waiting"].items():
@@ -768,7 +777,7 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
             lag = row["lag_checkpoints"]
             behind = "up to date" if lag == 0 else f"{lag} checkpoint{'s' if lag != 1 else ''} behind {row['newest_source']}"
             out.print(f"  {row['destination']}: last run {row['last_run']} (job {row['job']}, "
-                      f"{'ok' if row['ok'] else 'FAILED'}); {verified}; {behind}; ${usd_text(row['spent_usd'])} this month",
+                      f"{'ok' if row['ok'] else 'FAILED'}); {verified}; {behind}; {usd(row['spent_usd'])} this month",
                       markup=False)
             for problem in row["errors"]:
                 out.print(f"    {problem}", markup=False)

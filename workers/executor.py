@@ -166,25 +166,39 @@ class Service:
     def submit(self, spec: JobSpec, *, schedule: str | None = None, parent: str | None = None,
                job_id: str | None = None, budget: str | None = None, estimate: float | None = None,
                extra: dict[str, Any] | None = None) -> str:
-        """Queue a job; one over the rest of its monthly ``budget`` waits in awaiting-approval.
-        ``extra``: more fields of the record, written before anything runs."""
+        """Queue a job. One charged to a monthly ``budget`` is created awaiting approval and
+        admitted by ``Budgets.admit`` (its estimate reserved, atomically) when it fits; otherwise
+        it waits there. ``extra``: more fields of the record, written before anything runs."""
         queue = self.route(spec)
-        waits = budget is not None and not Budgets(self.r, self.keys).admits(budget, estimate or 0.0)
         job_id = self.jobs.create(spec, queue=queue, job_id=job_id, schedule=schedule, parent=parent,
-                                  state="awaiting-approval" if waits else "queued")
+                                  state="queued" if budget is None else "awaiting-approval")
         if budget is not None:
-            self.jobs.update(job_id, budget=budget, estimate_usd=estimate)
+            self.jobs.update(job_id, budget=budget, estimate_usd=repr(float(estimate or 0.0)))
         if extra:
             self.jobs.update(job_id, **extra)
-        if not waits:
-            self.send(TaskRef(f"{job_id}.plan", PLAN, [job_id], queue, job_id))
+        if budget is not None:
+            admitted, _ = Budgets(self.r, self.keys).admit(job_id, self.keys.job(job_id), budget, estimate or 0.0)
+            if not admitted:
+                log.info("job %s awaits approval: over budget %s", job_id, budget)
+                return job_id
+        log.info("job %s queued on %s", job_id, queue)
+        self.send(TaskRef(f"{job_id}.plan", PLAN, [job_id], queue, job_id))
         return job_id
 
     def approve(self, job_id: str) -> tuple[bool, str | None]:
-        """Queue a job that waited for approval: (approved now?, the state it was or is in)."""
-        if not self.jobs.transition(job_id, "queued", ("awaiting-approval",)):
-            return False, self.jobs.state(job_id)
+        """Queue a job that waited for approval: (approved now?, the state it was or is in). A
+        budgeted job's estimate is reserved as it is queued."""
         record = self.jobs.get(job_id)
+        if record is None:
+            return False, None
+        if record.budget:
+            moved, state = Budgets(self.r, self.keys).admit(job_id, self.keys.job(job_id), record.budget,
+                                                           record.estimate_usd or 0.0, force=True)
+        else:
+            moved, state = self.jobs.transition(job_id, "queued", ("awaiting-approval",)), record.state
+        if not moved:
+            return False, self.jobs.state(job_id)
+        log.info("job %s approved: queued on %s", job_id, record.queue)
         self.send(TaskRef(f"{job_id}.plan", PLAN, [job_id], record.queue, job_id))
         return True, "awaiting-approval"
 
@@ -265,6 +279,8 @@ class Service:
     def _plan(self, lease: Lease, job_id: str) -> dict:
         record, spec = self._record(job_id)
         if record is None or record.state not in ("queued", "planning", "running"):
+            if record is not None and record.state == "cancelled" and not record.plan_key:
+                self._charge(record, spec, "cancelled")   # cancelled before it was planned: nothing ran
             return {"skipped": record.state if record else "no such job"}
         if record.state == "queued":
             self.jobs.transition(job_id, "planning", ("queued",))
@@ -434,7 +450,9 @@ class Service:
         return problems, summary
 
     def _discard(self, record: JobRecord, spec: JobSpec) -> None:
-        """A cancelled job leaves no manifest and no unfinished uploads behind."""
+        """A cancelled job leaves no manifest and no unfinished uploads behind; what it ran
+        before it stopped is charged."""
+        self._charge(record, spec, "cancelled")
         header = self._header(record.id)
         if not record.plan_key or header is None:
             return
@@ -458,16 +476,20 @@ class Service:
             return
         metrics.job_finished(record.kind, state, record.elapsed)
         log.info("job %s %s in %.1fs", job_id, state, record.elapsed)
-        spent = self._spent(record, spec, state)
-        if spent is not None:
-            self.jobs.update(job_id, spent_usd=repr(spent))
-            record.spent_usd = spent
-        if record.budget:
-            Budgets(self.r, self.keys).charge(record.budget, spent or 0.0)
+        self._charge(record, spec, state)
         if state == "succeeded" and spec.kind == "sync":
             self.jobs.record_sync(spec.source, spec.destination, job_id, verify=spec.verify, deletes=spec.deletes)
         if record.parent:
             self._child_ended(record.parent)
+
+    def _charge(self, record: JobRecord, spec: JobSpec, state: str) -> None:
+        """Price what the job ran, record it, and swap its budget reservation for it (once)."""
+        spent = self._spent(record, spec, state)
+        if spent is not None:
+            self.jobs.update(record.id, spent_usd=repr(spent))
+            record.spent_usd = spent
+        if record.budget:
+            Budgets(self.r, self.keys).settle(record.id, spent or 0.0)
 
     def _spent(self, record: JobRecord, spec: JobSpec, state: str) -> float | None:
         """What the job cost, from what ran: a parent's children summed; a job's own requests

@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge.money import usd_number
 from bridge.workers.keys import Keys
 from bridge.redact import redact, redact_data
 from bridge.workers.specs import JobSpec
@@ -47,6 +48,11 @@ for i = 3, #ARGV do
 end
 return {0, cur}
 """
+
+
+def _usd(amount: float | None) -> float | None:
+    """Dollars in a --json document as the text shows them (bridge.money)."""
+    return None if amount is None else usd_number(amount)
 
 
 def iso(ts: float | None) -> str | None:
@@ -105,7 +111,7 @@ class JobRecord:
                          "elapsed_s": round(self.elapsed, 3), "rate_bytes_per_s": round(self.rate)},
             "errors": self.errors, "error_count": c.get("error_count", 0),
             "manifest": self.manifest, "verify": self.verify,
-            "budget": self.budget, "estimate_usd": self.estimate_usd, "spent_usd": self.spent_usd,
+            "budget": self.budget, "estimate_usd": _usd(self.estimate_usd), "spent_usd": _usd(self.spent_usd),
             "policy": self.policy, "replicas": self.replicas,
             "route": {**self.route, "bytes_through_bridge": c.get("bytes_through", 0),
                       "fallbacks": c.get("fallbacks", 0)} if self.route else None,
@@ -261,6 +267,9 @@ class Jobs:
         if state is None:
             return False, None
         if self.finish(job_id, "cancelled", CANCELLABLE):
+            if state in ("awaiting-approval", "queued"):   # nothing ran: what it held is free at once
+                from bridge.workers.budgets import Budgets
+                Budgets(self.r, self.keys).settle(job_id, 0.0)
             record = self.get(job_id)
             for child in record.children if record else []:
                 self.cancel(child)
