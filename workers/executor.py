@@ -309,6 +309,7 @@ class Service:
         if not tasks:  # nothing to move: straight to the manifest, handed over so it is not lost
             self.r.hset(self.keys.running, finalize.id, finalize.encode())
             self.send(finalize)
+        log.info("job %s running: %d tasks on %s", job_id, sent, record.queue)
         return {"tasks": sent}
 
     def kind(self, spec: JobSpec):
@@ -399,6 +400,7 @@ class Service:
             return {"skipped": "no such job"}
         if record.state == "cancelled":
             self._discard(record, spec)
+            log.info("job %s cancelled: its tasks have stopped, nothing committed", job_id)
             return {"cancelled": True}
         if record.state not in ("running", "verifying"):
             return {"skipped": record.state}
