@@ -159,3 +159,12 @@ def check_budget(usage: estimate.Usage | list[estimate.Usage], settings: Setting
 
 def total_cost(usages: list[estimate.Usage], settings: Settings) -> float:
     return sum(cost_of(u, settings, u.source.url, u.destination.url) for u in usages)
+
+
+def spend(meter: Any, source: str, destination: str, settings: Settings, *, route: str = "direct",
+          moved_remote: int = 0, also: list[estimate.Usage] | None = None) -> float:
+    """What a job cost, from what its meter counted (bridge/meter.py) with the price table, priced
+    from where this process runs (``pricing.runs_in``): the process that ran it. ``also``: usages
+    of work no request of ours carried (a cloud transfer service's own reads and writes)."""
+    usages = estimate.metered(meter, source, destination, route=route, moved_remote=moved_remote)
+    return total_cost(usages + list(also or []), settings)

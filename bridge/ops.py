@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bridge import meter
+from bridge.meter import Pool
 from bridge.config import Settings
-import concurrent.futures as cf
 import contextlib
 import gc
 
@@ -58,6 +59,7 @@ def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
         progress.limiter = bwlimit.local(settings.transfer.bwlimit)
     journal = journal_for(plan, settings, state_dir)
     ctx = JobContext(plan, settings, journal, progress)
+    ctx.meter = meter.current() or ctx.meter
     _quiet_gc()
     progress.plan(plan.bytes, plan.unit_count())
     # A route whose service moves the bytes cancels its remote job on SIGTERM as on Ctrl-C.
@@ -76,7 +78,7 @@ def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
         route["remote"] = ctx.remote
     return {"source": plan.source, "destination": plan.destination, "files": len(plan.files),
             "bytes": plan.bytes, "ok": True, "errors": [], **progress.snapshot(),
-            "route": route, "manifest": results["manifest"]}
+            "route": route, "manifest": results["manifest"], "metered": ctx.meter.to_dict()}
 
 
 def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what: str) -> None:
@@ -89,11 +91,12 @@ def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what:
 def copy(source: str, destination: str, settings: Settings, *, chunk_size: int | None = None,
          progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False,
          max_cost: float | None = None, route: str | None = None) -> dict:
-    plan = routes.choose(plan_copy(source, destination, settings, chunk_size), settings, route)
-    _within_budget(plan, settings, max_cost, "copy")
-    if dry_run:
-        return {"dry_run": True, **plan_summary(plan)}
-    return execute(plan, settings, progress, state_dir)
+    with meter.metering(meter.current() or meter.Meter()):   # the listing counts as what ran, too
+        plan = routes.choose(plan_copy(source, destination, settings, chunk_size), settings, route)
+        _within_budget(plan, settings, max_cost, "copy")
+        if dry_run:
+            return {"dry_run": True, **plan_summary(plan)}
+        return execute(plan, settings, progress, state_dir)
 
 
 def ls(url: str, settings: Settings) -> list[dict[str, Any]]:
@@ -126,7 +129,7 @@ def verify(url: str, settings: Settings, *, deep: bool = False) -> dict[str, Any
     missing = sorted(p for p in manifest.files if p not in present)
     extra = sorted(p for p in present if p not in manifest.files)
     mismatched, rehashed = [], []
-    with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
+    with Pool(settings.transfer.concurrency) as pool:
         checks = {path: pool.submit(check.judge, store, present[path], entry, deep)
                   for path, entry in sorted(manifest.files.items()) if path in present}
         for path, fut in checks.items():
@@ -177,7 +180,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
             return "repaired"
         return "unchanged"
 
-    with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
+    with Pool(settings.transfer.concurrency) as pool:
         verdicts = list(pool.map(lambda item: judge(*item), objects))
     files = []
     for (rel, info), verdict in zip(objects, verdicts):
@@ -199,13 +202,14 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
 def sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
          chunk_size: int | None = None, progress: Progress | None = None, state_dir: Path | None = None,
          dry_run: bool = False, max_cost: float | None = None, route: str | None = None) -> dict[str, Any]:
-    plan, reasons = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size)
-    routes.choose(plan, settings, route)
-    _within_budget(plan, settings, max_cost, "sync")
-    counts = {k: len(v) for k, v in reasons.items()}
-    if dry_run:
-        return {"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts}
-    summary = execute(plan, settings, progress, state_dir)
+    with meter.metering(meter.current() or meter.Meter()):   # the listing counts as what ran, too
+        plan, reasons = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size)
+        routes.choose(plan, settings, route)
+        _within_budget(plan, settings, max_cost, "sync")
+        counts = {k: len(v) for k, v in reasons.items()}
+        if dry_run:
+            return {"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts}
+        summary = execute(plan, settings, progress, state_dir)
     return {**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions}
 
 

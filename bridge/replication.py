@@ -16,7 +16,6 @@ every ``watch.interval`` and runs the policy when a checkpoint commits.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+from bridge.meter import Pool
 from bridge import manifest as manifests
 from bridge import bwlimit, jobs, ops, routes
 from bridge.config import Settings
@@ -116,7 +116,7 @@ class ConsistentCopy(JobContext):
                 return f"{f.rel} (size {f.size} -> {now.size})"
             return f"{f.rel} (rewritten)" if identity_changed(f.source_id, now.identity) else None
 
-        with cf.ThreadPoolExecutor(self.settings.transfer.concurrency) as pool:
+        with Pool(self.settings.transfer.concurrency) as pool:
             return [why for why in pool.map(look, self.plan.files) if why]
 
 

@@ -20,6 +20,7 @@ FOLDERS = {"bridge": "bridge", "workers": "bridge.workers", "policies": "bridge.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("bridge", "bridge.errors", "bridge.urls", "bridge.names", "bridge.config", "bridge.redact",
                     "bridge.retry", "bridge.registry", "bridge.journal", "bridge.progress", "bridge.bwlimit", "bridge.logs",
+                    "bridge.meter",
                     "bridge.money")),
     ("stores", ("bridge.stores", "bridge.hashing", "bridge.check", "bridge.manifest", "bridge.packing",
                 "bridge.packing.index", "bridge.packing.layout", "bridge.packing.rangefile",

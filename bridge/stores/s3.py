@@ -6,7 +6,6 @@ asked for a FULL_OBJECT CRC32C, which S3 checks against the whole file's CRC32C 
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import errno
 import functools
 import http.client
@@ -17,6 +16,8 @@ from contextlib import contextmanager
 from datetime import datetime
 from types import SimpleNamespace
 
+from bridge.meter import Pool
+from bridge import meter
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, ClockSkewed, CredentialsMissing, EndpointUnreachable,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported)
@@ -47,7 +48,8 @@ def _sdk():
     import botocore.exceptions as bce
     from botocore.parsers import ResponseParserError
     import s3fs
-    dropped = (bce.HTTPClientError, ResponseParserError, aiohttp.ClientPayloadError,
+    from xml.etree.ElementTree import ParseError   # a 503 to GetBucketLocation has no XML for its handler
+    dropped = (bce.HTTPClientError, ResponseParserError, ParseError, aiohttp.ClientPayloadError,
                aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, http.client.IncompleteRead,
                TimeoutError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)   # asyncio.TimeoutError is TimeoutError (3.11)
     return SimpleNamespace(bce=bce, s3fs=s3fs, dropped=dropped)
@@ -152,7 +154,12 @@ class S3Store(Store):
         with self._fs_lock:
             if self._fs is None:
                 s3, t = self.settings.s3, self.settings.transfer
+                # A session of our own, so that every request botocore sends is metered (bridge/meter.py).
+                from aiobotocore.session import AioSession
+                session = AioSession(profile=s3.profile) if s3.profile else AioSession()
+                meter.botocore_hooks(session)
                 fs = _sdk().s3fs.S3FileSystem(
+                    session=session,
                     key=s3.access_key_id,
                     secret=s3.secret_access_key.get_secret_value() if s3.secret_access_key else None,
                     token=s3.session_token.get_secret_value() if s3.session_token else None,
@@ -332,7 +339,7 @@ class S3Store(Store):
         upload_id = resp["UploadId"]
         try:
             ranges = list(enumerate(range(0, size, part), 1))
-            with cf.ThreadPoolExecutor(min(len(ranges), self.settings.transfer.concurrency)) as pool:
+            with Pool(min(len(ranges), self.settings.transfer.concurrency)) as pool:
                 parts = list(pool.map(lambda r: self.copy_part(dst, upload_id, r[0], r[1], src, r[1],
                                                                min(part, size - r[1])), ranges))
             if all(p.crc32c for p in parts):

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote, unquote_plus, urlsplit
 
+from bridge import meter
 from bridge.config import Settings
 from bridge.errors import BridgeError, TransientError
 from bridge.stores.base import kept_connection, receive
@@ -47,8 +48,8 @@ class Direct:
         self.origin = f"{url.scheme}://{url.netloc}"
         self.netloc = url.netloc
         self.base = url.path.rstrip("/")
-        self._connect = lambda: (http.client.HTTPSConnection if url.scheme == "https" else
-                                 http.client.HTTPConnection)(url.hostname, url.port, timeout=timeout)
+        self._connect = lambda: meter.connection(url.scheme == "https", "s3", self.base)(
+            url.hostname, url.port, timeout=timeout)
         self._signer = SigV4(key, secret, token, region, https=url.scheme == "https")
         self._local = threading.local()
         self._timeout = timeout
@@ -103,7 +104,7 @@ class Direct:
             del bodies[i]
             return _put_answer(lambda name: answer.headers.get(name.lower()))
 
-        return each_of(count, send, each, self.origin, connections=connections, timeout=self._timeout,
+        return each_of(count, send, each, self.origin, connections=connections, timeout=self._timeout, metered=("s3", self.base),
                        retries=retries)
 
     def _path(self, loc: Location) -> str:
@@ -169,7 +170,7 @@ class Direct:
                 raise _error_of(loc, answer.status, answer.body[:65536], from_code)
             return answer.body
 
-        return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout,
+        return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout, metered=("s3", self.base),
                        retries=retries)
 
     def head(self, loc: Location, from_code) -> dict:
