@@ -493,3 +493,15 @@ def metered(meter: Any, source: str, destination: str, *, route: str = "direct",
     if route not in ("direct", "pack", "unpack") and moved_remote > 0:
         out.append(Usage(route, StoreUsage(src_root), StoreUsage(dst_root), 0, moved_remote, 0, 0))
     return out
+
+
+def not_ours(u: Usage) -> Usage:
+    """A route's usage without the requests bridge itself sends for it (the meter counts those):
+    a server-side copy's and a from-url copy's writes are bridge's requests; the reads Azure
+    makes of a signed URL, and everything a transfer service does, are not."""
+    if u.route == "server":
+        u.source.requests.clear()
+        u.destination.requests.clear()
+    elif u.route == "from-url":
+        u.destination.requests.clear()
+    return u

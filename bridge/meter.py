@@ -106,6 +106,13 @@ class Meter:
                     out[f"{store}|{name}"] = getattr(row, name)
         return {k: v for k, v in out.items() if v}
 
+    def drain(self) -> dict[str, int]:
+        """``to_fields``, and the meter from zero: for counts handed over as they go."""
+        fields = self.to_fields()
+        with self._lock:
+            self.stores = {}
+        return fields
+
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> Meter:
         meter = cls()

@@ -484,6 +484,27 @@ def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, in
     return 0 if record.state == "succeeded" else 1
 
 
+def metered_text(spent: float | None, metered: dict[str, Any] | None) -> str:
+    """What ran, side by side with the estimate: metered requests per store and kind, retried
+    answers included, and their price."""
+    price = f"{usd(spent)} spent" if spent is not None else "not priced yet"
+    if not metered:
+        return f"{price} (nothing metered)"
+    stores = []
+    for store, row in metered.items():
+        kinds = ", ".join(f"{n} {kind}" for kind, n in row["requests"].items())
+        failed = f"; {row['errors']} answered with an error" if row.get("errors") else ""
+        stores.append(f"{store}: {kinds}{failed}")
+    total = sum(sum(row["requests"].values()) for row in metered.values())
+    return f"{price}, metered {total} requests ({'; '.join(stores)})"
+
+
+def estimated_text(estimate: float | None, requests: int | None) -> str:
+    if estimate is None:
+        return "no estimate"
+    return f"estimated {usd(estimate)}" + (f" for {requests} requests" if requests is not None else "")
+
+
 def _no_job(job_id: str):
     from bridge.errors import InvalidOption
     return InvalidOption(f"no job {job_id!r} (it never existed, or its record expired)")
@@ -567,10 +588,10 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
         verdict = "OK" if v.get("ok") else "FAILED"
         lines.append(f"  verified     {verdict} ({v['mode']}): {v['checked']} files, {v['missing']} missing, "
                      f"{v['mismatched']} mismatched, {v['extra']} extra, at {v['at']}")
-    if record.spent_usd is not None or record.estimate_usd is not None:
-        spent = f"{usd(record.spent_usd)} spent" if record.spent_usd is not None else "not priced yet"
-        est = f" (estimated {usd(record.estimate_usd)})" if record.estimate_usd is not None else ""
-        lines.append(f"  cost         {spent}{est}" + (f", budget {record.budget}" if record.budget else ""))
+    if record.spent_usd is not None or record.estimate_usd is not None or record.metered:
+        lines.append(f"  cost         {metered_text(record.spent_usd, record.metered)}; "
+                     f"{estimated_text(record.estimate_usd, record.estimate_requests)}"
+                     + (f"; budget {record.budget}" if record.budget else ""))
     for child in doc.get("children", []):
         spent = f", {usd(child['spent_usd'])}" if child.get("spent_usd") is not None else ""
         lines.append(f"  -> {child['spec']['destinations'][0]}  {child['state']}  (job {child['id']}{spent})")

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from bridge import meter
 from bridge.errors import BridgeError
 from bridge.workers import metrics
 from bridge.workers.budgets import Budgets
@@ -233,7 +234,8 @@ class Service:
         step = {PLAN: self._plan, TRANSFER: self._transfer, FINALIZE: self._finalize}[ref.task]
         outcome: dict[str, Any]
         attempts = self.r.hincrby(self.keys.job(ref.job, "attempts"), ref.id, 1)
-        with lease.heartbeat():
+        metered = meter.Meter()   # every request this task sends, added to the job's (_metered)
+        with lease.heartbeat(), meter.metering(metered):
             try:
                 if attempts > self.ws.max_attempts:
                     raise BridgeError(f"task {ref.id} was started {attempts - 1} times without finishing (its "
@@ -246,6 +248,8 @@ class Service:
                     self.jobs.add_errors(ref.job, [outcome["error"]])
                 else:
                     self._end(ref.job, "failed", [outcome["error"]])
+            finally:
+                self._metered(ref.job, metered)
         if lease.lost.is_set():
             metrics.task(ref.task, "lost")
             return {"lost": True}
@@ -330,7 +334,40 @@ class Service:
                                                   **({"route": json.dumps(route)} if route else {})})
         pipe.execute()
         self._used(job_id, planned.usage)
+        self._estimate(job_id, spec, planned)
         return tasks
+
+    def _estimate(self, job_id: str, spec: JobSpec, planned) -> None:
+        """The job's estimate, priced here, where it runs (its spend is priced here too): shown
+        beside the meter. Budgets keep what they reserved at admission."""
+        if not planned.estimate:
+            return
+        from bridge import costing
+        try:
+            usd = costing.total_cost(planned.estimate, self.settings_for(spec))
+        except (BridgeError, ValueError) as exc:
+            log.warning("job %s: estimate not priced: %s", job_id, exc)
+            return
+        requests = sum(u.request_count for u in planned.estimate)
+        self.jobs.update(job_id, estimate_usd=repr(usd), estimate_requests=requests)
+
+    def _metered(self, job_id: str, metered: meter.Meter | None) -> None:
+        """Move what a task sent so far (bridge/meter.py) into the job's meter, ``<job>:meter``."""
+        fields = metered.drain() if metered is not None else {}
+        if not fields:
+            return
+        from redis.exceptions import RedisError
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            for name, value in fields.items():
+                pipe.hincrby(self.keys.job(job_id, "meter"), name, value)
+            pipe.execute()
+        except RedisError as exc:
+            log.warning("job %s: requests not metered: %s", job_id, exc)
+
+    def job_meter(self, job_id: str) -> meter.Meter | None:
+        fields = self.r.hgetall(self.keys.job(job_id, "meter"))
+        return meter.Meter.from_fields(fields) if fields else None
 
     def _used(self, job_id: str, fields: dict[str, int]) -> None:
         """Add requests and bytes that ran to the job's usage (what it is charged from)."""
@@ -486,6 +523,7 @@ class Service:
 
     def _charge(self, record: JobRecord, spec: JobSpec, state: str) -> None:
         """Price what the job ran, record it, and swap its budget reservation for it (once)."""
+        self._metered(record.id, meter.current())   # this task's requests so far (the commit, the verify)
         spent = self._spent(record, spec, state)
         if spent is not None:
             self.jobs.update(record.id, spent_usd=repr(spent))
@@ -500,7 +538,24 @@ class Service:
         kept: its estimate, scaled by the bytes it moved."""
         if record.children:
             return sum((c.spent_usd or 0.0) for c in (self.jobs.get(child) for child in record.children) if c)
+        metered = self.job_meter(record.id)
         fields = self.r.hgetall(self.keys.job(record.id, "usage"))
+        if metered is not None:
+            from bridge import costing, estimate
+            header = self._header(record.id) or {}
+            source = header.get("source_root") or header.get("source") or spec.source
+            destination = header.get("destination") or spec.destination
+            # What a cloud's transfer service did on the job's behalf is no request of ours: the
+            # route's share of the usage (counted from the files it carried) is priced beside the meter.
+            remote = [estimate.not_ours(u) for u in estimate.from_fields(fields, source, destination)
+                      if u.route not in ("direct", "pack", "unpack")]
+            route = remote[0].route if remote else "direct"
+            try:
+                return costing.spend(metered, source, destination, self.settings_for(spec), route=route,
+                                     also=remote)
+            except (BridgeError, ValueError) as exc:
+                log.warning("job %s: not priced: %s", record.id, exc)
+                return None
         if fields:
             from bridge import costing, estimate
             header = self._header(record.id) or {}

@@ -84,6 +84,8 @@ class JobRecord:
     policy: str | None = None            # the replication policy that started it
     replicas: dict[str, Any] | None = None  # a policy run: per destination, what it left there
     route: dict[str, Any] | None = None     # copy and sync: the route's name and why (bridge/routes)
+    estimate_requests: int | None = None    # the requests the estimate counts
+    metered: dict[str, Any] | None = None   # what its tasks sent, per store (bridge/meter.py)
 
     @property
     def active(self) -> bool:
@@ -112,6 +114,7 @@ class JobRecord:
             "errors": self.errors, "error_count": c.get("error_count", 0),
             "manifest": self.manifest, "verify": self.verify,
             "budget": self.budget, "estimate_usd": _usd(self.estimate_usd), "spent_usd": _usd(self.spent_usd),
+            "estimate_requests": self.estimate_requests, "metered": self.metered,
             "policy": self.policy, "replicas": self.replicas,
             "route": {**self.route, "bytes_through_bridge": c.get("bytes_through", 0),
                       "fallbacks": c.get("fallbacks", 0)} if self.route else None,
@@ -154,8 +157,15 @@ class Jobs:
         pipe = self.r.pipeline(transaction=False)
         pipe.hgetall(self.keys.job(job_id))
         pipe.lrange(self.keys.job(job_id, "errors"), 0, -1)
-        raw, errors = pipe.execute()
-        return self._record(raw, errors) if raw.get("state") else None
+        pipe.hgetall(self.keys.job(job_id, "meter"))
+        raw, errors, metered = pipe.execute()
+        if not raw.get("state"):
+            return None
+        record = self._record(raw, errors)
+        if metered:
+            from bridge.meter import Meter
+            record.metered = Meter.from_fields(metered).to_dict()
+        return record
 
     @staticmethod
     def _record(raw: dict[str, str], errors: list[str]) -> JobRecord:
@@ -172,7 +182,8 @@ class Jobs:
             counters={k: int(raw[k]) for k in COUNTERS if raw.get(k)}, errors=errors,
             budget=raw.get("budget"), estimate_usd=num("estimate_usd"), spent_usd=num("spent_usd"),
             policy=raw.get("policy"), replicas=json.loads(raw["replicas"]) if raw.get("replicas") else None,
-            route=json.loads(raw["route"]) if raw.get("route") else None)
+            route=json.loads(raw["route"]) if raw.get("route") else None,
+            estimate_requests=int(raw["estimate_requests"]) if raw.get("estimate_requests") else None)
 
     def state(self, job_id: str) -> str | None:
         return self.r.hget(self.keys.job(job_id), "state")
@@ -219,7 +230,7 @@ class Jobs:
         pipe = self.r.pipeline(transaction=False)
         for key in (self.keys.job(job_id), self.keys.job(job_id, "errors"), self.keys.job(job_id, "done"),
                     self.keys.job(job_id, "pending"), self.keys.job(job_id, "attempts"),
-                    self.keys.job(job_id, "usage"), self.keys.job(job_id, "seen"),
+                    self.keys.job(job_id, "usage"), self.keys.job(job_id, "seen"), self.keys.job(job_id, "meter"),
                     self.keys.job(job_id, "reported")):
             pipe.expire(key, self.ttl)
         pipe.delete(self.keys.job(job_id, "tasks"))
