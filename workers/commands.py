@@ -752,9 +752,14 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
     state, budgets = PolicyState(client, keys), Budgets(client, keys)
     settings = settings_from_flags(profile, config)
     report = []
+    from bridge.replication import recorded as run_here
     for p in chosen:
-        recorded = state.destinations(p.name)
+        # the service's runs, and this machine's in-process ones (replicate --once/--watch): the newer wins
+        recorded = _newer(state.destinations(p.name), run_here(p.name, settings))
         spend = state.spend(p.name)
+        for dst, row in run_here(p.name, settings).items():
+            if row.get("month") == month():
+                spend[dst] = spend.get(dst, 0.0) + row.get("month_usd", 0.0)
         try:
             from bridge.replication import survey
             readiness = survey(p.policy, settings)
@@ -789,7 +794,7 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
             out.print(f"  {ckpt} waiting: {why}", markup=False)
         for row in p["destinations"]:
             if row["last_run"] is None:
-                out.print(f"  {row['destination']}: never run by the service", markup=False)
+                out.print(f"  {row['destination']}: never run (by the service, or in-process here)", markup=False)
                 continue
             verified = (f"{row['newest_verified']} verified {row['verified_at']}" if row["newest_verified"]
                         else "nothing verified yet")
@@ -797,11 +802,30 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
                 verified += f", {row['commit_to_verified_s']}s after its commit"
             lag = row["lag_checkpoints"]
             behind = "up to date" if lag == 0 else f"{lag} checkpoint{'s' if lag != 1 else ''} behind {row['newest_source']}"
-            out.print(f"  {row['destination']}: last run {row['last_run']} (job {row['job']}, "
+            by = "in-process" if row["job"] == "in-process" else f"job {row['job']}"
+            out.print(f"  {row['destination']}: last run {row['last_run']} ({by}, "
                       f"{'ok' if row['ok'] else 'FAILED'}); {verified}; {behind}; {usd(row['spent_usd'])} this month",
                       markup=False)
             for problem in row["errors"]:
                 out.print(f"    {problem}", markup=False)
+
+
+def _newer(service: dict[str, dict], here: dict[str, dict]) -> dict[str, dict]:
+    """Per destination, the record of the later run: the service's or this machine's in-process one."""
+    from datetime import datetime
+
+    def when(row: dict) -> datetime:
+        try:
+            return datetime.fromisoformat(row["last_run"])
+        except (KeyError, TypeError, ValueError):
+            return datetime.min.replace(tzinfo=None)
+
+    out = dict(service)
+    for dst, row in here.items():
+        theirs = out.get(dst)
+        if theirs is None or when(row).replace(tzinfo=None) > when(theirs).replace(tzinfo=None):
+            out[dst] = row
+    return out
 
 
 def register(app: typer.Typer) -> None:
