@@ -127,8 +127,19 @@ def transfer_spec(transfer: native.Transfer, settings: Settings, list_url: str |
     if transfer.filtered:
         # Prefixes, so "a.bin" also takes "a.bin.1": what else it takes is another file of the
         # same source prefix, copied with its own bytes and left out of this job's manifest.
-        source["object_conditions"] = {"include_prefixes": [rel for rel, _ in transfer.objects]}
+        source["object_conditions"] = {"include_prefixes": include_prefixes(rel for rel, _ in transfer.objects)}
     return {**source, **sink}
+
+
+def include_prefixes(rels) -> list[str]:
+    """The names as Storage Transfer Service takes them: no include prefix may be a prefix of
+    another (it refuses "a.bin" beside "a.bin.1", "shard-1" beside "shard-10"), so a name another
+    starts with stands for both; sorted, each kept one is compared with the last kept."""
+    kept: list[str] = []
+    for rel in sorted(set(rels)):
+        if not (kept and rel.startswith(kept[-1])):
+            kept.append(rel)
+    return kept
 
 
 def check(src: Location, dst: Location, settings: Settings) -> None:
