@@ -618,8 +618,12 @@ def jobs_watch(job_id: str, quiet: QuietOpt = False, as_json: JsonOpt = False, b
     raise typer.Exit(_follow(_jobs(_ws(broker)), job_id, quiet=quiet, as_json=as_json))
 
 
-def jobs_cancel(job_id: str, broker: BrokerOpt = None) -> None:
-    """Stop a job: no more units start, its unfinished uploads are aborted, no manifest is written."""
+def jobs_cancel(job_id: str, timeout: Annotated[float, typer.Option(
+                    "--timeout", min=0, help="Seconds to wait for the job's workers to stop (0: do not wait).")] = 60.0,
+                broker: BrokerOpt = None) -> None:
+    """Stop a job: no request is sent after its workers see the cancel (they look every 0.2 s,
+    also inside a part), its remote transfer is cancelled, its unfinished uploads are aborted, no
+    manifest is written. Waits until its workers have stopped."""
     jobs = _jobs(_ws(broker))
     cancelled, state = jobs.cancel(job_id)
     if state is None:
@@ -627,7 +631,16 @@ def jobs_cancel(job_id: str, broker: BrokerOpt = None) -> None:
     if not cancelled:
         err.print(f"mcbridge: job {job_id} is {state}; it can no longer be cancelled", markup=False)
         raise typer.Exit(1)
-    out.print(f"cancelled job {job_id} (it was {state})", markup=False)
+    deadline = time.monotonic() + timeout
+    stopped = jobs.get(job_id)
+    while stopped is not None and stopped.finished is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        stopped = jobs.get(job_id)
+    if stopped is not None and stopped.finished is not None:
+        out.print(f"cancelled job {job_id} (it was {state}); its workers stopped at "
+                  f"{stopped.to_dict()['finished']}, nothing committed", markup=False)
+    else:
+        out.print(f"cancelled job {job_id} (it was {state}); its workers are still stopping", markup=False)
 
 
 def jobs_limit(job_id: str, rate: Annotated[str, typer.Argument(help="Bytes per second, e.g. 50MiB; 0 or off: none.")],

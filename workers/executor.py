@@ -300,6 +300,9 @@ class Service:
                 return {"error": _describe(exc)}
         self.jobs.transition(job_id, "running", ("planning",))
         record = self.jobs.get(job_id)
+        if record is not None and record.state == "cancelled":   # while it was planned: no task was sent
+            self._discard(record, spec)
+            return {"cancelled": True}
         if record is None or record.state != "running":
             return {"skipped": record.state if record else "no such job"}
         finalize = TaskRef(f"{job_id}.finalize", FINALIZE, [job_id], record.queue, job_id)
@@ -407,18 +410,42 @@ class Service:
         again = hasattr(kind, "marks") and self.r.hexists(self.keys.job(job_id, "seen"), lease.ref.id)
         before = self._marks_before(job_id, lease.ref.id, kind, sub, journal) if hasattr(kind, "marks") else None
         start = kind.marks(sub, journal) if again else None   # an earlier attempt's worker died
+        cancelled = threading.Event()   # set by the watcher: no request is sent after it (bridge.retry.stopping)
+        watcher = threading.Thread(target=self._watch_cancel, args=(job_id, cancelled, lease), daemon=True,
+                                   name=f"cancel-watch-{job_id}")
+        watcher.start()
         try:
-            ran = kind.run(sub, self.settings_for(spec), journal, progress, stop.units)
+            from bridge.retry import stopping
+            with stopping(cancelled):
+                ran = kind.run(sub, self.settings_for(spec), journal, progress, stop.units)
         finally:
+            watcher.done = True
             if before is not None:  # what finished in this run, whatever happened next
                 self._used(job_id, kind.used(sub, before, kind.marks(sub, journal)))
         sink.close(progress, max_units=ran.units)
         if start is not None and not lease.lost.is_set():
             self._recount(job_id, lease.ref.id, progress, kind.used(sub, before, start))
-        if ran.errors and not lease.lost.is_set():
+        if cancelled.is_set():
+            log.info("job %s: task %s stopped: the job was cancelled", job_id, lease.ref.id)
+        elif ran.errors and not lease.lost.is_set():
             self.jobs.add_errors(job_id, ran.errors)
         return {"ok": not ran.errors, "errors": len(ran.errors), "stopped": stop(),
                 "bytes": progress.bytes_done - progress.bytes_skipped}
+
+    CANCEL_POLL = 0.2   # seconds between looks at a running task's job state
+
+    def _watch_cancel(self, job_id: str, cancelled: threading.Event, lease: Lease) -> None:
+        """While a task runs: set ``cancelled`` as soon as its job is cancelled (or its lease lost)."""
+        me = threading.current_thread()
+        from redis.exceptions import RedisError
+        while not getattr(me, "done", False):
+            try:
+                if lease.lost.is_set() or self.jobs.state(job_id) in ("cancelled", None):
+                    cancelled.set()
+                    return
+            except RedisError as exc:
+                log.warning("job %s: state not read: %s", job_id, exc)
+            time.sleep(self.CANCEL_POLL)
 
     def _recount(self, job_id: str, task: str, progress, earlier: dict[str, int]) -> None:
         """A task run again after its worker died found that worker's finished units in the
@@ -492,6 +519,7 @@ class Service:
         """A cancelled job leaves no manifest and no unfinished uploads behind; what it ran
         before it stopped is charged."""
         self._charge(record, spec, "cancelled")
+        self.r.hsetnx(self.keys.job(record.id), "finished", time.time())   # its last task has stopped
         header = self._header(record.id)
         if not record.plan_key or header is None:
             return

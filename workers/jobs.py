@@ -218,12 +218,16 @@ class Jobs:
             self._expire(job_id)
         return bool(moved)
 
-    def finish(self, job_id: str, to: str, allowed: tuple[str, ...] = ACTIVE, **fields: Any) -> bool:
+    def finish(self, job_id: str, to: str, allowed: tuple[str, ...] = ACTIVE, *, ended: bool = True,
+               **fields: Any) -> bool:
+        """Move to a final state; ``ended``: its work has stopped now (a cancel of a running job
+        is not: its end time is written when its last task has stopped)."""
         if fields:
             self.update(job_id, **fields)
         if not self.transition(job_id, to, allowed):
             return False
-        self.r.hset(self.keys.job(job_id), "finished", time.time())
+        if ended:
+            self.r.hset(self.keys.job(job_id), "finished", time.time())
         return True
 
     def _expire(self, job_id: str) -> None:
@@ -277,7 +281,7 @@ class Jobs:
         state = self.state(job_id)
         if state is None:
             return False, None
-        if self.finish(job_id, "cancelled", CANCELLABLE):
+        if self.finish(job_id, "cancelled", CANCELLABLE, ended=state in ("awaiting-approval", "queued")):
             if state in ("awaiting-approval", "queued"):   # nothing ran: what it held is free at once
                 from bridge.workers.budgets import Budgets
                 Budgets(self.r, self.keys).settle(job_id, 0.0)
