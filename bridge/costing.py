@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from bridge import estimate
+from bridge import estimate, money
 from bridge.config import Settings
 from bridge.engine import Plan, plan_copy
 from bridge.errors import InvalidOption, OverBudget
@@ -172,11 +172,20 @@ def check_budget(usage: estimate.Usage | list[estimate.Usage], settings: Setting
         requests = sum(u.request_count for u in usages)
         payload = sum(u.payload for u in usages)
         routes_used = ", ".join(sorted({u.route for u in usages}))
-        raise OverBudget(f"{what} refused: estimated ${usd:.2f} ({files} files, {human_bytes(payload)}, "
-                         f"{requests} requests, route {routes_used}) is over --max-cost ${max_cost:.2f}; "
+        raise OverBudget(f"{what} refused: estimated {money.usd(usd)} ({files} files, {human_bytes(payload)}, "
+                         f"{requests} requests, route {routes_used}) is over --max-cost {money.usd(max_cost)}; "
                          f"nothing was sent")
     return usd
 
 
 def total_cost(usages: list[estimate.Usage], settings: Settings) -> float:
     return sum(cost_of(u, settings, u.source.url, u.destination.url) for u in usages)
+
+
+def spend(meter: Any, source: str, destination: str, settings: Settings, *, route: str = "direct",
+          moved_remote: int = 0, also: list[estimate.Usage] | None = None) -> float:
+    """What a job cost, from what its meter counted (bridge/meter.py) with the price table, priced
+    from where this process runs (``pricing.runs_in``): the process that ran it. ``also``: usages
+    of work no request of ours carried (a cloud transfer service's own reads and writes)."""
+    usages = estimate.metered(meter, source, destination, route=route, moved_remote=moved_remote)
+    return total_cost(usages + list(also or []), settings)

@@ -495,3 +495,47 @@ def of_plan(plan: Plan) -> Usage:
     kind, on the route it was given (``direct`` for one this module does not model): what
     policies price, before anything runs."""
     return usage(plan, plan.route if plan.route in ROUTES else "direct")
+
+
+def metered(meter: Any, source: str, destination: str, *, route: str = "direct", moved_remote: int = 0) -> list[Usage]:
+    """What a job's meter (bridge/meter.py) counted, as usages to price: every request bridge
+    sent to the source's and the destination's bucket, by kind, retries included; the payload is
+    the object data received from the source (or, from local files, sent to the destination),
+    re-reads included. ``moved_remote``: bytes a route's store or service moved without this
+    process (priced as that route: its legs and service fee)."""
+    src_root, dst_root = _root(source), destination
+    src_loc, dst_loc = parse(src_root), parse(dst_root)
+    src_key, dst_key = f"{src_loc.scheme}://{src_loc.bucket}", f"{dst_loc.scheme}://{dst_loc.bucket}"
+    rows = meter.stores
+    src, dst = StoreUsage(src_root), StoreUsage(dst_root)
+    there = rows.get(dst_key)
+    if there is not None and not dst_loc.is_local:
+        dst.requests.update(there.requests)
+        dst.bytes_written += there.bytes_sent
+        dst.bytes_read += there.bytes_read
+    here = rows.get(src_key)
+    if here is not None and not src_loc.is_local and src_key != dst_key:
+        src.requests.update(here.requests)
+        src.bytes_read += here.bytes_read
+    if src_loc.is_local:
+        payload = dst.bytes_written
+    elif src_key == dst_key:
+        payload = dst.bytes_read
+    else:
+        payload = src.bytes_read
+    out = [Usage("direct", src, dst, 0, payload, payload, 0)]
+    if route not in ("direct", "pack", "unpack") and moved_remote > 0:
+        out.append(Usage(route, StoreUsage(src_root), StoreUsage(dst_root), 0, moved_remote, 0, 0))
+    return out
+
+
+def not_ours(u: Usage) -> Usage:
+    """A route's usage without the requests bridge itself sends for it (the meter counts those):
+    a server-side copy's and a from-url copy's writes are bridge's requests; the reads Azure
+    makes of a signed URL, and everything a transfer service does, are not."""
+    if u.route == "server":
+        u.source.requests.clear()
+        u.destination.requests.clear()
+    elif u.route == "from-url":
+        u.destination.requests.clear()
+    return u

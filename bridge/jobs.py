@@ -38,8 +38,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from bridge.meter import Pool
 from bridge import manifest as manifests
-from bridge import retry
+from bridge import meter, retry
 from bridge.errors import AuthError, BridgeError, BucketNotFound, ObjectNotFound, TransferFailed
 from bridge.journal import FileJournal
 from bridge.manifest import FileEntry
@@ -59,8 +60,22 @@ class Context:
     progress: Progress
 
     def run_unit(self, unit: dict) -> dict:
-        with retry.reporting(lambda _exc: self.progress.retried()), retry.guarding(self.breaker):
+        with retry.reporting(lambda _exc: self.progress.retried()), retry.guarding(self.breaker), \
+                meter.metering(meter.current() or self.meter):
             return self.ops[unit["op"]](self, unit)
+
+    @property
+    def meter(self) -> meter.Meter:
+        """What the job's requests count in (bridge/meter.py), unless the thread that runs a
+        unit meters into one of its own (a service task's)."""
+        found = self.__dict__.get("_meter")
+        if found is None:
+            found = self.__dict__.setdefault("_meter", meter.current() or meter.Meter())
+        return found
+
+    @meter.setter
+    def meter(self, value: meter.Meter) -> None:
+        self.__dict__["_meter"] = value
 
     @property
     def breaker(self) -> retry.Breaker:
@@ -133,7 +148,7 @@ class ThreadExecutor:
                 raise _Stopped
             return ctx.run_unit(unit)
 
-        with cf.ThreadPoolExecutor(self.concurrency, thread_name_prefix="bridge") as pool:
+        with Pool(self.concurrency, thread_name_prefix="bridge") as pool:
             running: dict[cf.Future, dict] = {}
             held: list[dict] = []   # the next unit, waiting for its slots (units start in order)
 
@@ -219,7 +234,7 @@ def run(ctx: Context, units: Iterable[dict], journal: FileJournal, concurrency: 
     """A whole job in this process: prepare, the units, the finals; the journal is removed once
     the job has committed, and kept (for the re-run to resume from) when it has not."""
     try:
-        with retry.reporting(lambda _exc: ctx.progress.retried()):
+        with retry.reporting(lambda _exc: ctx.progress.retried()), meter.metering(meter.current() or ctx.meter):
             ctx.prepare()
         outcome = ThreadExecutor(concurrency).run(ctx, units, ctx.finals())
     except BaseException:

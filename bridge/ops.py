@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bridge import meter
+from bridge.meter import Pool
 from bridge.config import Settings
 import concurrent.futures as cf
 import contextlib
@@ -75,6 +77,7 @@ def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
         progress.limiter = bwlimit.local(settings.transfer.bwlimit)
     journal = journal_for(plan, settings, state_dir)
     ctx = JobContext(plan, settings, journal, progress)
+    ctx.meter = meter.current() or ctx.meter
     _quiet_gc()
     progress.plan(plan.bytes, plan.unit_count())
     # A route whose service moves the bytes cancels its remote job on SIGTERM as on Ctrl-C.
@@ -93,7 +96,7 @@ def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
         route["remote"] = ctx.remote
     return {"source": plan.source, "destination": plan.destination, "files": len(plan.files),
             "bytes": plan.bytes, "ok": True, "errors": [], **progress.snapshot(),
-            "route": route, "manifest": results["manifest"]}
+            "route": route, "manifest": results["manifest"], "metered": ctx.meter.to_dict()}
 
 
 def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what: str) -> None:
@@ -120,7 +123,7 @@ def adopt_existing(plan: Plan, settings: Settings, mode: str) -> None:
         src = src_root if plan.single else src_root.join(f.rel)
         return adopting.compare(src_store, src_store.info(src), dst_store, there, f.rel, deep=mode == "deep")
 
-    with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
+    with Pool(settings.transfer.concurrency) as pool:
         found = list(pool.map(one, plan.files))
     plan.adopted = [a.entry.to_dict() for a in found if a is not None and a.equal]
     plan.files = [f for f, a in zip(plan.files, found) if a is None or not a.equal]
@@ -129,13 +132,14 @@ def adopt_existing(plan: Plan, settings: Settings, mode: str) -> None:
 def copy(source: str, destination: str, settings: Settings, *, chunk_size: int | None = None,
          progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False,
          max_cost: float | None = None, route: str | None = None, adopt: str = "off") -> dict:
-    plan = plan_copy(source, destination, settings, chunk_size)
-    adopt_existing(plan, settings, adopt)
-    plan = routes.choose(plan, settings, route)
-    _within_budget(plan, settings, max_cost, "copy")
-    if dry_run:
-        return {"dry_run": True, **plan_summary(plan)}
-    return execute(plan, settings, progress, state_dir)
+    with meter.metering(meter.current() or meter.Meter()):   # the listing counts as what ran, too
+        plan = plan_copy(source, destination, settings, chunk_size)
+        adopt_existing(plan, settings, adopt)
+        plan = routes.choose(plan, settings, route)
+        _within_budget(plan, settings, max_cost, "copy")
+        if dry_run:
+            return {"dry_run": True, **plan_summary(plan)}
+        return execute(plan, settings, progress, state_dir)
 
 
 def ls(url: str, settings: Settings) -> list[dict[str, Any]]:
@@ -173,7 +177,7 @@ def verify(url: str, settings: Settings, *, deep: bool = False) -> dict[str, Any
     report: dict[str, Any] = {"url": str(root), "ok": True, "deep": deep, "checked": 0, "bytes": 0,
                               "missing": [], "extra": [], "mismatched": [], "rehashed": [], "shard_sets": [],
                               "counts": {"missing": 0, "extra": 0, "mismatched": 0, "rehashed": 0}, "copies": []}
-    with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
+    with Pool(settings.transfer.concurrency) as pool:
         for prefix in prefixes:
             report["copies"].append(_verify_copy(store, root, prefix, prefixes, deep, pool, report))
         if "" not in prefixes:
@@ -303,7 +307,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
             if verdict not in ("unchanged", "adopted"):
                 files.append(file_plan(rel, info, dst_store, chunk_size))
 
-    with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
+    with Pool(settings.transfer.concurrency) as pool:
         for rel, info, entry, there in _merged(iter(objects), record.entries() if record else iter(()),
                                                dst_store.walk(dst_root), listed):
             if info is None:
@@ -358,20 +362,21 @@ def sync(source: str, destination: str, settings: Settings, *, delete: bool = Fa
          chunk_size: int | None = None, progress: Progress | None = None, state_dir: Path | None = None,
          dry_run: bool = False, max_cost: float | None = None, route: str | None = None,
          adopt: str = "checksum") -> dict[str, Any]:
-    plan, counts = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size, adopt=adopt)
-    routes.choose(plan, settings, route)
-    _within_budget(plan, settings, max_cost, "sync")
-    if dry_run:
-        return {"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts}
-    dst_root = parse(plan.destination)
-    dst_store = get_store(dst_root, settings)
-    if not plan.files and not plan.deletions and not plan.adopted and manifests.committed(dst_store, dst_root):
-        # Nothing to send or delete under a record that stands: no job, no new commit.
-        summary = {"source": plan.source, "destination": plan.destination, "files": 0, "bytes": 0, "ok": True,
-                   "errors": [], **(progress or Progress()).snapshot(),
-                   "route": routes.report(plan, {}, 0), "manifest": str(dst_root.as_prefix()) + manifests.LOG}
-    else:
-        summary = execute(plan, settings, progress, state_dir)
+    with meter.metering(meter.current() or meter.Meter()):   # the listing counts as what ran, too
+        plan, counts = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size, adopt=adopt)
+        routes.choose(plan, settings, route)
+        _within_budget(plan, settings, max_cost, "sync")
+        if dry_run:
+            return {"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts}
+        dst_root = parse(plan.destination)
+        dst_store = get_store(dst_root, settings)
+        if not plan.files and not plan.deletions and not plan.adopted and manifests.committed(dst_store, dst_root):
+            # Nothing to send or delete under a record that stands: no job, no new commit.
+            summary = {"source": plan.source, "destination": plan.destination, "files": 0, "bytes": 0, "ok": True,
+                       "errors": [], **(progress or Progress()).snapshot(),
+                       "route": routes.report(plan, {}, 0), "manifest": str(dst_root.as_prefix()) + manifests.LOG}
+        else:
+            summary = execute(plan, settings, progress, state_dir)
     return {**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions,
             "adopted": {e["path"]: e["adopted"] for e in plan.adopted}}
 

@@ -16,7 +16,6 @@ every ``watch.interval`` and runs the policy when a checkpoint commits.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import threading
 import time
 from collections.abc import Callable
@@ -24,8 +23,9 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+from bridge.meter import Pool
 from bridge import manifest as manifests
-from bridge import bwlimit, jobs, ops, routes
+from bridge import bwlimit, jobs, meter, ops, routes
 from bridge.config import Settings
 from bridge.engine import FileList, JobContext, Plan
 from bridge.errors import BridgeError, ObjectNotFound, TransferFailed
@@ -116,7 +116,7 @@ class ConsistentCopy(JobContext):
                 return f"{f.rel} (size {f.size} -> {now.size})"
             return f"{f.rel} (rewritten)" if identity_changed(f.source_id, now.identity) else None
 
-        with cf.ThreadPoolExecutor(self.settings.transfer.concurrency) as pool:
+        with Pool(self.settings.transfer.concurrency) as pool:
             return [why for why in pool.map(look, self.plan.files) if why]
 
 
@@ -233,8 +233,9 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
     limits = [x for x in (max_cost, policy.max_cost_usd) if x is not None]
     if limits:
         from bridge import costing, estimate
-        usages = [estimate.usage(plan, "direct") for plan in plans.values()]
+        usages = [estimate.usage(plan, plan.route or "direct") for plan in plans.values()]   # as they will run
         report["estimate_usd"] = costing.check_budget(usages, settings, min(limits), f"policy {named.name}")
+    meters = {dst: meter.Meter() for dst in policy.destinations}
 
     verified: dict[str, dict[str, bool]] = {dst: {} for dst in policy.destinations}
     for (dst, ckpt), plan in plans.items():
@@ -243,9 +244,11 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
                                             "deleted": len(plan.deletions), "verified": False, "error": None,
                                             "commit_to_verified_s": None}
         try:
-            copy_checkpoint(plan, placed(policy, dst, settings))
-            if policy.verify != "none":
-                check = ops.verify(f"{dst}{ckpt}/", settings, deep=policy.verify == "deep")
+            with meter.metering(meters[dst]):
+                copy_checkpoint(plan, placed(policy, dst, settings))
+                check = ops.verify(f"{dst}{ckpt}/", settings, deep=policy.verify == "deep") \
+                    if policy.verify != "none" else None
+            if check is not None:
                 row["verified"] = check["ok"]
                 if not check["ok"]:
                     row["error"] = (f"verify found {len(check['missing'])} missing, {len(check['extra'])} extra, "
@@ -286,7 +289,78 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
     report.update(verified_copies=copies, copies_needed=policy.copies_needed, errors=errors,
                   ok=bool(kept) and copies >= policy.copies_needed,
                   elapsed_s=round(time.monotonic() - started, 3))
+    for dst, state in report["destinations"].items():
+        state["metered"] = meters[dst].to_dict()
+        state["spent_usd"] = _priced(meters[dst], policy.source, dst, settings)
+    record(named, report, readiness, settings)
     return report
+
+
+def _priced(metered: meter.Meter, source: str, destination: str, settings: Settings) -> float | None:
+    if not metered.stores:
+        return 0.0
+    from bridge import costing
+    try:
+        return costing.spend(metered, source, destination, settings)
+    except (BridgeError, ValueError):
+        return None   # where a bucket is could not be found out: said as "not priced"
+
+
+# -- what an in-process run leaves for `mcbridge policy status` ----------------------------------
+
+def state_path(name: str, settings: Settings):
+    from pathlib import Path
+    return Path(settings.transfer.state_dir) / "policies" / f"{job_key('policy', name)}.json"
+
+
+def recorded(name: str, settings: Settings) -> dict[str, dict[str, Any]]:
+    """Per destination, the last in-process run of policy ``name`` on this machine (``record``)."""
+    import json
+    try:
+        return json.loads(state_path(name, settings).read_text()).get("destinations", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def record(named: NamedPolicy, report: dict[str, Any], readiness: dict[str, rules.Readiness],
+           settings: Settings) -> None:
+    """Write what this run proved per destination beside the journals, in the service's shape
+    (workers/replicas.py), so that ``policy status`` tells an in-process run from none."""
+    import json
+    import os
+    from bridge.redact import redact
+    policy = named.policy
+    path = state_path(named.name, settings)
+    before = recorded(named.name, settings)
+    now = time.time()
+    kept = report["checkpoints"]
+    month = time.strftime("%Y-%m", time.gmtime(now))
+    rows = {}
+    for dst, state in report["destinations"].items():
+        prev = before.get(dst, {})
+        verified = {c: row["verified"] for c, row in state["checkpoints"].items()}
+        proven = [c for c in kept if verified.get(c)]
+        if prev.get("newest_verified") and prev["newest_verified"] not in report["removed"].get(dst, []):
+            proven.append(prev["newest_verified"])
+        newest = max(proven, key=rules.natural_key) if proven else None
+        lag = rules.lag(policy, set(rules.committed(readiness)), [newest] if newest else [])
+        spent = state.get("spent_usd") or 0.0
+        month_usd = (prev.get("month_usd", 0.0) if prev.get("month") == month else 0.0) + spent
+        errors = [e for e in [state["error"]] + [row["error"] for row in state["checkpoints"].values()] if e]
+        rows[dst] = {"last_run": iso(now), "job": "in-process", "ok": bool(kept) and all(verified.get(c) for c in kept),
+                     "checkpoints": verified, "newest_verified": newest,
+                     "verified_at": iso(now) if newest in verified and verified[newest] else prev.get("verified_at"),
+                     "newest_source": lag["newest_source"], "lag_checkpoints": lag["lag_checkpoints"],
+                     "commit_to_verified_s": state.get("commit_to_verified_s") or prev.get("commit_to_verified_s"),
+                     "removed": report["removed"].get(dst, []), "spent_usd": spent, "month": month,
+                     "month_usd": month_usd, "errors": [redact(e) for e in errors][:5]}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"policy": named.name, "destinations": rows}))
+        os.replace(tmp, path)
+    except OSError:
+        pass   # the run's report says what happened; only its record for policy status is missing
 
 
 def watch(chosen: list[NamedPolicy], settings: Settings, emit: Callable[[dict[str, Any]], None],

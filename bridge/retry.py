@@ -122,6 +122,26 @@ def _store(where: str | None) -> str:
 
 
 _breaker: contextvars.ContextVar[Breaker | None] = contextvars.ContextVar("bridge_retry_breaker", default=None)
+_stop: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("bridge_stop", default=None)
+
+
+@contextlib.contextmanager
+def stopping(event: threading.Event | None) -> Iterator[None]:
+    """Once ``event`` is set (the job was cancelled), no request made in this thread (or what it
+    starts with its context) is sent or tried again, and one being sent stops at its next piece
+    (``check_stop``, called by the client layer: bridge/meter.py, bridge/stores/base.receive)."""
+    token = _stop.set(event)
+    try:
+        yield
+    finally:
+        _stop.reset(token)
+
+
+def check_stop() -> None:
+    event = _stop.get()
+    if event is not None and event.is_set():
+        from bridge.errors import JobCancelled
+        raise JobCancelled("cancelled: no request is sent after a cancel")
 
 
 @contextlib.contextmanager
@@ -174,6 +194,7 @@ def call_with_retries(fn: Callable[[], T], retries: int, *, recovered: Callable[
     breaker = _breaker.get()
     unknown = False
     for attempt in range(max(0, retries) + 1):
+        check_stop()
         if breaker is not None:
             breaker.check()
         try:
@@ -207,6 +228,7 @@ async def acall_with_retries(fn: Callable[[], Awaitable[T]], retries: int, *, wh
     import asyncio   # only where a store runs an event loop: not on every start-up
     breaker = _breaker.get()
     for attempt in range(max(0, retries) + 1):
+        check_stop()
         if breaker is not None:
             breaker.check()
         try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge import money
 from bridge.policies.prices import GB, ProviderPrices
 
 CLOUD_OF_SCHEME = {"s3": "aws", "gs": "gcp", "az": "azure"}
@@ -115,7 +116,7 @@ def leg_price(frm: Place, to: Place, gb: float, tables: dict[str, ProviderPrices
     already = overrides.month_to_date_gb.get(frm.provider, 0.0)
     usd = tiers.cost(gb, already) * off
     return usd, (f"{gb:.3f} GB {frm} -> {to} out to {'the internet' if kind == 'internet' else 'another cloud'}, "
-                 f"tiered from {already:g} GB this month{_pct(off)}: ${usd:.4f} ({tiers.source}, {tiers.date})")
+                 f"tiered from {already:g} GB this month{_pct(off)}: {money.usd(usd)} ({tiers.source}, {tiers.date})")
 
 
 def _pct(off: float) -> str:
@@ -151,7 +152,7 @@ def price(usage: Any, src: Place, dst: Place, host: Place, tables: dict[str, Pro
         usd = sum(_request_usd(table, kind, n, written) for kind, n in side.requests.items()) * off
         cost.requests += usd
         counts = ", ".join(f"{n} {kind}" for kind, n in sorted(side.requests.items()))
-        cost.lines.append(f"requests at {place}: {counts} = ${usd:.6f}{_pct(off)}")
+        cost.lines.append(f"requests at {place}: {counts} = {money.usd(usd)}{_pct(off)}")
     if usage.route in SERVICE_OF_ROUTE:
         provider, service = SERVICE_OF_ROUTE[usage.route]
         rate = tables[provider].services[service]

@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bridge.money import usd, usd_number
+
 if TYPE_CHECKING:   # the price tables (pydantic, YAML) load when a route is priced, not when one is checked
     from bridge.policies.cost import Cost, Overrides, Place
     from bridge.policies.prices import ProviderPrices
@@ -66,7 +68,7 @@ class RouteChoice:
 
     def to_dict(self, detail: bool = True) -> dict[str, Any]:
         row = {"route": self.route, "valid": self.valid, "chosen": self.chosen, "bytes": self.bytes,
-               "requests": self.requests, "usd": round(self.cost.total, 6), "seconds": round(self.seconds, 3),
+               "requests": self.requests, "usd": usd_number(self.cost.total), "seconds": round(self.seconds, 3),
                "why": self.why}
         if detail:
             row["cost"] = self.cost.to_dict()
@@ -126,28 +128,28 @@ def plan_routes(usages: Mapping[str, Any], src: Place, dst: Place, host: Place,
     valid = [c for c in choices if c.valid]
     if decided is not None and any(c.route == decided[0] and c.valid for c in choices):
         pick = next(c for c in choices if c.route == decided[0])
-        pick.why = f"the route a copy takes here: {decided[1]}; ${pick.cost.total:.2f}, about {_human_time(pick.seconds)}"
+        pick.why = f"the route a copy takes here: {decided[1]}; {usd(pick.cost.total)}, about {_human_time(pick.seconds)}"
     elif forced is not None:
         pick = next(c for c in choices if c.route == forced)
         if not pick.valid:
             raise RouteError(f"route {forced} cannot be used for {_pair(src, dst)}: {pick.why}")
-        pick.why = f"forced with --route; ${pick.cost.total:.2f}, about {_human_time(pick.seconds)}"
+        pick.why = f"forced with --route; {usd(pick.cost.total)}, about {_human_time(pick.seconds)}"
     else:
         pick = min(valid, key=lambda c: (round(c.cost.total, 2), c.seconds, ORDER.index(c.route)))
         runner_up = [c for c in valid if c is not pick]
-        pick.why = f"cheapest valid route: ${pick.cost.total:.2f}, about {_human_time(pick.seconds)}"
+        pick.why = f"cheapest valid route: {usd(pick.cost.total)}, about {_human_time(pick.seconds)}"
         if runner_up:
             nxt = min(runner_up, key=lambda c: (round(c.cost.total, 2), c.seconds))
             if round(nxt.cost.total, 2) == round(pick.cost.total, 2):
                 pick.why += f"; as cheap as {nxt.route} and faster"
             else:
-                pick.why += f"; {nxt.route}, the next, costs ${nxt.cost.total:.2f}"
+                pick.why += f"; {nxt.route}, the next, costs {usd(nxt.cost.total)}"
     pick.chosen = True
     for c in choices:
         if c.valid and not c.chosen:
             diff = round(c.cost.total - pick.cost.total, 2)
-            c.why = (f"valid; ${diff:.2f} more than {pick.route}" if diff > 0 else
-                     f"valid; ${-diff:.2f} cheaper than the forced {pick.route}" if diff < 0 else
+            c.why = (f"valid; {usd(diff)} more than {pick.route}" if diff > 0 else
+                     f"valid; {usd(-diff)} cheaper than the forced {pick.route}" if diff < 0 else
                      f"valid; as cheap as {pick.route}, " + ("slower" if c.seconds >= pick.seconds else "faster"))
     return choices
 

@@ -20,7 +20,7 @@ FOLDERS = {"bridge": "bridge", "workers": "bridge.workers", "policies": "bridge.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("bridge", "bridge.errors", "bridge.urls", "bridge.names", "bridge.config", "bridge.redact",
                     "bridge.retry", "bridge.registry", "bridge.journal", "bridge.spill", "bridge.progress",
-                    "bridge.bwlimit", "bridge.attributes")),
+                    "bridge.bwlimit", "bridge.attributes", "bridge.logs", "bridge.meter", "bridge.money")),
     ("stores", ("bridge.stores", "bridge.hashing", "bridge.check", "bridge.manifest", "bridge.adopt", "bridge.packing",
                 "bridge.packing.index", "bridge.packing.layout", "bridge.packing.rangefile",
                 "bridge.packing.reading", "bridge.packing.writer", "bridge.packing.sink",

@@ -214,3 +214,18 @@ def test_plan_marks_chosen_the_route_cp_takes(enabled, src_scheme, dst_scheme, m
     runs = json.loads(dry.stdout)["route"]["name"]
     assert [row["route"] for row in chosen] == [runs]
     assert chosen[0]["why"].startswith("the route a copy takes here")
+
+
+def test_route_sts_without_google_credentials_is_refused_before_any_request(make_root, env, sts_double, tmp_path):
+    """No STS endpoint of the double and no Google credentials: --route sts is bad input, one line,
+    exit 2, and the service saw nothing (it was an internal error after planning)."""
+    src, dst = make_root("s3"), make_root("gs")
+    fill(src, settings_for(env), FILES)
+    bare = {k: v for k, v in env.items() if k not in ("MCBRIDGE_STS_ENDPOINT", "GOOGLE_APPLICATION_CREDENTIALS")}
+    bare.update(CLOUDSDK_CONFIG=str(tmp_path / "no-gcloud"), GCE_METADATA_HOST="127.0.0.1:9",
+                GCE_METADATA_IP="127.0.0.1:9", NO_GCE_CHECK="True")
+    r = mcbridge("cp", src, dst + "x/", "--route", "sts", env=bare, state_dir=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1 and "route sts needs Google credentials" in line and "internal" not in line
+    assert sts_double.server.bodies("/v1/transferJobs") == []

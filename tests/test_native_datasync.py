@@ -156,3 +156,18 @@ def test_enabled_native_routes_are_planned_as_valid(emulator_env):
     settings = settings_for({**emulator_env, "MCBRIDGE_NATIVE_ROUTES": "sts,datasync"})
     assert {"sts", "datasync"} <= available_routes(settings)
     assert not {"sts", "datasync"} & available_routes(settings_for(emulator_env))
+
+
+def test_an_enhanced_task_the_caller_may_not_create_falls_back_to_direct(make_root, settings, double):
+    """Agentless tasks run in Enhanced mode, which needs DataSync's service-linked role: a caller
+    that may not create it (iam:CreateServiceLinkedRole) is refused at CreateTask, before any data
+    moved, and the files go direct with that reason."""
+    double.no_service_linked_role = True
+    src, dst = make_root("gs"), make_root("s3") + "x/"
+    fill(src, settings, FILES)
+    summary = ops.copy(src, dst, settings, route="datasync")
+    assert double.calls("CreateTask")[0]["TaskMode"] == "ENHANCED"
+    assert set(summary["route"]["fallbacks"]) == set(FILES)
+    assert all("iam:CreateServiceLinkedRole" in why for why in summary["route"]["fallbacks"].values())
+    assert double.calls("StartTaskExecution") == []
+    assert read_tree(dst, settings) == FILES and ops.verify(dst, settings, deep=True)["ok"]

@@ -244,3 +244,31 @@ def test_an_unreachable_service_and_one_lost_mid_run(make_root, settings, double
     assert "lost track of Storage Transfer Service operation" in str(outcome["error"])
     assert outcome["error"].moved_data is True
     assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None
+
+
+def test_names_that_begin_other_names_go_as_prefixes_the_service_takes(make_root, settings, double):
+    """Storage Transfer refuses include prefixes that are prefixes of one another ("a.bin" and
+    "a.bin.1"; "shard-1" and "shard-10"), as the double does; a sync of some of the source's files
+    sends each such group as its shortest name, and the copy is exact."""
+    from google.api_core import exceptions
+    from google.cloud import storage_transfer
+    client = sts.client_for(settings)
+    nested = {"project_id": "test", "status": 1, "transfer_spec": {
+        "gcs_data_source": {"bucket_name": "s"}, "gcs_data_sink": {"bucket_name": "b"},
+        "object_conditions": {"include_prefixes": ["shard-1", "shard-10"]}}}
+    with pytest.raises(exceptions.BadRequest, match="is a prefix of"):
+        client.create_transfer_job({"transfer_job": storage_transfer.TransferJob(nested)})
+
+    src, dst = make_root("s3"), make_root("gs") + "x/"
+    files = {"a.bin": b"a" * 100, "a.bin.1": b"b" * 100, "shard-1": b"1" * 50, "shard-10": b"2" * 50,
+             "shard-2": b"3" * 50, "z.txt": b"z"}
+    fill(src, settings, files)
+    ops.sync(src, dst, settings, route="sts")
+    changed = {"a.bin": b"A" * 120, "a.bin.1": b"B" * 120, "shard-1": b"!" * 60, "shard-10": b"?" * 60}
+    fill(src, settings, changed)
+    summary = ops.sync(src, dst, settings, route="sts")
+    assert summary["route"]["name"] == "sts" and summary["route"]["fallbacks"] == {}
+    spec = [b for b in double.server.bodies("/v1/transferJobs") if "transferSpec" in b][-1]["transferSpec"]
+    assert spec["objectConditions"]["includePrefixes"] == ["a.bin", "shard-1"]
+    assert read_tree(dst, settings) == {**files, **changed}
+    assert ops.verify(dst, settings, deep=True)["ok"]

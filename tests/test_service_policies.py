@@ -229,3 +229,41 @@ def test_mcbridge_beat_reads_the_policy_file_and_its_runs_land(service, moto, tm
         time.sleep(0.2)
     assert sorted(p.name for p in (site / "step-7").iterdir()) == ["_bridge", "notes.tmp", "shard-0.bin", "shard-1.bin"]
     assert "policy golden: every 2s" in beat.log_path.read_text()
+
+
+def test_policy_status_reads_a_run_made_in_process(service, moto, fake_gcs, tmp_path):  # noqa: F811
+    """``replicate --once`` runs in the CLI's process, not on the service: policy status then says
+    when it ran, what it verified and what it spent (metered), not "never run"."""
+    src, gbucket = unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    for name in ("step-1", "step-2"):
+        _put_checkpoint(moto, src, name)
+    gs = f"gs://{gbucket}/dr/"
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"""\
+policies:
+  golden:
+    source: s3://{src}/golden/
+    destinations: [{gs}]
+    checkpoints: "step-*"
+    keep_last: 1
+    exclude: ["*.tmp"]
+    verify: store
+""")
+    before = service.cli("policy", "status", str(policy_file))
+    assert before.returncode == 0 and "never run" in before.stdout, before.stderr
+
+    r = service.cli("replicate", "--policy", str(policy_file), "--once", "--json")
+    assert r.returncode == 0, r.stderr
+    ran = json.loads(r.stdout)["policies"][0]["destinations"][gs]
+    assert ran["metered"] and ran["spent_usd"] > 0
+
+    text = service.cli("policy", "status", str(policy_file))
+    assert text.returncode == 0, text.stderr
+    assert "never run" not in text.stdout and f"{gs}: last run" in text.stdout and "(in-process, ok)" in text.stdout
+    assert "step-2 verified" in text.stdout and "up to date" in text.stdout
+    status = json.loads(service.cli("policy", "status", str(policy_file), "--json").stdout)
+    [row] = status["policies"][0]["destinations"]
+    assert row["job"] == "in-process" and row["lag_checkpoints"] == 0 and row["newest_verified"] == "step-2"
+    assert row["spent_usd"] == pytest.approx(ran["spent_usd"], rel=1e-3)

@@ -142,6 +142,9 @@ def _child_gone(pid=None, **_kwargs) -> None:
 
 @signals.after_setup_logger.connect
 @signals.after_setup_task_logger.connect
-def _redact_logs(logger=None, **_kwargs) -> None:
+def _redact_logs(logger=None, loglevel=None, **_kwargs) -> None:
     redact.install(logger)
     redact.install()
+    from bridge.logs import quiet_libraries
+    level = loglevel if isinstance(loglevel, int) else logging.getLevelName(str(loglevel or "INFO").upper())
+    quiet_libraries(verbose=isinstance(level, int) and level <= logging.DEBUG)

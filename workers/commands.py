@@ -22,6 +22,8 @@ from bridge.cli.options import ProfileOpt as LocalProfileOpt
 from bridge.cli.options import (DeleteOpt, JsonOpt, QuietOpt, bwlimit_opt, chunk_size_opt, concurrency_opt,
                                 dry_run_opt, err, given, max_cost_opt, out, profile_opt, refuse_unused, route_opt,
                                 store_checksums_opt, transfer_flags, usd_amount)
+from bridge import money
+from bridge.money import usd
 from bridge.progress import human_bytes
 
 # The flags of mcbridge cp, with the meaning they have for a job that runs on workers.
@@ -43,6 +45,8 @@ VerifyOpt = Annotated[str, typer.Option(
     "--verify", help="After the copy: store (checksums the store reports), deep (re-read) or none.")]
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Follow the job; exit 0 only if it succeeds.")]
 RouteOpt = route_opt()
+# `submit --budget` when the job is held over its budget: not a failure, not queued either.
+AWAITING_APPROVAL = 3
 BudgetOpt = Annotated[Optional[str], typer.Option(
     "--budget", help="Charge the job to this monthly budget (mcbridge budgets); over it, the job waits "
     "for mcbridge jobs approve.")]
@@ -262,16 +266,24 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
     queue = svc.route(spec)
     job_id = svc.submit(spec, budget=budget, estimate=estimate)
     if svc.jobs.state(job_id) == "awaiting-approval":
+        # Held, not queued: the id on stdout (to approve or cancel it), why on stderr, exit 3.
         from bridge.workers.budgets import Budgets
         b = Budgets(client, svc.keys)
-        err.print(f"job {job_id} awaits approval: estimated ${estimate:.2f}, and budget {budget} has "
-                  f"${b.spent(budget):.2f} of ${b.limit(budget):.2f} spent this month; run mcbridge jobs "
-                  f"approve {job_id} (or cancel)", markup=False)
+        if as_json:
+            out.print_json(json.dumps({"id": job_id, "state": "awaiting-approval", "queue": queue,
+                                       "estimate_usd": money.usd_number(estimate or 0.0), "spec": spec.to_dict()}))
+        else:
+            out.print(job_id, markup=False)
+        err.print(f"job {job_id} awaits approval: estimated {usd(estimate or 0.0)}, and budget {budget} has "
+                  f"{usd(b.spent(budget) + b.reserved(budget))} of {usd(b.limit(budget) or 0.0)} spent or held by "
+                  f"admitted jobs this month; run mcbridge jobs approve {job_id} (or cancel)", markup=False,
+                  soft_wrap=True)
+        raise typer.Exit(AWAITING_APPROVAL)
     if not _consumed(client, svc.keys, queue):
         err.print(f"mcbridge: warning: no live worker consumes queue {queue}; the job waits for one "
                   f"(mcbridge worker -Q {queue})", markup=False)
     if as_json and not wait:
-        out.print_json(json.dumps({"id": job_id, "queue": queue, "spec": spec.to_dict()}))
+        out.print_json(json.dumps({"id": job_id, "state": "queued", "queue": queue, "spec": spec.to_dict()}))
     elif not as_json:
         out.print(job_id, markup=False)
         err.print(f"queued {spec.kind} job {job_id} on {queue}", markup=False)
@@ -472,9 +484,25 @@ def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, in
     return 0 if record.state == "succeeded" else 1
 
 
-def usd_text(usd: float) -> str:
-    """Dollars to the cent, or to six places when less than a cent (a small job's requests)."""
-    return f"{usd:.2f}" if usd >= 0.01 or usd == 0 else f"{usd:.6f}"
+def metered_text(spent: float | None, metered: dict[str, Any] | None) -> str:
+    """What ran, side by side with the estimate: metered requests per store and kind, retried
+    answers included, and their price."""
+    price = f"{usd(spent)} spent" if spent is not None else "not priced yet"
+    if not metered:
+        return f"{price} (nothing metered)"
+    stores = []
+    for store, row in metered.items():
+        kinds = ", ".join(f"{n} {kind}" for kind, n in row["requests"].items())
+        failed = f"; {row['errors']} answered with an error" if row.get("errors") else ""
+        stores.append(f"{store}: {kinds}{failed}")
+    total = sum(sum(row["requests"].values()) for row in metered.values())
+    return f"{price}, metered {total} requests ({'; '.join(stores)})"
+
+
+def estimated_text(estimate: float | None, requests: int | None) -> str:
+    if estimate is None:
+        return "no estimate"
+    return f"estimated {usd(estimate)}" + (f" for {requests} requests" if requests is not None else "")
 
 
 def _no_job(job_id: str):
@@ -518,12 +546,12 @@ def jobs_list(state: Annotated[Optional[str], typer.Option("--state", help="Only
         progress = f"{human_bytes(min(t['bytes_done'], t['bytes_total']))} {pct}"
         route = f"{r.spec['source']} -> {', '.join(r.spec['destinations'])}"
         tag = f" [{r.schedule}]" if r.schedule else ""
-        usd = usd_text(r.spent_usd) if r.spent_usd is not None else f"~{usd_text(r.estimate_usd)}" if r.estimate_usd else "-"
-        out.print(f"{r.id:<14} {r.kind:<9} {r.state:<10} {progress:>22} {usd:>9} {r.to_dict()['created']:<20} "
+        cost = usd(r.spent_usd) if r.spent_usd is not None else f"~{usd(r.estimate_usd)}" if r.estimate_usd else "-"
+        out.print(f"{r.id:<14} {r.kind:<9} {r.state:<10} {progress:>22} {cost:>9} {r.to_dict()['created']:<20} "
                   f"{route}{tag}", markup=False)
         for dst, row in (r.replicas or {}).items():
             out.print(f"{'':<14} {dst}: lag {row['lag_checkpoints']}, newest verified "
-                      f"{row.get('newest_verified') or '-'}, ${usd_text(row['spent_usd'])}", markup=False)
+                      f"{row.get('newest_verified') or '-'}, {usd(row['spent_usd'])}", markup=False)
 
 
 def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
@@ -560,17 +588,17 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
         verdict = "OK" if v.get("ok") else "FAILED"
         lines.append(f"  verified     {verdict} ({v['mode']}): {v['checked']} files, {v['missing']} missing, "
                      f"{v['mismatched']} mismatched, {v['extra']} extra, at {v['at']}")
-    if record.spent_usd is not None or record.estimate_usd is not None:
-        spent = f"${usd_text(record.spent_usd)} spent" if record.spent_usd is not None else "not priced yet"
-        est = f" (estimated ${usd_text(record.estimate_usd)})" if record.estimate_usd is not None else ""
-        lines.append(f"  cost         {spent}{est}" + (f", budget {record.budget}" if record.budget else ""))
+    if record.spent_usd is not None or record.estimate_usd is not None or record.metered:
+        lines.append(f"  cost         {metered_text(record.spent_usd, record.metered)}; "
+                     f"{estimated_text(record.estimate_usd, record.estimate_requests)}"
+                     + (f"; budget {record.budget}" if record.budget else ""))
     for child in doc.get("children", []):
-        spent = f", ${usd_text(child['spent_usd'])}" if child.get("spent_usd") is not None else ""
+        spent = f", {usd(child['spent_usd'])}" if child.get("spent_usd") is not None else ""
         lines.append(f"  -> {child['spec']['destinations'][0]}  {child['state']}  (job {child['id']}{spent})")
     for dst, row in (record.replicas or {}).items():
         verified = f"{row['newest_verified']} verified {row['verified_at']}" if row.get("newest_verified") else "nothing verified"
         lines.append(f"  replica      {dst}: {verified}; lag {row['lag_checkpoints']} checkpoints; "
-                     f"${usd_text(row['spent_usd'])}" + (f"; removed {', '.join(row['removed'])}" if row.get("removed") else ""))
+                     f"{usd(row['spent_usd'])}" + (f"; removed {', '.join(row['removed'])}" if row.get("removed") else ""))
     for dst, proof in (doc.get("proven_equal") or {}).items():
         proof = proof or {}
         when = f"{proof['proven_at']} (job {proof['job']})" if proof.get("proven_at") else "never"
@@ -590,8 +618,12 @@ def jobs_watch(job_id: str, quiet: QuietOpt = False, as_json: JsonOpt = False, b
     raise typer.Exit(_follow(_jobs(_ws(broker)), job_id, quiet=quiet, as_json=as_json))
 
 
-def jobs_cancel(job_id: str, broker: BrokerOpt = None) -> None:
-    """Stop a job: no more units start, its unfinished uploads are aborted, no manifest is written."""
+def jobs_cancel(job_id: str, timeout: Annotated[float, typer.Option(
+                    "--timeout", min=0, help="Seconds to wait for the job's workers to stop (0: do not wait).")] = 60.0,
+                broker: BrokerOpt = None) -> None:
+    """Stop a job: no request is sent after its workers see the cancel (they look every 0.2 s,
+    also inside a part), its remote transfer is cancelled, its unfinished uploads are aborted, no
+    manifest is written. Waits until its workers have stopped."""
     jobs = _jobs(_ws(broker))
     cancelled, state = jobs.cancel(job_id)
     if state is None:
@@ -599,7 +631,16 @@ def jobs_cancel(job_id: str, broker: BrokerOpt = None) -> None:
     if not cancelled:
         err.print(f"mcbridge: job {job_id} is {state}; it can no longer be cancelled", markup=False)
         raise typer.Exit(1)
-    out.print(f"cancelled job {job_id} (it was {state})", markup=False)
+    deadline = time.monotonic() + timeout
+    stopped = jobs.get(job_id)
+    while stopped is not None and stopped.finished is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+        stopped = jobs.get(job_id)
+    if stopped is not None and stopped.finished is not None:
+        out.print(f"cancelled job {job_id} (it was {state}); its workers stopped at "
+                  f"{stopped.to_dict()['finished']}, nothing committed", markup=False)
+    else:
+        out.print(f"cancelled job {job_id} (it was {state}); its workers are still stopping", markup=False)
 
 
 def jobs_limit(job_id: str, rate: Annotated[str, typer.Argument(help="Bytes per second, e.g. 50MiB; 0 or off: none.")],
@@ -648,7 +689,7 @@ def budgets_set(name: Annotated[str, typer.Argument(help="Budget name, e.g. a po
     check(name, usd)
     ws = _ws(broker)
     Budgets(_connect(ws), Keys(ws.namespace)).set(name, usd)
-    out.print(f"budget {name}: ${usd:.2f} a month", markup=False)
+    out.print(f"budget {name}: {money.usd(usd)} a month", markup=False)
 
 
 def budgets_list(as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
@@ -658,11 +699,13 @@ def budgets_list(as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
     ws = _ws(broker)
     rows = Budgets(_connect(ws), Keys(ws.namespace)).all()
     if as_json:
-        out.print_json(json.dumps({"month": month(), "budgets": rows}))
+        shown = {name: {k: None if v is None else money.usd_number(v) for k, v in row.items()}
+                 for name, row in rows.items()}
+        out.print_json(json.dumps({"month": month(), "budgets": shown}))
         return
     for name, row in rows.items():
-        cap = f"${row['limit_usd']:.2f}" if row["limit_usd"] is not None else "no limit"
-        out.print(f"{name}: ${row['spent_usd']:.2f} spent in {month()} of {cap}", markup=False)
+        cap = usd(row['limit_usd']) if row["limit_usd"] is not None else "no limit"
+        out.print(f"{name}: {usd(row['spent_usd'])} spent in {month()} of {cap}", markup=False)
 
 
 # -- what the CLI's other groups ask of the service -------------------------------------------------
@@ -722,9 +765,14 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
     state, budgets = PolicyState(client, keys), Budgets(client, keys)
     settings = settings_from_flags(profile, config)
     report = []
+    from bridge.replication import recorded as run_here
     for p in chosen:
-        recorded = state.destinations(p.name)
+        # the service's runs, and this machine's in-process ones (replicate --once/--watch): the newer wins
+        recorded = _newer(state.destinations(p.name), run_here(p.name, settings))
         spend = state.spend(p.name)
+        for dst, row in run_here(p.name, settings).items():
+            if row.get("month") == month():
+                spend[dst] = spend.get(dst, 0.0) + row.get("month_usd", 0.0)
         try:
             from bridge.replication import survey
             readiness = survey(p.policy, settings)
@@ -743,23 +791,23 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
                          "ok": row.get("ok"), "newest_verified": newest, "verified_at": row.get("verified_at"),
                          "newest_source": lag["newest_source"], "lag_checkpoints": lag["lag_checkpoints"],
                          "commit_to_verified_s": row.get("commit_to_verified_s"),
-                         "spent_usd": round(spend.get(dst, 0.0), 9), "errors": row.get("errors", [])})
+                         "spent_usd": money.usd_number(spend.get(dst, 0.0)), "errors": row.get("errors", [])})
         report.append({"name": p.name, "source": p.policy.source, "source_error": listed,
-                       "budget_usd": budgets.limit(p.name), "spent_usd": round(budgets.spent(p.name), 9),
+                       "budget_usd": budgets.limit(p.name), "spent_usd": money.usd_number(budgets.spent(p.name)),
                        "max_cost_usd": p.policy.max_cost_usd, "waiting": waiting, "destinations": rows})
     if as_json:
         out.print_json(json.dumps({"month": month(), "policies": report}))
         return
     for p in report:
-        cap = f"${p['budget_usd']:.2f}" if p["budget_usd"] is not None else "no monthly budget"
-        out.print(f"{p['name']}: {p['source']}: ${usd_text(p['spent_usd'])} spent in {month()} of {cap}", markup=False)
+        cap = usd(p['budget_usd']) if p["budget_usd"] is not None else "no monthly budget"
+        out.print(f"{p['name']}: {p['source']}: {usd(p['spent_usd'])} spent in {month()} of {cap}", markup=False)
         if p["source_error"]:
             err.print(f"mcbridge: {p['name']}: source not listed: {p['source_error']}", markup=False, soft_wrap=True)
         for ckpt, why in p["waiting"].items():
             out.print(f"  {ckpt} waiting: {why}", markup=False)
         for row in p["destinations"]:
             if row["last_run"] is None:
-                out.print(f"  {row['destination']}: never run by the service", markup=False)
+                out.print(f"  {row['destination']}: never run (by the service, or in-process here)", markup=False)
                 continue
             verified = (f"{row['newest_verified']} verified {row['verified_at']}" if row["newest_verified"]
                         else "nothing verified yet")
@@ -767,11 +815,30 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
                 verified += f", {row['commit_to_verified_s']}s after its commit"
             lag = row["lag_checkpoints"]
             behind = "up to date" if lag == 0 else f"{lag} checkpoint{'s' if lag != 1 else ''} behind {row['newest_source']}"
-            out.print(f"  {row['destination']}: last run {row['last_run']} (job {row['job']}, "
-                      f"{'ok' if row['ok'] else 'FAILED'}); {verified}; {behind}; ${usd_text(row['spent_usd'])} this month",
+            by = "in-process" if row["job"] == "in-process" else f"job {row['job']}"
+            out.print(f"  {row['destination']}: last run {row['last_run']} ({by}, "
+                      f"{'ok' if row['ok'] else 'FAILED'}); {verified}; {behind}; {usd(row['spent_usd'])} this month",
                       markup=False)
             for problem in row["errors"]:
                 out.print(f"    {problem}", markup=False)
+
+
+def _newer(service: dict[str, dict], here: dict[str, dict]) -> dict[str, dict]:
+    """Per destination, the record of the later run: the service's or this machine's in-process one."""
+    from datetime import datetime
+
+    def when(row: dict) -> datetime:
+        try:
+            return datetime.fromisoformat(row["last_run"])
+        except (KeyError, TypeError, ValueError):
+            return datetime.min.replace(tzinfo=None)
+
+    out = dict(service)
+    for dst, row in here.items():
+        theirs = out.get(dst)
+        if theirs is None or when(row).replace(tzinfo=None) > when(theirs).replace(tzinfo=None):
+            out[dst] = row
+    return out
 
 
 def register(app: typer.Typer) -> None:

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from bridge import meter
 from bridge.errors import BridgeError
 from bridge.workers import metrics
 from bridge.workers.budgets import Budgets
@@ -166,25 +167,39 @@ class Service:
     def submit(self, spec: JobSpec, *, schedule: str | None = None, parent: str | None = None,
                job_id: str | None = None, budget: str | None = None, estimate: float | None = None,
                extra: dict[str, Any] | None = None) -> str:
-        """Queue a job; one over the rest of its monthly ``budget`` waits in awaiting-approval.
-        ``extra``: more fields of the record, written before anything runs."""
+        """Queue a job. One charged to a monthly ``budget`` is created awaiting approval and
+        admitted by ``Budgets.admit`` (its estimate reserved, atomically) when it fits; otherwise
+        it waits there. ``extra``: more fields of the record, written before anything runs."""
         queue = self.route(spec)
-        waits = budget is not None and not Budgets(self.r, self.keys).admits(budget, estimate or 0.0)
         job_id = self.jobs.create(spec, queue=queue, job_id=job_id, schedule=schedule, parent=parent,
-                                  state="awaiting-approval" if waits else "queued")
+                                  state="queued" if budget is None else "awaiting-approval")
         if budget is not None:
-            self.jobs.update(job_id, budget=budget, estimate_usd=estimate)
+            self.jobs.update(job_id, budget=budget, estimate_usd=repr(float(estimate or 0.0)))
         if extra:
             self.jobs.update(job_id, **extra)
-        if not waits:
-            self.send(TaskRef(f"{job_id}.plan", PLAN, [job_id], queue, job_id))
+        if budget is not None:
+            admitted, _ = Budgets(self.r, self.keys).admit(job_id, self.keys.job(job_id), budget, estimate or 0.0)
+            if not admitted:
+                log.info("job %s awaits approval: over budget %s", job_id, budget)
+                return job_id
+        log.info("job %s queued on %s", job_id, queue)
+        self.send(TaskRef(f"{job_id}.plan", PLAN, [job_id], queue, job_id))
         return job_id
 
     def approve(self, job_id: str) -> tuple[bool, str | None]:
-        """Queue a job that waited for approval: (approved now?, the state it was or is in)."""
-        if not self.jobs.transition(job_id, "queued", ("awaiting-approval",)):
-            return False, self.jobs.state(job_id)
+        """Queue a job that waited for approval: (approved now?, the state it was or is in). A
+        budgeted job's estimate is reserved as it is queued."""
         record = self.jobs.get(job_id)
+        if record is None:
+            return False, None
+        if record.budget:
+            moved, state = Budgets(self.r, self.keys).admit(job_id, self.keys.job(job_id), record.budget,
+                                                           record.estimate_usd or 0.0, force=True)
+        else:
+            moved, state = self.jobs.transition(job_id, "queued", ("awaiting-approval",)), record.state
+        if not moved:
+            return False, self.jobs.state(job_id)
+        log.info("job %s approved: queued on %s", job_id, record.queue)
         self.send(TaskRef(f"{job_id}.plan", PLAN, [job_id], record.queue, job_id))
         return True, "awaiting-approval"
 
@@ -219,7 +234,8 @@ class Service:
         step = {PLAN: self._plan, TRANSFER: self._transfer, FINALIZE: self._finalize}[ref.task]
         outcome: dict[str, Any]
         attempts = self.r.hincrby(self.keys.job(ref.job, "attempts"), ref.id, 1)
-        with lease.heartbeat():
+        metered = meter.Meter()   # every request this task sends, added to the job's (_metered)
+        with lease.heartbeat(), meter.metering(metered):
             try:
                 if attempts > self.ws.max_attempts:
                     raise BridgeError(f"task {ref.id} was started {attempts - 1} times without finishing (its "
@@ -232,6 +248,8 @@ class Service:
                     self.jobs.add_errors(ref.job, [outcome["error"]])
                 else:
                     self._end(ref.job, "failed", [outcome["error"]])
+            finally:
+                self._metered(ref.job, metered)
         if lease.lost.is_set():
             metrics.task(ref.task, "lost")
             return {"lost": True}
@@ -265,6 +283,8 @@ class Service:
     def _plan(self, lease: Lease, job_id: str) -> dict:
         record, spec = self._record(job_id)
         if record is None or record.state not in ("queued", "planning", "running"):
+            if record is not None and record.state == "cancelled" and not record.plan_key:
+                self._charge(record, spec, "cancelled")   # cancelled before it was planned: nothing ran
             return {"skipped": record.state if record else "no such job"}
         if record.state == "queued":
             self.jobs.transition(job_id, "planning", ("queued",))
@@ -280,6 +300,9 @@ class Service:
                 return {"error": _describe(exc)}
         self.jobs.transition(job_id, "running", ("planning",))
         record = self.jobs.get(job_id)
+        if record is not None and record.state == "cancelled":   # while it was planned: no task was sent
+            self._discard(record, spec)
+            return {"cancelled": True}
         if record is None or record.state != "running":
             return {"skipped": record.state if record else "no such job"}
         finalize = TaskRef(f"{job_id}.finalize", FINALIZE, [job_id], record.queue, job_id)
@@ -293,6 +316,7 @@ class Service:
         if not tasks:  # nothing to move: straight to the manifest, handed over so it is not lost
             self.r.hset(self.keys.running, finalize.id, finalize.encode())
             self.send(finalize)
+        log.info("job %s running: %d tasks on %s", job_id, sent, record.queue)
         return {"tasks": sent}
 
     def kind(self, spec: JobSpec):
@@ -313,7 +337,40 @@ class Service:
                                                   **({"route": json.dumps(route)} if route else {})})
         pipe.execute()
         self._used(job_id, planned.usage)
+        self._estimate(job_id, spec, planned)
         return tasks
+
+    def _estimate(self, job_id: str, spec: JobSpec, planned) -> None:
+        """The job's estimate, priced here, where it runs (its spend is priced here too): shown
+        beside the meter. Budgets keep what they reserved at admission."""
+        if not planned.estimate:
+            return
+        from bridge import costing
+        try:
+            usd = costing.total_cost(planned.estimate, self.settings_for(spec))
+        except (BridgeError, ValueError) as exc:
+            log.warning("job %s: estimate not priced: %s", job_id, exc)
+            return
+        requests = sum(u.request_count for u in planned.estimate)
+        self.jobs.update(job_id, estimate_usd=repr(usd), estimate_requests=requests)
+
+    def _metered(self, job_id: str, metered: meter.Meter | None) -> None:
+        """Move what a task sent so far (bridge/meter.py) into the job's meter, ``<job>:meter``."""
+        fields = metered.drain() if metered is not None else {}
+        if not fields:
+            return
+        from redis.exceptions import RedisError
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            for name, value in fields.items():
+                pipe.hincrby(self.keys.job(job_id, "meter"), name, value)
+            pipe.execute()
+        except RedisError as exc:
+            log.warning("job %s: requests not metered: %s", job_id, exc)
+
+    def job_meter(self, job_id: str) -> meter.Meter | None:
+        fields = self.r.hgetall(self.keys.job(job_id, "meter"))
+        return meter.Meter.from_fields(fields) if fields else None
 
     def _used(self, job_id: str, fields: dict[str, int]) -> None:
         """Add requests and bytes that ran to the job's usage (what it is charged from)."""
@@ -353,18 +410,42 @@ class Service:
         again = hasattr(kind, "marks") and self.r.hexists(self.keys.job(job_id, "seen"), lease.ref.id)
         before = self._marks_before(job_id, lease.ref.id, kind, sub, journal) if hasattr(kind, "marks") else None
         start = kind.marks(sub, journal) if again else None   # an earlier attempt's worker died
+        cancelled = threading.Event()   # set by the watcher: no request is sent after it (bridge.retry.stopping)
+        watcher = threading.Thread(target=self._watch_cancel, args=(job_id, cancelled, lease), daemon=True,
+                                   name=f"cancel-watch-{job_id}")
+        watcher.start()
         try:
-            ran = kind.run(sub, self.settings_for(spec), journal, progress, stop.units)
+            from bridge.retry import stopping
+            with stopping(cancelled):
+                ran = kind.run(sub, self.settings_for(spec), journal, progress, stop.units)
         finally:
+            watcher.done = True
             if before is not None:  # what finished in this run, whatever happened next
                 self._used(job_id, kind.used(sub, before, kind.marks(sub, journal)))
         sink.close(progress, max_units=ran.units)
         if start is not None and not lease.lost.is_set():
             self._recount(job_id, lease.ref.id, progress, kind.used(sub, before, start))
-        if ran.errors and not lease.lost.is_set():
+        if cancelled.is_set():
+            log.info("job %s: task %s stopped: the job was cancelled", job_id, lease.ref.id)
+        elif ran.errors and not lease.lost.is_set():
             self.jobs.add_errors(job_id, ran.errors)
         return {"ok": not ran.errors, "errors": len(ran.errors), "stopped": stop(),
                 "bytes": progress.bytes_done - progress.bytes_skipped}
+
+    CANCEL_POLL = 0.2   # seconds between looks at a running task's job state
+
+    def _watch_cancel(self, job_id: str, cancelled: threading.Event, lease: Lease) -> None:
+        """While a task runs: set ``cancelled`` as soon as its job is cancelled (or its lease lost)."""
+        me = threading.current_thread()
+        from redis.exceptions import RedisError
+        while not getattr(me, "done", False):
+            try:
+                if lease.lost.is_set() or self.jobs.state(job_id) in ("cancelled", None):
+                    cancelled.set()
+                    return
+            except RedisError as exc:
+                log.warning("job %s: state not read: %s", job_id, exc)
+            time.sleep(self.CANCEL_POLL)
 
     def _recount(self, job_id: str, task: str, progress, earlier: dict[str, int]) -> None:
         """A task run again after its worker died found that worker's finished units in the
@@ -383,6 +464,7 @@ class Service:
             return {"skipped": "no such job"}
         if record.state == "cancelled":
             self._discard(record, spec)
+            log.info("job %s cancelled: its tasks have stopped, nothing committed", job_id)
             return {"cancelled": True}
         if record.state not in ("running", "verifying"):
             return {"skipped": record.state}
@@ -434,7 +516,10 @@ class Service:
         return problems, summary
 
     def _discard(self, record: JobRecord, spec: JobSpec) -> None:
-        """A cancelled job leaves no manifest and no unfinished uploads behind."""
+        """A cancelled job leaves no manifest and no unfinished uploads behind; what it ran
+        before it stopped is charged."""
+        self._charge(record, spec, "cancelled")
+        self.r.hsetnx(self.keys.job(record.id), "finished", time.time())   # its last task has stopped
         header = self._header(record.id)
         if not record.plan_key or header is None:
             return
@@ -458,16 +543,21 @@ class Service:
             return
         metrics.job_finished(record.kind, state, record.elapsed)
         log.info("job %s %s in %.1fs", job_id, state, record.elapsed)
-        spent = self._spent(record, spec, state)
-        if spent is not None:
-            self.jobs.update(job_id, spent_usd=repr(spent))
-            record.spent_usd = spent
-        if record.budget:
-            Budgets(self.r, self.keys).charge(record.budget, spent or 0.0)
+        self._charge(record, spec, state)
         if state == "succeeded" and spec.kind == "sync":
             self.jobs.record_sync(spec.source, spec.destination, job_id, verify=spec.verify, deletes=spec.deletes)
         if record.parent:
             self._child_ended(record.parent)
+
+    def _charge(self, record: JobRecord, spec: JobSpec, state: str) -> None:
+        """Price what the job ran, record it, and swap its budget reservation for it (once)."""
+        self._metered(record.id, meter.current())   # this task's requests so far (the commit, the verify)
+        spent = self._spent(record, spec, state)
+        if spent is not None:
+            self.jobs.update(record.id, spent_usd=repr(spent))
+            record.spent_usd = spent
+        if record.budget:
+            Budgets(self.r, self.keys).settle(record.id, spent or 0.0)
 
     def _spent(self, record: JobRecord, spec: JobSpec, state: str) -> float | None:
         """What the job cost, from what ran: a parent's children summed; a job's own requests
@@ -476,7 +566,24 @@ class Service:
         kept: its estimate, scaled by the bytes it moved."""
         if record.children:
             return sum((c.spent_usd or 0.0) for c in (self.jobs.get(child) for child in record.children) if c)
+        metered = self.job_meter(record.id)
         fields = self.r.hgetall(self.keys.job(record.id, "usage"))
+        if metered is not None:
+            from bridge import costing, estimate
+            header = self._header(record.id) or {}
+            source = header.get("source_root") or header.get("source") or spec.source
+            destination = header.get("destination") or spec.destination
+            # What a cloud's transfer service did on the job's behalf is no request of ours: the
+            # route's share of the usage (counted from the files it carried) is priced beside the meter.
+            remote = [estimate.not_ours(u) for u in estimate.from_fields(fields, source, destination)
+                      if u.route not in ("direct", "pack", "unpack")]
+            route = remote[0].route if remote else "direct"
+            try:
+                return costing.spend(metered, source, destination, self.settings_for(spec), route=route,
+                                     also=remote)
+            except (BridgeError, ValueError) as exc:
+                log.warning("job %s: not priced: %s", record.id, exc)
+                return None
         if fields:
             from bridge import costing, estimate
             header = self._header(record.id) or {}

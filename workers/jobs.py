@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridge.money import usd_number
 from bridge.workers.keys import Keys
 from bridge.redact import redact, redact_data
 from bridge.workers.specs import JobSpec
@@ -47,6 +48,11 @@ for i = 3, #ARGV do
 end
 return {0, cur}
 """
+
+
+def _usd(amount: float | None) -> float | None:
+    """Dollars in a --json document as the text shows them (bridge.money)."""
+    return None if amount is None else usd_number(amount)
 
 
 def iso(ts: float | None) -> str | None:
@@ -78,6 +84,8 @@ class JobRecord:
     policy: str | None = None            # the replication policy that started it
     replicas: dict[str, Any] | None = None  # a policy run: per destination, what it left there
     route: dict[str, Any] | None = None     # copy and sync: the route's name and why (bridge/routes)
+    estimate_requests: int | None = None    # the requests the estimate counts
+    metered: dict[str, Any] | None = None   # what its tasks sent, per store (bridge/meter.py)
 
     @property
     def active(self) -> bool:
@@ -105,7 +113,8 @@ class JobRecord:
                          "elapsed_s": round(self.elapsed, 3), "rate_bytes_per_s": round(self.rate)},
             "errors": self.errors, "error_count": c.get("error_count", 0),
             "manifest": self.manifest, "verify": self.verify,
-            "budget": self.budget, "estimate_usd": self.estimate_usd, "spent_usd": self.spent_usd,
+            "budget": self.budget, "estimate_usd": _usd(self.estimate_usd), "spent_usd": _usd(self.spent_usd),
+            "estimate_requests": self.estimate_requests, "metered": self.metered,
             "policy": self.policy, "replicas": self.replicas,
             "route": {**self.route, "bytes_through_bridge": c.get("bytes_through", 0),
                       "fallbacks": c.get("fallbacks", 0)} if self.route else None,
@@ -148,8 +157,15 @@ class Jobs:
         pipe = self.r.pipeline(transaction=False)
         pipe.hgetall(self.keys.job(job_id))
         pipe.lrange(self.keys.job(job_id, "errors"), 0, -1)
-        raw, errors = pipe.execute()
-        return self._record(raw, errors) if raw.get("state") else None
+        pipe.hgetall(self.keys.job(job_id, "meter"))
+        raw, errors, metered = pipe.execute()
+        if not raw.get("state"):
+            return None
+        record = self._record(raw, errors)
+        if metered:
+            from bridge.meter import Meter
+            record.metered = Meter.from_fields(metered).to_dict()
+        return record
 
     @staticmethod
     def _record(raw: dict[str, str], errors: list[str]) -> JobRecord:
@@ -166,7 +182,8 @@ class Jobs:
             counters={k: int(raw[k]) for k in COUNTERS if raw.get(k)}, errors=errors,
             budget=raw.get("budget"), estimate_usd=num("estimate_usd"), spent_usd=num("spent_usd"),
             policy=raw.get("policy"), replicas=json.loads(raw["replicas"]) if raw.get("replicas") else None,
-            route=json.loads(raw["route"]) if raw.get("route") else None)
+            route=json.loads(raw["route"]) if raw.get("route") else None,
+            estimate_requests=int(raw["estimate_requests"]) if raw.get("estimate_requests") else None)
 
     def state(self, job_id: str) -> str | None:
         return self.r.hget(self.keys.job(job_id), "state")
@@ -201,19 +218,23 @@ class Jobs:
             self._expire(job_id)
         return bool(moved)
 
-    def finish(self, job_id: str, to: str, allowed: tuple[str, ...] = ACTIVE, **fields: Any) -> bool:
+    def finish(self, job_id: str, to: str, allowed: tuple[str, ...] = ACTIVE, *, ended: bool = True,
+               **fields: Any) -> bool:
+        """Move to a final state; ``ended``: its work has stopped now (a cancel of a running job
+        is not: its end time is written when its last task has stopped)."""
         if fields:
             self.update(job_id, **fields)
         if not self.transition(job_id, to, allowed):
             return False
-        self.r.hset(self.keys.job(job_id), "finished", time.time())
+        if ended:
+            self.r.hset(self.keys.job(job_id), "finished", time.time())
         return True
 
     def _expire(self, job_id: str) -> None:
         pipe = self.r.pipeline(transaction=False)
         for key in (self.keys.job(job_id), self.keys.job(job_id, "errors"), self.keys.job(job_id, "done"),
                     self.keys.job(job_id, "pending"), self.keys.job(job_id, "attempts"),
-                    self.keys.job(job_id, "usage"), self.keys.job(job_id, "seen"),
+                    self.keys.job(job_id, "usage"), self.keys.job(job_id, "seen"), self.keys.job(job_id, "meter"),
                     self.keys.job(job_id, "reported")):
             pipe.expire(key, self.ttl)
         pipe.delete(self.keys.job(job_id, "tasks"))
@@ -260,7 +281,10 @@ class Jobs:
         state = self.state(job_id)
         if state is None:
             return False, None
-        if self.finish(job_id, "cancelled", CANCELLABLE):
+        if self.finish(job_id, "cancelled", CANCELLABLE, ended=state in ("awaiting-approval", "queued")):
+            if state in ("awaiting-approval", "queued"):   # nothing ran: what it held is free at once
+                from bridge.workers.budgets import Budgets
+                Budgets(self.r, self.keys).settle(job_id, 0.0)
             record = self.get(job_id)
             for child in record.children if record else []:
                 self.cancel(child)

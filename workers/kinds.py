@@ -33,6 +33,7 @@ class Planned:
     subs: list[dict[str, Any]]   # one per task
     totals: dict[str, int]       # bytes_total, files_total, units_total
     usage: dict[str, int] = dataclasses.field(default_factory=dict)  # requests planning sent (estimate.to_fields)
+    estimate: list[Any] = dataclasses.field(default_factory=list)   # what the whole job will send (estimate.Usage)
 
 
 @dataclass
@@ -179,7 +180,7 @@ class Files:
         from bridge import estimate
         return Planned(plan.key, header.to_dict(), subs, {"bytes_total": plan.bytes, "files_total": len(plan.files),
                                                           "units_total": plan.unit_count()},
-                       estimate.to_fields(estimate.listing(plan)))
+                       estimate.to_fields(estimate.listing(plan)), [estimate.of_plan(plan)])
 
     def marks(self, sub: dict, journal) -> set[str]:
         """What the journal holds of a sub-plan's files (compared before and after a run)."""
@@ -239,7 +240,7 @@ class Shards:
         from bridge import estimate
         return Planned(plan.key, header.to_dict(), subs, {"bytes_total": plan.shard_bytes, "files_total": plan.files,
                                                           "units_total": len(plan.shards) + 2},
-                       estimate.to_fields(estimate.pack_listing(plan)))
+                       estimate.to_fields(estimate.pack_listing(plan)), [plan.usage()])
 
     def marks(self, sub: dict, journal) -> set[str]:
         from bridge import estimate

@@ -27,6 +27,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from bridge import money
 from bridge.errors import BridgeError
 from bridge.redact import redact
 from bridge.policies import replication as rules
@@ -154,8 +155,8 @@ def start(svc, name: str, policy: Policy) -> str:
                      "checkpoints": json.dumps(kept), "waiting": json.dumps(rules.waiting(readiness)),
                      "committed_at": json.dumps({c: readiness[c].committed_at for c in kept})}
     if policy.max_cost_usd is not None and usd > policy.max_cost_usd:
-        return _fail(svc, spec, name, f"policy {name} refused: estimated ${usd:.2f} for {len(plans)} syncs of "
-                                      f"{', '.join(kept)} is over max_cost_usd ${policy.max_cost_usd:.2f}; "
+        return _fail(svc, spec, name, f"policy {name} refused: estimated {money.usd(usd)} for {len(plans)} syncs of "
+                                      f"{', '.join(kept)} is over max_cost_usd {money.usd(policy.max_cost_usd)}; "
                                       f"nothing was sent", estimate_usd=repr(usd), **policy_fields)
     return svc.submit(spec, schedule=name, budget=name, estimate=usd, extra=policy_fields)
 
@@ -234,7 +235,7 @@ def ended(svc, parent) -> None:
                "newest_source": lag["newest_source"], "lag_checkpoints": lag["lag_checkpoints"],
                "commit_to_verified_s": round(max(0.0, now - commit), 1) if commit is not None
                else prev.get("commit_to_verified_s"),
-               "removed": removed.get(dst, []), "spent_usd": round(spent[dst], 9),
+               "removed": removed.get(dst, []), "spent_usd": money.usd_number(spent[dst]),
                "errors": (problems[dst] + ([unlisted[dst]] if dst in unlisted else []))[:5]}
         state.put(name, dst, row)
         state.add_spend(name, dst, spent[dst])

@@ -145,6 +145,8 @@ def log_to_stderr() -> None:
             logger = logger.parent
         return True
 
+    from bridge.logs import quiet_libraries
+    quiet_libraries()
     handler = logging.StreamHandler()
     handler.setLevel(logging.WARNING)
     handler.setFormatter(PrintableFormatter())

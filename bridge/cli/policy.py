@@ -12,6 +12,7 @@ import typer
 from bridge.cli.objects import StorageClassOpt, with_object_flags
 from bridge.cli.options import ConfigOpt, JsonOpt, MaxCostOpt, ProfileOpt, err, out, settings_from_flags
 from bridge.config import parse_size
+from bridge.money import usd
 from bridge.progress import human_bytes
 
 
@@ -45,7 +46,7 @@ def plan(src: str, dst: str,
     for row in report["routes"]:
         mark = "*" if row["chosen"] else " "
         out.print(f"{mark}{row['route']:<9} {'yes' if row['valid'] else 'no':<6} {human_bytes(row['bytes']):>10} "
-                  f"{row['requests']:>9} {row['usd']:>10.4f} {row['seconds']:>9.0f}s  {row['why']}", markup=False)
+                  f"{row['requests']:>9} {usd(row['usd']):>10} {row['seconds']:>9.0f}s  {row['why']}", markup=False)
     chosen = next(r for r in report["routes"] if r["chosen"])
     out.print(f"chosen: {chosen['route']}", markup=False)
     for line in chosen["cost"]["breakdown"]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from bridge.meter import Pool
 from bridge import jobs
 from bridge.config import Settings
 from bridge.engine import resolve, spill_dir
@@ -294,7 +295,7 @@ class PackContext(jobs.Context):
         """Reads (and per-file hashes) run ahead of the shard writers on one shared pool."""
         with self._lock:
             if self._read_pool is None:
-                self._read_pool = cf.ThreadPoolExecutor(self.settings.transfer.concurrency,
+                self._read_pool = Pool(self.settings.transfer.concurrency,
                                                         thread_name_prefix="bridge-read")
             return self._read_pool
 

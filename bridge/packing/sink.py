@@ -14,6 +14,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
+from bridge.meter import Pool
 from bridge import check
 from bridge.errors import BridgeError, InvalidOption
 from bridge.hashing import FileHash, combine_parts, crc32c, crc_hex
@@ -105,7 +106,7 @@ class StreamingUpload:
         self._collect()
         if self._upload_id is None:
             self._upload_id = self._retrying(lambda: self.store.begin_upload(self.loc, 0))
-            self._sender = cf.ThreadPoolExecutor(1, thread_name_prefix="bridge-part")
+            self._sender = Pool(1, thread_name_prefix="bridge-part")
         number, offset = len(self._parts) + 1, self._sent
         self._sent += len(data)
         self._in_flight = self._sender.submit(self._upload_part, number, offset, data)

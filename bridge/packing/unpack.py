@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bridge.meter import Pool
 from bridge import jobs
 from bridge import names
 from bridge.config import Settings
@@ -277,7 +278,7 @@ class _Extractor:
         self.part_size = stream_part_size(dst, STREAM_OVER, settings.transfer.chunk_size)
         concurrency = settings.transfer.concurrency
         # remote targets take one request per file: keep several in flight for each shard reader
-        self._puts = None if dst_root.is_local else cf.ThreadPoolExecutor(concurrency, thread_name_prefix="bridge-put")
+        self._puts = None if dst_root.is_local else Pool(concurrency, thread_name_prefix="bridge-put")
         self._slots = threading.BoundedSemaphore(2 * concurrency)
 
     def close(self) -> None:

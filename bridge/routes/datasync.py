@@ -133,7 +133,8 @@ def _refused(doing: str, exc: Exception) -> BridgeError:
     line = native.one_line(f"DataSync refused {doing}: {_error(exc)}")
     status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
     if status == 403 or "AccessDenied" in line:
-        failure = PermissionDenied(line + " (the caller needs datasync:* and iam:PassRole on the role)")
+        failure = PermissionDenied(line + " (the caller needs datasync:* and iam:PassRole on the role, and for an "
+                                          "Enhanced mode task, one without an agent, iam:CreateServiceLinkedRole)")
     else:
         failure = RouteFailed(line, moved_data=False)
     failure.moved_data = False

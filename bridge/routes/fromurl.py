@@ -19,9 +19,9 @@ source only this machine can reach), sends the whole job ``direct`` after its fi
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 from typing import TYPE_CHECKING
 
+from bridge.meter import Pool
 from bridge.config import Settings
 from bridge.errors import AuthError, BridgeError, CopySourceUnreadable, Unsupported
 from bridge.routes import Fallback, Route, register
@@ -78,7 +78,7 @@ class FromUrlRoute(Route):
         upload_id = ctx.dst.begin_upload(dst_loc, f.size, attrs)
         try:
             workers = max(1, min(len(ranges), ctx.settings.transfer.concurrency))
-            with cf.ThreadPoolExecutor(workers, thread_name_prefix="from-url") as pool:
+            with Pool(workers, thread_name_prefix="from-url") as pool:
                 parts: list[PartRecord] = list(pool.map(
                     lambda r: ctx.dst.upload_part_from_url(dst_loc, upload_id, r[0], r[1], url, r[1], r[2]), ranges))
             ctx.dst.complete_upload(dst_loc, upload_id, parts, crc32c=crc, metadata=metadata, attrs=attrs)

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import functools
+import os
 import threading
 import urllib.parse
 import urllib.request
@@ -64,6 +66,36 @@ def client_for(settings: Settings):
         credentials = service_account.Credentials.from_service_account_file(
             settings.gcs.credentials_file, scopes=["https://www.googleapis.com/auth/cloud-platform"])
     return storage_transfer.StorageTransferServiceClient(credentials=credentials, transport="rest")
+
+
+def _credentials(settings: Settings) -> None:
+    """RouteUnavailable unless Google credentials to call the service can be found: without them
+    the client's first request failed as an internal error, after the copy had been planned."""
+    if settings.native.sts_endpoint:
+        return
+    if settings.gcs.credentials_file:
+        if not os.path.exists(settings.gcs.credentials_file):
+            raise RouteUnavailable(f"route sts needs Google credentials: GOOGLE_APPLICATION_CREDENTIALS points at "
+                                   f"a missing file: {settings.gcs.credentials_file}")
+        return
+    if not _default_credentials_found():
+        raise RouteUnavailable("route sts needs Google credentials to call Storage Transfer Service: set "
+                               "GOOGLE_APPLICATION_CREDENTIALS (gcs.credentials_file) or run 'gcloud auth "
+                               "application-default login'")
+
+
+@functools.cache
+def _default_credentials_found() -> bool:
+    try:
+        import google.auth
+        import google.auth.exceptions
+    except ImportError:
+        return False
+    try:
+        google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+    except google.auth.exceptions.DefaultCredentialsError:
+        return False
+    return True
 
 
 def _project(settings: Settings) -> str:
@@ -127,8 +159,19 @@ def transfer_spec(transfer: native.Transfer, settings: Settings, list_url: str |
     if transfer.filtered:
         # Prefixes, so "a.bin" also takes "a.bin.1": what else it takes is another file of the
         # same source prefix, copied with its own bytes and left out of this job's manifest.
-        source["object_conditions"] = {"include_prefixes": [rel for rel, _ in transfer.objects]}
+        source["object_conditions"] = {"include_prefixes": include_prefixes(rel for rel, _ in transfer.objects)}
     return {**source, **sink}
+
+
+def include_prefixes(rels) -> list[str]:
+    """The names as Storage Transfer Service takes them: no include prefix may be a prefix of
+    another (it refuses "a.bin" beside "a.bin.1", "shard-1" beside "shard-10"), so a name another
+    starts with stands for both; sorted, each kept one is compared with the last kept."""
+    kept: list[str] = []
+    for rel in sorted(set(rels)):
+        if not (kept and rel.startswith(kept[-1])):
+            kept.append(rel)
+    return kept
 
 
 def check(src: Location, dst: Location, settings: Settings) -> None:
@@ -136,6 +179,7 @@ def check(src: Location, dst: Location, settings: Settings) -> None:
     if (src.scheme, dst.scheme) not in PAIRS:
         raise RouteUnavailable("Storage Transfer Service copies s3://, az:// or gs:// into gs:// here")
     _project(settings)
+    _credentials(settings)
     transfer_spec(native.Transfer(ROUTE, src, dst, [], None), settings)
 
 

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 
 from bridge import attributes
 from bridge.attributes import Attrs
+from bridge import meter
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable, InvalidOption,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported,
@@ -239,7 +240,8 @@ class AzureStore(DirectReads, Store):
         # bridge.retry is the one retry layer: azure-core sends each request once.
         retry = sdk.ExponentialRetry(retry_total=0)
         common = {"retry_policy": retry, "connection_timeout": t.connect_timeout,
-                  "read_timeout": t.read_timeout, "max_single_put_size": 256 * MiB}
+                  "read_timeout": t.read_timeout, "max_single_put_size": 256 * MiB,
+                  **meter.azure_hooks(self._endpoint_path())}   # every request it sends metered
         BlobServiceClient = sdk.BlobServiceClient
         if az.connection_string:
             try:
@@ -264,6 +266,17 @@ class AzureStore(DirectReads, Store):
             return BlobServiceClient(url, credential=DefaultAzureCredential(), **common)
         raise CredentialsMissing("no Azure credentials found: set AZURE_STORAGE_CONNECTION_STRING, "
                                  "or AZURE_STORAGE_ACCOUNT with AZURE_STORAGE_KEY")
+
+    def _endpoint_path(self) -> str:
+        """The path of the blob endpoint (``/devstoreaccount1`` on Azurite; empty on Azure), which
+        comes before the container in every request's path."""
+        from urllib.parse import urlsplit
+        az = self.settings.azure
+        url = az.endpoint or ""
+        if az.connection_string:
+            parts = dict(p.split("=", 1) for p in az.connection_string.get_secret_value().split(";") if "=" in p)
+            url = parts.get("BlobEndpoint", url)
+        return urlsplit(url).path.rstrip("/")
 
     def _request(self, loc: Location, fn, recovered=None):
         def once():

@@ -48,6 +48,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from bridge.config import AzureSettings, Settings
 from bridge.errors import BridgeError, BucketNotFound, IntegrityError, ObjectNotFound, TransientError
+from bridge import meter
 from bridge.stores.base import kept_connection, receive
 from bridge.urls import Location
 
@@ -146,8 +147,8 @@ class Direct:
         self.read_timeout = read_timeout
         self._timeout = max(connect_timeout, read_timeout)
         self._from_code = from_code
-        self._connect = lambda: (http.client.HTTPSConnection if url.scheme == "https" else
-                                 http.client.HTTPConnection)(url.hostname, url.port, timeout=connect_timeout)
+        self._connect = lambda: meter.connection(url.scheme == "https", "az", self.base)(
+            url.hostname, url.port, timeout=connect_timeout)
         self._signer = SharedKey(account, key)
         self._local = threading.local()
 
@@ -264,6 +265,7 @@ class Direct:
             return answer.body
 
         return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout,
+                       metered=("az", self.base),
                        retries=retries)
 
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], *,
@@ -300,6 +302,7 @@ class Direct:
                     "content_md5": base64.b64decode(md5)}
 
         return each_of(count, send, each, self.origin, connections=connections, timeout=self._timeout,
+                       metered=("az", self.base),
                        retries=retries)
 
     def head(self, loc: Location) -> dict:

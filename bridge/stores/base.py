@@ -424,10 +424,12 @@ def receive(resp, size: int, what: object, into: bytearray | None = None,
     a third of the system time of receiving all 8 MiB first and writing it then (bench/README.md).
     A body cut short is a TransientError."""
     from bridge.errors import TransientError
+    from bridge.retry import check_stop
     if each is not None and into:   # (into: the caller's buffer, reused part after part)
         view = memoryview(into)
         pos = 0
         while pos < size:
+            check_stop()
             want = min(len(view), size - pos)
             got = 0
             while got < want:
@@ -442,7 +444,8 @@ def receive(resp, size: int, what: object, into: bytearray | None = None,
     view = memoryview(buf)
     pos = 0
     while pos < size:
-        got = resp.readinto(view[pos:])
+        check_stop()
+        got = resp.readinto(view[pos:pos + 256 * 1024])
         if not got:
             raise TransientError(f"{what}: connection closed after {pos} of {size} bytes")
         pos += got

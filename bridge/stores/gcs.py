@@ -26,6 +26,7 @@ from contextlib import contextmanager
 
 from bridge import attributes
 from bridge.attributes import Attrs
+from bridge import meter
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError)
@@ -151,9 +152,13 @@ class GCSStore(DirectReads, Store):
         with self._fs_lock:
             if self._fs is None:
                 _aiohttp, _sync, GCSFileSystem, _e = _sdk()
+                from urllib.parse import urlsplit
+                # every request of its session metered (bridge/meter.py)
+                trace = meter.aiohttp_trace("gs", urlsplit(self.endpoint).path.rstrip("/"))
                 self._fs = GCSFileSystem(project=self.settings.gcs.project or "", token=self._token,
                                          endpoint_url=self._endpoint_url, skip_instance_cache=True,
-                                         requests_timeout=self.settings.transfer.read_timeout)
+                                         requests_timeout=self.settings.transfer.read_timeout,
+                                         session_kwargs={"trace_configs": [trace]})
                 # gcsfs's _request retries inside; bridge.retry is the one retry layer, so call under it.
                 self._raw_request = type(self._fs)._request.__wrapped__
             return self._fs

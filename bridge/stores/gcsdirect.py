@@ -44,6 +44,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing,
                            ObjectNotFound, PermissionDenied, TransientError)
+from bridge import meter
 from bridge.stores.base import hand_over, kept_connection, receive
 from bridge.urls import Location
 
@@ -95,8 +96,9 @@ class Direct:
         self.base = url.path.rstrip("/") + "/storage/v1/b/"
         self.upload_base = url.path.rstrip("/") + "/upload/storage/v1/b/"
         self._bearer = bearer
-        self._connect = lambda: (http.client.HTTPSConnection if url.scheme == "https" else
-                                 http.client.HTTPConnection)(url.hostname, url.port, timeout=timeout)
+        self.root = url.path.rstrip("/")
+        self._connect = lambda: meter.connection(url.scheme == "https", "gs", self.root)(
+            url.hostname, url.port, timeout=timeout)
         self._local = threading.local()
 
     @classmethod
@@ -186,6 +188,7 @@ class Direct:
             return answer.body
 
         return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout,
+                       metered=("gs", self.root),
                        retries=retries)
 
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], *,
@@ -222,6 +225,7 @@ class Direct:
             return item
 
         return each_of(count, send, each, self.origin, connections=connections, timeout=self._timeout,
+                       metered=("gs", self.root),
                        retries=retries)
 
     def object(self, loc: Location) -> dict:

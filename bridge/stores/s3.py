@@ -6,7 +6,6 @@ asked for a FULL_OBJECT CRC32C, which S3 checks against the whole file's CRC32C 
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import errno
 import functools
 import http.client
@@ -20,6 +19,8 @@ from types import SimpleNamespace
 
 from bridge import attributes
 from bridge.attributes import Attrs
+from bridge.meter import Pool
+from bridge import meter
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, ClockSkewed, CredentialsMissing, EndpointUnreachable,
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported)
@@ -50,7 +51,8 @@ def _sdk():
     import botocore.exceptions as bce
     from botocore.parsers import ResponseParserError
     import s3fs
-    dropped = (bce.HTTPClientError, ResponseParserError, aiohttp.ClientPayloadError,
+    from xml.etree.ElementTree import ParseError   # a 503 to GetBucketLocation has no XML for its handler
+    dropped = (bce.HTTPClientError, ResponseParserError, ParseError, aiohttp.ClientPayloadError,
                aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, http.client.IncompleteRead,
                TimeoutError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError)   # asyncio.TimeoutError is TimeoutError (3.11)
     return SimpleNamespace(bce=bce, s3fs=s3fs, dropped=dropped)
@@ -164,7 +166,12 @@ class S3Store(Store):
         with self._fs_lock:
             if self._fs is None:
                 s3, t = self.settings.s3, self.settings.transfer
+                # A session of our own, so that every request botocore sends is metered (bridge/meter.py).
+                from aiobotocore.session import AioSession
+                session = AioSession(profile=s3.profile) if s3.profile else AioSession()
+                meter.botocore_hooks(session)
                 fs = _sdk().s3fs.S3FileSystem(
+                    session=session,
                     key=s3.access_key_id,
                     secret=s3.secret_access_key.get_secret_value() if s3.secret_access_key else None,
                     token=s3.session_token.get_secret_value() if s3.session_token else None,
@@ -394,7 +401,7 @@ class S3Store(Store):
         upload_id = resp["UploadId"]
         try:
             ranges = list(enumerate(range(0, size, part), 1))
-            with cf.ThreadPoolExecutor(min(len(ranges), self.settings.transfer.concurrency)) as pool:
+            with Pool(min(len(ranges), self.settings.transfer.concurrency)) as pool:
                 parts = list(pool.map(lambda r: self.copy_part(dst, upload_id, r[0], r[1], src, r[1],
                                                                min(part, size - r[1])), ranges))
             if all(p.crc32c for p in parts):
@@ -434,6 +441,10 @@ class S3Store(Store):
 
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
                     crc32c: str) -> PartRecord:
+        if self._direct is not None:
+            etag = self._request(loc, lambda: self._direct.upload_part(loc, upload_id, number, data,
+                                                                       crc_hex_to_b64(crc32c), _from_code))
+            return PartRecord(number, len(data), crc32c, etag)
         resp = self._call(loc, "upload_part", Bucket=loc.bucket, Key=loc.key, UploadId=upload_id,
                           PartNumber=number, Body=_body(data), ChecksumCRC32C=crc_hex_to_b64(crc32c))
         return PartRecord(number, len(data), crc32c, resp["ETag"])

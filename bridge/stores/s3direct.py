@@ -30,6 +30,7 @@ from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote, unquote_plus, urlsplit
 
+from bridge import meter
 from bridge.config import Settings
 from bridge.errors import BridgeError, TransientError
 from bridge.stores.base import kept_connection, receive
@@ -50,8 +51,8 @@ class Direct:
         self.origin = f"{url.scheme}://{url.netloc}"
         self.netloc = url.netloc
         self.base = url.path.rstrip("/")
-        self._connect = lambda: (http.client.HTTPSConnection if url.scheme == "https" else
-                                 http.client.HTTPConnection)(url.hostname, url.port, timeout=timeout)
+        self._connect = lambda: meter.connection(url.scheme == "https", "s3", self.base)(
+            url.hostname, url.port, timeout=timeout)
         self._signer = SigV4(key, secret, token, region, https=url.scheme == "https")
         self._local = threading.local()
         self._timeout = timeout
@@ -79,6 +80,22 @@ class Direct:
                 raise _error(loc, resp, from_code)
             resp.read()
         return _put_answer(resp.getheader)
+
+    def upload_part(self, loc: Location, upload_id: str, number: int, data, crc32c_b64: str, from_code) -> str:
+        """UploadPart on this thread's connection (its body in pieces, so that a cancel stops it
+        mid-way: bridge/meter.py); the part's ETag."""
+        path = self._path(loc)
+        query = f"partNumber={number}&uploadId={quote(upload_id, safe='-_.~')}"
+        headers = {"Content-Length": str(len(data)), "x-amz-sdk-checksum-algorithm": "CRC32C",
+                   "x-amz-checksum-crc32c": crc32c_b64}
+        self._signer.sign("PUT", self.netloc, path, query, headers, data)
+        with self._connection(loc) as conn:
+            conn.request("PUT", f"{path}?{query}", body=data, headers=headers)
+            resp = conn.getresponse()
+            if resp.status >= 300:
+                raise _error(loc, resp, from_code)
+            resp.read()
+        return resp.getheader("ETag") or ""
 
     def _put_request(self, loc: Location, data, crc32c_b64: str, params: dict) -> tuple[str, dict[str, str]]:
         path = self._path(loc)
@@ -111,7 +128,7 @@ class Direct:
             del bodies[i]
             return _put_answer(lambda name: answer.headers.get(name.lower()))
 
-        return each_of(count, send, each, self.origin, connections=connections, timeout=self._timeout,
+        return each_of(count, send, each, self.origin, connections=connections, timeout=self._timeout, metered=("s3", self.base),
                        retries=retries)
 
     def _path(self, loc: Location) -> str:
@@ -182,7 +199,7 @@ class Direct:
                 self.on_headers(loc, list(answer.headers.items()))
             return answer.body
 
-        return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout,
+        return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout, metered=("s3", self.base),
                        retries=retries)
 
     def head(self, loc: Location, from_code) -> dict:

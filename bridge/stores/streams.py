@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import urlsplit
 
+from bridge import meter
 from bridge.errors import BridgeError, EndpointUnreachable, TransientError
 
 HEAD_LIMIT = 1 << 20   # the status line and headers of one answer, at most
@@ -39,8 +40,9 @@ class Answer:
 class Link:
     """One keep-alive HTTP/1.1 connection to ``origin``, used by one task at a time."""
 
-    def __init__(self, origin: str, timeout: float):
+    def __init__(self, origin: str, timeout: float, metered: tuple[str, str] | None = None):
         url = urlsplit(origin)
+        self.metered = metered   # (scheme, endpoint path): each exchange counted (bridge/meter.py)
         self.origin = origin
         self.host = url.hostname or ""
         self.port = url.port or (443 if url.scheme == "https" else 80)
@@ -58,9 +60,13 @@ class Link:
                    *, what: str) -> Answer:
         """One exchange. A lost connection, a timeout or a malformed answer raises
         TransientError naming ``what``; a refused connection EndpointUnreachable."""
+        noted = meter.note(self.metered[0], method, target, headers, base=self.metered[1], sent=len(body)) \
+            if self.metered else None
         try:
             async with asyncio.timeout(self.timeout):
-                return await self._exchange(method, target, headers, body)
+                answer = await self._exchange(method, target, headers, body)
+            meter.answered(noted, answer.status, len(answer.body))
+            return answer
         except BridgeError:
             self.close()
             raise
@@ -121,7 +127,7 @@ async def _chunked(reader: asyncio.StreamReader) -> bytes:
 
 
 def run_many(count: int, work: Callable[[int, Link], Awaitable[None]], origin: str, *,
-             connections: int, timeout: float) -> None:
+             connections: int, timeout: float, metered: tuple[str, str] | None = None) -> None:
     """``work(i, link)`` for every i in range(count), at most ``connections`` at a time, each on
     a keep-alive link of its own, on an event loop of this thread. An exception from ``work``
     ends the run (the caller decides which failures are one item's and which are everyone's)."""
@@ -132,7 +138,7 @@ def run_many(count: int, work: Callable[[int, Link], Awaitable[None]], origin: s
         items = iter(range(count))
 
         async def lane() -> None:
-            link = Link(origin, timeout)
+            link = Link(origin, timeout, metered)
             try:
                 for i in items:
                     await work(i, link)
@@ -145,7 +151,8 @@ def run_many(count: int, work: Callable[[int, Link], Awaitable[None]], origin: s
 
 
 def each_of(count: int, send: Callable[[int, Link], Awaitable[T]], each: Callable[[int, T], None],
-            origin: str, *, connections: int, timeout: float, retries: int) -> dict[int, BridgeError]:
+            origin: str, *, connections: int, timeout: float, retries: int,
+            metered: tuple[str, str] | None = None) -> dict[int, BridgeError]:
     """What the stores' ``read_many`` and ``put_many`` share: for every i in range(count),
     ``await send(i, link)`` (one attempt: a request and its answer checked, raising bridge's
     error), retried on its own through bridge.retry, then ``each(i, result)`` here, in any
@@ -160,5 +167,5 @@ def each_of(count: int, send: Callable[[int, Link], Awaitable[T]], each: Callabl
         except BridgeError as exc:
             failures[i] = exc
 
-    run_many(count, one, origin, connections=connections, timeout=timeout)
+    run_many(count, one, origin, connections=connections, timeout=timeout, metered=metered)
     return failures

@@ -9,7 +9,9 @@ shape (HTTP 400, ``{"__type": "InvalidRequestException", "message": ...}``):
     CreateLocationAzureBlob      ContainerUrl, AuthenticationType (SAS needs SasConfiguration.Token)
     CreateTask                   SourceLocationArn, DestinationLocationArn (existing locations);
                                  Options.VerifyMode; Includes of FilterType SIMPLE_PATTERN; TaskMode:
-                                 ENHANCED refuses POINT_IN_TIME_CONSISTENT, BASIC needs AgentArns on
+                                 ENHANCED refuses POINT_IN_TIME_CONSISTENT, a bandwidth limit, pairs
+                                 without S3, and (``no_service_linked_role``) callers that may not
+                                 create its service-linked role; BASIC needs AgentArns on
                                  object-storage and Azure locations
     StartTaskExecution           TaskArn; one execution of a task at a time
     DescribeTaskExecution        Status (QUEUED, TRANSFERRING, SUCCESS, ERROR), Estimated*, FilesTransferred,
@@ -79,6 +81,9 @@ class DataSyncDouble:
     def __init__(self, *, s3_endpoint: str, delay: float = 0.0):
         self.s3_endpoint, self.delay = s3_endpoint, delay
         self.deny_role: str | None = None
+        # The caller may not create DataSync's service-linked role, which an Enhanced mode task needs
+        # (iam:CreateServiceLinkedRole): CreateTask in Enhanced mode is refused, as the service does.
+        self.no_service_linked_role = False
         self.paused = threading.Event()     # set: executions hold before their next object
         self.locations: dict[str, dict] = {}
         self.tasks: dict[str, dict] = {}
@@ -175,6 +180,18 @@ class DataSyncDouble:
         mode = doc.get("TaskMode", "BASIC")
         if mode == "ENHANCED" and verify == "POINT_IN_TIME_CONSISTENT":
             raise ApiError(400, "InvalidRequestException", "Enhanced mode tasks do not support POINT_IN_TIME_CONSISTENT")
+        if mode not in ("BASIC", "ENHANCED"):
+            raise ApiError(400, "InvalidRequestException", f"TaskMode {mode!r} is not BASIC or ENHANCED")
+        if mode == "ENHANCED":
+            if self.no_service_linked_role:
+                raise ApiError(400, "AccessDeniedException", "Enhanced mode needs DataSync's service-linked role, "
+                                                             "and the caller may not create it "
+                                                             "(iam:CreateServiceLinkedRole)")
+            if doc.get("Options", {}).get("BytesPerSecond", -1) != -1:
+                raise ApiError(400, "InvalidRequestException", "Enhanced mode tasks do not take a bandwidth limit "
+                                                               "(Options.BytesPerSecond)")
+            if not any(end["kind"] == "s3" for end in ends):
+                raise ApiError(400, "InvalidRequestException", "Enhanced mode moves data to or from Amazon S3 only")
         if mode == "BASIC" and any(end["kind"] != "s3" and not end.get("AgentArns") for end in ends):
             raise ApiError(400, "InvalidRequestException", "a Basic mode task needs an agent for this location")
         for rule in doc.get("Includes", []):

@@ -22,7 +22,9 @@ Emulated, with the documented required fields checked and refused in Google's er
 An operation really moves the bytes: from moto (S3, read with the access key in the spec), from
 Azurite (with the SAS in the spec), from fake-gcs-server, or from the URLs of a TsvHttpData-1.0 list (checking each
 object's size and MD5), into fake-gcs-server, under ``gcsDataSink.path`` (an HTTP object is named
-``host/path``, as the service names it). ``objectConditions.includePrefixes`` filter by prefix.
+``host/path``, as the service names it). ``objectConditions.includePrefixes`` filter by prefix; the
+service's rules for them are checked at create (at most 1,000, none empty, over 1,024 bytes, with a
+leading "/" or a line break, and none a prefix of another).
 ``deny_projects`` answers PERMISSION_DENIED and ``quota_exhausted`` RESOURCE_EXHAUSTED on create.
 
 Not emulated: authentication (any caller is accepted), IAM (a roleArn is checked for form only,
@@ -187,6 +189,7 @@ class StorageTransferDouble:
             raise ApiError(501, "UNIMPLEMENTED", f"this double does not emulate {sources[0]}")
         _need(spec, "gcsDataSink.bucketName")
         _path_ok(spec["gcsDataSink"], "path", "gcsDataSink")
+        _check_prefixes(spec.get("objectConditions", {}).get("includePrefixes", []))
         if "awsS3DataSource" in spec:
             s3 = spec["awsS3DataSource"]
             _need(s3, "bucketName")
@@ -299,3 +302,20 @@ class StorageTransferDouble:
         _meta, run = self._find(name)
         run.cancel()
         return {}
+
+
+def _check_prefixes(prefixes: list[str]) -> None:
+    """What the service refuses in objectConditions.includePrefixes: more than 1,000, an empty one,
+    one over 1,024 bytes, a leading '/', a line break, and one that is a prefix of another (each
+    must name a distinct part of the namespace)."""
+    if len(prefixes) > 1000:
+        raise ApiError(400, "INVALID_ARGUMENT", f"includePrefixes holds {len(prefixes)} values; at most 1000")
+    for p in prefixes:
+        if not p or len(p.encode()) > 1024 or p.startswith("/") or "\n" in p or "\r" in p:
+            raise ApiError(400, "INVALID_ARGUMENT", f"include prefix {p!r} is empty, too long, begins with '/' or "
+                                                    f"holds a line break")
+    ordered = sorted(prefixes)
+    for a, b in zip(ordered, ordered[1:]):
+        if b.startswith(a):
+            raise ApiError(400, "INVALID_ARGUMENT", f"include prefix {a!r} is a prefix of {b!r}: each include "
+                                                    f"prefix must name a distinct portion of the namespace")

@@ -1,0 +1,128 @@
+"""The meter counts what was sent: each emulator's own request log (moto's, fake-gcs-server's,
+Azurite's access lines) against what bridge's meter counted for the same copy, with a proxy in
+front answering some requests 503 (those never reach the emulator; bridge sends them again).
+Spend is then the price table applied to the metered counts and bytes."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.emulators import Azurite, FakeGCS, MotoServer, environment_for, unique_name
+from tests.faultproxy import FaultProxy, proxied_environment
+from bridge import costing, meter, ops
+from bridge.config import load_settings
+
+pytestmark = pytest.mark.timeout(300)
+MiB = 1024 * 1024
+PRICES = Path(__file__).resolve().parent.parent / "policies" / "prices"
+
+
+class LoudGCS(FakeGCS):
+    """fake-gcs-server with its access log on (the session's runs at warn)."""
+
+    def command(self) -> list[str]:
+        command = super().command()
+        command[command.index("-log-level") + 1] = "info"
+        return command
+
+
+EMULATORS = {"s3": MotoServer, "gs": LoudGCS, "az": Azurite}
+# One access-log line per request each emulator answered, whatever the status (moto colours the
+# 4xx and 5xx ones).
+COLOUR = r"(?:\x1b\[[0-9;]*m)*"
+ACCESS = re.compile(rf'"{COLOUR}(?P<method>[A-Z]+) (?P<target>/[^ "]*) HTTP/1\.1{COLOUR}\\?" (?P<status>\d{{3}})')
+
+
+def access_lines(emulator, since: int, bucket: str) -> list[tuple[str, str]]:
+    text = emulator.log_path.read_bytes()[since:].decode(errors="replace")
+    out = []
+    for m in ACCESS.finditer(text):
+        if f"/{bucket}" in m["target"]:
+            out.append((m["method"], m["target"]))
+    return out
+
+
+def tree(root: Path) -> int:
+    total = 0
+    for i in range(12):
+        data = os.urandom(3000 + i)
+        (root / f"small/{i:02d}.bin").parent.mkdir(parents=True, exist_ok=True)
+        (root / f"small/{i:02d}.bin").write_bytes(data)
+        total += len(data)
+    big = os.urandom(12 * MiB + 5)   # parts of 5 MiB: the SDK's multipart path
+    (root / "big.bin").write_bytes(big)
+    return total + len(big)
+
+
+def request_usd(scheme: str, kinds: Counter) -> float:
+    """The price table's own numbers, read here without bridge: per kind, its class's price per 1,000."""
+    table = yaml.safe_load((PRICES / {"s3": "aws.yaml", "gs": "gcp.yaml", "az": "azure.yaml"}[scheme]).read_text())
+    classes, kind_class = table["requests"]["classes"], table["requests"]["kinds"]
+    return sum(classes[kind_class[kind]]["usd"] * n / 1000.0 for kind, n in kinds.items())
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "az"])
+def test_metered_requests_are_the_emulators_own_log_with_503s_retried(scheme, tmp_path):
+    with EMULATORS[scheme]() as emulator:
+        bucket = unique_name()
+        emulator.create_bucket(bucket)
+        with FaultProxy(emulator.endpoint) as proxy:
+            env = proxied_environment(environment_for([emulator]), {scheme: proxy})
+            env["MCBRIDGE_STATE_DIR"] = str(tmp_path / "state")
+            settings = load_settings({"transfer": {"chunk_size": 5 * MiB}}, environ=env)
+            src = tmp_path / "src"
+            size = tree(src)
+            back = tmp_path / "back"
+            back.mkdir()
+
+            proxy.configure(error_rate=0.2, seed=7)
+            since = emulator.log_path.stat().st_size
+            with meter.metering(meter.Meter()) as up:
+                summary = ops.copy(f"{src}/", f"{scheme}://{bucket}/m/", settings)
+            with meter.metering(meter.Meter()) as down:
+                ops.copy(f"{scheme}://{bucket}/m/", f"{back}/", settings)
+            logged = access_lines(emulator, since, bucket)
+
+            errors = proxy.counts["error"]
+            assert errors >= 5 and summary["retries"] >= 1        # the faults were there, and retried
+            sent = up.request_count + down.request_count
+            # every request bridge sent went through the proxy; those it did not answer 503 reached the emulator
+            assert sent == proxy.counts["requests"]
+            assert sent == len(logged) + errors, (sent, len(logged), errors)
+            for m in (up, down):
+                assert set(m.stores) == {f"{scheme}://{bucket}"}
+
+            # uploads of data (parts; on GCS every object write, parts included, is one upload):
+            # as many as the emulator logged plus the ones answered 503
+            kind = "PUT" if scheme == "gs" else "PART"
+            writes_logged = sum(1 for method, target in logged if _is_write(scheme, method, target))
+            writes_503 = sum(1 for line, action in proxy.log
+                             if action == "error" and _is_write(scheme, *line.split(" ", 1)))
+            assert up.stores[f"{scheme}://{bucket}"].requests[kind] == writes_logged + writes_503 >= 3
+
+            row = down.stores[f"{scheme}://{bucket}"]
+            assert row.bytes_read >= size        # data read back, re-reads of a cut answer included
+
+            proxy.configure()   # no more faults: pricing looks up where the bucket is
+            # spend: the price table applied to what was metered (local source and destination:
+            # no egress but from the store to this site)
+            settings_site = load_settings({"pricing": {"runs_in": "site:lab"}}, environ=env)
+            up_usd = costing.spend(up, f"{src}/", f"{scheme}://{bucket}/m/", settings_site)
+            assert up_usd == pytest.approx(request_usd(scheme, up.stores[f"{scheme}://{bucket}"].requests), rel=1e-9)
+            down_usd = costing.spend(down, f"{scheme}://{bucket}/m/", f"{back}/", settings_site)
+            assert down_usd > request_usd(scheme, row.requests) > 0   # and the egress of the bytes read
+
+
+def _is_write(scheme: str, method: str, target: str) -> bool:
+    """Read off the request line without bridge: an S3 UploadPart, an Azure Put Block, a GCS upload."""
+    if scheme == "s3":
+        return method == "PUT" and "partNumber=" in target
+    if scheme == "az":
+        return method == "PUT" and "comp=block" in target and "comp=blocklist" not in target
+    return method == "POST" and target.startswith("/upload/")
