@@ -193,9 +193,10 @@ def _scheme(url: str) -> str:
 
 def refusal(name: str, tenant: Tenant | None, *, reads: Iterable[str] = (), writes: Iterable[str] = (),
             group: str = DEFAULT_GROUP, local_roots: Iterable[str] = (), route: str | None = None,
-            budget: str | None = None) -> str | None:
+            budget: str | None = None, job: bool = True) -> str | None:
     """Why tenant ``name`` may not have a worker of ``group`` (whose own roots are ``local_roots``)
-    read ``reads`` and write ``writes`` over ``route``, charged to ``budget``; None when it may.
+    read ``reads`` and write ``writes`` over ``route``, charged to ``budget`` (``job``: budgets
+    apply; a cache warm is charged to none); None when it may.
     Every URL is canonical (local paths resolved); the first problem is the answer."""
     if tenant is None:
         return f"tenant {name!r} is not in the service policy"
@@ -218,7 +219,7 @@ def refusal(name: str, tenant: Tenant | None, *, reads: Iterable[str] = (), writ
                     return f"tenant {name!r} may not {access} {url}"
     if route is not None and tenant.routes is not None and route not in tenant.routes:
         return f"tenant {name!r} may not use route {route!r} (allowed: {', '.join(tenant.routes) or 'none'})"
-    if tenant.budgets is not None and budget not in tenant.budgets:
+    if job and tenant.budgets is not None and budget not in tenant.budgets:
         named = f"budget {budget!r}" if budget else "no budget"
         return f"tenant {name!r} may not run a job charged to {named} (its budgets: {', '.join(tenant.budgets) or 'none'})"
     return None

@@ -336,3 +336,18 @@ def test_service_init_sets_up_one_tenant_whose_key_is_never_printed(tmp_path):
     assert Keyring.load(ws).signer() == "default" and key not in repr(Keyring.load(ws)) + repr(ws)
     again = subprocess.run([sys.executable, "-m", "bridge", "service", "init"], env=env, capture_output=True, text=True)
     assert again.returncode == 2 and "exists" in again.stderr
+
+
+def test_a_cache_warm_is_signed_and_scoped_too(secured, tmp_path):
+    s = secured
+    s.env["MCBRIDGE_CACHE_DIR"] = str(tmp_path / "node-cache")
+    s.worker("n1", queues=["bridge.cache.n1"], pool="solo").wait_ready()
+    mark = s.moto.log_path.stat().st_size
+    r = s.cli("cache", "warm", f"s3://{s.src}/team-b/in/", "--node", "n1", "--wait")
+    assert r.returncode == 1 and f"tenant 'team-a' may not read s3://{s.src}/team-b/in/" in r.stderr, r.stderr
+    task = s.push("bridge.cache.warm", [[f"s3://{s.src}/team-a/in/"], None, None], queue="bridge.cache.n1")
+    assert "is not signed" in s.audit(decision="refused", task=task)["reason"]
+    assert bucket_requests(s.moto, {s.src}, mark) == []
+    r = s.cli("cache", "warm", f"s3://{s.src}/team-a/in/", "--node", "n1", "--wait", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["result"]["objects"] == 3

@@ -830,7 +830,13 @@ def submit_warm(node: str, items: list[str], *, profile: str | None = None, look
     if not _consumed(client, Keys(ws.namespace), queue):
         err.print(f"mcbridge: warning: no live worker consumes queue {queue}; the warm waits for one "
                   f"(mcbridge worker -Q {queue} on {node})", markup=False)
-    result = app.send_task(WARM, args=[list(items), profile, lookahead], queue=queue)
+    from bridge.workers.auth import Keyring
+    from bridge.workers.cache_tasks import payload
+    from bridge.workers.schedules import message_ttl
+    keyring = Keyring.load(ws)
+    signed = keyring.sign_message(keyring.signer(), WARM, node, payload(items, profile, lookahead),
+                                  ttl=message_ttl(ws))
+    result = app.send_task(WARM, args=[*payload(items, profile, lookahead), signed, node], queue=queue)
     summary: dict[str, Any] = {"task_id": result.id, "queue": queue, "node": node}
     if wait:
         try:

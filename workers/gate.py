@@ -188,7 +188,7 @@ class Gate:
         return Admitted(auth["tenant"], digest, auth.get("budget"))
 
     def scope(self, who: Admitted, *, reads: Iterable[str] = (), writes: Iterable[str] = (),
-              route: str | None = None, budget: str | None = None) -> None:
+              route: str | None = None, budget: str | None = None, job: bool = True) -> None:
         """Refused unless ``who``'s tenant may read ``reads`` and write ``writes`` (over ``route``)."""
         from bridge.policies.tenants import refusal
         try:
@@ -197,7 +197,7 @@ class Gate:
             raise Refused(f"refused: {exc}") from None
         tenant = self._tenant(who.tenant)
         reason = refusal(who.tenant, tenant, reads=real_reads, writes=real_writes, group=self.ws.worker_group,
-                         local_roots=self._roots, route=route, budget=budget)
+                         local_roots=self._roots, route=route, budget=budget, job=job)
         if reason:
             raise Refused(reason)
 
