@@ -204,7 +204,7 @@ def test_a_job_of_100_mb_and_300_small_files_between_two_emulators(service, emul
         kind = service.redis.type(key)
         dump = {"hash": service.redis.hgetall, "list": lambda k: service.redis.lrange(k, 0, -1),
                 "string": service.redis.get, "set": service.redis.smembers,
-                "zset": lambda k: service.redis.zrange(k, 0, -1)}[kind](key)
+                "zset": lambda k: service.redis.zrange(k, 0, -1), "stream": service.redis.xrange}[kind](key)
         assert AZURITE_KEY[:20] not in json.dumps(dump, default=str), key
     for worker in service.processes:
         assert AZURITE_KEY[:20] not in worker.log_path.read_text()
