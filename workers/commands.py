@@ -586,7 +586,8 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
     lines = [f"job {record.id}  {record.kind}  {record.state}" + (f"  (schedule {record.schedule})" if record.schedule else ""),
              f"  source       {record.spec['source']}",
              f"  destination  {', '.join(record.spec['destinations'])}",
-             f"  queue        {record.queue}" + (f"  profile {record.spec['profile']}" if record.spec.get("profile") else ""),
+             f"  queue        {record.queue}" + (f"  profile {record.spec['profile']}" if record.spec.get("profile") else "")
+             + (f"  tenant {record.tenant}" if record.tenant else ""),
              f"  created      {doc['created']}  started {doc['started'] or '-'}  finished {doc['finished'] or '-'}"]
     pct = f" ({100 * min(t['bytes_done'], t['bytes_total']) / t['bytes_total']:.0f}%)" if t["bytes_total"] else ""
     lines.append(f"  progress     {human_bytes(min(t['bytes_done'], t['bytes_total']))} of {human_bytes(t['bytes_total'])}{pct}, "
