@@ -351,3 +351,49 @@ def test_a_cache_warm_is_signed_and_scoped_too(secured, tmp_path):
     r = s.cli("cache", "warm", f"s3://{s.src}/team-a/in/", "--node", "n1", "--wait", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["result"]["objects"] == 3
+
+
+def test_the_scope_decision_is_a_pure_function_over_resolved_places():
+    from bridge.policies.tenants import parse, refusal
+    policy = parse("tenants:\n  a:\n    read: [s3://corpus/a/]\n    write: [gs://out/a/]\n"
+                   "    local:\n      hpc: {read: [/lustre/a/], write: [/lustre/a/out/]}\n"
+                   "    routes: [direct]\n    budgets: [team-a]\n")
+    a = policy.tenant("a")
+
+    def why(**kw):
+        return refusal("a", a, **{"budget": "team-a", "group": "hpc", "local_roots": ["/lustre"], **kw})
+
+    assert why(reads=["s3://corpus/a/x.bin"], writes=["gs://out/a/"]) is None
+    assert why(reads=["gs://out/a/y"]) is None                         # what it may write it may read
+    assert why(reads=["s3://corpus/ab/x"]) == "tenant 'a' may not read s3://corpus/ab/x"
+    assert why(writes=["s3://corpus/a/x"]) == "tenant 'a' may not write s3://corpus/a/x"
+    assert why(reads=["/lustre/a/in/f"], writes=["/lustre/a/out/g"]) is None
+    assert why(writes=["/lustre/a/in/f"]) == "tenant 'a' may not write /lustre/a/in/f on worker group 'hpc'"
+    assert "may not read /lustre/a/f on worker group 'default'" in why(reads=["/lustre/a/f"], group="default")
+    assert "outside this worker's local roots" in why(reads=["/lustre/a/f"], local_roots=["/scratch"])
+    assert "outside this worker's local roots (BRIDGE_LOCAL_ROOTS: none)" in why(reads=["/lustre/a/f"], local_roots=[])
+    assert why(reads=["s3://corpus/a/x"], route="server") == "tenant 'a' may not use route 'server' (allowed: direct)"
+    assert "charged to budget 'other'" in why(reads=["s3://corpus/a/x"], budget="other")
+    assert "charged to no budget" in why(reads=["s3://corpus/a/x"], budget=None)
+    assert why(reads=["s3://corpus/a/x"], budget=None, job=False) is None   # a cache warm is charged to none
+    assert refusal("b", policy.tenant("b"), reads=["s3://corpus/a/x"]) == "tenant 'b' is not in the service policy"
+
+
+def test_signatures_cover_every_field_and_name_no_key(tmp_path):
+    from bridge.workers.auth import Keyring, Refused
+    ring = Keyring({"a": bytes(range(32)), "b": bytes(range(1, 33))}, "a")
+    spec = {"kind": "copy", "source": "s3://corpus/a/", "destinations": ["gs://out/a/"]}
+    auth = ring.sign_job("a", "j1", spec, budget=None, ttl=60)
+    assert len(ring.check_job("j1", spec, auth)) == 64
+    for changed_spec, changed_auth in (({**spec, "source": "s3://corpus/b/"}, auth), (spec, {**auth, "tenant": "b"}),
+                                       (spec, {**auth, "budget": "x"}), (spec, {**auth, "expires": auth["expires"] + 9})):
+        with pytest.raises(Refused, match="signature does not match"):
+            ring.check_job("j1", changed_spec, changed_auth)
+    with pytest.raises(Refused, match="signed for job 'j1'"):
+        ring.check_job("j2", spec, {**auth, "job": "j1"})
+    sub = {"source": "s3://corpus/a/", "files": [{"rel": "x", "size": 1}], "sizes": {1: 2}}
+    sig = ring.sign_task("a", "d" * 64, "j1.t0", sub)
+    ring.check_task("a", "d" * 64, "j1.t0", json.loads(json.dumps(sub)), sig)   # as a task receives it
+    with pytest.raises(Refused):
+        ring.check_task("a", "d" * 64, "j1.t1", json.loads(json.dumps(sub)), sig)
+    assert "00010203" not in repr(ring)

@@ -146,7 +146,7 @@ class Keyring:
                  ttl: float, now: float | None = None) -> dict[str, Any]:
         auth = {"v": VERSION, "tenant": tenant, "job": job_id, "budget": budget,
                 "expires": round((now or time.time()) + ttl, 3)}
-        return {**auth, "sig": self.mac(tenant, job_document(auth, spec))}
+        return {**auth, "sig": self.mac(tenant, job_document(auth, json.loads(json.dumps(spec))))}
 
     def check_job(self, job_id: str, spec: Mapping[str, Any], auth: Any) -> str:
         """The job's digest when ``auth`` signs ``spec`` as job ``job_id``; Refused otherwise."""
@@ -164,6 +164,8 @@ class Keyring:
 
     # -- a transfer task's slice of the plan ------------------------------------------------------
     def sign_task(self, tenant: str, job_digest: str, task_id: str, sub: Mapping[str, Any]) -> str:
+        # as the worker will see it: through JSON (a key that is a number comes back a string)
+        sub = json.loads(json.dumps(sub))
         return self.mac(tenant, {"v": VERSION, "job": job_digest, "task": task_id, "sub": sub})
 
     def check_task(self, tenant: str, job_digest: str, task_id: str, sub: Any, sig: Any) -> None:
@@ -177,6 +179,7 @@ class Keyring:
                      now: float | None = None) -> dict[str, Any]:
         auth = {"v": VERSION, "tenant": tenant, "nonce": secrets.token_hex(12),
                 "expires": round((now or time.time()) + ttl, 3)}
+        payload = json.loads(json.dumps(payload))
         return {**auth, "sig": self.mac(tenant, message_document(auth, task, name, payload))}
 
     def check_message(self, task: str, name: str, payload: Any, auth: Any, now: float | None = None) -> dict[str, Any]:
@@ -215,3 +218,46 @@ def write_keys_file(path: Path, keys: Mapping[str, str]) -> None:
         for name, key in keys.items():
             f.write(f"{name} {key}\n")
     os.replace(tmp, path)
+
+
+# -- beat ----------------------------------------------------------------------------------------
+
+_settings = None   # this process's WorkerSettings (bridge.workers.app.configure sets them)
+
+
+def configure(ws) -> None:
+    global _settings
+    _settings = ws
+
+
+def message_ttl(ws) -> float:
+    """How long a message beat (or cache warm) signs stays good: a tenth of BRIDGE_SIGNATURE_TTL,
+    at least a minute."""
+    return max(60.0, ws.signature_ttl / 10)
+
+
+def sign_now(task: str, name: str, payload: Any) -> dict[str, Any]:
+    """beat's signature over one message, as BRIDGE_TENANT, made as it is sent."""
+    if _settings is None:
+        raise InvalidOption("beat has no settings to sign with")
+    keyring = Keyring.load(_settings)
+    return keyring.sign_message(keyring.signer(), task, name, payload, ttl=message_ttl(_settings))
+
+
+try:
+    from celery.beat import BeatLazyFunc
+except ImportError:  # celery not installed: submitters without the service extra never get here
+    BeatLazyFunc = object  # type: ignore[misc,assignment]
+
+
+class BeatSignature(BeatLazyFunc):  # type: ignore[misc,valid-type]
+    """The last argument of a beat entry of bridge's: celery calls it when it sends the entry,
+    whichever beat scheduler runs, so each message is signed then, with a fresh nonce and expiry."""
+
+    def __init__(self, task: str, name: str, payload: Any):
+        super().__init__(sign_now, task, name, payload)
+
+    def __eq__(self, other: object) -> bool:   # an unchanged entry stays unchanged across restarts
+        return isinstance(other, BeatSignature) and self._func_params == other._func_params
+
+    __hash__ = None  # type: ignore[assignment]

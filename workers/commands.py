@@ -831,9 +831,8 @@ def submit_warm(node: str, items: list[str], *, profile: str | None = None, look
     if not _consumed(client, Keys(ws.namespace), queue):
         err.print(f"mcbridge: warning: no live worker consumes queue {queue}; the warm waits for one "
                   f"(mcbridge worker -Q {queue} on {node})", markup=False)
-    from bridge.workers.auth import Keyring
+    from bridge.workers.auth import Keyring, message_ttl
     from bridge.workers.cache_tasks import payload
-    from bridge.workers.schedules import message_ttl
     keyring = Keyring.load(ws)
     signed = keyring.sign_message(keyring.signer(), WARM, node, payload(items, profile, lookahead),
                                   ttl=message_ttl(ws))

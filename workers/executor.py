@@ -357,6 +357,7 @@ class Service:
         keyring = self.gate.keyring
         tasks = [json.dumps([f"{job_id}.t{n}", sub, keyring.sign_task(who.tenant, who.digest, f"{job_id}.t{n}", sub)])
                  for n, sub in enumerate(planned.subs)]
+        plan_sig = keyring.sign_task(who.tenant, who.digest, f"{job_id}.plan", planned.header)
         pipe = self.r.pipeline()  # one transaction: a job is fanned out entirely or not at all
         pipe.set(self.keys.job(job_id, "pending"), len(tasks))
         if tasks:
@@ -364,6 +365,7 @@ class Service:
         route = {"name": planned.header["route"], "why": planned.header["route_why"]} \
             if "route" in planned.header else None
         pipe.hset(self.keys.job(job_id), mapping={"plan_key": planned.key, "plan": json.dumps(planned.header),
+                                                  "plan_sig": plan_sig,
                                                   **planned.totals, "tasks_total": len(tasks),
                                                   **({"route": json.dumps(route)} if route else {})})
         pipe.execute()
@@ -392,6 +394,19 @@ class Service:
 
     def _header(self, job_id: str) -> dict:
         return json.loads(self.r.hget(self.keys.job(job_id), "plan") or "null")
+
+    def _signed_header(self, record: JobRecord, who: Admitted) -> dict | None:
+        """The plan's header as its planner signed it (the manifest, verify and clean-up work from
+        it), every place it names in scope; Refused otherwise. None: not planned."""
+        header = self._header(record.id)
+        if header is None:
+            return None
+        self.gate.keyring.check_task(who.tenant, who.digest, f"{record.id}.plan", header,
+                                     self.r.hget(self.keys.job(record.id), "plan_sig"))
+        if record.plan_key != header.get("key"):
+            raise Refused(f"job {record.id}: its journal is not the one its plan names")
+        self.gate.plan(who, record.kind, header)
+        return header
 
     def _transfer(self, lease: Lease, job_id: str, sub: dict, sig: str | None = None) -> dict:
         from bridge.progress import Progress
@@ -447,8 +462,7 @@ class Service:
             return refused
         spec = JobSpec.model_validate(record.spec)
         if record.state == "cancelled":
-            self._discard(record, spec)
-            return {"cancelled": True}
+            return self._discard(record, spec, who, lease.ref.id)
         if record.state not in ("running", "verifying"):
             return {"skipped": record.state}
         if record.counters.get("error_count"):
@@ -457,12 +471,11 @@ class Service:
         if not self.jobs.transition(job_id, "verifying", ("running", "verifying")):
             record, spec = self._record(job_id)
             if record and record.state == "cancelled":
-                self._discard(record, spec)
+                return self._discard(record, spec, who, lease.ref.id)
             return {"skipped": record.state if record else "no such job"}
         settings = self.settings_for(spec)
-        header = self._header(job_id)
-        try:   # what the manifest and verify touch
-            self.gate.plan(who, spec.kind, header)
+        try:   # the header the manifest and verify work from
+            header = self._signed_header(record, who)
         except Refused as exc:
             return self._refuse(record, str(exc), lease.ref.id)
         kind = self.kind(spec)
@@ -502,11 +515,15 @@ class Service:
                    "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         return problems, summary
 
-    def _discard(self, record: JobRecord, spec: JobSpec) -> None:
+    def _discard(self, record: JobRecord, spec: JobSpec, who: Admitted, task: str) -> dict:
         """A cancelled job leaves no manifest and no unfinished uploads behind."""
-        header = self._header(record.id)
+        try:
+            header = self._signed_header(record, who)
+        except Refused as exc:
+            self.gate.audit.record("refused", job=record.id, tenant=record.tenant, task=task, reason=str(exc))
+            return {"refused": str(exc)}
         if not record.plan_key or header is None:
-            return
+            return {"cancelled": True}
         journal = self.journal(record.plan_key)
         try:
             for store, loc, upload_id in self.kind(spec).leftovers(header, self.settings_for(spec), journal):
@@ -516,6 +533,7 @@ class Service:
                     log.info("job %s: upload to %s not aborted: %s", record.id, loc, exc)
         finally:
             journal.clear()
+        return {"cancelled": True}
 
     def _end(self, job_id: str, state: str, errors: list[str] | None = None) -> None:
         if errors:

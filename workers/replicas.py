@@ -57,10 +57,10 @@ def celery_schedule(schedule: rules.Schedule, app=None, nowfun=None):
 
 def beat_entries(policies: list[NamedPolicy], control_queue: str, app=None, nowfun=None) -> dict[str, dict[str, Any]]:
     """Celery ``beat_schedule`` entries sending ``bridge.policy`` for each policy with a schedule."""
-    from bridge.workers.schedules import signature
+    from bridge.workers.auth import BeatSignature
     return {f"mcbridge-policy:{p.name}": {"task": POLICY, "schedule": celery_schedule(p.policy.schedule, app, nowfun),
                                           "args": [p.name, p.policy.model_dump(mode="json"),
-                                                   signature(POLICY, p.name, p.policy.model_dump(mode="json"))],
+                                                   BeatSignature(POLICY, p.name, p.policy.model_dump(mode="json"))],
                                           "options": {"queue": control_queue}}
             for p in policies if p.policy.schedule is not None}
 

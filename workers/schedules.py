@@ -169,9 +169,10 @@ def load(path: str | Path) -> list[Schedule]:
 def beat_entries(schedules: list[Schedule], control_queue: str, app=None) -> dict[str, dict[str, Any]]:
     """Celery ``beat_schedule`` entries that send ``bridge.scheduled`` for each enabled schedule,
     signed by beat as it sends each."""
+    from bridge.workers.auth import BeatSignature
     from bridge.workers.executor import SCHEDULED
     return {f"mcbridge:{s.name}": {"task": SCHEDULED, "schedule": s.celery_schedule(app),
-                                   "args": [s.name, s.spec.to_dict(), signature(SCHEDULED, s.name, s.spec.to_dict())],
+                                   "args": [s.name, s.spec.to_dict(), BeatSignature(SCHEDULED, s.name, s.spec.to_dict())],
                                    "options": {"queue": control_queue}}
             for s in schedules if s.enabled}
 
@@ -212,40 +213,3 @@ class Scheduler(PersistentScheduler):  # type: ignore[misc,valid-type]
             self.app.conf.beat_schedule = {**kept, **entries}
         super().setup_schedule()
 
-
-def message_ttl(ws) -> float:
-    """How long a message beat signs stays good: a tenth of BRIDGE_SIGNATURE_TTL, at least a minute."""
-    return max(60.0, ws.signature_ttl / 10)
-
-
-def sign_now(task: str, name: str, payload: Any) -> dict[str, Any]:
-    """beat's signature over one message, as BRIDGE_TENANT, made as it is sent."""
-    import bridge.workers.app as bridge_app
-    from bridge.workers.auth import Keyring
-    ws = bridge_app.settings
-    keyring = Keyring.load(ws)
-    return keyring.sign_message(keyring.signer(), task, name, payload, ttl=message_ttl(ws))
-
-
-try:
-    from celery.beat import BeatLazyFunc
-except ImportError:  # celery not installed: the loader above still validates files
-    BeatLazyFunc = object  # type: ignore[misc,assignment]
-
-
-class Signature(BeatLazyFunc):  # type: ignore[misc,valid-type]
-    """The last argument of a beat entry of bridge's: celery calls it when it sends the entry,
-    whichever beat scheduler runs, so each message is signed then, with a fresh nonce and expiry
-    (workers/auth.py)."""
-
-    def __init__(self, task: str, name: str, payload: Any):
-        super().__init__(sign_now, task, name, payload)
-
-    def __eq__(self, other: object) -> bool:   # an unchanged entry stays unchanged across restarts
-        return isinstance(other, Signature) and self._func_params == other._func_params
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-def signature(task: str, name: str, payload: Any) -> Signature:
-    return Signature(task, name, payload)
