@@ -216,8 +216,10 @@ def test_submit_refuses_what_cp_refuses_in_the_same_words_before_redis(flags, ne
 def test_submit_still_queues_good_flags(inputs, namespace, tmp_path):
     """The check refuses only what is wrong: the same flags, valid, queue a job."""
     ns, keys = namespace
+    from bridge.workers.testing import tenant_env
     r = mcbridge("submit", "cp", "--route", "direct", "--chunk-size", "8MiB", "--bwlimit", "off", inputs["file"],
-                 inputs["out"], "--broker", REDIS_URL, env={**BARE, "BRIDGE_NAMESPACE": ns},
+                 inputs["out"], "--broker", REDIS_URL,
+                 env={**BARE, "BRIDGE_NAMESPACE": ns, **tenant_env(tmp_path / "tenant")},
                  state_dir=tmp_path / "state")
     assert r.returncode == 0, r.stderr
     assert keys(), "nothing was queued"

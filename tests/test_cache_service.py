@@ -14,7 +14,7 @@ import pytest
 
 from tests.emulators import free_port, unique_name
 from tests.helpers import NO_CONFIG
-from bridge.workers.testing import ServiceProcess, purge_namespace
+from bridge.workers.testing import ServiceProcess, purge_namespace, tenant_env
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -35,7 +35,8 @@ def test_warm_on_a_node_queue(moto, redis_url, tmp_path):
     namespace = f"t{uuid.uuid4().hex[:8]}"
     env = {**{k: v for k, v in os.environ.items() if k != "MCBRIDGE_CONFIG"}, **moto.env(),
            "BRIDGE_BROKER_URL": redis_url, "BRIDGE_NAMESPACE": namespace, "XDG_CONFIG_HOME": NO_CONFIG,
-           "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "AWS_EC2_METADATA_DISABLED": "true"}
+           "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "AWS_EC2_METADATA_DISABLED": "true",
+           **tenant_env(tmp_path / "tenant")}
     node_env = {**env, "MCBRIDGE_CACHE_DIR": str(tmp_path / "node1-cache")}
     try:
         port = free_port()

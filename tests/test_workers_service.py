@@ -27,7 +27,7 @@ from tests.emulators import free_port
 from tests.helpers import record
 from bridge.workers.jobs import TERMINAL, Jobs
 from bridge.workers.keys import Keys, redis_client
-from bridge.workers.testing import ServiceProcess, purge_namespace
+from bridge.workers.testing import ServiceProcess, purge_namespace, tenant_env
 
 MiB = 1024 * 1024
 pytestmark = pytest.mark.timeout(240)
@@ -81,11 +81,14 @@ class Harness:
 
 
 @pytest.fixture
-def service(redis_url, emulator_env, tmp_path):
+def service(redis_url, emulator_env, tmp_path, tmp_path_factory):
+    """One tenant (tests/, its key outside the workers' reach) allowed every bucket and, on the
+    workers, the test's tmp_path: the workers' only local root."""
     namespace = f"mcbt-{uuid.uuid4().hex[:10]}"
     env = {**emulator_env, "BRIDGE_BROKER_URL": redis_url, "BRIDGE_NAMESPACE": namespace,
            "BRIDGE_LEASE": "3s", "BRIDGE_SWEEP": "0.5s", "BRIDGE_METRICS_PORT": "0",
-           "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+           "MCBRIDGE_STATE_DIR": str(tmp_path / "state"),
+           **tenant_env(tmp_path_factory.mktemp("tenant"), local_roots=[str(tmp_path)])}
     harness = Harness(env, tmp_path)
     yield harness
     harness.close()
@@ -202,7 +205,7 @@ def test_a_job_of_100_mb_and_300_small_files_between_two_emulators(service, emul
         kind = service.redis.type(key)
         dump = {"hash": service.redis.hgetall, "list": lambda k: service.redis.lrange(k, 0, -1),
                 "string": service.redis.get, "set": service.redis.smembers,
-                "zset": lambda k: service.redis.zrange(k, 0, -1)}[kind](key)
+                "zset": lambda k: service.redis.zrange(k, 0, -1), "stream": service.redis.xrange}[kind](key)
         assert AZURITE_KEY[:20] not in json.dumps(dump, default=str), key
     for worker in service.processes:
         assert AZURITE_KEY[:20] not in worker.log_path.read_text()
@@ -409,7 +412,8 @@ def test_beat_keeps_its_schedule_in_the_state_dir(redis_url, tmp_path):
     namespace = f"mcbt-{uuid.uuid4().hex[:10]}"
     state, home = tmp_path / "state", tmp_path / "home"
     env = {**os.environ, "BRIDGE_BROKER_URL": redis_url, "BRIDGE_NAMESPACE": namespace,
-           "MCBRIDGE_STATE_DIR": str(state), "HOME": str(home), "XDG_CONFIG_HOME": str(tmp_path / "no-config")}
+           "MCBRIDGE_STATE_DIR": str(state), "HOME": str(home), "XDG_CONFIG_HOME": str(tmp_path / "no-config"),
+           **tenant_env(tmp_path / "tenant")}
     env.pop("XDG_STATE_HOME", None)
     schedules = tmp_path / "schedules.yaml"
     schedules.write_text("schedules:\n  nightly:\n    cron: \"0 2 * * *\"\n    kind: sync\n"

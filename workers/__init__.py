@@ -9,7 +9,9 @@
     jobs.py       job records in Redis;  journal.py  the engine's journal in Redis
     specs.py      what a job asks for;   schedules.py  YAML schedules for beat
     metrics.py    Prometheus (secrets are kept out by bridge.redact)
-    commands.py   mcbridge worker|beat|submit|jobs;  testing.py  real processes for tests
+    auth.py       tenant keys and signatures: jobs, task slices, beat's messages
+    gate.py       what a worker checks before it touches anything, and the audit stream
+    commands.py   mcbridge worker|beat|submit|jobs|service;  testing.py  real processes for tests
 
 Nothing under ``bridge/`` imports this package or Celery.
 """

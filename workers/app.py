@@ -28,8 +28,10 @@ _service = None
 def configure(ws: WorkerSettings) -> None:
     """Use ``ws`` from now on (the CLI passes its flags this way, never through os.environ)."""
     global settings, _service
+    from bridge.workers import auth
     settings = ws
     _service = None
+    auth.configure(ws)   # what beat signs its messages with
     app.conf.update(celery_config(ws))
 
 

@@ -1,5 +1,5 @@
 """The service's commands: ``mcbridge worker|beat``, ``mcbridge submit cp|sync|replicate|pack|migrate|unpack``,
-``mcbridge jobs list|status|watch|cancel|limit``.
+``mcbridge jobs list|status|watch|cancel|limit|approve|audit``, ``mcbridge service init|add-tenant``.
 
 ``bridge.cli`` imports this module at start (one of its GROUPS) and calls ``register(app)``; Celery, Redis and the
 rest are imported inside the commands, so ``mcbridge --help`` stays fast. Settings come from
@@ -143,6 +143,10 @@ def worker(
     for flag, value in (("--hostname", hostname), ("--pool", pool), ("--loglevel", loglevel)):
         given(flag, value)
     ws = _ws(broker, metrics_port=metrics_port)
+    warning = broker_warning(ws.broker_url)
+    if warning:
+        err.print(f"mcbridge: warning: {warning}", markup=False, soft_wrap=True)
+    _check_gate(ws)
     _connect(ws)
     from bridge.workers.app import app, configure
     configure(ws)
@@ -152,6 +156,44 @@ def worker(
     if hostname:
         argv.append(f"--hostname={hostname}")
     app.worker_main(argv)
+
+
+def broker_warning(url: str) -> str | None:
+    """What is wrong with a broker that anyone on the network can reach: no password, not on this machine."""
+    import ipaddress
+    from urllib.parse import urlsplit
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss") or parts.password:
+        return None   # unix sockets are this machine's
+    host = parts.hostname or "localhost"
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback:
+        return None
+    return (f"the broker {_safe_url(url)} has no password and is not on this machine: whoever reaches it can "
+            f"queue and cancel jobs and read their records; give Redis a password (requirepass, then "
+            f"redis://:PASSWORD@HOST:PORT/DB) and TLS (rediss://), see deploy/README.md")
+
+
+def _check_gate(ws) -> None:
+    """A worker's keys and service policy, read now so that a bad file is one line at start; without
+    them it starts, but runs no job (it says so)."""
+    from bridge.workers.auth import Keyring
+    keyring = Keyring.load(ws)
+    if ws.service_policy:
+        from bridge.cli.policy import load_service_policy
+        load_service_policy(Path(ws.service_policy))
+    if not keyring.keys or not ws.service_policy:
+        missing = " and ".join(name for name, given in (("tenant keys (BRIDGE_KEYS_FILE)", keyring.keys),
+                                                        ("service policy (BRIDGE_SERVICE_POLICY)", ws.service_policy))
+                               if not given)
+        err.print(f"mcbridge: warning: no {missing}: this worker refuses every job; run mcbridge service init",
+                  markup=False, soft_wrap=True)
+    if not ws.local_roots:
+        err.print("mcbridge: note: BRIDGE_LOCAL_ROOTS is not set: this worker reads and writes no local path",
+                  markup=False, soft_wrap=True)
 
 
 def _queue_names(queues: str | None) -> list[str] | None:
@@ -204,6 +246,9 @@ def beat(
     if not (ws.schedules or ws.policies):
         err.print("mcbridge: warning: no schedules or policy file (--schedules, --policies, BRIDGE_SCHEDULES, "
                   "BRIDGE_POLICIES): beat will send nothing", markup=False)
+    from bridge.workers.auth import Keyring
+    if ws.schedules or ws.policies:
+        Keyring.load(ws).signer()   # beat signs what it sends: refused here, not by every worker later
     _connect(ws)
     from bridge.config import load_settings
     from bridge.workers.app import app, configure
@@ -569,7 +614,8 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
     lines = [f"job {record.id}  {record.kind}  {record.state}" + (f"  (schedule {record.schedule})" if record.schedule else ""),
              f"  source       {record.spec['source']}",
              f"  destination  {', '.join(record.spec['destinations'])}",
-             f"  queue        {record.queue}" + (f"  profile {record.spec['profile']}" if record.spec.get("profile") else ""),
+             f"  queue        {record.queue}" + (f"  profile {record.spec['profile']}" if record.spec.get("profile") else "")
+             + (f"  tenant {record.tenant}" if record.tenant else ""),
              f"  created      {doc['created']}  started {doc['started'] or '-'}  finished {doc['finished'] or '-'}"]
     pct = f" ({100 * min(t['bytes_done'], t['bytes_total']) / t['bytes_total']:.0f}%)" if t["bytes_total"] else ""
     lines.append(f"  progress     {human_bytes(min(t['bytes_done'], t['bytes_total']))} of {human_bytes(t['bytes_total'])}{pct}, "
@@ -680,6 +726,107 @@ def jobs_approve(job_id: str, broker: BrokerOpt = None) -> None:
     out.print(f"approved job {job_id}: queued", markup=False)
 
 
+def jobs_audit(job: Annotated[Optional[str], typer.Option("--job", help="Only this job (and its children).")] = None,
+               tenant: Annotated[Optional[str], typer.Option("--tenant", help="Only this tenant's.")] = None,
+               limit: Annotated[int, typer.Option("--limit", min=1)] = 50, as_json: JsonOpt = False,
+               broker: BrokerOpt = None) -> None:
+    """What the workers decided, newest first: each job's tenant, digest, admitted or refused and
+    why, and when it ended its route, bytes and spend (the audit stream)."""
+    from bridge.workers.gate import Audit
+    from bridge.workers.keys import Keys
+    given("--job", job)
+    given("--tenant", tenant)
+    ws = _ws(broker)
+    entries = list(Audit(_connect(ws), Keys(ws.namespace)).read(limit, job=job, tenant=tenant))
+    if as_json:
+        out.print_json(json.dumps(entries))
+        return
+    if not entries:
+        out.print("no audit entries", markup=False)
+        return
+    for e in entries:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(e.get("at", 0))))
+        what = e.get("job") or (f"schedule {e['schedule']}" if e.get("schedule") else
+                                f"policy {e['policy']}" if e.get("policy") else e.get("task", "-"))
+        line = f"{when} {e['decision']:<8} {what} tenant {e.get('tenant', '-')}"
+        if e.get("source"):
+            line += f" {e['source']} -> {', '.join(json.loads(e['destinations'])) if e.get('destinations') else '-'}"
+        if e["decision"] == "ended":
+            line += f" {e.get('state')}: {human_bytes(int(e.get('bytes', 0)))}, route {e.get('route') or '-'}"
+            line += f", ${usd_text(float(e['spent_usd']))}" if e.get("spent_usd") else ""
+        if e.get("digest"):
+            line += f" digest {e['digest'][:16]}"
+        if e.get("reason"):
+            line += f": {e['reason']}"
+        out.print(line, markup=False, soft_wrap=True)
+
+
+def service_init(tenant: Annotated[str, typer.Option("--tenant", help="The one tenant's name.")] = "default",
+                 directory: Annotated[Optional[Path], typer.Option(
+                     "--dir", help="Where to write service-keys and service.yaml (default: ~/.config/mcbridge, "
+                     "where workers and submitters on this machine look when BRIDGE_KEYS_FILE and "
+                     "BRIDGE_SERVICE_POLICY are unset).")] = None,
+                 local: Annotated[Optional[list[str]], typer.Option(
+                     "--local", help="A local folder the tenant may read and write on workers (repeatable; "
+                     "workers need it in BRIDGE_LOCAL_ROOTS too).")] = None,
+                 force: Annotated[bool, typer.Option("--force", help="Replace files that exist.")] = False) -> None:
+    """Set up a single-user service: one tenant with a fresh key, allowed every bucket of every
+    store (and the --local folders). Edit service.yaml to narrow it or add tenants."""
+    from bridge.errors import InvalidOption
+    from bridge.workers.auth import new_key, write_keys_file
+    from bridge.workers.settings import KEYS_FILE_NAME, SERVICE_POLICY_NAME, _tenant, service_dir
+    try:
+        _tenant(tenant)
+    except ValueError as exc:
+        raise InvalidOption(f"--tenant: {exc}") from None
+    folders = [os.path.realpath(os.path.expanduser(p)) for p in local or []]
+    if any(not f or not Path(f).is_dir() for f in folders):
+        raise InvalidOption(f"--local: {next(p for p, f in zip(local, folders) if not Path(f).is_dir())!r} is not a folder")
+    home = directory or service_dir(os.environ)
+    keys_path, policy_path = home / KEYS_FILE_NAME, home / SERVICE_POLICY_NAME
+    for path in (keys_path, policy_path):
+        if path.exists() and not force:
+            raise InvalidOption(f"{path} exists: keep it, or give --force to replace it")
+    policy_path.parent.mkdir(parents=True, exist_ok=True)
+    from bridge.policies.tenants import single_tenant
+    policy_path.write_text(single_tenant(tenant, folders))
+    write_keys_file(keys_path, {tenant: new_key()})
+    out.print(f"wrote {keys_path} (tenant {tenant}'s key; mode 600) and {policy_path}", markup=False)
+    if directory is not None:
+        out.print(f"export BRIDGE_KEYS_FILE={keys_path} BRIDGE_SERVICE_POLICY={policy_path}", markup=False)
+    if folders:
+        out.print(f"workers: export BRIDGE_LOCAL_ROOTS={':'.join(folders)}", markup=False)
+
+
+def service_add_tenant(tenant: Annotated[str, typer.Argument(help="The new tenant's name.")],
+                       keys_file: Annotated[Optional[Path], typer.Option(
+                           "--keys-file", help="The keys file (default: $BRIDGE_KEYS_FILE, else ~/.config/mcbridge/service-keys).")] = None,
+                       out_file: Annotated[Optional[Path], typer.Option(
+                           "--out", help="Also write the new tenant's key alone to this file (for its submitters).")] = None) -> None:
+    """Add a tenant with a fresh key to a keys file (workers need the whole file, the tenant's
+    submitters only --out); then give the tenant a scope in the service policy."""
+    from bridge.errors import InvalidOption
+    from bridge.workers.auth import new_key, parse_keys, write_keys_file
+    from bridge.workers.settings import KEYS_FILE_NAME, _tenant, service_dir
+    try:
+        _tenant(tenant)
+    except ValueError as exc:
+        raise InvalidOption(f"TENANT: {exc}") from None
+    from bridge.workers.settings import WorkerSettings
+    path = keys_file or Path(WorkerSettings.from_env(os.environ).keys_file or service_dir(os.environ) / KEYS_FILE_NAME)
+    existing = {name: key.hex() for name, key in parse_keys(path.read_text(), str(path)).items()} if path.exists() else {}
+    if tenant in existing:
+        raise InvalidOption(f"{path} already holds a key for tenant {tenant!r}")
+    key = new_key()
+    write_keys_file(path, {**existing, tenant: key})
+    if out_file is not None:
+        write_keys_file(out_file, {tenant: key})
+    out.print(f"added tenant {tenant} to {path}" + (f" and wrote its key alone to {out_file}" if out_file else ""),
+              markup=False)
+    out.print(f"now give it a scope in the service policy (tenants: {tenant}: read: [...] write: [...]) and check it "
+              f"with mcbridge policy check", markup=False)
+
+
 def budgets_set(name: Annotated[str, typer.Argument(help="Budget name, e.g. a policy's.")],
                 usd: Annotated[float, typer.Argument(min=0, help="Monthly limit in US dollars.")],
                 broker: BrokerOpt = None) -> None:
@@ -727,7 +874,12 @@ def submit_warm(node: str, items: list[str], *, profile: str | None = None, look
     if not _consumed(client, Keys(ws.namespace), queue):
         err.print(f"mcbridge: warning: no live worker consumes queue {queue}; the warm waits for one "
                   f"(mcbridge worker -Q {queue} on {node})", markup=False)
-    result = app.send_task(WARM, args=[list(items), profile, lookahead], queue=queue)
+    from bridge.workers.auth import Keyring, message_ttl
+    from bridge.workers.cache_tasks import payload
+    keyring = Keyring.load(ws)
+    signed = keyring.sign_message(keyring.signer(), WARM, node, payload(items, profile, lookahead),
+                                  ttl=message_ttl(ws))
+    result = app.send_task(WARM, args=[*payload(items, profile, lookahead), signed, node], queue=queue)
     summary: dict[str, Any] = {"task_id": result.id, "queue": queue, "node": node}
     if wait:
         try:
@@ -859,6 +1011,11 @@ def register(app: typer.Typer) -> None:
     jobs.command("cancel")(jobs_cancel)
     jobs.command("limit")(jobs_limit)
     jobs.command("approve")(jobs_approve)
+    jobs.command("audit")(jobs_audit)
+    service = typer.Typer(no_args_is_help=True, help="Tenants of the service: set up, add.")
+    service.command("init")(service_init)
+    service.command("add-tenant")(service_add_tenant)
+    app.add_typer(service, name="service")
     budgets = typer.Typer(no_args_is_help=True, help="Monthly budgets of the service: set, list.")
     budgets.command("set")(budgets_set)
     budgets.command("list")(budgets_list)

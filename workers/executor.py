@@ -33,7 +33,9 @@ from typing import Any
 from bridge import meter
 from bridge.errors import BridgeError
 from bridge.workers import metrics
+from bridge.workers.auth import Refused
 from bridge.workers.budgets import Budgets
+from bridge.workers.gate import Admitted, Gate
 from bridge.workers.jobs import ACTIVE, Jobs, JobRecord
 from bridge.workers.journal import RedisJournal
 from bridge.workers.keys import Keys
@@ -157,6 +159,7 @@ class Service:
         self.jobs = Jobs(client, self.keys, ws.job_ttl)
         self.leases = Leases(client, self.keys, ws.lease)
         self.send = send
+        self.gate = Gate(ws, client, self.keys)
         self._settings: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
@@ -166,13 +169,21 @@ class Service:
 
     def submit(self, spec: JobSpec, *, schedule: str | None = None, parent: str | None = None,
                job_id: str | None = None, budget: str | None = None, estimate: float | None = None,
-               extra: dict[str, Any] | None = None) -> str:
-        """Queue a job. One charged to a monthly ``budget`` is created awaiting approval and
+               extra: dict[str, Any] | None = None, tenant: str | None = None,
+               scope_budget: str | None = None) -> str:
+        """Sign and queue a job. One charged to a monthly ``budget`` is created awaiting approval and
         admitted by ``Budgets.admit`` (its estimate reserved, atomically) when it fits; otherwise
-        it waits there. ``extra``: more fields of the record, written before anything runs."""
+        it waits there. ``tenant``: whom it is signed for (default: this process's BRIDGE_TENANT;
+        workers sign the jobs they start for the tenant that asked); ``scope_budget``: the budget
+        signed into it when not ``budget`` (a replication's children, charged through their parent).
+        ``extra``: more fields of the record, written before anything runs."""
         queue = self.route(spec)
+        keyring = self.gate.keyring
+        job_id = job_id or Jobs.new_id()
+        auth = keyring.sign_job(tenant or keyring.signer(), job_id, spec.to_dict(), budget=budget or scope_budget,
+                                ttl=self.ws.signature_ttl)
         job_id = self.jobs.create(spec, queue=queue, job_id=job_id, schedule=schedule, parent=parent,
-                                  state="queued" if budget is None else "awaiting-approval")
+                                  state="queued" if budget is None else "awaiting-approval", auth=auth)
         if budget is not None:
             self.jobs.update(job_id, budget=budget, estimate_usd=repr(float(estimate or 0.0)))
         if extra:
@@ -203,24 +214,29 @@ class Service:
         self.send(TaskRef(f"{job_id}.plan", PLAN, [job_id], record.queue, job_id))
         return True, "awaiting-approval"
 
-    def fire(self, name: str, spec: dict, fire_id: str) -> dict:
-        """A schedule is due (sent by beat): start its job unless its last one is still going."""
+    def fire(self, name: str, spec: dict, fire_id: str, auth: Any = None) -> dict:
+        """A schedule is due (sent by beat, signed): start its job unless its last one is still going."""
         if not self.r.set(self.keys.once(fire_id), "1", nx=True, ex=86400):
             return {"skipped": "duplicate delivery"}
+        try:
+            tenant = self.gate.message(SCHEDULED, name, spec, auth)
+        except Refused as exc:
+            self.gate.audit.record("refused", task=fire_id, schedule=name, reason=str(exc))
+            return {"refused": str(exc)}
         last = self.r.hget(self.keys.schedule(name), "job")
         if last and self.jobs.state(last) in ACTIVE:
             log.info("schedule %s: job %s from its last run is still %s; not starting another", name, last,
                      self.jobs.state(last))
             return {"skipped": "previous run active", "job": last}
-        job_id = self.submit(parse_spec(spec), schedule=name)
+        job_id = self.submit(parse_spec(spec), schedule=name, tenant=tenant)
         self.r.hset(self.keys.schedule(name), mapping={"job": job_id, "fired": time.time()})
         log.info("schedule %s: started job %s", name, job_id)
         return {"job": job_id}
 
-    def fire_policy(self, name: str, policy: dict, fire_id: str) -> dict:
-        """A replication policy is due (sent by beat): see workers/replicas.py."""
+    def fire_policy(self, name: str, policy: dict, fire_id: str, auth: Any = None) -> dict:
+        """A replication policy is due (sent by beat, signed): see workers/replicas.py."""
         from bridge.workers import replicas
-        return replicas.fire(self, name, policy, fire_id)
+        return replicas.fire(self, name, policy, fire_id, auth)
 
     # -- running a task --------------------------------------------------------------------
     def run(self, ref: TaskRef) -> dict:
@@ -280,21 +296,55 @@ class Service:
         record = self.jobs.get(job_id)
         return record, (JobSpec.model_validate(record.spec) if record else None)
 
+    def _refuse(self, record: JobRecord, reason: str, task: str) -> dict:
+        """A job's task that the gate refused: nothing of it runs, and the job fails saying why."""
+        spec = record.spec if isinstance(record.spec, dict) else {}
+        self.gate.audit.record("refused", job=record.id, tenant=record.tenant, task=task, kind=record.kind,
+                               source=spec.get("source"), destinations=spec.get("destinations"), reason=reason)
+        self.jobs.add_errors(record.id, [f"refused: {reason}"])
+        if self.jobs.finish(record.id, "failed"):
+            metrics.job_finished(record.kind, "failed", record.elapsed)
+            if record.parent:
+                self._child_ended(record.parent)
+        return {"refused": reason}
+
+    def _admitted(self, job_id: str, task: str, *, first: bool = False) -> tuple[JobRecord | None, Admitted | None, dict]:
+        """The job's record and who it runs for, when the gate lets this task of it run; else why not."""
+        record = self.jobs.get(job_id)
+        if record is None:
+            return None, None, {"skipped": "no such job"}
+        try:
+            who = self.gate.admit(record) if first else self.gate.check(record)
+        except Refused as exc:
+            return record, None, self._refuse(record, str(exc), task)
+        return record, who, {}
+
     def _plan(self, lease: Lease, job_id: str) -> dict:
-        record, spec = self._record(job_id)
+        record = self.jobs.get(job_id)
         if record is None or record.state not in ("queued", "planning", "running"):
             if record is not None and record.state == "cancelled" and not record.plan_key:
                 self._charge(record, spec, "cancelled")   # cancelled before it was planned: nothing ran
             return {"skipped": record.state if record else "no such job"}
+        first = record.state == "queued"
+        record, who, refused = self._admitted(job_id, lease.ref.id, first=True)
+        if who is None:
+            return refused
+        if first:
+            self.gate.audit.record("admitted", job=job_id, tenant=who.tenant, digest=who.digest, kind=record.kind,
+                                   source=record.spec.get("source"), destinations=record.spec.get("destinations"),
+                                   budget=who.budget, parent=record.parent, task=lease.ref.id)
+        spec = JobSpec.model_validate(record.spec)
         if record.state == "queued":
             self.jobs.transition(job_id, "planning", ("queued",))
             self.r.hsetnx(self.keys.job(job_id), "started", time.time())
         if spec.kind == "replicate":
-            return self._start_children(record, spec)
+            return self._start_children(record, spec, who)
         tasks = self.r.lrange(self.keys.job(job_id, "tasks"), 0, -1)
         if not tasks:  # not planned yet (a planner that died before this point planned nothing)
             try:
-                tasks = self._make_plan(job_id, spec)
+                tasks = self._make_plan(job_id, spec, who)
+            except Refused as exc:
+                return self._refuse(record, str(exc), lease.ref.id)
             except BridgeError as exc:
                 self._end(job_id, "failed", [_describe(exc)])
                 return {"error": _describe(exc)}
@@ -308,10 +358,10 @@ class Service:
         finalize = TaskRef(f"{job_id}.finalize", FINALIZE, [job_id], record.queue, job_id)
         sent = 0
         for raw in tasks:
-            task_id, sub = json.loads(raw)
+            task_id, sub, sig = json.loads(raw)
             if lease.lost.is_set():
                 break
-            self.send(TaskRef(task_id, TRANSFER, [job_id, sub], record.queue, job_id))
+            self.send(TaskRef(task_id, TRANSFER, [job_id, sub, sig], record.queue, job_id))
             sent += 1
         if not tasks:  # nothing to move: straight to the manifest, handed over so it is not lost
             self.r.hset(self.keys.running, finalize.id, finalize.encode())
@@ -323,9 +373,15 @@ class Service:
         from bridge.workers.kinds import kind_for
         return kind_for(spec, self.ws.batch_files, self.ws.batch_bytes, self.ws.file_task_bytes)
 
-    def _make_plan(self, job_id: str, spec: JobSpec) -> list[str]:
-        planned = self.kind(spec).plan(spec, self.settings_for(spec), self.journal)
-        tasks = [json.dumps([f"{job_id}.t{n}", sub]) for n, sub in enumerate(planned.subs)]
+    def _make_plan(self, job_id: str, spec: JobSpec, who: Admitted) -> list[str]:
+        """Plan the job (every file it will read or write checked against its tenant's scope
+        before anything is written), and sign each task's slice of the plan."""
+        planned = self.kind(spec).plan(spec, self.settings_for(spec), self.journal,
+                                       check=lambda plan: self.gate.plan(who, spec.kind, plan))
+        keyring = self.gate.keyring
+        tasks = [json.dumps([f"{job_id}.t{n}", sub, keyring.sign_task(who.tenant, who.digest, f"{job_id}.t{n}", sub)])
+                 for n, sub in enumerate(planned.subs)]
+        plan_sig = keyring.sign_task(who.tenant, who.digest, f"{job_id}.plan", planned.header)
         pipe = self.r.pipeline()  # one transaction: a job is fanned out entirely or not at all
         pipe.set(self.keys.job(job_id, "pending"), len(tasks))
         if tasks:
@@ -333,6 +389,7 @@ class Service:
         route = {"name": planned.header["route"], "why": planned.header["route_why"]} \
             if "route" in planned.header else None
         pipe.hset(self.keys.job(job_id), mapping={"plan_key": planned.key, "plan": json.dumps(planned.header),
+                                                  "plan_sig": plan_sig,
                                                   **planned.totals, "tasks_total": len(tasks),
                                                   **({"route": json.dumps(route)} if route else {})})
         pipe.execute()
@@ -395,11 +452,33 @@ class Service:
     def _header(self, job_id: str) -> dict:
         return json.loads(self.r.hget(self.keys.job(job_id), "plan") or "null")
 
-    def _transfer(self, lease: Lease, job_id: str, sub: dict) -> dict:
+    def _signed_header(self, record: JobRecord, who: Admitted) -> dict | None:
+        """The plan's header as its planner signed it (the manifest, verify and clean-up work from
+        it), every place it names in scope; Refused otherwise. None: not planned."""
+        header = self._header(record.id)
+        if header is None:
+            return None
+        self.gate.keyring.check_task(who.tenant, who.digest, f"{record.id}.plan", header,
+                                     self.r.hget(self.keys.job(record.id), "plan_sig"))
+        if record.plan_key != header.get("key"):
+            raise Refused(f"job {record.id}: its journal is not the one its plan names")
+        self.gate.plan(who, record.kind, header)
+        return header
+
+    def _transfer(self, lease: Lease, job_id: str, sub: dict, sig: str | None = None) -> dict:
         from bridge.progress import Progress
-        record, spec = self._record(job_id)
+        record = self.jobs.get(job_id)
         if record is None or record.state in ("cancelled", "failed", "succeeded"):
             return {"skipped": record.state if record else "no such job"}
+        record, who, refused = self._admitted(job_id, lease.ref.id)
+        if who is None:
+            return refused
+        try:   # the planner's slice, every file of it in scope, before any request
+            self.gate.keyring.check_task(who.tenant, who.digest, lease.ref.id, sub, sig)
+            self.gate.plan(who, record.kind, sub)
+        except Refused as exc:
+            return self._refuse(record, str(exc), lease.ref.id)
+        spec = JobSpec.model_validate(record.spec)
         from bridge.workers.limits import job_limiter
         submitted = self.settings_for(spec).transfer.bwlimit or route_bwlimit(self.ws, spec.destination)
         progress = Progress(limiter=job_limiter(self.r, self.keys, job_id, submitted))
@@ -459,13 +538,14 @@ class Service:
         self.jobs.add_progress(job_id, {k: v - got.get(k, 0) for k, v in true.items()}, task=task)
 
     def _finalize(self, lease: Lease, job_id: str) -> dict:
-        record, spec = self._record(job_id)
-        if record is None:
-            return {"skipped": "no such job"}
+        record, who, refused = self._admitted(job_id, lease.ref.id)
+        if who is None:
+            return refused
+        spec = JobSpec.model_validate(record.spec)
         if record.state == "cancelled":
-            self._discard(record, spec)
+            result = self._discard(record, spec, who, lease.ref.id)
             log.info("job %s cancelled: its tasks have stopped, nothing committed", job_id)
-            return {"cancelled": True}
+            return result
         if record.state not in ("running", "verifying"):
             return {"skipped": record.state}
         if record.counters.get("error_count"):
@@ -474,10 +554,13 @@ class Service:
         if not self.jobs.transition(job_id, "verifying", ("running", "verifying")):
             record, spec = self._record(job_id)
             if record and record.state == "cancelled":
-                self._discard(record, spec)
+                return self._discard(record, spec, who, lease.ref.id)
             return {"skipped": record.state if record else "no such job"}
         settings = self.settings_for(spec)
-        header = self._header(job_id)
+        try:   # the header the manifest and verify work from
+            header = self._signed_header(record, who)
+        except Refused as exc:
+            return self._refuse(record, str(exc), lease.ref.id)
         kind = self.kind(spec)
         from bridge.progress import Progress
         committing = Progress()   # counts the files completed at commit (their parts ran in several tasks)
@@ -515,14 +598,18 @@ class Service:
                    "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         return problems, summary
 
-    def _discard(self, record: JobRecord, spec: JobSpec) -> None:
+    def _discard(self, record: JobRecord, spec: JobSpec, who: Admitted, task: str) -> dict:
         """A cancelled job leaves no manifest and no unfinished uploads behind; what it ran
         before it stopped is charged."""
+        try:
+            header = self._signed_header(record, who)
+        except Refused as exc:
+            self.gate.audit.record("refused", job=record.id, tenant=record.tenant, task=task, reason=str(exc))
+            return {"refused": str(exc)}
         self._charge(record, spec, "cancelled")
         self.r.hsetnx(self.keys.job(record.id), "finished", time.time())   # its last task has stopped
-        header = self._header(record.id)
         if not record.plan_key or header is None:
-            return
+            return {"cancelled": True}
         journal = self.journal(record.plan_key)
         try:
             for store, loc, upload_id in self.kind(spec).leftovers(header, self.settings_for(spec), journal):
@@ -532,6 +619,7 @@ class Service:
                     log.info("job %s: upload to %s not aborted: %s", record.id, loc, exc)
         finally:
             journal.clear()
+        return {"cancelled": True}
 
     def _end(self, job_id: str, state: str, errors: list[str] | None = None) -> None:
         if errors:
@@ -544,6 +632,13 @@ class Service:
         metrics.job_finished(record.kind, state, record.elapsed)
         log.info("job %s %s in %.1fs", job_id, state, record.elapsed)
         self._charge(record, spec, state)
+        spent = record.spent_usd
+        c = record.counters
+        self.gate.audit.record("ended", job=job_id, tenant=record.tenant, state=state, kind=record.kind,
+                               source=spec.source, destinations=spec.destinations,
+                               route=(record.route or {}).get("name"), bytes=c.get("bytes_done", 0) - c.get("bytes_skipped", 0),
+                               files=c.get("files_done", 0), spent_usd=None if spent is None else f"{spent:.9f}",
+                               parent=record.parent)
         if state == "succeeded" and spec.kind == "sync":
             self.jobs.record_sync(spec.source, spec.destination, job_id, verify=spec.verify, deletes=spec.deletes)
         if record.parent:
@@ -602,10 +697,11 @@ class Service:
         return record.estimate_usd * share
 
     # -- replication: one sync per destination, the parent ends with the last of them -----
-    def _start_children(self, record: JobRecord, spec: JobSpec) -> dict:
+    def _start_children(self, record: JobRecord, spec: JobSpec, who: Admitted) -> dict:
+        """One sync per destination, each signed for the parent's tenant (and checked again when it runs)."""
         if record.policy:
             from bridge.workers import replicas
-            return replicas.start_children(self, record, spec)
+            return replicas.start_children(self, record, spec, who)
         children = [f"{record.id}-{n}" for n in range(1, len(spec.destinations) + 1)]
         if not self.r.hsetnx(self.keys.job(record.id), "children", json.dumps(children)):
             children = json.loads(self.r.hget(self.keys.job(record.id), "children"))
@@ -615,7 +711,7 @@ class Service:
         for child_id, destination in zip(children, spec.destinations):
             if self.jobs.state(child_id) in (None, "queued"):
                 self.submit(spec.for_destination(destination), parent=record.id, job_id=child_id,
-                            schedule=record.schedule)
+                            schedule=record.schedule, tenant=who.tenant, scope_budget=who.budget)
         return {"children": children}
 
     def _child_ended(self, parent_id: str) -> None:

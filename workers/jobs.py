@@ -86,6 +86,11 @@ class JobRecord:
     route: dict[str, Any] | None = None     # copy and sync: the route's name and why (bridge/routes)
     estimate_requests: int | None = None    # the requests the estimate counts
     metered: dict[str, Any] | None = None   # what its tasks sent, per store (bridge/meter.py)
+    auth: dict[str, Any] | None = None      # the tenant's signature over the spec (workers/auth.py)
+
+    @property
+    def tenant(self) -> str | None:
+        return self.auth.get("tenant") if isinstance(self.auth, dict) else None
 
     @property
     def active(self) -> bool:
@@ -105,7 +110,8 @@ class JobRecord:
     def to_dict(self) -> dict[str, Any]:
         c = self.counters
         return {
-            "id": self.id, "kind": self.kind, "state": self.state, "spec": self.spec, "queue": self.queue,
+            "id": self.id, "kind": self.kind, "state": self.state, "tenant": self.tenant, "spec": self.spec,
+            "queue": self.queue,
             "schedule": self.schedule, "parent": self.parent, "children": self.children,
             "created": iso(self.created), "started": iso(self.started), "finished": iso(self.finished),
             "updated": iso(self.updated),
@@ -119,6 +125,16 @@ class JobRecord:
             "route": {**self.route, "bytes_through_bridge": c.get("bytes_through", 0),
                       "fallbacks": c.get("fallbacks", 0)} if self.route else None,
         }
+
+
+def _json_or_none(text: str | None) -> Any:
+    """A field anyone with the broker could have written: anything but JSON is no value."""
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 class Jobs:
@@ -135,7 +151,7 @@ class Jobs:
         return uuid.uuid4().hex[:12]
 
     def create(self, spec: JobSpec, *, queue: str, job_id: str | None = None, schedule: str | None = None,
-               parent: str | None = None, state: str = "queued") -> str:
+               parent: str | None = None, state: str = "queued", auth: dict[str, Any] | None = None) -> str:
         job_id = job_id or self.new_id()
         now = time.time()
         key = self.keys.job(job_id)
@@ -147,6 +163,8 @@ class Jobs:
             fields["schedule"] = schedule
         if parent:
             fields["parent"] = parent
+        if auth:
+            fields["auth"] = json.dumps(auth)
         pipe = self.r.pipeline()
         pipe.hset(key, mapping=fields)
         pipe.zadd(self.keys.jobs, {job_id: now})
@@ -183,7 +201,8 @@ class Jobs:
             budget=raw.get("budget"), estimate_usd=num("estimate_usd"), spent_usd=num("spent_usd"),
             policy=raw.get("policy"), replicas=json.loads(raw["replicas"]) if raw.get("replicas") else None,
             route=json.loads(raw["route"]) if raw.get("route") else None,
-            estimate_requests=int(raw["estimate_requests"]) if raw.get("estimate_requests") else None)
+            estimate_requests=int(raw["estimate_requests"]) if raw.get("estimate_requests") else None,
+            auth=_json_or_none(raw.get("auth")))
 
     def state(self, job_id: str) -> str | None:
         return self.r.hget(self.keys.job(job_id), "state")

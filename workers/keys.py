@@ -23,6 +23,9 @@ keys get the same prefix through kombu's ``global_keyprefix``::
     mcbridge:job:<id>:seen            hash: task id -> journal marks before its first attempt
     mcbridge:policy:<name>            hash: destination -> its replication state (workers/policies.py)
     mcbridge:policy-spend:<YYYY-MM>   hash: "<policy> <destination>" -> USD spent that month
+    mcbridge:admitted:<id>            string: the digest of the signed job a worker admitted (once)
+    mcbridge:once:nonce:<nonce>       string with a TTL: a signed message from beat, seen
+    mcbridge:audit                    stream: every admission, refusal and job end (workers/gate.py)
 """
 
 from __future__ import annotations
@@ -79,6 +82,13 @@ class Keys:
 
     def once(self, token: str) -> str:
         return self._k("once", token)
+
+    def admitted(self, job_id: str) -> str:
+        return self._k("admitted", job_id)
+
+    @property
+    def audit(self) -> str:
+        return self._k("audit")
 
     def policy(self, name: str) -> str:
         return self._k("policy", name)

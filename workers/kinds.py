@@ -153,7 +153,8 @@ class Files:
     def __init__(self, batch_files: int, batch_bytes: int, file_task_bytes: int | None = None):
         self.batch_files, self.batch_bytes, self.file_task_bytes = batch_files, batch_bytes, file_task_bytes
 
-    def plan(self, spec: JobSpec, settings, journal_for: Callable[[str], Any]) -> Planned:
+    def plan(self, spec: JobSpec, settings, journal_for: Callable[[str], Any],
+             check: Callable[[dict], None] = lambda plan: None) -> Planned:
         from bridge import ops
         from bridge.engine import JobContext, Plan, plan_copy, prepare
         chunk = settings.transfer.chunk_size
@@ -167,6 +168,7 @@ class Files:
                 plan = filtered(plan, spec.include or [], spec.exclude or [])
         from bridge import routes
         routes.choose(plan, settings, spec.route)
+        check(plan.to_dict())   # every file it reads and writes, and the route: before anything is written
         # A route carries a file whole: its parts are not spread over tasks.
         task_bytes = self.file_task_bytes if plan.route == "direct" else None
         spread = split(plan, task_bytes)
@@ -227,13 +229,15 @@ class Files:
 class Shards:
     """pack: a shard set (WebDataset tar or Parquet) with its index."""
 
-    def plan(self, spec: JobSpec, settings, journal_for: Callable[[str], Any]) -> Planned:
+    def plan(self, spec: JobSpec, settings, journal_for: Callable[[str], Any],
+             check: Callable[[dict], None] = lambda plan: None) -> Planned:
         from bridge.packing import job as packing
         options = {"row_group_size": spec.row_group_size} if spec.row_group_size else {}
         plan = packing.plan_pack(spec.source, spec.destination, settings, fmt=spec.shard_format or "tar",
                                  prefix=spec.shard_prefix or "shard",
                                  shard_size=spec.shard_size or packing.DEFAULT_SHARD_SIZE,
                                  max_count=spec.max_count, options=options)
+        check(plan.to_dict())
         header = dataclasses.replace(plan, shards=[dataclasses.replace(s, files=[]) for s in plan.shards])
         packing.prepare(packing.PackContext(header, settings, journal_for(plan.key)))
         subs = [dataclasses.replace(plan, shards=[shard]).to_dict() for shard in plan.shards]
@@ -281,9 +285,11 @@ class Shards:
 class Restore:
     """unpack: a shard set restored into a tree, one task per shard; the manifest, last."""
 
-    def plan(self, spec: JobSpec, settings, journal_for: Callable[[str], Any]) -> Planned:
+    def plan(self, spec: JobSpec, settings, journal_for: Callable[[str], Any],
+             check: Callable[[dict], None] = lambda plan: None) -> Planned:
         from bridge.packing import unpack
         plan = unpack.plan_unpack(spec.source, spec.destination, settings, spec.shard_prefix)
+        check(plan.to_dict())
         unpack.UnpackContext(plan, settings, journal_for(plan.key)).prepare()
         subs = [dataclasses.replace(plan, shards=[shard]).to_dict() for shard in plan.shards]
         # the header keeps every member: the commit names each restored file in the manifest

@@ -58,8 +58,10 @@ def celery_schedule(schedule: rules.Schedule, app=None, nowfun=None):
 
 def beat_entries(policies: list[NamedPolicy], control_queue: str, app=None, nowfun=None) -> dict[str, dict[str, Any]]:
     """Celery ``beat_schedule`` entries sending ``bridge.policy`` for each policy with a schedule."""
+    from bridge.workers.auth import BeatSignature
     return {f"mcbridge-policy:{p.name}": {"task": POLICY, "schedule": celery_schedule(p.policy.schedule, app, nowfun),
-                                          "args": [p.name, p.policy.model_dump(mode="json")],
+                                          "args": [p.name, p.policy.model_dump(mode="json"),
+                                                   BeatSignature(POLICY, p.name, p.policy.model_dump(mode="json"))],
                                           "options": {"queue": control_queue}}
             for p in policies if p.policy.schedule is not None}
 
@@ -117,25 +119,41 @@ def _fail(svc, spec: JobSpec, name: str, problem: str, **fields: Any) -> str:
 
 # -- a run -------------------------------------------------------------------------------------
 
-def fire(svc, name: str, policy_dict: dict, fire_id: str) -> dict:
-    """A policy is due: price its run and start it (unless its last run is still going)."""
+def fire(svc, name: str, policy_dict: dict, fire_id: str, auth: Any = None) -> dict:
+    """A policy is due: price its run and start it (unless its last run is still going). The
+    message is beat's, signed for a tenant (workers/gate.py), whose scope the policy must be in."""
+    from bridge.workers.auth import Refused
     if not svc.r.set(svc.keys.once(fire_id), "1", nx=True, ex=86400):
         return {"skipped": "duplicate delivery"}
+    try:
+        tenant = svc.gate.message(POLICY, name, policy_dict, auth)
+    except Refused as exc:
+        svc.gate.audit.record("refused", task=fire_id, policy=name, reason=str(exc))
+        return {"refused": str(exc)}
     last = svc.r.hget(svc.keys.schedule(f"policy:{name}"), "job")
     if last and svc.jobs.state(last) in ACTIVE:
         log.info("policy %s: run %s is still %s; not starting another", name, last, svc.jobs.state(last))
         return {"skipped": "previous run active", "job": last}
-    job_id = start(svc, name, Policy.model_validate(policy_dict))
+    job_id = start(svc, name, Policy.model_validate(policy_dict), tenant)
     svc.r.hset(svc.keys.schedule(f"policy:{name}"), mapping={"job": job_id, "fired": time.time()})
     log.info("policy %s: started job %s", name, job_id)
     return {"job": job_id}
 
 
-def start(svc, name: str, policy: Policy) -> str:
-    """Plan and price one run of a policy; queue it, hold it for approval, or refuse it."""
+def start(svc, name: str, policy: Policy, tenant: str) -> str:
+    """Plan and price one run of a policy for ``tenant``; queue it, hold it for approval, or refuse
+    it. Nothing is listed before the policy's places are found in the tenant's scope."""
     from bridge import costing, estimate
     from bridge import replication as run
+    from bridge.workers.auth import Refused
+    from bridge.workers.gate import Admitted
     spec = _spec(policy)
+    try:
+        svc.gate.scope(Admitted(tenant, "", name), reads=[policy.source], writes=policy.destinations, budget=name)
+    except Refused as exc:
+        svc.gate.audit.record("refused", tenant=tenant, policy=name, source=policy.source,
+                              destinations=policy.destinations, reason=str(exc))
+        return _fail(svc, spec, name, f"policy {name} refused: {exc}")
     settings = svc.settings_for(spec)
     try:
         readiness = run.survey(policy, settings)
@@ -158,12 +176,18 @@ def start(svc, name: str, policy: Policy) -> str:
         return _fail(svc, spec, name, f"policy {name} refused: estimated {money.usd(usd)} for {len(plans)} syncs of "
                                       f"{', '.join(kept)} is over max_cost_usd {money.usd(policy.max_cost_usd)}; "
                                       f"nothing was sent", estimate_usd=repr(usd), **policy_fields)
-    return svc.submit(spec, schedule=name, budget=name, estimate=usd, extra=policy_fields)
+    return svc.submit(spec, schedule=name, budget=name, estimate=usd, extra=policy_fields, tenant=tenant)
 
 
-def _loaded(svc, job_id: str) -> tuple[str, Policy, list[str]]:
+def _loaded(svc, job_id: str, spec: JobSpec | None = None) -> tuple[str, Policy, list[str]]:
+    """The policy a run was started for, as its record keeps it; with ``spec`` (the run's signed
+    spec), refused unless its places are the spec's."""
     raw = svc.r.hmget(svc.keys.job(job_id), ["policy", "policy_spec", "checkpoints"])
-    return raw[0], Policy.model_validate(json.loads(raw[1])), json.loads(raw[2])
+    policy = Policy.model_validate(json.loads(raw[1]))
+    if spec is not None and (policy.source != spec.source or policy.destinations != list(spec.destinations)):
+        from bridge.workers.auth import Refused
+        raise Refused(f"job {job_id}: its policy's places are not those of its signed spec")
+    return raw[0], policy, json.loads(raw[2])
 
 
 def pairs(policy: Policy, kept: list[str]) -> list[tuple[str, str]]:
@@ -171,9 +195,10 @@ def pairs(policy: Policy, kept: list[str]) -> list[tuple[str, str]]:
     return [(dst, ckpt) for dst in policy.destinations for ckpt in kept]
 
 
-def start_children(svc, record, spec: JobSpec) -> dict:
-    """One sync per destination and checkpoint of the window, each verified as the policy says."""
-    name, policy, kept = _loaded(svc, record.id)
+def start_children(svc, record, spec: JobSpec, who) -> dict:
+    """One sync per destination and checkpoint of the window, each verified as the policy says,
+    each signed for the run's tenant."""
+    name, policy, kept = _loaded(svc, record.id, spec)
     wanted = pairs(policy, kept)
     children = [f"{record.id}-{n}" for n in range(1, len(wanted) + 1)]
     if not svc.r.hsetnx(svc.keys.job(record.id), "children", json.dumps(children)):
@@ -184,14 +209,16 @@ def start_children(svc, record, spec: JobSpec) -> dict:
     for child_id, (dst, ckpt) in zip(children, wanted):
         if svc.jobs.state(child_id) in (None, "queued"):
             child = spec.for_destination(f"{dst}{ckpt}/").model_copy(update={"source": f"{spec.source}{ckpt}/"})
-            svc.submit(child, parent=record.id, job_id=child_id, schedule=record.schedule, extra={"policy": name})
+            svc.submit(child, parent=record.id, job_id=child_id, schedule=record.schedule, extra={"policy": name},
+                       tenant=who.tenant, scope_budget=who.budget)
     return {"children": children}
 
 
 def ended(svc, parent) -> None:
     """The last child of a policy run ended: retention, per-destination state, the run's verdict."""
     from bridge import replication as run
-    name, policy, kept = _loaded(svc, parent.id)
+    from bridge.workers.auth import Refused
+    name, policy, kept = _loaded(svc, parent.id, JobSpec.model_validate(parent.spec))
     verified: dict[str, dict[str, bool]] = {dst: {} for dst in policy.destinations}
     spent: dict[str, float] = dict.fromkeys(policy.destinations, 0.0)
     problems: dict[str, list[str]] = {dst: [] for dst in policy.destinations}
@@ -205,8 +232,12 @@ def ended(svc, parent) -> None:
             why = (child.errors[0] if child and child.errors else child.state if child else "never started")
             problems[dst].append(f"{dst}{ckpt}/: {why}")
     settings = svc.settings_for(_spec(policy))
-    try:
+    try:   # retention deletes at the destinations: the run's tenant must still be allowed to write there
+        who = svc.gate.check(parent)
+        svc.gate.scope(who, reads=[policy.source], writes=policy.destinations, budget=who.budget)
         removed, unlisted = run.retain(policy, kept, verified, settings)
+    except Refused as exc:
+        removed, unlisted = {}, {dst: f"retention refused: {exc}" for dst in policy.destinations}
     except BridgeError as exc:
         removed, unlisted = {}, {dst: str(exc) for dst in policy.destinations}
     try:

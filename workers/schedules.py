@@ -167,10 +167,13 @@ def load(path: str | Path) -> list[Schedule]:
 
 
 def beat_entries(schedules: list[Schedule], control_queue: str, app=None) -> dict[str, dict[str, Any]]:
-    """Celery ``beat_schedule`` entries that send ``bridge.scheduled`` for each enabled schedule."""
+    """Celery ``beat_schedule`` entries that send ``bridge.scheduled`` for each enabled schedule,
+    signed by beat as it sends each."""
+    from bridge.workers.auth import BeatSignature
     from bridge.workers.executor import SCHEDULED
     return {f"mcbridge:{s.name}": {"task": SCHEDULED, "schedule": s.celery_schedule(app),
-                                   "args": [s.name, s.spec.to_dict()], "options": {"queue": control_queue}}
+                                   "args": [s.name, s.spec.to_dict(), BeatSignature(SCHEDULED, s.name, s.spec.to_dict())],
+                                   "options": {"queue": control_queue}}
             for s in schedules if s.enabled}
 
 
@@ -209,3 +212,4 @@ class Scheduler(PersistentScheduler):  # type: ignore[misc,valid-type]
                     if not k.startswith(("mcbridge:", "mcbridge-policy:"))}
             self.app.conf.beat_schedule = {**kept, **entries}
         super().setup_schedule()
+

@@ -11,9 +11,11 @@ Cloud credentials are not here: a worker loads them from its own environment or 
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from bridge.config import parse_size
@@ -83,8 +85,35 @@ def parse_route_limits(value: str) -> dict[str, int]:
     return limits
 
 
-def _setting(env: str, default: Any, parse: Callable[[str], Any], doc: str) -> Any:
-    return field(default=default, metadata={"env": env, "parse": parse, "doc": doc})
+def parse_local_roots(value: str) -> tuple[str, ...]:
+    """'/data:/scratch/x' -> ('/data', '/scratch/x'): absolute paths, separated by ':' as in PATH."""
+    roots = []
+    for item in filter(None, (part.strip() for part in value.split(":"))):
+        if not item.startswith("/"):
+            raise ValueError(f"{item!r} is not an absolute path")
+        roots.append(item)
+    return tuple(roots)
+
+
+def _tenant(value: str) -> str:
+    from bridge.policies.tenants import _NAME_RE as TENANT
+    if not TENANT.match(value):
+        raise ValueError(f"{value!r}: a tenant name uses letters, digits, '_', '.', '-' (at most 63)")
+    return value
+
+
+def _setting(env: str, default: Any, parse: Callable[[str], Any], doc: str, secret: bool = False) -> Any:
+    return field(default=default, repr=not secret, metadata={"env": env, "parse": parse, "doc": doc})
+
+
+def service_dir(environ: Mapping[str, str]) -> Path:
+    """Where ``mcbridge service init`` writes the tenant keys and the service policy:
+    $XDG_CONFIG_HOME/mcbridge, else ~/.config/mcbridge."""
+    base = environ.get("XDG_CONFIG_HOME") or os.path.join(environ.get("HOME", "~"), ".config")
+    return Path(base).expanduser() / "mcbridge"
+
+
+KEYS_FILE_NAME, SERVICE_POLICY_NAME = "service-keys", "service.yaml"
 
 
 @dataclass(frozen=True)
@@ -149,6 +178,36 @@ class WorkerSettings:
         "BRIDGE_TIMEZONE", "UTC", str, "Time zone of the cron expressions in the schedules.")
     task_events: bool = _setting(
         "BRIDGE_TASK_EVENTS", True, _flag, "Workers send task events (Flower shows them).")
+    keys_file: str | None = _setting(
+        "BRIDGE_KEYS_FILE", None, str,
+        "File of tenant keys, one 'TENANT HEX-KEY' a line (mcbridge service init writes one; default: "
+        "~/.config/mcbridge/service-keys when it exists). Workers hold every tenant's key; a submitter "
+        "or beat only its own. Keys sign jobs (workers/auth.py) and are never printed.")
+    keys: str | None = _setting(
+        "BRIDGE_KEYS", None, str,
+        "Tenant keys given inline from a secret, 'TENANT=HEX-KEY,...', added to BRIDGE_KEYS_FILE's.",
+        secret=True)
+    tenant: str | None = _setting(
+        "BRIDGE_TENANT", None, _tenant,
+        "The tenant this submitter or beat signs jobs as (default: the only tenant of its keys).")
+    service_policy: str | None = _setting(
+        "BRIDGE_SERVICE_POLICY", None, str,
+        "YAML file of tenants and what each may read and write (policies/tenants.py; default: "
+        "~/.config/mcbridge/service.yaml when it exists). A worker without one runs no job.")
+    local_roots: tuple[str, ...] = _setting(
+        "BRIDGE_LOCAL_ROOTS", (), parse_local_roots,
+        "Local folders this worker may read or write for any job, ':'-separated (default: none, so no "
+        "local path at all); links and '..' are resolved before the check.")
+    worker_group: str = _setting(
+        "BRIDGE_WORKER_GROUP", "default", _name,
+        "The group of this worker in the service policy's per-tenant local scopes (local: GROUP: ...).")
+    signature_ttl: float = _setting(
+        "BRIDGE_SIGNATURE_TTL", 86400.0, parse_duration,
+        "A submitted job must be admitted by a worker within this long of being signed (its expiry); "
+        "a message beat signs is good for a tenth of it, at least a minute.")
+    audit_maxlen: int = _setting(
+        "BRIDGE_AUDIT_MAXLEN", 1_000_000, int,
+        "Entries kept in the audit stream (<namespace>:audit), the oldest trimmed first; 0 keeps all.")
 
     def __post_init__(self) -> None:
         if self.routes is None:
@@ -169,9 +228,15 @@ class WorkerSettings:
             except ValueError as exc:
                 raise InvalidOption(f"{f.metadata['env']}={raw!r}: {exc}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
+        home = service_dir(environ)
+        for name, file in (("keys_file", KEYS_FILE_NAME), ("service_policy", SERVICE_POLICY_NAME)):
+            if name not in values and (home / file).is_file():
+                values[name] = str(home / file)
         settings = cls(**values)
         if settings.lease <= 0 or settings.sweep <= 0 or settings.max_attempts < 1:
             raise InvalidOption("BRIDGE_LEASE, BRIDGE_SWEEP and BRIDGE_MAX_ATTEMPTS must be positive")
+        if settings.signature_ttl <= 0 or settings.audit_maxlen < 0:
+            raise InvalidOption("BRIDGE_SIGNATURE_TTL must be positive and BRIDGE_AUDIT_MAXLEN at least 0")
         if settings.visibility_timeout <= settings.lease:
             raise InvalidOption("BRIDGE_VISIBILITY_TIMEOUT must be longer than BRIDGE_LEASE")
         return settings

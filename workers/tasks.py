@@ -1,6 +1,9 @@
 """The tasks: thin wrappers that hand a delivery to ``bridge.workers.executor.Service``.
 
-Every task's first argument is its job id; none carries a credential. ``plan``, ``transfer``
+Every task's first argument is its job id; none carries a credential. What a task may do is
+checked by the worker before it does it (workers/gate.py): the job's signature on every task, a
+transfer's slice of the plan against the planner's signature (``sig``), beat's messages against
+beat's (``auth``). ``plan``, ``transfer``
 and ``finalize`` take a lease when they start (workers/leases.py), so a duplicate delivery does
 nothing and a dead worker's task runs again elsewhere.
 """
@@ -27,9 +30,9 @@ def plan(self, job_id: str) -> dict:
 
 
 @app.task(name=TRANSFER, bind=True)
-def transfer(self, job_id: str, sub_plan: dict) -> dict:
+def transfer(self, job_id: str, sub_plan: dict, sig: str | None = None) -> dict:
     """One multipart file, or a batch of small files and deletions, on a thread pool."""
-    return service().run(_ref(self, [job_id, sub_plan]))
+    return service().run(_ref(self, [job_id, sub_plan, sig]))
 
 
 @app.task(name=FINALIZE, bind=True)
@@ -39,12 +42,12 @@ def finalize(self, job_id: str) -> dict:
 
 
 @app.task(name=SCHEDULED, bind=True)
-def scheduled(self, name: str, spec: dict) -> dict:
+def scheduled(self, name: str, spec: dict, auth: dict | None = None) -> dict:
     """Sent by beat when a schedule is due: start its job."""
-    return service().fire(name, spec, fire_id=self.request.id)
+    return service().fire(name, spec, fire_id=self.request.id, auth=auth)
 
 
 @app.task(name=POLICY, bind=True)
-def policy(self, name: str, policy: dict) -> dict:
+def policy(self, name: str, policy: dict, auth: dict | None = None) -> dict:
     """Sent by beat when a replication policy is due: price its run and start it."""
-    return service().fire_policy(name, policy, fire_id=self.request.id)
+    return service().fire_policy(name, policy, fire_id=self.request.id, auth=auth)

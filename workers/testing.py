@@ -132,6 +132,22 @@ class ServiceProcess:
         self.stop()
 
 
+def tenant_env(directory: Path, local_roots: list[str] | tuple[str, ...] = (), tenant: str = "tests",
+               policy: str | None = None) -> dict[str, str]:
+    """The variables of a worker and its submitters for one tenant with a fresh key: its keys file
+    and a service policy (``policy``'s text, else every bucket and ``local_roots``) under
+    ``directory``; workers may use ``local_roots``."""
+    from bridge.policies.tenants import single_tenant
+    from bridge.workers.auth import new_key, write_keys_file
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    keys, service = directory / "service-keys", directory / "service.yaml"
+    write_keys_file(keys, {tenant: new_key()})
+    service.write_text(policy if policy is not None else single_tenant(tenant, local_roots))
+    return {"BRIDGE_KEYS_FILE": str(keys), "BRIDGE_SERVICE_POLICY": str(service), "BRIDGE_TENANT": tenant,
+            "BRIDGE_LOCAL_ROOTS": ":".join(local_roots)}
+
+
 def purge_namespace(broker_url: str, namespace: str) -> int:
     """Delete every key of a namespace (a test run's); returns how many."""
     client = redis_client(broker_url)

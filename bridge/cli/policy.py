@@ -70,8 +70,37 @@ def load_policies(path: Path):
         raise typer.Exit(2) from None
 
 
+def load_service_policy(path: Path):
+    """The service policy (tenants and their scopes) of a file; a bad file exits 2, each mistake on
+    its own line naming file, line and field."""
+    from bridge.policies.replication import PolicyError
+    from bridge.policies.tenants import load
+    try:
+        return load(path)
+    except PolicyError as exc:
+        for line in exc.problems:
+            err.print(f"mcbridge: error: {line}", markup=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
 def policy_check(file: PolicyFileArg, as_json: JsonOpt = False) -> None:
-    """Check a replication policy file; each mistake is named by file, line and field (exit 2)."""
+    """Check a replication policy file, or a service policy (tenants:); each mistake is named by
+    file, line and field (exit 2)."""
+    from bridge.policies import tenants
+    from bridge.policies.yamlcheck import read
+    try:
+        text = read(file, "policy file")
+    except ValueError:
+        text = ""   # load_policies names the problem
+    if tenants.is_service_policy(text):
+        policy = load_service_policy(file)
+        if as_json:
+            out.print_json(json.dumps({name: t.model_dump() for name, t in policy.tenants.items()}))
+            return
+        for line in tenants.describe(policy):
+            out.print(line, markup=False)
+        out.print(f"{len(policy.tenants)} tenants OK", markup=False)
+        return
     loaded = load_policies(file)
     if as_json:
         out.print_json(json.dumps([{"name": p.name, "line": p.line, **p.policy.model_dump()} for p in loaded]))

@@ -1,0 +1,233 @@
+"""What a worker checks before it touches anything for a job, and the audit log of what it decided.
+
+    plan       the job's signature (workers/auth.py), its expiry, its id admitted once (SET NX
+               ``<ns>:admitted:<job>``), then its source and destinations against its tenant's
+               scope (policies/tenants.py) and this worker's local roots; after listing, before
+               anything is written, every file the plan reads or writes, and the route chosen
+    transfer   the job's signature and admission, the planner's signature over the task's slice
+               of the plan, and every file in that slice
+    finalize   the job's signature and admission, and what the manifest and verify touch
+    scheduled, policy   beat's signature over the message, its expiry, its nonce used once
+
+Local paths are resolved before the check: links and '..' (``os.path.realpath``, which resolves
+the deepest part that exists, so a destination not made yet is judged by the real folder it
+would land in). The worker's roots and the tenants' local prefixes are resolved the same way.
+
+Every decision goes to the audit stream ``<ns>:audit`` (XADD, oldest trimmed past
+``BRIDGE_AUDIT_MAXLEN``) and the worker's log: the tenant, the job's digest, admitted or refused
+and why, and when the job ends its route, bytes and spend. ``mcbridge jobs audit`` reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from bridge.errors import BridgeError
+from bridge.redact import redact
+from bridge.workers.auth import Keyring, Refused
+from bridge.workers.keys import Keys
+from bridge.workers.settings import WorkerSettings
+
+log = logging.getLogger("bridge.workers.audit")
+
+
+@dataclass(frozen=True)
+class Admitted:
+    tenant: str
+    digest: str
+    budget: str | None
+
+
+def resolve(url: str) -> str:
+    """The canonical spelling a scope is checked against: a local path with its links and '..'
+    resolved, an Azure name with its '.' and '..' resolved; S3 and GCS keys as written."""
+    from bridge.urls import canonical, parse
+    loc = parse(url, empty_segments=True)
+    if loc.is_local:
+        return os.path.realpath(loc.local_path)
+    return str(canonical(loc))
+
+
+def touched(kind: str, plan: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(what it reads, what it writes) of a plan or a task's slice of one, as URLs: the roots and
+    every file. ``kind``: the job's (copy, sync, pack, unpack)."""
+    from bridge.urls import parse
+    reads, writes = [plan["source"]], [plan["destination"]]
+    dst = parse(plan["destination"])
+    if kind in ("copy", "sync"):
+        single = plan.get("single")
+        src = parse(plan["source"]) if single is None else None
+        for f in plan.get("files", []):
+            reads.append(single if single is not None else str(src.join(f["rel"])))
+            writes.append(str(dst.join(f["rel"])))
+        writes += [str(dst.join(rel)) for rel in plan.get("deletions", [])]
+        writes += [str(dst.join(rel)) for rel in plan.get("completions", [])]
+    elif kind == "pack":
+        root = parse(plan["source_root"])
+        reads.append(plan["source_root"])
+        for shard in plan.get("shards", []):
+            reads += [str(root.join(rel)) for rel, _size in shard["files"]]
+            writes.append(str(dst.as_prefix().join(shard["name"])))
+    elif kind == "unpack":
+        for shard in plan.get("shards", []):
+            reads.append(shard["loc"])
+            writes += [str(dst.as_prefix().join(m["path"])) for m in shard["members"]]
+    return reads, writes
+
+
+class Audit:
+    """The append-only audit stream of a deployment, and the worker's log beside it."""
+
+    def __init__(self, client, keys: Keys, maxlen: int = 0):
+        self.r, self.keys, self.maxlen = client, keys, maxlen
+
+    def record(self, decision: str, **fields: Any) -> None:
+        entry = {"decision": decision, "at": f"{time.time():.3f}", "worker": socket.gethostname(),
+                 **{k: (json.dumps(v) if isinstance(v, (list, dict)) else str(v)) for k, v in fields.items()
+                    if v is not None}}
+        entry = {k: redact(v) for k, v in entry.items()}
+        log.info("audit: %s", " ".join(f"{k}={v}" for k, v in entry.items() if k not in ("at", "worker")))
+        from redis.exceptions import RedisError
+        try:
+            if self.maxlen:
+                self.r.xadd(self.keys.audit, entry, maxlen=self.maxlen, approximate=True)
+            else:
+                self.r.xadd(self.keys.audit, entry)
+        except RedisError as exc:   # the log line above stands; the stream is the second copy
+            log.warning("audit: not written to %s: %s", self.keys.audit, exc)
+
+    def read(self, limit: int = 50, job: str | None = None, tenant: str | None = None) -> Iterator[dict[str, Any]]:
+        """Newest first, up to ``limit`` entries that match."""
+        shown, last = 0, "+"
+        while shown < limit:
+            batch = self.r.xrevrange(self.keys.audit, max=last, count=500)
+            if last != "+":
+                batch = batch[1:]
+            if not batch:
+                return
+            for entry_id, fields in batch:
+                if (job and fields.get("job") != job and fields.get("parent") != job) or \
+                        (tenant and fields.get("tenant") != tenant):
+                    continue
+                yield {"id": entry_id, **fields}
+                shown += 1
+                if shown >= limit:
+                    return
+            last = batch[-1][0]
+
+
+class Gate:
+    """A worker's checks (see the module's docstring). The keys and the service policy are read
+    once per process, when first needed."""
+
+    def __init__(self, ws: WorkerSettings, client, keys: Keys):
+        self.ws, self.r, self.keys = ws, client, keys
+        self.audit = Audit(client, keys, ws.audit_maxlen)
+        self._keyring: Keyring | None = None
+        self._policy = None
+        self._roots = tuple(os.path.realpath(root) for root in ws.local_roots)
+
+    @property
+    def keyring(self) -> Keyring:
+        if self._keyring is None:
+            self._keyring = Keyring.load(self.ws)
+        return self._keyring
+
+    @property
+    def policy(self):
+        if self._policy is None:
+            if not self.ws.service_policy:
+                raise Refused("this worker has no service policy (BRIDGE_SERVICE_POLICY): it runs no job; "
+                              "see mcbridge service init")
+            from bridge.policies.replication import PolicyError
+            from bridge.policies.tenants import load
+            try:
+                self._policy = load(self.ws.service_policy)
+            except PolicyError as exc:
+                raise Refused(f"the service policy cannot be used: {exc.problems[0]}") from None
+        return self._policy
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def admit(self, record, now: float | None = None) -> Admitted:
+        """The first plan of a job (and a plan run again after its worker died)."""
+        auth = record.auth
+        digest = self.keyring.check_job(record.id, record.spec, auth)
+        key = self.keys.admitted(record.id)
+        before = self.r.get(key)
+        if before is not None:
+            if before == digest and record.state in ("planning", "running"):
+                return Admitted(auth["tenant"], digest, auth.get("budget"))   # its planner died: still once
+            raise Refused(f"job {record.id} was admitted before: a job id runs once (a replay of a signed job?)")
+        if (now or time.time()) > auth["expires"]:
+            from bridge.workers.auth import iso
+            raise Refused(f"job {record.id}: its signature expired at {iso(auth['expires'])} before a worker "
+                          f"admitted it (BRIDGE_SIGNATURE_TTL); submit it again")
+        ttl = int(max(self.ws.job_ttl, auth["expires"] - time.time() + 86400))
+        if not self.r.set(key, digest, nx=True, ex=ttl):
+            raise Refused(f"job {record.id} was admitted before: a job id runs once (a replay of a signed job?)")
+        admitted = Admitted(auth["tenant"], digest, auth.get("budget"))
+        spec = record.spec
+        destinations = spec.get("destinations") or []
+        self.scope(admitted, reads=[spec["source"]], writes=destinations, route=spec.get("route"),
+                   budget=admitted.budget)
+        return admitted
+
+    def check(self, record) -> Admitted:
+        """Every later task of a job: signed, and admitted as that same signed job."""
+        auth = record.auth
+        digest = self.keyring.check_job(record.id, record.spec, auth)
+        if self.r.get(self.keys.admitted(record.id)) != digest:
+            raise Refused(f"job {record.id} was never admitted by a worker; its tasks run nothing")
+        return Admitted(auth["tenant"], digest, auth.get("budget"))
+
+    def scope(self, who: Admitted, *, reads: Iterable[str] = (), writes: Iterable[str] = (),
+              route: str | None = None, budget: str | None = None, job: bool = True) -> None:
+        """Refused unless ``who``'s tenant may read ``reads`` and write ``writes`` (over ``route``)."""
+        from bridge.policies.tenants import refusal
+        try:
+            real_reads, real_writes = [resolve(u) for u in reads], [resolve(u) for u in writes]
+        except BridgeError as exc:
+            raise Refused(f"refused: {exc}") from None
+        tenant = self._tenant(who.tenant)
+        reason = refusal(who.tenant, tenant, reads=real_reads, writes=real_writes, group=self.ws.worker_group,
+                         local_roots=self._roots, route=route, budget=budget, job=job)
+        if reason:
+            raise Refused(reason)
+
+    def plan(self, who: Admitted, kind: str, plan: dict[str, Any]) -> None:
+        """Every file a plan (or a task's slice of one) reads and writes, and its route."""
+        try:
+            reads, writes = touched(kind, plan)
+        except (BridgeError, KeyError, TypeError, ValueError) as exc:
+            raise Refused(f"refused: the plan names a place that cannot be checked: {exc}") from None
+        self.scope(who, reads=reads, writes=writes, route=plan.get("route"), budget=who.budget)
+
+    def _tenant(self, name: str):
+        """The tenant's scope with its local prefixes resolved as paths are."""
+        tenant = self.policy.tenant(name)
+        if tenant is None or not tenant.local:
+            return tenant
+        from bridge.policies.tenants import LocalScope
+
+        def real(prefixes: list[str]) -> list[str]:
+            return [os.path.realpath(p) + "/" if os.path.realpath(p) != "/" else "/" for p in prefixes]
+        local = {g: LocalScope.model_construct(read=real(s.read), write=real(s.write)) for g, s in tenant.local.items()}
+        return tenant.model_copy(update={"local": local})
+
+    # -- beat's messages -----------------------------------------------------------------------
+    def message(self, task: str, name: str, payload: Any, auth: Any) -> str:
+        """The tenant of a signed, unexpired message from beat, its nonce used once."""
+        checked = self.keyring.check_message(task, name, payload, auth)
+        if not self.r.set(self.keys.once(f"nonce:{checked['nonce']}"), "1", nx=True,
+                          ex=int(max(60, checked["expires"] - time.time() + 60))):
+            raise Refused(f"{task} {name!r}: this signed message was delivered before (a replay?)")
+        if self.policy.tenant(checked["tenant"]) is None:
+            raise Refused(f"tenant {checked['tenant']!r} is not in the service policy")
+        return checked["tenant"]
