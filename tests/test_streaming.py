@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge import manifest as manifests
 from bridge import engine, ops, stores
 from bridge.packing import job as packing
 from bridge.packing import unpack
@@ -105,7 +106,9 @@ def _planning_peak(tmp_path: Path, count: int) -> int:
     try:
         summary = ops.copy("s3://gen/", f"{tmp_path}/dst/", settings, dry_run=True)
         assert summary["files"] == count and sum(1 for _ in summary["plan"]) == count
-        assert summary["usage"]["destination"]["requests"]["PUT"] == count + 1
+        # each file, the commit's document and its shards of SHARD_ENTRIES entries
+        shards = -(-count // manifests.SHARD_ENTRIES) if count > manifests.SHARD_ENTRIES else 0
+        assert summary["usage"]["destination"]["requests"]["PUT"] == count + 1 + shards
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
