@@ -14,6 +14,8 @@ from bridge import bwlimit
 from bridge import manifest as manifests
 from bridge import check
 from bridge import estimate
+from bridge import filters as filtering
+from bridge.filters import Filters
 from bridge import routes
 from bridge.check import mismatch, reported_crc32c
 from bridge.hashing import rehash
@@ -59,6 +61,7 @@ def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
     journal = journal_for(plan, settings, state_dir)
     ctx = JobContext(plan, settings, journal, progress)
     _quiet_gc()
+    progress.begin("copying")
     progress.plan(plan.bytes, plan.unit_count())
     # A route whose service moves the bytes cancels its remote job on SIGTERM as on Ctrl-C.
     remote = getattr(routes.REGISTRY.get(plan.route), "remote", False)
@@ -86,35 +89,77 @@ def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what:
         costing.check_budget(estimate.of_plan(plan), settings, max_cost, what)
 
 
+def listing_to(progress: Progress | None):
+    """The ``listed`` callback of a listing that ``progress`` follows (None: nobody does)."""
+    if progress is None:
+        return None
+    progress.begin("listing")
+    return progress.saw
+
+
+def _filtered(summary: dict[str, Any], filters: Filters | None) -> dict[str, Any]:
+    if filters is not None and filters.active:
+        summary["filters"] = filters.to_dict()
+    return summary
+
+
 def copy(source: str, destination: str, settings: Settings, *, chunk_size: int | None = None,
          progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False,
-         max_cost: float | None = None, route: str | None = None) -> dict:
-    plan = routes.choose(plan_copy(source, destination, settings, chunk_size), settings, route)
+         max_cost: float | None = None, route: str | None = None, filters: Filters | None = None) -> dict:
+    plan = routes.choose(plan_copy(source, destination, settings, chunk_size, filters, listing_to(progress)),
+                         settings, route)
     _within_budget(plan, settings, max_cost, "copy")
     if dry_run:
-        return {"dry_run": True, **plan_summary(plan)}
-    return execute(plan, settings, progress, state_dir)
+        return _filtered({"dry_run": True, **plan_summary(plan)}, filters)
+    return _filtered(execute(plan, settings, progress, state_dir), filters)
 
 
-def ls(url: str, settings: Settings) -> list[dict[str, Any]]:
+def ls(url: str, settings: Settings, *, recursive: bool = True, filters: Filters | None = None,
+       progress: Progress | None = None) -> list[dict[str, Any]]:
+    """The objects under ``url`` (or the one object it names), sorted by path: with
+    ``recursive``, every one; else those directly under it and its folders (rows with
+    ``dir: True``, their size the total under them). Each row: path, size, modified (epoch
+    seconds or None), storage class, and the version's identity (ETag, generation ...)."""
     loc = parse(url)
     store = get_store(loc, settings)
     store.check_bucket(loc)
     if not loc.is_prefix:
         try:
             info = store.info(loc)
-            return [{"path": info.location.name, "size": info.size}]
+            return [_row(info.location.name, info)]
         except ObjectNotFound:
             loc = loc.as_prefix()
-    rows = [{"path": rel, "size": info.size} for rel, info in store.walk(loc)]
-    if not rows and not (loc.is_local and Path(loc.local_path).is_dir()):
-        raise ObjectNotFound(f"{loc}: nothing there")
-    return sorted(rows, key=lambda r: r["path"])
+    rows: list[dict[str, Any]] = []
+    folders: dict[str, dict[str, Any]] = {}
+    seen = False
+    for rel, info in filtering.walk(store, loc, filters, listing_to(progress)):
+        seen = True
+        head, sep, _ = rel.partition("/")
+        if recursive or not sep:
+            rows.append(_row(rel, info))
+            continue
+        folder = folders.setdefault(head, {"path": head + "/", "dir": True, "size": 0, "files": 0,
+                                           "modified": None, "storage_class": None, "identity": {}})
+        folder["size"] += info.size
+        folder["files"] += 1
+        if info.modified is not None and (folder["modified"] is None or info.modified > folder["modified"]):
+            folder["modified"] = info.modified
+    if not seen and not (loc.is_local and Path(loc.local_path).is_dir()):
+        if not (filters is not None and filters.active and next(iter(store.walk(loc)), None) is not None):
+            raise ObjectNotFound(f"{loc}: nothing there")
+    return sorted(rows + list(folders.values()), key=lambda r: r["path"])
 
 
-def verify(url: str, settings: Settings, *, deep: bool = False) -> dict[str, Any]:
+def _row(rel: str, info) -> dict[str, Any]:
+    return {"path": rel, "size": info.size, "modified": info.modified, "storage_class": info.storage_class,
+            "identity": dict(info.identity)}
+
+
+def verify(url: str, settings: Settings, *, deep: bool = False, filters: Filters | None = None,
+           progress: Progress | None = None) -> dict[str, Any]:
     """Check every object under ``url`` against its manifest: sizes and store-reported checksums,
-    or with ``deep`` a full re-read. Lists missing, extra and mismatched files."""
+    or with ``deep`` a full re-read. Lists missing, extra and mismatched files. ``filters``:
+    only the files they select (a manifest entry by its recorded size)."""
     root = parse(url).as_prefix()
     store = get_store(root, settings)
     store.check_bucket(root)
@@ -122,13 +167,23 @@ def verify(url: str, settings: Settings, *, deep: bool = False) -> dict[str, Any
     if manifest is None:
         raise ManifestError(f"no manifest at {root.join(manifests.MANIFEST)}: the copy there is "
                             f"incomplete, or was not made by mcbridge")
-    present = dict(store.walk(root))
-    missing = sorted(p for p in manifest.files if p not in present)
+    present = dict(filtering.walk(store, root, filters, listing_to(progress)))
+    entries = manifest.files
+    if filters is not None and filters.active:
+        entries = {p: e for p, e in entries.items() if p in present or filters.selects(p, _Recorded(e.size))}
+    missing = sorted(p for p in entries if p not in present)
     extra = sorted(p for p in present if p not in manifest.files)
     mismatched, rehashed = [], []
+    if progress is not None:
+        progress.begin("verifying")
+        progress.plan_checks(sum(1 for p in entries if p in present),
+                             sum(present[p].size for p in entries if p in present))
     with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
         checks = {path: pool.submit(check.judge, store, present[path], entry, deep)
-                  for path, entry in sorted(manifest.files.items()) if path in present}
+                  for path, entry in sorted(entries.items()) if path in present}
+        if progress is not None:
+            for path, fut in checks.items():
+                fut.add_done_callback(lambda _f, n=present[path].size: progress.checked(n))
         for path, fut in checks.items():
             verdict = fut.result()
             if verdict.problem:
@@ -142,9 +197,16 @@ def verify(url: str, settings: Settings, *, deep: bool = False) -> dict[str, Any
         shard_sets.append({"prefix": prefix, "index": entry.get("index"), "ok": not problems,
                            "problems": problems})
     ok = not (missing or extra or mismatched) and all(s["ok"] for s in shard_sets)
-    return {"url": str(root), "ok": ok, "deep": deep, "checked": len(manifest.files),
-            "bytes": manifest.totals()["bytes"], "missing": missing, "extra": extra,
-            "mismatched": mismatched, "rehashed": rehashed, "shard_sets": shard_sets}
+    return _filtered({"url": str(root), "ok": ok, "deep": deep, "checked": len(entries),
+                      "bytes": sum(e.size for e in entries.values()), "missing": missing, "extra": extra,
+                      "mismatched": mismatched, "rehashed": rehashed, "shard_sets": shard_sets}, filters)
+
+
+class _Recorded:
+    """A manifest entry as the filters see an object: its recorded size, no time."""
+
+    def __init__(self, size: int):
+        self.size, self.modified = size, None
 
 
 def _source_crc32c(store, info) -> str:
@@ -155,16 +217,21 @@ def _source_crc32c(store, info) -> str:
 
 
 def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
-              chunk_size: int | None = None) -> tuple[Plan, dict[str, list[str]]]:
+              chunk_size: int | None = None, filters: Filters | None = None,
+              progress: Progress | None = None) -> tuple[Plan, dict[str, list[str]]]:
     """Only what is new, changed (by size and CRC32C, never by time) or no longer matches the
-    destination's manifest; with ``delete``, what the source no longer has."""
-    src_root, dst_root, objects, single = resolve(source, destination, settings)
+    destination's manifest; with ``delete``, what the source no longer has. ``filters`` apply
+    to both sides, as in rclone: a file they leave out is neither sent nor deleted."""
+    src_root, dst_root, objects, single = resolve(source, destination, settings, filters, listing_to(progress))
     check_route(src_root, dst_root, objects, single)
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     manifest = manifests.read(dst_store, dst_root) or manifests.read(dst_store, dst_root, manifests.PREVIOUS)
     entries = manifest.files if manifest else {}
-    present = dict(dst_store.walk(dst_root))
+    present = dict(filtering.walk(dst_store, dst_root, filters, progress.saw if progress else None))
+    if progress is not None:
+        progress.begin("planning")
+        progress.plan_checks(len(objects), 0)
     reasons: dict[str, list[str]] = {"new": [], "changed": [], "repaired": [], "unchanged": []}
 
     def judge(rel: str, info) -> str:
@@ -177,8 +244,14 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
             return "repaired"
         return "unchanged"
 
+    def judged(item) -> str:
+        verdict = judge(*item)
+        if progress is not None:
+            progress.checked()
+        return verdict
+
     with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
-        verdicts = list(pool.map(lambda item: judge(*item), objects))
+        verdicts = list(pool.map(judged, objects))
     files = []
     for (rel, info), verdict in zip(objects, verdicts):
         reasons[verdict].append(rel)
@@ -191,22 +264,27 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
         reasons["deleted"] = deletions
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files, deletions)
     # As for copy, not the file list: what a killed sync finished is found again by path.
-    plan.key = job_key("sync", plan.source, plan.destination, chunk_size, delete)
+    plan.key = job_key("sync", plan.source, plan.destination, chunk_size, delete,
+                       *((filters.key(),) if filters is not None and filters.active else ()))
     batching(plan, src_root, dst_root, settings)
     return plan, reasons
 
 
 def sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
          chunk_size: int | None = None, progress: Progress | None = None, state_dir: Path | None = None,
-         dry_run: bool = False, max_cost: float | None = None, route: str | None = None) -> dict[str, Any]:
-    plan, reasons = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size)
+         dry_run: bool = False, max_cost: float | None = None, route: str | None = None,
+         filters: Filters | None = None) -> dict[str, Any]:
+    plan, reasons = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size,
+                              filters=filters, progress=progress)
     routes.choose(plan, settings, route)
     _within_budget(plan, settings, max_cost, "sync")
     counts = {k: len(v) for k, v in reasons.items()}
     if dry_run:
-        return {"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts}
+        return _filtered({"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts},
+                         filters)
     summary = execute(plan, settings, progress, state_dir)
-    return {**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions}
+    return _filtered({**summary, "reasons": counts, "sent": [f.rel for f in plan.files],
+                      "deleted": plan.deletions}, filters)
 
 
 def uploads(url: str, settings: Settings, *, abort: bool = False) -> list[dict[str, Any]]:
@@ -224,22 +302,24 @@ def uploads(url: str, settings: Settings, *, abort: bool = False) -> list[dict[s
 
 
 def job_usages(kind: str, source: str, destinations: list[str], settings: Settings, *, delete: bool = False,
-               pack: dict[str, Any] | None = None, route: str | None = None) -> list[Any]:
+               pack: dict[str, Any] | None = None, route: str | None = None,
+               filters: Filters | None = None) -> list[Any]:
     """What a job of ``kind`` (copy, sync, replicate, pack, unpack) would read, write and request,
     by planning it here with these settings (a service job is priced before it is queued); a copy
     or sync by the route its workers will choose (or ``route``), as they choose it."""
     if kind == "pack":
         from bridge.packing import job as packing
-        return [packing.plan_pack(source, destinations[0], settings, **(pack or {})).usage()]
+        return [packing.plan_pack(source, destinations[0], settings, filters=filters, **(pack or {})).usage()]
     if kind == "unpack":
         from bridge.packing import unpack
         return [unpack.plan_unpack(source, destinations[0], settings, (pack or {}).get("prefix")).usage(settings)]
     out = []
     for dst in destinations:
         if kind == "copy":
-            plan = plan_copy(source, dst, settings, settings.transfer.chunk_size)
+            plan = plan_copy(source, dst, settings, settings.transfer.chunk_size, filters)
         else:
-            plan, _ = plan_sync(source, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size)
+            plan, _ = plan_sync(source, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
+                                filters=filters)
         routes.choose(plan, settings, route)
         out.append(estimate.usage(plan, plan.route or "direct"))
     return out

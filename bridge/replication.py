@@ -29,6 +29,7 @@ from bridge import bwlimit, jobs, ops, routes
 from bridge.config import Settings
 from bridge.engine import JobContext, Plan
 from bridge.errors import BridgeError, ObjectNotFound, TransferFailed
+from bridge.filters import Filters
 from bridge.journal import job_key
 from bridge.progress import Progress
 from bridge.stores import get_store
@@ -120,14 +121,17 @@ class ConsistentCopy(JobContext):
             return [why for why in pool.map(look, self.plan.files) if why]
 
 
-def copy_checkpoint(plan: Plan, settings: Settings) -> dict:
-    """``ops.execute`` for one checkpoint, with ``ConsistentCopy``'s check before the commit."""
-    progress = Progress()
-    if settings.transfer.bwlimit:
+def copy_checkpoint(plan: Plan, settings: Settings, progress: Progress | None = None) -> dict:
+    """``ops.execute`` for one checkpoint, with ``ConsistentCopy``'s check before the commit.
+    ``progress``: the run's, whose total already counts this plan's bytes."""
+    if progress is None:
+        progress = Progress()
+        progress.plan(plan.bytes, 0)
+    if progress.limiter is None and settings.transfer.bwlimit:
         progress.limiter = bwlimit.local(settings.transfer.bwlimit)
     journal = ops.journal_for(plan, settings)
     ctx = ConsistentCopy(plan, settings, journal, progress)
-    progress.plan(plan.bytes, plan.unit_count())
+    progress.plan(0, plan.unit_count())
     return jobs.run(ctx, plan.units(), journal, settings.transfer.concurrency, "copy")
 
 
@@ -144,9 +148,10 @@ def filtered(plan: Plan, include: list[str], exclude: list[str]) -> Plan:
     return out
 
 
-def plan_checkpoint(policy: rules.Policy, src: str, dst: str, settings: Settings) -> Plan:
+def plan_checkpoint(policy: rules.Policy, src: str, dst: str, settings: Settings,
+                    filters: Filters | None = None) -> Plan:
     plan, _reasons = ops.plan_sync(src, dst, settings, delete=policy.mode == "mirror",
-                                   chunk_size=settings.transfer.chunk_size)
+                                   chunk_size=settings.transfer.chunk_size, filters=filters)
     # The route the service's workers would take for the same sync: one decision for both.
     return routes.choose(filtered(plan, policy.include, policy.exclude), settings)
 
@@ -170,6 +175,7 @@ def remove_checkpoint(url: str, settings: Settings) -> int:
 
 
 def prepare(policy: rules.Policy, settings: Settings, readiness: dict[str, rules.Readiness] | None = None,
+            filters: Filters | None = None, progress: Progress | None = None,
             ) -> tuple[list[str], dict[tuple[str, str], Plan], dict[str, str]]:
     """The committed checkpoints the policy keeps now, the sync plan of each (destination,
     checkpoint), and the destinations that cannot be reached (with why). Lists; moves nothing."""
@@ -182,7 +188,10 @@ def prepare(policy: rules.Policy, settings: Settings, readiness: dict[str, rules
         try:
             get_store(parse(dst), settings).check_bucket(parse(dst))
             for ckpt in kept:
-                plans[(dst, ckpt)] = plan_checkpoint(policy, f"{policy.source}{ckpt}/", f"{dst}{ckpt}/", settings)
+                if progress is not None:
+                    progress.begin(f"planning {ckpt} for {dst}")
+                plans[(dst, ckpt)] = plan_checkpoint(policy, f"{policy.source}{ckpt}/", f"{dst}{ckpt}/", settings,
+                                                     filters)
         except BridgeError as exc:
             unreachable[dst] = str(exc)
     return kept, plans, unreachable
@@ -210,14 +219,20 @@ def iso(when: float | None) -> str | None:
 
 
 def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None = None,
-             readiness: dict[str, rules.Readiness] | None = None) -> dict[str, Any]:
+             readiness: dict[str, rules.Readiness] | None = None, filters: Filters | None = None,
+             progress: Progress | None = None) -> dict[str, Any]:
     """Replicate the policy's window of committed checkpoints to every destination, verify,
-    apply retention. ``commit_to_verified_s``: from a checkpoint's commit to its verify here."""
+    apply retention. ``commit_to_verified_s``: from a checkpoint's commit to its verify here.
+    ``filters`` narrow the policy's include/exclude further; ``progress`` follows the run."""
     policy = named.policy
     started = time.monotonic()
     if readiness is None:
+        if progress is not None:
+            progress.begin(f"listing {policy.source}")
         readiness = survey(policy, settings)
-    kept, plans, unreachable = prepare(policy, settings, readiness)
+    kept, plans, unreachable = prepare(policy, settings, readiness, filters, progress)
+    if progress is not None:
+        progress.plan(sum(plan.bytes for plan in plans.values()), 0)
     report: dict[str, Any] = {"policy": named.name, "source": policy.source, "checkpoints": kept,
                               "waiting": rules.waiting(readiness),
                               "committed_at": {c: iso(readiness[c].committed_at) for c in kept},
@@ -239,9 +254,12 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
                                             "deleted": len(plan.deletions), "verified": False, "error": None,
                                             "commit_to_verified_s": None}
         try:
-            copy_checkpoint(plan, settings)
+            if progress is not None:
+                progress.begin(f"copying {ckpt} to {dst}")
+            copy_checkpoint(plan, settings, progress)
             if policy.verify != "none":
-                check = ops.verify(f"{dst}{ckpt}/", settings, deep=policy.verify == "deep")
+                check = ops.verify(f"{dst}{ckpt}/", settings, deep=policy.verify == "deep", filters=filters,
+                                   progress=progress)
                 row["verified"] = check["ok"]
                 if not check["ok"]:
                     row["error"] = (f"verify found {len(check['missing'])} missing, {len(check['extra'])} extra, "

@@ -285,7 +285,7 @@ class AzureStore(DirectReads, Store):
             blobs, token = self._request(prefix, page)
             for blob in blobs:
                 yield self._info(prefix.bucket, blob.name, blob.size, blob.content_settings, blob.metadata,
-                                 blob.etag, blob.last_modified)
+                                 blob.etag, blob.last_modified, blob.blob_tier)
             if not token:
                 return
 
@@ -301,22 +301,27 @@ class AzureStore(DirectReads, Store):
     @staticmethod
     def _direct_info(loc: Location, p: dict) -> ObjectInfo:
         sums = {"md5": p["content_md5"].hex()} if p["content_md5"] else {}
-        return ObjectInfo(loc, p["size"], sums, p["metadata"], _identity(p["etag"], p["last_modified"]))
+        return ObjectInfo(loc, p["size"], sums, p["metadata"], _identity(p["etag"], p["last_modified"]),
+                          modified=p["last_modified"].timestamp() if p["last_modified"] else None,
+                          storage_class=p.get("tier"))
 
     @staticmethod
-    def _info(container, name, size, content_settings, metadata, etag, last_modified) -> ObjectInfo:
+    def _info(container, name, size, content_settings, metadata, etag, last_modified, tier=None) -> ObjectInfo:
         sums = {}
         md5 = getattr(content_settings, "content_md5", None)
         if md5:
             sums["md5"] = bytes(md5).hex()
         return ObjectInfo(Location("az", container, name), int(size), sums, dict(metadata or {}),
-                          _identity(etag, last_modified))
+                          _identity(etag, last_modified),
+                          modified=last_modified.timestamp() if last_modified else None,
+                          storage_class=str(tier) if tier else None)
 
     def info(self, loc: Location) -> ObjectInfo:
         if self._direct is not None:
             return self._direct_info(loc, self._request(loc, lambda: self._direct.head(loc)))
         p = self._request(loc, self._blob(loc).get_blob_properties)
-        return self._info(loc.bucket, loc.key, p.size, p.content_settings, p.metadata, p.etag, p.last_modified)
+        return self._info(loc.bucket, loc.key, p.size, p.content_settings, p.metadata, p.etag, p.last_modified,
+                          p.blob_tier)
 
     def block_sizes(self, loc: Location) -> list[int]:
         committed, _ = self._request(loc, lambda: self._blob(loc).get_block_list("committed"))
@@ -397,6 +402,13 @@ class AzureStore(DirectReads, Store):
         except ObjectNotFound:
             return True
         return False
+
+    def buckets(self) -> list[str]:
+        where = Location("az", "", "")
+        return sorted(c.name for c in self._request(where, lambda: list(self.client.list_containers())))
+
+    def make_bucket(self, loc: Location) -> None:
+        self._request(loc, lambda: self.client.create_container(loc.bucket))
 
     def check_bucket(self, loc: Location) -> None:
         if self._direct is not None:

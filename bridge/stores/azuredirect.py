@@ -310,7 +310,8 @@ class Direct:
         modified = got("Last-Modified")
         return {"size": int(got("Content-Length", "0")), "content_md5": base64.b64decode(md5) if md5 else None,
                 "metadata": {k[10:]: v for k, v in resp.getheaders() if k.lower().startswith("x-ms-meta-")},
-                "etag": got("ETag"), "last_modified": parsedate_to_datetime(modified) if modified else None}
+                "etag": got("ETag"), "last_modified": parsedate_to_datetime(modified) if modified else None,
+                "tier": got("x-ms-access-tier")}
 
     def list_page(self, prefix: Location, marker: str | None) -> tuple[list[dict], str | None]:
         """One page of List Blobs under ``prefix`` with their metadata, from ``marker``: per blob
@@ -341,7 +342,8 @@ class Direct:
                           "content_md5": base64.b64decode(md5) if md5 else None,
                           "metadata": {m.tag: m.text or "" for m in meta} if meta is not None else {},
                           "etag": prop("Etag"),
-                          "last_modified": _when(modified)})
+                          "last_modified": _when(modified),
+                          "tier": prop("AccessTier")})
         return blobs, root.findtext("NextMarker") or None
 
 

@@ -119,6 +119,11 @@ class ObjectInfo:
     # generation, Azure ETag and last-modified, a local file's inode and times): a rewrite, even
     # one that keeps size, metadata and checksums, changes it. Compared with identity_changed.
     identity: dict[str, str] = field(default_factory=dict)
+    # When the object was last written (seconds since the epoch) and its storage class (S3
+    # STANDARD/GLACIER, GCS STANDARD/COLDLINE, an Azure tier), where the listing or HEAD says:
+    # for ``ls -l`` and the age filters (bridge/filters.py). Never part of the identity.
+    modified: float | None = None
+    storage_class: str | None = None
 
 
 def identity_changed(recorded: dict[str, str], seen: dict[str, str]) -> bool:
@@ -248,6 +253,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def check_bucket(self, loc: Location) -> None:
         """Raise BucketNotFound unless the bucket/container (or local parent) exists."""
+
+    # -- buckets: listed and made by ``mcbridge ls s3://`` and ``mcbridge mb`` ----------------
+    def buckets(self) -> list[str]:
+        """The buckets (containers) these credentials can list, by name."""
+        from bridge.errors import Unsupported
+        raise Unsupported(f"{self.scheme}:// has no buckets to list")
+
+    def make_bucket(self, loc: Location) -> None:
+        """Create the bucket (container, local folder) of ``loc``; BridgeError if it exists."""
+        from bridge.errors import Unsupported
+        raise Unsupported(f"{self.scheme}:// cannot make buckets")
 
     # -- abilities: a store has one when its class implements the methods (see ABILITIES) ------
     # -- multipart -------------------------------------------------------------------------

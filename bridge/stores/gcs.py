@@ -183,7 +183,8 @@ class GCSStore(DirectReads, Store):
         # The generation changes with every write of the object's bytes and only then.
         identity = {"generation": str(item["generation"])} if item.get("generation") else {}
         return ObjectInfo(Location("gs", bucket, item["name"]), int(item.get("size", 0)), sums,
-                          dict(item.get("metadata") or {}), identity)
+                          dict(item.get("metadata") or {}), identity, modified=_when(item.get("updated")),
+                          storage_class=item.get("storageClass") or None)
 
     def _list_raw(self, prefix: Location) -> Iterator[dict]:
         page = self._direct_page if self._direct is not None else self._gcsfs_page
@@ -302,6 +303,21 @@ class GCSStore(DirectReads, Store):
     def check_bucket(self, loc: Location) -> None:
         self._bucket(loc)
 
+    def buckets(self) -> list[str]:
+        names, token = [], None
+        where = Location("gs", "", "")
+        while True:
+            params = {"project": self.settings.gcs.project or "", **({"pageToken": token} if token else {})}
+            page = self._call(where, "GET", "b", json_out=True, **params)
+            names += [item["name"] for item in page.get("items", [])]
+            token = page.get("nextPageToken")
+            if not token:
+                return sorted(names)
+
+    def make_bucket(self, loc: Location) -> None:
+        self._call(loc, "POST", "b", json_out=True, project=self.settings.gcs.project or "",
+                   json={"name": loc.bucket}, headers={"Content-Type": "application/json"})
+
     def bucket_region(self, loc: Location) -> str | None:
         return self._bucket(loc).get("location")
 
@@ -417,3 +433,14 @@ class GCSStore(DirectReads, Store):
             if upload_id not in seen and target and target.startswith(prefix.key):
                 seen.add(upload_id)
                 yield Location("gs", prefix.bucket, target), upload_id
+
+
+def _when(text: str | None) -> float | None:
+    """An RFC 3339 time of the JSON API ('2026-01-31T12:00:00.123Z') in seconds since the epoch."""
+    if not text:
+        return None
+    from datetime import datetime
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

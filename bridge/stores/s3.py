@@ -198,7 +198,7 @@ class S3Store(Store):
             page = self._call(prefix, "list_objects_v2", **kw)
             for item in page.get("Contents", []):
                 yield ObjectInfo(Location("s3", prefix.bucket, item["Key"]), int(item["Size"]),
-                                 identity=_identity(item))
+                                 identity=_identity(item), modified=_when(item), storage_class=item.get("StorageClass"))
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return
@@ -211,7 +211,8 @@ class S3Store(Store):
                 modified = item["LastModified"]
                 item["LastModified"] = datetime.fromisoformat(modified) if modified else None
                 yield ObjectInfo(Location("s3", prefix.bucket, item["Key"]), int(item["Size"]),
-                                 identity=_identity(item))
+                                 identity=_identity(item), modified=_when(item),
+                                 storage_class=item.get("StorageClass") or None)
             if token is None:
                 return
 
@@ -226,7 +227,8 @@ class S3Store(Store):
             kind = head.get("ChecksumType", "FULL_OBJECT")
             if "-" not in value and kind == "FULL_OBJECT":
                 sums["crc32c"] = crc_b64_to_hex(value)
-        return ObjectInfo(loc, int(head["ContentLength"]), sums, dict(head.get("Metadata", {})), _identity(head))
+        return ObjectInfo(loc, int(head["ContentLength"]), sums, dict(head.get("Metadata", {})), _identity(head),
+                          modified=_when(head), storage_class=head.get("StorageClass") or "STANDARD")
 
     def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
         kw = {"Bucket": loc.bucket, "Key": loc.key}
@@ -302,6 +304,17 @@ class S3Store(Store):
                 self._call(loc, "head_bucket", Bucket=loc.bucket)
         except ObjectNotFound as exc:
             raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
+
+    def buckets(self) -> list[str]:
+        answer = self._call(Location("s3", "", ""), "list_buckets")
+        return sorted(b["Name"] for b in answer.get("Buckets", []))
+
+    def make_bucket(self, loc: Location) -> None:
+        kwargs: dict = {"Bucket": loc.bucket}
+        region = self.settings.s3.region
+        if region and region != "us-east-1":   # the one region S3 takes without a constraint
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        self._call(loc, "create_bucket", **kwargs)
 
     def bucket_region(self, loc: Location) -> str | None:
         # GetBucketLocation answers no constraint for us-east-1, the region S3 began in.
@@ -460,6 +473,11 @@ def _identity(answer: dict) -> dict[str, str]:
     if answer.get("LastModified"):
         ident["last_modified"] = utc_seconds(answer["LastModified"])
     return ident
+
+
+def _when(answer: dict) -> float | None:
+    modified = answer.get("LastModified")
+    return modified.timestamp() if modified else None
 
 
 def _body(data: bytes):

@@ -241,7 +241,8 @@ class Direct:
             key = item.findtext(f"{ns}Key", "")
             items.append({"Key": unquote_plus(key) if encoded else key, "Size": item.findtext(f"{ns}Size", "0"),
                           "ETag": item.findtext(f"{ns}ETag", ""),
-                          "LastModified": item.findtext(f"{ns}LastModified", "")})
+                          "LastModified": item.findtext(f"{ns}LastModified", ""),
+                          "StorageClass": item.findtext(f"{ns}StorageClass", "")})
         following = root.findtext(f"{ns}NextContinuationToken")
         if root.findtext(f"{ns}IsTruncated") != "true":
             return items, None
