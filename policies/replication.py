@@ -9,7 +9,8 @@
         keep_last: 2                # the newest by natural order: step-1000 comes after step-300
         include: ["*.safetensors", "*.json"]   # files inside a checkpoint (default: all)
         exclude: ["*.tmp"]
-        mode: mirror                # or append-only: never delete at a destination
+        mode: mirror                # delete what the source lost and what keep_last drops
+                                    # (default append-only: never delete at a destination)
         min_verified_copies: 2      # destinations that must prove the newest checkpoint (default: all)
         verify: store               # store | deep | none
         max_cost_usd: 5             # refuse a run estimated above this
@@ -202,7 +203,9 @@ class Policy(BaseModel):
     keep_last: int | None = Field(None, ge=1)
     include: list[str] = []
     exclude: list[str] = []
-    mode: Literal["mirror", "append-only"] = "mirror"
+    # Deleting at a destination is asked for, never a default (as sync --delete): mirror removes
+    # what the source no longer has and checkpoints retention drops; append-only removes nothing.
+    mode: Literal["mirror", "append-only"] = "append-only"
     min_verified_copies: int | None = Field(None, ge=1)
     verify: Literal["store", "deep", "none"] = "store"
     max_cost_usd: float | None = Field(None, ge=0)

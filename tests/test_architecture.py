@@ -19,14 +19,15 @@ FOLDERS = {"bridge": "bridge", "workers": "bridge.workers", "policies": "bridge.
 # Lowest first. A module belongs to the layer of the longest prefix that names it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundation", ("bridge", "bridge.errors", "bridge.urls", "bridge.names", "bridge.config", "bridge.redact",
-                    "bridge.retry", "bridge.registry", "bridge.journal", "bridge.progress", "bridge.bwlimit")),
+                    "bridge.retry", "bridge.registry", "bridge.journal", "bridge.progress", "bridge.bwlimit",
+                    "bridge.filters")),
     ("stores", ("bridge.stores", "bridge.hashing", "bridge.check", "bridge.manifest", "bridge.packing",
                 "bridge.packing.index", "bridge.packing.layout", "bridge.packing.rangefile",
                 "bridge.packing.reading", "bridge.packing.writer", "bridge.packing.sink",
                 "bridge.packing.tarfmt", "bridge.packing.parquetfmt")),
     ("plan", ("bridge.engine", "bridge.estimate", "bridge.jobs", "bridge.routes")),
     ("policies", ("bridge.policies",)),
-    ("executor", ("bridge.costing", "bridge.ops", "bridge.packing.job", "bridge.packing.unpack",
+    ("executor", ("bridge.costing", "bridge.ops", "bridge.objects", "bridge.packing.job", "bridge.packing.unpack",
                   "bridge.replication", "bridge.cache", "bridge.routes.server", "bridge.routes.fromurl",
                   "bridge.routes.delegated", "bridge.routes.sts", "bridge.routes.datasync",
                   "bridge.routes.native", "bridge.routes.ledger")),

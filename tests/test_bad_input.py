@@ -198,7 +198,7 @@ def namespace():
     (["--chunk-size", "0"], "at least 1 byte"),
     (["--chunk-size", "lots"], "invalid size"),
     (["--chunk-size", ""], "--chunk-size is empty"),
-    (["--store-checksums", "sometimes"], "--store-checksums 'sometimes'"),
+    (["--store-checksums", "sometimes"], "'sometimes' is not one of 'require', 'readback', 'skip'"),
     (["--bwlimit", "fast"], "invalid bandwidth limit"),
     (["--profile", " "], "--profile is empty"),
     (["--max-cost", "nan"], "--max-cost nan"),

@@ -22,6 +22,7 @@ policies:
     keep_last: 2
     max_cost_usd: 5
     schedule: {cron: "0 2 * * *"}
+    mode: mirror
 """
 
 
@@ -48,7 +49,7 @@ def test_include_exclude():
 
 
 def test_retention_waits_for_the_newest_at_every_destination():
-    p = policy(checkpoints="step-*", keep_last=2)
+    p = policy(checkpoints="step-*", keep_last=2, mode="mirror")
     gs, az = p.destinations
     kept = ["step-1000", "step-2000"]
     present = {gs: {"step-300", "step-1000", "step-2000"}, az: {"step-300", "step-1000", "step-2000", "step-5000"}}
@@ -138,6 +139,7 @@ policies:
     destinations: [{gs}, {az}]
     checkpoints: "step-*"
     keep_last: 2
+    mode: mirror
     verify: deep
     max_cost_usd: 1
   other:
