@@ -304,7 +304,7 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
 
 
 def watch(chosen: list[NamedPolicy], settings: Settings, emit: Callable[[dict[str, Any]], None],
-          stop: threading.Event, *, max_cost: float | None = None) -> None:
+          stop: threading.Event, *, max_cost: float | None = None, filters: Filters | None = None) -> None:
     """Until ``stop``: list each policy's source every ``watch.interval`` (one listing; markers
     and names decide readiness, no file is read but safetensors indexes) and run the policy
     when its window of committed checkpoints moved or its last run did not prove it. ``emit``
@@ -329,7 +329,7 @@ def watch(chosen: list[NamedPolicy], settings: Settings, emit: Callable[[dict[st
                 emit({"event": "waiting", "policy": named.name, "waiting": pending})
             if kept and done.get(named.name) != (kept, True):
                 try:
-                    report = run_once(named, settings, max_cost=max_cost, readiness=readiness)
+                    report = run_once(named, settings, max_cost=max_cost, readiness=readiness, filters=filters)
                 except BridgeError as exc:   # refused (over budget): said, and tried again next tick
                     done[named.name] = (kept, False)
                     emit({"event": "error", "policy": named.name, "error": str(exc)})

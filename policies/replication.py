@@ -235,15 +235,18 @@ class Policy(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:
-        for dst in self.destinations:
-            if dst.startswith(self.source) or self.source.startswith(dst):
-                raise ValueError(f"destination {dst} overlaps the source {self.source}")
+        """Every mistake between fields at once, each as 'FIELD:: what is wrong' on a line of its
+        own (``parse`` names each by the line of that field)."""
+        problems = [f"destinations:: destination {dst} overlaps the source {self.source}"
+                    for dst in self.destinations if dst.startswith(self.source) or self.source.startswith(dst)]
         if self.min_verified_copies is not None and self.min_verified_copies > len(self.destinations):
-            raise ValueError(f"min_verified_copies {self.min_verified_copies} is more than the "
-                             f"{len(self.destinations)} destinations")
+            problems.append(f"min_verified_copies:: min_verified_copies {self.min_verified_copies} is more than the "
+                            f"{len(self.destinations)} destinations")
         if self.mode == "mirror" and self.verify == "none":
-            raise ValueError("mode mirror removes old checkpoints only once the newest is proven: "
-                             "verify must be store or deep (or use mode append-only)")
+            problems.append("verify:: mode mirror removes old checkpoints only once the newest is proven: "
+                            "verify must be store or deep (or use mode append-only)")
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
     @property
@@ -291,7 +294,15 @@ def parse(text: str, filename: str = "policies.yaml") -> list[NamedPolicy]:
                 at = (line_of(root, ("policies", name, *loc), keys=unknown) if loc else line) or line
                 field = ".".join([where, *map(str, loc)])
                 message = "unknown field" if unknown else err["msg"].removeprefix("Value error, ")
-                problems.append(f"{filename}:{at}: {field}: {message}")
+                for one in message.splitlines():
+                    named, sep, text = one.partition(":: ")
+                    if sep and not loc:   # a mistake between fields, named by one of them
+                        # the line of the policy, as before, when the field is only a default
+                        given = named in body
+                        problems.append(f"{filename}:{line_of(root, ('policies', name, named)) if given else line}: "
+                                        f"{field}.{named}: {text}" if given else f"{filename}:{line}: {field}: {text}")
+                    else:
+                        problems.append(f"{filename}:{at}: {field}: {one}")
     if problems:
         raise PolicyError(problems)
     return out

@@ -80,6 +80,7 @@ CASES = {
     "budget-blank": (["budgets", "set", "  ", "5", "--broker", "{closed}"], {}, ["budget name is empty"]),
     # -- 2: an empty string is not "unset"; an option that does not apply is not ignored
     "cache-evict-empty": (["cache", "evict", ""], {"MCBRIDGE_CACHE_DIR": "{tmp}/cache"}, ["URL is empty"]),
+    "cache-evict-nothing": (["cache", "evict"], {"MCBRIDGE_CACHE_DIR": "{tmp}/cache"}, ["--all"]),
     "jobs-limit-empty": (["jobs", "limit", "abc", "", "--broker", "{closed}"], {}, ["RATE is empty"]),
     "chunk-size-empty": (["cp", "--chunk-size", "", "{file}", "{out}"], {}, ["--chunk-size is empty"]),
     "bwlimit-empty": (["cp", "--bwlimit", "", "{file}", "{out}"], {}, ["--bwlimit is empty"]),

@@ -195,10 +195,12 @@ def settings_from_flags(profile: str | None, config: str | Path | None, concurre
     try:
         settings = load_settings({"transfer": transfer}, profile=profile, config_path=config)
     except InvalidOption as exc:
-        var = variable_of(exc, os.environ, {"transfer": transfer})
-        if var is None:
+        lines = str(exc).splitlines()
+        named = [(line, variable_of(InvalidOption(line), os.environ, {"transfer": transfer})) for line in lines]
+        if not any(var for _line, var in named):
             raise
-        raise InvalidOption(f"{exc} (from {var})") from None
+        # every mistake, each named as the user wrote it (bridge.cli.fail joins the lines with '; ')
+        raise InvalidOption("\n".join(f"{line} (from {var})" if var else line for line, var in named)) from None
     # Found here, not as an OSError from deep in the first job that writes its journal.
     dirs = [("state directory", settings.transfer.state_dir, "transfer.state_dir, MCBRIDGE_STATE_DIR")]
     if cache_dir:
