@@ -349,9 +349,11 @@ def walk(store: Any, root: Any, filters: Filters | None = None,
     hundred objects listed (progress for long listings)."""
     filters = filters or NONE
     start = filters.prefix() if filters.active else ""
+    if any(part in ("", ".", "..") for part in start.split("/")[:-1]):
+        start = ""   # a folder of odd segments: not pushed down (the rules still apply to each path)
     base = root.as_prefix()
     seen = 0
-    for rel, info in store.walk(base.join(start) if start else base):
+    for rel, info in store.walk(type(base)(base.scheme, base.bucket, base.key + start)):
         seen += 1
         if listed is not None and seen % 500 == 0:
             listed(500)
