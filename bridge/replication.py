@@ -189,7 +189,7 @@ def prepare(policy: rules.Policy, settings: Settings, readiness: dict[str, rules
             get_store(parse(dst), settings).check_bucket(parse(dst))
             for ckpt in kept:
                 if progress is not None:
-                    progress.begin(f"planning {ckpt} for {dst}")
+                    progress.begin(f"planning {ckpt}")
                 plans[(dst, ckpt)] = plan_checkpoint(policy, f"{policy.source}{ckpt}/", f"{dst}{ckpt}/", settings,
                                                      filters)
         except BridgeError as exc:
@@ -255,7 +255,7 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
                                             "commit_to_verified_s": None}
         try:
             if progress is not None:
-                progress.begin(f"copying {ckpt} to {dst}")
+                progress.begin(f"copying {ckpt}" + (f" to {dst}" if len(policy.destinations) > 1 else ""))
             copy_checkpoint(plan, settings, progress)
             if policy.verify != "none":
                 check = ops.verify(f"{dst}{ckpt}/", settings, deep=policy.verify == "deep", filters=filters,

@@ -240,8 +240,9 @@ def stats_seconds(text: str | None) -> float | None:
     return seconds
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, taken as Ctrl-C is: the job stops as cleanly, and says how to resume."""
+class Terminated(BaseException):
+    """SIGTERM: the job stops as on Ctrl-C (what catches BaseException cleans up), and says how
+    to resume. Not a KeyboardInterrupt: typer turns those into exit 130, and SIGTERM exits 143."""
 
 
 INTERRUPTED = "mcbridge: interrupted: run the same command to resume"
@@ -326,7 +327,11 @@ def main() -> None:
         fail(str(exc), exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
+    except typer.Abort as exc:
+        # click turns Ctrl-C (and SIGTERM, raised as one by catch_signals) into Abort; the
+        # signal's line was printed when it came
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            sys.exit(143 if isinstance(exc.__cause__, Terminated) else 130)
         err.print("mcbridge: aborted", markup=False)
         sys.exit(130)
     except Terminated:

@@ -252,7 +252,7 @@ def status_line(p: Progress) -> str:
         line += f" ({human_bytes(moved)} moved by this run, {human_bytes(p.bytes_skipped)} already there)"
     if p.retries:
         line += f", {plural(p.retries, 'retry', 'retries')}"
-    if p.rate > 0 and p.bytes_total > p.bytes_done:
+    if moved >= 2**20 and p.elapsed >= 1 and p.bytes_total > p.bytes_done:   # a rate worth projecting
         line += f", ETA {human_duration((p.bytes_total - p.bytes_done) / p.rate)}"
     return line
 
