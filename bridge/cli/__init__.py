@@ -134,12 +134,19 @@ PROG = "mcbridge"
 
 def plain_arguments(command):
     """``command`` with its arguments shown as SRC, URL ... in usage lines and help, as most
-    tools show them (typer writes a required argument as {src})."""
+    tools show them (typer writes a required argument as {src}), and each option's value by a
+    name (--queues QUEUES, -j N) where typer would write its type (<str>, <int range>)."""
     stack = [command]
     while stack:
         cmd = stack.pop()
         stack.extend(getattr(cmd, "commands", {}).values())
         for param in cmd.params:
+            if isinstance(param, typer.core.TyperOption) and param.metavar is None and not param.is_flag \
+                    and not hasattr(param.type, "choices"):
+                kind = getattr(param.type, "name", "")
+                longest = max(param.opts, key=len).lstrip("-")
+                param.metavar = {"integer": "N", "integer range": "N", "float": "NUMBER",
+                                 "float range": "NUMBER"}.get(kind, longest.upper().replace("-", "_"))
             if isinstance(param, typer.core.TyperArgument) and param.metavar is None:
                 param.metavar = (param.name or "").upper() + ("..." if param.nargs != 1 else "")
             if isinstance(param, typer.core.TyperArgument) and not isinstance(param, _PlainArgument):
