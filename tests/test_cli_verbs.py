@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import zlib  # noqa: F401  (crc32c is bridge's; zlib's crc32 is another polynomial)
 from pathlib import Path
 
 import pytest

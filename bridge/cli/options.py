@@ -13,7 +13,6 @@ import json
 import math
 import os
 from pathlib import Path
-from collections.abc import Callable
 from enum import StrEnum
 from typing import Annotated, Any, Optional
 
@@ -271,7 +270,7 @@ class ProgressBar:
         self.bar = None
         self._stop = None
         if self.enabled:
-            from rich.progress import BarColumn, Progress as Bar, ProgressColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, Progress as Bar, ProgressColumn, TimeRemainingColumn
             from rich.text import Text
 
             class Status(ProgressColumn):

@@ -13,7 +13,6 @@ from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, C
                                 MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, ShardFormat, StoreSumOpt,
                                 emit, filters_from_flags, given, moved_line, out, print_plan, print_usage,
                                 refuse_unused, route_line, settings_from_flags)
-from bridge.errors import InvalidOption
 from bridge.config import parse_size
 from bridge.progress import human_bytes, plural
 
