@@ -211,6 +211,8 @@ def setup_logging(found: dict) -> None:
     sdk_level = logging.DEBUG if verbose >= 3 else logging.INFO if verbose == 2 else logging.WARNING
     for sdk in ("botocore", "boto3", "s3fs", "aiobotocore", "azure", "urllib3", "google", "gcsfs", "fsspec"):
         logging.getLogger(sdk).setLevel(sdk_level)
+    if not (verbose or level_name or found["log_file"]):
+        return   # bridge's loggers follow the root's level (Celery's --loglevel in worker and beat)
     logging.getLogger("bridge").setLevel(level)
     shown_level = min(level, sdk_level) if verbose >= 2 else level
     for handler in logging.getLogger().handlers:
