@@ -98,25 +98,39 @@ def local(rate: int | None) -> Limiter:
     return Limiter(TokenBucket(rate))
 
 
-def install_signal(limiter: Limiter, configured: int | None, rate_file: Path | None = None) -> None:
+def install_signal(limiter: Limiter, configured: int | None, rate_file: Path | None = None,
+                   said: Callable[[str], None] | None = None) -> None:
     """On SIGUSR2: the rate in ``rate_file`` (re-read each time), or without a file, the limit
-    toggled between off and ``configured``. Only for a process-local bucket, in the main thread."""
+    toggled between off and ``configured``. Only for a process-local bucket, in the main thread.
+    ``said`` hears one line for each signal: the limit now, or why it stayed."""
     bucket = limiter.bucket
     if not isinstance(bucket, TokenBucket) or threading.current_thread() is not threading.main_thread():
         return
     remembered = {"rate": configured}
+    tell = said or (lambda _line: None)
+
+    def now() -> str:
+        from bridge.progress import human_bytes
+        return f"bandwidth limit {human_bytes(bucket.rate)}/s" if bucket.rate else "bandwidth limit off"
 
     def changed(_signum, _frame) -> None:
         if rate_file is not None:
             try:
                 bucket.set_rate(parse_rate(rate_file.read_text()))
-            except (OSError, InvalidOption):
-                return  # a file being rewritten or a typo keeps the current limit
+            except (OSError, InvalidOption) as exc:
+                # a file being rewritten or a typo keeps the current limit
+                tell(f"SIGUSR2: {rate_file} not read ({exc}); {now()} kept")
+                return
+            tell(f"SIGUSR2: {now()} (from {rate_file})")
             return
         if bucket.rate:
             remembered["rate"] = bucket.rate
             bucket.set_rate(None)
-        else:
+        elif remembered["rate"]:
             bucket.set_rate(remembered["rate"])
+        else:
+            tell("SIGUSR2: no bandwidth limit to switch on (give --bwlimit or transfer.bwlimit)")
+            return
+        tell(f"SIGUSR2: {now()}")
 
     signal.signal(signal.SIGUSR2, changed)

@@ -281,20 +281,26 @@ class _Model:
 
     @classmethod
     def _check(cls, values: Mapping[str, Any], where: str) -> dict[str, Any]:
-        for name in values:
-            if name not in cls.model_fields:
-                raise _Invalid(f"invalid setting {where}{name}: unknown setting")
+        """The checked values; every mistake at once (one line each) in one _Invalid."""
+        problems = [f"invalid setting {where}{name}: unknown setting{_near(name, cls.model_fields)}"
+                    for name in values if name not in cls.model_fields]
         out = {}
         for name, field in cls.model_fields.items():
             if name in values:
                 value = values[name]
             elif field.default is _REQUIRED:
-                raise _Invalid(f"invalid setting {where}{name}: missing")
+                problems.append(f"invalid setting {where}{name}: missing")
+                continue
             elif isinstance(field.default, (list, dict, _Model)):   # a fresh copy: none shared
                 value = copy.deepcopy(field.default)
             else:
                 value = field.default
-            out[name] = field.check(value, where + name)
+            try:
+                out[name] = field.check(value, where + name)
+            except _Invalid as exc:
+                problems.extend(str(exc).splitlines())
+        if problems:
+            raise _Invalid("\n".join(problems))
         return out
 
     @classmethod
@@ -329,6 +335,13 @@ class _Model:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.model_fields)})"
+
+
+def _near(name: Any, known: Mapping[str, Any]) -> str:
+    """'; did you mean concurrency?' for a misspelt setting."""
+    import difflib
+    close = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _size_at_least_1(what: str) -> Callable[[Any], int | None]:
@@ -656,12 +669,16 @@ def read_text_file(path: Path, what: str, limit: int = MAX_SETTINGS_BYTES) -> st
                              line=raw[:exc.start].count(b"\n") + 1) from None
 
 
-def _file_values(path: Path, profile: str, explicit: bool) -> dict[str, Any]:
+def _file_values(path: Path, profile: str, explicit: bool, texts: dict[Path, str] | None = None) -> dict[str, Any]:
+    """The settings of ``profile`` in the file; ``texts`` keeps the file's text (for the lines
+    of its mistakes)."""
     if not path.exists():
         if explicit:
             raise InvalidOption(f"settings file {path} does not exist")
         return {}
     text = read_text_file(path, "settings file")
+    if texts is not None:
+        texts[path] = text
     import yaml   # only when there is a file to read (~20 ms)
     try:
         doc = yaml.safe_load(text) or {}
@@ -709,13 +726,67 @@ def load_settings(overrides: Mapping[str, Any] | None = None, *, profile: str | 
     profile = profile or environ.get("MCBRIDGE_PROFILE") or "default"
     path = Path(config_path) if config_path else default_config_path(environ)
     explicit = config_path is not None or "MCBRIDGE_CONFIG" in environ or profile != "default"
-    merged = _merge(_file_values(path, profile, explicit), _env_values(environ)[0])
+    texts: dict[Path, str] = {}
+    from_file = _file_values(path, profile, explicit, texts)
+    env_values = _env_values(environ)[0]
+    merged = _merge(from_file, env_values)
     merged = _merge(merged, overrides or {})
     if not merged.get("transfer", {}).get("state_dir"):
         merged.setdefault("transfer", {})["state_dir"] = str(default_state_dir(environ))
     if not merged.get("cache", {}).get("dir"):
         merged.setdefault("cache", {})["dir"] = str(default_cache_dir(environ))
-    return Settings(**merged)   # a bad value: InvalidOption("invalid setting transfer.concurrency: ...")
+    try:
+        return Settings(**merged)   # a bad value: InvalidOption("invalid setting transfer.concurrency: ...")
+    except _Invalid as exc:
+        if path not in texts:
+            raise
+        elsewhere = [env_values, overrides or {}]
+        raise _Invalid("\n".join(_where_in_file(line, path, texts[path], profile, from_file, elsewhere)
+                                 for line in str(exc).splitlines())) from None
+
+
+_SETTING = re.compile(r"^invalid setting ([^:]+):")
+
+
+def _where_in_file(line: str, path: Path, text: str, profile: str, from_file: Mapping[str, Any],
+                   elsewhere: list[Mapping[str, Any]]) -> str:
+    """``line`` (one mistake) with 'FILE:LINE: ' before it when the setting it names came from
+    the settings file (not from the environment or a flag, which win over it)."""
+    m = _SETTING.match(line)
+    if not m:
+        return line
+    steps = m.group(1).split(".")
+    section = next((k for k in from_file if isinstance(k, str) and k.lower() == steps[0]), None)
+    if section is None or any(isinstance(e.get(steps[0]), Mapping) and len(steps) > 1 and steps[1] in e[steps[0]]
+                              for e in elsewhere):
+        return line
+    import yaml
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return f"{path}: {line}"
+    where = _line_of(node, ["profiles", profile, section, *steps[1:]])
+    return f"{path}:{where}: {line}" if where else f"{path}: {line}"
+
+
+def _line_of(node: Any, path: list[str]) -> int | None:
+    """1-based line of the deepest key of ``path`` found in a composed YAML tree."""
+    import yaml
+    line = None
+    for step in path:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in reversed(node.value):
+                if key.value == step:
+                    line, node = key.start_mark.line + 1, value
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and step.isdigit() and int(step) < len(node.value):
+            node = node.value[int(step)]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
 
 
 def variable_of(error: InvalidOption, environ: Mapping[str, str], overrides: Mapping[str, Any] | None = None) -> str | None:

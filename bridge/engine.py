@@ -25,19 +25,21 @@ import itertools
 import json
 import math
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bridge import attributes
 from bridge import check
+from bridge import filters as filtering
 from bridge import jobs
 from bridge import manifest as manifests
 from bridge import names
 from bridge import routes
 from bridge.config import Settings
 from bridge.errors import Archived, BridgeError, IntegrityError, InvalidOption, ObjectNotFound
+from bridge.filters import Filters
 from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex, rehash_parts
 from bridge.journal import Journal, job_key, key_bytes
 from bridge.jobs import FATAL, Outcome, ThreadExecutor, describe  # noqa: F401  (their old home)
@@ -337,10 +339,14 @@ def _parent(loc: Location) -> Location:
     return Location(loc.scheme, loc.bucket, head + "/" if head else "")
 
 
-def resolve(source: str, destination: str, settings: Settings) -> tuple[Location, Location, Iterator[tuple[str, ObjectInfo]], str | None]:
+def resolve(source: str, destination: str, settings: Settings, filters: Filters | None = None,
+            listed: Callable[[int], None] | None = None,
+            ) -> tuple[Location, Location, Iterator[tuple[str, ObjectInfo]], str | None]:
     """Where the objects come from and go: (source root, destination root, (rel, info) in
     sorted rel order as the source lists them, single). The listing is read as it is consumed;
-    its first page is read here, to say at once when there is nothing there."""
+    its first page is read here, to say at once when there is nothing there. ``filters`` select
+    among the objects under a prefix (bridge/filters.py); ``listed(n)`` hears of the listing's
+    progress."""
     src, dst = parse(source), parse(destination)
     src_store, dst_store = get_store(src, settings), get_store(dst, settings)
     src_store.check_bucket(src)
@@ -351,13 +357,18 @@ def resolve(source: str, destination: str, settings: Settings) -> tuple[Location
         except ObjectNotFound:
             info = None
         if info is not None:
+            if filters is not None and filters.active:
+                raise InvalidOption(f"{source} is one object: filters (--include, --min-size ...) select among "
+                                    f"the objects under a prefix; end SRC with / to copy a folder")
             root = dst if dst.is_prefix else _parent(dst)
             rel = src.name if dst.is_prefix else dst.key[len(root.key):]
             return _parent(src), root, iter([(rel, info)]), str(src)
         src = src.as_prefix()
-    listing = src_store.walk(src)
+    listing = filtering.walk(src_store, src, filters, listed)
     first = next(listing, None)
     if first is None:
+        if filters is not None and filters.active and next(iter(src_store.walk(src)), None) is not None:
+            return src, dst.as_prefix(), iter(()), None   # there are objects; the filters select none
         if not (src.is_local and _local_dir_exists(src)):
             raise ObjectNotFound(f"{source}: no such object, prefix or directory")
         return src, dst.as_prefix(), iter(()), None
@@ -419,9 +430,10 @@ def check_chunk_size(chunk_size: int | None, store: Store) -> None:
 
 
 def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int | None = None,
-              archived_ok: bool = False) -> Plan:
+              archived_ok: bool = False, filters: Filters | None = None,
+              listed: Callable[[int], None] | None = None) -> Plan:
     """``archived_ok``: plan sources that need a restore too (to price them: mcbridge plan)."""
-    src_root, dst_root, objects, single = resolve(source, destination, settings)
+    src_root, dst_root, objects, single = resolve(source, destination, settings, filters, listed)
     checked = check_route(src_root, dst_root, objects, single, archived_ok)
     dst_store = get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
@@ -431,7 +443,8 @@ def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files)
     # Not the file list: a re-run after the source gained or lost files is the same job, and
     # finds its finished files and parts by path, size and source identity (JobContext.matches).
-    plan.key = job_key("copy", plan.source, plan.destination, chunk_size)
+    plan.key = job_key("copy", plan.source, plan.destination, chunk_size,
+                       *((filters.key(),) if filters is not None and filters.active else ()))
     batching(plan, src_root, dst_root, settings)
     return plan
 

@@ -17,6 +17,8 @@ from bridge import bwlimit
 from bridge import manifest as manifests
 from bridge import check
 from bridge import estimate
+from bridge import filters as filtering
+from bridge.filters import Filters
 from bridge import routes
 from bridge.check import mismatch, reported_crc32c
 from bridge.stores.base import identity_changed
@@ -79,6 +81,7 @@ def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
     ctx = JobContext(plan, settings, journal, progress)
     ctx.meter = meter.current() or ctx.meter
     _quiet_gc()
+    progress.begin("copying")
     progress.plan(plan.bytes, plan.unit_count())
     # A route whose service moves the bytes cancels its remote job on SIGTERM as on Ctrl-C.
     remote = getattr(routes.REGISTRY.get(plan.route), "remote", False)
@@ -129,44 +132,86 @@ def adopt_existing(plan: Plan, settings: Settings, mode: str) -> None:
     plan.files = [f for f, a in zip(plan.files, found) if a is None or not a.equal]
 
 
+def listing_to(progress: Progress | None):
+    """The ``listed`` callback of a listing that ``progress`` follows (None: nobody does)."""
+    if progress is None:
+        return None
+    progress.begin("listing")
+    return progress.saw
+
+
+def _filtered(summary: dict[str, Any], filters: Filters | None) -> dict[str, Any]:
+    if filters is not None and filters.active:
+        summary["filters"] = filters.to_dict()
+    return summary
+
+
 def copy(source: str, destination: str, settings: Settings, *, chunk_size: int | None = None,
          progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False,
-         max_cost: float | None = None, route: str | None = None, adopt: str = "off") -> dict:
+         max_cost: float | None = None, route: str | None = None, adopt: str = "off",
+         filters: Filters | None = None) -> dict:
     with meter.metering(meter.current() or meter.Meter()):   # the listing counts as what ran, too
-        plan = plan_copy(source, destination, settings, chunk_size)
+        plan = plan_copy(source, destination, settings, chunk_size, filters=filters, listed=listing_to(progress))
         adopt_existing(plan, settings, adopt)
         plan = routes.choose(plan, settings, route)
         _within_budget(plan, settings, max_cost, "copy")
         if dry_run:
-            return {"dry_run": True, **plan_summary(plan)}
-        return execute(plan, settings, progress, state_dir)
+            return _filtered({"dry_run": True, **plan_summary(plan)}, filters)
+        return _filtered(execute(plan, settings, progress, state_dir), filters)
 
 
-def ls(url: str, settings: Settings) -> list[dict[str, Any]]:
+def ls(url: str, settings: Settings, *, recursive: bool = True, filters: Filters | None = None,
+       progress: Progress | None = None) -> list[dict[str, Any]]:
+    """The objects under ``url`` (or the one object it names), sorted by path: with
+    ``recursive``, every one; else those directly under it and its folders (rows with
+    ``dir: True``, their size the total under them). Each row: path, size, modified (epoch
+    seconds or None), storage class, and the version's identity (ETag, generation ...)."""
     loc = parse(url)
     store = get_store(loc, settings)
     store.check_bucket(loc)
     if not loc.is_prefix:
         try:
             info = store.info(loc)
-            return [{"path": info.location.name, "size": info.size}]
+            return [_row(info.location.name, info)]
         except ObjectNotFound:
             loc = loc.as_prefix()
-    rows = [{"path": rel, "size": info.size} for rel, info in store.walk(loc)]
-    if not rows and not (loc.is_local and Path(loc.local_path).is_dir()):
-        raise ObjectNotFound(f"{loc}: nothing there")
-    return sorted(rows, key=lambda r: r["path"])
+    rows: list[dict[str, Any]] = []
+    folders: dict[str, dict[str, Any]] = {}
+    seen = False
+    for rel, info in filtering.walk(store, loc, filters, listing_to(progress)):
+        seen = True
+        head, sep, _ = rel.partition("/")
+        if recursive or not sep:
+            rows.append(_row(rel, info))
+            continue
+        folder = folders.setdefault(head, {"path": head + "/", "dir": True, "size": 0, "files": 0,
+                                           "modified": None, "storage_class": None, "identity": {}})
+        folder["size"] += info.size
+        folder["files"] += 1
+        if info.modified is not None and (folder["modified"] is None or info.modified > folder["modified"]):
+            folder["modified"] = info.modified
+    if not seen and not (loc.is_local and Path(loc.local_path).is_dir()):
+        if not (filters is not None and filters.active and next(iter(store.walk(loc)), None) is not None):
+            raise ObjectNotFound(f"{loc}: nothing there")
+    return sorted(rows + list(folders.values()), key=lambda r: r["path"])
 
 
 LISTED = 10_000   # names listed per kind of problem in a report (all are counted)
 
 
-def verify(url: str, settings: Settings, *, deep: bool = False) -> dict[str, Any]:
+def _row(rel: str, info) -> dict[str, Any]:
+    return {"path": rel, "size": info.size, "modified": info.modified, "storage_class": info.storage_class,
+            "identity": dict(info.identity)}
+
+
+def verify(url: str, settings: Settings, *, deep: bool = False, filters: Filters | None = None,
+           progress: Progress | None = None) -> dict[str, Any]:
     """Check every committed copy under ``url`` against its record: sizes and store-reported
     checksums, or with ``deep`` a full re-read. ``url`` may be a copy's root, or any prefix above
     copies (a bucket, a replication policy's destination): each committed prefix beneath it is
     checked against its own record, and an object under none of them is extra. Lists missing,
-    extra and mismatched files, paths relative to ``url``; streams both sides in path order."""
+    extra and mismatched files, paths relative to ``url``; streams both sides in path order.
+    ``filters``: only the files they select (a record's entry by its recorded size)."""
     root = parse(url).as_prefix()
     store = get_store(root, settings)
     store.check_bucket(root)
@@ -177,17 +222,20 @@ def verify(url: str, settings: Settings, *, deep: bool = False) -> dict[str, Any
     report: dict[str, Any] = {"url": str(root), "ok": True, "deep": deep, "checked": 0, "bytes": 0,
                               "missing": [], "extra": [], "mismatched": [], "rehashed": [], "shard_sets": [],
                               "counts": {"missing": 0, "extra": 0, "mismatched": 0, "rehashed": 0}, "copies": []}
+    active = filters if filters is not None and filters.active else None
+    if progress is not None:
+        progress.begin("verifying")
     with Pool(settings.transfer.concurrency) as pool:
         for prefix in prefixes:
-            report["copies"].append(_verify_copy(store, root, prefix, prefixes, deep, pool, report))
+            report["copies"].append(_verify_copy(store, root, prefix, prefixes, deep, pool, report, active, progress))
         if "" not in prefixes:
             # Objects under no committed prefix: uncommitted (a copy in progress, or not bridge's).
-            for rel, _info in store.walk(root):
-                if not any(rel.startswith(p) for p in prefixes):
+            for rel, info in store.walk(root):
+                if not any(rel.startswith(p) for p in prefixes) and (active is None or active.selects(rel, info)):
                     _note(report, "extra", rel)
     report["ok"] = not any(report["counts"][k] for k in ("missing", "extra", "mismatched")) \
         and all(s["ok"] for s in report["shard_sets"])
-    return report
+    return _filtered(report, filters)
 
 
 def _note(report: dict, kind: str, row: Any) -> None:
@@ -197,7 +245,7 @@ def _note(report: dict, kind: str, row: Any) -> None:
 
 
 def _verify_copy(store, root, prefix: str, prefixes: list[str], deep: bool, pool: cf.ThreadPoolExecutor,
-                 report: dict) -> dict[str, Any]:
+                 report: dict, filters: Filters | None = None, progress: Progress | None = None) -> dict[str, Any]:
     """One committed prefix: a merge of its listing and its record, both in path order. An object
     under a deeper committed prefix belongs to that one, unless this record names it too."""
     at = root.join(prefix) if prefix else root
@@ -218,6 +266,9 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], deep: bool, pool
 
     entries = record.entries() if record else iter(())
     listing = store.walk(at)
+    if filters is not None:   # paths as the filters see them: relative to the URL verified
+        entries = (e for e in entries if filters.selects(prefix + e.path, _Recorded(e.size)))
+        listing = ((rel, info) for rel, info in listing if filters.selects(prefix + rel, info))
     entry, obj = next(entries, None), next(listing, None)
     while entry is not None or obj is not None:
         if obj is None or (entry is not None and entry.path < obj[0]):
@@ -230,7 +281,11 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], deep: bool, pool
             obj = next(listing, None)
         else:
             checked, size = checked + 1, size + entry.size
-            window.append((entry.path, pool.submit(check.judge, store, obj[1], entry, deep)))
+            fut = pool.submit(check.judge, store, obj[1], entry, deep)
+            if progress is not None:
+                progress.plan_checks(1, entry.size)
+                fut.add_done_callback(lambda _f, n=entry.size: progress.checked(n))
+            window.append((entry.path, fut))
             drain(4 * pool._max_workers)
             entry, obj = next(entries, None), next(listing, None)
     drain(0)
@@ -256,8 +311,16 @@ def _source_crc32c(store, info) -> str:
     return crc
 
 
+class _Recorded:
+    """A record's entry as the filters see an object: its recorded size, no time."""
+
+    def __init__(self, size: int):
+        self.size, self.modified = size, None
+
+
 def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
-              chunk_size: int | None = None, adopt: str = "checksum") -> tuple[Plan, dict[str, int]]:
+              chunk_size: int | None = None, adopt: str = "checksum", filters: Filters | None = None,
+              progress: Progress | None = None) -> tuple[Plan, dict[str, int]]:
     """Only what is new, changed or no longer matches the destination's record; with ``delete``,
     what the source no longer has. The source's listing, the destination's listing and its record
     are merged in path order (none is held whole), and an object costs no request of its own
@@ -265,14 +328,17 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     destination's ``identity``. Where they differ (or an older record lacks them), the source's
     CRC32C (never its time) and the destination's checksums decide, at one request or read each.
     An object there that the record does not name (or with no record at all) is adopted when equal
-    to its source (bridge/adopt.py; ``adopt``: checksum, deep or off)."""
-    src_root, dst_root, objects, single = resolve(source, destination, settings)
+    to its source (bridge/adopt.py; ``adopt``: checksum, deep or off). ``filters`` apply to both
+    sides, as in rclone: a file they leave out is neither sent nor deleted."""
+    src_root, dst_root, objects, single = resolve(source, destination, settings, filters, listing_to(progress))
     objects = check_route(src_root, dst_root, objects, single)   # checked as the merge reads it
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     record = manifests.open_record(dst_store, dst_root)
     counts = {"new": 0, "changed": 0, "repaired": 0, "unchanged": 0, "adopted": 0}
     adopted: list[dict] = []
+    if progress is not None:
+        progress.begin("planning")
 
     def judge(info, entry, there) -> str:
         if entry.size != info.size:
@@ -304,12 +370,15 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
                 verdict, entry = verdict
                 adopted.append(entry)
             counts[verdict] += 1
+            if progress is not None:
+                progress.checked()
             if verdict not in ("unchanged", "adopted"):
                 files.append(file_plan(rel, info, dst_store, chunk_size))
 
     with Pool(settings.transfer.concurrency) as pool:
         for rel, info, entry, there in _merged(iter(objects), record.entries() if record else iter(()),
-                                               dst_store.walk(dst_root), listed):
+                                               filtering.walk(dst_store, dst_root, filters,
+                                                              progress.saw if progress else None), listed):
             if info is None:
                 if delete and single is None and there is not None:
                     deletions.append(rel)
@@ -332,7 +401,8 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     plan.listed = listed
     plan.adopted = adopted
     # As for copy, not the file list: what a killed sync finished is found again by path.
-    plan.key = job_key("sync", plan.source, plan.destination, chunk_size, delete)
+    plan.key = job_key("sync", plan.source, plan.destination, chunk_size, delete,
+                       *((filters.key(),) if filters is not None and filters.active else ()))
     batching(plan, src_root, dst_root, settings)
     return plan, counts
 
@@ -361,13 +431,15 @@ def _merged(objects, entries, present, listed: dict[str, int]):
 def sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
          chunk_size: int | None = None, progress: Progress | None = None, state_dir: Path | None = None,
          dry_run: bool = False, max_cost: float | None = None, route: str | None = None,
-         adopt: str = "checksum") -> dict[str, Any]:
+         adopt: str = "checksum", filters: Filters | None = None) -> dict[str, Any]:
     with meter.metering(meter.current() or meter.Meter()):   # the listing counts as what ran, too
-        plan, counts = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size, adopt=adopt)
+        plan, counts = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size, adopt=adopt,
+                                 filters=filters, progress=progress)
         routes.choose(plan, settings, route)
         _within_budget(plan, settings, max_cost, "sync")
         if dry_run:
-            return {"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts}
+            return _filtered({"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts},
+                             filters)
         dst_root = parse(plan.destination)
         dst_store = get_store(dst_root, settings)
         if not plan.files and not plan.deletions and not plan.adopted and manifests.committed(dst_store, dst_root):
@@ -377,8 +449,8 @@ def sync(source: str, destination: str, settings: Settings, *, delete: bool = Fa
                        "route": routes.report(plan, {}, 0), "manifest": str(dst_root.as_prefix()) + manifests.LOG}
         else:
             summary = execute(plan, settings, progress, state_dir)
-    return {**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions,
-            "adopted": {e["path"]: e["adopted"] for e in plan.adopted}}
+    return _filtered({**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions,
+                      "adopted": {e["path"]: e["adopted"] for e in plan.adopted}}, filters)
 
 
 def uploads(url: str, settings: Settings, *, abort: bool = False) -> list[dict[str, Any]]:
@@ -396,22 +468,24 @@ def uploads(url: str, settings: Settings, *, abort: bool = False) -> list[dict[s
 
 
 def job_usages(kind: str, source: str, destinations: list[str], settings: Settings, *, delete: bool = False,
-               pack: dict[str, Any] | None = None, route: str | None = None) -> list[Any]:
+               pack: dict[str, Any] | None = None, route: str | None = None,
+               filters: Filters | None = None) -> list[Any]:
     """What a job of ``kind`` (copy, sync, replicate, pack, unpack) would read, write and request,
     by planning it here with these settings (a service job is priced before it is queued); a copy
     or sync by the route its workers will choose (or ``route``), as they choose it."""
     if kind == "pack":
         from bridge.packing import job as packing
-        return [packing.plan_pack(source, destinations[0], settings, **(pack or {})).usage()]
+        return [packing.plan_pack(source, destinations[0], settings, filters=filters, **(pack or {})).usage()]
     if kind == "unpack":
         from bridge.packing import unpack
         return [unpack.plan_unpack(source, destinations[0], settings, (pack or {}).get("prefix")).usage(settings)]
     out = []
     for dst in destinations:
         if kind == "copy":
-            plan = plan_copy(source, dst, settings, settings.transfer.chunk_size)
+            plan = plan_copy(source, dst, settings, settings.transfer.chunk_size, filters)
         else:
-            plan, _ = plan_sync(source, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size)
+            plan, _ = plan_sync(source, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
+                                filters=filters)
         routes.choose(plan, settings, route)
         out.append(estimate.usage(plan, plan.route or "direct"))
     return out

@@ -25,6 +25,14 @@ class Progress:
     units_failed: int = 0
     files_done: int = 0
     retries: int = 0
+    # What the job is doing now and how far that is, for work that moves no bytes: listing
+    # ("listing", objects seen), planning a sync (files judged), verifying (files and bytes checked).
+    phase: str = ""
+    listed: int = 0
+    checks_total: int = 0
+    checks_done: int = 0
+    check_bytes_total: int = 0
+    check_bytes_done: int = 0
     started: float = field(default_factory=time.monotonic)
     listeners: list[Callable[[Progress], None]] = field(default_factory=list)
     limiter: Limiter | None = None   # the job's bandwidth limit (bridge/bwlimit.py)
@@ -38,6 +46,31 @@ class Progress:
         with self._lock:
             self.bytes_total += nbytes
             self.units_total += units
+        self._changed()
+
+    def begin(self, phase: str) -> None:
+        """The job moves on to ``phase`` (listing, planning, copying, verifying ...)."""
+        with self._lock:
+            self.phase = phase
+        self._changed()
+
+    def saw(self, objects: int) -> None:
+        """``objects`` more listed."""
+        with self._lock:
+            self.listed += objects
+        self._changed()
+
+    def plan_checks(self, files: int, nbytes: int) -> None:
+        """Files (and their bytes) that will be checked or judged, moving nothing."""
+        with self._lock:
+            self.checks_total += files
+            self.check_bytes_total += nbytes
+        self._changed()
+
+    def checked(self, nbytes: int = 0) -> None:
+        with self._lock:
+            self.checks_done += 1
+            self.check_bytes_done += nbytes
         self._changed()
 
     def throttle(self, nbytes: int) -> None:
@@ -99,8 +132,23 @@ class Progress:
                 "elapsed_s": round(self.elapsed, 3), "rate_bytes_per_s": round(self.rate)}
 
 
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """'1 file', '2 files', '1 entry', '3 entries' (``many``: the plural when not noun + 's')."""
+    return f"{n} {noun if n == 1 else (many or noun + 's')}"
+
+
+def human_duration(seconds: float) -> str:
+    """12.3 -> '12.3s', 75 -> '1m15s', 3725 -> '1h02m05s'."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    s = int(seconds)
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s"
+
+
 def human_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'."""
+    """1536 -> '1.5 KiB' (IEC units, as everywhere bridge prints a size)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"

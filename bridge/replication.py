@@ -29,6 +29,7 @@ from bridge import bwlimit, jobs, meter, ops, routes
 from bridge.config import Settings
 from bridge.engine import FileList, JobContext, Plan
 from bridge.errors import BridgeError, ObjectNotFound, TransferFailed
+from bridge.filters import Filters
 from bridge.journal import job_key
 from bridge.progress import Progress
 from bridge.stores import get_store
@@ -120,14 +121,17 @@ class ConsistentCopy(JobContext):
             return [why for why in pool.map(look, self.plan.files) if why]
 
 
-def copy_checkpoint(plan: Plan, settings: Settings) -> dict:
-    """``ops.execute`` for one checkpoint, with ``ConsistentCopy``'s check before the commit."""
-    progress = Progress()
-    if settings.transfer.bwlimit:
+def copy_checkpoint(plan: Plan, settings: Settings, progress: Progress | None = None) -> dict:
+    """``ops.execute`` for one checkpoint, with ``ConsistentCopy``'s check before the commit.
+    ``progress``: the run's, whose total already counts this plan's bytes."""
+    if progress is None:
+        progress = Progress()
+        progress.plan(plan.bytes, 0)
+    if progress.limiter is None and settings.transfer.bwlimit:
         progress.limiter = bwlimit.local(settings.transfer.bwlimit)
     journal = ops.journal_for(plan, settings)
     ctx = ConsistentCopy(plan, settings, journal, progress)
-    progress.plan(plan.bytes, plan.unit_count())
+    progress.plan(0, plan.unit_count())
     return jobs.run(ctx, plan.units(), journal, settings.transfer.concurrency, "copy")
 
 
@@ -150,10 +154,11 @@ def placed(policy: rules.Policy, dst: str, settings: Settings) -> Settings:
     return with_objects(settings, dst, **policy.placement_of(dst))
 
 
-def plan_checkpoint(policy: rules.Policy, src: str, dst: str, settings: Settings) -> Plan:
+def plan_checkpoint(policy: rules.Policy, src: str, dst: str, settings: Settings,
+                    filters: Filters | None = None) -> Plan:
     settings = placed(policy, dst, settings)
     plan, _reasons = ops.plan_sync(src, dst, settings, delete=policy.mode == "mirror",
-                                   chunk_size=settings.transfer.chunk_size)
+                                   chunk_size=settings.transfer.chunk_size, filters=filters)
     # The route the service's workers would take for the same sync: one decision for both.
     return routes.choose(filtered(plan, policy.include, policy.exclude), settings)
 
@@ -174,6 +179,7 @@ def remove_checkpoint(url: str, settings: Settings) -> int:
 
 
 def prepare(policy: rules.Policy, settings: Settings, readiness: dict[str, rules.Readiness] | None = None,
+            filters: Filters | None = None, progress: Progress | None = None,
             ) -> tuple[list[str], dict[tuple[str, str], Plan], dict[str, str]]:
     """The committed checkpoints the policy keeps now, the sync plan of each (destination,
     checkpoint), and the destinations that cannot be reached (with why). Lists; moves nothing."""
@@ -186,7 +192,10 @@ def prepare(policy: rules.Policy, settings: Settings, readiness: dict[str, rules
         try:
             get_store(parse(dst), settings).check_bucket(parse(dst))
             for ckpt in kept:
-                plans[(dst, ckpt)] = plan_checkpoint(policy, f"{policy.source}{ckpt}/", f"{dst}{ckpt}/", settings)
+                if progress is not None:
+                    progress.begin(f"planning {ckpt}")
+                plans[(dst, ckpt)] = plan_checkpoint(policy, f"{policy.source}{ckpt}/", f"{dst}{ckpt}/", settings,
+                                                     filters)
         except BridgeError as exc:
             unreachable[dst] = str(exc)
     return kept, plans, unreachable
@@ -214,14 +223,20 @@ def iso(when: float | None) -> str | None:
 
 
 def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None = None,
-             readiness: dict[str, rules.Readiness] | None = None) -> dict[str, Any]:
+             readiness: dict[str, rules.Readiness] | None = None, filters: Filters | None = None,
+             progress: Progress | None = None) -> dict[str, Any]:
     """Replicate the policy's window of committed checkpoints to every destination, verify,
-    apply retention. ``commit_to_verified_s``: from a checkpoint's commit to its verify here."""
+    apply retention. ``commit_to_verified_s``: from a checkpoint's commit to its verify here.
+    ``filters`` narrow the policy's include/exclude further; ``progress`` follows the run."""
     policy = named.policy
     started = time.monotonic()
     if readiness is None:
+        if progress is not None:
+            progress.begin(f"listing {policy.source}")
         readiness = survey(policy, settings)
-    kept, plans, unreachable = prepare(policy, settings, readiness)
+    kept, plans, unreachable = prepare(policy, settings, readiness, filters, progress)
+    if progress is not None:
+        progress.plan(sum(plan.bytes for plan in plans.values()), 0)
     report: dict[str, Any] = {"policy": named.name, "source": policy.source, "checkpoints": kept,
                               "waiting": rules.waiting(readiness),
                               "committed_at": {c: iso(readiness[c].committed_at) for c in kept},
@@ -244,10 +259,12 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
                                             "deleted": len(plan.deletions), "verified": False, "error": None,
                                             "commit_to_verified_s": None}
         try:
+            if progress is not None:
+                progress.begin(f"copying {ckpt}" + (f" to {dst}" if len(policy.destinations) > 1 else ""))
             with meter.metering(meters[dst]):
-                copy_checkpoint(plan, placed(policy, dst, settings))
-                check = ops.verify(f"{dst}{ckpt}/", settings, deep=policy.verify == "deep") \
-                    if policy.verify != "none" else None
+                copy_checkpoint(plan, placed(policy, dst, settings), progress)
+                check = ops.verify(f"{dst}{ckpt}/", settings, deep=policy.verify == "deep", filters=filters,
+                                   progress=progress) if policy.verify != "none" else None
             if check is not None:
                 row["verified"] = check["ok"]
                 if not check["ok"]:
@@ -364,7 +381,7 @@ def record(named: NamedPolicy, report: dict[str, Any], readiness: dict[str, rule
 
 
 def watch(chosen: list[NamedPolicy], settings: Settings, emit: Callable[[dict[str, Any]], None],
-          stop: threading.Event, *, max_cost: float | None = None) -> None:
+          stop: threading.Event, *, max_cost: float | None = None, filters: Filters | None = None) -> None:
     """Until ``stop``: list each policy's source every ``watch.interval`` (one listing; markers
     and names decide readiness, no file is read but safetensors indexes) and run the policy
     when its window of committed checkpoints moved or its last run did not prove it. ``emit``
@@ -389,7 +406,7 @@ def watch(chosen: list[NamedPolicy], settings: Settings, emit: Callable[[dict[st
                 emit({"event": "waiting", "policy": named.name, "waiting": pending})
             if kept and done.get(named.name) != (kept, True):
                 try:
-                    report = run_once(named, settings, max_cost=max_cost, readiness=readiness)
+                    report = run_once(named, settings, max_cost=max_cost, readiness=readiness, filters=filters)
                 except BridgeError as exc:   # refused (over budget): said, and tried again next tick
                     done[named.name] = (kept, False)
                     emit({"event": "error", "policy": named.name, "error": str(exc)})

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import random
 import threading
 import time
@@ -183,6 +184,16 @@ def reported(fn: Callable[[], T], on_retry: Callable[[BaseException], None] | No
         return fn()
 
 
+log = logging.getLogger("bridge.retry")
+
+
+def _said_retry(exc: BaseException, attempt: int, retries: int, wait: float, where: str | None) -> None:
+    """Every retry, with its reason, at INFO (``mcbridge -v`` shows it)."""
+    if log.isEnabledFor(logging.INFO):
+        log.info("retry %d of %d in %.1fs%s: %s: %s", attempt + 1, retries, wait,
+                 f" ({where})" if where else "", type(exc).__name__, exc)
+
+
 def call_with_retries(fn: Callable[[], T], retries: int, *, recovered: Callable[[], bool] | None = None,
                       sleep: Callable[[float], None] = time.sleep, where: str | None = None) -> T | None:
     """``fn()``, sent again on a retryable error at most ``retries`` times with jittered backoff.
@@ -211,10 +222,12 @@ def call_with_retries(fn: Callable[[], T], retries: int, *, recovered: Callable[
             observer = _observer.get()
             if observer is not None:
                 observer(exc)
+            wait = backoff(attempt)
+            _said_retry(exc, attempt, retries, wait, where)
             if breaker is not None:
-                breaker.pause(backoff(attempt))
+                breaker.pause(wait)
             else:
-                sleep(backoff(attempt))
+                sleep(wait)
             continue
         if breaker is not None:
             breaker.succeeded(where)
@@ -242,10 +255,12 @@ async def acall_with_retries(fn: Callable[[], Awaitable[T]], retries: int, *, wh
             observer = _observer.get()
             if observer is not None:
                 observer(exc)
+            wait = backoff(attempt)
+            _said_retry(exc, attempt, retries, wait, where)
             if breaker is not None:
-                await breaker.apause(backoff(attempt))
+                await breaker.apause(wait)
             else:
-                await asyncio.sleep(backoff(attempt))
+                await asyncio.sleep(wait)
             continue
         if breaker is not None:
             breaker.succeeded(where)

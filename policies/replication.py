@@ -9,7 +9,8 @@
         keep_last: 2                # the newest by natural order: step-1000 comes after step-300
         include: ["*.safetensors", "*.json"]   # files inside a checkpoint (default: all)
         exclude: ["*.tmp"]
-        mode: mirror                # or append-only: never delete at a destination
+        mode: mirror                # delete what the source lost and what keep_last drops
+                                    # (default append-only: never delete at a destination)
         min_verified_copies: 2      # destinations that must prove the newest checkpoint (default: all)
         verify: store               # store | deep | none
         max_cost_usd: 5             # refuse a run estimated above this
@@ -217,7 +218,9 @@ class Policy(BaseModel):
     keep_last: int | None = Field(None, ge=1)
     include: list[str] = []
     exclude: list[str] = []
-    mode: Literal["mirror", "append-only"] = "mirror"
+    # Deleting at a destination is asked for, never a default (as sync --delete): mirror removes
+    # what the source no longer has and checkpoints retention drops; append-only removes nothing.
+    mode: Literal["mirror", "append-only"] = "append-only"
     min_verified_copies: int | None = Field(None, ge=1)
     verify: Literal["store", "deep", "none"] = "store"
     max_cost_usd: float | None = Field(None, ge=0)
@@ -247,25 +250,28 @@ class Policy(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:
-        for dst in self.destinations:
-            if dst.startswith(self.source) or self.source.startswith(dst):
-                raise ValueError(f"destination {dst} overlaps the source {self.source}")
+        """Every mistake between fields at once, each as 'FIELD:: what is wrong' on a line of its
+        own (``parse`` names each by the line of that field)."""
+        problems = [f"destinations:: destination {dst} overlaps the source {self.source}"
+                    for dst in self.destinations if dst.startswith(self.source) or self.source.startswith(dst)]
         if self.min_verified_copies is not None and self.min_verified_copies > len(self.destinations):
-            raise ValueError(f"min_verified_copies {self.min_verified_copies} is more than the "
-                             f"{len(self.destinations)} destinations")
+            problems.append(f"min_verified_copies:: min_verified_copies {self.min_verified_copies} is more than the "
+                            f"{len(self.destinations)} destinations")
         unknown = [url for url in self.placement if _prefix_url(url) not in self.destinations]
         if unknown:
-            raise ValueError(f"placement names {unknown[0]}, which is not one of the destinations")
+            problems.append(f"placement:: placement names {unknown[0]}, which is not one of the destinations")
         from bridge.attributes import with_objects
         from bridge.config import Settings
         for url, placed in self.placement.items():
             try:
                 with_objects(Settings(), url, **placed.model_dump(exclude_none=True))
             except InvalidOption as exc:
-                raise ValueError(f"placement of {url}: {str(exc).replace('--', '')}") from None
+                problems.append(f"placement:: placement of {url}: {str(exc).replace('--', '')}")
         if self.mode == "mirror" and self.verify == "none":
-            raise ValueError("mode mirror removes old checkpoints only once the newest is proven: "
-                             "verify must be store or deep (or use mode append-only)")
+            problems.append("verify:: mode mirror removes old checkpoints only once the newest is proven: "
+                            "verify must be store or deep (or use mode append-only)")
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
     def placement_of(self, url: str) -> dict[str, Any]:
@@ -320,7 +326,15 @@ def parse(text: str, filename: str = "policies.yaml") -> list[NamedPolicy]:
                 at = (line_of(root, ("policies", name, *loc), keys=unknown) if loc else line) or line
                 field = ".".join([where, *map(str, loc)])
                 message = "unknown field" if unknown else err["msg"].removeprefix("Value error, ")
-                problems.append(f"{filename}:{at}: {field}: {message}")
+                for one in message.splitlines():
+                    named, sep, text = one.partition(":: ")
+                    if sep and not loc:   # a mistake between fields, named by one of them
+                        # the line of the policy, as before, when the field is only a default
+                        given = named in body
+                        problems.append(f"{filename}:{line_of(root, ('policies', name, named)) if given else line}: "
+                                        f"{field}.{named}: {text}" if given else f"{filename}:{line}: {field}: {text}")
+                    else:
+                        problems.append(f"{filename}:{at}: {field}: {one}")
     if problems:
         raise PolicyError(problems)
     return out

@@ -80,6 +80,7 @@ CASES = {
     "budget-blank": (["budgets", "set", "  ", "5", "--broker", "{closed}"], {}, ["budget name is empty"]),
     # -- 2: an empty string is not "unset"; an option that does not apply is not ignored
     "cache-evict-empty": (["cache", "evict", ""], {"MCBRIDGE_CACHE_DIR": "{tmp}/cache"}, ["URL is empty"]),
+    "cache-evict-nothing": (["cache", "evict"], {"MCBRIDGE_CACHE_DIR": "{tmp}/cache"}, ["--all"]),
     "jobs-limit-empty": (["jobs", "limit", "abc", "", "--broker", "{closed}"], {}, ["RATE is empty"]),
     "chunk-size-empty": (["cp", "--chunk-size", "", "{file}", "{out}"], {}, ["--chunk-size is empty"]),
     "bwlimit-empty": (["cp", "--bwlimit", "", "{file}", "{out}"], {}, ["--bwlimit is empty"]),
@@ -198,7 +199,7 @@ def namespace():
     (["--chunk-size", "0"], "at least 1 byte"),
     (["--chunk-size", "lots"], "invalid size"),
     (["--chunk-size", ""], "--chunk-size is empty"),
-    (["--store-checksums", "sometimes"], "--store-checksums 'sometimes'"),
+    (["--store-checksums", "sometimes"], "'sometimes' is not one of 'require', 'readback', 'skip'"),
     (["--bwlimit", "fast"], "invalid bandwidth limit"),
     (["--profile", " "], "--profile is empty"),
     (["--max-cost", "nan"], "--max-cost nan"),

@@ -299,6 +299,8 @@ def test_pin_unpin_evict_cli(tmp_path):
     assert mcbridge("cache", "pin", str(a), "--ttl", "1h", env=env, state_dir=tmp_path).returncode == 0
     assert mcbridge("cache", "path", str(b), env=env, state_dir=tmp_path).returncode == 0
     r = mcbridge("cache", "evict", env=env, state_dir=tmp_path)
+    assert r.returncode == 2 and "--all" in r.stderr and r.stdout == "", "no target: nothing evicted"
+    r = mcbridge("cache", "evict", "--all", env=env, state_dir=tmp_path)
     assert f"evicted {b}" in r.stdout and str(a) not in r.stdout
     assert mcbridge("cache", "unpin", str(a), env=env, state_dir=tmp_path).returncode == 0
     r = mcbridge("cache", "evict", str(a), env=env, state_dir=tmp_path)

@@ -121,7 +121,7 @@ def test_link_at_an_entry_is_refused_when_listing(setup, tmp_path):
     (outside / "fake.json").write_text(meta.read_text())
     meta.unlink()
     meta.symlink_to(outside / "fake.json")
-    for args in (["cache", "ls"], ["cache", "evict"], ["cache", "path", url]):
+    for args in (["cache", "ls"], ["cache", "evict", "--all"], ["cache", "path", url]):
         refused(mcbridge(*args, env=env, state_dir=tmp_path), meta)
     assert (outside / "fake.json").exists()
 

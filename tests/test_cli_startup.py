@@ -132,13 +132,14 @@ def test_is_terminal_answers_as_rich_does(env, tty, monkeypatch):
     assert RichConsole(stderr=True).is_terminal is tty
 
 
-def test_a_quiet_copy_prints_its_summary_line(tmp_path):
+def test_a_quiet_copy_prints_nothing_and_a_copy_its_summary_line(tmp_path):
     src = tmp_path / "f.txt"
     src.write_text("x")
     r = mcbridge("cp", str(src), f"{tmp_path}/out/", "-q", env=dict(os.environ), state_dir=tmp_path / "state")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("copied 1 files, 1 B in ") and "/out/_bridge/log/c-" in r.stdout
-    assert r.stdout.endswith(".json\n")
+    assert (r.stdout, r.stderr) == ("", "")
+    r = mcbridge("cp", str(src), f"{tmp_path}/again/", env=dict(os.environ), state_dir=tmp_path / "state")
+    assert r.stdout.startswith("copied 1 file, 1 B in ") and "/again/_bridge/log/c-" in r.stdout
     assert r.stderr == ""
 
 

@@ -173,3 +173,30 @@ def test_the_callers_overrides_are_left_as_given(tmp_path):
     s = load_settings(overrides, environ={"XDG_CONFIG_HOME": str(tmp_path), "HOME": str(tmp_path)})
     assert s.transfer.concurrency == 3 and s.transfer.state_dir and s.cache.dir
     assert overrides == {"transfer": {"concurrency": 3}, "cache": {"quota": "1GiB"}}
+
+
+def test_a_settings_file_has_every_mistake_named_by_file_and_line(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("profiles:\n  default:\n    transfer:\n      concurency: 4\n      retries: 99\n"
+                   "    s3: {endpoint_url: 'htp:/x'}\n")
+    with pytest.raises(InvalidOption) as caught:
+        load_settings(config_path=cfg, environ={})
+    assert sorted(str(caught.value).splitlines()) == sorted([
+        f"{cfg}:4: invalid setting transfer.concurency: unknown setting (did you mean concurrency?)",
+        f"{cfg}:5: invalid setting transfer.retries: must be at most 20",
+        f"{cfg}:6: invalid setting s3.endpoint_url: 'htp:/x' is not an endpoint URL: use http(s)://HOST[:PORT]"])
+    # a value the environment gives is the environment's mistake, not the file's
+    with pytest.raises(InvalidOption) as caught:
+        load_settings(config_path=cfg, environ={"AWS_ENDPOINT_URL": "nope"})
+    assert any(line.startswith("invalid setting s3.endpoint_url") for line in str(caught.value).splitlines())
+
+
+def test_the_cli_prints_every_settings_mistake_on_its_one_line(tmp_path):
+    from tests.helpers import mcbridge
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("profiles:\n  default:\n    transfer:\n      concurency: 4\n      retries: 99\n")
+    r = mcbridge("ls", str(tmp_path), "--config", str(cfg), env={"MCBRIDGE_CONCURRENCY": "0"}, state_dir=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    for part in (f"{cfg}:4: invalid setting transfer.concurency", f"{cfg}:5: invalid setting transfer.retries",
+                 "transfer.concurrency: must be at least 1 (from MCBRIDGE_CONCURRENCY)"):
+        assert part in r.stderr, r.stderr

@@ -281,7 +281,7 @@ def test_watch_replicates_a_checkpoint_soon_after_its_marker_and_never_before(mo
     gs, az = f"gs://{gbucket}/dr/", f"az://{container}/dr/"
     policy_file = tmp_path / "policies.yaml"
     policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{gs}, {az}]\n"
-                           f"    checkpoints: \"step-*\"\n    keep_last: 2\n    ready: {{marker: .metadata}}\n"
+                           f"    checkpoints: \"step-*\"\n    keep_last: 2\n    mode: mirror\n    ready: {{marker: .metadata}}\n"
                            f"    watch: {{interval: 1s}}\n")
     env = dict(emulator_env, MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
     watcher = subprocess.Popen([*MCBRIDGE, "replicate", "--policy", str(policy_file), "--watch", "--json"], env=env,

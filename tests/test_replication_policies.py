@@ -22,6 +22,7 @@ policies:
     keep_last: 2
     max_cost_usd: 5
     schedule: {cron: "0 2 * * *"}
+    mode: mirror
 """
 
 
@@ -48,7 +49,7 @@ def test_include_exclude():
 
 
 def test_retention_waits_for_the_newest_at_every_destination():
-    p = policy(checkpoints="step-*", keep_last=2)
+    p = policy(checkpoints="step-*", keep_last=2, mode="mirror")
     gs, az = p.destinations
     kept = ["step-1000", "step-2000"]
     present = {gs: {"step-300", "step-1000", "step-2000"}, az: {"step-300", "step-1000", "step-2000", "step-5000"}}
@@ -73,8 +74,9 @@ def test_a_good_file_parses():
     (("s3://models/golden/", "s4://models/golden/"), r"p\.yaml:3: policies\.golden\.source: unknown scheme 's4'"),
     (('cron: "0 2 * * *"', 'cron: "0 2 * *"'), r"p\.yaml:8: policies\.golden\.schedule: .*has 4 fields"),
     (("max_cost_usd: 5", "max_cost_usd: lots"), r"p\.yaml:7: policies\.golden\.max_cost_usd: Input should be a valid number"),
-    (("keep_last: 2", "keep_last: 2\n    verify: none"), r"p\.yaml:2: policies\.golden: .*verify must be store or deep"),
-    (("keep_last: 2", "keep_last: 2\n    min_verified_copies: 3"), r"p\.yaml:2: policies\.golden: min_verified_copies 3 is more than the 2"),
+    (("keep_last: 2", "keep_last: 2\n    verify: none"), r"p\.yaml:7: policies\.golden\.verify: .*verify must be store or deep"),
+    (("keep_last: 2", "keep_last: 2\n    min_verified_copies: 3"),
+     r"p\.yaml:7: policies\.golden\.min_verified_copies: min_verified_copies 3 is more than the 2"),
     (("destinations: [gs://dr-models/golden/, az://dr-models/golden/]", "destinations: []"),
      r"p\.yaml:4: policies\.golden\.destinations: List should have at least 1 item"),
 ])
@@ -84,12 +86,22 @@ def test_a_bad_file_names_line_and_field(change, expected):
     assert re.search(expected, str(caught.value)), str(caught.value)
 
 
+def test_every_mistake_between_fields_is_named_in_one_run_each_by_its_line():
+    text = GOOD.replace("keep_last: 2", "keep_last: 2\n    verify: none\n    min_verified_copies: 3")
+    with pytest.raises(rules.PolicyError) as caught:
+        rules.parse(text, "p.yaml")
+    assert caught.value.problems == [
+        "p.yaml:8: policies.golden.min_verified_copies: min_verified_copies 3 is more than the 2 destinations",
+        "p.yaml:7: policies.golden.verify: mode mirror removes old checkpoints only once the newest is proven: "
+        "verify must be store or deep (or use mode append-only)"]
+
+
 def test_policy_check_command(tmp_path):
     good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
     good.write_text(GOOD)
     bad.write_text(GOOD.replace("keep_last: 2", "keep_last: -1").replace("checkpoints: \"step-*\"", "checkpoints: 7"))
     r = mcbridge("policy", "check", str(good), env={}, state_dir=tmp_path)
-    assert r.returncode == 0 and "golden: s3://models/golden/step-*" in r.stdout and "1 policies OK" in r.stdout
+    assert r.returncode == 0 and "golden: s3://models/golden/step-*" in r.stdout and "1 policy OK" in r.stdout
     r = mcbridge("policy", "check", str(bad), env={}, state_dir=tmp_path)
     assert r.returncode == 2, r.stdout
     lines = r.stderr.strip().splitlines()
@@ -138,6 +150,7 @@ policies:
     destinations: [{gs}, {az}]
     checkpoints: "step-*"
     keep_last: 2
+    mode: mirror
     verify: deep
     max_cost_usd: 1
   other:

@@ -89,6 +89,7 @@ policies:
     destinations: [{gs}, {az}]
     checkpoints: "step-*"
     keep_last: 2
+    mode: mirror
     exclude: ["*.tmp"]
     verify: store
     max_cost_usd: 1

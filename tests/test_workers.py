@@ -104,7 +104,10 @@ def test_a_spec_carries_urls_and_options_never_credentials():
     assert spec.destinations == ["gs://dr-b/train/"] and spec.chunk_size == 16 * 2**20
     assert spec.settings_overrides() == {"transfer": {"chunk_size": 16 * 2**20}}
     assert set(spec.to_dict()) <= set(JobSpec.model_fields)
-    assert parse_spec({"kind": "replicate", "source": "s3://corpus/", "destinations": ["gs://a-b/", "az://c-d/"]}).deletes
+    # deleting at a destination is asked for, by replicate as by sync
+    assert not parse_spec({"kind": "replicate", "source": "s3://corpus/", "destinations": ["gs://a-b/", "az://c-d/"]}).deletes
+    assert parse_spec({"kind": "replicate", "source": "s3://corpus/", "destinations": ["gs://a-b/"],
+                       "delete": True}).deletes
 
 
 @pytest.mark.parametrize("fields, words", [

@@ -432,22 +432,23 @@ def test_beat_keeps_its_schedule_in_the_state_dir(redis_url, tmp_path):
         purge_namespace(redis_url, namespace)
 
 
-def test_replicate_keep_extra_or_verify_none_records_a_sync_but_proves_nothing(service, make_root, tmp_path):
+def test_replicate_without_delete_or_verify_none_records_a_sync_but_proves_nothing(service, make_root, tmp_path):
     src = tmp_path / "golden"
     write_tree(src, {}, small=5, small_size=512)
     proven_dst, weak_dst = make_root("local") + "golden/", make_root("local") + "golden/"
     service.worker("w1", concurrency=2).wait_ready()
-    strong = json.loads(service.cli("submit", "replicate", f"{src}/", proven_dst, "--wait", "--json").stdout)
+    strong = json.loads(service.cli("submit", "replicate", f"{src}/", proven_dst, "--delete", "--wait",
+                                    "--json").stdout)
     assert strong["state"] == "succeeded", strong
-    for extra in (["--keep-extra"], ["--verify", "none"]):
+    for extra in ([], ["--delete", "--verify", "none"]):
         job = json.loads(service.cli("submit", "replicate", f"{src}/", proven_dst, weak_dst, *extra,
                                      "--wait", "--json").stdout)
         assert job["state"] == "succeeded", job
         records = service.jobs.proven(f"{src}/", [proven_dst, weak_dst])
         for dst in (proven_dst, weak_dst):
             assert records[dst]["synced_job"].startswith(job["id"])
-            assert records[dst]["keeps_extra"] == (extra == ["--keep-extra"])
-            assert records[dst]["verify"] == ("none" if extra == ["--verify", "none"] else "store")
+            assert records[dst]["keeps_extra"] == (extra == [])
+            assert records[dst]["verify"] == ("none" if "none" in extra else "store")
         assert records[proven_dst]["job"].startswith(strong["id"]), "the earlier proof is kept, not renewed"
         assert "proven_at" not in records[weak_dst], "a sync that keeps extras or skips verify proves nothing"
         status = service.cli("jobs", "status", job["id"]).stdout

@@ -9,6 +9,7 @@ unreachable broker is refused on one line before anything is queued.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import time
@@ -19,9 +20,11 @@ import typer
 
 from bridge.cli.options import ConfigOpt, settings_from_flags
 from bridge.cli.options import ProfileOpt as LocalProfileOpt
-from bridge.cli.options import (DeleteOpt, JsonOpt, QuietOpt, bwlimit_opt, chunk_size_opt, concurrency_opt,
-                                dry_run_opt, err, given, max_cost_opt, out, profile_opt, refuse_unused, route_opt,
-                                store_checksums_opt, transfer_flags, usd_amount)
+from bridge.cli.options import (DeleteOpt, ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxSizeOpt,
+                                MinAgeOpt, MinSizeOpt, QuietOpt, ShardFormat, VerifyMode, bwlimit_opt, chunk_size_opt,
+                                concurrency_opt, dry_run_opt, err, filters_from_flags, given, max_cost_opt, out,
+                                profile_opt, refuse_unused, route_opt, store_checksums_opt, transfer_flags,
+                                usd_amount)
 from bridge import money
 from bridge.money import usd
 from bridge.progress import human_bytes
@@ -41,7 +44,7 @@ BrokerOpt = Annotated[Optional[str], typer.Option(
     "--broker", help="Redis URL of the broker (default: $BRIDGE_BROKER_URL, else redis://localhost:6379/0).")]
 QueueOpt = Annotated[Optional[str], typer.Option(
     "--queue", help="Queue for the job's tasks (default: by destination, e.g. bridge.s3).")]
-VerifyOpt = Annotated[str, typer.Option(
+VerifyOpt = Annotated[VerifyMode, typer.Option(
     "--verify", help="After the copy: store (checksums the store reports), deep (re-read) or none.")]
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Follow the job; exit 0 only if it succeeds.")]
 RouteOpt = route_opt()
@@ -352,7 +355,7 @@ def _within_budget(spec, max_cost: float | None) -> float:
     if spec.kind == "unpack":
         pack = {"prefix": spec.shard_prefix}
     usages = job_usages(spec.kind, spec.source, list(spec.destinations), settings, delete=bool(spec.deletes),
-                        pack=pack, route=spec.route)
+                        pack=pack, route=spec.route, filters=spec.selection())
     if max_cost is None:
         return total_cost(usages, settings)
     return check_budget(usages, settings, max_cost, f"{spec.kind} job")
@@ -366,7 +369,9 @@ def _consumed(client, keys, queue: str) -> bool:
     return False
 
 
-def submit_cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
+def submit_cp(src: str, dst: str, include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
+              min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
+              max_age: MaxAgeOpt = None, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
               store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
               verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
               quiet: QuietOpt = False, dry_run: DryOpt = False, max_cost: MaxCostOpt = None,
@@ -376,7 +381,9 @@ def submit_cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: Chunk
     _submit(_fields("copy", options, destinations=[dst]), **_how(options))
 
 
-def submit_sync(src: str, dst: str, delete: DeleteOpt = False, concurrency: ConcOpt = None,
+def submit_sync(src: str, dst: str, delete: DeleteOpt = False, include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
+              min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
+              max_age: MaxAgeOpt = None, concurrency: ConcOpt = None,
                 chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None,
                 queue: QueueOpt = None, verify: VerifyOpt = "store", wait: WaitOpt = False,
                 as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
@@ -388,9 +395,12 @@ def submit_sync(src: str, dst: str, delete: DeleteOpt = False, concurrency: Conc
 
 
 def submit_replicate(src: str, dsts: Annotated[list[str], typer.Argument(help="One or more destinations.")],
-                     keep_extra: Annotated[bool, typer.Option(
-                         "--keep-extra", help="Leave what SRC does not have (default: delete it).")] = False,
-                     concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
+                     delete: Annotated[bool, typer.Option(
+                         "--delete", help="Remove from each DST what SRC no longer has (as sync --delete; "
+                         "default: keep it).")] = False,
+                     include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
+              min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
+              max_age: MaxAgeOpt = None, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
                      store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
                      verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
                      quiet: QuietOpt = False, dry_run: DryOpt = False, max_cost: MaxCostOpt = None,
@@ -398,24 +408,28 @@ def submit_replicate(src: str, dsts: Annotated[list[str], typer.Argument(help="O
     """Queue a DR replication: keep every DST equal to SRC (sync, then verify), recording when
     each was last proven equal; prints the job id."""
     options = dict(locals())
-    _submit(_fields("replicate", options, destinations=dsts, delete=not keep_extra), **_how(options))
+    _submit(_fields("replicate", options, destinations=dsts, delete=delete), **_how(options))
 
 
 def submit_pack(src: str, dst: str,
-                shard_format: Annotated[str, typer.Option("--format", "-f", help="tar (WebDataset) or parquet.")] = "tar",
+                shard_format: Annotated[ShardFormat, typer.Option("--format", "-f",
+                                                                  help="tar (WebDataset) or parquet.")] = ShardFormat.tar,
                 shard_size: Annotated[str, typer.Option("--shard-size", help="Target shard size.")] = "256MiB",
                 max_count: Annotated[Optional[int], typer.Option("--max-count", min=1,
                                                                  help="At most N files per shard.")] = None,
                 prefix: Annotated[str, typer.Option("--prefix", help="Shard names: PREFIX-000000.tar ...")] = "shard",
                 row_group_size: Annotated[Optional[str], typer.Option("--row-group-size",
                                                                       help="Parquet: bytes per row group.")] = None,
-                concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
+                include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
+              min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
+              max_age: MaxAgeOpt = None, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
                 bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
                 wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
                 max_cost: MaxCostOpt = None, budget: BudgetOpt = None, broker: BrokerOpt = None) -> None:
     """Queue packing the files under SRC into shards at DST (as mcbridge pack), one task per
     shard; prints the job id."""
     options = dict(locals())
+    shard_format = str(shard_format)
     if shard_format != "parquet":
         refuse_unused(f"to {shard_format} shards (parquet only)", **{"--row-group-size": row_group_size})
     _submit(_fields("pack", options, destinations=[dst], shard_format=shard_format, shard_size=shard_size,
@@ -436,7 +450,7 @@ def submit_unpack(src: str, dst: str,
 
 
 def submit_migrate(src: str, dst: str,
-                   pack: Annotated[Optional[str], typer.Option(
+                   pack: Annotated[Optional[ShardFormat], typer.Option(
                        "--pack", help="Pack into tar (WebDataset) or parquet shards on the way; "
                        "without it, a plain copy.")] = None,
                    shard_size: Annotated[Optional[str], typer.Option(
@@ -445,6 +459,9 @@ def submit_migrate(src: str, dst: str,
                                                                     help="At most N files per shard.")] = None,
                    prefix: Annotated[Optional[str], typer.Option(
                        "--prefix", help="Shard names: PREFIX-000000.tar ... (default shard)")] = None,
+                   include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
+              min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
+              max_age: MaxAgeOpt = None, 
                    concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
                    bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
                    wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
@@ -457,9 +474,7 @@ def submit_migrate(src: str, dst: str,
         refuse_unused("without --pack", **{"--shard-size": shard_size, "--max-count": max_count, "--prefix": prefix})
         _submit(_fields("copy", options, destinations=[dst]), **_how(options))
         return
-    if pack not in ("tar", "parquet"):
-        raise typer.BadParameter(f"--pack takes tar or parquet, not {pack!r}")
-    _submit(_fields("pack", options, destinations=[dst], shard_format=pack, shard_size=shard_size or "256MiB",
+    _submit(_fields("pack", options, destinations=[dst], shard_format=str(pack), shard_size=shard_size or "256MiB",
                     max_count=max_count, shard_prefix="shard" if prefix is None else prefix, row_group_size=None),
             **_how(options))
 
@@ -469,7 +484,13 @@ def _fields(kind: str, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
     if kind not in ("copy", "sync"):
         refuse_unused(f"to a {kind} job", **{"--route": options.get("route")})
     routed = {"route": options["route"]} if options.get("route") is not None else {}
-    return {"kind": kind, "source": options["src"], **{n: options[n] for n in names}, **routed, **extra}
+    # The filters travel in the spec (a --files-from list read here), so that workers select what
+    # mcbridge cp would select here.
+    filters = filters_from_flags(*(options.get(n) for n in ("include", "exclude", "files_from", "min_size",
+                                                           "max_size", "min_age", "max_age")))
+    selected = {"filters": filters.to_dict()} if filters is not None else {}
+    plain = {n: str(options[n]) if isinstance(options[n], enum.Enum) else options[n] for n in names}
+    return {"kind": kind, "source": options["src"], **plain, **routed, **selected, **extra}
 
 
 def _how(options: dict[str, Any]) -> dict[str, Any]:

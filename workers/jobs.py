@@ -314,7 +314,7 @@ class Jobs:
     def record_sync(self, source: str, destination: str, job_id: str, *, verify: str, deletes: bool) -> None:
         """After a succeeded sync: when the destination was last synced, and how (``verify``,
         ``keeps_extra``). Only a sync that deletes what the source lacks and verifies the result
-        proves the two equal (``proven_at``, ``job``); a weaker one (``--keep-extra``, ``--verify
+        proves the two equal (``proven_at``, ``job``); a weaker one (no ``--delete``, ``--verify
         none``) says what it did and keeps the last proof, which it does not renew."""
         field = f"{source} -> {destination}"
         now = iso(time.time())

@@ -158,11 +158,12 @@ class Files:
         from bridge import ops
         from bridge.engine import JobContext, Plan, plan_copy, prepare
         chunk = settings.transfer.chunk_size
+        filters = spec.selection()
         if spec.kind == "copy":
-            plan = plan_copy(spec.source, spec.destination, settings, chunk)
+            plan = plan_copy(spec.source, spec.destination, settings, chunk, filters)
         else:
             plan, _reasons = ops.plan_sync(spec.source, spec.destination, settings, delete=spec.deletes,
-                                           chunk_size=chunk)
+                                           chunk_size=chunk, filters=filters)
             if spec.include or spec.exclude:
                 from bridge.replication import filtered
                 plan = filtered(plan, spec.include or [], spec.exclude or [])
@@ -236,7 +237,7 @@ class Shards:
         plan = packing.plan_pack(spec.source, spec.destination, settings, fmt=spec.shard_format or "tar",
                                  prefix=spec.shard_prefix or "shard",
                                  shard_size=spec.shard_size or packing.DEFAULT_SHARD_SIZE,
-                                 max_count=spec.max_count, options=options)
+                                 max_count=spec.max_count, options=options, filters=spec.selection())
         check(plan.to_dict())
         header = dataclasses.replace(plan, shards=[dataclasses.replace(s, files=[]) for s in plan.shards])
         packing.prepare(packing.PackContext(header, settings, journal_for(plan.key)))

@@ -11,6 +11,7 @@
       corpus-dr:
         every: 6h                     # instead of cron: an interval (30s, 15m, 6h, 1d)
         kind: replicate               # keep every destination equal to the source (sync + verify)
+        delete: true                  # remove there what the source lacks: asked for, never a default
         source: s3://corpus/train/
         destinations: [gs://corpus-dr/train/, az://corpus-dr/train/]
         verify: deep

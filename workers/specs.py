@@ -33,7 +33,7 @@ class JobSpec(BaseModel):
     kind: Literal["copy", "sync", "replicate", "pack", "unpack"]
     source: str
     destinations: list[str] = Field(min_length=1)
-    delete: bool | None = None          # sync and replicate; replicate defaults to true
+    delete: bool | None = None          # sync and replicate: deleting at a destination is asked for, never a default
     chunk_size: int | None = None
     concurrency: int | None = Field(None, ge=1, le=256)
     profile: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$")
@@ -45,8 +45,11 @@ class JobSpec(BaseModel):
     # destination URL -> its storage class / tier and encryption (a replication policy's placement)
     placement: dict[str, dict[str, Any]] | None = None
     # sync and replicate: only the files matching one of include (default all) and none of exclude
+    # (a replication policy's patterns, policies/replication.py)
     include: list[str] | None = None
     exclude: list[str] | None = None
+    # copy, sync, replicate, pack: the command line's filters (bridge/filters.py Filters.to_dict)
+    filters: dict[str, Any] | None = None
     # pack only: the shard set (bridge/packing)
     shard_format: Literal["tar", "parquet"] | None = None
     shard_size: int | None = None
@@ -87,6 +90,17 @@ class JobSpec(BaseModel):
         except BridgeError as exc:
             raise ValueError(str(exc)) from None
 
+    @field_validator("filters")
+    @classmethod
+    def _filters(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        from bridge.filters import Filters
+        if not value:
+            return None
+        try:
+            return Filters.from_dict(value).to_dict()
+        except BridgeError as exc:
+            raise ValueError(str(exc)) from None
+
     @field_validator("bwlimit", mode="before")
     @classmethod
     def _rate(cls, value: Any) -> Any:
@@ -104,6 +118,8 @@ class JobSpec(BaseModel):
             raise ValueError(f"delete applies to sync and replicate, not {self.kind}")
         if self.kind not in ("sync", "replicate") and (self.include or self.exclude):
             raise ValueError(f"include and exclude apply to sync and replicate, not {self.kind}")
+        if self.filters and self.kind == "unpack":
+            raise ValueError("filters apply to copy, sync, replicate and pack, not unpack")
         if self.kind != "pack":
             # unpack takes the shard set's prefix, when the source holds several
             given = [name for name in PACK_FIELDS if getattr(self, name) is not None
@@ -126,7 +142,14 @@ class JobSpec(BaseModel):
 
     @property
     def deletes(self) -> bool:
-        return self.delete if self.delete is not None else self.kind == "replicate"
+        return bool(self.delete)
+
+    def selection(self):
+        """The Filters of the job (bridge/filters.py), or None."""
+        if not self.filters:
+            return None
+        from bridge.filters import Filters
+        return Filters.from_dict(self.filters)
 
     def settings_overrides(self) -> dict[str, Any]:
         """What the spec changes in a worker's settings: transfer options, never credentials."""

@@ -41,6 +41,8 @@ from pathlib import Path
 from stat import S_ISDIR
 from typing import Any
 
+from bridge import filters as filtering
+from bridge.filters import Filters
 from bridge.cache import locks, safedir, striping
 from bridge.cache.safedir import UnsafeCache
 from bridge.config import Settings
@@ -585,10 +587,11 @@ class Cache:
 INDEX_SUFFIX = ".index.json"
 
 
-def targets(target: str, settings: Settings) -> list[str]:
+def targets(target: str, settings: Settings, filters: Filters | None = None) -> list[str]:
     """The object URLs a warm target stands for, in the order a reader takes them: one object;
-    every object under a prefix (trailing slash, or a name that is no object), by name; or the
-    shards of a shard set, given by its index (``<root>/<prefix>.index.json``), in index order."""
+    every object under a prefix (trailing slash, or a name that is no object) that ``filters``
+    select, by name; or the shards of a shard set, given by its index
+    (``<root>/<prefix>.index.json``), in index order."""
     loc = parse(target)
     store = get_store(loc, settings)
     store.check_bucket(loc)
@@ -603,17 +606,17 @@ def targets(target: str, settings: Settings) -> list[str]:
             return [str(loc)]
         except ObjectNotFound:
             loc = loc.as_prefix()
-    found = sorted(str(info.location) for _rel, info in store.walk(loc))
-    if not found:
+    found = sorted(str(info.location) for _rel, info in filtering.walk(store, loc, filters))
+    if not found and not (filters is not None and filters.active):
         raise ObjectNotFound(f"{target}: no such object, prefix or shard-set index")
     return found
 
 
 def warm(items: Iterable[str], settings: Settings, lookahead: int | None = None,
-         cache: Cache | None = None) -> dict[str, Any]:
+         cache: Cache | None = None, filters: Filters | None = None) -> dict[str, Any]:
     """Fill the cache with every object the targets stand for, in order with bounded lookahead."""
     cache = cache or Cache(settings)
-    urls = [url for item in items for url in targets(item, settings)]
+    urls = [url for item in items for url in targets(item, settings, filters)]
     tally = {"hit": 0, "waited": 0, "filled": 0}
     nbytes, filled = 0, 0
     for _url, (_path, outcome, size) in cache._window(urls, lookahead):

@@ -28,9 +28,9 @@ try:
 
     import typer
 
-    from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DeleteOpt,  # noqa: F401
-                                    DryOpt, JsonOpt, MaxCostOpt, ProfileOpt, ProgressBar, QuietOpt, StoreSumOpt, emit,
-                                    err, out, print_plan, settings_from_flags)
+    from bridge.cli.options import (RUN, BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt,  # noqa: F401
+                                    DeleteOpt, DryOpt, JsonOpt, MaxCostOpt, ProfileOpt, ProgressBar, QuietOpt,
+                                    StoreSumOpt, emit, err, out, print_plan, settings_from_flags)
     from bridge.errors import BridgeError
     from bridge.cli.console import PrintableFormatter
     from bridge.redact import RedactingFilter, redact
@@ -39,8 +39,14 @@ finally:
     if _collecting:
         gc.enable()
 
-_APP = dict(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-            help="Move ML corpora and checkpoints between local/Lustre, s3://, gs:// and az://.")
+# Plain help (no rich markup mode): click wraps each paragraph to the terminal's width, and
+# --help needs no rich.
+_APP = dict(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+            help="Move ML corpora and checkpoints between local/Lustre, s3://, gs:// and az://.\n\n"
+                 "Global options, before or after the command: -v (-vv) says more (every retry and "
+                 "why at -v); --log-file FILE keeps a log with times; --log-level LEVEL (debug, info, "
+                 "warning, error); --stats 30s prints a progress line that often when stderr is not "
+                 "a terminal; --version. Shell completion: mcbridge completion bash|zsh|fish.")
 app = typer.Typer(**_APP)
 
 # Command groups, each a module exposing ``register(app)``, and the names of the commands and
@@ -49,9 +55,10 @@ app = typer.Typer(**_APP)
 # bridge/ never imports bridge.workers, it finds them through the "mcbridge.service" entry point.
 SERVICE = "mcbridge.service"
 GROUPS: dict[str, tuple[str, ...]] = {
-    "bridge.cli.transfer": ("ls", "cp", "sync", "verify", "uploads", "version"),
+    "bridge.cli.transfer": ("cp", "sync", "verify", "uploads", "version", "completion"),
+    "bridge.cli.objects": ("ls", "du", "cat", "rm", "mv", "hashsum", "mb"),
     "bridge.cli.compare": ("check",),
-    "bridge.cli.packing": ("pack", "unpack", "cat", "migrate"),
+    "bridge.cli.packing": ("pack", "unpack", "migrate"),
     SERVICE: ("worker", "beat", "submit", "budgets", "jobs"),
     "bridge.cli.policy": ("plan", "replicate", "policy"),
     "bridge.cli.cache": ("cache",),
@@ -116,11 +123,155 @@ def _run(args: list[str]):
     view = _only(args)
     if view is None:
         _register_extensions()
-        return app(standalone_mode=False)
+        return plain_arguments(typer.main.get_group(app))(args, standalone_mode=False, prog_name=PROG)
     if sys.excepthook != typer.main.except_hook:   # as Typer.__call__ does
         sys.excepthook = typer.main.except_hook
     # A group even with one command in it (typer would make a lone command the whole program).
-    return typer.main.get_group(view)(args, standalone_mode=False)
+    return plain_arguments(typer.main.get_group(view))(args, standalone_mode=False, prog_name=PROG)
+
+
+PROG = "mcbridge"
+
+
+def plain_arguments(command):
+    """``command`` with its arguments shown as SRC, URL ... in usage lines and help, as most
+    tools show them (typer writes a required argument as {src}), and each option's value by a
+    name (--queues QUEUES, -j N) where typer would write its type (<str>, <int range>)."""
+    stack = [command]
+    while stack:
+        cmd = stack.pop()
+        stack.extend(getattr(cmd, "commands", {}).values())
+        for param in cmd.params:
+            if isinstance(param, typer.core.TyperOption) and param.metavar is None and not param.is_flag \
+                    and not hasattr(param.type, "choices"):
+                kind = getattr(param.type, "name", "")
+                longest = max(param.opts, key=len).lstrip("-")
+                param.metavar = {"integer": "N", "integer range": "N", "float": "NUMBER",
+                                 "float range": "NUMBER"}.get(kind, longest.upper().replace("-", "_"))
+            if isinstance(param, typer.core.TyperArgument) and param.metavar is None:
+                param.metavar = (param.name or "").upper() + ("..." if param.nargs != 1 else "")
+            if isinstance(param, typer.core.TyperArgument) and not isinstance(param, _PlainArgument):
+                param.__class__ = _PlainArgument
+    return command
+
+
+class _PlainArgument(typer.core.TyperArgument):
+    def make_metavar(self, ctx, *, usage: bool = False) -> str:
+        name = self.metavar or (self.name or "").upper()
+        return name if self.required or name.startswith("[") else f"[{name}]"
+
+
+# -- global options: read before the command, wherever they are on the line ------------------------
+VERBOSITY = {"-v": 1, "-vv": 2, "-vvv": 3, "--verbose": 1}
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def global_options(args: list[str]) -> tuple[list[str], dict]:
+    """The arguments without the global options, and those options: -v/-vv/--verbose (counted),
+    --log-file, --log-level, --stats, --version. A '--' ends them, as it ends options."""
+    rest: list[str] = []
+    found: dict = {"verbose": 0, "log_file": None, "log_level": None, "stats": None, "version": False}
+    values = {"--log-file": "log_file", "--log-level": "log_level", "--stats": "stats"}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest.extend(args[i:])
+            break
+        name, eq, value = arg.partition("=")
+        if arg in VERBOSITY:
+            found["verbose"] += VERBOSITY[arg]
+        elif arg == "--version":
+            found["version"] = True
+        elif name in values:
+            if not eq:
+                if i + 1 >= len(args):
+                    from bridge.errors import InvalidOption
+                    raise InvalidOption(f"{name} needs a value")
+                i += 1
+                value = args[i]
+            found[values[name]] = value
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, found
+
+
+def setup_logging(found: dict) -> None:
+    """Where log lines go, at which level: bridge's loggers at WARNING, INFO with -v, DEBUG with
+    -vv (or --log-level); the SDKs' (botocore, azure-core, urllib3, google) at WARNING unless -vv.
+    --log-file gets the same lines with times, at INFO at least."""
+    import logging
+    from bridge.errors import InvalidOption
+    level_name = found["log_level"]
+    if level_name is not None and level_name.lower() not in LEVELS:
+        raise InvalidOption(f"--log-level {level_name!r}: use one of {', '.join(LEVELS)}")
+    verbose = found["verbose"]
+    level = getattr(logging, level_name.upper()) if level_name else \
+        (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
+    sdk_level = logging.DEBUG if verbose >= 3 else logging.INFO if verbose == 2 else logging.WARNING
+    for sdk in ("botocore", "boto3", "s3fs", "aiobotocore", "azure", "urllib3", "google", "gcsfs", "fsspec"):
+        logging.getLogger(sdk).setLevel(sdk_level)
+    if not (verbose or level_name or found["log_file"]):
+        return   # bridge's loggers follow the root's level (Celery's --loglevel in worker and beat)
+    logging.getLogger("bridge").setLevel(level)
+    shown_level = min(level, sdk_level) if verbose >= 2 else level
+    for handler in logging.getLogger().handlers:
+        if getattr(handler, "bridge_console", False):
+            handler.setLevel(shown_level)
+    logging.getLogger().setLevel(min(level, sdk_level, logging.INFO if found["log_file"] else logging.WARNING))
+    if found["log_file"]:
+        from pathlib import Path
+        path = Path(found["log_file"])
+        if path.is_dir() or not path.parent.is_dir():
+            raise InvalidOption(f"--log-file {path}: {'is a directory' if path.is_dir() else 'its folder does not exist'}")
+        try:
+            handler = logging.FileHandler(path, encoding="utf-8")
+        except OSError as exc:
+            raise InvalidOption(f"--log-file {path} cannot be written: {exc.strerror or exc}") from None
+        handler.setLevel(min(level, logging.INFO))
+        handler.setFormatter(PrintableFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.addFilter(RedactingFilter())
+        logging.getLogger().addHandler(handler)
+        logging.getLogger("bridge").setLevel(min(level, logging.INFO))
+
+
+def stats_seconds(text: str | None) -> float | None:
+    if text is None:
+        return None
+    from bridge.errors import InvalidOption
+    from bridge.filters import parse_age
+    try:
+        seconds = parse_age(text, "--stats")
+    except InvalidOption:
+        seconds = -1
+    if not 0 < seconds < 10 ** 7:
+        raise InvalidOption(f"--stats {text!r}: give an interval such as 30s, 5m or 1h")
+    return seconds
+
+
+class Terminated(BaseException):
+    """SIGTERM: the job stops as on Ctrl-C (what catches BaseException cleans up), and says how
+    to resume. Not a KeyboardInterrupt: typer turns those into exit 130, and SIGTERM exits 143."""
+
+
+INTERRUPTED = "mcbridge: interrupted: run the same command to resume"
+
+
+def catch_signals() -> None:
+    """Ctrl-C and SIGTERM say at once that the run stops and how to resume (cleaning up may
+    take a moment more); the second Ctrl-C stops without waiting."""
+    import signal
+    told = {"n": 0}
+
+    def stop(signum, _frame) -> None:
+        told["n"] += 1
+        if told["n"] == 1:
+            err.print(INTERRUPTED, markup=False)
+        raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
 
 
 def fail(message: str, code: int) -> None:
@@ -148,6 +299,7 @@ def log_to_stderr() -> None:
     from bridge.logs import quiet_libraries
     quiet_libraries()
     handler = logging.StreamHandler()
+    handler.bridge_console = True   # setup_logging sets its level
     handler.setLevel(logging.WARNING)
     handler.setFormatter(PrintableFormatter())
     handler.addFilter(unhandled)
@@ -169,16 +321,34 @@ def _bad_sdk_setting(exc: Exception) -> str | None:
 def main() -> None:
     log_to_stderr()
     try:
-        code = _run(sys.argv[1:])  # returns the code of a typer.Exit
+        from bridge.cli import completion
+        if completion.asked():
+            _register_extensions()
+            completion.answer(app)
+            return
+        args, found = global_options(sys.argv[1:])
+        if found["version"]:
+            from bridge import __version__
+            out.print(f"mcbridge {__version__}", markup=False)
+            return
+        setup_logging(found)
+        RUN["stats"] = stats_seconds(found["stats"])
+        catch_signals()
+        code = _run(args)  # returns the code of a typer.Exit
     except BridgeError as exc:
         fail(str(exc), exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
+    except typer.Abort as exc:
+        # click turns Ctrl-C (and SIGTERM, raised as one by catch_signals) into Abort; the
+        # signal's line was printed when it came
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            sys.exit(143 if isinstance(exc.__cause__, Terminated) else 130)
         err.print("mcbridge: aborted", markup=False)
         sys.exit(130)
+    except Terminated:
+        sys.exit(143)
     except KeyboardInterrupt:
-        err.print("mcbridge: interrupted; run the same command again to resume", markup=False)
         sys.exit(130)
     except Exception as exc:
         # Usage errors of typer's (vendored) click arrive here in non-standalone mode.

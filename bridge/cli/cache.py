@@ -14,8 +14,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from bridge.cli.options import ConfigOpt, JsonOpt, ProfileOpt, err, out, settings_from_flags
-from bridge.progress import human_bytes
+from bridge.cli.options import (ConfigOpt, ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxSizeOpt,
+                                MinAgeOpt, MinSizeOpt, ProfileOpt, err, filters_from_flags, out, settings_from_flags)
+from bridge.progress import human_bytes, plural
 
 LookaheadOpt = Annotated[Optional[int], typer.Option(
     "--lookahead", min=1, max=256, help="Objects filled ahead of the one read (default: cache.lookahead).")]
@@ -53,10 +54,19 @@ def warm(items: Annotated[list[str], typer.Argument(help="Objects, prefixes (tra
              "--node", help="Queue the warm for the worker on this node (queue <prefix>.cache.NODE).")] = None,
          wait: Annotated[bool, typer.Option("--wait", help="With --node: wait for the worker's summary.")] = False,
          broker: Annotated[Optional[str], typer.Option("--broker", help="With --node: Redis URL of the broker.")] = None,
-         lookahead: LookaheadOpt = None, as_json: JsonOpt = False,
+         lookahead: LookaheadOpt = None,
+         include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
+         min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
+         max_age: MaxAgeOpt = None, as_json: JsonOpt = False,
          profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
-    """Fill the cache with objects, every object under prefixes, or the shards of shard sets, in order."""
+    """Fill the cache with objects, every object under prefixes (those the filters select), or
+    the shards of shard sets, in order."""
+    filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     if node:
+        if filters is not None:
+            from bridge.errors import InvalidOption
+            raise InvalidOption("--node queues the targets as given: list the objects to warm there, or warm "
+                                "here with the filters")
         from bridge.cli import service_commands
         from bridge.errors import MissingBackend
         service = service_commands()
@@ -69,11 +79,11 @@ def warm(items: Annotated[list[str], typer.Argument(help="Objects, prefixes (tra
             _print_warm(summary["result"])
         else:
             out.print(summary["task_id"], markup=False)
-            err.print(f"queued cache warm of {len(items)} targets on {summary['queue']}", markup=False)
+            err.print(f"queued cache warm of {plural(len(items), 'target')} on {summary['queue']}", markup=False)
         return
     from bridge.cache.core import warm as run_warm
     settings = settings_from_flags(profile, config)
-    summary = run_warm(items, settings, lookahead)
+    summary = run_warm(items, settings, lookahead, filters=filters)
     if as_json:
         out.print_json(json.dumps(summary))
     else:
@@ -81,7 +91,7 @@ def warm(items: Annotated[list[str], typer.Argument(help="Objects, prefixes (tra
 
 
 def _print_warm(s: dict) -> None:
-    out.print(f"warmed {s['objects']} objects, {human_bytes(s['bytes'])}: {s['hits']} already cached, "
+    out.print(f"warmed {plural(s['objects'], 'object')}, {human_bytes(s['bytes'])}: {s['hits']} already cached, "
               f"{s['misses']} filled ({human_bytes(s['bytes_filled'])}) in {s['dir']}", markup=False)
 
 
@@ -108,7 +118,7 @@ def stat(as_json: JsonOpt = False, profile: ProfileOpt = None, config: ConfigOpt
         out.print_json(json.dumps(s))
         return
     quota = human_bytes(s["quota"]) if s["quota"] else "none"
-    out.print(f"{s['dir']}: {s['entries']} entries, {human_bytes(s['bytes'])} of quota {quota}; "
+    out.print(f"{s['dir']}: {plural(s['entries'], 'entry', 'entries')}, {human_bytes(s['bytes'])} of quota {quota}; "
               f"{s['pinned']} pinned, {s['filling']} filling", markup=False)
     out.print(f"hits {int(s['hits'])} (of which waited for another's fill {int(s['waits'])}), misses {int(s['misses'])}, "
               f"bytes filled {human_bytes(s['bytes_filled'])} in {s['fill_seconds']:.1f}s, "
@@ -132,19 +142,25 @@ def unpin(url: str, profile: ProfileOpt = None, config: ConfigOpt = None) -> Non
     out.print(f"unpinned {url}" if was else f"{url} was not pinned", markup=False)
 
 
-def evict(url: Annotated[Optional[str], typer.Argument(help="Only this object (every version held).")] = None,
+def evict(url: Annotated[Optional[str], typer.Argument(metavar="[URL]",
+                                                        help="Only this object (every version held).")] = None,
+          everything: Annotated[bool, typer.Option("--all", help="Every entry that is not pinned (the cache may "
+                                                   "be shared by the node's jobs).")] = False,
           as_json: JsonOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
-    """Remove URL's entries, or every entry that is not pinned; entries being filled stay."""
+    """Remove URL's entries, or with --all every entry that is not pinned; entries being filled stay."""
+    from bridge.errors import InvalidOption
     if url is not None and not url.strip():   # '' must not mean "everything"
-        from bridge.errors import InvalidOption
-        raise InvalidOption("URL is empty: name the object to evict, or give no URL to evict every unpinned entry")
+        raise InvalidOption("URL is empty: name the object to evict, or give --all to evict every unpinned entry")
+    if (url is None) == (not everything):
+        raise InvalidOption("name the object to evict, or give --all to evict every unpinned entry"
+                            if url is None else "give a URL or --all, not both")
     removed = _cache(profile, config).evict(url)
     if as_json:
         out.print_json(json.dumps({"removed": removed}))
         return
     for u in removed:
         out.print(f"evicted {u}", markup=False)
-    out.print(f"{len(removed)} entries evicted", markup=False)
+    out.print(f"{plural(len(removed), 'entry', 'entries')} evicted", markup=False)
 
 
 def verify(as_json: JsonOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:

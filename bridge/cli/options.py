@@ -13,6 +13,7 @@ import json
 import math
 import os
 from pathlib import Path
+from enum import StrEnum
 from typing import Annotated, Any, Optional
 
 import typer
@@ -22,32 +23,49 @@ from bridge.config import parse_rate
 from bridge.cli.console import Console, shown
 from bridge.config import Settings, load_settings, parse_size, variable_of
 from bridge.errors import InvalidOption
-from bridge.progress import Progress, human_bytes
+from bridge.progress import Progress, human_bytes, human_duration, plural
 
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False, soft_wrap=True)
 
 
-def profile_opt(help: str = "Profile in the settings file."):
-    return Annotated[Optional[str], typer.Option("--profile", help=help)]
-
-
 def concurrency_opt(help: str = "Units (files or parts) in flight at once."):
-    return Annotated[Optional[int], typer.Option("--concurrency", "-j", min=1, max=256, help=help)]
+    return Annotated[Optional[int], typer.Option("--concurrency", "-j", metavar="N", min=1, max=256, help=help)]
+
+
+STORE_CHECKSUMS = ("require", "readback", "skip")
+
+
+class StoreChecksums(StrEnum):
+    """--store-checksums: an enum, so that --help lists the values and a typo is refused by name."""
+    require = "require"
+    readback = "readback"
+    skip = "skip"
+
+
+class VerifyMode(StrEnum):
+    store = "store"
+    deep = "deep"
+    none = "none"
+
+
+class ShardFormat(StrEnum):
+    tar = "tar"
+    parquet = "parquet"
 
 
 def chunk_size_opt(help: str = "Part size, e.g. 16MiB (default: derived from the destination's limits)."):
-    return Annotated[Optional[str], typer.Option("--chunk-size", help=help)]
+    return Annotated[Optional[str], typer.Option("--chunk-size", metavar="SIZE", help=help)]
 
 
 def store_checksums_opt(help: str = "After a multipart upload: require the store's whole-object checksum "
                         "(default), read the object back when the store keeps none (readback), or skip the check."):
-    return Annotated[Optional[str], typer.Option("--store-checksums", help=help)]
+    return Annotated[Optional[StoreChecksums], typer.Option("--store-checksums", help=help)]
 
 
 def bwlimit_opt(help: str = "Bytes per second across all of the job's connections, e.g. 50MiB (0: none). "
                 "kill -USR2 the running process to toggle it off and on."):
-    return Annotated[Optional[str], typer.Option("--bwlimit", help=help)]
+    return Annotated[Optional[str], typer.Option("--bwlimit", metavar="RATE", help=help)]
 
 
 def json_opt(help: str = "Print a machine-readable summary."):
@@ -68,37 +86,38 @@ def usd_amount(flag: str, usd: float | None) -> float | None:
 
 def max_cost_opt(help: str = "Refuse, before any data request, a job estimated above this many US dollars "
                  "(see mcbridge plan)."):
-    return Annotated[Optional[float], typer.Option("--max-cost", min=0, help=help,
+    return Annotated[Optional[float], typer.Option("--max-cost", metavar="USD", min=0, help=help,
                                                    callback=lambda usd: usd_amount("--max-cost", usd))]
+
+
+def profile_opt(help: str = "Profile in the settings file."):
+    return Annotated[Optional[str], typer.Option("--profile", metavar="NAME", help=help)]
 
 
 ProfileOpt = profile_opt()
 # A string, not a Path: typer turns an empty Path into ".", and --config '' must be refused as empty.
-ConfigOpt = Annotated[Optional[str], typer.Option("--config", help="Settings file (YAML).")]
+ConfigOpt = Annotated[Optional[str], typer.Option("--config", metavar="FILE", help="Settings file (YAML).")]
 ConcOpt = concurrency_opt()
 ChunkOpt = chunk_size_opt()
 StoreSumOpt = store_checksums_opt()
 BwlimitOpt = bwlimit_opt()
 BwlimitFileOpt = Annotated[Optional[Path], typer.Option(
-    "--bwlimit-file", help="Read the limit from FILE at start and again on each SIGUSR2.")]
+    "--bwlimit-file", metavar="FILE", help="Read the limit from FILE at start and again on each SIGUSR2.")]
 JsonOpt = json_opt()
 DryOpt = dry_run_opt()
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
 MaxCostOpt = max_cost_opt()
 
 
 def route_opt():
     return Annotated[Optional[str], typer.Option(
-        "--route", help="How the bytes go: direct (through this process), server (the store copies inside "
-        "one account), from-url (Azure pulls from a signed URL of S3 or GCS), or a native route. "
-        "Default: chosen for the pair (see README, Routes).")]
+        "--route", metavar="ROUTE", help="How the bytes go: direct (through this process), server (the store "
+        "copies inside one account), from-url (Azure pulls from a signed URL of S3 or GCS), or a native route "
+        "(sts, datasync). Default: chosen for the pair (see README, Routes).")]
 
 
 RouteOpt = route_opt()
 DeleteOpt = Annotated[bool, typer.Option("--delete", help="Remove from DST what SRC no longer has.")]
-
-
-STORE_CHECKSUMS = ("require", "readback", "skip")
 
 
 def given(flag: str, value: str | None) -> str | None:
@@ -133,6 +152,7 @@ def transfer_flags(*, chunk_size: str | None = None, store_checksums: str | None
             raise InvalidOption(f"--chunk-size {chunk_size!r} must be at least 1 byte")
         parsed["chunk_size"] = size
     if store_checksums is not None:
+        store_checksums = str(store_checksums)
         if store_checksums not in STORE_CHECKSUMS:
             raise InvalidOption(f"--store-checksums {store_checksums!r}: use one of {', '.join(STORE_CHECKSUMS)}")
         parsed["store_checksums"] = store_checksums
@@ -174,10 +194,12 @@ def settings_from_flags(profile: str | None, config: str | Path | None, concurre
     try:
         settings = load_settings({"transfer": transfer}, profile=profile, config_path=config)
     except InvalidOption as exc:
-        var = variable_of(exc, os.environ, {"transfer": transfer})
-        if var is None:
+        lines = str(exc).splitlines()
+        named = [(line, variable_of(InvalidOption(line), os.environ, {"transfer": transfer})) for line in lines]
+        if not any(var for _line, var in named):
             raise
-        raise InvalidOption(f"{exc} (from {var})") from None
+        # every mistake, each named as the user wrote it (bridge.cli.fail joins the lines with '; ')
+        raise InvalidOption("\n".join(f"{line} (from {var})" if var else line for line, var in named)) from None
     # Found here, not as an OSError from deep in the first job that writes its journal.
     dirs = [("state directory", settings.transfer.state_dir, "transfer.state_dir, MCBRIDGE_STATE_DIR")]
     if cache_dir:
@@ -204,20 +226,58 @@ def dir_problem(path: Path) -> str | None:
     return None
 
 
-class ProgressBar:
-    """A rich progress bar fed by the job's Progress object, which carries the job's bandwidth
-    limit (changed by SIGUSR2 while the job runs). Rich is imported only when the bar is shown
-    (not with -q, --json or a stderr that is not a terminal)."""
+# What the global options (bridge.cli.main reads them before the command) ask of every command:
+# ``stats`` seconds between progress lines on a stderr that is no terminal (None: none).
+RUN: dict[str, Any] = {"stats": None}
 
-    def __init__(self, enabled: bool, settings: Settings | None = None, bwlimit_file: Path | None = None):
-        self.enabled = enabled and err.is_terminal
+
+def status_line(p: Progress) -> str:
+    """Where a job is, in one line: the bar's text, and the --stats line."""
+    if p.phase.startswith("listing"):
+        return f"{p.phase}: {plural(p.listed, 'object')} listed"
+    if p.phase.startswith("planning"):
+        judged = f"{p.checks_done} of {plural(p.checks_total, 'file')} compared" if p.checks_total else \
+            f"{plural(p.listed, 'object')} listed"
+        return f"{p.phase}: {judged}"
+    if p.phase.startswith("verifying"):
+        rate = p.check_bytes_done / p.elapsed if p.elapsed > 0 else 0
+        return (f"{p.phase}: {p.checks_done} of {plural(p.checks_total, 'file')}, "
+                f"{human_bytes(p.check_bytes_done)} of {human_bytes(p.check_bytes_total)} "
+                f"({human_bytes(rate)}/s)")
+    moved = p.bytes_done - p.bytes_skipped
+    line = (f"{p.phase or 'copying'}: {human_bytes(p.bytes_done)} of {human_bytes(p.bytes_total)}, "
+            f"{plural(p.files_done, 'file')} done, {human_bytes(p.rate)}/s")
+    if p.bytes_skipped:
+        line += f" ({human_bytes(moved)} moved by this run, {human_bytes(p.bytes_skipped)} already there)"
+    if p.retries:
+        line += f", {plural(p.retries, 'retry', 'retries')}"
+    if moved >= 2**20 and p.elapsed >= 1 and p.bytes_total > p.bytes_done:   # a rate worth projecting
+        line += f", ETA {human_duration((p.bytes_total - p.bytes_done) / p.rate)}"
+    return line
+
+
+class ProgressBar:
+    """What a person sees while a job runs, fed by the job's Progress object (which also carries
+    the job's bandwidth limit, changed by SIGUSR2): a bar on a terminal, or with ``--stats`` a
+    line every so often on a stderr that is not one; nothing with -q. Rich is imported only when
+    the bar is shown (not with -q, --json or a stderr that is not a terminal). Sizes in IEC units."""
+
+    def __init__(self, enabled: bool, settings: Settings | None = None, bwlimit_file: Path | None = None,
+                 quiet: bool = False):
+        self.enabled = enabled and not quiet and err.is_terminal
+        self.stats = None if quiet or self.enabled else RUN.get("stats")
         self.settings, self.bwlimit_file = settings, bwlimit_file
         self.bar = None
+        self._stop = None
         if self.enabled:
-            from rich.progress import (BarColumn, DownloadColumn, Progress as Bar, TextColumn, TimeRemainingColumn,
-                                       TransferSpeedColumn)
-            self.bar = Bar(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                           TimeRemainingColumn(), console=err.rich, transient=False)
+            from rich.progress import BarColumn, Progress as Bar, ProgressColumn, TimeRemainingColumn
+            from rich.text import Text
+
+            class Status(ProgressColumn):
+                def render(self, task):
+                    return Text(task.fields.get("status", ""))
+
+            self.bar = Bar(BarColumn(), Status(), TimeRemainingColumn(), console=err.rich, transient=False)
         self.task = None
 
     def __enter__(self) -> Progress:
@@ -225,20 +285,37 @@ class ProgressBar:
         if self.settings is not None:
             rate = self.settings.transfer.bwlimit
             progress.limiter = limits.local(rate)
-            limits.install_signal(progress.limiter, rate, self.bwlimit_file)
+            limits.install_signal(progress.limiter, rate, self.bwlimit_file,
+                                  said=lambda line: err.print(f"mcbridge: {line}", markup=False))
         if self.enabled:
             self.bar.start()
-            self.task = self.bar.add_task("copying", total=None)
+            self.task = self.bar.add_task("", total=None, status="starting")
             progress.listeners.append(self._update)
+        elif self.stats:
+            import threading
+            self._stop = threading.Event()
+
+            def every() -> None:
+                while not self._stop.wait(self.stats):
+                    err.print(f"mcbridge: {status_line(progress)}", markup=False)
+
+            threading.Thread(target=every, name="bridge-stats", daemon=True).start()
         return progress
 
     def _update(self, p: Progress) -> None:
-        self.bar.update(self.task, total=p.bytes_total or None, completed=p.bytes_done,
-                        description=f"{p.files_done} files")
+        if p.phase.startswith("verifying"):
+            total, done = p.check_bytes_total, p.check_bytes_done
+        elif p.phase.startswith(("planning", "listing")):
+            total, done = p.checks_total, p.checks_done
+        else:
+            total, done = p.bytes_total, p.bytes_done
+        self.bar.update(self.task, total=total or None, completed=done, status=status_line(p))
 
     def __exit__(self, *exc) -> None:
         if self.enabled:
             self.bar.stop()
+        if self._stop is not None:
+            self._stop.set()
 
 
 def route_line(summary: dict) -> str:
@@ -247,15 +324,27 @@ def route_line(summary: dict) -> str:
     if route.get("name", "direct") == "direct":
         return ""
     fell = route.get("fallbacks") or {}
-    tail = f"; {len(fell)} files direct: {next(iter(fell.values()))}" if fell else ""
+    tail = f"; {plural(len(fell), 'file')} direct: {next(iter(fell.values()))}" if fell else ""
     return f", by {route['name']} ({human_bytes(route['bytes_through_bridge'])} through bridge{tail})"
 
 
-def emit(summary: dict, as_json: bool, line: str) -> None:
+def emit(summary: dict, as_json: bool, line: str, quiet: bool = False) -> None:
+    """The summary of a command: JSON with --json, else ``line``; nothing with -q."""
     if as_json:
         out.print_json(json.dumps(summary, default=str))
-    else:
-        out.print(line)
+    elif not quiet:
+        out.print(line, markup=False)
+
+
+def moved_line(summary: dict) -> str:
+    """'1.2 GiB in 3.4s (360.0 MiB/s)', and what of it a resumed run found already there: the
+    rate counts only the bytes this run moved."""
+    skipped = summary.get("bytes_skipped") or 0
+    line = f"{human_bytes(summary['bytes'])} in {summary['elapsed_s']:.1f}s ({human_bytes(summary['rate_bytes_per_s'])}/s"
+    if skipped:
+        line += f"; {human_bytes(max(0, summary['bytes'] - skipped))} moved by this run, " \
+                f"{human_bytes(skipped)} already there from an earlier run"
+    return line + ")"
 
 
 def print_usage(usage: dict | None) -> None:
@@ -283,13 +372,68 @@ def print_plan(summary: dict, as_json: bool) -> None:
             out.print_json_rows({k: v for k, v in summary.items() if k != "plan"}, "plan", rows)
         return
     for row in summary["plan"]:
-        parts = f"{row['parts']} parts of {human_bytes(row['part_size'])}" if row["part_size"] else "1 request"
+        parts = f"{plural(row['parts'], 'part')} of {human_bytes(row['part_size'])}" if row["part_size"] else "1 request"
         out.print(f"copy {shown(row['path'])}  {human_bytes(row['size'])}  ({parts})", markup=False)
     for rel in summary.get("delete", []):
         out.print(f"delete {shown(rel)}", markup=False)
-    out.print(f"would copy {summary['files']} files, {human_bytes(summary['bytes'])} from {summary['source']} "
-              f"to {summary['destination']} in {summary['units']} units", markup=False)
+    out.print(f"would copy {plural(summary['files'], 'file')}, {human_bytes(summary['bytes'])} from "
+              f"{summary['source']} to {summary['destination']} in {plural(summary['units'], 'unit')}", markup=False)
+    if summary.get("filters"):
+        from bridge.filters import Filters
+        out.print(f"filters: {Filters.from_dict(summary['filters']).describe()}", markup=False)
     route = summary.get("route")
     if route:
         out.print(f"route {route['name']}: {route['why']}", markup=False)
     print_usage(summary.get("usage"))
+
+
+# -- filters (bridge/filters.py): the same seven options on every command that lists --------------
+IncludeOpt = Annotated[Optional[list[str]], typer.Option(
+    "--include", metavar="GLOB", help="Only paths matching GLOB (repeatable; rclone's globs: * stays within a "
+    "folder, ** crosses folders, a leading / anchors at the root).")]
+ExcludeOpt = Annotated[Optional[list[str]], typer.Option(
+    "--exclude", metavar="GLOB", help="Leave out paths matching GLOB (repeatable; includes are tried first, "
+    "the first rule that matches decides).")]
+FilesFromOpt = Annotated[Optional[str], typer.Option(
+    "--files-from", metavar="FILE", help="Only the paths listed in FILE, one a line, relative to the source "
+    "(- reads standard input).")]
+MinSizeOpt = Annotated[Optional[str], typer.Option("--min-size", metavar="SIZE",
+                                                   help="Leave out objects smaller than SIZE, e.g. 1MiB.")]
+MaxSizeOpt = Annotated[Optional[str], typer.Option("--max-size", metavar="SIZE",
+                                                   help="Leave out objects larger than SIZE.")]
+MinAgeOpt = Annotated[Optional[str], typer.Option(
+    "--min-age", metavar="AGE", help="Leave out objects modified less than AGE ago (90m, 12h, 7d) or after a "
+    "date (2026-01-31).")]
+MaxAgeOpt = Annotated[Optional[str], typer.Option(
+    "--max-age", metavar="AGE", help="Leave out objects modified more than AGE ago or before a date.")]
+
+
+def filters_from_flags(include: list[str] | None = None, exclude: list[str] | None = None,
+                       files_from: str | None = None, min_size: str | None = None, max_size: str | None = None,
+                       min_age: str | None = None, max_age: str | None = None):
+    """The Filters the options give (bridge/filters.py), or None when none is given. A
+    ``--files-from`` file (or standard input) is read here, so that a queued job carries the paths."""
+    from bridge import filters
+    for flag, value in (("--files-from", files_from), ("--min-size", min_size), ("--max-size", max_size),
+                        ("--min-age", min_age), ("--max-age", max_age)):
+        given(flag, value)
+    paths = None
+    if files_from is not None:
+        paths = filters.read_files_from(files_from, lambda: _read_list(files_from))
+    found = filters.from_flags(include, exclude, paths,
+                               parse_size(min_size) if min_size is not None else None,
+                               parse_size(max_size) if max_size is not None else None,
+                               filters.parse_age(min_age, "--min-age") if min_age is not None else None,
+                               filters.parse_age(max_age, "--max-age") if max_age is not None else None)
+    return found if found.active else None
+
+
+def _read_list(source: str) -> str:
+    import sys
+    if source == "-":
+        return sys.stdin.read()
+    from bridge.config import UnreadableText, read_text_file
+    try:
+        return read_text_file(Path(source), "--files-from list", 256 * 1024 * 1024)
+    except UnreadableText as exc:
+        raise InvalidOption(f"--files-from {source}: {exc.reason}") from None

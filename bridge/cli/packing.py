@@ -1,36 +1,35 @@
-"""``mcbridge pack``, ``unpack``, ``cat`` and ``migrate``. Registered by bridge.cli at start (see its GROUPS);
+"""``mcbridge pack``, ``unpack`` and ``migrate`` (``cat`` of a shard set's file is bridge/cli/objects.py's). Registered by bridge.cli at start (see its GROUPS);
 the packing machinery (and pyarrow, for Parquet) is imported only when one of them runs."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DryOpt, JsonOpt, MaxCostOpt, RouteOpt, route_line,
-                                ProfileOpt, ProgressBar, QuietOpt, StoreSumOpt, emit, given, out, print_plan,
-                                print_usage, refuse_unused, settings_from_flags)
-from bridge.errors import InvalidOption
+from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DryOpt, ExcludeOpt,
+                                FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt, MaxSizeOpt, MinAgeOpt,
+                                MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, ShardFormat, StoreSumOpt,
+                                emit, filters_from_flags, given, moved_line, out, print_plan, print_usage,
+                                refuse_unused, route_line, settings_from_flags)
 from bridge.config import parse_size
-from bridge.progress import human_bytes
+from bridge.progress import human_bytes, plural
 
-FormatOpt = Annotated[str, typer.Option("--format", "-f", help="Shard format: tar (WebDataset) or parquet.")]
-PackOpt = Annotated[Optional[str], typer.Option("--pack", help="Pack into shards on the way: tar or parquet "
-                                                "(default: copy the files as they are).")]
-ShardSizeOpt = Annotated[Optional[str], typer.Option("--shard-size", help="Target shard size (default 256MiB); a "
+FormatOpt = Annotated[ShardFormat, typer.Option("--format", "-f", help="Shard format: tar (WebDataset) or parquet.")]
+PackOpt = Annotated[Optional[ShardFormat], typer.Option("--pack", help="Pack into shards on the way: tar or parquet "
+                                                        "(default: copy the files as they are).")]
+ShardSizeOpt = Annotated[Optional[str], typer.Option("--shard-size", metavar="SIZE", help="Target shard size (default 256MiB); a "
                                                      "sample bigger than this gets a shard of its own.")]
 MaxCountOpt = Annotated[Optional[int], typer.Option("--max-count", min=1, help="At most N files per shard.")]
-PrefixOpt = Annotated[Optional[str], typer.Option("--prefix", help="Shard names: PREFIX-000000.tar …, index "
+PrefixOpt = Annotated[Optional[str], typer.Option("--prefix", metavar="NAME", help="Shard names: PREFIX-000000.tar …, index "
                                                   "PREFIX.index.json (default shard).")]
-RowGroupOpt = Annotated[Optional[str], typer.Option("--row-group-size", help="Parquet: data bytes per row "
+RowGroupOpt = Annotated[Optional[str], typer.Option("--row-group-size", metavar="SIZE", help="Parquet: data bytes per row "
                                                     "group (default 32MiB).")]
-MemoryOpt = Annotated[Optional[str], typer.Option("--memory", help="Memory budget for shards written at once "
+MemoryOpt = Annotated[Optional[str], typer.Option("--memory", metavar="SIZE", help="Memory budget for shards written at once "
                                                   "(default 1GiB).")]
-SetPrefixOpt = Annotated[Optional[str], typer.Option("--prefix", help="Which shard set, when the root holds "
+SetPrefixOpt = Annotated[Optional[str], typer.Option("--prefix", metavar="NAME", help="Which shard set, when the root holds "
                                                      "several (default: the only one).")]
-OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write to FILE, not stdout.")]
 
 DEFAULT_SHARD_SIZE = "256MiB"
 DEFAULT_PREFIX = "shard"
@@ -41,8 +40,9 @@ def _pack(src: str, dst: str, fmt: str, shard_size: str | None, max_count: int |
           row_group_size: str | None, memory: str | None, concurrency: int | None, chunk_size: str | None,
           store_checksums: str | None, dry_run: bool, as_json: bool, quiet: bool, profile: str | None,
           config: str | None, bwlimit: str | None = None, bwlimit_file: Path | None = None,
-          max_cost: float | None = None) -> None:
+          max_cost: float | None = None, filters=None) -> None:
     from bridge.packing import job
+    fmt = str(fmt)
     for flag, value in (("--format", fmt), ("--shard-size", shard_size), ("--prefix", prefix),
                         ("--row-group-size", row_group_size), ("--memory", memory)):
         given(flag, value)
@@ -55,50 +55,66 @@ def _pack(src: str, dst: str, fmt: str, shard_size: str | None, max_count: int |
     options = {"row_group_size": parse_size(row_group_size)} if row_group_size else {}
     kwargs = dict(fmt=fmt, prefix=prefix, shard_size=parse_size(shard_size), max_count=max_count,
                   options=options, memory=parse_size(memory))
+    if filters is not None:
+        kwargs["filters"] = filters
     if dry_run:
         summary = job.pack(src, dst, settings, dry_run=True, **kwargs)
+        if filters is not None:
+            summary["filters"] = filters.to_dict()
         if as_json:
             emit(summary, True, "")
             return
         for row in summary["plan"]:
-            out.print(f"shard {row['shard']}  {row['files']} files  {human_bytes(row['size'])}", markup=False)
-        out.print(f"would pack {summary['files']} files, {human_bytes(summary['bytes'])} from {summary['source']} "
-                  f"into {summary['shards']} {summary['format']} shards at {summary['destination']}", markup=False)
+            out.print(f"shard {row['shard']}  {plural(row['files'], 'file')}  {human_bytes(row['size'])}", markup=False)
+        out.print(f"would pack {plural(summary['files'], 'file')}, {human_bytes(summary['bytes'])} from "
+                  f"{summary['source']} into {plural(summary['shards'], summary['format'] + ' shard')} at "
+                  f"{summary['destination']}", markup=False)
         print_usage(summary["usage"])
         return
-    with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
+    with ProgressBar(not as_json, settings, bwlimit_file, quiet) as progress:
         summary = job.pack(src, dst, settings, progress=progress, max_cost=max_cost, **kwargs)
-    emit(summary, as_json, f"packed {summary['files']} files, {human_bytes(summary['bytes'])} into "
-          f"{summary['shards']} {summary['format']} shards ({human_bytes(summary['shard_bytes'])}) in "
-          f"{summary['elapsed_s']:.1f}s; index {summary['index']}; manifest {summary['manifest']}")
+    if filters is not None:
+        summary["filters"] = filters.to_dict()
+    emit(summary, as_json, f"packed {plural(summary['files'], 'file')}, {human_bytes(summary['bytes'])} into "
+         f"{plural(summary['shards'], summary['format'] + ' shard')} ({human_bytes(summary['shard_bytes'])}) in "
+         f"{summary['elapsed_s']:.1f}s; index {summary['index']}; manifest {summary['manifest']}", quiet)
 
 
-def pack(src: str, dst: str, fmt: FormatOpt = "tar", shard_size: ShardSizeOpt = None,
+def pack(src: str, dst: str, fmt: FormatOpt = ShardFormat.tar, shard_size: ShardSizeOpt = None,
          max_count: MaxCountOpt = None, prefix: PrefixOpt = None, row_group_size: RowGroupOpt = None,
          memory: MemoryOpt = None, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
          store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
+         include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
+         min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
+         max_age: MaxAgeOpt = None,
          dry_run: DryOpt = False, as_json: JsonOpt = False,
          quiet: QuietOpt = False, max_cost: MaxCostOpt = None, profile: ProfileOpt = None,
          config: ConfigOpt = None) -> None:
-    """Pack the files under SRC into tar (WebDataset) or Parquet shards at DST, with an index."""
+    """Pack the files under SRC (those the filters select) into tar (WebDataset) or Parquet
+    shards at DST, with an index."""
+    filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     _pack(src, dst, fmt, shard_size, max_count, prefix, row_group_size, memory, concurrency, chunk_size,
-          store_checksums, dry_run, as_json, quiet, profile, config, bwlimit, bwlimit_file, max_cost)
+          store_checksums, dry_run, as_json, quiet, profile, config, bwlimit, bwlimit_file, max_cost, filters)
 
 
 def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSizeOpt = None,
             max_count: MaxCountOpt = None, prefix: PrefixOpt = None, row_group_size: RowGroupOpt = None,
             memory: MemoryOpt = None, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
             store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
+            include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
+            min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
+            max_age: MaxAgeOpt = None,
             dry_run: DryOpt = False, as_json: JsonOpt = False,
             quiet: QuietOpt = False, max_cost: MaxCostOpt = None, route: RouteOpt = None,
             profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
-    """Move a corpus from SRC to DST in one pass, packing it into shards with --pack; the
-    destination gets its index and _bridge/manifest.json."""
-    given("--pack", pack_format)
+    """Move a corpus from SRC to DST in one pass (the files the filters select), packing it
+    into shards with --pack; the destination gets its index and _bridge/manifest.json."""
+    filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     if pack_format:
         refuse_unused("with --pack (packing writes through this process)", **{"--route": route})
         _pack(src, dst, pack_format, shard_size, max_count, prefix, row_group_size, memory, concurrency,
-              chunk_size, store_checksums, dry_run, as_json, quiet, profile, config, bwlimit, bwlimit_file, max_cost)
+              chunk_size, store_checksums, dry_run, as_json, quiet, profile, config, bwlimit, bwlimit_file, max_cost,
+              filters)
         return
     from bridge import ops
     refuse_unused("without --pack", **{"--shard-size": shard_size, "--max-count": max_count, "--prefix": prefix,
@@ -107,13 +123,13 @@ def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSi
                                    bwlimit_file=bwlimit_file, route=route)
     if dry_run:
         print_plan(ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True,
-                            route=route), as_json)
+                            route=route, filters=filters), as_json)
         return
-    with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
+    with ProgressBar(not as_json, settings, bwlimit_file, quiet) as progress:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress,
-                           max_cost=max_cost, route=route)
-    emit(summary, as_json, f"migrated {summary['files']} files, {human_bytes(summary['bytes'])} in "
-          f"{summary['elapsed_s']:.1f}s{route_line(summary)}; manifest {summary['manifest']}")
+                           max_cost=max_cost, route=route, filters=filters)
+    emit(summary, as_json, f"migrated {plural(summary['files'], 'file')}, {moved_line(summary)}"
+         f"{route_line(summary)}; manifest {summary['manifest']}", quiet)
 
 
 def unpack(src: str, dst: str, prefix: SetPrefixOpt = None, concurrency: ConcOpt = None,
@@ -129,41 +145,21 @@ def unpack(src: str, dst: str, prefix: SetPrefixOpt = None, concurrency: ConcOpt
         if as_json:
             emit(summary, True, "")
             return
-        out.print(f"would unpack {summary['files']} files, {human_bytes(summary['bytes'])} from "
-                  f"{summary['shards']} shards at {summary['source']} into {summary['destination']}", markup=False)
+        out.print(f"would unpack {plural(summary['files'], 'file')}, {human_bytes(summary['bytes'])} from "
+                  f"{plural(summary['shards'], 'shard')} at {summary['source']} into {summary['destination']}",
+                  markup=False)
         print_usage(summary["usage"])
         return
-    with ProgressBar(not quiet and not as_json) as progress:
+    with ProgressBar(not as_json, quiet=quiet) as progress:
         summary = run(src, dst, settings, prefix=prefix, progress=progress)
     checked = "every file checked against the index" if summary["verified"] else \
         "no index: file hashes not checked"
-    emit(summary, as_json, f"unpacked {summary['files']} files, {human_bytes(summary['bytes'])} from "
-          f"{summary['shards']} shards in {summary['elapsed_s']:.1f}s ({checked}); manifest {summary['manifest']}")
-
-
-def cat(shardset: str, path: str, prefix: SetPrefixOpt = None, output: OutputOpt = None,
-        profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
-    """Print one file of the shard set SHARDSET, read by a single ranged request through its index."""
-    from bridge.packing.reading import cat as read_one
-    if output is not None:   # before the read: a file that cannot be written is bad input, not a crash after it
-        given("--output", str(output))
-        if output.is_dir():
-            raise InvalidOption(f"--output {output} is a directory: name a file")
-        if not output.parent.is_dir():
-            raise InvalidOption(f"--output {output}: {output.parent} is not a directory")
-    data, _where = read_one(shardset, path, settings_from_flags(profile, config), prefix)
-    if output is not None:
-        try:
-            output.write_bytes(data)
-        except OSError as exc:
-            raise InvalidOption(f"--output {output} cannot be written: {exc.strerror or exc}") from None
-        return
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
+    emit(summary, as_json, f"unpacked {plural(summary['files'], 'file')}, {human_bytes(summary['bytes'])} from "
+         f"{plural(summary['shards'], 'shard')} in {summary['elapsed_s']:.1f}s ({checked}); "
+         f"manifest {summary['manifest']}", quiet)
 
 
 def register(app: typer.Typer) -> None:
     app.command()(pack)
     app.command()(unpack)
-    app.command()(cat)
     app.command()(migrate)

@@ -9,17 +9,20 @@ from typing import Annotated, Optional
 
 import typer
 
-from bridge.cli.objects import StorageClassOpt, with_object_flags
-from bridge.cli.options import ConfigOpt, JsonOpt, MaxCostOpt, ProfileOpt, err, out, settings_from_flags
+from bridge.cli.placement import StorageClassOpt, with_object_flags
+from bridge.cli.options import (ConfigOpt, ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt,
+                                MaxSizeOpt, MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, ShardFormat, err,
+                                filters_from_flags, out, settings_from_flags)
 from bridge.config import parse_size
+from bridge.progress import human_bytes, plural
 from bridge.money import usd
-from bridge.progress import human_bytes
 
 
 def plan(src: str, dst: str,
-         pack: Annotated[Optional[str], typer.Option("--pack", help="Allow packing into tar or parquet shards "
+         pack: Annotated[Optional[ShardFormat], typer.Option("--pack", help="Allow packing into tar or parquet shards "
                                                      "first (a route of its own).")] = None,
-         route: Annotated[Optional[str], typer.Option("--route", help="Use this route; refused if it cannot "
+         route: Annotated[Optional[str], typer.Option("--route", metavar="ROUTE", help="Use this route (direct, "
+                                                      "server, from-url, sts, datasync); refused if it cannot "
                                                       "serve the pair.")] = None,
          shard_size: Annotated[str, typer.Option("--shard-size", help="Shard size the pack route assumes.")] = "256MiB",
          source_class: Annotated[Optional[str], typer.Option(
@@ -33,7 +36,7 @@ def plan(src: str, dst: str,
     one bridge would take and why. Lists the source; moves nothing."""
     from bridge.costing import route_plan
     settings = with_object_flags(settings_from_flags(profile, config), dst, storage_class=storage_class)
-    report = route_plan(src, dst, settings, pack=pack, shard_size=parse_size(shard_size), forced=route,
+    report = route_plan(src, dst, settings, pack=str(pack) if pack else None, shard_size=parse_size(shard_size), forced=route,
                         source_class=source_class, available=available)
     if as_json:
         out.print_json(json.dumps(report))
@@ -109,7 +112,7 @@ def policy_check(file: PolicyFileArg, as_json: JsonOpt = False) -> None:
         keep = f"keep the newest {p.policy.keep_last}" if p.policy.keep_last else "keep all"
         out.print(f"{p.name}: {p.policy.source}{p.policy.checkpoints} -> {', '.join(p.policy.destinations)} "
                   f"({p.policy.mode}, {keep}, verify {p.policy.verify})", markup=False)
-    out.print(f"{len(loaded)} policies OK", markup=False)
+    out.print(f"{plural(len(loaded), 'policy', 'policies')} OK", markup=False)
 
 
 def replicate(policy_file: Annotated[Path, typer.Option("--policy", help="YAML file of replication policies.")],
@@ -119,10 +122,15 @@ def replicate(policy_file: Annotated[Path, typer.Option("--policy", help="YAML f
                   "--watch", help="Keep running: list the source every watch.interval of the policy and "
                   "replicate each checkpoint soon after it commits (Ctrl-C stops). With --json, one JSON "
                   "object per line.")] = False,
-              max_cost: MaxCostOpt = None, as_json: JsonOpt = False, profile: ProfileOpt = None,
-              config: ConfigOpt = None) -> None:
-    """Replicate checkpoints by the rules of a policy file: the newest keep_last committed ones to
-    every destination, each verified; older ones removed only once the newest is proven everywhere."""
+              include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
+              min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
+              max_age: MaxAgeOpt = None,
+              max_cost: MaxCostOpt = None, as_json: JsonOpt = False, quiet: QuietOpt = False,
+              profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+    """Replicate checkpoints by the rules of a policy file: the newest keep_last committed ones
+    to every destination, each verified; with mode mirror, older ones removed only once the
+    newest is proven everywhere. The filters narrow each checkpoint's files further (paths
+    inside a checkpoint)."""
     from bridge.errors import InvalidOption
     from bridge.replication import run_once
     from bridge.policies.replication import select
@@ -130,22 +138,31 @@ def replicate(policy_file: Annotated[Path, typer.Option("--policy", help="YAML f
         raise InvalidOption("give --once to run the policies once in this process, or --watch to replicate "
                             "checkpoints as they commit; on their schedules they run on the service: "
                             "mcbridge beat --policies FILE")
+    filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     chosen = select(load_policies(policy_file), name)
     settings = settings_from_flags(profile, config)
     if watch:
-        _watch(chosen, settings, max_cost, as_json)
+        _watch(chosen, settings, max_cost, as_json, filters)
         return
-    reports = [run_once(p, settings, max_cost=max_cost) for p in chosen]
+    reports = []
+    for p in chosen:
+        with ProgressBar(not as_json, settings, quiet=quiet) as progress:
+            progress.begin(f"{p.name}: listing")
+            reports.append(run_once(p, settings, max_cost=max_cost, filters=filters, progress=progress))
     if as_json:
         out.print_json(json.dumps({"policies": reports, "ok": all(r["ok"] for r in reports)}))
     else:
         for r in reports:
-            _print_run(r)
+            _print_run(r, quiet)
     if not all(r["ok"] for r in reports):
         raise typer.Exit(1)
 
 
-def _print_run(r: dict) -> None:
+def _print_run(r: dict, quiet: bool = False) -> None:
+    for problem in r["errors"]:
+        err.print(f"mcbridge: {r['policy']}: {problem}", markup=False, soft_wrap=True)
+    if quiet and r["ok"]:
+        return
     for dst, state in r["destinations"].items():
         rows = ", ".join(f"{c} {'verified' if row['verified'] else 'FAILED' if row['error'] else 'sent'}"
                          f" ({row['sent']} sent{_latency(row)})" for c, row in state["checkpoints"].items())
@@ -154,12 +171,10 @@ def _print_run(r: dict) -> None:
         out.print(f"{r['policy']}: {ckpt} waiting: {why}", markup=False)
     for dst, old in r["removed"].items():
         out.print(f"{r['policy']}: {dst}: removed {', '.join(old)}", markup=False)
-    for problem in r["errors"]:
-        err.print(f"mcbridge: {r['policy']}: {problem}", markup=False, soft_wrap=True)
     verdict = "OK" if r["ok"] else "FAILED"
     out.print(f"{verdict}: {r['policy']}: {', '.join(r['checkpoints']) or 'no checkpoints'} at "
-              f"{r['verified_copies']} of {len(r['destinations'])} destinations (need {r['copies_needed']})",
-              markup=False)
+              f"{r['verified_copies']} of {plural(len(r['destinations']), 'destination')} "
+              f"(need {r['copies_needed']})", markup=False)
 
 
 def _latency(row: dict) -> str:
@@ -167,7 +182,7 @@ def _latency(row: dict) -> str:
         if row.get("commit_to_verified_s") is not None else ""
 
 
-def _watch(chosen, settings, max_cost, as_json: bool) -> None:
+def _watch(chosen, settings, max_cost, as_json: bool, filters=None) -> None:
     """``replicate --watch``: until Ctrl-C or SIGTERM, each run and each change of what waits."""
     import signal
     import threading
@@ -188,7 +203,7 @@ def _watch(chosen, settings, max_cost, as_json: bool) -> None:
             err.print(f"mcbridge: {event['policy']}: {event['error']}", markup=False, soft_wrap=True)
 
     try:
-        watch(chosen, settings, emit, stop, max_cost=max_cost)
+        watch(chosen, settings, emit, stop, max_cost=max_cost, filters=filters)
     except KeyboardInterrupt:
         pass
 

@@ -1,5 +1,5 @@
-"""The transfer commands: ``mcbridge ls``, ``cp``, ``sync``, ``verify``, ``uploads`` and
-``version``."""
+"""The transfer commands: ``mcbridge cp``, ``sync``, ``verify``, ``uploads``, ``version`` and
+``completion``."""
 
 from __future__ import annotations
 
@@ -10,36 +10,31 @@ import typer
 
 from bridge import __version__
 from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DeleteOpt, DryOpt,
-                                JsonOpt, MaxCostOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, StoreSumOpt, emit, out,
-                                route_line,
-                                print_plan, settings_from_flags, shown)
-from bridge.cli.objects import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
+                                ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt, MaxSizeOpt,
+                                MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, StoreSumOpt,
+                                emit, filters_from_flags, moved_line, out, print_plan, route_line,
+                                settings_from_flags, shown)
+from bridge.progress import human_bytes, plural
+from bridge.cli.placement import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
                                 NoMetadataOpt, ScopeOpt, SkipExistingOpt, StorageClassOpt, adopt_mode,
                                 with_object_flags)
-from bridge.progress import human_bytes
-
-
-def ls(url: str, profile: ProfileOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
-    """List objects under URL (recursively) with their sizes."""
-    from bridge import ops
-    rows = ops.ls(url, settings_from_flags(profile, config))
-    if as_json:
-        out.print_json(json.dumps(rows))
-        return
-    for row in rows:
-        out.print(f"{row['size']:>14}  {shown(row['path'])}", markup=False)
 
 
 def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
        store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
+       include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
+       min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
+       max_age: MaxAgeOpt = None,
        dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
        max_cost: MaxCostOpt = None, route: RouteOpt = None, profile: ProfileOpt = None,
        config: ConfigOpt = None, content_type: ContentTypeOpt = None, metadata: MetadataOpt = None,
        no_metadata: NoMetadataOpt = False, storage_class: StorageClassOpt = None, kms_key: KmsKeyOpt = None,
        bucket_key: BucketKeyOpt = None, encryption_scope: ScopeOpt = None, skip_existing: SkipExistingOpt = False,
        checksum: ChecksumOpt = False, adopt: AdoptOpt = None) -> None:
-    """Copy SRC to DST: one object, or every object under a directory or prefix (trailing slash)."""
+    """Copy SRC to DST: one object, or every object under a directory or prefix (trailing
+    slash) that the filters select."""
     from bridge import ops
+    filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
                                    bwlimit_file=bwlimit_file, route=route)
     settings = with_object_flags(settings, dst, content_type=content_type, metadata=metadata,
@@ -48,29 +43,33 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
     adopting = adopt_mode(adopt, skip_existing, checksum)
     if dry_run:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True,
-                           route=route, adopt=adopting)
+                           route=route, adopt=adopting, filters=filters)
         print_plan(summary, as_json)
         return
-    with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
+    with ProgressBar(not as_json, settings, bwlimit_file, quiet) as progress:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress,
-                           max_cost=max_cost, route=route, adopt=adopting)
-    emit(summary, as_json, f"copied {summary['files']} files, {human_bytes(summary['bytes'])} in "
-          f"{summary['elapsed_s']:.1f}s ({human_bytes(summary['rate_bytes_per_s'])}/s){route_line(summary)}; "
-          f"manifest {summary['manifest']}")
+                           max_cost=max_cost, route=route, adopt=adopting, filters=filters)
+    emit(summary, as_json, f"copied {plural(summary['files'], 'file')}, {moved_line(summary)}"
+         f"{route_line(summary)}; manifest {summary['manifest']}", quiet)
 
 
 def sync(src: str, dst: str, delete: DeleteOpt = False,
          concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
          bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
+         include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
+         min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
+         max_age: MaxAgeOpt = None,
          dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
          max_cost: MaxCostOpt = None, route: RouteOpt = None, profile: ProfileOpt = None,
          config: ConfigOpt = None, content_type: ContentTypeOpt = None, metadata: MetadataOpt = None,
          no_metadata: NoMetadataOpt = False, storage_class: StorageClassOpt = None, kms_key: KmsKeyOpt = None,
          bucket_key: BucketKeyOpt = None, encryption_scope: ScopeOpt = None, adopt: AdoptOpt = None) -> None:
     """Make DST equal to SRC: send what is new or changed (by size and checksum, not time), repair
-    what no longer matches the manifest, adopt what is already there and equal though bridge did not
-    write it, and with --delete remove what SRC no longer has."""
+    what no longer matches the record, adopt what is already there and equal though bridge did not
+    write it, and with --delete remove what SRC no longer has. Filters apply to both sides: what
+    they leave out is neither sent nor deleted."""
     from bridge import ops
+    filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
                                    bwlimit_file=bwlimit_file, route=route)
     settings = with_object_flags(settings, dst, content_type=content_type, metadata=metadata,
@@ -78,29 +77,35 @@ def sync(src: str, dst: str, delete: DeleteOpt = False,
                                  bucket_key=bucket_key, encryption_scope=encryption_scope)
     adopting = adopt_mode(adopt, default="checksum")
     if dry_run:
-        summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
-                           dry_run=True, route=route, adopt=adopting)
+        with ProgressBar(not as_json, quiet=quiet) as progress:
+            summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
+                               dry_run=True, route=route, adopt=adopting, filters=filters, progress=progress)
         print_plan(summary, as_json)
         return
-    with ProgressBar(not quiet and not as_json, settings, bwlimit_file) as progress:
+    with ProgressBar(not as_json, settings, bwlimit_file, quiet) as progress:
         summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
-                           progress=progress, max_cost=max_cost, route=route, adopt=adopting)
+                           progress=progress, max_cost=max_cost, route=route, adopt=adopting, filters=filters)
     r = summary["reasons"]
-    emit(summary, as_json, f"sent {len(summary['sent'])} files ({r['new']} new, {r['changed']} changed, "
-          f"{r['repaired']} repaired), {r['unchanged']} unchanged, {r.get('adopted', 0)} adopted, "
-          f"deleted {len(summary['deleted'])}; "
-          f"{human_bytes(summary['bytes'])} in {summary['elapsed_s']:.1f}s{route_line(summary)}; "
-          f"manifest {summary['manifest']}")
+    emit(summary, as_json, f"sent {plural(len(summary['sent']), 'file')} ({r['new']} new, {r['changed']} changed, "
+         f"{r['repaired']} repaired), {r['unchanged']} unchanged, {r.get('adopted', 0)} adopted, "
+         f"deleted {len(summary['deleted'])}; {moved_line(summary)}{route_line(summary)}; "
+         f"manifest {summary['manifest']}", quiet)
 
 
 def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read and rehash every object "
                                                         "instead of trusting store-reported checksums.")] = False,
-           concurrency: ConcOpt = None, as_json: JsonOpt = False, profile: ProfileOpt = None,
-           config: ConfigOpt = None) -> None:
-    """Check every committed copy at or under URL against its record; exit 1 naming each missing,
-    extra or mismatched file."""
+           include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
+           min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
+           max_age: MaxAgeOpt = None,
+           concurrency: ConcOpt = None, as_json: JsonOpt = False, quiet: QuietOpt = False,
+           profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+    """Check every committed copy at or under URL (the files the filters select) against its
+    record; exit 1 naming each missing, extra or mismatched file."""
     from bridge import ops
-    report = ops.verify(url, settings_from_flags(profile, config, concurrency), deep=deep)
+    filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
+    settings = settings_from_flags(profile, config, concurrency)
+    with ProgressBar(not as_json, quiet=quiet) as progress:
+        report = ops.verify(url, settings, deep=deep, filters=filters, progress=progress)
     if as_json:
         out.print_json(json.dumps(report))
     else:
@@ -110,34 +115,37 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
             out.print(f"extra       {shown(path)}", markup=False)
         for row in report["mismatched"]:
             out.print(f"mismatched  {shown(row['path'])}: {row['reason']}", markup=False)
-        for row in report["rehashed"]:
-            out.print(f"rehashed    {shown(row['path'])}: {row['reason']}", markup=False)
+        if not quiet:
+            for row in report["rehashed"]:
+                out.print(f"rehashed    {shown(row['path'])}: {row['reason']}", markup=False)
         for shard_set in report["shard_sets"]:
             for problem in shard_set["problems"]:
                 out.print(f"shard set   {shard_set['index']}: {problem}", markup=False)
-            if shard_set["ok"]:
+            if shard_set["ok"] and not quiet:
                 out.print(f"shard set   {shard_set['index']}: intact", markup=False)
         if len(report["copies"]) > 1 or report["copies"][0]["prefix"]:
             for copy in report["copies"]:
-                out.print(f"{'intact' if copy['ok'] else 'FAILED':<11} {shown(copy['url'])}: {copy['files']} files, "
-                          f"{human_bytes(copy['bytes'])}", markup=False)
-        counts = report["counts"]
-        verdict = "OK" if report["ok"] else "FAILED"
-        copies = len(report["copies"])
-        out.print(f"{verdict}: {report['checked']} files, {human_bytes(report['bytes'])} checked "
-                  f"({'deep' if deep else 'store checksums'}) at {report['url']}"
-                  + (f" in {copies} committed copies" if copies > 1 else "") + "; "
-                  f"{counts['missing']} missing, {counts['extra']} extra, {counts['mismatched']} mismatched"
-                  + (f", {counts['rehashed']} rewritten with equal bytes" if counts["rehashed"] else ""),
-                  markup=False)
+                if not (quiet and copy["ok"]):
+                    out.print(f"{'intact' if copy['ok'] else 'FAILED':<11} {shown(copy['url'])}: "
+                              f"{plural(copy['files'], 'file')}, {human_bytes(copy['bytes'])}", markup=False)
+        if not (quiet and report["ok"]):
+            counts = report["counts"]
+            verdict = "OK" if report["ok"] else "FAILED"
+            copies = len(report["copies"])
+            out.print(f"{verdict}: {plural(report['checked'], 'file')}, {human_bytes(report['bytes'])} checked "
+                      f"({'deep' if deep else 'store checksums'}) at {report['url']}"
+                      + (f" in {copies} committed copies" if copies > 1 else "") + "; "
+                      f"{counts['missing']} missing, {counts['extra']} extra, {counts['mismatched']} mismatched"
+                      + (f", {counts['rehashed']} rewritten with equal bytes" if counts["rehashed"] else ""),
+                      markup=False)
     if not report["ok"]:
         raise typer.Exit(1)
 
 
 def uploads(url: str, abort: Annotated[bool, typer.Option("--abort", help="Abort them.")] = False,
             as_json: JsonOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
-    """List (or --abort) the unfinished multipart uploads under URL that killed copies left behind.
-    A copy aborts the leftovers of the objects it writes by itself."""
+    """List (or --abort) the unfinished multipart uploads under URL that killed copies left
+    behind. A copy aborts the leftovers of the objects it writes by itself."""
     from bridge import ops
     rows = ops.uploads(url, settings_from_flags(profile, config), abort=abort)
     if as_json:
@@ -145,14 +153,24 @@ def uploads(url: str, abort: Annotated[bool, typer.Option("--abort", help="Abort
         return
     for row in rows:
         out.print(f"{'aborted' if abort else 'unfinished'}  {shown(row['object'])}  ({row['upload_id']})", markup=False)
-    out.print(f"{len(rows)} unfinished uploads{' aborted' if abort else ''} under {url}", markup=False)
+    out.print(f"{plural(len(rows), 'unfinished upload')}{' aborted' if abort else ''} under {url}", markup=False)
 
 
 def version() -> None:
-    """Print bridge's version."""
+    """Print bridge's version (also: mcbridge --version)."""
     out.print(__version__)
 
 
+SHELLS = ("bash", "zsh", "fish")
+
+
+def completion(shell: Annotated[str, typer.Argument(metavar="SHELL", help="bash, zsh or fish.")]) -> None:
+    """Print the shell completion script for SHELL. Install, e.g.:
+    mcbridge completion bash > ~/.local/share/bash-completion/completions/mcbridge"""
+    from bridge.cli.completion import script
+    out.print(script(shell), markup=False, highlight=False, soft_wrap=True)
+
+
 def register(app: typer.Typer) -> None:
-    for command in (ls, cp, sync, verify, uploads, version):
+    for command in (cp, sync, verify, uploads, version, completion):
         app.command()(command)

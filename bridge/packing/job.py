@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.meter import Pool
+from bridge.filters import Filters
 from bridge import jobs
 from bridge.config import Settings
 from bridge.engine import resolve, spill_dir
@@ -139,11 +140,12 @@ class PackPlan:
 
 def plan_pack(source: str, destination: str, settings: Settings, *, fmt: str = "tar", prefix: str = "shard",
               shard_size: int = DEFAULT_SHARD_SIZE, max_count: int | None = None,
-              options: dict[str, Any] | None = None) -> PackPlan:
-    """Cut the source tree into shards; refuse, before anything is written, what cannot work."""
+              options: dict[str, Any] | None = None, filters: Filters | None = None) -> PackPlan:
+    """Cut the source tree (the files ``filters`` select) into shards; refuse, before anything
+    is written, what cannot work."""
     layout.check_prefix(prefix)
     shard_format = get_format(fmt, options)
-    src_root, dst_root, objects, single = resolve(source, destination, settings)
+    src_root, dst_root, objects, single = resolve(source, destination, settings, filters)
     dst_store = get_store(dst_root, settings)
     if shard_size <= 0:
         raise InvalidOption("--shard-size must be positive")
@@ -448,11 +450,11 @@ def pack(source: str, destination: str, settings: Settings, *, fmt: str = "tar",
          shard_size: int = DEFAULT_SHARD_SIZE, max_count: int | None = None,
          options: dict[str, Any] | None = None, progress: Progress | None = None,
          state_dir: Path | None = None, dry_run: bool = False, memory: int = DEFAULT_MEMORY,
-         max_cost: float | None = None) -> dict[str, Any]:
+         max_cost: float | None = None, filters: Filters | None = None) -> dict[str, Any]:
     """Pack the tree at ``source`` into a shard set at ``destination``; return a JSON-able summary.
     With ``max_cost``, refuse (before any data request) a job estimated above that many dollars."""
     plan = plan_pack(source, destination, settings, fmt=fmt, prefix=prefix, shard_size=shard_size,
-                     max_count=max_count, options=options)
+                     max_count=max_count, options=options, filters=filters)
     if max_cost is not None:
         from bridge import costing, estimate
         costing.check_budget(plan.usage(), settings, max_cost, "pack")

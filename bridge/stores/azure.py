@@ -324,7 +324,8 @@ class AzureStore(DirectReads, Store):
                       user=attributes.from_azure(p["metadata"]))
         tier = p.get("tier") or ""
         return ObjectInfo(loc, p["size"], sums, p["metadata"], _identity(p["etag"], p["last_modified"]), attrs,
-                          tier, tier == "Archive")
+                          tier, tier == "Archive",
+                          modified=p["last_modified"].timestamp() if p["last_modified"] else None)
 
     @staticmethod
     def _info(container, name, size, content_settings, metadata, etag, last_modified, tier=None) -> ObjectInfo:
@@ -336,7 +337,8 @@ class AzureStore(DirectReads, Store):
                       user=attributes.from_azure(metadata or {}))
         tier = str(getattr(tier, "value", tier) or "")
         return ObjectInfo(Location("az", container, name), int(size), sums, dict(metadata or {}),
-                          _identity(etag, last_modified), attrs, tier, tier == "Archive")
+                          _identity(etag, last_modified), attrs, tier, tier == "Archive",
+                          modified=last_modified.timestamp() if last_modified else None)
 
     def written(self, loc: Location, metadata: dict[str, str], attrs: Attrs | None) -> dict:
         """The SDK's keywords of a write of ``loc`` besides its bytes: metadata (the user's under
@@ -454,6 +456,13 @@ class AzureStore(DirectReads, Store):
         except ObjectNotFound:
             return True
         return False
+
+    def buckets(self) -> list[str]:
+        where = Location("az", "", "")
+        return sorted(c.name for c in self._request(where, lambda: list(self.client.list_containers())))
+
+    def make_bucket(self, loc: Location) -> None:
+        self._request(loc, lambda: self.client.create_container(loc.bucket))
 
     def check_bucket(self, loc: Location) -> None:
         if self._direct is not None:

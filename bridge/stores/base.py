@@ -126,6 +126,9 @@ class ObjectInfo:
     attrs: Attrs | None = None
     storage_class: str = ""        # as the store names it (S3 class, GCS class, Azure tier); "" unknown
     needs_restore: bool = False    # archived (S3 Glacier / Deep Archive, Azure Archive): unreadable until restored
+    # When the object was last written (seconds since the epoch), where the listing or HEAD says:
+    # for ``ls -l`` and the age filters (bridge/filters.py). Never part of the identity.
+    modified: float | None = None
 
 
 def identity_changed(recorded: dict[str, str], seen: dict[str, str]) -> bool:
@@ -259,6 +262,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def check_bucket(self, loc: Location) -> None:
         """Raise BucketNotFound unless the bucket/container (or local parent) exists."""
+
+    # -- buckets: listed and made by ``mcbridge ls s3://`` and ``mcbridge mb`` ----------------
+    def buckets(self) -> list[str]:
+        """The buckets (containers) these credentials can list, by name."""
+        from bridge.errors import Unsupported
+        raise Unsupported(f"{self.scheme}:// has no buckets to list")
+
+    def make_bucket(self, loc: Location) -> None:
+        """Create the bucket (container, local folder) of ``loc``; BridgeError if it exists."""
+        from bridge.errors import Unsupported
+        raise Unsupported(f"{self.scheme}:// cannot make buckets")
 
     # -- abilities: a store has one when its class implements the methods (see ABILITIES) ------
     # -- multipart -------------------------------------------------------------------------

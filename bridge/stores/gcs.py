@@ -192,7 +192,7 @@ class GCSStore(DirectReads, Store):
         # An ARCHIVE object reads at once on GCS (at a retrieval fee): nothing to restore.
         return ObjectInfo(Location("gs", bucket, item["name"]), int(item.get("size", 0)), sums,
                           dict(item.get("metadata") or {}), identity, attributes.from_gcs_resource(item),
-                          item.get("storageClass") or "")
+                          item.get("storageClass") or "", modified=_when(item.get("updated")))
 
     def resource(self, loc: Location, metadata: dict[str, str], attrs: Attrs | None) -> dict:
         """The object resource of a write besides its name: headers, user metadata with bridge's,
@@ -327,6 +327,21 @@ class GCSStore(DirectReads, Store):
     def check_bucket(self, loc: Location) -> None:
         self._bucket(loc)
 
+    def buckets(self) -> list[str]:
+        names, token = [], None
+        where = Location("gs", "", "")
+        while True:
+            params = {"project": self.settings.gcs.project or "", **({"pageToken": token} if token else {})}
+            page = self._call(where, "GET", "b", json_out=True, **params)
+            names += [item["name"] for item in page.get("items", [])]
+            token = page.get("nextPageToken")
+            if not token:
+                return sorted(names)
+
+    def make_bucket(self, loc: Location) -> None:
+        self._call(loc, "POST", "b", json_out=True, project=self.settings.gcs.project or "",
+                   json={"name": loc.bucket}, headers={"Content-Type": "application/json"})
+
     def bucket_region(self, loc: Location) -> str | None:
         return self._bucket(loc).get("location")
 
@@ -452,3 +467,14 @@ class GCSStore(DirectReads, Store):
             if upload_id not in seen and target and target.startswith(prefix.key):
                 seen.add(upload_id)
                 yield Location("gs", prefix.bucket, target), upload_id
+
+
+def _when(text: str | None) -> float | None:
+    """An RFC 3339 time of the JSON API ('2026-01-31T12:00:00.123Z') in seconds since the epoch."""
+    if not text:
+        return None
+    from datetime import datetime
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

@@ -131,7 +131,8 @@ def _sorted_files(folder: str) -> Iterator[ObjectInfo]:
                 st = entry.stat()
             except FileNotFoundError:
                 continue
-            yield ObjectInfo(Location("file", "", entry.path.lstrip("/")), st.st_size, identity=_identity(st))
+            yield ObjectInfo(Location("file", "", entry.path.lstrip("/")), st.st_size, identity=_identity(st),
+                             modified=st.st_mtime)
 
 
 def _is_folder(entry: os.DirEntry) -> bool:
@@ -164,7 +165,7 @@ class LocalStore(Store):
             st = os.stat(loc.local_path)
         if not os.path.isfile(loc.local_path):
             raise ObjectNotFound(f"{loc}: not a regular file")
-        return ObjectInfo(loc, st.st_size, identity=_identity(st))
+        return ObjectInfo(loc, st.st_size, identity=_identity(st), modified=st.st_mtime)
 
     def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
         with _translate(loc), open(loc.local_path, "rb") as f:
@@ -292,6 +293,15 @@ class LocalStore(Store):
         check_local_path(loc.local_path)
         with _translate(loc):
             os.unlink(loc.local_path)
+
+    def make_bucket(self, loc: Location) -> None:
+        """A local 'bucket' is a folder: made with its parents; one already there is refused."""
+        path = loc.local_path.rstrip("/") or "/"
+        if os.path.lexists(path):
+            from bridge.errors import BridgeError
+            raise BridgeError(f"{path} already exists")
+        with _translate(loc):
+            os.makedirs(path)
 
     def check_bucket(self, loc: Location) -> None:
         return None  # local parents are created on demand

@@ -248,7 +248,7 @@ class S3Store(Store):
                       user=attributes.from_s3(metadata))
         cls = head.get("StorageClass") or "STANDARD"
         return ObjectInfo(loc, int(head["ContentLength"]), sums, metadata, _identity(head), attrs, cls,
-                          _needs_restore(cls, head.get("Restore")))
+                          _needs_restore(cls, head.get("Restore")), modified=_when(head))
 
     def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
         kw = {"Bucket": loc.bucket, "Key": loc.key}
@@ -363,6 +363,17 @@ class S3Store(Store):
                 self._call(loc, "head_bucket", Bucket=loc.bucket)
         except ObjectNotFound as exc:
             raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
+
+    def buckets(self) -> list[str]:
+        answer = self._call(Location("s3", "", ""), "list_buckets")
+        return sorted(b["Name"] for b in answer.get("Buckets", []))
+
+    def make_bucket(self, loc: Location) -> None:
+        kwargs: dict = {"Bucket": loc.bucket}
+        region = self.settings.s3.region
+        if region and region != "us-east-1":   # the one region S3 takes without a constraint
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        self._call(loc, "create_bucket", **kwargs)
 
     def bucket_region(self, loc: Location) -> str | None:
         # GetBucketLocation answers no constraint for us-east-1, the region S3 began in.
@@ -535,7 +546,7 @@ def _listed(bucket: str, item: dict) -> ObjectInfo:
     cls = item.get("StorageClass") or "STANDARD"
     restored = (item.get("RestoreStatus") or {}).get("IsRestoreInProgress") is False
     return ObjectInfo(Location("s3", bucket, item["Key"]), int(item["Size"]), identity=_identity(item),
-                      storage_class=cls, needs_restore=cls in ARCHIVED and not restored)
+                      storage_class=cls, needs_restore=cls in ARCHIVED and not restored, modified=_when(item))
 
 
 def _put_info(loc: Location, size: int, metadata: dict[str, str], resp: dict) -> ObjectInfo:
@@ -553,6 +564,11 @@ def _identity(answer: dict) -> dict[str, str]:
     if answer.get("LastModified"):
         ident["last_modified"] = utc_seconds(answer["LastModified"])
     return ident
+
+
+def _when(answer: dict) -> float | None:
+    modified = answer.get("LastModified")
+    return modified.timestamp() if modified else None
 
 
 def _body(data: bytes):

@@ -1,0 +1,123 @@
+"""Saying what happens: -v shows every retry and why, --log-file keeps it with times, --stats
+prints progress lines when stderr is no terminal, SIGUSR2 says what it did to the limit,
+--version, shell completion, and help that reads at 80 columns with the choices listed."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+
+import pytest
+import typer
+
+from bridge import __version__, cli, routes
+from tests.helpers import MCBRIDGE, NO_CONFIG, mcbridge
+
+
+def env_plain(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "MCBRIDGE_CONFIG"}
+    env.update(XDG_CONFIG_HOME=NO_CONFIG, **extra)
+    return env
+
+
+def unreachable(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("profiles:\n  default:\n    transfer: {retries: 2, connect_timeout: 1}\n"
+                      "    s3: {endpoint_url: 'http://127.0.0.1:1', access_key_id: a, secret_access_key: b}\n")
+    return ["ls", "s3://no-such-bkt/", "--config", str(config)]
+
+
+def test_retries_are_silent_by_default_and_said_with_their_reason_at_v(tmp_path):
+    quiet = mcbridge(*unreachable(tmp_path), env=env_plain(), state_dir=tmp_path)
+    assert quiet.returncode != 0 and len(quiet.stderr.strip().splitlines()) == 1, quiet.stderr
+    loud = mcbridge("-v", *unreachable(tmp_path), env=env_plain(), state_dir=tmp_path)
+    retries = [line for line in loud.stderr.splitlines() if "retry" in line]
+    assert len(retries) == 2, loud.stderr
+    assert re.search(r"retry 1 of 2 in \d+\.\ds \(http://127\.0\.0\.1:1\): EndpointUnreachable: cannot reach",
+                     retries[0]), retries
+    assert loud.stderr.strip().splitlines()[-1].startswith("mcbridge: error: ")
+
+
+def test_a_log_file_keeps_the_retries_with_times(tmp_path):
+    log = tmp_path / "run.log"
+    r = mcbridge(*unreachable(tmp_path), "--log-file", str(log), env=env_plain(), state_dir=tmp_path)
+    assert r.returncode != 0
+    lines = log.read_text().splitlines()
+    assert len([line for line in lines if "retry" in line]) == 2, lines
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ INFO bridge\.retry: retry", line)
+               for line in lines if "retry" in line), lines
+    assert "retry" not in r.stderr, "the file, not the terminal, without -v"
+    bad = mcbridge("ls", str(tmp_path), "--log-file", str(tmp_path), env=env_plain(), state_dir=tmp_path)
+    assert bad.returncode == 2 and "--log-file" in bad.stderr and "directory" in bad.stderr
+    bad = mcbridge("ls", str(tmp_path), "--log-level", "loud", env=env_plain(), state_dir=tmp_path)
+    assert bad.returncode == 2 and "debug, info, warning, error" in bad.stderr
+
+
+def test_stats_lines_when_stderr_is_no_terminal_and_the_word_on_sigusr2(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f.bin").write_bytes(os.urandom(6 * 2**20))
+    # 6 MiB at 2 MiB/s lasts at least three seconds: several lines 0.5 s apart
+    proc = subprocess.Popen([*MCBRIDGE, "cp", f"{src}/", f"{tmp_path}/dst/", "--bwlimit", "2MiB", "--stats", "0.5s"],
+                            env=env_plain(MCBRIDGE_STATE_DIR=str(tmp_path / "s")), stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    first = proc.stderr.readline()
+    assert re.match(r"mcbridge: (listing|copying): ", first), first
+    proc.send_signal(signal.SIGUSR2)
+    rest, _ = proc.communicate(timeout=120)[1], None
+    assert proc.returncode == 0, rest
+    assert "mcbridge: SIGUSR2: bandwidth limit off" in rest, rest
+    assert re.search(r"mcbridge: copying: [\d.]+ [KM]?i?B of 6\.0 MiB, \d file", first + rest), rest
+
+
+def test_version_and_completion(tmp_path):
+    r = mcbridge("--version", env=env_plain(), state_dir=tmp_path)
+    assert r.stdout == f"mcbridge {__version__}\n" and r.returncode == 0
+    for shell in ("bash", "zsh", "fish"):
+        r = mcbridge("completion", shell, env=env_plain(), state_dir=tmp_path)
+        assert r.returncode == 0 and "_MCBRIDGE_COMPLETE" in r.stdout, (shell, r.stderr)
+    r = mcbridge("completion", "tcsh", env=env_plain(), state_dir=tmp_path)
+    assert r.returncode == 2 and "bash, zsh, fish" in r.stderr
+    answer = subprocess.run(MCBRIDGE, env=env_plain(_MCBRIDGE_COMPLETE="complete_bash", COMP_WORDS="mcbridge cp --inc",
+                                                    COMP_CWORD="2"), capture_output=True, text=True, timeout=60)
+    assert answer.stdout.split() == ["--include"], answer
+
+
+def all_commands() -> list[list[str]]:
+    cli._register_extensions()
+    group = typer.main.get_group(cli.app)
+    found = []
+    for name, command in group.commands.items():
+        subs = getattr(command, "commands", None)
+        found += [[name, sub] for sub in subs] if subs else [[name]]
+    return found
+
+
+@pytest.mark.parametrize("command", all_commands(), ids=" ".join)
+def test_help_reads_at_80_columns(command, tmp_path):
+    r = subprocess.run([*MCBRIDGE, *command, "--help"], env=env_plain(COLUMNS="80"), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"Usage: mcbridge {' '.join(command)} ")
+    assert max(map(len, r.stdout.splitlines())) <= 80, r.stdout
+    assert "{" not in r.stdout.splitlines()[0] and "<str>" not in r.stdout and "<function>" not in r.stdout, r.stdout
+
+
+def test_enumerated_options_list_their_choices(tmp_path):
+    def helped(*command: str) -> str:
+        return re.sub(r"\s+", " ", mcbridge(*command, "--help", env=env_plain(COLUMNS="80"), state_dir=tmp_path).stdout)
+    assert "--store-checksums <require|readback|skip>" in helped("cp")
+    assert "--pack <tar|parquet>" in helped("migrate") and "--format <tar|parquet>" in helped("pack")
+    assert "--verify <store|deep|none>" in helped("submit", "cp")
+    route_help = helped("cp")
+    assert all(name in route_help for name in routes.names()), route_help
+    r = mcbridge("cp", "a", "b", "--store-checksums", "often", env=env_plain(), state_dir=tmp_path)
+    assert r.returncode == 2 and "'often' is not one of 'require', 'readback', 'skip'" in r.stderr
+
+
+def test_the_main_help_names_the_global_options(tmp_path):
+    text = mcbridge("--help", env=env_plain(COLUMNS="80"), state_dir=tmp_path).stdout
+    for word in ("-v (-vv)", "--log-file", "--log-level", "--stats", "--version", "completion"):
+        assert word in re.sub(r"\s+", " ", text), word
