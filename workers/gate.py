@@ -45,14 +45,22 @@ class Admitted:
     budget: str | None
 
 
-def resolve(url: str) -> str:
+def resolve(url: str, folders: dict[str, str] | None = None) -> str:
     """The canonical spelling a scope is checked against: a local path with its links and '..'
-    resolved, an Azure name with its '.' and '..' resolved; S3 and GCS keys as written."""
+    resolved, an Azure name with its '.' and '..' resolved; S3 and GCS keys as written.
+    ``folders``: real paths of folders already resolved, kept across the files of one plan."""
     from bridge.urls import canonical, parse
     loc = parse(url, empty_segments=True)
-    if loc.is_local:
-        return os.path.realpath(loc.local_path)
-    return str(canonical(loc))
+    if not loc.is_local:
+        return str(canonical(loc))
+    path = loc.local_path   # absolute, without '.' or '..' (bridge.urls made it so)
+    if folders is None:
+        return os.path.realpath(path)
+    head, tail = os.path.split(path)
+    if head not in folders:
+        folders[head] = os.path.realpath(head)
+    full = os.path.join(folders[head], tail)
+    return os.path.realpath(full) if tail in ("", ".", "..") or os.path.islink(full) else full
 
 
 def touched(kind: str, plan: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -191,8 +199,9 @@ class Gate:
               route: str | None = None, budget: str | None = None, job: bool = True) -> None:
         """Refused unless ``who``'s tenant may read ``reads`` and write ``writes`` (over ``route``)."""
         from bridge.policies.tenants import refusal
+        folders: dict[str, str] = {}
         try:
-            real_reads, real_writes = [resolve(u) for u in reads], [resolve(u) for u in writes]
+            real_reads, real_writes = [resolve(u, folders) for u in reads], [resolve(u, folders) for u in writes]
         except BridgeError as exc:
             raise Refused(f"refused: {exc}") from None
         tenant = self._tenant(who.tenant)
