@@ -6,6 +6,7 @@ the screen shows."""
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -24,15 +25,17 @@ def spawn(args: list[str], tmp_path, **env: str):
     full = {**os.environ, "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "XDG_CONFIG_HOME": NO_CONFIG,
             "COLUMNS": "120", "LINES": "40", "TERM": "xterm", **env}
     full.pop("MCBRIDGE_CONFIG", None)
-    return pexpect.spawn(sys.executable, ["-m", "bridge", *args], env=full, encoding="utf-8", timeout=120,
-                         dimensions=(40, 120))
+    child = pexpect.spawn(sys.executable, ["-m", "bridge", *args], env=full, encoding="utf-8", timeout=120,
+                          dimensions=(40, 120))
+    child.logfile_read = io.StringIO()   # all of it, whatever expect() consumed on the way
+    return child
 
 
 def screen(child) -> str:
     """Everything the program wrote, without the terminal's control sequences."""
     child.expect(pexpect.EOF)
     child.close()
-    return ANSI.sub("", child.before or "")
+    return ANSI.sub("", child.logfile_read.getvalue())
 
 
 def tree(root, files: dict[str, int]):
