@@ -134,6 +134,12 @@ def cat(url: str, settings: Settings, write: Callable[[bytes], Any], *, offset: 
 
 # -- rm ------------------------------------------------------------------------------------------
 
+def _commit_marker(loc: Location) -> bool:
+    """A document that says a prefix is committed (bridge.manifest): removed before the rest."""
+    key = "/" + loc.key
+    return key.endswith("/" + manifests.MANIFEST) or f"/{manifests.LOG}" in key
+
+
 def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Filters | None = None,
            dry_run: bool = False, progress: Progress | None = None) -> dict[str, Any]:
     """Remove the object ``url``, or with ``recursive`` every object under the prefix (those the
@@ -147,7 +153,7 @@ def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Fi
     if whole:   # _bridge/ too (walk leaves it out): the manifest first
         records = [info.location for info in store.list(root)
                    if f"/{RESERVED}/" in "/" + info.location.relative_to(root)]
-        first = [loc for loc in records if loc.key.endswith(manifests.MANIFEST)]
+        first = [loc for loc in records if _commit_marker(loc)]
         targets = first + [loc for loc in records if loc not in first] + targets
     nbytes = sum(info.size for _rel, info in rows)
     summary = {"url": str(root) if not single else url, "objects": len(targets), "bytes": nbytes,
@@ -167,9 +173,9 @@ def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Fi
         if progress is not None:
             progress.checked()
 
-    for loc in [t for t in targets if t.key.endswith(manifests.MANIFEST)]:
+    for loc in [t for t in targets if _commit_marker(t)]:
         delete(loc)
-    rest = [t for t in targets if not t.key.endswith(manifests.MANIFEST)]
+    rest = [t for t in targets if not _commit_marker(t)]
     with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
         for loc, fut in zip(rest, [pool.submit(delete, loc) for loc in rest]):
             try:
