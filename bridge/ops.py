@@ -129,7 +129,7 @@ def adopt_existing(plan: Plan, settings: Settings, mode: str) -> None:
     with Pool(settings.transfer.concurrency) as pool:
         found = list(pool.map(one, plan.files))
     plan.adopted = [a.entry.to_dict() for a in found if a is not None and a.equal]
-    plan.files = [f for f, a in zip(plan.files, found) if a is None or not a.equal]
+    plan.files = FileList((f for f, a in zip(plan.files, found) if a is None or not a.equal), where=plan.files.where)
 
 
 def listing_to(progress: Progress | None):

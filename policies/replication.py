@@ -25,7 +25,7 @@ Readiness (``assess``): a checkpoint enters the window only once committed. With
 that file (written last by the trainer) must be there. Without one, known layouts say it: a
 PyTorch DCP ``.metadata``, Orbax's ``commit_success.txt`` (object stores) or its rename into place
 (``<step>.orbax-checkpoint-tmp-<n>`` folders are never checkpoints), a ``*.safetensors.index.json``
-whose every shard is present, bridge's own ``_bridge/manifest.json``; a folder of no known layout
+whose every shard is present, bridge's own commit under ``_bridge/log/``; a folder of no known layout
 waits when its siblings were committed by a marker it lacks. ``ready.min_age`` adds a quiet period:
 no file of the checkpoint newer than that.
 

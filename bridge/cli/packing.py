@@ -108,7 +108,7 @@ def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSi
             quiet: QuietOpt = False, max_cost: MaxCostOpt = None, route: RouteOpt = None,
             profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Move a corpus from SRC to DST in one pass (the files the filters select), packing it
-    into shards with --pack; the destination gets its index and _bridge/manifest.json."""
+    into shards with --pack; the destination gets its index and a commit in _bridge/log/."""
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     if pack_format:
         refuse_unused("with --pack (packing writes through this process)", **{"--route": route})

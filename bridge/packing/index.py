@@ -1,5 +1,5 @@
 """The shard set's index: ``<root>/<prefix>.index.json``, written after every shard, as its commit
-marker; and the ``_bridge/manifest.json`` entry that points at it.
+marker; and the entry in the prefix's record (``_bridge/log/``) that points at it.
 
 The index document (versioned JSON, deterministic: the same input gives the same bytes)::
 

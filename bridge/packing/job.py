@@ -2,7 +2,7 @@
 
     {"op": "shard", "number": 3, "name": "shard-000003.tar", "size": …, "files": [[rel, size], …]}
     {"op": "index"}       after every shard: the shard set's index, then stale shards removed
-    {"op": "finalize"}    the _bridge/manifest.json, last
+    {"op": "finalize"}    the commit in _bridge/log/, last
 
 Shards are cut from the sorted listing before anything is read (WebDataset samples whole, at
 most ``shard_size`` bytes and ``max_count`` files each, unless one sample alone is bigger), so the
