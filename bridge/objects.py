@@ -206,8 +206,8 @@ def move(source: str, destination: str, settings: Settings, *, filters: Filters 
     """Copy, prove every copied object against the destination's new manifest (size and the
     store's checksum), and only then remove the sources. A source whose copy is not proven stays."""
     from bridge import ops
-    plan = routes.choose(plan_copy(source, destination, settings, chunk_size, filters,
-                                   ops.listing_to(progress)), settings, route)
+    plan = routes.choose(plan_copy(source, destination, settings, chunk_size, filters=filters,
+                                   listed=ops.listing_to(progress)), settings, route)
     ops._within_budget(plan, settings, max_cost, "move")
     if dry_run:
         return {"dry_run": True, **ops.plan_summary(plan), "remove_from_source": [f.rel for f in plan.files]}

@@ -482,7 +482,7 @@ def job_usages(kind: str, source: str, destinations: list[str], settings: Settin
     out = []
     for dst in destinations:
         if kind == "copy":
-            plan = plan_copy(source, dst, settings, settings.transfer.chunk_size, filters)
+            plan = plan_copy(source, dst, settings, settings.transfer.chunk_size, filters=filters)
         else:
             plan, _ = plan_sync(source, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
                                 filters=filters)

@@ -160,7 +160,7 @@ class Files:
         chunk = settings.transfer.chunk_size
         filters = spec.selection()
         if spec.kind == "copy":
-            plan = plan_copy(spec.source, spec.destination, settings, chunk, filters)
+            plan = plan_copy(spec.source, spec.destination, settings, chunk, filters=filters)
         else:
             plan, _reasons = ops.plan_sync(spec.source, spec.destination, settings, delete=spec.deletes,
                                            chunk_size=chunk, filters=filters)

@@ -59,7 +59,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "bridge.cli.objects": ("ls", "du", "cat", "rm", "mv", "hashsum", "mb"),
     "bridge.cli.compare": ("check",),
     "bridge.cli.packing": ("pack", "unpack", "migrate"),
-    SERVICE: ("worker", "beat", "submit", "budgets", "jobs"),
+    SERVICE: ("worker", "beat", "submit", "service", "budgets", "jobs"),
     "bridge.cli.policy": ("plan", "replicate", "policy"),
     "bridge.cli.cache": ("cache",),
 }
