@@ -36,7 +36,7 @@ PAIRS = list(itertools.permutations(KINDS, 2))
 def test_cp_pair(src, dst, seeded, make_root, emulator_env, tmp_path):
     files, roots, _base = seeded
     target = make_root(dst) + "copy/"
-    r = mcbridge("cp", roots[src], target, "--chunk-size", "5MiB", "-q", env=emulator_env, state_dir=tmp_path)
+    r = mcbridge("cp", roots[src], target, "--chunk-size", "5MiB", env=emulator_env, state_dir=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "manifest" in r.stdout
     assert read_tree(target, settings_for(emulator_env)) == files
