@@ -39,5 +39,6 @@ mcbridge verify --deep "$work/replica/"
 echo "==> one file changes at the source; mcbridge sync sends only that one"
 echo '{"id": 7, "text": "edited"}' > "$work/corpus/shards/000/sample-00007.json"
 mcbridge sync "$work/corpus/" "$work/replica/"
-echo "==> the manifest (written last, the commit marker): $work/replica/_bridge/manifest.json"
-head -c 600 "$work/replica/_bridge/manifest.json"; echo; echo "..."
+newest=$(ls "$work/replica/_bridge/log/" | sort | tail -n 1)
+echo "==> the record: one commit per job under _bridge/log/ (each written last, its commit marker): $newest"
+head -c 600 "$work/replica/_bridge/log/$newest"; echo; echo "..."
