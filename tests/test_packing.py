@@ -393,7 +393,7 @@ def test_plan_refuses_what_cannot_work(tree, settings, tmp_path):
 def test_cli_errors_are_one_line_with_exit_2_for_bad_options(tree, tmp_path):
     src, _files = tree
     r = mcbridge("pack", str(src), str(tmp_path / "o"), "--format", "zip", env=dict(os.environ), state_dir=tmp_path)
-    assert r.returncode == 2 and "unknown shard format" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "'zip' is not one of 'tar', 'parquet'" in r.stderr and "Traceback" not in r.stderr
     r = mcbridge("pack", str(src), str(tmp_path / "o"), "--shard-size", "lots", env=dict(os.environ),
                  state_dir=tmp_path)
     assert r.returncode == 2 and "invalid size" in r.stderr

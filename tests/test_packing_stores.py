@@ -150,7 +150,7 @@ def test_cli_migrate_without_pack_copies_loose_files(small_tree, make_root, env_
     src, files = small_tree
     env = env_for("gs")
     root = make_root("gs")
-    r = mcbridge("migrate", str(src), root, "-q", env=env, state_dir=tmp_path)
+    r = mcbridge("migrate", str(src), root, env=env, state_dir=tmp_path)
     assert r.returncode == 0, r.stderr
     assert read_tree(root, settings_for(env)) == files
     assert "/_bridge/log/c-" in r.stdout.split("manifest ")[-1].strip()

@@ -54,7 +54,8 @@ def test_s3_class_and_sse_kms_are_set_and_read_back(moto, make_root, emulator_en
         if name == "small.txt":   # moto keeps BucketKeyEnabled for a PUT, not for a multipart upload
             assert head["BucketKeyEnabled"] is True
     # bridge's own record stays in the bucket's default class (readable without a restore)
-    manifest = s3.head_object(Bucket=root.bucket, Key=root.key + "_bridge/manifest.json")
+    [commit] = [o["Key"] for o in s3.list_objects_v2(Bucket=root.bucket, Prefix=root.key + "_bridge/log/")["Contents"]]
+    manifest = s3.head_object(Bucket=root.bucket, Key=commit)
     assert manifest.get("StorageClass", "STANDARD") == "STANDARD"
     assert mcbridge("verify", dst, env=emulator_env, state_dir=tmp_path / "state").returncode == 0
 
@@ -92,7 +93,8 @@ def test_gcs_class_is_set_and_read_back(fake_gcs, make_root, emulator_env, tmp_p
     root = parse(dst)
     bucket = fake_gcs.client().bucket(root.bucket)
     assert bucket.get_blob(root.key + "small.txt").storage_class == "COLDLINE"
-    assert bucket.get_blob(root.key + "_bridge/manifest.json").storage_class != "COLDLINE"
+    [commit] = list(bucket.list_blobs(prefix=root.key + "_bridge/log/"))
+    assert bucket.get_blob(commit.name).storage_class != "COLDLINE"
     # fake-gcs-server ignores a compose's destination storageClass (it keeps its contentType and
     # metadata): what bridge's compose asks for is checked instead.
     from bridge.stores import get_store
@@ -116,7 +118,8 @@ def test_azure_tier_from_a_profile_is_set_and_read_back(azurite, make_root, emul
     root = parse(dst)
     container = azurite.client().get_container_client(root.bucket)
     tiers = {b.name[len(root.key):]: b.blob_tier for b in container.list_blobs(name_starts_with=root.key)}
-    assert tiers.pop("_bridge/manifest.json") == "Hot"
+    [commit] = [name for name in tiers if name.startswith("_bridge/log/")]
+    assert tiers.pop(commit) == "Hot"
     assert set(tiers.values()) == {"Cool"} and len(tiers) == 7, tiers
 
 
