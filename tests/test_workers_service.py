@@ -337,6 +337,7 @@ schedules:
     kind: replicate
     source: {src}/
     destinations: [{dr_s3}golden/, {dr_gs}golden/]
+    delete: true
 """)
     service.worker("w1", concurrency=2).wait_ready()
     service.beat(schedules)
