@@ -90,6 +90,8 @@ def judge(store: Store, info: ObjectInfo, entry: FileEntry, deep: bool = False) 
         if differ:
             return Verdict(f"rewritten since the manifest was written ({changed}): {differ}", changed)
         return Verdict(None, f"{changed} since the manifest was written; bytes proven equal by rehash")
+    if _listed_as_committed(info, entry):
+        return Verdict(None)
     problem = _cheap_problem(store, info, entry)
     if problem is not _UNREPORTED:
         return Verdict(problem)
@@ -108,6 +110,23 @@ def judge(store: Store, info: ObjectInfo, entry: FileEntry, deep: bool = False) 
     if differ:
         return Verdict(f"{why}; read again: {differ}", why)
     return Verdict(None, f"{why}; bytes proven equal by rehash")
+
+
+# What an object store gives each write of an object anew (S3's ETag and version id, GCS's
+# generation, Azure's ETag): the same value in the listing as in the commit's answer means the
+# version the commit checked is the one there.
+_VERSION_FIELDS = ("etag", "generation", "version_id")
+
+
+def _listed_as_committed(info: ObjectInfo, entry: FileEntry) -> bool:
+    """Whether the listing alone shows the committed version of an object-store object: its
+    size and a version field equal to the recorded ones, for an entry holding what the store
+    reported of that version at commit (the checksums checked then against ours), so no request
+    of its own is needed. Files on a local path have no such field: their bytes are checked."""
+    if info.location.is_local or not entry.identity or not info.identity or not entry.reported:
+        return False
+    common = [k for k in _VERSION_FIELDS if k in entry.identity and k in info.identity]
+    return bool(common) and all(entry.identity[k] == info.identity[k] for k in common)
 
 
 def _identity_change(store: Store, info: ObjectInfo, entry: FileEntry) -> str | None:

@@ -391,22 +391,18 @@ def committed(store: Store, root: Location) -> bool:
     return bool(state.names) or state.legacy
 
 
-def committed_prefixes(store: Store, root: Location) -> list[str]:
-    """The keys (relative to ``root``, "" for root itself) of every prefix beneath ``root`` that
-    holds a record: one listing of the whole tree."""
-    root = root.as_prefix()
-    found: set[str] = set()
+def record_head(rel: str) -> str | None:
+    """The prefix (relative, "" for the root listed) whose record the key ``rel`` is a commit
+    or legacy manifest of, or None when it is no such key."""
     marker = f"{RESERVED}/"
-    for info in store.list(root):
-        rel = info.location.relative_to(root)
-        at = rel.find(marker) if rel.startswith(marker) else rel.find("/" + marker)
-        if at < 0:
-            continue
-        head = rel[:at + 1] if at > 0 else ""
-        tail = rel[len(head) + len(marker):]
-        if (tail.startswith("log/") and _Name.parse(tail[4:]) is not None) or tail == "manifest.json":
-            found.add(head)
-    return sorted(found)
+    at = rel.find(marker) if rel.startswith(marker) else rel.find("/" + marker)
+    if at < 0:
+        return None
+    head = rel[:at + 1] if at > 0 else ""
+    tail = rel[len(head) + len(marker):]
+    if (tail.startswith("log/") and _Name.parse(tail[4:]) is not None) or tail == "manifest.json":
+        return head
+    return None
 
 
 # -- writing -------------------------------------------------------------------------------------

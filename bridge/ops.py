@@ -11,6 +11,7 @@ from bridge.config import Settings
 import concurrent.futures as cf
 import contextlib
 import gc
+import pickle
 
 from bridge import adopt as adopting
 from bridge import bwlimit
@@ -21,7 +22,7 @@ from bridge import filters as filtering
 from bridge.filters import Filters
 from bridge import routes
 from bridge.check import mismatch, reported_crc32c
-from bridge.stores.base import identity_changed
+from bridge.stores.base import identity_changed, is_reserved
 from bridge.hashing import rehash
 from bridge import jobs
 from bridge.engine import (FileList, FilePlan, JobContext, Plan, batching, check_chunk_size, check_route, file_plan,
@@ -30,6 +31,7 @@ from bridge.errors import JobCancelled, ManifestError, ObjectNotFound
 from bridge.journal import job_key
 from bridge.journal import FileJournal, journal_at
 from bridge.progress import Progress
+from bridge.spill import Rows
 from bridge.stores import get_store
 from bridge.urls import parse
 
@@ -215,7 +217,8 @@ def verify(url: str, settings: Settings, *, deep: bool = False, filters: Filters
     root = parse(url).as_prefix()
     store = get_store(root, settings)
     store.check_bucket(root)
-    prefixes = manifests.committed_prefixes(store, root)
+    tree = _Tree(store, root, spill_dir(settings))
+    prefixes = tree.prefixes
     if not prefixes:
         raise ManifestError(f"no manifest at or under {root}: the copy there is incomplete, or was not made by "
                             f"mcbridge")
@@ -225,17 +228,46 @@ def verify(url: str, settings: Settings, *, deep: bool = False, filters: Filters
     active = filters if filters is not None and filters.active else None
     if progress is not None:
         progress.begin("verifying")
-    with Pool(settings.transfer.concurrency) as pool:
+    with Pool(settings.transfer.concurrency) as pool, contextlib.closing(tree):
         for prefix in prefixes:
-            report["copies"].append(_verify_copy(store, root, prefix, prefixes, deep, pool, report, active, progress))
+            report["copies"].append(_verify_copy(store, root, prefix, prefixes, tree.walk(prefix), deep, pool, report,
+                                                 active, progress))
         if "" not in prefixes:
             # Objects under no committed prefix: uncommitted (a copy in progress, or not bridge's).
-            for rel, info in store.walk(root):
+            for rel, info in tree.walk(""):
                 if not any(rel.startswith(p) for p in prefixes) and (active is None or active.selects(rel, info)):
                     _note(report, "extra", rel)
     report["ok"] = not any(report["counts"][k] for k in ("missing", "extra", "mismatched")) \
         and all(s["ok"] for s in report["shard_sets"])
     return _filtered(report, filters)
+
+
+class _Tree:
+    """One listing of everything under ``root``, read once: the prefixes holding a record, found
+    in it, and its data objects, kept on disk (bridge.spill) and replayed per prefix in path
+    order. A verify of ten million objects lists them once and holds one page in memory."""
+
+    def __init__(self, store, root, where: Path):
+        self.rows = Rows(2, where)
+        found: set[str] = set()
+        for info in store.list(root):
+            rel = info.location.relative_to(root)
+            head = manifests.record_head(rel)
+            if head is not None:
+                found.add(head)
+            elif rel and not is_reserved(rel):
+                self.rows.append((rel, pickle.dumps(info, pickle.HIGHEST_PROTOCOL)))
+        self.prefixes = sorted(found)
+
+    def walk(self, prefix: str):
+        """(path relative to ``prefix``, info) of each data object under it, in path order."""
+        for rel, blob in self.rows.from_key(prefix):
+            if not rel.startswith(prefix):
+                return
+            yield rel[len(prefix):], pickle.loads(blob)
+
+    def close(self) -> None:
+        self.rows.close()
 
 
 def _note(report: dict, kind: str, row: Any) -> None:
@@ -244,7 +276,7 @@ def _note(report: dict, kind: str, row: Any) -> None:
         report[kind].append(row)
 
 
-def _verify_copy(store, root, prefix: str, prefixes: list[str], deep: bool, pool: cf.ThreadPoolExecutor,
+def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: bool, pool: cf.ThreadPoolExecutor,
                  report: dict, filters: Filters | None = None, progress: Progress | None = None) -> dict[str, Any]:
     """One committed prefix: a merge of its listing and its record, both in path order. An object
     under a deeper committed prefix belongs to that one, unless this record names it too."""
@@ -265,7 +297,6 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], deep: bool, pool
                 _note(report, "rehashed", {"path": prefix + path, "reason": verdict.rehashed})
 
     entries = record.entries() if record else iter(())
-    listing = store.walk(at)
     if filters is not None:   # paths as the filters see them: relative to the URL verified
         entries = (e for e in entries if filters.selects(prefix + e.path, _Recorded(e.size)))
         listing = ((rel, info) for rel, info in listing if filters.selects(prefix + rel, info))

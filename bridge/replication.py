@@ -23,7 +23,6 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from bridge.meter import Pool
 from bridge import manifest as manifests
 from bridge import bwlimit, jobs, meter, ops, routes
 from bridge.config import Settings
@@ -33,7 +32,7 @@ from bridge.filters import Filters
 from bridge.journal import job_key
 from bridge.progress import Progress
 from bridge.stores import get_store
-from bridge.stores.base import ObjectInfo, identity_changed
+from bridge.stores.base import ObjectInfo, identity_changed, merged
 from bridge.urls import parse
 from bridge.policies import replication as rules
 from bridge.policies.replication import NamedPolicy
@@ -108,17 +107,28 @@ class ConsistentCopy(JobContext):
         return super().run_unit(unit)
 
     def changed_sources(self) -> list[str]:
-        def look(f) -> str | None:
+        """The files sent that are gone or another version now: one listing of the source
+        merged in path order with the plan's files, no request per file (one HEAD for a plan of
+        a single object)."""
+        if self.plan.single:
             try:
-                now = self.src.info(self.src_loc(f.rel))
+                seen = [(f.rel, self.src.info(self.src_loc(f.rel))) for f in self.plan.files]
             except ObjectNotFound:
-                return f"{f.rel} (gone)"
-            if now.size != f.size:
-                return f"{f.rel} (size {f.size} -> {now.size})"
-            return f"{f.rel} (rewritten)" if identity_changed(f.source_id, now.identity) else None
-
-        with Pool(self.settings.transfer.concurrency) as pool:
-            return [why for why in pool.map(look, self.plan.files) if why]
+                seen = []
+        else:
+            seen = self.src.walk(self.src_root)
+        sent = ((f.rel, f) for f in self.plan.files)
+        changed = []
+        for rel, now, f in merged(seen, sent):
+            if f is None:
+                continue
+            if now is None:
+                changed.append(f"{rel} (gone)")
+            elif now.size != f.size:
+                changed.append(f"{rel} (size {f.size} -> {now.size})")
+            elif identity_changed(f.source_id, now.identity):
+                changed.append(f"{rel} (rewritten)")
+        return changed
 
 
 def copy_checkpoint(plan: Plan, settings: Settings, progress: Progress | None = None) -> dict:

@@ -102,16 +102,29 @@ class Rows:
         order = ", ".join(f"c{i}" for i in columns)
         yield from self._db.execute(f"SELECT {names} FROM rows ORDER BY {order}, seq")
 
+    def _index(self) -> None:
+        if not self._indexed:
+            self._db.execute("CREATE INDEX rows_c0 ON rows (c0)")
+            self._indexed = True
+
     def find(self, key) -> tuple | None:
         """The first row whose first column is ``key``."""
         self._flush()
         with self._lock:
-            if not self._indexed:
-                self._db.execute("CREATE INDEX rows_c0 ON rows (c0)")
-                self._indexed = True
+            self._index()
             row = self._db.execute(f"SELECT {', '.join(f'c{i}' for i in range(self.columns))} FROM rows "
                                    f"WHERE c0 = ? ORDER BY seq LIMIT 1", (key,)).fetchone()
         return row
+
+    def from_key(self, key) -> Iterator[tuple]:
+        """For rows appended in the order of their first column (a sorted listing): the rows in
+        order from the first whose first column is at least ``key``."""
+        self._flush()
+        with self._lock:
+            self._index()
+            first = self._db.execute("SELECT min(seq) FROM rows WHERE c0 >= ?", (key,)).fetchone()[0]
+        if first is not None:
+            yield from self.range(first - 1, self._count - first + 1)
 
     def close(self) -> None:
         with self._lock:
