@@ -88,3 +88,48 @@ def test_cancel_at_30_percent_of_a_200_mib_copy_stops_the_bytes(scheme, service,
         assert uploads == [], "an upload was left"
         text = service.cli("jobs", "status", job_id).stdout
         assert "cancelled" in text.splitlines()[0]
+
+
+def test_cancel_at_30_percent_of_a_datasync_job_stops_the_remote_execution(service, moto, fake_gcs, tmp_path):  # noqa: F811
+    """A native route on the service: the bytes move inside DataSync (its double writes S3
+    through the counting proxy), so the cancel must reach the remote execution. Twenty 1 MiB
+    objects, copied one at a time: at 30% fourteen are left, and at most the one in flight when
+    the execution is cancelled may still arrive."""
+    from bridge.manifest import read as read_manifest
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    from tests.doubles.datasync import DataSyncDouble
+    from tests.helpers import settings_for
+    from tests.test_native_sts import fill
+    files = {f"f{i:02d}": os.urandom(MiB) for i in range(20)}
+    src, dst = f"gs://{unique_name()}/", f"s3://{unique_name()}/"
+    fake_gcs.create_bucket(parse(src).bucket)
+    moto.create_bucket(parse(dst).bucket)
+    with FaultProxy(moto.endpoint) as proxy, DataSyncDouble(s3_endpoint=proxy.endpoint, delay=0.5) as double:
+        service.env.update(AWS_ENDPOINT_URL_DATASYNC=double.endpoint, MCBRIDGE_POLL_INTERVAL="0.05",
+                           MCBRIDGE_DATASYNC_S3_ROLE_ARN="arn:aws:iam::111122223333:role/dsync",
+                           MCBRIDGE_GCS_HMAC_ACCESS_ID="GOOG1EXAMPLE", MCBRIDGE_GCS_HMAC_SECRET="hmac-secret",
+                           MCBRIDGE_GCS_XML_ENDPOINT=fake_gcs.endpoint)
+        settings = settings_for(service.env)
+        fill(src, settings, files)
+        service.worker("w1").wait_ready()
+        job_id = service.submit("cp", src, dst, "--route", "datasync")
+        deadline = time.monotonic() + 60
+        while not any(run.objects_copied >= 6 for _task, run in double.executions.values()):
+            assert time.monotonic() < deadline, "the execution did not get to 30%"
+            time.sleep(0.02)
+
+        r = service.cli("jobs", "cancel", job_id)
+        assert r.returncode == 0 and "workers stopped" in r.stdout, r.stdout + r.stderr
+        at_return = proxy.counts["bytes_up"]
+        ((_task, remote),) = double.executions.values()
+        assert remote.finished.wait(10) and remote.state == "cancelled"
+        time.sleep(1)
+        after = proxy.counts["bytes_up"] - at_return
+        print(f"datasync: {remote.objects_copied} of 20 objects copied; {after} bytes at the proxy after the "
+              f"cancel returned")
+        assert after < 2 * MiB, after
+        assert len(double.calls("CancelTaskExecution")) == 1 and remote.objects_copied < 20
+        assert double.tasks == {} and double.locations == {}   # nothing left at the service
+        assert service.jobs.get(job_id).state == "cancelled"
+        assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None   # nothing committed

@@ -30,8 +30,8 @@ from bridge.attributes import Attrs
 from bridge import meter
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable, InvalidOption,
-                           IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported,
-                           CopySourceUnreadable)
+                           IntegrityError, JobCancelled, ObjectNotFound, PermissionDenied, TransientError,
+                           Unsupported, CopySourceUnreadable)
 from bridge.retry import call_with_retries
 from bridge.stores.base import (put_args, GiB, MiB, DirectReads, Features, ObjectInfo, PartRecord, Store, in_code_point_order, is_reserved,
                                 utc_seconds)
@@ -493,7 +493,12 @@ class AzureStore(DirectReads, Store):
         answer = self._request(dst, lambda: blob.start_copy_from_url(source, **kw))
         copy_id = answer.get("copy_id")
         while True:
-            props = self._request(dst, blob.get_blob_properties)
+            try:
+                props = self._request(dst, blob.get_blob_properties)
+            except JobCancelled:   # the copy runs at Azure until aborted: nothing is left committed
+                with _translate(dst, self.endpoint):
+                    blob.abort_copy(copy_id)
+                raise
             status = props.copy.status
             if props.copy.id != copy_id:
                 raise BridgeError(f"{dst}: another copy to this blob started while ours ran")
