@@ -6,7 +6,12 @@ manifest, no upload left, and the record ends when the last worker stopped.
 Each destination's parts go up in 8 MiB bodies from 8 threads (two worker processes of four), so
 up to 64 MiB can be in flight when the cancel is seen: a part that went on to its end would show
 as 8 MiB at the proxy, and the copy still has 140 MiB to go, more than those 64 MiB. The bound
-of 2 MiB leaves room for the requests that look for uploads to abort and abort them."""
+of 2 MiB leaves room for the requests that look for uploads to abort and abort them.
+
+Since ``jobs cancel`` returns only once the workers have stopped, a worker that finished the part
+it was sending before stopping would still pass that count (its bytes arrive before the return,
+only later); ``test_a_part_being_sent_stops_at_its_next_piece`` shows the part stopping mid-body
+on each store, at a fixed point, and fails where a part goes in one piece (the SDKs' calls)."""
 
 from __future__ import annotations
 
@@ -37,6 +42,45 @@ def _left_at(scheme: str, emulator, bucket: str) -> tuple[list[str], list[str]]:
     committed = [b.name for b in container.list_blobs()]
     # a blob holding only uncommitted blocks is listed with uncommittedblobs only
     return committed, [b.name for b in container.list_blobs(include=["uncommittedblobs"]) if b.name not in committed]
+
+
+class CancelledAfter:
+    """A cancel event (bridge.retry.stopping takes anything with ``is_set``) that is seen as set
+    from its ``n``-th look on: the looks are the one before a request and one before each 256 KiB
+    piece of its body, so this cancels a part while its body is being sent, at the same point
+    every run."""
+
+    def __init__(self, n: int):
+        self.n, self.looks = n, 0
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        return self.looks >= self.n
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "az"])
+def test_a_part_being_sent_stops_at_its_next_piece(scheme, env_for, make_root):
+    """The body of a part stops mid-way when the cancel is seen (after two of its eight pieces):
+    the store never gets the part (no part object, no staged block, no uploaded part), so the
+    request cannot complete after the cancel. A part sent in one piece (the SDKs' calls) would
+    arrive whole: this fails then."""
+    from bridge.errors import JobCancelled
+    from bridge.hashing import crc32c, crc_hex
+    from bridge.retry import stopping
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    from tests.helpers import settings_for
+    settings = settings_for(env_for(scheme))
+    loc = parse(make_root(scheme)).join("model.bin")
+    store = get_store(loc, settings)
+    data = os.urandom(2 * MiB)
+    upload_id = store.begin_upload(loc, len(data))
+    cancel = CancelledAfter(4)
+    with stopping(cancel), pytest.raises(JobCancelled):
+        store.upload_part(loc, upload_id, 1, 0, data, crc_hex(crc32c(data)))
+    assert cancel.looks == 4   # before the request, then before each of the first three pieces
+    assert not store.list_parts(loc, upload_id), "the part arrived whole after the cancel"
+    store.abort_upload(loc, upload_id)
 
 
 @pytest.mark.parametrize("scheme", ["s3", "gs", "az"])
