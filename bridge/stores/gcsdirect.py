@@ -236,7 +236,9 @@ class Direct:
         headers = {"Content-Type": content_type, "Content-Length": str(len(payload))}
         if self._bearer is not None:
             self._bearer.apply(headers)
-        target = f"{self.upload_base}{quote(loc.bucket, safe='')}/o?uploadType=multipart"
+        # the name in the query too, as gcsfs sends it (bridge/meter.py tells a part by it)
+        target = (f"{self.upload_base}{quote(loc.bucket, safe='')}/o?uploadType=multipart"
+                  f"&name={quote(loc.key, safe='')}")
         with self._connection(loc) as conn:
             conn.request("POST", target, body=payload, headers=headers)
             resp = conn.getresponse()
