@@ -487,7 +487,10 @@ class NativeSettings(_Model):
     datasync_endpoint: str | None = Field(None, after=_endpoint())
     datasync_region: str | None = None           # default: s3.region
     datasync_s3_role_arn: str | None = None      # BucketAccessRoleArn DataSync assumes on S3 buckets
-    datasync_agent_arns: list[str] = []          # none: an agentless (Enhanced mode) task
+    datasync_agent_arns: list[str] = []          # agents of a Basic mode task's GCS or Azure location
+    # CreateTask's TaskMode: ENHANCED (agentless between clouds, priced per GB and per execution)
+    # or BASIC (an agent on the other cloud's side; priced per GB only): policies/prices/aws.yaml
+    datasync_task_mode: Literal["ENHANCED", "BASIC"] = "ENHANCED"
     gcs_hmac_access_id: str | None = None        # DataSync reads or writes GCS through its XML API
     gcs_hmac_secret: SecretStr | None = None
     gcs_xml_endpoint: str = Field("https://storage.googleapis.com", after=_endpoint())
@@ -588,6 +591,7 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
     "MCBRIDGE_STS_AWS_ROLE_ARN": ("native", "sts_aws_role_arn"),
     "AWS_ENDPOINT_URL_DATASYNC": ("native", "datasync_endpoint"),
     "MCBRIDGE_DATASYNC_S3_ROLE_ARN": ("native", "datasync_s3_role_arn"),
+    "MCBRIDGE_DATASYNC_TASK_MODE": ("native", "datasync_task_mode"),
     "MCBRIDGE_GCS_HMAC_ACCESS_ID": ("native", "gcs_hmac_access_id"),
     "MCBRIDGE_GCS_HMAC_SECRET": ("native", "gcs_hmac_secret"),
     "MCBRIDGE_GCS_XML_ENDPOINT": ("native", "gcs_xml_endpoint"),

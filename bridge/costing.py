@@ -125,7 +125,7 @@ def route_plan(source: str, destination: str, settings: Settings, *, pack: str |
     try:
         choices = routes.plan_routes(usages, src, dst, where, builtin(), available=available_routes(settings, available),
                                      pack_allowed=pack is not None, forced=forced,
-                                     overrides=Overrides.from_settings(settings.pricing), speeds=_speeds(settings),
+                                     overrides=Overrides.from_settings(settings.pricing, settings.native), speeds=_speeds(settings),
                                      source_class=source_class, source_classes=classes,
                                      destination_class=destination_class(destination, settings),
                                      decided=(runs.route, runs.route_why) if runs is not None else None)
@@ -153,7 +153,7 @@ def destination_class(url: str, settings: Settings) -> str | None:
 
 def cost_of(usage: estimate.Usage, settings: Settings, source_url: str, destination_url: str) -> float:
     src, dst = locate(source_url, settings), locate(destination_url, settings)
-    return price(usage, src, dst, host(settings), builtin(), Overrides.from_settings(settings.pricing)).total
+    return price(usage, src, dst, host(settings), builtin(), Overrides.from_settings(settings.pricing, settings.native)).total
 
 
 def check_budget(usage: estimate.Usage | list[estimate.Usage], settings: Settings, max_cost: float | None,

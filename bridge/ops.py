@@ -152,6 +152,7 @@ def copy(source: str, destination: str, settings: Settings, *, chunk_size: int |
          progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False,
          max_cost: float | None = None, route: str | None = None, adopt: str = "off",
          filters: Filters | None = None) -> dict:
+    routes.refuse_forced(source, destination, settings, route)
     with meter.metering(meter.current() or meter.Meter()):   # the listing counts as what ran, too
         plan = plan_copy(source, destination, settings, chunk_size, filters=filters, listed=listing_to(progress))
         adopt_existing(plan, settings, adopt)
@@ -463,6 +464,7 @@ def sync(source: str, destination: str, settings: Settings, *, delete: bool = Fa
          chunk_size: int | None = None, progress: Progress | None = None, state_dir: Path | None = None,
          dry_run: bool = False, max_cost: float | None = None, route: str | None = None,
          adopt: str = "checksum", filters: Filters | None = None) -> dict[str, Any]:
+    routes.refuse_forced(source, destination, settings, route)
     with meter.metering(meter.current() or meter.Meter()):   # the listing counts as what ran, too
         plan, counts = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size, adopt=adopt,
                                  filters=filters, progress=progress)

@@ -9,7 +9,9 @@ Dollars are egress + requests + native service fees + retrieval of cold storage 
   leaving a site (local, Lustre, on-premises) is free: the clouds charge nothing to receive.
   A private interconnect from the settings replaces the price of the legs it joins.
 - **requests**, per store, by the provider's price class of each request kind.
-- **service fees**: DataSync per GB; Storage Transfer Service between clouds charges none.
+- **service fees**: DataSync per GB and, in Enhanced mode, per task execution, by the task mode
+  the settings give (``Overrides.service_modes``); Storage Transfer Service between clouds
+  charges none.
 - **retrieval**, when the source objects are in a cold storage class (given, or each class's
   bytes as the source's listing says).
 - **the destination's storage class**: writes into a cold class are priced at its request price
@@ -58,12 +60,15 @@ class Overrides:
     discounts: dict[str, dict[str, float]] = field(default_factory=dict)   # provider -> {egress_pct ...}
     interconnects: list[tuple[str, str, float]] = field(default_factory=list)
     month_to_date_gb: dict[str, float] = field(default_factory=dict)
+    # route -> the task mode its service runs in (DataSync: ENHANCED or BASIC, priced apart)
+    service_modes: dict[str, str] = field(default_factory=lambda: {"datasync": "ENHANCED"})
 
     @classmethod
-    def from_settings(cls, pricing: Any) -> Overrides:
+    def from_settings(cls, pricing: Any, native: Any = None) -> Overrides:
+        modes = {"datasync": native.datasync_task_mode} if native is not None else {"datasync": "ENHANCED"}
         return cls({p: d.model_dump() for p, d in pricing.discounts.items()},
                    [(i.between[0], i.between[1], i.usd_per_gb) for i in pricing.interconnects],
-                   dict(pricing.month_to_date_gb))
+                   dict(pricing.month_to_date_gb), modes)
 
     def off(self, provider: str, part: str) -> float:
         return 1.0 - self.discounts.get(provider, {}).get(f"{part}_pct", 0.0) / 100.0
@@ -155,10 +160,14 @@ def price(usage: Any, src: Place, dst: Place, host: Place, tables: dict[str, Pro
         cost.lines.append(f"requests at {place}: {counts} = {money.usd(usd)}{_pct(off)}")
     if usage.route in SERVICE_OF_ROUTE:
         provider, service = SERVICE_OF_ROUTE[usage.route]
-        rate = tables[provider].services[service]
+        mode = overrides.service_modes.get(usage.route)
+        rate = tables[provider].service(service, mode)
         off = overrides.off(provider, "services")
-        cost.services += gb * rate.usd_per_gb * off
-        cost.lines.append(f"{service} fee {gb:.3f} GB at ${rate.usd_per_gb}/GB{_pct(off)} ({rate.source}, {rate.date})")
+        runs = 1 if usage.files else 0   # one remote job (a task execution) for all of a plan's files
+        cost.services += (gb * rate.usd_per_gb + runs * rate.usd_per_run) * off
+        per_run = f" + ${rate.usd_per_run} per run x {runs}" if rate.usd_per_run else ""
+        cost.lines.append(f"{service}{f' ({mode} mode)' if mode else ''} fee {gb:.3f} GB at ${rate.usd_per_gb}/GB"
+                          f"{per_run}{_pct(off)} ({rate.source}, {rate.date})")
     classes = {source_class: usage.payload} if source_class else dict(source_classes or {})
     if classes and src.provider != "site":
         for name, nbytes in sorted(classes.items()):

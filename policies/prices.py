@@ -16,7 +16,10 @@ from the ``pricing`` section of the settings file and are applied on top (``with
                                   days (deleting or moving sooner bills the rest), and what a
                                   write into the class costs per 1,000 when it differs from the
                                   standard class's
-    services[name]                $/GB of a native transfer service (DataSync, Storage Transfer)
+    services[name]                $/GB of a native transfer service (DataSync, Storage Transfer),
+                                  and $ per run (a task execution) where the service bills one;
+                                  a service with task modes has an entry per mode, ``NAME_MODE``
+                                  (``datasync_enhanced``, ``datasync_basic``: ``service``)
 
 Nothing here does I/O except reading these files once.
 """
@@ -47,6 +50,10 @@ class Sourced(_Strict):
 
 class Rate(Sourced):
     usd_per_gb: float = Field(ge=0)
+
+
+class ServiceRate(Rate):
+    usd_per_run: float = Field(0.0, ge=0)   # a fee per run of the service (DataSync: per task execution)
 
 
 class Tier(_Strict):
@@ -123,11 +130,20 @@ class ProviderPrices(_Strict):
     requests: Requests
     retrieval: dict[str, Rate] = {}
     storage: dict[str, StorageRate] = {}
-    services: dict[str, Rate] = {}
+    services: dict[str, ServiceRate] = {}
 
     def storage_class(self, name: str) -> StorageRate | None:
         """The storage prices of a class, named as the store names it (Azure's ``Cool`` is ``COOL``)."""
         return self.storage.get(name.upper())
+
+    def service(self, name: str, mode: str | None = None) -> ServiceRate:
+        """The price of a native service, of its task mode when it has modes (``datasync`` in
+        ``ENHANCED`` is ``services.datasync_enhanced``)."""
+        key = f"{name}_{mode.lower()}" if mode else name
+        if key not in self.services:
+            raise ValueError(f"no price for {name}" + (f" in {mode} mode" if mode else "")
+                             + f" on {self.provider}; known: {', '.join(sorted(self.services)) or 'none'}")
+        return self.services[key]
 
     def retrieval_rate(self, name: str) -> Rate | None:
         return self.retrieval.get(name.upper())

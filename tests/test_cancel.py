@@ -1,7 +1,17 @@
 """Cancel stops the bytes: a 200 MiB copy on the service, limited to a rate at which 30% is
 reached in seconds, cancelled there; ``jobs cancel`` returns once its workers have stopped, and
 from then on a counting proxy in front of the store sees (nearly) nothing more: no object, no
-manifest, no upload left, and the record ends when the last worker stopped."""
+manifest, no upload left, and the record ends when the last worker stopped.
+
+Each destination's parts go up in 8 MiB bodies from 8 threads (two worker processes of four), so
+up to 64 MiB can be in flight when the cancel is seen: a part that went on to its end would show
+as 8 MiB at the proxy, and the copy still has 140 MiB to go, more than those 64 MiB. The bound
+of 2 MiB leaves room for the requests that look for uploads to abort and abort them.
+
+Since ``jobs cancel`` returns only once the workers have stopped, a worker that finished the part
+it was sending before stopping would still pass that count (its bytes arrive before the return,
+only later); ``test_a_part_being_sent_stops_at_its_next_piece`` shows the part stopping mid-body
+on each store, at a fixed point, and fails where a part goes in one piece (the SDKs' calls)."""
 
 from __future__ import annotations
 
@@ -12,25 +22,83 @@ import time
 import pytest
 
 from tests.emulators import unique_name
-from tests.faultproxy import FaultProxy
+from tests.faultproxy import FaultProxy, proxied_environment
 from tests.test_workers_service import service  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.timeout(300)
 MiB = 1024 * 1024
 
 
-def test_cancel_at_30_percent_of_a_200_mib_copy_to_s3_stops_the_bytes(service, moto, tmp_path):  # noqa: F811
+def _left_at(scheme: str, emulator, bucket: str) -> tuple[list[str], list[str]]:
+    """(the names of every object at the destination, bridge's own records and part objects
+    included; the uploads left open there)."""
+    if scheme == "s3":
+        s3 = emulator.client()
+        names = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+        return names, [u["Key"] for u in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])]
+    if scheme == "gs":   # parts are objects of their own under _bridge/uploads/ until composed
+        return [b.name for b in emulator.client().list_blobs(bucket)], []
+    container = emulator.client().get_container_client(bucket)
+    committed = [b.name for b in container.list_blobs()]
+    # a blob holding only uncommitted blocks is listed with uncommittedblobs only
+    return committed, [b.name for b in container.list_blobs(include=["uncommittedblobs"]) if b.name not in committed]
+
+
+class CancelledAfter:
+    """A cancel event (bridge.retry.stopping takes anything with ``is_set``) that is seen as set
+    from its ``n``-th look on: the looks are the one before a request and one before each 256 KiB
+    piece of its body, so this cancels a part while its body is being sent, at the same point
+    every run."""
+
+    def __init__(self, n: int):
+        self.n, self.looks = n, 0
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        return self.looks >= self.n
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "az"])
+def test_a_part_being_sent_stops_at_its_next_piece(scheme, env_for, make_root):
+    """The body of a part stops mid-way when the cancel is seen (after two of its eight pieces):
+    the store never gets the part (no part object, no staged block, no uploaded part), so the
+    request cannot complete after the cancel. A part sent in one piece (the SDKs' calls) would
+    arrive whole: this fails then."""
+    from bridge.errors import JobCancelled
+    from bridge.hashing import crc32c, crc_hex
+    from bridge.retry import stopping
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    from tests.helpers import settings_for
+    settings = settings_for(env_for(scheme))
+    loc = parse(make_root(scheme)).join("model.bin")
+    store = get_store(loc, settings)
+    data = os.urandom(2 * MiB)
+    upload_id = store.begin_upload(loc, len(data))
+    cancel = CancelledAfter(4)
+    with stopping(cancel), pytest.raises(JobCancelled):
+        store.upload_part(loc, upload_id, 1, 0, data, crc_hex(crc32c(data)))
+    assert cancel.looks == 4   # before the request, then before each of the first three pieces
+    assert not store.list_parts(loc, upload_id), "the part arrived whole after the cancel"
+    store.abort_upload(loc, upload_id)
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "az"])
+def test_cancel_at_30_percent_of_a_200_mib_copy_stops_the_bytes(scheme, service, emulator_for, tmp_path):  # noqa: F811
     src = tmp_path / "src"
     src.mkdir()
     with open(src / "model.bin", "wb") as f:
         for _ in range(25):
             f.write(os.urandom(8 * MiB))
+    emulator = emulator_for(scheme)
     bucket = unique_name()
-    moto.create_bucket(bucket)
-    with FaultProxy(moto.endpoint) as proxy:
-        service.env["AWS_ENDPOINT_URL"] = proxy.endpoint   # the workers reach S3 through the proxy
+    emulator.create_bucket(bucket)
+    with FaultProxy(emulator.endpoint) as proxy:
+        # the workers reach the store through the proxy
+        service.env.update(proxied_environment(service.env, {scheme: proxy}))
         service.worker("w1", concurrency=2, threads=4).wait_ready()
-        job_id = service.submit("cp", f"{src}/", f"s3://{bucket}/c/", "--bwlimit", "16MiB", "--chunk-size", "8MiB")
+        job_id = service.submit("cp", f"{src}/", f"{scheme}://{bucket}/c/", "--bwlimit", "16MiB",
+                                "--chunk-size", "8MiB")
         deadline = time.monotonic() + 120
         while True:
             record = service.jobs.get(job_id)
@@ -44,18 +112,68 @@ def test_cancel_at_30_percent_of_a_200_mib_copy_to_s3_stops_the_bytes(service, m
         r = service.cli("jobs", "cancel", job_id)
         assert r.returncode == 0 and "workers stopped" in r.stdout, r.stdout + r.stderr
         at_return = proxy.counts["bytes_up"] + proxy.counts["bytes_down"]
-        time.sleep(3)   # whatever a worker still had in flight would arrive now
+        returned = time.monotonic()
+        # The uploads are aborted once the last task has stopped (the same moment the cancel
+        # returns): looked for until they are gone, then as long as a part in flight would take.
+        while _left_at(scheme, emulator, bucket) != ([], []) and time.monotonic() < returned + 30:
+            time.sleep(0.2)
+        time.sleep(max(0.0, returned + 3 - time.monotonic()))
         after = proxy.counts["bytes_up"] + proxy.counts["bytes_down"] - at_return
+        print(f"{scheme}: cancel at {done / MiB:.0f} MiB done; {after} bytes at the proxy after the cancel "
+              f"returned; {proxy.counts['bytes_up'] / MiB:.0f} MiB sent in all")
         assert after < 2 * MiB, after
-        print(f"cancel at {done / MiB:.0f} MiB done; {after} bytes at the proxy after the cancel returned; "
-              f"{proxy.counts['bytes_up'] / MiB:.0f} MiB sent in all")
 
         record = service.jobs.get(job_id)
         assert record.state == "cancelled" and record.errors == []
         finished = calendar.timegm(time.strptime(record.to_dict()["finished"], "%Y-%m-%dT%H:%M:%SZ"))
         assert finished >= int(asked)   # the end is when its last task stopped, not when it was asked
-        s3 = moto.client()
-        assert s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0   # no object, no manifest
-        assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads"), "an upload was left"
+        objects, uploads = _left_at(scheme, emulator, bucket)
+        assert objects == [], objects        # no object, no part object, no manifest
+        assert uploads == [], "an upload was left"
         text = service.cli("jobs", "status", job_id).stdout
         assert "cancelled" in text.splitlines()[0]
+
+
+def test_cancel_at_30_percent_of_a_datasync_job_stops_the_remote_execution(service, moto, fake_gcs, tmp_path):  # noqa: F811
+    """A native route on the service: the bytes move inside DataSync (its double writes S3
+    through the counting proxy), so the cancel must reach the remote execution. Twenty 1 MiB
+    objects, copied one at a time: at 30% fourteen are left, and at most the one in flight when
+    the execution is cancelled may still arrive."""
+    from bridge.manifest import read as read_manifest
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    from tests.doubles.datasync import DataSyncDouble
+    from tests.helpers import settings_for
+    from tests.test_native_sts import fill
+    files = {f"f{i:02d}": os.urandom(MiB) for i in range(20)}
+    src, dst = f"gs://{unique_name()}/", f"s3://{unique_name()}/"
+    fake_gcs.create_bucket(parse(src).bucket)
+    moto.create_bucket(parse(dst).bucket)
+    with FaultProxy(moto.endpoint) as proxy, DataSyncDouble(s3_endpoint=proxy.endpoint, delay=0.5) as double:
+        service.env.update(AWS_ENDPOINT_URL_DATASYNC=double.endpoint, MCBRIDGE_POLL_INTERVAL="0.05",
+                           MCBRIDGE_DATASYNC_S3_ROLE_ARN="arn:aws:iam::111122223333:role/dsync",
+                           MCBRIDGE_GCS_HMAC_ACCESS_ID="GOOG1EXAMPLE", MCBRIDGE_GCS_HMAC_SECRET="hmac-secret",
+                           MCBRIDGE_GCS_XML_ENDPOINT=fake_gcs.endpoint)
+        settings = settings_for(service.env)
+        fill(src, settings, files)
+        service.worker("w1").wait_ready()
+        job_id = service.submit("cp", src, dst, "--route", "datasync")
+        deadline = time.monotonic() + 60
+        while not any(run.objects_copied >= 6 for _task, run in double.executions.values()):
+            assert time.monotonic() < deadline, "the execution did not get to 30%"
+            time.sleep(0.02)
+
+        r = service.cli("jobs", "cancel", job_id)
+        assert r.returncode == 0 and "workers stopped" in r.stdout, r.stdout + r.stderr
+        at_return = proxy.counts["bytes_up"]
+        ((_task, remote),) = double.executions.values()
+        assert remote.finished.wait(10) and remote.state == "cancelled"
+        time.sleep(1)
+        after = proxy.counts["bytes_up"] - at_return
+        print(f"datasync: {remote.objects_copied} of 20 objects copied; {after} bytes at the proxy after the "
+              f"cancel returned")
+        assert after < 2 * MiB, after
+        assert len(double.calls("CancelTaskExecution")) == 1 and remote.objects_copied < 20
+        assert double.tasks == {} and double.locations == {}   # nothing left at the service
+        assert service.jobs.get(job_id).state == "cancelled"
+        assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None   # nothing committed

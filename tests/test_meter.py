@@ -100,11 +100,14 @@ def test_metered_requests_are_the_emulators_own_log_with_503s_retried(scheme, tm
 
             # uploads of data (parts; on GCS every object write, parts included, is one upload):
             # as many as the emulator logged plus the ones answered 503
-            kind = "PUT" if scheme == "gs" else "PART"
+            kinds = ("PUT", "PART") if scheme == "gs" else ("PART",)
             writes_logged = sum(1 for method, target in logged if _is_write(scheme, method, target))
             writes_503 = sum(1 for line, action in proxy.log
                              if action == "error" and _is_write(scheme, *line.split(" ", 1)))
-            assert up.stores[f"{scheme}://{bucket}"].requests[kind] == writes_logged + writes_503 >= 3
+            counted = up.stores[f"{scheme}://{bucket}"].requests
+            assert sum(counted[k] for k in kinds) == writes_logged + writes_503 >= 3
+            if scheme == "gs":   # a part's upload names a temporary object: a PART, as estimated
+                assert counted["PART"] >= 3, counted
 
             row = down.stores[f"{scheme}://{bucket}"]
             assert row.bytes_read >= size        # data read back, re-reads of a cut answer included

@@ -232,3 +232,38 @@ def test_route_sts_without_google_credentials_is_refused_before_any_request(make
     line = r.stderr.strip()
     assert len(line.splitlines()) == 1 and "route sts needs Google credentials" in line and "internal" not in line
     assert sts_double.server.bodies("/v1/transferJobs") == []
+
+
+def test_route_datasync_without_aws_credentials_is_refused_before_any_request(make_root, env, datasync_double,
+                                                                              tmp_path):
+    """No AWS credentials anywhere boto3 looks: --route datasync is bad input, one line, exit 2,
+    and DataSync saw nothing (it was an internal error once the copy had been planned)."""
+    src, dst = make_root("gs"), make_root("s3")
+    fill(src, settings_for(env), FILES)
+    bare = {k: v for k, v in env.items() if not k.startswith("AWS_") or k == "AWS_ENDPOINT_URL_DATASYNC"}
+    bare.update(AWS_EC2_METADATA_DISABLED="true", AWS_CONFIG_FILE=str(tmp_path / "none"),
+                AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_ENDPOINT_URL=env["AWS_ENDPOINT_URL"],
+                AWS_REGION=env.get("AWS_REGION", "us-east-1"))
+    r = mcbridge("cp", src, dst + "x/", "--route", "datasync", env=bare, state_dir=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1 and "route datasync needs AWS credentials" in line, line
+    assert "internal" not in line and "resume" not in line
+    assert datasync_double.server.requests == []
+
+
+def test_the_task_mode_is_a_setting_sent_and_checked(make_root, env, datasync_double, tmp_path):
+    """ENHANCED (the default) and BASIC go to CreateTask as TaskMode; a Basic mode task between
+    clouds needs an agent and an Enhanced one takes none: each is refused before any request."""
+    settings = settings_for(env)
+    src = make_root("s3")
+    fill(src, settings, FILES)
+    r = mcbridge("cp", src, make_root("s3") + "x/", "--route", "datasync", env=env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    basic = {**env, "MCBRIDGE_DATASYNC_TASK_MODE": "BASIC"}
+    r = mcbridge("cp", src, make_root("s3") + "x/", "--route", "datasync", env=basic, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [t["TaskMode"] for t in datasync_double.calls("CreateTask")] == ["ENHANCED", "BASIC"]
+    r = mcbridge("cp", src, make_root("gs") + "x/", "--route", "datasync", env=basic, state_dir=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "through a DataSync agent" in r.stderr, r.stderr
+    assert len(datasync_double.calls("CreateTask")) == 2

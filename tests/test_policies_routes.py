@@ -47,7 +47,8 @@ SCENARIOS = [
      frozenset({"direct", "pack"}), False, "direct"),
     ("same account, built routes", "s3://src-a/x/", "s3://dst-b/y/", S3E, S3E, SITE, BIG, 10, routes.BUILT, False, "server"),
     ("same cloud, other region", "s3://src-a/x/", "s3://dst-b/y/", S3E, S3W, SITE, BIG, 10, ALL, False, "server"),
-    ("other region, server unavailable: datasync next", "s3://src-a/x/", "s3://dst-b/y/", S3E, S3W, SITE, BIG, 10,
+    # 100 GiB: DataSync's $0.55 per Enhanced mode execution is small beside what it saves per GB
+    ("other region, server unavailable: datasync next", "s3://src-a/x/", "s3://dst-b/y/", S3E, S3W, SITE, BIG, 100,
      ALL - {"server"}, False, "datasync"),
     ("s3 -> gs", "s3://src-a/x/", "gs://dst-b/y/", S3E, GCS, SITE, BIG, 10, ALL, False, "sts"),
     ("s3 -> gs, sts unavailable: direct next", "s3://src-a/x/", "gs://dst-b/y/", S3E, GCS, SITE, BIG, 10,
@@ -136,16 +137,22 @@ def test_hand_priced_s3_cross_region_by_datasync():
     plan = plan_of("s3://src-a/x/", "s3://dst-b/y/", [(1 * GiB, 8 * MiB)], 100)
     cost = price(estimate.usage(plan, "datasync"), S3E, S3W, SITE, builtin())
     transfer = 100 * 0.02            # inter-region from us-east-1 (aws.yaml egress.inter_region.us)
-    fee = 100 * 0.0125               # DataSync per GB (aws.yaml services.datasync)
+    fee = 100 * 0.015 + 0.55         # DataSync in Enhanced mode: per GB and one task execution
+    #                                  (aws.yaml services.datasync_enhanced)
     # source: 1 HEAD bucket + 100 HEAD + 100 GET (read class, $0.0004/1,000) and 1 LIST ($0.005/1,000)
     # destination: 100 x (1 BEGIN + 128 PART + 1 COMPLETE) + 1 LIST of the service + 1 LIST of leftovers
     #   + 1 manifest PUT (write class, $0.005/1,000); 100 HEAD after complete + 100 HEAD verify
     #   + 1 HEAD bucket + 2 GET manifest (read class)
     src_req = 201 * 0.0004 / 1000 + 1 * 0.005 / 1000
     dst_req = (100 * 130 + 3) * 0.005 / 1000 + 203 * 0.0004 / 1000
-    hand = transfer + fee + src_req + dst_req                         # = 3.315...
+    hand = transfer + fee + src_req + dst_req                         # = 4.115...
     assert cost.total == pytest.approx(hand, rel=0.02)
-    assert cost.services == pytest.approx(1.25)
+    assert cost.services == pytest.approx(2.05)
+    basic = price(estimate.usage(plan, "datasync"), S3E, S3W, SITE, builtin(),
+                  Overrides(service_modes={"datasync": "BASIC"}))
+    assert basic.services == pytest.approx(100 * 0.0125)          # services.datasync_basic: per GB only
+    assert basic.total == pytest.approx(hand - fee + 100 * 0.0125, rel=0.02)
+    assert "BASIC mode" in " ".join(basic.lines) and "ENHANCED mode" in " ".join(cost.lines)
 
 
 def test_hand_priced_100k_small_files_local_to_s3():
@@ -187,7 +194,8 @@ def test_every_price_names_its_source_and_date():
         for cls in table.requests.classes.values():
             assert "pricing page" in cls.source
     assert builtin()["gcp"].services["storage_transfer"].usd_per_gb == 0
-    assert builtin()["aws"].services["datasync"].usd_per_gb > 0
+    assert builtin()["aws"].service("datasync", "ENHANCED").usd_per_gb > builtin()["aws"].service(
+        "datasync", "BASIC").usd_per_gb > 0
     assert GB == 1 << 30
 
 

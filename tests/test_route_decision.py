@@ -54,17 +54,30 @@ def test_plan_marks_the_route_cp_takes(scenario, make_root, env, tmp_path):  # n
     assert _chosen(json.loads(plan.stdout)) == ran == expected
 
 
-@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s[0] != "local" and not s[2]], ids=_ids)
-def test_plan_marks_the_route_a_service_job_takes(scenario, service, make_root, tmp_path):  # noqa: F811
-    src_scheme, dst_scheme, _native, expected = scenario
+# What the doubles of the native services need, taken from the in-process scenarios' settings.
+NATIVE_ENV = ("MCBRIDGE_STS_ENDPOINT", "AWS_ENDPOINT_URL_DATASYNC", "MCBRIDGE_POLL_INTERVAL",
+              "MCBRIDGE_DATASYNC_S3_ROLE_ARN", "MCBRIDGE_GCS_HMAC_ACCESS_ID", "MCBRIDGE_GCS_HMAC_SECRET",
+              "MCBRIDGE_GCS_XML_ENDPOINT")
+
+
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s[0] != "local"], ids=_ids)
+def test_plan_marks_the_route_a_service_job_takes(scenario, service, make_root, env, tmp_path):  # noqa: F811
+    """The same decision on the service: a real worker, with the native routes enabled as the
+    scenario says (and their services' doubles), runs the route ``plan --json`` marks chosen."""
+    src_scheme, dst_scheme, native, expected = scenario
+    service.env.update({k: env[k] for k in NATIVE_ENV})
+    if native:
+        service.env["MCBRIDGE_NATIVE_ROUTES"] = native
     settings = settings_for(service.env)
     src, dst = make_root(src_scheme), make_root(dst_scheme) + "copy/"
     fill(src, settings, FILES)
     plan = service.cli("plan", src, dst, "--json")
     assert plan.returncode == 0, plan.stderr
     service.worker("w1", concurrency=1).wait_ready()
-    job_id = service.submit("cp", src, dst)
-    done = service.wait(job_id)
-    assert done.state == "succeeded", done.errors
-    status = json.loads(service.cli("jobs", "status", job_id, "--json").stdout)
+    ran = service.cli("submit", "cp", src, dst, "--wait", "--json")
+    assert ran.returncode == 0, ran.stderr + ran.stdout
+    status = json.loads(ran.stdout)
+    assert status["state"] == "succeeded", status
     assert _chosen(json.loads(plan.stdout)) == status["route"]["name"] == expected
+    if native:   # the service's double carried every file (from-url falls back per file on Azurite)
+        assert not status["route"]["fallbacks"] and status["route"]["bytes_through_bridge"] == 0, status["route"]

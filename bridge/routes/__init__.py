@@ -220,6 +220,18 @@ def choose(plan: Plan, settings: Settings, forced: str | None = None) -> Plan:
     return plan
 
 
+def refuse_forced(source: str, destination: str, settings: Settings, forced: str | None) -> None:
+    """Before any request: a forced route that cannot serve the pair, or lacks what its settings
+    must give (its credentials among them), is bad input (exit 2), as ``choose`` would say once
+    the copy had been planned, where the stores' own checks (their credentials) would come first."""
+    if forced is None or forced == DIRECT:
+        return
+    src, dst = parse(source), parse(destination)
+    reason = pair_reason(forced, src, dst) or get(forced).serves(src, dst, settings)
+    if reason:
+        raise InvalidOption(f"--route {forced} cannot copy {src} to {dst}: {reason}")
+
+
 def _why(name: str) -> str:
     return {"server": "source and destination are in one store account: the store copies inside itself",
             "from-url": "Azure pulls the bytes from a signed URL of the source",

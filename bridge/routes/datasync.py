@@ -10,8 +10,13 @@ SAS (``azure.sas_token``, else one bridge signs with the account key for the con
 one object, an include filter naming it; ``StartTaskExecution``; ``DescribeTaskExecution`` until
 it ends; ``CancelTaskExecution`` when the bridge job is cancelled. Task and locations are deleted
 afterwards; their ARNs are recorded in the state dir meanwhile, so that the re-run of a killed
-copy adopts its execution or deletes them (``run``). With no agent (``native.datasync_agent_arns``
-empty) the task runs in Enhanced mode, DataSync's agentless mode between clouds.
+copy adopts its execution or deletes them (``run``).
+
+The task mode is a setting (``native.datasync_task_mode``), sent as CreateTask's ``TaskMode``
+and priced by it (policies/prices/aws.yaml): ENHANCED, the default, DataSync's agentless mode
+between clouds (the caller needs ``iam:CreateServiceLinkedRole``; no agent, no bandwidth limit);
+BASIC reaches GCS or Azure through agents (``native.datasync_agent_arns``). What a mode cannot do
+is refused before any request, as are missing AWS credentials (``check``).
 
 S3 reports a full-object CRC32C only for objects written with one; where DataSync left none,
 bridge asks S3 to compute it by copying the object onto itself with ``ChecksumAlgorithm=CRC32C``
@@ -87,7 +92,8 @@ def _sas(loc: Location, settings: Settings, writing: bool) -> tuple[str, str]:
 
 def location_request(loc: Location, settings: Settings, writing: bool) -> tuple[str, dict]:
     """(operation, request) creating the DataSync location of ``loc`` (holds its credentials)."""
-    agents = {"AgentArns": list(settings.native.datasync_agent_arns)} if settings.native.datasync_agent_arns else {}
+    basic = settings.native.datasync_task_mode == "BASIC"
+    agents = {"AgentArns": list(settings.native.datasync_agent_arns)} if basic else {}
     if loc.scheme == "s3":
         role = settings.native.datasync_s3_role_arn
         if not role:
@@ -119,8 +125,34 @@ def check(src: Location, dst: Location, settings: Settings) -> None:
     if not (settings.native.datasync_region or settings.s3.region):
         raise RouteUnavailable("route datasync needs the AWS region that runs the task: set "
                                "native.datasync_region (or s3.region, AWS_REGION)")
+    _mode(src, dst, settings)
     location_request(src, settings, False)
     location_request(dst, settings, True)
+    _aws_credentials(settings)
+
+
+def _mode(src: Location, dst: Location, settings: Settings) -> None:
+    """RouteUnavailable when the task mode cannot carry the pair as the settings give it."""
+    n = settings.native
+    if n.datasync_task_mode == "ENHANCED" and n.datasync_agent_arns:
+        raise RouteUnavailable("route datasync: an Enhanced mode task runs without agents; set "
+                               "native.datasync_task_mode to BASIC to use native.datasync_agent_arns")
+    other = [loc.scheme for loc in (src, dst) if loc.scheme != "s3"]
+    if n.datasync_task_mode == "BASIC" and other and not n.datasync_agent_arns:
+        raise RouteUnavailable(f"route datasync: a Basic mode task reaches {other[0]}:// through a DataSync "
+                               f"agent; set native.datasync_agent_arns, or native.datasync_task_mode ENHANCED")
+
+
+def _aws_credentials(settings: Settings) -> None:
+    """RouteUnavailable unless boto3 finds AWS credentials to call DataSync with (no request to
+    the service): without them the first call failed after the copy had been planned."""
+    try:
+        found = _boto_session(settings).get_credentials()
+    except Exception as exc:   # botocore's profile and provider errors: what it says is the reason
+        raise RouteUnavailable(f"route datasync cannot read AWS credentials: {native.one_line(str(exc), 200)}") from None
+    if found is None:
+        raise RouteUnavailable("route datasync needs AWS credentials to call DataSync: set AWS_ACCESS_KEY_ID and "
+                               "AWS_SECRET_ACCESS_KEY (s3.access_key_id, s3.secret_access_key) or AWS_PROFILE")
 
 
 def _error(exc: Exception) -> str:
@@ -283,8 +315,7 @@ def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, st
                     ledger.note(locations=list(arns))
                 del requests
                 task = {"SourceLocationArn": arns[0], "DestinationLocationArn": arns[1],
-                        "Name": f"mcbridge-{uuid.uuid4().hex[:12]}", "TaskMode": "BASIC" if
-                        settings.native.datasync_agent_arns else "ENHANCED",
+                        "Name": f"mcbridge-{uuid.uuid4().hex[:12]}", "TaskMode": settings.native.datasync_task_mode,
                         "Options": {"VerifyMode": "ONLY_FILES_TRANSFERRED", "OverwriteMode": "ALWAYS",
                                     "PreserveDeletedFiles": "PRESERVE", "TransferMode": "ALL"}}
                 if transfer.filtered:

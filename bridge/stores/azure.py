@@ -30,8 +30,8 @@ from bridge.attributes import Attrs
 from bridge import meter
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable, InvalidOption,
-                           IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported,
-                           CopySourceUnreadable)
+                           IntegrityError, JobCancelled, ObjectNotFound, PermissionDenied, TransientError,
+                           Unsupported, CopySourceUnreadable)
 from bridge.retry import call_with_retries
 from bridge.stores.base import (put_args, GiB, MiB, DirectReads, Features, ObjectInfo, PartRecord, Store, in_code_point_order, is_reserved,
                                 utc_seconds)
@@ -493,7 +493,12 @@ class AzureStore(DirectReads, Store):
         answer = self._request(dst, lambda: blob.start_copy_from_url(source, **kw))
         copy_id = answer.get("copy_id")
         while True:
-            props = self._request(dst, blob.get_blob_properties)
+            try:
+                props = self._request(dst, blob.get_blob_properties)
+            except JobCancelled:   # the copy runs at Azure until aborted: nothing is left committed
+                with _translate(dst, self.endpoint):
+                    blob.abort_copy(copy_id)
+                raise
             status = props.copy.status
             if props.copy.id != copy_id:
                 raise BridgeError(f"{dst}: another copy to this blob started while ours ran")
@@ -562,6 +567,10 @@ class AzureStore(DirectReads, Store):
         # which Azurite does not speak; a bytearray from a ranged read is copied here.
         body = _as_bytes(data)
         scope = {"encryption_scope": self.settings.azure.encryption_scope} if self.settings.azure.encryption_scope else {}
+        if self._direct is not None:   # its body in pieces: a cancel stops it mid-way
+            extra = {"x-ms-encryption-scope": scope["encryption_scope"]} if scope else {}
+            self._request(loc, lambda: self._direct.stage_block(loc, block_id, body, extra))
+            return PartRecord(number, len(data), crc32c, block_id)
         self._request(loc, lambda: self._blob(loc).stage_block(block_id, body, length=len(body),
                                                                validate_content=self._validate, **scope))
         return PartRecord(number, len(data), crc32c, block_id)
