@@ -217,8 +217,11 @@ def verify(url: str, settings: Settings, *, deep: bool = False, filters: Filters
     store.check_bucket(root)
     prefixes = manifests.committed_prefixes(store, root)
     if not prefixes:
-        raise ManifestError(f"no manifest at or under {root}: the copy there is incomplete, or was not made by "
-                            f"mcbridge")
+        kept = f" (with the records kept under {settings.transfer.manifest_dir})" if root.is_local and \
+            settings.transfer.manifest_dir else " (records kept outside the data need --manifest-dir DIR)" \
+            if root.is_local else ""
+        raise ManifestError(f"no manifest at or under {root}{kept}: the copy there is incomplete, or was not made "
+                            f"by mcbridge")
     report: dict[str, Any] = {"url": str(root), "ok": True, "deep": deep, "checked": 0, "bytes": 0,
                               "missing": [], "extra": [], "mismatched": [], "rehashed": [], "shard_sets": [],
                               "counts": {"missing": 0, "extra": 0, "mismatched": 0, "rehashed": 0}, "copies": []}
@@ -446,7 +449,7 @@ def sync(source: str, destination: str, settings: Settings, *, delete: bool = Fa
             # Nothing to send or delete under a record that stands: no job, no new commit.
             summary = {"source": plan.source, "destination": plan.destination, "files": 0, "bytes": 0, "ok": True,
                        "errors": [], **(progress or Progress()).snapshot(),
-                       "route": routes.report(plan, {}, 0), "manifest": str(dst_root.as_prefix()) + manifests.LOG}
+                       "route": routes.report(plan, {}, 0), "manifest": manifests.log_folder(dst_store, dst_root)}
         else:
             summary = execute(plan, settings, progress, state_dir)
     return _filtered({**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions,

@@ -1,0 +1,145 @@
+"""Records kept outside the data (``--manifest-dir``, ``transfer.manifest_dir``,
+``MCBRIDGE_MANIFEST_DIR``): a local destination then holds only the data, so a loader that takes
+every folder for a class (torchvision's ImageFolder) or globs the tree sees no ``_bridge/``, and
+every command that reads or writes a local record finds it in the manifest folder."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bridge import manifest as manifests
+from bridge.errors import InvalidOption
+from bridge.urls import parse
+from tests.helpers import mcbridge, settings_for
+
+CLASSES = {"cats/c1.jpg": b"\xff\xd8cat-1" * 50, "cats/c2.jpg": b"\xff\xd8cat-2" * 70,
+           "dogs/d1.jpg": b"\xff\xd8dog-1" * 60, "dogs/puppies/p1.jpg": b"\xff\xd8pup" * 10}
+
+
+def find_classes(directory: Path) -> list[str]:
+    """The class names torchvision's ImageFolder gives a folder: the same rule as
+    ``torchvision.datasets.folder.find_classes`` (torchvision/datasets/folder.py), which is
+    ``sorted(entry.name for entry in os.scandir(directory) if entry.is_dir())``. torchvision
+    itself is not installed here (it pulls in torch); the rule is one line."""
+    return sorted(entry.name for entry in os.scandir(directory) if entry.is_dir())
+
+
+def write_tree(root: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+
+
+def one_line_error(r, code: int, *words: str) -> None:
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mcbridge: error: "), r.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+
+
+def test_imagefolder_sees_only_the_data_classes_of_a_tree_restored_from_s3(make_root, env_for, tmp_path):
+    env = env_for("s3")
+    state = tmp_path / "state"
+
+    def run(*args: str):
+        return mcbridge(*args, env=env, state_dir=state)
+
+    src = tmp_path / "dataset"
+    write_tree(src, CLASSES)
+    bucket = make_root("s3") + "imagenet-mini/train/"
+    assert run("cp", "-q", f"{src}/", bucket).returncode == 0
+
+    records = tmp_path / "records"
+    restored = tmp_path / "restored"
+    r = run("cp", "--manifest-dir", str(records), bucket, f"{restored}/")
+    assert r.returncode == 0, r.stderr
+    assert find_classes(restored) == ["cats", "dogs"]
+    assert not any("_bridge" in p.parts for p in restored.rglob("*"))
+    assert {p.relative_to(restored).as_posix() for p in restored.rglob("*") if p.is_file()} == set(CLASSES)
+    # The record is under the manifest folder, by the destination's absolute path.
+    logs = list((records / str(restored.resolve()).lstrip("/") / "_bridge" / "log").glob("c-*.json"))
+    assert len(logs) == 1
+
+    # verify proves the copy with the manifest folder, and says in one line that none is there without it
+    ok = run("verify", "--json", "--manifest-dir", str(records), f"{restored}/")
+    assert ok.returncode == 0 and json.loads(ok.stdout)["checked"] == len(CLASSES), ok.stdout + ok.stderr
+    one_line_error(run("verify", f"{restored}/"), 1, "no manifest", "--manifest-dir")
+
+    # The same restore without --manifest-dir: ImageFolder would take _bridge for a class.
+    inside = tmp_path / "restored-inside"
+    assert run("cp", "-q", bucket, f"{inside}/").returncode == 0
+    assert find_classes(inside) == ["_bridge", "cats", "dogs"]
+
+
+def test_every_command_on_a_local_record_uses_the_manifest_folder(tmp_path):
+    env = dict(os.environ)
+    state = tmp_path / "state"
+    records = tmp_path / "records"
+
+    def run(*args: str, **extra: str):
+        return mcbridge(*args, env={**env, **extra}, state_dir=state)
+
+    src = tmp_path / "src"
+    write_tree(src, CLASSES)
+    a, b = tmp_path / "a", tmp_path / "b"
+    # the global option, before or after the command
+    assert run("--manifest-dir", str(records), "cp", "-q", f"{src}/", f"{a}/").returncode == 0
+    assert run("cp", "-q", f"{src}/", f"{b}/", "--manifest-dir", str(records)).returncode == 0
+    for dst in (a, b):   # two destinations share one manifest folder, each its own record
+        assert not (dst / "_bridge").exists()
+        assert (records / str(dst.resolve()).lstrip("/") / "_bridge" / "log").is_dir()
+
+    # sync reads the record there: sends only what changed, and commits there
+    (src / "cats" / "c1.jpg").write_bytes(b"changed")
+    s = run("sync", "--json", f"{src}/", f"{a}/", MCBRIDGE_MANIFEST_DIR=str(records))   # the setting, from the env
+    assert s.returncode == 0, s.stderr
+    assert json.loads(s.stdout)["sent"] == ["cats/c1.jpg"]
+    assert not (a / "_bridge").exists()
+    assert run("verify", "-q", "--deep", "--manifest-dir", str(records), f"{a}/").returncode == 0
+
+    # hashsum takes the hash from the record it finds there
+    rows = json.loads(run("hashsum", "sha256", "--json", "--manifest-dir", str(records), f"{a}/").stdout)
+    assert {row["from"] for row in rows} == {"manifest"}, rows
+
+    # pack and unpack: the index is data, the record is not
+    packed, unpacked = tmp_path / "packed", tmp_path / "unpacked"
+    assert run("--manifest-dir", str(records), "pack", "-q", f"{src}/", f"{packed}/").returncode == 0
+    assert not (packed / "_bridge").exists()
+    assert run("--manifest-dir", str(records), "verify", "-q", f"{packed}/").returncode == 0
+    u = run("--manifest-dir", str(records), "unpack", "-q", f"{packed}/", f"{unpacked}/")
+    assert u.returncode == 0, u.stderr
+    assert find_classes(unpacked) == ["cats", "dogs"]
+
+    # mv proves against the record in the manifest folder, then removes the source's record too
+    moved = tmp_path / "moved"
+    m = run("--manifest-dir", str(records), "mv", "-q", f"{b}/", f"{moved}/")
+    assert m.returncode == 0, m.stderr
+    assert not b.exists() and not (records / str(b.resolve()).lstrip("/")).exists()
+    assert find_classes(moved) == ["cats", "dogs"]
+
+    # rm -r of a whole folder removes its record from the manifest folder, commit markers first
+    assert run("--manifest-dir", str(records), "rm", "-q", "-r", f"{moved}/").returncode == 0
+    assert not (records / str(moved.resolve()).lstrip("/")).exists()
+
+    # a manifest folder inside the data (or the data inside it) is refused before a byte moves
+    one_line_error(run("--manifest-dir", str(tmp_path / "new" / "meta"), "cp", f"{src}/", f"{tmp_path}/new/"),
+                   2, "overlap")
+    assert not (tmp_path / "new").exists()
+    one_line_error(run("--manifest-dir", "", "cp", f"{src}/", f"{a}/"), 2, "--manifest-dir")
+
+
+def test_the_record_location_is_one_function_of_destination_and_settings(tmp_path):
+    plain = settings_for(dict(os.environ))
+    kept = settings_for(dict(os.environ), manifest_dir=str(tmp_path / "m"))
+    data = parse(f"{tmp_path}/data/")
+    assert manifests.record_root(data, plain) == data
+    assert manifests.record_root(data, kept) == parse(f"{tmp_path}/m/{str(tmp_path.resolve()).lstrip('/')}/data/")
+    cloud = parse("s3://bucket/data/")
+    assert manifests.record_root(cloud, kept) == cloud   # only local destinations keep it elsewhere
+    with pytest.raises(InvalidOption, match="overlap"):
+        manifests.record_root(parse(f"{tmp_path}/m/x/"), kept)
