@@ -15,6 +15,7 @@ from bridge import manifest as manifests
 from bridge.errors import InvalidOption
 from bridge.urls import parse
 from tests.helpers import mcbridge, settings_for
+from tests.test_workers_service import service  # noqa: F401  (the fixture: workers, Redis, one tenant)
 
 CLASSES = {"cats/c1.jpg": b"\xff\xd8cat-1" * 50, "cats/c2.jpg": b"\xff\xd8cat-2" * 70,
            "dogs/d1.jpg": b"\xff\xd8dog-1" * 60, "dogs/puppies/p1.jpg": b"\xff\xd8pup" * 10}
@@ -143,3 +144,27 @@ def test_the_record_location_is_one_function_of_destination_and_settings(tmp_pat
     assert manifests.record_root(cloud, kept) == cloud   # only local destinations keep it elsewhere
     with pytest.raises(InvalidOption, match="overlap"):
         manifests.record_root(parse(f"{tmp_path}/m/x/"), kept)
+
+
+def test_the_service_keeps_a_local_destinations_record_in_the_manifest_folder(service, make_root, tmp_path,
+                                                                               tmp_path_factory):
+    src = tmp_path / "src"
+    write_tree(src, CLASSES)
+    bucket = make_root("s3") + "train/"
+    assert service.cli("cp", "-q", f"{src}/", bucket).returncode == 0
+    service.worker("w1").wait_ready()
+    records, restored = tmp_path / "records", tmp_path / "restored"
+    result = service.cli("--manifest-dir", str(records), "submit", "cp", bucket, f"{restored}/", "--wait", "--json")
+    assert result.returncode == 0, result.stderr + result.stdout
+    status = json.loads(result.stdout)
+    assert status["state"] == "succeeded" and status["verify"]["ok"], status
+    assert find_classes(restored) == ["cats", "dogs"]
+    assert (records / str(restored.resolve()).lstrip("/") / "_bridge" / "log").is_dir()
+    assert service.cli("verify", "-q", "--manifest-dir", str(records), f"{restored}/").returncode == 0
+
+    # a manifest folder is a place the job writes: outside the tenant's roots, the job is refused
+    elsewhere = tmp_path_factory.mktemp("not-a-root")
+    refused = service.cli("--manifest-dir", str(elsewhere), "submit", "cp", bucket, f"{tmp_path}/again/",
+                          "--wait", "--json")
+    assert refused.returncode != 0 and "outside" in refused.stdout + refused.stderr, refused.stdout + refused.stderr
+    assert not any(elsewhere.iterdir()) and not (tmp_path / "again").exists()
