@@ -168,3 +168,24 @@ def test_the_service_keeps_a_local_destinations_record_in_the_manifest_folder(se
                           "--wait", "--json")
     assert refused.returncode != 0 and "outside" in refused.stdout + refused.stderr, refused.stdout + refused.stderr
     assert not any(elsewhere.iterdir()) and not (tmp_path / "again").exists()
+
+
+def test_a_replication_source_committed_with_records_outside_the_data_is_seen_committed(tmp_path):
+    from bridge import ops
+    from bridge.policies import replication as rules
+    from bridge.replication import survey
+    records = tmp_path / "records"
+    kept = settings_for(dict(os.environ), manifest_dir=str(records), state_dir=str(tmp_path / "state"))
+    plain = settings_for(dict(os.environ), state_dir=str(tmp_path / "state"))
+    src, ckpts = tmp_path / "trained", tmp_path / "ckpts"
+    write_tree(src, {"model.bin": b"w" * 1000, "config.json": b"{}"})
+    for step in ("step-100", "step-200"):
+        ops.copy(f"{src}/", f"{ckpts}/{step}/", kept)
+    write_tree(ckpts, {"step-300/model.bin": b"half"})   # still being written, no commit
+    assert not list(ckpts.rglob("_bridge"))
+    policy = rules.Policy(source=f"{ckpts}/", destinations=["s3://dr-models/golden/"], checkpoints="step-*")
+    seen = survey(policy, kept)
+    assert {name for name, r in seen.items() if r.committed} == {"step-100", "step-200"}, seen
+    assert all("bridge commit" in seen[name].why for name in ("step-100", "step-200"))
+    # without the manifest folder, the same source shows no bridge commit
+    assert not any("bridge commit" in r.why for r in survey(policy, plain).values())
