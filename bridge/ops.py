@@ -21,7 +21,7 @@ from bridge import filters as filtering
 from bridge.filters import Filters
 from bridge import routes
 from bridge.check import mismatch, reported_crc32c
-from bridge.stores.base import identity_changed
+from bridge.stores.base import ObjectInfo, identity_changed, is_reserved
 from bridge.hashing import rehash
 from bridge import jobs
 from bridge.engine import (FileList, FilePlan, JobContext, Plan, batching, check_chunk_size, check_route, file_plan,
@@ -164,7 +164,7 @@ def ls(url: str, settings: Settings, *, recursive: bool = True, filters: Filters
        progress: Progress | None = None) -> list[dict[str, Any]]:
     """The objects under ``url`` (or the one object it names), sorted by path: with
     ``recursive``, every one; else those directly under it and its folders (rows with
-    ``dir: True``, their size the total under them). Each row: path, size, modified (epoch
+    ``dir: True`` and no size), from one level of the store's listing. Each row: path, size, modified (epoch
     seconds or None), storage class, and the version's identity (ETag, generation ...)."""
     loc = parse(url)
     store = get_store(loc, settings)
@@ -175,25 +175,37 @@ def ls(url: str, settings: Settings, *, recursive: bool = True, filters: Filters
             return [_row(info.location.name, info)]
         except ObjectNotFound:
             loc = loc.as_prefix()
-    rows: list[dict[str, Any]] = []
-    folders: dict[str, dict[str, Any]] = {}
-    seen = False
-    for rel, info in filtering.walk(store, loc, filters, listing_to(progress)):
-        seen = True
-        head, sep, _ = rel.partition("/")
-        if recursive or not sep:
-            rows.append(_row(rel, info))
-            continue
-        folder = folders.setdefault(head, {"path": head + "/", "dir": True, "size": 0, "files": 0,
-                                           "modified": None, "storage_class": None, "identity": {}})
-        folder["size"] += info.size
-        folder["files"] += 1
-        if info.modified is not None and (folder["modified"] is None or info.modified > folder["modified"]):
-            folder["modified"] = info.modified
+    if recursive:
+        rows = [_row(rel, info) for rel, info in filtering.walk(store, loc, filters, listing_to(progress))]
+    else:
+        rows = _one_level(store, loc.as_prefix(), filters, progress)
+    seen = bool(rows)
     if not seen and not (loc.is_local and Path(loc.local_path).is_dir()):
         if not (filters is not None and filters.active and next(iter(store.walk(loc)), None) is not None):
             raise ObjectNotFound(f"{loc}: nothing there")
-    return sorted(rows + list(folders.values()), key=lambda r: r["path"])
+    return sorted(rows, key=lambda r: r["path"])
+
+
+def _one_level(store, loc, filters: Filters | None, progress: Progress | None) -> list[dict[str, Any]]:
+    """The objects directly under ``loc`` and its folders, from one level of the store's listing
+    (a delimiter: nothing deeper is listed). A folder's row has no size (``du`` adds one up);
+    filters select the objects, and the folders they could select something in."""
+    active = filters if filters is not None and filters.active else None
+    listed = listing_to(progress)
+    rows = []
+    for found in store.list_level(loc):
+        if isinstance(found, ObjectInfo):
+            rel = found.location.relative_to(loc)
+            if rel and not is_reserved(rel) and (active is None or active.selects(rel, found)):
+                rows.append(_row(rel, found))
+        else:
+            rel = found.as_prefix().relative_to(loc)
+            if rel.strip("/") and not is_reserved(rel.rstrip("/")) and (active is None or active.selects_folder(rel)):
+                rows.append({"path": rel, "dir": True, "size": None, "modified": None, "storage_class": None,
+                             "identity": {}})
+    if listed is not None:
+        listed(len(rows))
+    return rows
 
 
 LISTED = 10_000   # names listed per kind of problem in a report (all are counted)

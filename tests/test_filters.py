@@ -277,3 +277,18 @@ def test_a_policys_bad_glob_is_named_by_its_line(tmp_path):
     with pytest.raises(InvalidOption) as caught:
         rules.load(path)
     assert f"{path}:5:" in str(caught.value) and "'[' without ']'" in str(caught.value), str(caught.value)
+
+
+# -- one level (ls without -R): what rclone lsf shows without -R ------------------------------------
+
+LEVEL_CASES = [c for c in CASES if c[0] != "--files-from"]
+
+
+@pytest.mark.parametrize("flags", LEVEL_CASES, ids=[" ".join(c) for c in LEVEL_CASES])
+def test_one_level_ls_shows_what_rclone_lsf_shows(flags, tree, tmp_path):
+    r = subprocess.run([RCLONE, "lsf", *flags, str(tree)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "RCLONE_CONFIG": "/dev/null"})
+    assert r.returncode == 0, r.stderr
+    listed = mcbridge("ls", "--json", f"{tree}/", *flags, env=dict(os.environ), state_dir=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert {row["path"] for row in json.loads(listed.stdout)} == set(r.stdout.splitlines())
