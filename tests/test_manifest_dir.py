@@ -189,3 +189,15 @@ def test_a_replication_source_committed_with_records_outside_the_data_is_seen_co
     assert all("bridge commit" in seen[name].why for name in ("step-100", "step-200"))
     # without the manifest folder, the same source shows no bridge commit
     assert not any("bridge commit" in r.why for r in survey(policy, plain).values())
+
+
+def test_a_cache_fill_keeps_its_own_record_whatever_the_manifest_folder(tmp_path):
+    from bridge.cache import Cache
+    records = tmp_path / "records"
+    settings = settings_for(dict(os.environ), manifest_dir=str(records), state_dir=str(tmp_path / "state"))
+    settings = settings.model_copy(update={"cache": settings.cache.model_copy(update={"dir": str(tmp_path / "c")})})
+    write_tree(tmp_path / "src", {"w.bin": b"weights" * 100})
+    cache = Cache(settings)
+    with open(cache.fetch(f"{tmp_path}/src/w.bin"), "rb") as f:
+        assert f.read() == b"weights" * 100
+    assert not records.exists()
