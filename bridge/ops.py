@@ -263,7 +263,7 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], deep: bool, pool
                  report: dict, filters: Filters | None = None, progress: Progress | None = None) -> dict[str, Any]:
     """One committed prefix: a merge of its listing and its record, both in path order. An object
     under a deeper committed prefix belongs to that one, unless this record names it too."""
-    at = root.join(prefix) if prefix else root
+    at = root.join(prefix.rstrip("/")).as_prefix() if prefix else root   # a local join takes no trailing /
     record = manifests.open_record(store, at)
     deeper = [p[len(prefix):] for p in prefixes if p != prefix and p.startswith(prefix)]
     before = dict(report["counts"])

@@ -201,3 +201,25 @@ def test_a_cache_fill_keeps_its_own_record_whatever_the_manifest_folder(tmp_path
     with open(cache.fetch(f"{tmp_path}/src/w.bin"), "rb") as f:
         assert f.read() == b"weights" * 100
     assert not records.exists()
+
+
+def test_replicate_to_a_local_destination_and_verify_every_copy_under_it(tmp_path):
+    env = dict(os.environ)
+    state, records = tmp_path / "state", tmp_path / "records"
+    ckpts, dr = tmp_path / "ckpts", tmp_path / "dr"
+    write_tree(ckpts, {"step-1/model.bin": b"a" * 300, "step-2/model.bin": b"b" * 400, "step-2/x.tmp": b"t"})
+    policy = tmp_path / "policies.yaml"
+    policy.write_text(f"policies:\n  p:\n    source: {ckpts}/\n    destinations: [{dr}/]\n"
+                      f"    checkpoints: 'step-*'\n    exclude: ['*.tmp']\n")
+    r = mcbridge("--manifest-dir", str(records), "replicate", "--policy", str(policy), "--once", env=env,
+                 state_dir=state)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(p.relative_to(dr).as_posix() for p in dr.rglob("*") if p.is_file()) == \
+        ["step-1/model.bin", "step-2/model.bin"]
+    # verify of the folder above the copies: each committed copy against its record
+    v = mcbridge("verify", "--json", "--manifest-dir", str(records), f"{dr}/", env=env, state_dir=state)
+    assert v.returncode == 0, v.stdout + v.stderr
+    assert len(json.loads(v.stdout)["copies"]) == 2
+    (dr / "step-2" / "extra.bin").write_bytes(b"x")
+    v = mcbridge("verify", "--json", "--manifest-dir", str(records), f"{dr}/", env=env, state_dir=state)
+    assert v.returncode == 1 and json.loads(v.stdout)["extra"] == ["step-2/extra.bin"], v.stdout
