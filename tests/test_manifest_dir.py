@@ -223,3 +223,17 @@ def test_replicate_to_a_local_destination_and_verify_every_copy_under_it(tmp_pat
     (dr / "step-2" / "extra.bin").write_bytes(b"x")
     v = mcbridge("verify", "--json", "--manifest-dir", str(records), f"{dr}/", env=env, state_dir=state)
     assert v.returncode == 1 and json.loads(v.stdout)["extra"] == ["step-2/extra.bin"], v.stdout
+
+
+def test_the_manifest_folder_from_a_profile_of_the_settings_file(tmp_path):
+    records, dst = tmp_path / "records", tmp_path / "dst"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"profiles:\n  datasets:\n    transfer: {{manifest_dir: {records}}}\n")
+    write_tree(tmp_path / "src", CLASSES)
+    env = dict(os.environ)
+    r = mcbridge("cp", "-q", "--profile", "datasets", "--config", str(config), f"{tmp_path}/src/", f"{dst}/",
+                 env=env, state_dir=tmp_path / "s")
+    assert r.returncode == 0, r.stderr
+    assert find_classes(dst) == ["cats", "dogs"] and (records / str(dst.resolve()).lstrip("/")).is_dir()
+    assert mcbridge("verify", "-q", "--profile", "datasets", "--config", str(config), f"{dst}/", env=env,
+                    state_dir=tmp_path / "s").returncode == 0
