@@ -85,12 +85,16 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from bridge import __version__
 from bridge.errors import BridgeError, IntegrityError, InvalidOption, ManifestError, ObjectNotFound
 from bridge.hashing import FileHash, crc32c, crc_hex
 from bridge.stores.base import RESERVED, ObjectInfo, Store
 from bridge.urls import Location, canonical
+
+if TYPE_CHECKING:
+    from bridge.config import Settings
 
 FORMAT = "mcbridge-manifest"
 VERSION = 3          # the newest this bridge reads, and what it writes
@@ -224,14 +228,14 @@ def _folder(root: Location, rel: str) -> Location:
 
 # -- where a record lives --------------------------------------------------------------------------
 
-def record_root(root: Location, settings) -> Location:
+def record_root(root: Location, settings: Settings | None) -> Location:
     """The prefix that holds ``root``'s ``_bridge/`` record: ``root`` itself, or, for a local
     ``root`` when ``transfer.manifest_dir`` is set (``--manifest-dir``, ``MCBRIDGE_MANIFEST_DIR``),
     that folder followed by ``root``'s absolute path (links resolved), so that the data folder holds
     only the data and several destinations share one manifest folder. Every reader and writer of a
     record asks here (through the store's settings), and nowhere else."""
     root = root.as_prefix()
-    manifest_dir = getattr(getattr(settings, "transfer", None), "manifest_dir", None)
+    manifest_dir = settings.transfer.manifest_dir if settings is not None else None
     if not root.is_local or not manifest_dir:
         return root
     home = canonical(Location("file", "", os.path.abspath(os.path.expanduser(manifest_dir)).strip("/") + "/"))
