@@ -457,6 +457,12 @@ class AzureSettings(_Model):
     encryption_scope: str | None = None
 
 
+def _not_empty(value: str | None, what: str) -> str | None:
+    if value is not None and not value.strip():
+        raise ValueError(f"is empty: give {what}, or leave it out")
+    return value
+
+
 class TransferSettings(_Model):
     concurrency: int = Field(8, ge=1, le=256)
     # None: derived per store from its limits
@@ -472,6 +478,9 @@ class TransferSettings(_Model):
     read_timeout: float = Field(120.0, gt=0)
     # Bytes per second across all of a job's connections (e.g. 50MiB); None: unlimited.
     bwlimit: int | None = Field(None, before=_rate)
+    # Where the records (_bridge/) of local destinations are kept, outside the data: under this
+    # folder, by the destination's absolute path (bridge.manifest.record_root). None: inside.
+    manifest_dir: str | None = Field(None, after=lambda v: _not_empty(v, "a folder"))
 
 
 class NativeSettings(_Model):
@@ -601,6 +610,7 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
     "MCBRIDGE_STORE_CHECKSUMS": ("transfer", "store_checksums"),
     "MCBRIDGE_STATE_DIR": ("transfer", "state_dir"),
     "MCBRIDGE_BWLIMIT": ("transfer", "bwlimit"),
+    "MCBRIDGE_MANIFEST_DIR": ("transfer", "manifest_dir"),
     "MCBRIDGE_CACHE_DIR": ("cache", "dir"),
     "MCBRIDGE_CACHE_QUOTA": ("cache", "quota"),
     "MCBRIDGE_CACHE_STRIPING": ("cache", "striping"),

@@ -188,11 +188,13 @@ class _Rules:
         return True
 
     def selects(self, rel: str) -> bool:
-        parts = rel.split("/")
-        for depth in range(1, len(parts)):
-            if not self._first(self.dirs, "/".join(parts[:depth]) + "/"):
-                return False
-        return self._first(self.files, rel)
+        return self.enters(rel.rsplit("/", 1)[0] + "/" if "/" in rel else "") and self._first(self.files, rel)
+
+    def enters(self, folder: str) -> bool:
+        """Whether the folder ``folder`` ('' or ending with '/') and every folder above it are
+        looked into."""
+        parts = folder.rstrip("/").split("/") if folder else []
+        return all(self._first(self.dirs, "/".join(parts[:depth]) + "/") for depth in range(1, len(parts) + 1))
 
 
 def read_files_from(source: str, read: Callable[[], str]) -> list[str]:
@@ -253,6 +255,14 @@ class Filters:
         if self._wanted is not None:
             return rel in self._wanted
         return self._rules.selects(rel)
+
+    def selects_folder(self, folder: str) -> bool:
+        """Whether the folder ``folder`` (ending with '/') is listed: as rclone shows a folder in
+        a listing of one level, when the path rules could select something in it (sizes and
+        ages are the files' own)."""
+        if self._wanted is not None:
+            return any(path.startswith(folder) for path in self._wanted)
+        return self._rules.enters(folder)
 
     def selects(self, rel: str, info: Any = None) -> bool:
         """Whether ``rel`` (with its ObjectInfo ``info``, for sizes and times) is selected."""

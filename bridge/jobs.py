@@ -234,6 +234,8 @@ def run(ctx: Context, units: Iterable[dict], journal: FileJournal, concurrency: 
     """A whole job in this process: prepare, the units, the finals; the journal is removed once
     the job has committed, and kept (for the re-run to resume from) when it has not."""
     try:
+        if getattr(ctx, "dst_root", None) is not None:   # a record that cannot be kept where asked: before any byte
+            manifests.record_home(ctx.dst, ctx.dst_root)
         with retry.reporting(lambda _exc: ctx.progress.retried()), meter.metering(meter.current() or ctx.meter):
             ctx.prepare()
         outcome = ThreadExecutor(concurrency).run(ctx, units, ctx.finals())

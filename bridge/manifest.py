@@ -1,5 +1,7 @@
 """The integrity record of a prefix: a log of commits under ``<root>/_bridge/``, each written last
-by the job it records, as that job's commit marker.
+by the job it records, as that job's commit marker. A local ``root`` with ``transfer.manifest_dir``
+set keeps it under ``<manifest_dir>/<root's absolute path>/_bridge/`` instead (``record_root``):
+every function here takes the data's root and finds the record through the store's settings.
 
 A prefix with no commit is incomplete. Any number of writers may commit into one prefix at once
 (several jobs dropping shards or checkpoints under one root) and none loses another's entries:
@@ -83,12 +85,16 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from bridge import __version__
-from bridge.errors import BridgeError, IntegrityError, ManifestError, ObjectNotFound
+from bridge.errors import BridgeError, IntegrityError, InvalidOption, ManifestError, ObjectNotFound
 from bridge.hashing import FileHash, crc32c, crc_hex
 from bridge.stores.base import RESERVED, ObjectInfo, Store
-from bridge.urls import Location
+from bridge.urls import Location, canonical
+
+if TYPE_CHECKING:
+    from bridge.config import Settings
 
 FORMAT = "mcbridge-manifest"
 VERSION = 3          # the newest this bridge reads, and what it writes
@@ -220,6 +226,36 @@ def _folder(root: Location, rel: str) -> Location:
     return root.join(rel.rstrip("/")).as_prefix()
 
 
+# -- where a record lives --------------------------------------------------------------------------
+
+def record_root(root: Location, settings: Settings | None) -> Location:
+    """The prefix that holds ``root``'s ``_bridge/`` record: ``root`` itself, or, for a local
+    ``root`` when ``transfer.manifest_dir`` is set (``--manifest-dir``, ``MCBRIDGE_MANIFEST_DIR``),
+    that folder followed by ``root``'s absolute path (links resolved), so that the data folder holds
+    only the data and several destinations share one manifest folder. Every reader and writer of a
+    record asks here (through the store's settings), and nowhere else."""
+    root = root.as_prefix()
+    manifest_dir = settings.transfer.manifest_dir if settings is not None else None
+    if not root.is_local or not manifest_dir:
+        return root
+    home = canonical(Location("file", "", os.path.abspath(os.path.expanduser(manifest_dir)).strip("/") + "/"))
+    data = canonical(root)
+    if home.key.startswith(data.key) or data.key.startswith(home.key):
+        raise InvalidOption(f"manifest folder {home.local_path} and destination {data.local_path} overlap: "
+                            f"keep the manifest folder outside the data (and the data outside it)")
+    return Location("file", "", home.key + data.key)
+
+
+def record_home(store: Store, root: Location) -> Location:
+    """``record_root`` with the settings the store was made with (every store keeps them)."""
+    return record_root(root, getattr(store, "settings", None))
+
+
+def log_folder(store: Store, root: Location) -> str:
+    """Where ``root``'s commits are (``_bridge/log/``), as a summary names it."""
+    return str(record_home(store, root)) + LOG
+
+
 def _list_state(store: Store, root: Location) -> _State:
     names, legacy, previous = [], False, False
     for info in store.list(_folder(root, RESERVED)):
@@ -341,7 +377,7 @@ def _legacy_extra(doc: dict) -> dict:
 
 def open_record(store: Store, root: Location) -> Record | None:
     """The prefix's record, or None when nothing was ever committed there."""
-    root = root.as_prefix()
+    root = record_home(store, root)
     for _try in range(_READ_TRIES):
         state = _list_state(store, root)
         try:
@@ -387,8 +423,17 @@ def read(store: Store, root: Location) -> Manifest | None:
 
 def committed(store: Store, root: Location) -> bool:
     """Whether anything was ever committed at ``root`` (one listing, no document read)."""
-    state = _list_state(store, root.as_prefix())
+    state = _list_state(store, record_home(store, root))
     return bool(state.names) or state.legacy
+
+
+def committed_prefixes(store: Store, root: Location) -> list[str]:
+    """The keys (relative to ``root``, "" for root itself) of every prefix beneath ``root`` that
+    holds a record: one listing of the manifest folder's copy of the tree, where records are
+    kept outside the data (a listing of the data itself finds them with ``record_head``)."""
+    home = record_home(store, root)
+    return sorted({head for head in (record_head(info.location.relative_to(home)) for info in store.list(home))
+                   if head is not None})
 
 
 def record_head(rel: str) -> str | None:
@@ -403,6 +448,20 @@ def record_head(rel: str) -> str | None:
     if (tail.startswith("log/") and _Name.parse(tail[4:]) is not None) or tail == "manifest.json":
         return head
     return None
+
+
+def is_commit_marker(loc: Location) -> bool:
+    """A document that says a prefix is committed: removed before the rest of a record."""
+    key = "/" + loc.key
+    return key.endswith("/" + MANIFEST) or f"/{LOG}" in key
+
+
+def record_files(store: Store, root: Location) -> tuple[Location, list[Location]]:
+    """Where the records at and beneath ``root`` are kept (``record_root``), and every file of
+    theirs, commit markers first: what removing the whole prefix removes with it."""
+    at = record_home(store, root)
+    found = [info.location for info in store.list(at) if f"/{RESERVED}/" in "/" + info.location.relative_to(at)]
+    return at, sorted(found, key=lambda loc: not is_commit_marker(loc))
 
 
 # -- writing -------------------------------------------------------------------------------------
@@ -487,7 +546,7 @@ def append(store: Store, root: Location, source: str, destination: str, entries:
            removed: Iterable[str] = (), extra: dict | None = None) -> Location:
     """Commit ``entries`` (and the removal of ``removed``) at ``root``: their shards, then the
     commit's document, last. Returns the document's location. Folds the log when it has grown."""
-    root = root.as_prefix()
+    root = record_home(store, root)
     state = _list_state(store, root)
     name = _Name.new("c", state.top_seq + 1)
     writer = _SegmentWriter(store, root, name.name)
@@ -501,7 +560,7 @@ def append(store: Store, root: Location, source: str, destination: str, entries:
     base = state.checkpoints[-1].seq if state.checkpoints else -1
     if sum(1 for n in state.names if n.kind == "c" and n.seq > base) + 1 > COMPACT_AFTER:
         try:
-            compact(store, root)
+            _compact(store, root)
         except (BridgeError, _Vanished):
             pass   # the commit stands; the next one folds the log
     return where
@@ -516,7 +575,10 @@ def write(store: Store, root: Location, manifest: Manifest) -> Location:
 def compact(store: Store, root: Location) -> Location | None:
     """Fold the newest checkpoint and the commits on top of it into a new checkpoint, then delete
     what the checkpoint below the old one covered (one generation late: see the module's text)."""
-    root = root.as_prefix()
+    return _compact(store, record_home(store, root))
+
+
+def _compact(store: Store, root: Location) -> Location | None:
     state = _list_state(store, root)
     record = _open(store, root, state)
     if record is None:
@@ -557,7 +619,7 @@ def _delete_quietly(store: Store, loc: Location) -> None:
 def remove(store: Store, root: Location) -> None:
     """Uncommit ``root``: every commit marker first (then nothing there looks complete), then the
     shards."""
-    root = root.as_prefix()
+    root = record_home(store, root)
     for info in list(store.list(_folder(root, LOG))):
         _delete_quietly(store, info.location)
     for rel in (MANIFEST, PREVIOUS):

@@ -25,7 +25,7 @@ from bridge.filters import Filters
 from bridge.hashing import crc32c, crc_hex
 from bridge.progress import Progress
 from bridge.stores import get_store
-from bridge.stores.base import RESERVED, MiB, identity_changed
+from bridge.stores.base import MiB, identity_changed
 from bridge.urls import CLOUD_SCHEMES, Location, parse
 
 READ_PIECE = 8 * MiB   # cat and hashsum read an object this much per request
@@ -134,12 +134,6 @@ def cat(url: str, settings: Settings, write: Callable[[bytes], Any], *, offset: 
 
 # -- rm ------------------------------------------------------------------------------------------
 
-def _commit_marker(loc: Location) -> bool:
-    """A document that says a prefix is committed (bridge.manifest): removed before the rest."""
-    key = "/" + loc.key
-    return key.endswith("/" + manifests.MANIFEST) or f"/{manifests.LOG}" in key
-
-
 def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Filters | None = None,
            dry_run: bool = False, progress: Progress | None = None) -> dict[str, Any]:
     """Remove the object ``url``, or with ``recursive`` every object under the prefix (those the
@@ -150,11 +144,10 @@ def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Fi
                                          listed=progress.saw if progress else None)
     targets = [info.location for _rel, info in rows]
     whole = not single and not (filters is not None and filters.active)
-    if whole:   # _bridge/ too (walk leaves it out): the manifest first
-        records = [info.location for info in store.list(root)
-                   if f"/{RESERVED}/" in "/" + info.location.relative_to(root)]
-        first = [loc for loc in records if _commit_marker(loc)]
-        targets = first + [loc for loc in records if loc not in first] + targets
+    home = root
+    if whole:   # _bridge/ too (walk leaves it out; kept in --manifest-dir or here): the manifest first
+        home, records = manifests.record_files(store, root)
+        targets = records + targets
     nbytes = sum(info.size for _rel, info in rows)
     summary = {"url": str(root) if not single else url, "objects": len(targets), "bytes": nbytes,
                "removed": [str(loc) for loc in targets]}
@@ -173,9 +166,9 @@ def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Fi
         if progress is not None:
             progress.checked()
 
-    for loc in [t for t in targets if _commit_marker(t)]:
+    for loc in [t for t in targets if manifests.is_commit_marker(t)]:
         delete(loc)
-    rest = [t for t in targets if not _commit_marker(t)]
+    rest = [t for t in targets if not manifests.is_commit_marker(t)]
     with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
         for loc, fut in zip(rest, [pool.submit(delete, loc) for loc in rest]):
             try:
@@ -186,6 +179,8 @@ def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Fi
         raise BridgeError(f"{len(failed)} of {len(targets)} objects not removed: {failed[0]}")
     if whole and root.is_local:
         _remove_empty_folders(root.local_path)
+        if home != root:
+            _remove_empty_folders(home.local_path)
     return summary
 
 
@@ -236,14 +231,16 @@ def move(source: str, destination: str, settings: Settings, *, filters: Filters 
     src = get_store(parse(plan.single or plan.source), settings)
     gone = [parse(plan.single)] if plan.single else [src_root.as_prefix().join(f.rel) for f in plan.files]
     whole = plan.single is None and not (filters is not None and filters.active)
+    home = None
     if whole:   # every object moved: the source's own records name nothing any more
-        root = src_root.as_prefix()
-        gone = [info.location for info in src.list(root)
-                if f"/{RESERVED}/" in "/" + info.location.relative_to(root)] + gone
+        home, records = manifests.record_files(src, src_root)
+        gone = records + gone
     with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
         list(pool.map(lambda loc: _delete_quietly(src, loc), gone))
     if whole and src_root.is_local:
         _remove_empty_folders(src_root.local_path)
+        if home is not None and home != src_root.as_prefix():
+            _remove_empty_folders(home.local_path)
     return {**summary, "removed_from_source": len(plan.files)}
 
 

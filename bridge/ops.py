@@ -22,7 +22,7 @@ from bridge import filters as filtering
 from bridge.filters import Filters
 from bridge import routes
 from bridge.check import mismatch, reported_crc32c
-from bridge.stores.base import identity_changed, is_reserved
+from bridge.stores.base import ObjectInfo, identity_changed, is_reserved
 from bridge.hashing import rehash
 from bridge import jobs
 from bridge.engine import (FileList, FilePlan, JobContext, Plan, batching, check_chunk_size, check_route, file_plan,
@@ -167,7 +167,7 @@ def ls(url: str, settings: Settings, *, recursive: bool = True, filters: Filters
        progress: Progress | None = None) -> list[dict[str, Any]]:
     """The objects under ``url`` (or the one object it names), sorted by path: with
     ``recursive``, every one; else those directly under it and its folders (rows with
-    ``dir: True``, their size the total under them). Each row: path, size, modified (epoch
+    ``dir: True`` and no size), from one level of the store's listing. Each row: path, size, modified (epoch
     seconds or None), storage class, and the version's identity (ETag, generation ...)."""
     loc = parse(url)
     store = get_store(loc, settings)
@@ -178,25 +178,37 @@ def ls(url: str, settings: Settings, *, recursive: bool = True, filters: Filters
             return [_row(info.location.name, info)]
         except ObjectNotFound:
             loc = loc.as_prefix()
-    rows: list[dict[str, Any]] = []
-    folders: dict[str, dict[str, Any]] = {}
-    seen = False
-    for rel, info in filtering.walk(store, loc, filters, listing_to(progress)):
-        seen = True
-        head, sep, _ = rel.partition("/")
-        if recursive or not sep:
-            rows.append(_row(rel, info))
-            continue
-        folder = folders.setdefault(head, {"path": head + "/", "dir": True, "size": 0, "files": 0,
-                                           "modified": None, "storage_class": None, "identity": {}})
-        folder["size"] += info.size
-        folder["files"] += 1
-        if info.modified is not None and (folder["modified"] is None or info.modified > folder["modified"]):
-            folder["modified"] = info.modified
+    if recursive:
+        rows = [_row(rel, info) for rel, info in filtering.walk(store, loc, filters, listing_to(progress))]
+    else:
+        rows = _one_level(store, loc.as_prefix(), filters, progress)
+    seen = bool(rows)
     if not seen and not (loc.is_local and Path(loc.local_path).is_dir()):
         if not (filters is not None and filters.active and next(iter(store.walk(loc)), None) is not None):
             raise ObjectNotFound(f"{loc}: nothing there")
-    return sorted(rows + list(folders.values()), key=lambda r: r["path"])
+    return sorted(rows, key=lambda r: r["path"])
+
+
+def _one_level(store, loc, filters: Filters | None, progress: Progress | None) -> list[dict[str, Any]]:
+    """The objects directly under ``loc`` and its folders, from one level of the store's listing
+    (a delimiter: nothing deeper is listed). A folder's row has no size (``du`` adds one up);
+    filters select the objects, and the folders they could select something in."""
+    active = filters if filters is not None and filters.active else None
+    listed = listing_to(progress)
+    rows = []
+    for found in store.list_level(loc):
+        if isinstance(found, ObjectInfo):
+            rel = found.location.relative_to(loc)
+            if rel and not is_reserved(rel) and (active is None or active.selects(rel, found)):
+                rows.append(_row(rel, found))
+        else:
+            rel = found.as_prefix().relative_to(loc)
+            if rel.strip("/") and not is_reserved(rel.rstrip("/")) and (active is None or active.selects_folder(rel)):
+                rows.append({"path": rel, "dir": True, "size": None, "modified": None, "storage_class": None,
+                             "identity": {}})
+    if listed is not None:
+        listed(len(rows))
+    return rows
 
 
 LISTED = 10_000   # names listed per kind of problem in a report (all are counted)
@@ -221,8 +233,11 @@ def verify(url: str, settings: Settings, *, deep: bool = False, filters: Filters
     tree = _Tree(store, root, spill_dir(settings))
     prefixes = tree.prefixes
     if not prefixes:
-        raise ManifestError(f"no manifest at or under {root}: the copy there is incomplete, or was not made by "
-                            f"mcbridge")
+        kept = f" (with the records kept under {settings.transfer.manifest_dir})" if root.is_local and \
+            settings.transfer.manifest_dir else " (records kept outside the data need --manifest-dir DIR)" \
+            if root.is_local else ""
+        raise ManifestError(f"no manifest at or under {root}{kept}: the copy there is incomplete, or was not made "
+                            f"by mcbridge")
     report: dict[str, Any] = {"url": str(root), "ok": True, "deep": deep, "checked": 0, "bytes": 0,
                               "missing": [], "extra": [], "mismatched": [], "rehashed": [], "shard_sets": [],
                               "counts": {"missing": 0, "extra": 0, "mismatched": 0, "rehashed": 0}, "copies": []}
@@ -250,15 +265,16 @@ class _Tree:
 
     def __init__(self, store, root, where: Path):
         self.rows = Rows(2, where)
+        apart = manifests.record_home(store, root) != root     # records kept outside the data
         found: set[str] = set()
         for info in store.list(root):
             rel = info.location.relative_to(root)
-            head = manifests.record_head(rel)
+            head = None if apart else manifests.record_head(rel)
             if head is not None:
                 found.add(head)
             elif rel and not is_reserved(rel):
                 self.rows.append((rel, pickle.dumps(info, pickle.HIGHEST_PROTOCOL)))
-        self.prefixes = sorted(found)
+        self.prefixes = manifests.committed_prefixes(store, root) if apart else sorted(found)
 
     def walk(self, prefix: str):
         """(path relative to ``prefix``, info) of each data object under it, in path order."""
@@ -281,7 +297,7 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
                  report: dict, filters: Filters | None = None, progress: Progress | None = None) -> dict[str, Any]:
     """One committed prefix: a merge of its listing and its record, both in path order. An object
     under a deeper committed prefix belongs to that one, unless this record names it too."""
-    at = root.join(prefix) if prefix else root
+    at = root.join(prefix.rstrip("/")).as_prefix() if prefix else root   # a local join takes no trailing /
     record = manifests.open_record(store, at)
     deeper = [p[len(prefix):] for p in prefixes if p != prefix and p.startswith(prefix)]
     before = dict(report["counts"])
@@ -479,7 +495,7 @@ def sync(source: str, destination: str, settings: Settings, *, delete: bool = Fa
             # Nothing to send or delete under a record that stands: no job, no new commit.
             summary = {"source": plan.source, "destination": plan.destination, "files": 0, "bytes": 0, "ok": True,
                        "errors": [], **(progress or Progress()).snapshot(),
-                       "route": routes.report(plan, {}, 0), "manifest": str(dst_root.as_prefix()) + manifests.LOG}
+                       "route": routes.report(plan, {}, 0), "manifest": manifests.log_folder(dst_store, dst_root)}
         else:
             summary = execute(plan, settings, progress, state_dir)
     return _filtered({**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions,

@@ -56,6 +56,12 @@ def listing(url: str, settings: Settings) -> dict[str, dict[str, ObjectInfo]]:
         folder, _, inner = info.location.relative_to(root).partition("/")
         if inner and folder != "_bridge":
             out.setdefault(folder, {})[inner] = info
+    home = manifests.record_home(store, root)
+    if home != root:   # local checkpoints whose records are kept in the manifest folder (--manifest-dir)
+        for info in store.list(home):
+            folder, _, inner = info.location.relative_to(home).partition("/")
+            if folder in out and inner.startswith("_bridge/"):
+                out[folder][inner] = info
     return out
 
 

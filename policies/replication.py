@@ -7,8 +7,8 @@
         destinations: [gs://dr-models/golden/, az://dr-models/golden/]
         checkpoints: "step-*"       # each matching folder under the source is one checkpoint
         keep_last: 2                # the newest by natural order: step-1000 comes after step-300
-        include: ["*.safetensors", "*.json"]   # files inside a checkpoint (default: all)
-        exclude: ["*.tmp"]
+        include: ["*.safetensors", "*.json"]   # files inside a checkpoint (default: all), with the
+        exclude: ["*.tmp"]                     # command line's --include/--exclude globs (rclone's)
         mode: mirror                # delete what the source lost and what keep_last drops
                                     # (default append-only: never delete at a destination)
         min_verified_copies: 2      # destinations that must prove the newest checkpoint (default: all)
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import calendar
 import fnmatch
+import functools
 import json
 import re
 import time
@@ -50,6 +51,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bridge.errors import BridgeError, InvalidOption
+from bridge.filters import Filters
 from bridge.urls import parse as parse_url
 from bridge.policies.yamlcheck import compose, line_of, read
 
@@ -240,6 +242,16 @@ class Policy(BaseModel):
         if len(set(out)) != len(out):
             raise ValueError("a destination is listed twice")
         return out
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _globs(cls, globs: list[str], info) -> list[str]:
+        for glob in globs:
+            try:
+                Filters(**{info.field_name: (glob,)})
+            except InvalidOption as exc:
+                raise ValueError(str(exc).replace("--include ", "").replace("--exclude ", "")) from None
+        return globs
 
     @field_validator("checkpoints")
     @classmethod
@@ -522,16 +534,19 @@ def window(policy: Policy, folders: Iterable[str]) -> list[str]:
     return found[-policy.keep_last:] if policy.keep_last else found
 
 
+@functools.lru_cache(maxsize=256)
+def _rules(include: tuple[str, ...], exclude: tuple[str, ...]) -> Filters:
+    return Filters(include, exclude)
+
+
 def selected(include: Iterable[str], exclude: Iterable[str], rel: str) -> bool:
-    """Whether ``rel`` passes the patterns: one of ``include`` (or none given) and none of
-    ``exclude``, each matched against the whole path and against its last part."""
-    include, exclude = list(include), list(exclude)
-    base = rel.rsplit("/", 1)[-1]
-
-    def hit(patterns: list[str]) -> bool:
-        return any(fnmatch.fnmatchcase(rel, p) or fnmatch.fnmatchcase(base, p) for p in patterns)
-
-    return (not include or hit(include)) and not hit(exclude)
+    """Whether ``rel`` (a path inside a checkpoint) passes the patterns, read as the command
+    line's ``--include``/``--exclude`` read them (bridge/filters.py, rclone's semantics): a
+    policy and ``mcbridge cp --include ... --exclude ...`` select the same files. Every include
+    is tried first, then every exclude, then (when any include was given) the rest is left out;
+    ``*`` stays within a folder, ``**`` crosses folders, a glob without a leading ``/`` matches
+    at any depth, with one at the checkpoint's root."""
+    return _rules(tuple(include), tuple(exclude)).selects_name(rel)
 
 
 def wants(policy: Policy, rel: str) -> bool:

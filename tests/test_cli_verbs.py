@@ -43,18 +43,21 @@ def test_every_verb_on_every_store(scheme, make_root, env_for, tmp_path):
     root = make_root(scheme) + "data/"
     assert run("cp", "-q", f"{src}/", root).returncode == 0
 
-    # ls: one level by default, folders with their totals; -R every object; -l versions and a total
+    # ls: one level by default (objects, and folders listed by a delimiter: no size); -R every
+    # object; -l versions and a total
     r = run("ls", root)
     assert r.returncode == 0, r.stderr
     assert [line.split()[-1] for line in r.stdout.splitlines()] == ["a.txt", "d/"]
-    assert r.stdout.splitlines()[1].split()[0] == str(len(FILES["d/b.bin"]) + len(FILES["d/e/c.bin"]))
+    assert r.stdout.splitlines()[1].split()[0] == "DIR"
+    assert [line.split()[-1] for line in run("ls", root + "d/").stdout.splitlines()] == ["b.bin", "e/"]
     rows = json.loads(run("ls", "-R", "--json", root).stdout)
     assert [(row["path"], row["size"]) for row in rows] == [(k, len(v)) for k, v in sorted(FILES.items())]
     assert all(row["modified"] for row in rows), "every store says when an object was written"
     long = run("ls", "-l", "-R", "-H", root).stdout.splitlines()
     assert all(VERSION_FIELD[scheme] in line for line in long[:-1]), long
     assert "68.4 KiB" in long[2] and long[-1] == "total: 3 objects, 71.9 KiB", long
-    assert run("ls", "-l", root).stdout.splitlines()[-1] == "total: 3 objects, 71.9 KiB (1 folder)"
+    assert run("ls", "-l", root).stdout.splitlines()[-1] == \
+        "total: 1 object, 600 B and 1 folder (mcbridge du counts what is in them)"
     one = json.loads(run("ls", "--json", root + "d/b.bin").stdout)
     assert [(o["path"], o["size"]) for o in one] == [("b.bin", 3000)]
     if scheme != "local":
@@ -154,3 +157,52 @@ def test_plurals_and_iec_units_in_summaries(tmp_path):
     assert "would copy 1 file, 1.5 KiB" in r.stdout and "in 2 units" in r.stdout
     r = mcbridge("verify", f"{tmp_path}/out/", env=env, state_dir=tmp_path / "s")
     assert r.stdout.startswith("OK: 1 file, 1.5 KiB checked"), r.stdout
+
+
+
+DEEP = 240   # objects six folders down, with long random names
+
+
+@pytest.mark.parametrize("scheme", [s for s in SCHEMES if s != "local"])
+def test_one_level_ls_lists_one_level_of_the_store_never_the_deep_tree(scheme, make_root, env_for, emulator_for,
+                                                                       tmp_path):
+    """ls without -R asks the store for one level (S3 Delimiter=/, GCS delimiter=/, Azure
+    walk_blobs' delimiter): one listing request, whose answer is far smaller than the names under
+    the folder, which a listing of the whole prefix folded afterwards would have to receive.
+    Counted at a loopback proxy in front of the emulator (tests/faultproxy.py, no faults)."""
+    import concurrent.futures as cf
+    import uuid
+
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    from tests.faultproxy import FaultProxy, proxied_environment
+    from tests.helpers import settings_for
+
+    env = env_for(scheme)
+    root = make_root(scheme) + "top/"
+    store = get_store(parse(root), settings_for(env))
+    deep = [f"deep/l1/l2/l3/l4/l5/{uuid.uuid4().hex}{uuid.uuid4().hex}.bin" for _ in range(DEEP)]
+
+    def put(rel: str) -> None:
+        store.put(parse(root + rel), b"x", crc32c=crc_hex(crc32c(b"x")), metadata={})
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        list(pool.map(put, ["a.txt", "b/c.txt", *deep]))
+    names = sum(len(rel) for rel in deep)   # what any answer naming the deep objects holds, at least
+
+    with FaultProxy(emulator_for(scheme).endpoint) as proxy:
+        proxied = proxied_environment(env, {scheme: proxy})
+        r = mcbridge("ls", "--json", root, env=proxied, state_dir=tmp_path / "state")
+        assert r.returncode == 0, r.stderr
+        rows = json.loads(r.stdout)
+        assert [(row["path"], row.get("dir", False)) for row in rows] == \
+            [("a.txt", False), ("b/", True), ("deep/", True)]
+        listings = [line for line, _done in proxy.log if "delimiter" in line.lower()]
+        assert len(listings) == 1, proxy.log
+        assert proxy.counts["bytes_down"] < names / 4, (proxy.counts, names)
+
+        # the control: -R receives every deep name (so the bound above can fail)
+        proxy.configure()
+        r = mcbridge("ls", "-R", "--json", root, env=proxied, state_dir=tmp_path / "state")
+        assert r.returncode == 0 and len(json.loads(r.stdout)) == DEEP + 2, r.stderr
+        assert proxy.counts["bytes_down"] > names / 4, (proxy.counts, names)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bridge import filters as filtering
+from bridge.policies import replication as rules
 from bridge.errors import InvalidOption
 from bridge.filters import Filters, from_flags, glob_regex
 from tests.emulators import SCHEMES
@@ -250,3 +251,44 @@ def test_a_worker_plans_with_the_specs_filters(tree, tmp_path):
                                                                        "--exclude", "*.png"])) == 4
     with pytest.raises(InvalidOption, match="unknown filter"):
         parse_spec({"kind": "copy", "source": f"{tree}/", "destination": f"{tmp_path}/o/", "filters": {"bogus": 1}})
+
+
+# -- a replication policy's include/exclude: the same globs, the same files ------------------------
+
+GLOB_CASES = [c for c in CASES if set(c[::2]) <= {"--include", "--exclude"}]
+
+
+@pytest.mark.parametrize("flags", GLOB_CASES, ids=[" ".join(c) for c in GLOB_CASES])
+def test_a_policys_include_exclude_select_what_rclone_and_the_cli_select(flags, tree):
+    given = list(zip(flags[::2], flags[1::2]))
+    include = [glob for flag, glob in given if flag == "--include"]
+    exclude = [glob for flag, glob in given if flag == "--exclude"]
+    policy = rules.Policy(source="s3://models/golden/", destinations=["gs://dr-models/golden/"], include=include,
+                          exclude=exclude)
+    chosen = {rel for rel in TREE if rules.wants(policy, rel)}
+    assert chosen == rclone_selects(tree, flags)
+    assert chosen == {rel for rel in TREE if from_flags(include, exclude).selects(rel)}
+
+
+def test_a_policys_bad_glob_is_named_by_its_line(tmp_path):
+    path = tmp_path / "policies.yaml"
+    path.write_text("policies:\n  p:\n    source: s3://a/b/\n    destinations: [gs://c/d/]\n"
+                    "    include: ['*.bin', 'a/[b']\n")
+    with pytest.raises(InvalidOption) as caught:
+        rules.load(path)
+    assert f"{path}:5:" in str(caught.value) and "'[' without ']'" in str(caught.value), str(caught.value)
+
+
+# -- one level (ls without -R): what rclone lsf shows without -R ------------------------------------
+
+LEVEL_CASES = [c for c in CASES if c[0] != "--files-from"]
+
+
+@pytest.mark.parametrize("flags", LEVEL_CASES, ids=[" ".join(c) for c in LEVEL_CASES])
+def test_one_level_ls_shows_what_rclone_lsf_shows(flags, tree, tmp_path):
+    r = subprocess.run([RCLONE, "lsf", *flags, str(tree)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "RCLONE_CONFIG": "/dev/null"})
+    assert r.returncode == 0, r.stderr
+    listed = mcbridge("ls", "--json", f"{tree}/", *flags, env=dict(os.environ), state_dir=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert {row["path"] for row in json.loads(listed.stdout)} == set(r.stdout.splitlines())

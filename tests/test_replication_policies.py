@@ -41,10 +41,17 @@ def test_natural_order_and_the_window():
 
 
 def test_include_exclude():
-    p = policy(include=["*.safetensors", "config/*.json"], exclude=["*.tmp.safetensors"])
+    """The command line's globs (rclone's; tests/test_filters.py compares them with rclone itself):
+    every include first, then every exclude, then the rest left out."""
+    p = policy(include=["*.safetensors", "/config/*.json"], exclude=["*.tmp"])
     assert rules.wants(p, "model-00001.safetensors") and rules.wants(p, "sub/model.safetensors")
     assert rules.wants(p, "config/a.json") and not rules.wants(p, "notes.txt")
-    assert not rules.wants(p, "model.tmp.safetensors")
+    assert not rules.wants(p, "sub/config/a.json") and not rules.wants(p, "config/x/a.json")   # anchored, one level
+    assert not rules.wants(p, "model.safetensors.tmp")
+    # an include matched first wins over a later exclude, as with --include/--exclude
+    assert rules.wants(policy(include=["*.safetensors"], exclude=["*.tmp.safetensors"]), "model.tmp.safetensors")
+    assert not rules.wants(policy(exclude=["*.tmp.safetensors"]), "model.tmp.safetensors")
+    assert not rules.wants(policy(exclude=["optimizer/"]), "optimizer/state.pt")
     assert rules.wants(policy(), "anything/at/all")
 
 

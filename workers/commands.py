@@ -18,7 +18,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from bridge.cli.options import ConfigOpt, settings_from_flags
+from bridge.cli.options import RUN, ConfigOpt, settings_from_flags
 from bridge.cli.options import ProfileOpt as LocalProfileOpt
 from bridge.cli.options import (DeleteOpt, ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxSizeOpt,
                                 MinAgeOpt, MinSizeOpt, QuietOpt, ShardFormat, VerifyMode, bwlimit_opt, chunk_size_opt,
@@ -295,6 +295,8 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
         given(flag, fields.get(name))
     given("--budget", budget)
     usd_amount("--max-cost", max_cost)
+    if RUN.get("manifest_dir"):   # the global --manifest-dir: the workers keep local records there too
+        fields["manifest_dir"] = os.path.abspath(os.path.expanduser(RUN["manifest_dir"]))
     spec = parse_spec({k: v for k, v in fields.items() if v is not None})
     estimate = _within_budget(spec, max_cost) if max_cost is not None or budget is not None else None
     ws = _ws(broker)

@@ -183,7 +183,9 @@ class Gate:
         admitted = Admitted(auth["tenant"], digest, auth.get("budget"))
         spec = record.spec
         destinations = spec.get("destinations") or []
-        self.scope(admitted, reads=[spec["source"]], writes=destinations, route=spec.get("route"),
+        # the records of local destinations are written in the manifest folder: a place the tenant writes too
+        records = [spec["manifest_dir"].rstrip("/") + "/"] if spec.get("manifest_dir") else []
+        self.scope(admitted, reads=[spec["source"]], writes=destinations + records, route=spec.get("route"),
                    budget=admitted.budget)
         return admitted
 

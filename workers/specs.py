@@ -42,6 +42,8 @@ class JobSpec(BaseModel):
     store_checksums: Literal["require", "readback", "skip"] | None = None
     route: str | None = Field(None, pattern=r"^[a-z][a-z\-]*$")   # copy and sync: bridge/routes; None: chosen
     bwlimit: int | None = None           # bytes/s across the job's workers; `jobs limit` changes it
+    # where the records of local destinations are kept (--manifest-dir; bridge.manifest.record_root)
+    manifest_dir: str | None = Field(None, pattern=r"^/")
     # destination URL -> its storage class / tier and encryption (a replication policy's placement)
     placement: dict[str, dict[str, Any]] | None = None
     # sync and replicate: only the files matching one of include (default all) and none of exclude
@@ -155,7 +157,8 @@ class JobSpec(BaseModel):
         """What the spec changes in a worker's settings: transfer options, never credentials."""
         transfer = {k: v for k, v in (("concurrency", self.concurrency), ("chunk_size", self.chunk_size),
                                       ("store_checksums", self.store_checksums),
-                                      ("bwlimit", self.bwlimit)) if v is not None}
+                                      ("bwlimit", self.bwlimit), ("manifest_dir", self.manifest_dir))
+                    if v is not None}
         out: dict[str, Any] = {"transfer": transfer} if transfer else {}
         if self.kind != "replicate":   # a sync to one destination: that destination's placement
             from bridge.attributes import placement_overrides

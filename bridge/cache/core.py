@@ -120,6 +120,11 @@ def file_hashes(path: Path | int, sha: bool = True) -> tuple[int, str, str]:
 
 class Cache:
     def __init__(self, settings: Settings, directory: str | os.PathLike | None = None):
+        # A fill's record is the cache's own, inside its work folder (published or removed with
+        # it): never in a manifest folder (--manifest-dir), where nothing would remove it.
+        if settings.transfer.manifest_dir:
+            settings = settings.model_copy(update={"transfer": settings.transfer.model_copy(
+                update={"manifest_dir": None})})
         self.settings = settings
         self.conf = settings.cache
         root = directory or self.conf.dir

@@ -30,7 +30,7 @@ try:
 
     from bridge.cli.options import (RUN, BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt,  # noqa: F401
                                     DeleteOpt, DryOpt, JsonOpt, MaxCostOpt, ProfileOpt, ProgressBar, QuietOpt,
-                                    StoreSumOpt, emit, err, out, print_plan, settings_from_flags)
+                                    StoreSumOpt, emit, err, given, out, print_plan, settings_from_flags)
     from bridge.errors import BridgeError
     from bridge.cli.console import PrintableFormatter
     from bridge.redact import RedactingFilter, redact
@@ -46,7 +46,8 @@ _APP = dict(add_completion=False, no_args_is_help=True, pretty_exceptions_enable
                  "Global options, before or after the command: -v (-vv) says more (every retry and "
                  "why at -v); --log-file FILE keeps a log with times; --log-level LEVEL (debug, info, "
                  "warning, error); --stats 30s prints a progress line that often when stderr is not "
-                 "a terminal; --version. Shell completion: mcbridge completion bash|zsh|fish.")
+                 "a terminal; --manifest-dir DIR keeps the records of local destinations under DIR "
+                 "instead of a _bridge/ folder inside the data; --version. Shell completion: mcbridge completion bash|zsh|fish.")
 app = typer.Typer(**_APP)
 
 # Command groups, each a module exposing ``register(app)``, and the names of the commands and
@@ -168,10 +169,13 @@ LEVELS = ("debug", "info", "warning", "error")
 
 def global_options(args: list[str]) -> tuple[list[str], dict]:
     """The arguments without the global options, and those options: -v/-vv/--verbose (counted),
-    --log-file, --log-level, --stats, --version. A '--' ends them, as it ends options."""
+    --log-file, --log-level, --stats, --manifest-dir, --version. A '--' ends them, as it ends
+    options."""
     rest: list[str] = []
-    found: dict = {"verbose": 0, "log_file": None, "log_level": None, "stats": None, "version": False}
-    values = {"--log-file": "log_file", "--log-level": "log_level", "--stats": "stats"}
+    found: dict = {"verbose": 0, "log_file": None, "log_level": None, "stats": None, "version": False,
+                   "manifest_dir": None}
+    values = {"--log-file": "log_file", "--log-level": "log_level", "--stats": "stats",
+              "--manifest-dir": "manifest_dir"}
     i = 0
     while i < len(args):
         arg = args[i]
@@ -333,6 +337,7 @@ def main() -> None:
             return
         setup_logging(found)
         RUN["stats"] = stats_seconds(found["stats"])
+        RUN["manifest_dir"] = given("--manifest-dir", found["manifest_dir"])
         catch_signals()
         code = _run(args)  # returns the code of a typer.Exit
     except BridgeError as exc:

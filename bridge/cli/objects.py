@@ -72,7 +72,7 @@ def ls(url: UrlArg,
         out.print_json(json.dumps(rows))
         return
     for row in rows:
-        size = _size(row["size"], human)
+        size = ("-" if long else "DIR") if row.get("dir") else _size(row["size"], human)
         if long:
             kind = "DIR" if row.get("dir") else (row["storage_class"] or "-")
             out.print(f"{size:>14}  {_when(row['modified'])}  {kind:<12} {_version(row['identity']):<40} "
@@ -80,9 +80,10 @@ def ls(url: UrlArg,
         else:
             out.print(f"{size:>14}  {shown(row['path'])}", markup=False)
     if long:
-        files = sum(row.get("files", 1) for row in rows)
-        out.print(f"total: {plural(files, 'object')}, {human_bytes(sum(r['size'] for r in rows))}"
-                  + (f" ({plural(sum(1 for r in rows if r.get('dir')), 'folder')})" if not recursive else ""),
+        objs = [row for row in rows if not row.get("dir")]
+        folders = len(rows) - len(objs)
+        out.print(f"total: {plural(len(objs), 'object')}, {human_bytes(sum(r['size'] for r in objs))}"
+                  + (f" and {plural(folders, 'folder')} (mcbridge du counts what is in them)" if folders else ""),
                   markup=False)
 
 

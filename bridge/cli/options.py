@@ -190,6 +190,8 @@ def settings_from_flags(profile: str | None, config: str | Path | None, concurre
                               route=route, profile=profile)
     if concurrency:
         transfer["concurrency"] = concurrency
+    if RUN.get("manifest_dir"):
+        transfer["manifest_dir"] = os.path.abspath(os.path.expanduser(RUN["manifest_dir"]))
     given("--config", None if config is None else str(config))
     try:
         settings = load_settings({"transfer": transfer}, profile=profile, config_path=config)
@@ -204,6 +206,9 @@ def settings_from_flags(profile: str | None, config: str | Path | None, concurre
     dirs = [("state directory", settings.transfer.state_dir, "transfer.state_dir, MCBRIDGE_STATE_DIR")]
     if cache_dir:
         dirs.append(("cache directory", settings.cache.dir, "cache.dir, MCBRIDGE_CACHE_DIR"))
+    if settings.transfer.manifest_dir:
+        dirs.append(("manifest directory", settings.transfer.manifest_dir,
+                     "--manifest-dir, transfer.manifest_dir, MCBRIDGE_MANIFEST_DIR"))
     for what, path, where in dirs:
         problem = dir_problem(Path(path))
         if problem:
@@ -228,7 +233,8 @@ def dir_problem(path: Path) -> str | None:
 
 # What the global options (bridge.cli.main reads them before the command) ask of every command:
 # ``stats`` seconds between progress lines on a stderr that is no terminal (None: none).
-RUN: dict[str, Any] = {"stats": None}
+# ``manifest_dir``: --manifest-dir, the records of local destinations kept there (None: not given).
+RUN: dict[str, Any] = {"stats": None, "manifest_dir": None}
 
 
 def status_line(p: Progress) -> str:

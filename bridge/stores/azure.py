@@ -50,9 +50,9 @@ for _module in ("azure.core", "azure.storage.blob"):
 def _sdk():
     from azure.core import MatchConditions
     from azure.core import exceptions
-    from azure.storage.blob import BlobBlock, BlobServiceClient, ExponentialRetry
+    from azure.storage.blob import BlobBlock, BlobPrefix, BlobServiceClient, ExponentialRetry
     return SimpleNamespace(MatchConditions=MatchConditions, errors=exceptions, BlobBlock=BlobBlock,
-                           BlobServiceClient=BlobServiceClient, ExponentialRetry=ExponentialRetry)
+                           BlobPrefix=BlobPrefix, BlobServiceClient=BlobServiceClient, ExponentialRetry=ExponentialRetry)
 
 # azure-core logs a warning for each answer cut short ("Incomplete download.") that Python's
 # last-resort handler would print on stderr beside bridge's one-line error; bridge translates
@@ -305,6 +305,27 @@ class AzureStore(DirectReads, Store):
             for blob in blobs:
                 yield self._info(prefix.bucket, blob.name, blob.size, blob.content_settings, blob.metadata,
                                  blob.etag, blob.last_modified, blob.blob_tier)
+            if not token:
+                return
+
+    def list_level(self, prefix: Location) -> Iterator[ObjectInfo | Location]:
+        """List Blobs with delimiter='/' (the SDK's walk_blobs, one page per request, not
+        descending into the BlobPrefix items it returns)."""
+        container = self.client.get_container_client(prefix.bucket)
+        blob_prefix = _sdk().BlobPrefix
+        token = None
+        while True:
+            def page(token=token):
+                pages = container.walk_blobs(name_starts_with=prefix.key or None, include=["metadata"],
+                                             delimiter="/").by_page(continuation_token=token)
+                return list(next(pages)), pages.continuation_token
+            items, token = self._request(prefix, page)
+            for item in items:
+                if isinstance(item, blob_prefix):
+                    yield Location("az", prefix.bucket, item.name)
+                else:
+                    yield self._info(prefix.bucket, item.name, item.size, item.content_settings, item.metadata,
+                                     item.etag, item.last_modified, item.blob_tier)
             if not token:
                 return
 

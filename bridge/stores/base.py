@@ -353,6 +353,20 @@ class Store(abc.ABC):
             return info.attrs
         return self.info(info.location).attrs or Attrs()
 
+    def list_level(self, prefix: Location) -> Iterator[ObjectInfo | Location]:
+        """One level of the listing under ``prefix``: each object directly under it (ObjectInfo)
+        and each sub-prefix once (its Location, ending with '/'), in no particular order. Each
+        store asks for it with a delimiter ('/'), so that what lies deeper is never listed; this
+        fallback folds the whole listing, for a store that has none."""
+        seen: set[str] = set()
+        for info in self.list(prefix):
+            head, sep, _rest = info.location.relative_to(prefix).partition("/")
+            if not sep:
+                yield info
+            elif head not in seen:
+                seen.add(head)
+                yield Location(prefix.scheme, prefix.bucket, prefix.key + head + "/")
+
     # -- helpers --------------------------------------------------------------------------
     def walk(self, prefix: Location) -> Iterator[tuple[str, ObjectInfo]]:
         """(relative path, info) of every data object under ``prefix``, skipping ``_bridge/``."""

@@ -234,6 +234,26 @@ class GCSStore(DirectReads, Store):
         for item in self._list_raw(prefix):
             yield self._info(prefix.bucket, item)
 
+    def list_level(self, prefix: Location) -> Iterator[ObjectInfo | Location]:
+        """objects.list with delimiter='/': the objects at this level (``items``) and
+        ``prefixes``."""
+        token = None
+        while True:
+            params = {"prefix": prefix.key, "delimiter": "/", "maxResults": 1000}
+            if token:
+                params["pageToken"] = token
+            try:
+                page = self._call(prefix, "GET", "b/{}/o", prefix.bucket, json_out=True, **params)
+            except ObjectNotFound as exc:
+                raise BucketNotFound(f"bucket {prefix.bucket!r} does not exist") from exc
+            for item in page.get("items", []):
+                yield self._info(prefix.bucket, item)
+            for sub in page.get("prefixes", []):
+                yield Location("gs", prefix.bucket, sub)
+            token = page.get("nextPageToken")
+            if not token:
+                return
+
     def info(self, loc: Location) -> ObjectInfo:
         if self._direct is not None:
             return self._info(loc.bucket, self._direct_call(lambda: self._direct.object(loc)))

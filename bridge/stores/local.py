@@ -160,6 +160,25 @@ class LocalStore(Store):
         with _translate(prefix):
             yield from _sorted_files(root.rstrip("/") or "/")
 
+    def list_level(self, prefix: Location) -> Iterator[ObjectInfo | Location]:
+        """One scandir of the folder: its files, and its folders (not followed into)."""
+        root = prefix.local_path.rstrip("/") or "/"
+        if not os.path.isdir(root):
+            yield from self.list(prefix)
+            return
+        with _translate(prefix), os.scandir(root) as it:
+            entries = list(it)
+        for entry in entries:
+            if _is_folder(entry):
+                yield Location("file", "", entry.path.lstrip("/") + "/")
+            elif PARTIAL not in entry.name and TEMPORARY not in entry.name and entry.is_file():
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:
+                    continue
+                yield ObjectInfo(Location("file", "", entry.path.lstrip("/")), st.st_size, identity=_identity(st),
+                                 modified=st.st_mtime)
+
     def info(self, loc: Location) -> ObjectInfo:
         with _translate(loc):
             st = os.stat(loc.local_path)

@@ -221,6 +221,22 @@ class S3Store(Store):
             if not page.get("IsTruncated") or not token:
                 return
 
+    def list_level(self, prefix: Location) -> Iterator[ObjectInfo | Location]:
+        """ListObjectsV2 with Delimiter='/': the objects at this level and CommonPrefixes."""
+        token = None
+        while True:
+            kw = {"Bucket": prefix.bucket, "Prefix": prefix.key, "Delimiter": "/"}
+            if token:
+                kw["ContinuationToken"] = token
+            page = self._call(prefix, "list_objects_v2", **kw)
+            for item in page.get("Contents", []):
+                yield _listed(prefix.bucket, item)
+            for common in page.get("CommonPrefixes", []):
+                yield Location("s3", prefix.bucket, common["Prefix"])
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
     def _direct_list(self, prefix: Location) -> Iterator[ObjectInfo]:
         token = None
         while True:
