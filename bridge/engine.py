@@ -40,7 +40,8 @@ from bridge import routes
 from bridge.config import Settings
 from bridge.errors import Archived, BridgeError, IntegrityError, InvalidOption, ObjectNotFound
 from bridge.filters import Filters
-from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex, rehash_parts
+from bridge.hashing import (NO_WHOLE_SHA256, FileHash, OrderedSha256, combine_parts, crc32c, crc_hex, rehash_parts,
+                            sha256_tree)
 from bridge.journal import Journal, job_key, key_bytes
 from bridge.jobs import FATAL, Outcome, ThreadExecutor, describe  # noqa: F401  (their old home)
 from bridge.manifest import FileEntry
@@ -538,6 +539,10 @@ class JobContext(jobs.Context):
         return buf
 
     def hasher(self, rel: str) -> OrderedSha256:
+        """The file's whole SHA-256 fed in part order, when asked for (``transfer.sha256``);
+        otherwise one that takes nothing: each part is hashed on its own, in parallel."""
+        if not self.settings.transfer.sha256:
+            return NO_WHOLE_SHA256
         with self._lock:
             if rel not in self._hashers:   # parts waiting their turn: at most one per thread
                 self._hashers[rel] = OrderedSha256(max_pending=self.settings.transfer.concurrency)
@@ -689,7 +694,7 @@ class JobContext(jobs.Context):
 
 
 def _metadata(h: FileHash) -> dict[str, str]:
-    return {"bridge_crc32c": h.crc32c, "bridge_sha256": h.sha256}
+    return {"bridge_crc32c": h.crc32c, **({"bridge_sha256": h.sha256} if h.sha256 else {})}
 
 
 def _put(ctx: JobContext, unit: dict) -> dict:
@@ -797,15 +802,18 @@ def _part(ctx: JobContext, unit: dict) -> dict:
             # holds no memory, and its thread goes on to the next. No SHA-256 of the part
             # itself: when the file's does not come about (a resume, parts in other processes),
             # _complete hashes the file and its parts from disk.
-            crc = _receive_part(ctx, rel, upload_id, offset, length)
+            # Without the whole-file SHA-256 (the default), each part's own is taken as it arrives.
+            crc, sha = _receive_part(ctx, rel, upload_id, offset, length, not ctx.settings.transfer.sha256)
             region = ctx.dst.written_region(dst, upload_id, offset, length)
             if finished and known["crc32c"] == crc:
                 hasher.feed(number, region)
                 ctx.progress.skipped(length)
+                if sha and not known.get("sha256"):
+                    known = {**known, "sha256": sha}
+                    ctx.journal.put(f"part:{rel}:{number}", known)
                 return known
             record = ctx.dst.record_part(dst, upload_id, number, offset, length, crc)
             hasher.feed(number, region)
-            sha = ""
         else:
             data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel), offset, length))
             if len(data) != length:
@@ -832,27 +840,31 @@ def _part(ctx: JobContext, unit: dict) -> dict:
         raise
 
 
-def _receive_part(ctx: JobContext, rel: str, upload_id: str, offset: int, length: int) -> str:
+def _receive_part(ctx: JobContext, rel: str, upload_id: str, offset: int, length: int,
+                  sha: bool) -> tuple[str, str]:
     """Bytes [offset, offset+length) of ``rel`` from the source into the local destination's
-    partial file, a piece at a time through this thread's buffer; their CRC32C."""
+    partial file, a piece at a time through this thread's buffer; their CRC32C, and with ``sha``
+    their SHA-256 ("" without)."""
     src = ctx.src_loc(rel)
     short = f"{src}: short read at {offset}: the source changed"
 
-    def fill(write) -> str:
-        crc, at = 0, 0
+    def fill(write) -> tuple[str, str]:
+        crc, at, digest = 0, 0, None
 
         def each(pos: int, view: memoryview) -> None:
-            nonlocal crc, at
+            nonlocal crc, at, digest
             if pos == 0:      # a retried request hands its pieces over again
-                crc, at = 0, 0
+                crc, at, digest = 0, 0, hashlib.sha256() if sha else None
             if pos != at or pos + len(view) > length:
                 raise IntegrityError(short)
             write(pos, view)
             crc, at = crc32c(view, crc), pos + len(view)
+            if digest is not None:
+                digest.update(view)
 
         if ctx.src.read_through(src, offset, length, ctx.part_buffer(PIECE), each) != length or at != length:
             raise IntegrityError(short)
-        return crc_hex(crc)
+        return crc_hex(crc), digest.hexdigest() if digest is not None else ""
 
     return ctx.dst.write_part(ctx.dst_loc(rel), upload_id, offset, fill)
 
@@ -873,8 +885,10 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
         parts.append(PartRecord.from_dict(rec))
         part_sha256.append(rec.get("sha256", ""))
     crc = crc_hex(combine_parts([(int(p.crc32c, 16), p.size) for p in parts]))
-    # The whole-file SHA-256 exists when every part passed here in order; a resume that skipped
-    # finished parts takes it from a local destination (no egress), or leaves it out.
+    # The whole-file SHA-256, when asked for, exists when every part passed here in order; a
+    # resume that skipped finished parts takes it from a local destination (no egress), or leaves
+    # it out. Without it the record is the parts' SHA-256s, their tree digest and the CRC32C.
+    asked = ctx.settings.transfer.sha256
     whole = ctx.hasher(rel).whole(count)
     h = FileHash(size, crc, whole or "")
     upload_id, _held = ctx.upload(unit)
@@ -883,12 +897,12 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
                                        attrs=ctx.attrs(rel))
     check.completed(ctx.dst, dst, reported, crc, ctx.settings.transfer.store_checksums)
     note = ""
-    if whole is None and dst.is_local:
-        again, whole, part_sha256 = rehash_parts(ctx.dst, dst, size, part_size)
+    if dst.is_local and (whole is None if asked else not all(part_sha256)):
+        again, whole, part_sha256 = rehash_parts(ctx.dst, dst, size, part_size, whole=asked)
         if again != crc:
             raise IntegrityError(f"{dst}: CRC32C {again} on disk after completing, expected {crc}")
         h = FileHash(size, crc, whole)
-    elif whole is None:
+    elif asked and whole is None:
         note = "sha256 left out: a resumed copy did not read finished parts again; part_sha256 covers every byte"
     # The completion's answer names the version written (S3's ETag, an answer read back): the
     # entry records that, as a one-request put does, without asking again.
@@ -896,8 +910,10 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     entry = manifests.entry_from_hash(rel, h, part_size, [p.crc32c for p in parts], committed)
     if all(part_sha256):
         entry.part_sha256 = part_sha256
-    if note:
-        entry.computed, entry.note = ["crc32c", "part_sha256"], note
+        entry.sha256_tree = sha256_tree(part_sha256, part_size)
+    if not h.sha256:
+        entry.computed = ["crc32c", "part_sha256", "sha256_tree"] if entry.sha256_tree else ["crc32c"]
+        entry.note = note
     entry = entry.to_dict()
     ctx.journal.put(f"file:{rel}", ctx.journaled(unit, entry))
     ctx.finished(rel)

@@ -118,13 +118,16 @@ class FileEntry:
     note: str = ""                              # why a hash is left out ("" : none is)
     source_id: dict[str, str] = field(default_factory=dict)  # the source version it was copied from
     adopted: str = ""                           # found already there, equal by this checksum (bridge.adopt)
+    sha256_tree: str = ""                       # hashing.sha256_tree(part_sha256, part_size): content identity
+    carried: dict = field(default_factory=dict)   # hashes taken from a source manifest: which, from where
 
     @classmethod
     def from_dict(cls, d: dict) -> FileEntry:
         return cls(d["path"], int(d["size"]), d["crc32c"], d["sha256"], int(d.get("part_size", 0)),
                    list(d.get("parts", [])), list(d.get("computed", COMPUTED)), dict(d.get("reported", {})),
                    dict(d.get("identity", {})), list(d.get("part_sha256", [])), d.get("note", ""),
-                   dict(d.get("source_id", {})), d.get("adopted", ""))
+                   dict(d.get("source_id", {})), d.get("adopted", ""), d.get("sha256_tree", ""),
+                   dict(d.get("carried", {})))
 
     def to_dict(self) -> dict:
         """As ``dataclasses.asdict`` gives it, without its deep copy (~10x faster; one per file)."""
@@ -132,7 +135,8 @@ class FileEntry:
                 "part_size": self.part_size, "parts": list(self.parts), "computed": list(self.computed),
                 "reported": dict(self.reported), "identity": dict(self.identity),
                 "part_sha256": list(self.part_sha256), "note": self.note, "source_id": dict(self.source_id),
-                "adopted": self.adopted}
+                "adopted": self.adopted, **({"sha256_tree": self.sha256_tree} if self.sha256_tree else {}),
+                **({"carried": self.carried} if self.carried else {})}
 
     @property
     def reported_only(self) -> bool:

@@ -26,7 +26,7 @@ from bridge.hashing import rehash
 from bridge import jobs
 from bridge.engine import (FileList, FilePlan, JobContext, Plan, batching, check_chunk_size, check_route, file_plan,
                            part_size_for, plan_copy, resolve, spill_dir)
-from bridge.errors import JobCancelled, ManifestError, ObjectNotFound
+from bridge.errors import InvalidOption, JobCancelled, ManifestError, ObjectNotFound
 from bridge.journal import job_key
 from bridge.journal import FileJournal, journal_at
 from bridge.progress import Progress
@@ -204,14 +204,17 @@ def _row(rel: str, info) -> dict[str, Any]:
             "identity": dict(info.identity)}
 
 
-def verify(url: str, settings: Settings, *, deep: bool = False, filters: Filters | None = None,
-           progress: Progress | None = None) -> dict[str, Any]:
+def verify(url: str, settings: Settings, *, deep: bool = False, sha256: bool = False,
+           filters: Filters | None = None, progress: Progress | None = None) -> dict[str, Any]:
     """Check every committed copy under ``url`` against its record: sizes and store-reported
     checksums, or with ``deep`` a full re-read. ``url`` may be a copy's root, or any prefix above
     copies (a bucket, a replication policy's destination): each committed prefix beneath it is
     checked against its own record, and an object under none of them is extra. Lists missing,
     extra and mismatched files, paths relative to ``url``; streams both sides in path order.
-    ``filters``: only the files they select (a record's entry by its recorded size)."""
+    ``filters``: only the files they select (a record's entry by its recorded size). ``sha256``
+    (with ``deep``): the plain whole-file SHA-256 is computed too, and checked where recorded."""
+    if sha256 and not deep:
+        raise InvalidOption("verify --sha256 re-reads every object: give --deep with it")
     root = parse(url).as_prefix()
     store = get_store(root, settings)
     store.check_bucket(root)
@@ -227,7 +230,8 @@ def verify(url: str, settings: Settings, *, deep: bool = False, filters: Filters
         progress.begin("verifying")
     with Pool(settings.transfer.concurrency) as pool:
         for prefix in prefixes:
-            report["copies"].append(_verify_copy(store, root, prefix, prefixes, deep, pool, report, active, progress))
+            report["copies"].append(_verify_copy(store, root, prefix, prefixes, deep, pool, report, active, progress,
+                                                 sha256))
         if "" not in prefixes:
             # Objects under no committed prefix: uncommitted (a copy in progress, or not bridge's).
             for rel, info in store.walk(root):
@@ -245,7 +249,8 @@ def _note(report: dict, kind: str, row: Any) -> None:
 
 
 def _verify_copy(store, root, prefix: str, prefixes: list[str], deep: bool, pool: cf.ThreadPoolExecutor,
-                 report: dict, filters: Filters | None = None, progress: Progress | None = None) -> dict[str, Any]:
+                 report: dict, filters: Filters | None = None, progress: Progress | None = None,
+                 sha256: bool = False) -> dict[str, Any]:
     """One committed prefix: a merge of its listing and its record, both in path order. An object
     under a deeper committed prefix belongs to that one, unless this record names it too."""
     at = root.join(prefix) if prefix else root
@@ -281,7 +286,7 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], deep: bool, pool
             obj = next(listing, None)
         else:
             checked, size = checked + 1, size + entry.size
-            fut = pool.submit(check.judge, store, obj[1], entry, deep)
+            fut = pool.submit(check.judge, store, obj[1], entry, deep, sha256)
             if progress is not None:
                 progress.plan_checks(1, entry.size)
                 fut.add_done_callback(lambda _f, n=entry.size: progress.checked(n))
