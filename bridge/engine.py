@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bridge import attributes
+from bridge import carry as carrying
 from bridge import check
 from bridge import filters as filtering
 from bridge import jobs
@@ -92,6 +93,9 @@ class FilePlan:
     # None: asked of the source when the file is written.
     attrs: dict | None = None
     storage_class: str = ""   # the source's, when its listing names one (for retrieval prices)
+    # Hashes the source's record holds for this version of the file (bridge.carry): checked by
+    # CRC32C as the bytes pass, carried into the destination's entry instead of recomputed.
+    carry: dict | None = None
 
     @property
     def parts(self) -> int:
@@ -115,8 +119,8 @@ _compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _row(f: FilePlan) -> tuple:
-    more = _compact({"attrs": f.attrs, "storage_class": f.storage_class}) \
-        if f.attrs is not None or f.storage_class else ""
+    more = _compact({"attrs": f.attrs, "storage_class": f.storage_class, "carry": f.carry}) \
+        if f.attrs is not None or f.storage_class or f.carry else ""
     return (key_bytes(f.rel), f.size, f.part_size, _compact(f.source_id) if f.source_id else "",
             f.first_part, f.last_part, more)
 
@@ -125,7 +129,7 @@ def _from_row(row: tuple) -> FilePlan:
     rel, size, part_size, source_id, first, last, more = row
     extra = json.loads(more) if more else {}
     return FilePlan(rel.decode("utf-8", "surrogatepass"), size, part_size, json.loads(source_id) if source_id else {},
-                    first, last, extra.get("attrs"), extra.get("storage_class", ""))
+                    first, last, extra.get("attrs"), extra.get("storage_class", ""), extra.get("carry"))
 
 
 class FileList:
@@ -261,15 +265,18 @@ class Plan:
                 whole = f.whole
                 for n in f.part_numbers():
                     yield {"op": "part", "rel": f.rel, "size": f.size, "part_size": f.part_size, "number": n,
-                           "source_id": f.source_id, "whole": whole}
+                           "source_id": f.source_id, "whole": whole,
+                           **({"carry": {"crc32c": f.carry["parts"][n - 1], "sha256": f.carry["part_sha256"][n - 1]}}
+                              if f.carry else {})}
             elif self.batch:
-                batch.append([f.rel, f.size, f.source_id])
+                batch.append([f.rel, f.size, f.source_id, *([f.carry] if f.carry else [])])
                 held += f.size
                 if len(batch) >= self.batch or held >= BATCH_BYTES:
                     yield self._batch_unit(batch)
                     batch, held = [], 0
             else:
-                yield {"op": "put", "rel": f.rel, "size": f.size, "source_id": f.source_id}
+                yield {"op": "put", "rel": f.rel, "size": f.size, "source_id": f.source_id,
+                       **({"carry": f.carry} if f.carry else {})}
         if batch:
             yield self._batch_unit(batch)
 
@@ -439,8 +446,9 @@ def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int
     dst_store = get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     files = FileList(where=spill_dir(settings))
+    carrier = carrier_for(src_root, single, settings)
     for rel, info in checked:
-        files.append(file_plan(rel, info, dst_store, chunk_size))
+        files.append(file_plan(rel, info, dst_store, chunk_size, carrier))
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files)
     # Not the file list: a re-run after the source gained or lost files is the same job, and
     # finds its finished files and parts by path, size and source identity (JobContext.matches).
@@ -466,10 +474,31 @@ def spill_dir(settings: Settings) -> Path:
     return Path(settings.transfer.state_dir) / "spill"
 
 
-def file_plan(rel: str, info: ObjectInfo, dst_store: Store, chunk_size: int | None) -> FilePlan:
-    return FilePlan(rel, info.size, part_size_for(info.size, dst_store, chunk_size),
-                    dict(info.identity), attrs=None if info.attrs is None else info.attrs.to_dict(),
-                    storage_class=info.storage_class)
+def file_plan(rel: str, info: ObjectInfo, dst_store: Store, chunk_size: int | None,
+              carrier: carrying.Carrier | None = None) -> FilePlan:
+    part_size = part_size_for(info.size, dst_store, chunk_size)
+    carry = carrier.lookup(rel, info) if carrier is not None else None
+    if carry is not None and chunk_size is None and part_size and carry["part_size"] != part_size \
+            and _takes_part_size(info.size, dst_store, carry["part_size"]):
+        part_size = carry["part_size"]   # the source's parts: their SHA-256s carry over
+    if carry is not None and not carrying.fits(carry, part_size):
+        carry = None
+    return FilePlan(rel, info.size, part_size, dict(info.identity),
+                    attrs=None if info.attrs is None else info.attrs.to_dict(), storage_class=info.storage_class,
+                    carry=carry)
+
+
+def _takes_part_size(size: int, store: Store, part_size: int) -> bool:
+    f = store.features
+    return (f.multipart and f.min_part_size <= part_size <= f.max_part_size and part_size < size
+            and math.ceil(size / part_size) <= f.max_parts)
+
+
+def carrier_for(src_root: Location, single: str | None, settings: Settings) -> carrying.Carrier | None:
+    """The source record's hashes, for a copy of a prefix (bridge.carry)."""
+    if single is not None:
+        return None
+    return carrying.Carrier(get_store(src_root, settings), src_root, settings.transfer.sha256)
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -538,10 +567,11 @@ class JobContext(jobs.Context):
             buf = self._buffers.buf = bytearray(size)
         return buf
 
-    def hasher(self, rel: str) -> OrderedSha256:
-        """The file's whole SHA-256 fed in part order, when asked for (``transfer.sha256``);
-        otherwise one that takes nothing: each part is hashed on its own, in parallel."""
-        if not self.settings.transfer.sha256:
+    def hasher(self, rel: str, carried: bool = False) -> OrderedSha256:
+        """The file's whole SHA-256 fed in part order, when asked for (``transfer.sha256``) and
+        not carried from the source's record; otherwise one that takes nothing: each part is
+        hashed on its own, in parallel."""
+        if not self.settings.transfer.sha256 or carried:
             return NO_WHOLE_SHA256
         with self._lock:
             if rel not in self._hashers:   # parts waiting their turn: at most one per thread
@@ -652,7 +682,7 @@ class JobContext(jobs.Context):
             if whole:
                 with self._lock:   # a file this process completes: counted when its first part goes
                     self._parts_left.setdefault(rel, math.ceil(unit["size"] / unit["part_size"]))
-            self.hasher(rel).expect(unit["number"])
+            self.hasher(rel, "carry" in unit).expect(unit["number"])
 
     def followups(self, unit: dict) -> list[dict]:
         if unit["op"] == "part" and self.parts_finished(unit["rel"]):
@@ -712,8 +742,9 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
     ``_put`` does one. Files already journaled are skipped; those that fail are the unit's error
     (the first, and how many more), the rest of the batch written all the same."""
     todo = []
-    for rel, size, *source_id in unit["files"]:
-        one = {"rel": rel, "size": size, **({"source_id": source_id[0]} if source_id else {})}
+    for rel, size, *more in unit["files"]:   # more: its source_id, then what it carries (bridge.carry)
+        one = {"rel": rel, "size": size, **({"source_id": more[0]} if more else {}),
+               **({"carry": more[1]} if len(more) > 1 else {})}
         if ctx.matches(ctx.journal.get(f"file:{rel}"), one):
             ctx.progress.skipped(size)
         else:
@@ -760,11 +791,27 @@ def _hashed(ctx: JobContext, unit: dict, data) -> FileHash:
     if len(data) != unit["size"]:
         raise IntegrityError(f"{ctx.src_loc(unit['rel'])}: read {len(data)} bytes, planned {unit['size']}: "
                              f"the source changed during the copy")
-    return FileHash.of(data)
+    carried = unit.get("carry")
+    if carried is None:
+        return FileHash.of(data)
+    crc = crc_hex(crc32c(data))
+    _check_carried(ctx, unit, crc, carried["crc32c"])
+    return FileHash(len(data), crc, carried["sha256"])
+
+
+def _check_carried(ctx: JobContext, unit: dict, crc: str, recorded: str, part: int = 0) -> None:
+    """The bytes read are the ones the source's record hashed (bridge.carry), by CRC32C."""
+    if crc != recorded:
+        what = f"part {part}" if part else "its bytes"
+        raise IntegrityError(f"{ctx.src_loc(unit['rel'])}: {what} read with CRC32C {crc}, the source's manifest "
+                             f"says {recorded}: the source is damaged or changed since it was recorded")
 
 
 def _record(ctx: JobContext, unit: dict, h: FileHash, committed: ObjectInfo) -> dict:
-    entry = manifests.entry_from_hash(unit["rel"], h, committed=committed).to_dict()
+    entry = manifests.entry_from_hash(unit["rel"], h, committed=committed)
+    if "carry" in unit:
+        entry.computed, entry.carried = ["crc32c"], carrying.provenance(unit["carry"])
+    entry = entry.to_dict()
     ctx.written(unit, entry, h.size)
     ctx.progress.moved(h.size)
     ctx.progress.file_finished()
@@ -777,7 +824,7 @@ def _part(ctx: JobContext, unit: dict) -> dict:
         length = min(part_size, unit["size"] - (number - 1) * part_size)
         ctx.progress.skipped(length)
         return {"skipped": True}
-    hasher = ctx.hasher(rel)
+    hasher = ctx.hasher(rel, "carry" in unit)
     try:
         upload_id, held = ctx.upload(unit)
         offset = (number - 1) * part_size
@@ -803,7 +850,12 @@ def _part(ctx: JobContext, unit: dict) -> dict:
             # itself: when the file's does not come about (a resume, parts in other processes),
             # _complete hashes the file and its parts from disk.
             # Without the whole-file SHA-256 (the default), each part's own is taken as it arrives.
-            crc, sha = _receive_part(ctx, rel, upload_id, offset, length, not ctx.settings.transfer.sha256)
+            carried = unit.get("carry")
+            crc, sha = _receive_part(ctx, rel, upload_id, offset, length,
+                                     not ctx.settings.transfer.sha256 and carried is None)
+            if carried is not None:
+                _check_carried(ctx, unit, crc, carried["crc32c"], number)
+                sha = carried["sha256"]
             region = ctx.dst.written_region(dst, upload_id, offset, length)
             if finished and known["crc32c"] == crc:
                 hasher.feed(number, region)
@@ -826,7 +878,11 @@ def _part(ctx: JobContext, unit: dict) -> dict:
             # Each part's own SHA-256 lets a cloud destination's resume and verify go without the
             # whole file's.
             hasher.feed(number, data)
-            sha = hashlib.sha256(data).hexdigest()
+            if "carry" in unit:
+                _check_carried(ctx, unit, crc, unit["carry"]["crc32c"], number)
+                sha = unit["carry"]["sha256"]
+            else:
+                sha = hashlib.sha256(data).hexdigest()
             record = ctx.dst.upload_part(dst, upload_id, number, offset, data, crc)
         if record.crc32c != crc:
             raise IntegrityError(f"{dst}: part {number} stored with CRC32C {record.crc32c}, "
@@ -889,7 +945,11 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     # resume that skipped finished parts takes it from a local destination (no egress), or leaves
     # it out. Without it the record is the parts' SHA-256s, their tree digest and the CRC32C.
     asked = ctx.settings.transfer.sha256
-    whole = ctx.hasher(rel).whole(count)
+    planned = ctx.plan.files.find(rel)
+    carried = planned.carry if planned is not None else None
+    if carried is not None:   # the whole object's CRC32C end to end, then the source's SHA-256s
+        _check_carried(ctx, unit, crc, carried["crc32c"])
+    whole = (carried["sha256"] or None) if carried is not None else ctx.hasher(rel).whole(count)
     h = FileHash(size, crc, whole or "")
     upload_id, _held = ctx.upload(unit)
     dst = ctx.dst_loc(rel)
@@ -911,7 +971,12 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     if all(part_sha256):
         entry.part_sha256 = part_sha256
         entry.sha256_tree = sha256_tree(part_sha256, part_size)
-    if not h.sha256:
+        if carried is not None and carried["sha256_tree"] not in ("", entry.sha256_tree):
+            raise IntegrityError(f"{ctx.src_loc(rel)}: the source's manifest records a sha256-tree its own part "
+                                 f"SHA-256s do not give: the record is damaged")
+    if carried is not None:
+        entry.computed, entry.carried = ["crc32c"], carrying.provenance(carried)
+    elif not h.sha256:
         entry.computed = ["crc32c", "part_sha256", "sha256_tree"] if entry.sha256_tree else ["crc32c"]
         entry.note = note
     entry = entry.to_dict()

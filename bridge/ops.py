@@ -24,8 +24,8 @@ from bridge.check import mismatch, reported_crc32c
 from bridge.stores.base import identity_changed
 from bridge.hashing import rehash
 from bridge import jobs
-from bridge.engine import (FileList, FilePlan, JobContext, Plan, batching, check_chunk_size, check_route, file_plan,
-                           part_size_for, plan_copy, resolve, spill_dir)
+from bridge.engine import (FileList, FilePlan, JobContext, Plan, batching, carrier_for, check_chunk_size, check_route,
+                           file_plan, part_size_for, plan_copy, resolve, spill_dir)
 from bridge.errors import InvalidOption, JobCancelled, ManifestError, ObjectNotFound
 from bridge.journal import job_key
 from bridge.journal import FileJournal, journal_at
@@ -340,6 +340,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     record = manifests.open_record(dst_store, dst_root)
+    carrier = carrier_for(src_root, single, settings)
     counts = {"new": 0, "changed": 0, "repaired": 0, "unchanged": 0, "adopted": 0}
     adopted: list[dict] = []
     if progress is not None:
@@ -378,7 +379,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
             if progress is not None:
                 progress.checked()
             if verdict not in ("unchanged", "adopted"):
-                files.append(file_plan(rel, info, dst_store, chunk_size))
+                files.append(file_plan(rel, info, dst_store, chunk_size, carrier))
 
     with Pool(settings.transfer.concurrency) as pool:
         for rel, info, entry, there in _merged(iter(objects), record.entries() if record else iter(()),

@@ -111,3 +111,73 @@ def test_verify_sha256_without_deep_is_refused_in_one_line(tree, tmp_path):
     r = mcbridge("verify", f"{tmp_path}/copy/", "--sha256", env=dict(os.environ), state_dir=tmp_path / "state")
     assert r.returncode == 2 and "give --deep" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def commit_doc(url: str) -> tuple[str, dict]:
+    """The one commit document of a local prefix's record."""
+    [name] = os.listdir(f"{url}_bridge/log")
+    with open(f"{url}_bridge/log/{name}") as f:
+        return f"{url}_bridge/log/{name}", json.load(f)
+
+
+def test_a_copy_from_a_recorded_prefix_carries_its_hashes_across_stores(tree, make_root, env_for, tmp_path):
+    src, files = tree
+    env = env_for("s3")
+    first = f"{tmp_path}/first/"
+    r = mcbridge("cp", src, first, "--chunk-size", "5MiB", "-q", env=env, state_dir=tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+    recorded = entries(env, first)
+    doc, _ = commit_doc(first)
+    hops = [first, make_root("s3") + "copy/", f"{tmp_path}/back/"]   # local -> S3 -> local, no chunk size asked
+    for came_from, to in zip(hops, hops[1:]):
+        r = mcbridge("cp", came_from, to, "-q", env=env, state_dir=tmp_path / "state")
+        assert r.returncode == 0, r.stderr
+        got = entries(env, to)
+        store = get_store(parse(came_from), settings_for(env))
+        [(origin, _doc)] = [(e, d) for e, d in manifests.open_record(store, parse(came_from)).entries_with_origin()
+                            if e.path == "big.bin"]
+        for rel, entry in got.items():
+            want = recorded[rel]
+            assert entry.computed == ["crc32c"] and entry.crc32c == want.crc32c, (to, rel)
+            assert (entry.sha256, entry.part_sha256, entry.sha256_tree, entry.part_size) == \
+                (want.sha256, want.part_sha256, want.sha256_tree, want.part_size), (to, rel)
+            assert entry.carried["manifest"].startswith(came_from + "_bridge/log/c-")
+        assert got["big.bin"].carried["hashes"] == ["part_sha256", "sha256_tree"]
+        assert got["big.bin"].carried["identity"] == origin.identity
+        assert got["small.txt"].carried["hashes"] == ["sha256"]
+        r = mcbridge("verify", to, "--deep", env=env, state_dir=tmp_path / "state")
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert entries(env, hops[1])["big.bin"].carried["manifest"] == doc
+    assert {rel: (tmp_path / "back" / rel).read_bytes() for rel in files} == files
+
+
+@pytest.mark.parametrize("rel, field", [("big.bin", "parts"), ("small.txt", "crc32c")])
+def test_bytes_that_differ_from_the_carried_record_fail_the_copy(rel, field, tree, tmp_path):
+    src, _files = tree
+    first = f"{tmp_path}/first/"
+    r = mcbridge("cp", src, first, "--chunk-size", "5MiB", "-q", env=dict(os.environ), state_dir=tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+    path, doc = commit_doc(first)
+    [entry] = [e for e in doc["files"] if e["path"] == rel]
+    if field == "parts":
+        entry["parts"][1] = f"{int(entry['parts'][1], 16) ^ 1:08x}"
+    else:
+        entry["crc32c"] = f"{int(entry['crc32c'], 16) ^ 1:08x}"
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    r = mcbridge("cp", first, f"{tmp_path}/second/", "-q", env=dict(os.environ), state_dir=tmp_path / "state")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "the source's manifest says" in r.stderr and "Traceback" not in r.stderr
+    assert not os.path.exists(f"{tmp_path}/second/_bridge/log")   # nothing committed
+
+
+def test_a_replication_policy_asks_for_the_whole_sha256():
+    from bridge.policies import replication as rules
+    from bridge.replication import placed
+    text = "policies:\n  p:\n    source: s3://src-bucket/ckpt/\n    destinations: [s3://dr-bucket/ckpt/]\n    sha256: true\n"
+    [named] = rules.parse(text)
+    settings = settings_for(dict(os.environ))
+    assert named.policy.sha256 and not settings.transfer.sha256
+    assert placed(named.policy, "s3://dr-bucket/ckpt/", settings).transfer.sha256
+    [plain] = rules.parse(text.replace("    sha256: true\n", ""))
+    assert not placed(plain.policy, "s3://dr-bucket/ckpt/", settings).transfer.sha256

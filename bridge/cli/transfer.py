@@ -11,8 +11,8 @@ import typer
 from bridge import __version__
 from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DeleteOpt, DryOpt,
                                 ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt, MaxSizeOpt,
-                                MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, Sha256Opt, StoreSumOpt,
-                                emit, filters_from_flags, moved_line, out, print_plan, route_line,
+                                MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, Sha256Opt,
+                                StoreSumOpt, emit, filters_from_flags, moved_line, out, print_plan, route_line,
                                 settings_from_flags, shown)
 from bridge.progress import human_bytes, plural
 from bridge.cli.placement import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
