@@ -149,6 +149,10 @@ def test_a_copy_from_a_recorded_prefix_carries_its_hashes_across_stores(tree, ma
         assert r.returncode == 0, r.stdout + r.stderr
     assert entries(env, hops[1])["big.bin"].carried["manifest"] == doc
     assert {rel: (tmp_path / "back" / rel).read_bytes() for rel in files} == files
+    r = mcbridge("sync", first, f"{tmp_path}/synced/", "-q", env=env, state_dir=tmp_path / "state")   # sync too
+    assert r.returncode == 0, r.stderr
+    assert all(e.carried["manifest"] == doc and e.computed == ["crc32c"]
+               for e in entries(env, f"{tmp_path}/synced/").values())
 
 
 @pytest.mark.parametrize("rel, field", [("big.bin", "parts"), ("small.txt", "crc32c")])
