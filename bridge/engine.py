@@ -846,10 +846,10 @@ def _part(ctx: JobContext, unit: dict) -> dict:
         if ctx.dst_root.is_local:
             # Written piece by piece as it arrives, then hashed into the file's SHA-256 from the
             # page cache when its turn comes: a part that finished before the parts ahead of it
-            # holds no memory, and its thread goes on to the next. No SHA-256 of the part
-            # itself: when the file's does not come about (a resume, parts in other processes),
-            # _complete hashes the file and its parts from disk.
-            # Without the whole-file SHA-256 (the default), each part's own is taken as it arrives.
+            # holds no memory, and its thread goes on to the next. The part's own SHA-256 is
+            # taken as it arrives when the whole file's is not asked for (the default) or carried;
+            # with it, not: when the file's does not come about (a resume, parts in other
+            # processes), _complete hashes the file and its parts from disk.
             carried = unit.get("carry")
             crc, sha = _receive_part(ctx, rel, upload_id, offset, length,
                                      not ctx.settings.transfer.sha256 and carried is None)
@@ -949,6 +949,10 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     carried = planned.carry if planned is not None else None
     if carried is not None:   # the whole object's CRC32C end to end, then the source's SHA-256s
         _check_carried(ctx, unit, crc, carried["crc32c"])
+        if carried["sha256_tree"] and all(part_sha256) \
+                and sha256_tree(part_sha256, part_size) != carried["sha256_tree"]:
+            raise IntegrityError(f"{ctx.src_loc(rel)}: the source's manifest records a sha256-tree its own part "
+                                 f"SHA-256s do not give: the record is damaged")
     whole = (carried["sha256"] or None) if carried is not None else ctx.hasher(rel).whole(count)
     h = FileHash(size, crc, whole or "")
     upload_id, _held = ctx.upload(unit)
@@ -971,9 +975,6 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     if all(part_sha256):
         entry.part_sha256 = part_sha256
         entry.sha256_tree = sha256_tree(part_sha256, part_size)
-        if carried is not None and carried["sha256_tree"] not in ("", entry.sha256_tree):
-            raise IntegrityError(f"{ctx.src_loc(rel)}: the source's manifest records a sha256-tree its own part "
-                                 f"SHA-256s do not give: the record is damaged")
     if carried is not None:
         entry.computed, entry.carried = ["crc32c"], carrying.provenance(carried)
     elif not h.sha256:

@@ -155,7 +155,7 @@ def test_a_copy_from_a_recorded_prefix_carries_its_hashes_across_stores(tree, ma
                for e in entries(env, f"{tmp_path}/synced/").values())
 
 
-@pytest.mark.parametrize("rel, field", [("big.bin", "parts"), ("small.txt", "crc32c")])
+@pytest.mark.parametrize("rel, field", [("big.bin", "parts"), ("small.txt", "crc32c"), ("big.bin", "sha256_tree")])
 def test_bytes_that_differ_from_the_carried_record_fail_the_copy(rel, field, tree, tmp_path):
     src, _files = tree
     first = f"{tmp_path}/first/"
@@ -165,13 +165,15 @@ def test_bytes_that_differ_from_the_carried_record_fail_the_copy(rel, field, tre
     [entry] = [e for e in doc["files"] if e["path"] == rel]
     if field == "parts":
         entry["parts"][1] = f"{int(entry['parts'][1], 16) ^ 1:08x}"
+    elif field == "sha256_tree":
+        entry["sha256_tree"] = "0" * 64
     else:
         entry["crc32c"] = f"{int(entry['crc32c'], 16) ^ 1:08x}"
     with open(path, "w") as f:
         json.dump(doc, f)
     r = mcbridge("cp", first, f"{tmp_path}/second/", "-q", env=dict(os.environ), state_dir=tmp_path / "state")
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "the source's manifest says" in r.stderr and "Traceback" not in r.stderr
+    assert "the source's manifest" in r.stderr and "Traceback" not in r.stderr
     assert not os.path.exists(f"{tmp_path}/second/_bridge/log")   # nothing committed
 
 
