@@ -330,7 +330,15 @@ def _rehash_range(store: Store, loc: Location, offset: int, length: int, size: i
     return crc, part.hexdigest()
 
 
-PART_READERS = 8   # parts of one object re-read at once by a deep check
+PART_READERS = 8   # parts re-read at once by deep checks, across the process
+# Shared by every object re-read in parallel (verify checks several files at once): at most
+# PART_READERS reads of READ_SIZE in memory from them, however many files are being checked.
+_PART_READS = threading.BoundedSemaphore(PART_READERS)
+
+
+def _rehash_part(store: Store, loc: Location, offset: int, length: int, size: int) -> tuple[int, str]:
+    with _PART_READS:
+        return _rehash_range(store, loc, offset, length, size)
 
 
 def rehash_parts(store: Store, loc: Location, size: int, part_size: int,
@@ -351,7 +359,7 @@ def rehash_parts(store: Store, loc: Location, size: int, part_size: int,
             done = [_rehash_range(store, loc, *ranges[0], size)]
         else:
             with cf.ThreadPoolExecutor(workers, thread_name_prefix="rehash") as pool:
-                done = list(pool.map(lambda r: _rehash_range(store, loc, *r, size), ranges))
+                done = list(pool.map(lambda r: _rehash_part(store, loc, *r, size), ranges))
         sha = ""
     crc = combine_parts([(c, length) for (c, _), (_, length) in zip(done, ranges)])
     return crc_hex(crc), sha, [p for _, p in done]
