@@ -4,7 +4,10 @@ Cheap checks ask the store: the size, and the CRC32C the store reports (S3 full-
 checksum, GCS crc32c) or, where it keeps none, the CRC32C bridge stored in the object's metadata
 (Azure) together with the committed block sizes. A local file reports nothing, so its CRC32C is
 computed from the disk. ``deep`` re-reads every object and compares CRC32C and SHA-256 (CRC32C alone for a file the
-clouds copied, whose entry holds only what the stores reported).
+clouds copied, whose entry holds only what the stores reported): a file copied in parts is re-read
+part by part in parallel and checked by its part SHA-256s, their ``sha256-tree`` and the CRC32C
+combined from the parts; its plain whole-file SHA-256, one stream that cannot be split, only when
+asked (``verify --deep --sha256``) or when the entry has no part SHA-256s.
 Where the store reports no CRC32C (an object rewritten with its same bytes by a plain PUT, or one
 adopted from another tool's copy), another checksum recorded at commit (``reported``: an S3
 one-request ETag's MD5, GCS md5, Azure Content-MD5) is compared, or else the object is re-read and
@@ -21,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bridge.errors import IntegrityError, ObjectNotFound
-from bridge.hashing import rehash, rehash_parts
+from bridge.hashing import TREE, rehash, rehash_parts, sha256_tree
 from bridge.manifest import FileEntry
 from bridge.stores.base import ObjectInfo, Store, identity_changed
 from bridge.urls import Location
@@ -77,11 +80,12 @@ def mismatch(store: Store, info: ObjectInfo, entry: FileEntry, deep: bool = Fals
     return judge(store, info, entry, deep).problem
 
 
-def judge(store: Store, info: ObjectInfo, entry: FileEntry, deep: bool = False) -> Verdict:
+def judge(store: Store, info: ObjectInfo, entry: FileEntry, deep: bool = False, sha256: bool = False) -> Verdict:
+    """``sha256``: a deep check computes the plain whole-file SHA-256 too (``verify --deep --sha256``)."""
     if info.size != entry.size:
         return Verdict(f"size {info.size}, manifest says {entry.size}")
     if deep:
-        return Verdict(_bytes_differ(store, info, entry))
+        return Verdict(_bytes_differ(store, info, entry, sha256))
     changed = _identity_change(store, info, entry)
     if changed:
         # Another version than the one committed: what the store reports of it, and metadata
@@ -139,21 +143,26 @@ def _identity_change(store: Store, info: ObjectInfo, entry: FileEntry) -> str | 
     return f"its {', '.join(fields)} changed" if fields else "its identity is unknown"
 
 
-def _bytes_differ(store: Store, info: ObjectInfo, entry: FileEntry) -> str | None:
-    """Re-read, checking every hash the entry has: a resumed copy may have part hashes only."""
+def _bytes_differ(store: Store, info: ObjectInfo, entry: FileEntry, sha256: bool = False) -> str | None:
+    """Re-read, checking every hash the entry has. An entry with part SHA-256s is read part by
+    part in parallel (its CRC32C combined from the parts'), and its tree digest recomputed; the
+    whole-file SHA-256 (one stream, in order) is computed only where it is the entry's one
+    SHA-256 or ``sha256`` asks for it."""
     if entry.part_sha256 and entry.part_size:
-        crc, sha, part_sha = rehash_parts(store, info.location, info.size, entry.part_size)
+        crc, sha, part_sha = rehash_parts(store, info.location, info.size, entry.part_size, whole=sha256)
     else:
         (crc, sha), part_sha = rehash(store, info.location, info.size), []
     if crc != entry.crc32c:
         return f"CRC32C {crc}, manifest says {entry.crc32c}"
-    if entry.sha256 and sha != entry.sha256:
+    if entry.sha256 and sha and sha != entry.sha256:
         return f"SHA-256 {sha}, manifest says {entry.sha256}"
     if not entry.sha256 and not entry.part_sha256 and not entry.reported_only:
         return "the manifest has no SHA-256 for it"
     bad = [n for n, (got, want) in enumerate(zip(part_sha, entry.part_sha256), 1) if got != want]
     if bad:
         return f"SHA-256 of part {bad[0]} differs from the manifest"
+    if entry.sha256_tree and sha256_tree(part_sha, entry.part_size) != entry.sha256_tree:
+        return f"{TREE} {sha256_tree(part_sha, entry.part_size)}, manifest says {entry.sha256_tree}"
     return None
 
 

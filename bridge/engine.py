@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bridge import attributes
+from bridge import carry as carrying
 from bridge import check
 from bridge import filters as filtering
 from bridge import jobs
@@ -40,7 +41,8 @@ from bridge import routes
 from bridge.config import Settings
 from bridge.errors import Archived, BridgeError, IntegrityError, InvalidOption, ObjectNotFound
 from bridge.filters import Filters
-from bridge.hashing import FileHash, OrderedSha256, combine_parts, crc32c, crc_hex, rehash_parts
+from bridge.hashing import (NO_WHOLE_SHA256, FileHash, OrderedSha256, combine_parts, crc32c, crc_hex, rehash_parts,
+                            sha256_tree)
 from bridge.journal import Journal, job_key, key_bytes
 from bridge.jobs import FATAL, Outcome, ThreadExecutor, describe  # noqa: F401  (their old home)
 from bridge.manifest import FileEntry
@@ -91,6 +93,9 @@ class FilePlan:
     # None: asked of the source when the file is written.
     attrs: dict | None = None
     storage_class: str = ""   # the source's, when its listing names one (for retrieval prices)
+    # Hashes the source's record holds for this version of the file (bridge.carry): checked by
+    # CRC32C as the bytes pass, carried into the destination's entry instead of recomputed.
+    carry: dict | None = None
 
     @property
     def parts(self) -> int:
@@ -114,8 +119,8 @@ _compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _row(f: FilePlan) -> tuple:
-    more = _compact({"attrs": f.attrs, "storage_class": f.storage_class}) \
-        if f.attrs is not None or f.storage_class else ""
+    more = _compact({"attrs": f.attrs, "storage_class": f.storage_class, "carry": f.carry}) \
+        if f.attrs is not None or f.storage_class or f.carry else ""
     return (key_bytes(f.rel), f.size, f.part_size, _compact(f.source_id) if f.source_id else "",
             f.first_part, f.last_part, more)
 
@@ -124,7 +129,7 @@ def _from_row(row: tuple) -> FilePlan:
     rel, size, part_size, source_id, first, last, more = row
     extra = json.loads(more) if more else {}
     return FilePlan(rel.decode("utf-8", "surrogatepass"), size, part_size, json.loads(source_id) if source_id else {},
-                    first, last, extra.get("attrs"), extra.get("storage_class", ""))
+                    first, last, extra.get("attrs"), extra.get("storage_class", ""), extra.get("carry"))
 
 
 class FileList:
@@ -260,15 +265,18 @@ class Plan:
                 whole = f.whole
                 for n in f.part_numbers():
                     yield {"op": "part", "rel": f.rel, "size": f.size, "part_size": f.part_size, "number": n,
-                           "source_id": f.source_id, "whole": whole}
+                           "source_id": f.source_id, "whole": whole,
+                           **({"carry": {"crc32c": f.carry["parts"][n - 1], "sha256": f.carry["part_sha256"][n - 1]}}
+                              if f.carry else {})}
             elif self.batch:
-                batch.append([f.rel, f.size, f.source_id])
+                batch.append([f.rel, f.size, f.source_id, *([f.carry] if f.carry else [])])
                 held += f.size
                 if len(batch) >= self.batch or held >= BATCH_BYTES:
                     yield self._batch_unit(batch)
                     batch, held = [], 0
             else:
-                yield {"op": "put", "rel": f.rel, "size": f.size, "source_id": f.source_id}
+                yield {"op": "put", "rel": f.rel, "size": f.size, "source_id": f.source_id,
+                       **({"carry": f.carry} if f.carry else {})}
         if batch:
             yield self._batch_unit(batch)
 
@@ -438,8 +446,9 @@ def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int
     dst_store = get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     files = FileList(where=spill_dir(settings))
+    carrier = carrier_for(src_root, single, settings)
     for rel, info in checked:
-        files.append(file_plan(rel, info, dst_store, chunk_size))
+        files.append(file_plan(rel, info, dst_store, chunk_size, carrier))
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files)
     # Not the file list: a re-run after the source gained or lost files is the same job, and
     # finds its finished files and parts by path, size and source identity (JobContext.matches).
@@ -465,10 +474,31 @@ def spill_dir(settings: Settings) -> Path:
     return Path(settings.transfer.state_dir) / "spill"
 
 
-def file_plan(rel: str, info: ObjectInfo, dst_store: Store, chunk_size: int | None) -> FilePlan:
-    return FilePlan(rel, info.size, part_size_for(info.size, dst_store, chunk_size),
-                    dict(info.identity), attrs=None if info.attrs is None else info.attrs.to_dict(),
-                    storage_class=info.storage_class)
+def file_plan(rel: str, info: ObjectInfo, dst_store: Store, chunk_size: int | None,
+              carrier: carrying.Carrier | None = None) -> FilePlan:
+    part_size = part_size_for(info.size, dst_store, chunk_size)
+    carry = carrier.lookup(rel, info) if carrier is not None else None
+    if carry is not None and chunk_size is None and part_size and carry["part_size"] != part_size \
+            and _takes_part_size(info.size, dst_store, carry["part_size"]):
+        part_size = carry["part_size"]   # the source's parts: their SHA-256s carry over
+    if carry is not None and not carrying.fits(carry, part_size):
+        carry = None
+    return FilePlan(rel, info.size, part_size, dict(info.identity),
+                    attrs=None if info.attrs is None else info.attrs.to_dict(), storage_class=info.storage_class,
+                    carry=carry)
+
+
+def _takes_part_size(size: int, store: Store, part_size: int) -> bool:
+    f = store.features
+    return (f.multipart and f.min_part_size <= part_size <= f.max_part_size and part_size < size
+            and math.ceil(size / part_size) <= f.max_parts)
+
+
+def carrier_for(src_root: Location, single: str | None, settings: Settings) -> carrying.Carrier | None:
+    """The source record's hashes, for a copy of a prefix (bridge.carry)."""
+    if single is not None:
+        return None
+    return carrying.Carrier(get_store(src_root, settings), src_root, settings.transfer.sha256)
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -537,7 +567,12 @@ class JobContext(jobs.Context):
             buf = self._buffers.buf = bytearray(size)
         return buf
 
-    def hasher(self, rel: str) -> OrderedSha256:
+    def hasher(self, rel: str, carried: bool = False) -> OrderedSha256:
+        """The file's whole SHA-256 fed in part order, when asked for (``transfer.sha256``) and
+        not carried from the source's record; otherwise one that takes nothing: each part is
+        hashed on its own, in parallel."""
+        if not self.settings.transfer.sha256 or carried:
+            return NO_WHOLE_SHA256
         with self._lock:
             if rel not in self._hashers:   # parts waiting their turn: at most one per thread
                 self._hashers[rel] = OrderedSha256(max_pending=self.settings.transfer.concurrency)
@@ -647,7 +682,7 @@ class JobContext(jobs.Context):
             if whole:
                 with self._lock:   # a file this process completes: counted when its first part goes
                     self._parts_left.setdefault(rel, math.ceil(unit["size"] / unit["part_size"]))
-            self.hasher(rel).expect(unit["number"])
+            self.hasher(rel, "carry" in unit).expect(unit["number"])
 
     def followups(self, unit: dict) -> list[dict]:
         if unit["op"] == "part" and self.parts_finished(unit["rel"]):
@@ -689,7 +724,7 @@ class JobContext(jobs.Context):
 
 
 def _metadata(h: FileHash) -> dict[str, str]:
-    return {"bridge_crc32c": h.crc32c, "bridge_sha256": h.sha256}
+    return {"bridge_crc32c": h.crc32c, **({"bridge_sha256": h.sha256} if h.sha256 else {})}
 
 
 def _put(ctx: JobContext, unit: dict) -> dict:
@@ -707,8 +742,9 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
     ``_put`` does one. Files already journaled are skipped; those that fail are the unit's error
     (the first, and how many more), the rest of the batch written all the same."""
     todo = []
-    for rel, size, *source_id in unit["files"]:
-        one = {"rel": rel, "size": size, **({"source_id": source_id[0]} if source_id else {})}
+    for rel, size, *more in unit["files"]:   # more: its source_id, then what it carries (bridge.carry)
+        one = {"rel": rel, "size": size, **({"source_id": more[0]} if more else {}),
+               **({"carry": more[1]} if len(more) > 1 else {})}
         if ctx.matches(ctx.journal.get(f"file:{rel}"), one):
             ctx.progress.skipped(size)
         else:
@@ -755,11 +791,27 @@ def _hashed(ctx: JobContext, unit: dict, data) -> FileHash:
     if len(data) != unit["size"]:
         raise IntegrityError(f"{ctx.src_loc(unit['rel'])}: read {len(data)} bytes, planned {unit['size']}: "
                              f"the source changed during the copy")
-    return FileHash.of(data)
+    carried = unit.get("carry")
+    if carried is None:
+        return FileHash.of(data)
+    crc = crc_hex(crc32c(data))
+    _check_carried(ctx, unit, crc, carried["crc32c"])
+    return FileHash(len(data), crc, carried["sha256"])
+
+
+def _check_carried(ctx: JobContext, unit: dict, crc: str, recorded: str, part: int = 0) -> None:
+    """The bytes read are the ones the source's record hashed (bridge.carry), by CRC32C."""
+    if crc != recorded:
+        what = f"part {part}" if part else "its bytes"
+        raise IntegrityError(f"{ctx.src_loc(unit['rel'])}: {what} read with CRC32C {crc}, the source's manifest "
+                             f"says {recorded}: the source is damaged or changed since it was recorded")
 
 
 def _record(ctx: JobContext, unit: dict, h: FileHash, committed: ObjectInfo) -> dict:
-    entry = manifests.entry_from_hash(unit["rel"], h, committed=committed).to_dict()
+    entry = manifests.entry_from_hash(unit["rel"], h, committed=committed)
+    if "carry" in unit:
+        entry.computed, entry.carried = ["crc32c"], carrying.provenance(unit["carry"])
+    entry = entry.to_dict()
     ctx.written(unit, entry, h.size)
     ctx.progress.moved(h.size)
     ctx.progress.file_finished()
@@ -772,7 +824,7 @@ def _part(ctx: JobContext, unit: dict) -> dict:
         length = min(part_size, unit["size"] - (number - 1) * part_size)
         ctx.progress.skipped(length)
         return {"skipped": True}
-    hasher = ctx.hasher(rel)
+    hasher = ctx.hasher(rel, "carry" in unit)
     try:
         upload_id, held = ctx.upload(unit)
         offset = (number - 1) * part_size
@@ -794,18 +846,26 @@ def _part(ctx: JobContext, unit: dict) -> dict:
         if ctx.dst_root.is_local:
             # Written piece by piece as it arrives, then hashed into the file's SHA-256 from the
             # page cache when its turn comes: a part that finished before the parts ahead of it
-            # holds no memory, and its thread goes on to the next. No SHA-256 of the part
-            # itself: when the file's does not come about (a resume, parts in other processes),
-            # _complete hashes the file and its parts from disk.
-            crc = _receive_part(ctx, rel, upload_id, offset, length)
+            # holds no memory, and its thread goes on to the next. The part's own SHA-256 is
+            # taken as it arrives when the whole file's is not asked for (the default) or carried;
+            # with it, not: when the file's does not come about (a resume, parts in other
+            # processes), _complete hashes the file and its parts from disk.
+            carried = unit.get("carry")
+            crc, sha = _receive_part(ctx, rel, upload_id, offset, length,
+                                     not ctx.settings.transfer.sha256 and carried is None)
+            if carried is not None:
+                _check_carried(ctx, unit, crc, carried["crc32c"], number)
+                sha = carried["sha256"]
             region = ctx.dst.written_region(dst, upload_id, offset, length)
             if finished and known["crc32c"] == crc:
                 hasher.feed(number, region)
                 ctx.progress.skipped(length)
+                if sha and not known.get("sha256"):
+                    known = {**known, "sha256": sha}
+                    ctx.journal.put(f"part:{rel}:{number}", known)
                 return known
             record = ctx.dst.record_part(dst, upload_id, number, offset, length, crc)
             hasher.feed(number, region)
-            sha = ""
         else:
             data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel), offset, length))
             if len(data) != length:
@@ -818,7 +878,11 @@ def _part(ctx: JobContext, unit: dict) -> dict:
             # Each part's own SHA-256 lets a cloud destination's resume and verify go without the
             # whole file's.
             hasher.feed(number, data)
-            sha = hashlib.sha256(data).hexdigest()
+            if "carry" in unit:
+                _check_carried(ctx, unit, crc, unit["carry"]["crc32c"], number)
+                sha = unit["carry"]["sha256"]
+            else:
+                sha = hashlib.sha256(data).hexdigest()
             record = ctx.dst.upload_part(dst, upload_id, number, offset, data, crc)
         if record.crc32c != crc:
             raise IntegrityError(f"{dst}: part {number} stored with CRC32C {record.crc32c}, "
@@ -832,27 +896,31 @@ def _part(ctx: JobContext, unit: dict) -> dict:
         raise
 
 
-def _receive_part(ctx: JobContext, rel: str, upload_id: str, offset: int, length: int) -> str:
+def _receive_part(ctx: JobContext, rel: str, upload_id: str, offset: int, length: int,
+                  sha: bool) -> tuple[str, str]:
     """Bytes [offset, offset+length) of ``rel`` from the source into the local destination's
-    partial file, a piece at a time through this thread's buffer; their CRC32C."""
+    partial file, a piece at a time through this thread's buffer; their CRC32C, and with ``sha``
+    their SHA-256 ("" without)."""
     src = ctx.src_loc(rel)
     short = f"{src}: short read at {offset}: the source changed"
 
-    def fill(write) -> str:
-        crc, at = 0, 0
+    def fill(write) -> tuple[str, str]:
+        crc, at, digest = 0, 0, None
 
         def each(pos: int, view: memoryview) -> None:
-            nonlocal crc, at
+            nonlocal crc, at, digest
             if pos == 0:      # a retried request hands its pieces over again
-                crc, at = 0, 0
+                crc, at, digest = 0, 0, hashlib.sha256() if sha else None
             if pos != at or pos + len(view) > length:
                 raise IntegrityError(short)
             write(pos, view)
             crc, at = crc32c(view, crc), pos + len(view)
+            if digest is not None:
+                digest.update(view)
 
         if ctx.src.read_through(src, offset, length, ctx.part_buffer(PIECE), each) != length or at != length:
             raise IntegrityError(short)
-        return crc_hex(crc)
+        return crc_hex(crc), digest.hexdigest() if digest is not None else ""
 
     return ctx.dst.write_part(ctx.dst_loc(rel), upload_id, offset, fill)
 
@@ -873,9 +941,19 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
         parts.append(PartRecord.from_dict(rec))
         part_sha256.append(rec.get("sha256", ""))
     crc = crc_hex(combine_parts([(int(p.crc32c, 16), p.size) for p in parts]))
-    # The whole-file SHA-256 exists when every part passed here in order; a resume that skipped
-    # finished parts takes it from a local destination (no egress), or leaves it out.
-    whole = ctx.hasher(rel).whole(count)
+    # The whole-file SHA-256, when asked for, exists when every part passed here in order; a
+    # resume that skipped finished parts takes it from a local destination (no egress), or leaves
+    # it out. Without it the record is the parts' SHA-256s, their tree digest and the CRC32C.
+    asked = ctx.settings.transfer.sha256
+    planned = ctx.plan.files.find(rel)
+    carried = planned.carry if planned is not None else None
+    if carried is not None:   # the whole object's CRC32C end to end, then the source's SHA-256s
+        _check_carried(ctx, unit, crc, carried["crc32c"])
+        if carried["sha256_tree"] and all(part_sha256) \
+                and sha256_tree(part_sha256, part_size) != carried["sha256_tree"]:
+            raise IntegrityError(f"{ctx.src_loc(rel)}: the source's manifest records a sha256-tree its own part "
+                                 f"SHA-256s do not give: the record is damaged")
+    whole = (carried["sha256"] or None) if carried is not None else ctx.hasher(rel).whole(count)
     h = FileHash(size, crc, whole or "")
     upload_id, _held = ctx.upload(unit)
     dst = ctx.dst_loc(rel)
@@ -883,12 +961,12 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
                                        attrs=ctx.attrs(rel))
     check.completed(ctx.dst, dst, reported, crc, ctx.settings.transfer.store_checksums)
     note = ""
-    if whole is None and dst.is_local:
-        again, whole, part_sha256 = rehash_parts(ctx.dst, dst, size, part_size)
+    if dst.is_local and (whole is None if asked else not all(part_sha256)):
+        again, whole, part_sha256 = rehash_parts(ctx.dst, dst, size, part_size, whole=asked)
         if again != crc:
             raise IntegrityError(f"{dst}: CRC32C {again} on disk after completing, expected {crc}")
         h = FileHash(size, crc, whole)
-    elif whole is None:
+    elif asked and whole is None:
         note = "sha256 left out: a resumed copy did not read finished parts again; part_sha256 covers every byte"
     # The completion's answer names the version written (S3's ETag, an answer read back): the
     # entry records that, as a one-request put does, without asking again.
@@ -896,8 +974,12 @@ def _complete(ctx: JobContext, unit: dict) -> dict:
     entry = manifests.entry_from_hash(rel, h, part_size, [p.crc32c for p in parts], committed)
     if all(part_sha256):
         entry.part_sha256 = part_sha256
-    if note:
-        entry.computed, entry.note = ["crc32c", "part_sha256"], note
+        entry.sha256_tree = sha256_tree(part_sha256, part_size)
+    if carried is not None:
+        entry.computed, entry.carried = ["crc32c"], carrying.provenance(carried)
+    elif not h.sha256:
+        entry.computed = ["crc32c", "part_sha256", "sha256_tree"] if entry.sha256_tree else ["crc32c"]
+        entry.note = note
     entry = entry.to_dict()
     ctx.journal.put(f"file:{rel}", ctx.journaled(unit, entry))
     ctx.finished(rel)

@@ -1,7 +1,9 @@
-"""Hashes as small values, CRC32C that combines across parts, and SHA-256 fed in part order."""
+"""Hashes as small values, CRC32C that combines across parts, the tree digest over part SHA-256s,
+and SHA-256 fed in part order (the plain whole-file digest, when asked for)."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import hashlib
 import mmap
 import os
@@ -82,6 +84,22 @@ def combine_parts(parts: list[tuple[int, int]]) -> int:
     return total
 
 
+TREE = "sha256-tree"   # the name of the tree digest, as the manifest and the README give it
+_TREE_PREFIX = b"mcbridge-sha256-tree-v1\n"
+
+
+def sha256_tree(part_sha256: list[str], part_size: int) -> str:
+    """The content identity of a file copied in parts, computable from the parts in parallel:
+    SHA-256 of ``"mcbridge-sha256-tree-v1\\n"``, the part size as 8 bytes big-endian, then each
+    part's raw 32-byte SHA-256 in order (parts are consecutive ``part_size`` byte ranges, the last
+    one shorter). Equal bytes cut at another part size have another tree digest: the part size is
+    part of the name the manifest records (``sha256-tree`` with its ``part_size``)."""
+    digest = hashlib.sha256(_TREE_PREFIX + part_size.to_bytes(8, "big"))
+    for part in part_sha256:
+        digest.update(bytes.fromhex(part))
+    return digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class FileHash:
     size: int
@@ -132,6 +150,26 @@ class FileRegion:
                                      f"could be read back to hash")
             digest.update(view[:n])
             done += n
+
+
+class NoWholeSha256:
+    """Stands in for OrderedSha256 when the plain whole-file SHA-256 is not asked for: parts are
+    hashed each on its own (in parallel) and nothing waits for the parts before it."""
+
+    def expect(self, number: int) -> None:
+        pass
+
+    def feed(self, number: int, data) -> bool:
+        return False
+
+    def fail(self, exc: BaseException) -> None:
+        pass
+
+    def whole(self, parts: int) -> str | None:
+        return None
+
+
+NO_WHOLE_SHA256 = NoWholeSha256()
 
 
 class OrderedSha256:
@@ -277,18 +315,51 @@ def rehash(store: Store, loc: Location, size: int, sha: bool = True) -> tuple[st
     return crc_hex(crc), digest.hexdigest() if digest else ""
 
 
-def rehash_parts(store: Store, loc: Location, size: int, part_size: int) -> tuple[str, str, list[str]]:
-    """(crc32c, sha256, [sha256 of each part]) of an object, in one pass of bounded reads."""
-    crc, whole, parts, offset = 0, hashlib.sha256(), [], 0
-    while offset < size:
-        part, end = hashlib.sha256(), min(offset + part_size, size)
-        while offset < end:
-            data = store.read(loc, offset, min(READ_SIZE, end - offset))
-            if not data:
-                raise ObjectNotFound(f"{loc}: read {offset} bytes of {size}")
-            crc = crc32c(data, crc)
+def _rehash_range(store: Store, loc: Location, offset: int, length: int, size: int, whole=None) -> tuple[int, str]:
+    """(crc32c, sha256) of bytes [offset, offset+length) of an object, fed to ``whole`` too."""
+    crc, part, end = 0, hashlib.sha256(), offset + length
+    while offset < end:
+        data = store.read(loc, offset, min(READ_SIZE, end - offset))
+        if not data:
+            raise ObjectNotFound(f"{loc}: read {offset} bytes of {size}")
+        crc = crc32c(data, crc)
+        part.update(data)
+        if whole is not None:
             whole.update(data)
-            part.update(data)
-            offset += len(data)
-        parts.append(part.hexdigest())
-    return crc_hex(crc), whole.hexdigest(), parts
+        offset += len(data)
+    return crc, part.hexdigest()
+
+
+PART_READERS = 8   # parts re-read at once by deep checks, across the process
+# Shared by every object re-read in parallel (verify checks several files at once): at most
+# PART_READERS reads of READ_SIZE in memory from them, however many files are being checked.
+_PART_READS = threading.BoundedSemaphore(PART_READERS)
+
+
+def _rehash_part(store: Store, loc: Location, offset: int, length: int, size: int) -> tuple[int, str]:
+    with _PART_READS:
+        return _rehash_range(store, loc, offset, length, size)
+
+
+def rehash_parts(store: Store, loc: Location, size: int, part_size: int,
+                 whole: bool = True) -> tuple[str, str, list[str]]:
+    """(crc32c, sha256, [sha256 of each part]) of an object read in bounded ranges. With
+    ``whole``, in one pass in order (one SHA-256 stream cannot be split); without it, the parts
+    are read and hashed in parallel, the CRC32C combined from theirs, and sha256 is ""."""
+    ranges = [(offset, min(part_size, size - offset)) for offset in range(0, size, part_size)]
+    if not ranges:
+        return crc_hex(0), hashlib.sha256().hexdigest() if whole else "", []
+    if whole:
+        digest = hashlib.sha256()
+        done = [_rehash_range(store, loc, offset, length, size, digest) for offset, length in ranges]
+        sha = digest.hexdigest()
+    else:
+        workers = min(PART_READERS, len(ranges))
+        if workers == 1:
+            done = [_rehash_range(store, loc, *ranges[0], size)]
+        else:
+            with cf.ThreadPoolExecutor(workers, thread_name_prefix="rehash") as pool:
+                done = list(pool.map(lambda r: _rehash_part(store, loc, *r, size), ranges))
+        sha = ""
+    crc = combine_parts([(c, length) for (c, _), (_, length) in zip(done, ranges)])
+    return crc_hex(crc), sha, [p for _, p in done]

@@ -41,7 +41,9 @@ A commit's document (a checkpoint's has ``covers`` too)::
                 "part_size": 8388608, "parts": ["crc32c hex", …], "part_sha256": ["hex", …],
                 "computed": ["crc32c", "sha256"], "reported": {"crc32c": "…"},
                 "identity": {"etag": "…", "last_modified": "2026-11-29T15:00:00Z"},
-                "source_id": {"etag": "…"}, "note": ""}, …]}
+                "source_id": {"etag": "…"}, "note": "", "sha256_tree": "hex",
+                "carried": {"hashes": ["sha256"], "manifest": "s3://…/_bridge/log/c-….json",
+                            "identity": {…}}}, …]}
 
 or, for more than SHARD_ENTRIES entries, ``file_shards`` (name, entries, sha256, first and last
 path) in place of ``files``.
@@ -54,13 +56,20 @@ checkpoint folds it; it is no longer written. A bridge older than the log finds 
 false pass.
 
 Entries. Hashes of a multipart file, and resume without paying egress twice. Each part's CRC32C and
-SHA-256 are computed as it passes and journaled with it, so a part never has to be read again to
-be accounted for; ``parts`` and ``part_sha256`` list them in order, and ``crc32c`` is combined
-from the parts' CRC32Cs. The whole-file ``sha256`` is fed in part order when every part passes
-through one process in one run. A resumed copy skips finished parts without reading them from a
-cloud source; it then hashes a local destination once complete, and otherwise leaves ``sha256``
-empty and says so in ``note``: ``part_sha256`` still covers every byte, and ``verify --deep``
-checks whatever the entry has. ``computed`` names the hashes bridge took from the bytes as they
+SHA-256 are computed as it passes (in parallel, by the part workers) and journaled with it, so a
+part never has to be read again to be accounted for; ``parts`` and ``part_sha256`` list them in
+order, ``crc32c`` is combined from the parts' CRC32Cs, and ``sha256_tree`` (hashing.sha256_tree,
+README "Digests") over the part SHA-256s and ``part_size`` is the file's content identity. The
+plain whole-file ``sha256`` of a multipart file is one stream that cannot be split: it is
+recorded only when asked for (``transfer.sha256``, ``--sha256``), fed in part order when every part
+passes through one process in one run, or carried. A resumed copy skips finished parts without
+reading them from a cloud source; asked for the whole ``sha256``, it then hashes a local
+destination once complete, and otherwise leaves ``sha256`` empty and says so in ``note``:
+``part_sha256`` still covers every byte, and ``verify --deep`` checks whatever the entry has.
+``carried`` (bridge/carry.py) names the hashes taken from a source prefix's record instead of
+computed, the document that recorded them and the source object's identity then.
+``sha256_tree`` and ``carried`` are optional (absent: "" and {}), so version 3 stays: a reader
+that predates them ignores them and checks the part SHA-256s. ``computed`` names the hashes bridge took from the bytes as they
 passed through it (empty for a copy the clouds made, committed from what the stores report);
 ``reported`` holds what the store said of the written object at commit; ``identity`` is what named
 that exact version of the object on its store at commit (S3 ETag and version id, GCS generation,
@@ -124,13 +133,16 @@ class FileEntry:
     note: str = ""                              # why a hash is left out ("" : none is)
     source_id: dict[str, str] = field(default_factory=dict)  # the source version it was copied from
     adopted: str = ""                           # found already there, equal by this checksum (bridge.adopt)
+    sha256_tree: str = ""                       # hashing.sha256_tree(part_sha256, part_size): content identity
+    carried: dict = field(default_factory=dict)   # hashes taken from a source manifest: which, from where
 
     @classmethod
     def from_dict(cls, d: dict) -> FileEntry:
         return cls(d["path"], int(d["size"]), d["crc32c"], d["sha256"], int(d.get("part_size", 0)),
                    list(d.get("parts", [])), list(d.get("computed", COMPUTED)), dict(d.get("reported", {})),
                    dict(d.get("identity", {})), list(d.get("part_sha256", [])), d.get("note", ""),
-                   dict(d.get("source_id", {})), d.get("adopted", ""))
+                   dict(d.get("source_id", {})), d.get("adopted", ""), d.get("sha256_tree", ""),
+                   dict(d.get("carried", {})))
 
     def to_dict(self) -> dict:
         """As ``dataclasses.asdict`` gives it, without its deep copy (~10x faster; one per file)."""
@@ -138,7 +150,7 @@ class FileEntry:
                 "part_size": self.part_size, "parts": list(self.parts), "computed": list(self.computed),
                 "reported": dict(self.reported), "identity": dict(self.identity),
                 "part_sha256": list(self.part_sha256), "note": self.note, "source_id": dict(self.source_id),
-                "adopted": self.adopted}
+                "adopted": self.adopted, "sha256_tree": self.sha256_tree, "carried": dict(self.carried)}
 
     @property
     def reported_only(self) -> bool:
@@ -355,14 +367,19 @@ class Record:
     def entries(self) -> Iterator[FileEntry]:
         """Every live entry in path order (the newest commit's, per path). May raise ManifestError
         when a file of the record vanished under the reader (compactions faster than it reads)."""
+        return (entry for entry, _doc in self.entries_with_origin())
+
+    def entries_with_origin(self) -> Iterator[tuple[FileEntry, str]]:
+        """``entries()``, each with the document it was read from (``_bridge/log/c-….json``, a
+        checkpoint, or a version-1/2 ``_bridge/manifest.json``), relative to the root."""
         last = None
         try:
-            for path, _rank, entry in self._raw():
+            for path, rank, entry in self._raw():
                 if path == last:
                     continue
                 last = path
                 if entry is not None:
-                    yield FileEntry.from_dict(entry)
+                    yield FileEntry.from_dict(entry), self.sources[-rank].loc.relative_to(self.root)
         except _Vanished as exc:
             raise ManifestError(f"{exc}: part of the record at {self.root} was compacted away while "
                                 f"it was read; run the command again") from None

@@ -25,9 +25,9 @@ from bridge.check import mismatch, reported_crc32c
 from bridge.stores.base import ObjectInfo, identity_changed, is_reserved
 from bridge.hashing import rehash
 from bridge import jobs
-from bridge.engine import (FileList, FilePlan, JobContext, Plan, batching, check_chunk_size, check_route, file_plan,
-                           part_size_for, plan_copy, resolve, spill_dir)
-from bridge.errors import JobCancelled, ManifestError, ObjectNotFound
+from bridge.engine import (FileList, FilePlan, JobContext, Plan, batching, carrier_for, check_chunk_size, check_route,
+                           file_plan, part_size_for, plan_copy, resolve, spill_dir)
+from bridge.errors import InvalidOption, JobCancelled, ManifestError, ObjectNotFound
 from bridge.journal import job_key
 from bridge.journal import FileJournal, journal_at
 from bridge.progress import Progress
@@ -219,14 +219,17 @@ def _row(rel: str, info) -> dict[str, Any]:
             "identity": dict(info.identity)}
 
 
-def verify(url: str, settings: Settings, *, deep: bool = False, filters: Filters | None = None,
-           progress: Progress | None = None) -> dict[str, Any]:
+def verify(url: str, settings: Settings, *, deep: bool = False, sha256: bool = False,
+           filters: Filters | None = None, progress: Progress | None = None) -> dict[str, Any]:
     """Check every committed copy under ``url`` against its record: sizes and store-reported
     checksums, or with ``deep`` a full re-read. ``url`` may be a copy's root, or any prefix above
     copies (a bucket, a replication policy's destination): each committed prefix beneath it is
     checked against its own record, and an object under none of them is extra. Lists missing,
     extra and mismatched files, paths relative to ``url``; streams both sides in path order.
-    ``filters``: only the files they select (a record's entry by its recorded size)."""
+    ``filters``: only the files they select (a record's entry by its recorded size). ``sha256``
+    (with ``deep``): the plain whole-file SHA-256 is computed too, and checked where recorded."""
+    if sha256 and not deep:
+        raise InvalidOption("verify --sha256 re-reads every object: give --deep with it")
     root = parse(url).as_prefix()
     store = get_store(root, settings)
     store.check_bucket(root)
@@ -247,7 +250,7 @@ def verify(url: str, settings: Settings, *, deep: bool = False, filters: Filters
     with Pool(settings.transfer.concurrency) as pool, contextlib.closing(tree):
         for prefix in prefixes:
             report["copies"].append(_verify_copy(store, root, prefix, prefixes, tree.walk(prefix), deep, pool, report,
-                                                 active, progress))
+                                                 active, progress, sha256))
         if "" not in prefixes:
             # Objects under no committed prefix: uncommitted (a copy in progress, or not bridge's).
             for rel, info in tree.walk(""):
@@ -294,7 +297,8 @@ def _note(report: dict, kind: str, row: Any) -> None:
 
 
 def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: bool, pool: cf.ThreadPoolExecutor,
-                 report: dict, filters: Filters | None = None, progress: Progress | None = None) -> dict[str, Any]:
+                 report: dict, filters: Filters | None = None, progress: Progress | None = None,
+                 sha256: bool = False) -> dict[str, Any]:
     """One committed prefix: a merge of its listing and its record, both in path order. An object
     under a deeper committed prefix belongs to that one, unless this record names it too."""
     at = root.join(prefix.rstrip("/")).as_prefix() if prefix else root   # a local join takes no trailing /
@@ -329,7 +333,7 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
             obj = next(listing, None)
         else:
             checked, size = checked + 1, size + entry.size
-            fut = pool.submit(check.judge, store, obj[1], entry, deep)
+            fut = pool.submit(check.judge, store, obj[1], entry, deep, sha256)
             if progress is not None:
                 progress.plan_checks(1, entry.size)
                 fut.add_done_callback(lambda _f, n=entry.size: progress.checked(n))
@@ -383,6 +387,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     record = manifests.open_record(dst_store, dst_root)
+    carrier = carrier_for(src_root, single, settings)
     counts = {"new": 0, "changed": 0, "repaired": 0, "unchanged": 0, "adopted": 0}
     adopted: list[dict] = []
     if progress is not None:
@@ -421,7 +426,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
             if progress is not None:
                 progress.checked()
             if verdict not in ("unchanged", "adopted"):
-                files.append(file_plan(rel, info, dst_store, chunk_size))
+                files.append(file_plan(rel, info, dst_store, chunk_size, carrier))
 
     with Pool(settings.transfer.concurrency) as pool:
         for rel, info, entry, there in _merged(iter(objects), record.entries() if record else iter(()),

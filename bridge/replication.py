@@ -165,8 +165,11 @@ def filtered(plan: Plan, include: list[str], exclude: list[str]) -> Plan:
 
 
 def placed(policy: rules.Policy, dst: str, settings: Settings) -> Settings:
-    """The settings a destination's copies run with: its placement (class, encryption) applied."""
+    """The settings a destination's copies run with: its placement (class, encryption) and the
+    policy's digest (``sha256``) applied."""
     from bridge.attributes import with_objects
+    if policy.sha256 and not settings.transfer.sha256:
+        settings = settings.model_copy(update={"transfer": settings.transfer.model_copy(update={"sha256": True})})
     return with_objects(settings, dst, **policy.placement_of(dst))
 
 
@@ -279,7 +282,8 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
                 progress.begin(f"copying {ckpt}" + (f" to {dst}" if len(policy.destinations) > 1 else ""))
             with meter.metering(meters[dst]):
                 copy_checkpoint(plan, placed(policy, dst, settings), progress)
-                check = ops.verify(f"{dst}{ckpt}/", settings, deep=policy.verify == "deep", filters=filters,
+                check = ops.verify(f"{dst}{ckpt}/", settings, deep=policy.verify == "deep",
+                                   sha256=policy.sha256 and policy.verify == "deep", filters=filters,
                                    progress=progress) if policy.verify != "none" else None
             if check is not None:
                 row["verified"] = check["ok"]

@@ -13,6 +13,7 @@
                                     # (default append-only: never delete at a destination)
         min_verified_copies: 2      # destinations that must prove the newest checkpoint (default: all)
         verify: store               # store | deep | none
+        sha256: false               # also record each file's whole SHA-256 (cp --sha256)
         max_cost_usd: 5             # refuse a run estimated above this
         schedule: {cron: "0 2 * * *"}
         ready: {marker: ".metadata", min_age: 10m}   # when a checkpoint counts as committed
@@ -225,6 +226,7 @@ class Policy(BaseModel):
     mode: Literal["mirror", "append-only"] = "append-only"
     min_verified_copies: int | None = Field(None, ge=1)
     verify: Literal["store", "deep", "none"] = "store"
+    sha256: bool = False   # the plain whole-file SHA-256 too (transfer.sha256, README "Digests")
     max_cost_usd: float | None = Field(None, ge=0)
     schedule: Schedule | None = None
     ready: Ready = Ready()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bridge import manifest as manifests
-from bridge.hashing import crc32c, crc_hex
+from bridge.hashing import crc32c, crc_hex, sha256_tree
 from bridge.stores import get_store
 from bridge.urls import parse
 from tests.faultproxy import FaultProxy, proxied_environment
@@ -56,12 +56,14 @@ def test_manifest_contents(tmp_path, emulator_env):
         e = entries[rel]
         assert e["size"] == len(data)
         assert e["crc32c"] == crc_hex(crc32c(data))
-        assert e["sha256"] == hashlib.sha256(data).hexdigest()
-        if len(data) > MiB:
-            assert e["part_size"] == MiB
+        if len(data) > MiB:   # parts: their SHA-256s and tree; the whole SHA-256 only with --sha256
+            assert e["part_size"] == MiB and e["sha256"] == ""
             slices = [data[i:i + MiB] for i in range(0, len(data), MiB)]
             assert e["parts"] == [crc_hex(crc32c(s)) for s in slices]
+            assert e["part_sha256"] == [hashlib.sha256(s).hexdigest() for s in slices]
+            assert e["sha256_tree"] == sha256_tree(e["part_sha256"], MiB)
         else:
+            assert e["sha256"] == hashlib.sha256(data).hexdigest()
             assert e["part_size"] == 0 and e["parts"] == []
     assert not list((tmp_path / "state").glob("journal/*")), "journal removed after success"
 

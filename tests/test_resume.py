@@ -92,12 +92,14 @@ def test_s3_to_local_killed_three_times_reads_each_part_once(moto, make_root, em
     dst = tmp_path / "dst"
     state = tmp_path / "state"
     env = _env(emulator_env, state)
-    args = [*MCBRIDGE, "cp", f"{root}ckpt/weights.bin", f"{dst}/", "--chunk-size", "5MiB", "-j", "2", "-q"]
+    # --sha256: the whole-file SHA-256 too, which a resume must not claim from parts it did not read
+    args = [*MCBRIDGE, "cp", f"{root}ckpt/weights.bin", f"{dst}/", "--chunk-size", "5MiB", "-j", "2", "-q",
+            "--sha256"]
     seen = 0
     for share in (0.25, 0.5, 0.75):
         seen = _kill_after(args, env, state, max(seen + 1, int(nparts * share)))
     assert seen < nparts, "the third run must be killed before the end"
-    r = mcbridge("cp", f"{root}ckpt/weights.bin", f"{dst}/", "--chunk-size", "5MiB", "-j", "2", "--json",
+    r = mcbridge("cp", f"{root}ckpt/weights.bin", f"{dst}/", "--chunk-size", "5MiB", "-j", "2", "--json", "--sha256",
                  env=emulator_env, state_dir=state)
     assert r.returncode == 0, r.stderr
     assert (dst / "weights.bin").read_bytes() == data
@@ -120,9 +122,10 @@ def test_cloud_to_cloud_resume_keeps_part_hashes_and_verify_deep_checks_them(mot
     moto.client().put_object(Bucket=parse(src).bucket, Key="w.bin", Body=data)
     state = tmp_path / "state"
     # --route direct: the bytes pass through bridge in parts (the server route would have S3 copy it)
-    args = [*MCBRIDGE, "cp", f"{src}w.bin", dst, "--chunk-size", "5MiB", "-j", "2", "-q", "--route", "direct"]
+    args = [*MCBRIDGE, "cp", f"{src}w.bin", dst, "--chunk-size", "5MiB", "-j", "2", "-q", "--route", "direct",
+            "--sha256"]
     assert 2 <= _kill_after(args, _env(emulator_env, state), state, 2) < nparts
-    r = mcbridge("cp", f"{src}w.bin", dst, "--chunk-size", "5MiB", "-j", "2", "--route", "direct",
+    r = mcbridge("cp", f"{src}w.bin", dst, "--chunk-size", "5MiB", "-j", "2", "--route", "direct", "--sha256",
                  env=emulator_env, state_dir=state)
     assert r.returncode == 0, r.stderr
     entry = record(dst, emulator_env)["files"][0]
@@ -158,7 +161,7 @@ def test_parts_of_one_file_can_run_in_different_processes(moto, make_root, emula
     data = os.urandom(size)
     (tmp_path / "w.bin").write_bytes(data)
     dst = make_root("s3") + "split/"
-    settings = settings_for(emulator_env)
+    settings = settings_for(emulator_env, sha256=True)   # the whole SHA-256 asked for, and not to be had
     plan = plan_copy(str(tmp_path / "w.bin"), dst, settings, 5 * MiB)
     journal = FileJournal(tmp_path / "journal.jsonl")
     one, other = JobContext(plan, settings, journal), JobContext(plan, settings, journal)
@@ -180,6 +183,6 @@ def test_parts_of_one_file_can_run_in_different_processes(moto, make_root, emula
     run_unit(last, {"op": "complete", "rel": "w.bin", "size": size, "part_size": part})
     run_unit(last, {"op": "finalize"})
     entry = manifests.read(get_store(parse(dst), settings), parse(dst)).files["w.bin"]
-    assert entry.sha256 == "" and entry.note and entry.computed == ["crc32c", "part_sha256"]
+    assert entry.sha256 == "" and entry.note and entry.computed == ["crc32c", "part_sha256", "sha256_tree"]
     assert entry.part_sha256 == [hashlib.sha256(data[i:i + part]).hexdigest() for i in range(0, size, part)]
     assert mcbridge("verify", dst, "--deep", env=emulator_env, state_dir=tmp_path).returncode == 0

@@ -104,6 +104,9 @@ BwlimitOpt = bwlimit_opt()
 BwlimitFileOpt = Annotated[Optional[Path], typer.Option(
     "--bwlimit-file", metavar="FILE", help="Read the limit from FILE at start and again on each SIGUSR2.")]
 JsonOpt = json_opt()
+Sha256Opt = Annotated[bool, typer.Option(
+    "--sha256", help="Also record each file's plain whole-file SHA-256 (what sha256sum prints): one stream "
+    "per file, so a big file's copy waits for it. Default: part SHA-256s, their sha256-tree and CRC32C.")]
 DryOpt = dry_run_opt()
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
 MaxCostOpt = max_cost_opt()
@@ -181,7 +184,7 @@ def _read_rate_file(path: Path) -> str:
 def settings_from_flags(profile: str | None, config: str | Path | None, concurrency: int | None = None,
                         chunk_size: str | None = None, store_checksums: str | None = None, *,
                         bwlimit: str | None = None, bwlimit_file: Path | None = None,
-                        route: str | None = None, cache_dir: bool = False) -> Settings:
+                        route: str | None = None, cache_dir: bool = False, sha256: bool = False) -> Settings:
     if bwlimit_file is not None:
         bwlimit = _read_rate_file(bwlimit_file)
         if not bwlimit.strip():
@@ -192,6 +195,8 @@ def settings_from_flags(profile: str | None, config: str | Path | None, concurre
         transfer["concurrency"] = concurrency
     if RUN.get("manifest_dir"):
         transfer["manifest_dir"] = os.path.abspath(os.path.expanduser(RUN["manifest_dir"]))
+    if sha256:
+        transfer["sha256"] = True
     given("--config", None if config is None else str(config))
     try:
         settings = load_settings({"transfer": transfer}, profile=profile, config_path=config)

@@ -10,8 +10,8 @@ import typer
 
 from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DryOpt, ExcludeOpt,
                                 FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt, MaxSizeOpt, MinAgeOpt,
-                                MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, ShardFormat, StoreSumOpt,
-                                emit, filters_from_flags, given, moved_line, out, print_plan, print_usage,
+                                MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, Sha256Opt, ShardFormat,
+                                StoreSumOpt, emit, filters_from_flags, given, moved_line, out, print_plan, print_usage,
                                 refuse_unused, route_line, settings_from_flags)
 from bridge.config import parse_size
 from bridge.progress import human_bytes, plural
@@ -106,9 +106,10 @@ def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSi
             max_age: MaxAgeOpt = None,
             dry_run: DryOpt = False, as_json: JsonOpt = False,
             quiet: QuietOpt = False, max_cost: MaxCostOpt = None, route: RouteOpt = None,
-            profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+            profile: ProfileOpt = None, config: ConfigOpt = None, sha256: Sha256Opt = False) -> None:
     """Move a corpus from SRC to DST in one pass (the files the filters select), packing it
-    into shards with --pack; the destination gets its index and a commit in _bridge/log/."""
+    into shards with --pack; the destination gets its index and a commit in _bridge/log/.
+    (Shards always record their whole SHA-256: --sha256 matters without --pack.)"""
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     if pack_format:
         refuse_unused("with --pack (packing writes through this process)", **{"--route": route})
@@ -120,7 +121,7 @@ def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSi
     refuse_unused("without --pack", **{"--shard-size": shard_size, "--max-count": max_count, "--prefix": prefix,
                                        "--row-group-size": row_group_size, "--memory": memory})
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
-                                   bwlimit_file=bwlimit_file, route=route)
+                                   bwlimit_file=bwlimit_file, route=route, sha256=sha256)
     if dry_run:
         print_plan(ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True,
                             route=route, filters=filters), as_json)

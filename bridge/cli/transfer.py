@@ -11,8 +11,8 @@ import typer
 from bridge import __version__
 from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DeleteOpt, DryOpt,
                                 ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt, MaxSizeOpt,
-                                MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, StoreSumOpt,
-                                emit, filters_from_flags, moved_line, out, print_plan, route_line,
+                                MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, Sha256Opt,
+                                StoreSumOpt, emit, filters_from_flags, moved_line, out, print_plan, route_line,
                                 settings_from_flags, shown)
 from bridge.progress import human_bytes, plural
 from bridge.cli.placement import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
@@ -30,13 +30,13 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
        config: ConfigOpt = None, content_type: ContentTypeOpt = None, metadata: MetadataOpt = None,
        no_metadata: NoMetadataOpt = False, storage_class: StorageClassOpt = None, kms_key: KmsKeyOpt = None,
        bucket_key: BucketKeyOpt = None, encryption_scope: ScopeOpt = None, skip_existing: SkipExistingOpt = False,
-       checksum: ChecksumOpt = False, adopt: AdoptOpt = None) -> None:
+       checksum: ChecksumOpt = False, adopt: AdoptOpt = None, sha256: Sha256Opt = False) -> None:
     """Copy SRC to DST: one object, or every object under a directory or prefix (trailing
     slash) that the filters select."""
     from bridge import ops
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
-                                   bwlimit_file=bwlimit_file, route=route)
+                                   bwlimit_file=bwlimit_file, route=route, sha256=sha256)
     settings = with_object_flags(settings, dst, content_type=content_type, metadata=metadata,
                                  no_metadata=no_metadata, storage_class=storage_class, kms_key=kms_key,
                                  bucket_key=bucket_key, encryption_scope=encryption_scope)
@@ -63,7 +63,8 @@ def sync(src: str, dst: str, delete: DeleteOpt = False,
          max_cost: MaxCostOpt = None, route: RouteOpt = None, profile: ProfileOpt = None,
          config: ConfigOpt = None, content_type: ContentTypeOpt = None, metadata: MetadataOpt = None,
          no_metadata: NoMetadataOpt = False, storage_class: StorageClassOpt = None, kms_key: KmsKeyOpt = None,
-         bucket_key: BucketKeyOpt = None, encryption_scope: ScopeOpt = None, adopt: AdoptOpt = None) -> None:
+         bucket_key: BucketKeyOpt = None, encryption_scope: ScopeOpt = None, adopt: AdoptOpt = None,
+         sha256: Sha256Opt = False) -> None:
     """Make DST equal to SRC: send what is new or changed (by size and checksum, not time), repair
     what no longer matches the record, adopt what is already there and equal though bridge did not
     write it, and with --delete remove what SRC no longer has. Filters apply to both sides: what
@@ -71,7 +72,7 @@ def sync(src: str, dst: str, delete: DeleteOpt = False,
     from bridge import ops
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
-                                   bwlimit_file=bwlimit_file, route=route)
+                                   bwlimit_file=bwlimit_file, route=route, sha256=sha256)
     settings = with_object_flags(settings, dst, content_type=content_type, metadata=metadata,
                                  no_metadata=no_metadata, storage_class=storage_class, kms_key=kms_key,
                                  bucket_key=bucket_key, encryption_scope=encryption_scope)
@@ -98,14 +99,17 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
            min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
            max_age: MaxAgeOpt = None,
            concurrency: ConcOpt = None, as_json: JsonOpt = False, quiet: QuietOpt = False,
-           profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+           profile: ProfileOpt = None, config: ConfigOpt = None,
+           sha256: Annotated[bool, typer.Option("--sha256", help="With --deep, also compute each file's plain "
+                                                "whole-file SHA-256 (one stream per file) and check it where "
+                                                "the record has one.")] = False) -> None:
     """Check every committed copy at or under URL (the files the filters select) against its
     record; exit 1 naming each missing, extra or mismatched file."""
     from bridge import ops
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency)
     with ProgressBar(not as_json, quiet=quiet) as progress:
-        report = ops.verify(url, settings, deep=deep, filters=filters, progress=progress)
+        report = ops.verify(url, settings, deep=deep, sha256=sha256, filters=filters, progress=progress)
     if as_json:
         out.print_json(json.dumps(report))
     else:
