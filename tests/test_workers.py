@@ -370,13 +370,13 @@ def test_fan_out_keeps_each_multipart_file_whole_and_batches_small_ones():
     from bridge.workers.kinds import fan_out
     files = [FilePlan(f"s/{i:03d}", 1000) for i in range(130)] + [FilePlan("big1", 100, 10), FilePlan("big2", 300, 10)]
     plan = Plan("s3://a-a/", "gs://b-b/", None, files, [f"old/{i}" for i in range(3)], "key1")
-    subs = fan_out(plan, batch_files=64, batch_bytes=10**9)
+    subs = list(fan_out(plan, batch_files=64, batch_bytes=10**9))
     assert [s.files[0].rel for s in subs[:2]] == ["big2", "big1"] and all(len(s.files) == 1 for s in subs[:2])
     assert [len(s.files) for s in subs[2:5]] == [64, 64, 2]
     assert subs[5].deletions == ["old/0", "old/1", "old/2"] and not subs[5].files
     assert all(s.key == "key1" and s.destination == "gs://b-b/" for s in subs)
     assert sum(s.unit_count() - 1 for s in subs) == plan.unit_count() - 1
-    assert [len(s.files) for s in fan_out(plan, 1000, 5000)[2:]][:3] == [5, 5, 5]
+    assert [len(s.files) for s in list(fan_out(plan, 1000, 5000))[2:]][:3] == [5, 5, 5]
 
 
 def test_fan_out_spreads_the_parts_of_a_file_bigger_than_file_task_bytes_over_tasks():
@@ -384,7 +384,7 @@ def test_fan_out_spreads_the_parts_of_a_file_bigger_than_file_task_bytes_over_ta
     from bridge.workers.kinds import fan_out, split
     files = [FilePlan("big", 95, 10), FilePlan("mid", 30, 10), FilePlan("s", 5)]
     plan = Plan("s3://a-a/", "gs://b-b/", None, files, [], "key1")
-    subs = fan_out(plan, batch_files=64, batch_bytes=10**9, file_task_bytes=40)
+    subs = list(fan_out(plan, batch_files=64, batch_bytes=10**9, file_task_bytes=40))
     ranges = [[(f.rel, list(f.part_numbers())) for f in s.files] for s in subs]
     assert ranges == [[("big", [1, 2, 3, 4])], [("big", [5, 6, 7, 8])], [("big", [9, 10])],
                       [("mid", [1, 2, 3])], [("s", [1])]]
