@@ -11,10 +11,16 @@ A multipart file up to ``file_task_bytes`` is one task, its parts on that task's
 its SHA-256 fed in part order there. A bigger one is begun by the planner and its parts go out in
 runs of about ``file_task_bytes``, a task each, on any workers; the job's finalize completes it
 (its manifest entry then holds a SHA-256 per part and, for a local destination, the whole
-file's, read back from the disk). Small files go in batches of
-``batch_files`` / ``batch_bytes`` so the few milliseconds a task costs are spread over many.
-Every finished unit is in the Redis journal, so a task run again after its worker died redoes
-only the units that were in flight. What a unit is depends on the kind of job (workers/kinds.py);
+file's, read back from the disk). Small files go in tasks sized by their expected time
+(workers/kinds.py ``task_seconds``: the job spread over the pool processes of the live workers
+of its queue, three tasks each, none longer than ``task_seconds``), each sending its files as an
+in-process copy does (batch units, many requests in flight from one thread). A pool process keeps
+what tasks share warm: its Redis client, its settings and stores (bridge.stores.get_store's
+cache), their clients and connections; the pool does not recycle its processes.
+Every finished unit is in the Redis journal (its records sent together, at the latest when the
+task ends), so a task run again after its worker died redoes only the units that were in flight.
+The plan's sub-plans go to Redis a few MiB at a time as they are made, and out again a page at a
+time; the commit streams the journal's file records in key order (workers/journal.py). What a unit is depends on the kind of job (workers/kinds.py);
 the units themselves are bridge's own, the same ones its in-process executors run.
 
 A task carries its job id and its slice of the plan; the worker loads settings (and the

@@ -73,7 +73,7 @@ def fan_out(plan, batch_files: int, batch_bytes: int, file_task_bytes: int | Non
     held as sub-plans at once): each multipart file alone (largest first, so the long tasks start
     early), or, when it is bigger than ``file_task_bytes``, its parts in runs of about that many
     bytes, one task each (the file is then completed at commit: ``split``); then small files in
-    tasks of about ``seconds`` each (``expected_seconds``), at most ``batch_files`` files and
+    tasks of about ``seconds`` each (``expected_seconds``; a task ends with the file that reaches it), at most ``batch_files`` files and
     ``batch_bytes`` bytes; then deletions in batches. Each keeps the plan's batching
     (``Plan.batch``), so a task sends its small files as an in-process copy does."""
     from bridge.engine import Plan
@@ -98,7 +98,7 @@ def fan_out(plan, batch_files: int, batch_bytes: int, file_task_bytes: int | Non
         if f.part_size:
             continue
         if batch and (len(batch) >= batch_files or size + f.size > batch_bytes
-                      or (seconds is not None and expected_seconds(len(batch) + 1, size + f.size) > seconds)):
+                      or (seconds is not None and expected_seconds(len(batch), size) >= seconds)):
             yield sub(batch)
             batch, size = [], 0
         batch.append(f)
