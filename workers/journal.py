@@ -29,6 +29,10 @@ FLUSH_RECORDS = 512
 FLUSH_SECONDS = 1.0
 
 
+# Which fields of one hash exist, without sending their values back.
+_EXISTS = "local out = {} for i = 1, #ARGV do out[i] = redis.call('HEXISTS', KEYS[1], ARGV[i]) end return out"
+
+
 def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
@@ -116,8 +120,18 @@ class RedisJournal:
         pipe.execute()
 
     def present(self, keys: list[str]) -> set[str]:
-        """Which of ``keys`` have a record: one HMGET per kind, not a round trip per key."""
-        return set(self._raw(keys))
+        """Which of ``keys`` have a record: one round trip per kind, not per key, and without
+        their values."""
+        with self._lock:
+            found = {k for k in keys if k in self._pending}
+        by_hash: dict[str, list[str]] = {}
+        for key in keys:
+            if key not in found:
+                by_hash.setdefault(self._hash(key), []).append(key)
+        exists = self.client.register_script(_EXISTS)
+        for name, names in by_hash.items():
+            found.update(k for k, there in zip(names, exists(keys=[name], args=names)) if there)
+        return found
 
     def items(self, prefix: str) -> Iterator[tuple[str, Any]]:
         """(key, value) of the records whose key starts with ``prefix``, in key order (as the
