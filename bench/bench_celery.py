@@ -1,17 +1,28 @@
-"""The transfer bench through Celery: the same copy in process (``mcbridge cp``) and through two
-local workers (``mcbridge submit cp --wait``), on the same S3 endpoint.
+"""The transfer bench through Celery: the same copy in process (``mcbridge cp``) and through local
+workers (``mcbridge submit cp --wait``), on the same S3 endpoint, in one run.
 
-    python -m bench.bench_celery [--size-mib 1024] [--files 2000] [--endpoint rclone|moto] [--repeat 2]
+    python -m bench.bench_celery [--big-mib 1024] [--corpora 4000x16,20000x8] [--repeat 3]
 
-Cases:
-  (a) one big file, local -> S3. Its parts stay in one worker process (the file's SHA-256 is fed
-      in part order), so this measures what Celery costs: the plan and finalize tasks, the Redis
-      journal, leases and heartbeats. Target: within 15% of in-process.
-  (b) many 16 KiB files, local -> S3, fanned out in batches over both workers.
-Times are wall clock from the command's start to its exit, the CLI's own start-up included on
-both sides. Jobs run with ``--verify none`` (cp does not verify either) and, on rclone serve s3,
-which keeps no checksums, ``--store-checksums skip`` on both sides. Redis: the machine's on
+Corpora: one big file (``--big-mib``; 0 leaves it out) and small-file trees (``--corpora``, each
+FILESxKIB), all local -> S3. Each corpus is copied by:
+  in-process   ``mcbridge cp``
+  -c 1         one worker with one pool process
+  -c 2         one worker with two pool processes
+  2 x -c 1     two workers (two processes, as two machines would be) of one pool process each
+Each configuration of workers consumes a queue of its own (the job names it with ``--queue``), so
+the idle workers of the others never take its tasks; the two workers of ``2 x -c 1`` share theirs,
+and so the job. The big file runs in process and on ``-c 2`` only (one file is one task).
+
+Rounds are interleaved (every configuration once per round, then again), the fastest run of each
+counts. Times are wall clock from the command's start to its exit, the CLI's own start-up included
+on both sides; the job's own time (first task to last), its plan and finalize, and the per-task
+overhead (a task's time outside its units, from the job's record: ``timings``) come from the
+worker. Jobs run with ``--verify none`` (cp does not verify either) and, on rclone serve s3, which
+keeps no checksums, ``--store-checksums skip`` on both sides. Redis: the machine's on
 127.0.0.1:6379 if it answers, else a private redis-server; a namespace of its own either way.
+
+Targets (issue 28): for small files, ``-c 1`` at most 1.1x the in-process time, ``-c 2`` at most
+0.8x, finalize at most 10% of the job's time; the big file at least 0.95x in-process throughput.
 """
 
 from __future__ import annotations
@@ -29,9 +40,12 @@ from pathlib import Path
 
 from bench.bench_transfer import make_data
 from tests.emulators import MotoServer, RcloneS3, Redis
-from bridge.workers.testing import ServiceProcess, purge_namespace
+from bridge.workers.testing import ServiceProcess, purge_namespace, tenant_env
 
 MiB = 1024 * 1024
+# name: (workers, pool processes each)
+CONFIGS = {"-c 1": (1, 1), "-c 2": (1, 2), "2 x -c 1": (2, 1)}
+TARGETS = {"-c 1": 1.1, "-c 2": 0.8}
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
@@ -43,22 +57,46 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
     return elapsed, result.stdout
 
 
+def small_tree(root: Path, files: int, kib: int) -> Path:
+    for i in range(files):
+        d = root / f"{i // 500:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"{i:06d}.bin").write_bytes(os.urandom(kib * 1024))
+    return root
+
+
+def corpora(spec: str) -> list[tuple[int, int]]:
+    out = []
+    for item in filter(None, spec.split(",")):
+        files, _, kib = item.partition("x")
+        out.append((int(files), int(kib)))
+    return out
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mib", type=int, default=1024)
-    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--big-mib", type=int, default=1024)
+    ap.add_argument("--corpora", default="4000x16,20000x8", help="small-file trees, FILESxKIB, comma-separated")
     ap.add_argument("--endpoint", choices=("rclone", "moto"), default="rclone")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--pool", type=int, default=2, help="tasks at once per worker (pool processes)")
-    ap.add_argument("--repeat", type=int, default=2, help="runs per side and case; the fastest counts")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds; the fastest run of each counts")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="worker configurations to run")
     args = ap.parse_args()
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
 
     work = Path(tempfile.mkdtemp(prefix="mcbridge-bench-celery-"))
     mcbridge = [sys.executable, "-m", "bridge"]
-    big, small = make_data(work / "data", args.size_mib, args.files)
-    cases = [("a", f"(a) {args.size_mib} MiB, 1 file", big, big.stat().st_size)]
-    if args.files:
-        cases.append(("b", f"(b) {args.files} x 16 KiB", Path(f"{small}/"), args.files * 16 * 1024))
+    cases = []   # (key, label, source, bytes, configurations)
+    if args.big_mib:
+        big, _ = make_data(work / "data", args.big_mib, 0)
+        cases.append(("big", f"{args.big_mib} MiB x 1", str(big), args.big_mib * MiB,
+                      [c for c in configs if c == "-c 2"] or configs[:1]))
+    for files, kib in corpora(args.corpora):
+        root = small_tree(work / "data" / f"small-{files}x{kib}", files, kib)
+        cases.append((f"s{files}x{kib}", f"{files:,} x {kib} KiB", f"{root}/", files * kib * 1024, configs))
     server = (RcloneS3 if args.endpoint == "rclone" else MotoServer)()
     redis = Redis().start()
     namespace = f"bench-{uuid.uuid4().hex[:8]}"
@@ -66,43 +104,69 @@ def main() -> None:
     try:
         server.start()
         server.create_bucket("bench")
-        base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AZURE_", "BRIDGE_"))}
+        # BRIDGE_SRC: a checkout that maps bridge.workers to its own workers/ (kept, when set)
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith(("AWS_", "AZURE_", "BRIDGE_")) or k == "BRIDGE_SRC"}
         env = {**base, **server.env(), "MCBRIDGE_STATE_DIR": str(work / "state"),
                "XDG_CONFIG_HOME": str(work / "noconfig"), "AWS_EC2_METADATA_DISABLED": "true",
-               "BRIDGE_BROKER_URL": redis.url, "BRIDGE_NAMESPACE": namespace, "BRIDGE_METRICS_PORT": "0"}
+               "BRIDGE_BROKER_URL": redis.url, "BRIDGE_NAMESPACE": namespace, "BRIDGE_METRICS_PORT": "0",
+               **tenant_env(work / "tenant", local_roots=[str(work)])}
         sums = ["--store-checksums", "skip"] if args.endpoint == "rclone" else []
-        for n in range(1, args.workers + 1):
-            workers.append(ServiceProcess.worker(env, f"bench{n}", work, concurrency=args.pool).start())
+        queues = {}
+        for n, name in enumerate(configs):
+            count, pool = CONFIGS[name]
+            queues[name] = f"bench.q{n}"
+            for m in range(count):
+                workers.append(ServiceProcess.worker(env, f"q{n}w{m}", work, concurrency=pool,
+                                                     queues=[queues[name]]).start())
         for w in workers:
             w.wait_ready()
-        print(f"{args.endpoint} S3 at {server.endpoint}; {args.workers} workers x {args.pool} tasks; "
-              f"Redis {redis.url}; {os.cpu_count()} CPUs", flush=True)
-        rows = []
-        for _key, label, path, nbytes in cases:
-            best: dict[str, float] = {}
-            job_seconds = None
-            for run in range(args.repeat):
-                src = str(path) + ("/" if path.is_dir() else "")
-                t, _ = timed([*mcbridge, "cp", src, f"s3://bench/inproc-{_key}{run}/", "-q", *sums], env)
-                best["in-process"] = min(best.get("in-process", t), t)
-                print(f"{label:<22} in-process  {t:7.2f}s {nbytes / t / MiB:7.1f} MiB/s", flush=True)
-                t, out = timed([*mcbridge, "submit", "cp", src, f"s3://bench/celery-{_key}{run}/", "--wait",
-                                "--json", "--verify", "none", *sums], env)
-                status = json.loads(out)
-                assert status["state"] == "succeeded", status
-                job = status["progress"]["elapsed_s"]
-                job_seconds = job if job_seconds is None else min(job_seconds, job)
-                best["celery"] = min(best.get("celery", t), t)
-                print(f"{label:<22} celery      {t:7.2f}s {nbytes / t / MiB:7.1f} MiB/s "
-                      f"(job {job:.2f}s, {status['progress']['tasks_total']} tasks)", flush=True)
-            rows.append((label, nbytes, best, job_seconds))
+        print(f"{args.endpoint} S3 at {server.endpoint}; Redis {redis.url}; {os.cpu_count()} CPUs; "
+              f"configurations {', '.join(configs)}; {args.repeat} rounds", flush=True)
+        best: dict[tuple[str, str], dict] = {}
+        run = 0
+        for rnd in range(args.repeat):
+            for key, label, src, nbytes, case_configs in cases:
+                for side in ["in-process", *case_configs]:
+                    run += 1
+                    dst = f"s3://bench/r{run}/"
+                    if side == "in-process":
+                        t, _ = timed([*mcbridge, "cp", src, dst, "-q", *sums], env)
+                        row = {"wall": t}
+                        note = ""
+                    else:
+                        t, out = timed([*mcbridge, "submit", "cp", src, dst, "--wait", "--json", "--verify", "none",
+                                        "--queue", queues[side], *sums], env)
+                        status = json.loads(out)
+                        assert status["state"] == "succeeded", status
+                        p, tm = status["progress"], status["timings"]
+                        row = {"wall": t, "job": p["elapsed_s"], "tasks": p["tasks_total"], **tm}
+                        note = (f"job {p['elapsed_s']:.2f}s: plan {tm['plan_s']:.2f}s, {p['tasks_total']} tasks "
+                                f"({tm['per_task_overhead_s'] * 1000:.0f} ms overhead each), "
+                                f"finalize {tm['finalize_s']:.2f}s")
+                    print(f"round {rnd + 1} {label:<18} {side:<10} {t:7.2f}s {nbytes / t / MiB:7.1f} MiB/s  "
+                          f"load {load()}  {note}", flush=True)
+                    if (key, side) not in best or t < best[(key, side)]["wall"]:
+                        best[(key, side)] = row
         print()
-        print("best of each: throughput through Celery / in process")
-        for label, nbytes, best, job_seconds in rows:
-            ratio = best["in-process"] / best["celery"]
-            print(f"  {label:<22} in-process {nbytes / best['in-process'] / MiB:7.1f} MiB/s   celery "
-                  f"{nbytes / best['celery'] / MiB:7.1f} MiB/s   ratio {ratio:.2f} "
-                  f"({(ratio - 1) * 100:+.0f}%; job alone {job_seconds:.2f}s)")
+        print("fastest of each: wall time (the ratio to in process); job time, finalize's share of it, "
+              "per-task overhead")
+        summary = []
+        for key, label, _src, nbytes, case_configs in cases:
+            base_t = best[(key, "in-process")]["wall"]
+            print(f"  {label:<18} in-process {base_t:7.2f}s ({nbytes / base_t / MiB:6.1f} MiB/s)")
+            for side in case_configs:
+                r = best[(key, side)]
+                ratio = r["wall"] / base_t
+                share = r["finalize_s"] / r["job"] if r["job"] else 0.0
+                target = (f"target <= {TARGETS[side]}" if key != "big" and side in TARGETS
+                          else "target: throughput >= 0.95x" if key == "big" else "")
+                print(f"  {'':<18} {side:<10} {r['wall']:7.2f}s  x{ratio:.2f} {target:<28} job {r['job']:.2f}s "
+                      f"({r['tasks']} tasks), plan {r['plan_s']:.2f}s, finalize {r['finalize_s']:.2f}s "
+                      f"({share:.0%}), overhead {r['per_task_overhead_s'] * 1000:.0f} ms/task")
+                summary.append({"case": label, "config": side, "in_process_s": round(base_t, 3), **r,
+                                "ratio": round(ratio, 3), "finalize_share": round(share, 3)})
+        print(json.dumps(summary))
     finally:
         for w in workers:
             w.stop()

@@ -27,7 +27,7 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from bridge import attributes
@@ -313,7 +313,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "destination": self.destination, "single": self.single,
-                "files": [asdict(f) for f in self.files], "deletions": list(self.deletions), "key": self.key,
+                "files": [_file_dict(f) for f in self.files], "deletions": list(self.deletions), "key": self.key,
                 "route": self.route, "route_why": self.route_why, "completions": list(self.completions),
                 "batch": self.batch, "slots": self.slots}
 
@@ -323,6 +323,15 @@ class Plan:
                    list(d.get("deletions", [])), d.get("key", ""), d.get("route", "direct"),
                    d.get("route_why", ""), list(d.get("completions", [])), d.get("batch", 0), d.get("slots", 1),
                    list(d.get("adopted", [])))
+
+
+def _file_dict(f: FilePlan) -> dict[str, Any]:
+    """``asdict(f)`` in a tenth of the time (a plan of millions of files is written as JSON)."""
+    d = dict(f.__dict__)
+    d["source_id"] = dict(f.source_id)
+    if f.attrs is not None:
+        d["attrs"] = copy.deepcopy(f.attrs)
+    return d
 
 
 def part_size_for(size: int, store: Store, requested: int | None) -> int:
@@ -742,10 +751,13 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
     ``_put`` does one. Files already journaled are skipped; those that fail are the unit's error
     (the first, and how many more), the rest of the batch written all the same."""
     todo = []
-    for rel, size, *more in unit["files"]:   # more: its source_id, then what it carries (bridge.carry)
+    keys = [f"file:{rel}" for rel, *_rest in unit["files"]]
+    # A journal shared over the network (workers/journal.py) answers for the whole batch at once.
+    records = ctx.journal.get_many(keys) if hasattr(ctx.journal, "get_many") else map(ctx.journal.get, keys)
+    for (rel, size, *more), done in zip(unit["files"], records):   # more: its source_id, then what it carries
         one = {"rel": rel, "size": size, **({"source_id": more[0]} if more else {}),
                **({"carry": more[1]} if len(more) > 1 else {})}
-        if ctx.matches(ctx.journal.get(f"file:{rel}"), one):
+        if ctx.matches(done, one):
             ctx.progress.skipped(size)
         else:
             todo.append(one)

@@ -236,6 +236,30 @@ def test_the_redis_journal_is_the_engines_journal(client, namespace):
     assert list(journal.items("part:")) == [] and not list(client.scan_iter(match=f"{namespace}:journal:*"))
 
 
+def test_the_redis_journal_sends_finished_files_together_and_streams_them_in_key_order(client, namespace,
+                                                                                      monkeypatch):
+    from bridge.workers import journal as journals
+    monkeypatch.setattr(journals, "PAGE", 3)   # pages of the commit's reading
+    journal = journals.RedisJournal(client, f"{namespace}:journal:k2", ttl=60)
+    names = [f"d{i % 4}/f{i:03d}" for i in range(10)]
+    for name in names:
+        journal.put(f"file:{name}", {"size": len(name)})
+    journal.put("upload:big", {"id": "u1"})   # an upload's id is sent at once
+    assert client.hget(f"{namespace}:journal:k2:upload", "upload:big") is not None
+    assert not client.exists(f"{namespace}:journal:k2:file")   # buffered, yet read back
+    assert journal.get(f"file:{names[0]}") == {"size": len(names[0])}
+    assert journal.present([f"file:{names[1]}", "file:nope"]) == {f"file:{names[1]}"}
+    assert journal.get_many([f"file:{names[2]}", "file:nope"]) == [{"size": len(names[2])}, None]
+    journal.flush()
+    assert client.hlen(f"{namespace}:journal:k2:file") == 10
+    assert [k for k, _v in journal.items("file:")] == [f"file:{n}" for n in sorted(names)]
+    # a journal whose file records were written without their order (an older worker): sorted here
+    client.delete(f"{namespace}:journal:k2:file:order")
+    assert [k for k, _v in journal.items("file:")] == [f"file:{n}" for n in sorted(names)]
+    journal.clear()
+    assert not list(client.scan_iter(match=f"{namespace}:journal:k2*"))
+
+
 def test_job_states_move_forward_only_and_cancel_wins_once(client, ws):
     from bridge.workers.jobs import Jobs
     from bridge.workers.keys import Keys
@@ -370,13 +394,32 @@ def test_fan_out_keeps_each_multipart_file_whole_and_batches_small_ones():
     from bridge.workers.kinds import fan_out
     files = [FilePlan(f"s/{i:03d}", 1000) for i in range(130)] + [FilePlan("big1", 100, 10), FilePlan("big2", 300, 10)]
     plan = Plan("s3://a-a/", "gs://b-b/", None, files, [f"old/{i}" for i in range(3)], "key1")
-    subs = fan_out(plan, batch_files=64, batch_bytes=10**9)
+    subs = list(fan_out(plan, batch_files=64, batch_bytes=10**9))
     assert [s.files[0].rel for s in subs[:2]] == ["big2", "big1"] and all(len(s.files) == 1 for s in subs[:2])
     assert [len(s.files) for s in subs[2:5]] == [64, 64, 2]
     assert subs[5].deletions == ["old/0", "old/1", "old/2"] and not subs[5].files
     assert all(s.key == "key1" and s.destination == "gs://b-b/" for s in subs)
     assert sum(s.unit_count() - 1 for s in subs) == plan.unit_count() - 1
-    assert [len(s.files) for s in fan_out(plan, 1000, 5000)[2:]][:3] == [5, 5, 5]
+    assert [len(s.files) for s in list(fan_out(plan, 1000, 5000))[2:]][:3] == [5, 5, 5]
+
+
+def test_small_files_go_in_tasks_sized_by_time_that_batch_as_an_in_process_copy_does():
+    from bridge.engine import FilePlan, Plan
+    from bridge.workers.kinds import MIN_TASK_SECONDS, expected_seconds, fan_out, task_seconds
+    plan = Plan("/src/", "s3://b-b/", None, [FilePlan(f"s/{i:05d}", 16384) for i in range(4000)], [], "k")
+    plan.batch, plan.slots = 256, 8
+    whole = expected_seconds(4000, plan.bytes)
+    one, two = task_seconds(plan, 1, 10.0), task_seconds(plan, 2, 10.0)
+    assert one == pytest.approx(whole / 3) and two == pytest.approx(whole / 6)
+    assert task_seconds(plan, 1, 1.0) == 1.0 and task_seconds(plan, 1000, 10.0) == MIN_TASK_SECONDS
+    for slots, seconds in ((1, one), (2, two)):
+        subs = list(fan_out(plan, 5000, 2**40, seconds=seconds))
+        assert len(subs) == 3 * slots and sum(len(s.files) for s in subs) == 4000
+        assert all(expected_seconds(len(s.files) - 1, s.bytes - 16384) < seconds for s in subs)
+        # each task sends its files in batch units (many requests from one thread), as cp does
+        assert all((s.batch, s.slots) == (256, 8) for s in subs)
+        assert {u["op"] for u in subs[0].units()} == {"batch"}
+    assert [len(s.files) for s in fan_out(plan, 1500, 2**40, seconds=100)] == [1500, 1500, 1000]
 
 
 def test_fan_out_spreads_the_parts_of_a_file_bigger_than_file_task_bytes_over_tasks():
@@ -384,7 +427,7 @@ def test_fan_out_spreads_the_parts_of_a_file_bigger_than_file_task_bytes_over_ta
     from bridge.workers.kinds import fan_out, split
     files = [FilePlan("big", 95, 10), FilePlan("mid", 30, 10), FilePlan("s", 5)]
     plan = Plan("s3://a-a/", "gs://b-b/", None, files, [], "key1")
-    subs = fan_out(plan, batch_files=64, batch_bytes=10**9, file_task_bytes=40)
+    subs = list(fan_out(plan, batch_files=64, batch_bytes=10**9, file_task_bytes=40))
     ranges = [[(f.rel, list(f.part_numbers())) for f in s.files] for s in subs]
     assert ranges == [[("big", [1, 2, 3, 4])], [("big", [5, 6, 7, 8])], [("big", [9, 10])],
                       [("mid", [1, 2, 3])], [("s", [1])]]

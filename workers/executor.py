@@ -11,10 +11,16 @@ A multipart file up to ``file_task_bytes`` is one task, its parts on that task's
 its SHA-256 fed in part order there. A bigger one is begun by the planner and its parts go out in
 runs of about ``file_task_bytes``, a task each, on any workers; the job's finalize completes it
 (its manifest entry then holds a SHA-256 per part and, for a local destination, the whole
-file's, read back from the disk). Small files go in batches of
-``batch_files`` / ``batch_bytes`` so the few milliseconds a task costs are spread over many.
-Every finished unit is in the Redis journal, so a task run again after its worker died redoes
-only the units that were in flight. What a unit is depends on the kind of job (workers/kinds.py);
+file's, read back from the disk). Small files go in tasks sized by their expected time
+(workers/kinds.py ``task_seconds``: the job spread over the pool processes of the live workers
+of its queue, three tasks each, none longer than ``task_seconds``), each sending its files as an
+in-process copy does (batch units, many requests in flight from one thread). A pool process keeps
+what tasks share warm: its Redis client, its settings and stores (bridge.stores.get_store's
+cache), their clients and connections; the pool does not recycle its processes.
+Every finished unit is in the Redis journal (its records sent together, at the latest when the
+task ends), so a task run again after its worker died redoes only the units that were in flight.
+The plan's sub-plans go to Redis a few MiB at a time as they are made, and out again a page at a
+time; the commit streams the journal's file records in key order (workers/journal.py). What a unit is depends on the kind of job (workers/kinds.py);
 the units themselves are bridge's own, the same ones its in-process executors run.
 
 A task carries its job id and its slice of the plan; the worker loads settings (and the
@@ -251,6 +257,7 @@ class Service:
         outcome: dict[str, Any]
         attempts = self.r.hincrby(self.keys.job(ref.job, "attempts"), ref.id, 1)
         metered = meter.Meter()   # every request this task sends, added to the job's (_metered)
+        started = time.perf_counter()
         with lease.heartbeat(), meter.metering(metered):
             try:
                 if attempts > self.ws.max_attempts:
@@ -272,8 +279,9 @@ class Service:
         counted = ref.task == TRANSFER
         then = TaskRef(f"{ref.job}.finalize", FINALIZE, [ref.job], ref.queue, ref.job) if counted else None
         left = lease.complete(counted, then)
-        if counted and left >= 0:
-            self.jobs.add_progress(ref.job, {"tasks_done": 1})
+        if counted and left >= 0:   # with the time it took, and how much of it its units ran
+            self.jobs.add_progress(ref.job, {"tasks_done": 1, "task_ms": int((time.perf_counter() - started) * 1000),
+                                             "moving_ms": outcome.get("moving_ms", 0)})
         if counted and left == 0:
             self.send(then)
         metrics.task(ref.task, "error" if "error" in outcome else "ok")
@@ -323,7 +331,7 @@ class Service:
         record = self.jobs.get(job_id)
         if record is None or record.state not in ("queued", "planning", "running"):
             if record is not None and record.state == "cancelled" and not record.plan_key:
-                self._charge(record, spec, "cancelled")   # cancelled before it was planned: nothing ran
+                self._charge(record, JobSpec.model_validate(record.spec), "cancelled")   # cancelled before it was planned: nothing ran
             return {"skipped": record.state if record else "no such job"}
         first = record.state == "queued"
         record, who, refused = self._admitted(job_id, lease.ref.id, first=True)
@@ -339,63 +347,117 @@ class Service:
             self.r.hsetnx(self.keys.job(job_id), "started", time.time())
         if spec.kind == "replicate":
             return self._start_children(record, spec, who)
-        tasks = self.r.lrange(self.keys.job(job_id, "tasks"), 0, -1)
-        if not tasks:  # not planned yet (a planner that died before this point planned nothing)
+        planning = time.perf_counter()
+        if not self.r.hexists(self.keys.job(job_id), "plan"):
+            # Not planned yet, or its planner died before writing the plan (which it writes
+            # last): the tasks that planner pushed go, and the job is planned again.
+            self.r.delete(self.keys.job(job_id, "tasks"))
             try:
-                tasks = self._make_plan(job_id, spec, who)
+                count = self._make_plan(job_id, spec, who, record.queue)
             except Refused as exc:
                 return self._refuse(record, str(exc), lease.ref.id)
             except BridgeError as exc:
                 self._end(job_id, "failed", [_describe(exc)])
                 return {"error": _describe(exc)}
+        else:
+            count = int(self.r.hget(self.keys.job(job_id), "tasks_total") or 0)
         self.jobs.transition(job_id, "running", ("planning",))
         record = self.jobs.get(job_id)
         if record is not None and record.state == "cancelled":   # while it was planned: no task was sent
-            self._discard(record, spec)
+            self._discard(record, spec, who, lease.ref.id)
             return {"cancelled": True}
         if record is None or record.state != "running":
             return {"skipped": record.state if record else "no such job"}
+        self.jobs.add_progress(job_id, {"plan_ms": int((time.perf_counter() - planning) * 1000)})
         finalize = TaskRef(f"{job_id}.finalize", FINALIZE, [job_id], record.queue, job_id)
         sent = 0
-        for raw in tasks:
-            task_id, sub, sig = json.loads(raw)
+        for task_id, sub, sig in self._tasks(job_id):
             if lease.lost.is_set():
                 break
             self.send(TaskRef(task_id, TRANSFER, [job_id, sub, sig], record.queue, job_id))
             sent += 1
-        if not tasks:  # nothing to move: straight to the manifest, handed over so it is not lost
+        if not count:  # nothing to move: straight to the manifest, handed over so it is not lost
             self.r.hset(self.keys.running, finalize.id, finalize.encode())
             self.send(finalize)
         log.info("job %s running: %d tasks on %s", job_id, sent, record.queue)
         return {"tasks": sent}
 
+    PAGE = 200                  # sub-plans read from Redis at a time
+    PUSH_BYTES = 4 * 1024 * 1024  # sub-plans written to Redis at a time, at most
+
+    def _tasks(self, job_id: str) -> Iterator[tuple[str, dict, str]]:
+        """The job's signed sub-plans, (task id, sub-plan, signature), a page at a time."""
+        key = self.keys.job(job_id, "tasks")
+        start = 0
+        while True:
+            page = self.r.lrange(key, start, start + self.PAGE - 1)
+            for raw in page:
+                yield tuple(json.loads(raw))
+            if len(page) < self.PAGE:
+                return
+            start += self.PAGE
+
+    def slots(self, queue: str) -> int:
+        """The pool processes of the live workers that consume ``queue`` (at least 1)."""
+        total = 0
+        for name in self.r.scan_iter(match=self.keys.workers_pattern, count=100):
+            raw = self.r.get(name)
+            try:
+                presence = json.loads(raw) if raw else {}
+            except ValueError:
+                continue
+            if queue in presence.get("queues", []):
+                total += int(presence.get("concurrency") or 1)
+        return max(1, total)
+
     def kind(self, spec: JobSpec):
         from bridge.workers.kinds import kind_for
-        return kind_for(spec, self.ws.batch_files, self.ws.batch_bytes, self.ws.file_task_bytes)
+        return kind_for(spec, self.ws.batch_files, self.ws.batch_bytes, self.ws.file_task_bytes, self.ws.task_seconds)
 
-    def _make_plan(self, job_id: str, spec: JobSpec, who: Admitted) -> list[str]:
+    def _make_plan(self, job_id: str, spec: JobSpec, who: Admitted, queue: str) -> int:
         """Plan the job (every file it will read or write checked against its tenant's scope
-        before anything is written), and sign each task's slice of the plan."""
+        before anything is written), sign each task's slice of the plan and push it to the job's
+        list of tasks, a few MiB at a time, as the slices are made; the plan's header and the
+        count of its tasks last, in one transaction (``_plan`` plans again a job without them).
+        The number of tasks."""
         planned = self.kind(spec).plan(spec, self.settings_for(spec), self.journal,
-                                       check=lambda plan: self.gate.plan(who, spec.kind, plan))
+                                       check=lambda plan: self.gate.plan(who, spec.kind, plan),
+                                       slots=self.slots(queue))
         keyring = self.gate.keyring
-        tasks = [json.dumps([f"{job_id}.t{n}", sub, keyring.sign_task(who.tenant, who.digest, f"{job_id}.t{n}", sub)])
-                 for n, sub in enumerate(planned.subs)]
+        key = self.keys.job(job_id, "tasks")
+        count, chunk, held = 0, [], 0
+        for sub in planned.subs:
+            task_id = f"{job_id}.t{count}"
+            raw = json.dumps([task_id, sub, keyring.sign_task(who.tenant, who.digest, task_id, sub)])
+            chunk.append(raw)
+            held += len(raw)
+            count += 1
+            if held >= self.PUSH_BYTES or len(chunk) >= 1000:
+                self.r.rpush(key, *chunk)
+                chunk, held = [], 0
+        if chunk:
+            self.r.rpush(key, *chunk)
         plan_sig = keyring.sign_task(who.tenant, who.digest, f"{job_id}.plan", planned.header)
-        pipe = self.r.pipeline()  # one transaction: a job is fanned out entirely or not at all
-        pipe.set(self.keys.job(job_id, "pending"), len(tasks))
-        if tasks:
-            pipe.rpush(self.keys.job(job_id, "tasks"), *tasks)
+        pipe = self.r.pipeline()  # one transaction: the job is planned when its plan is there
+        pipe.set(self.keys.job(job_id, "pending"), count)
         route = {"name": planned.header["route"], "why": planned.header["route_why"]} \
             if "route" in planned.header else None
         pipe.hset(self.keys.job(job_id), mapping={"plan_key": planned.key, "plan": json.dumps(planned.header),
                                                   "plan_sig": plan_sig,
-                                                  **planned.totals, "tasks_total": len(tasks),
+                                                  **planned.totals, "tasks_total": count,
                                                   **({"route": json.dumps(route)} if route else {})})
         pipe.execute()
         self._used(job_id, planned.usage)
         self._estimate(job_id, spec, planned)
-        return tasks
+        return count
+
+    def _removed(self, record: JobRecord, who: Admitted) -> Iterator[str]:
+        """The paths the job's tasks deleted, in order, from their sub-plans as the planner
+        signed them (the plan's header does not hold them: a sync may delete millions)."""
+        for task_id, sub, sig in self._tasks(record.id):
+            if sub.get("deletions"):
+                self.gate.keyring.check_task(who.tenant, who.digest, task_id, sub, sig)
+                yield from sub["deletions"]
 
     def _estimate(self, job_id: str, spec: JobSpec, planned) -> None:
         """The job's estimate, priced here, where it runs (its spend is priced here too): shown
@@ -495,8 +557,10 @@ class Service:
         watcher.start()
         try:
             from bridge.retry import stopping
+            moving = time.perf_counter()
             with stopping(cancelled):
                 ran = kind.run(sub, self.settings_for(spec), journal, progress, stop.units)
+            moving = time.perf_counter() - moving
         finally:
             watcher.done = True
             if before is not None:  # what finished in this run, whatever happened next
@@ -509,7 +573,7 @@ class Service:
         elif ran.errors and not lease.lost.is_set():
             self.jobs.add_errors(job_id, ran.errors)
         return {"ok": not ran.errors, "errors": len(ran.errors), "stopped": stop(),
-                "bytes": progress.bytes_done - progress.bytes_skipped}
+                "bytes": progress.bytes_done - progress.bytes_skipped, "moving_ms": int(moving * 1000)}
 
     CANCEL_POLL = 0.2   # seconds between looks at a running task's job state
 
@@ -548,6 +612,7 @@ class Service:
             return result
         if record.state not in ("running", "verifying"):
             return {"skipped": record.state}
+        started = time.perf_counter()
         if record.counters.get("error_count"):
             self._end(job_id, "failed")
             return {"failed": record.counters["error_count"]}
@@ -564,7 +629,8 @@ class Service:
         kind = self.kind(spec)
         from bridge.progress import Progress
         committing = Progress()   # counts the files completed at commit (their parts ran in several tasks)
-        manifest_url = kind.commit(header, settings, self.journal(record.plan_key), committing)
+        removed = self._removed(record, who) if header.get("deleting") else ()
+        manifest_url = kind.commit(header, settings, self.journal(record.plan_key), committing, removed=removed)
         if committing.files_done:
             self.jobs.add_progress(job_id, {"files_done": committing.files_done})
         if hasattr(kind, "committed"):
@@ -574,6 +640,7 @@ class Service:
                                         - record.counters.get("units_done", 0)})
         problems, summary = self._verify(spec, header["destination"], settings)
         self.jobs.update(job_id, verify=summary)
+        self.jobs.add_progress(job_id, {"finalize_ms": int((time.perf_counter() - started) * 1000)})
         if problems:
             self._end(job_id, "failed", problems)
             return {"failed": problems[:5]}

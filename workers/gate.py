@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import posixpath
 import socket
 import time
 from collections.abc import Iterable, Iterator
@@ -50,10 +51,18 @@ def resolve(url: str, folders: dict[str, str] | None = None) -> str:
     resolved, an Azure name with its '.' and '..' resolved; S3 and GCS keys as written.
     ``folders``: real paths of folders already resolved, kept across the files of one plan."""
     from bridge.urls import canonical, parse
-    loc = parse(url, empty_segments=True)
-    if not loc.is_local:
-        return str(canonical(loc))
-    path = loc.local_path   # absolute, without '.' or '..' (bridge.urls made it so)
+    if url.startswith("/"):
+        # A plan's own spelling of a local file (str of a Location): absolute already, so what
+        # parse() would make of it without its stat of every file (is it a folder?), which the
+        # links resolved below make no difference to.
+        path = "/" + posixpath.normpath(url).lstrip("/")
+        if url.endswith("/") and path != "/":
+            path += "/"
+    else:
+        loc = parse(url, empty_segments=True)
+        if not loc.is_local:
+            return str(canonical(loc))
+        path = loc.local_path   # absolute, without '.' or '..' (bridge.urls made it so)
     if folders is None:
         return os.path.realpath(path)
     head, tail = os.path.split(path)

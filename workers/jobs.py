@@ -36,6 +36,9 @@ REPORTS = ("replicas", "verify", "route")   # fields shown to people, never read
 COUNTERS = ("bytes_total", "files_total", "units_total", "tasks_total", "tasks_done", "bytes_done",
             "bytes_skipped", "units_done", "units_failed", "files_done", "retries", "requeued",
             "error_count", "bytes_through", "fallbacks")
+# Where a job's time went, in milliseconds: planning, committing, and its transfer tasks in all
+# (``task_ms``) and in their units (``moving_ms``); the rest of a task's time is its overhead.
+TIMINGS = ("plan_ms", "finalize_ms", "task_ms", "moving_ms")
 
 _TRANSITION = """
 local cur = redis.call('HGET', KEYS[1], 'state')
@@ -107,6 +110,16 @@ class JobRecord:
         moved = self.counters.get("bytes_done", 0) - self.counters.get("bytes_skipped", 0)
         return moved / self.elapsed if self.elapsed > 0 else 0.0
 
+    def timings(self) -> dict[str, float]:
+        """Seconds spent planning, committing, in transfer tasks, in their units, and per task
+        outside its units (Celery's delivery not counted: it is outside the task)."""
+        c = self.counters
+        tasks = c.get("tasks_done", 0)
+        overhead = (c.get("task_ms", 0) - c.get("moving_ms", 0)) / tasks / 1000 if tasks else 0.0
+        return {"plan_s": c.get("plan_ms", 0) / 1000, "finalize_s": c.get("finalize_ms", 0) / 1000,
+                "tasks_s": c.get("task_ms", 0) / 1000, "moving_s": c.get("moving_ms", 0) / 1000,
+                "per_task_overhead_s": round(overhead, 4)}
+
     def to_dict(self) -> dict[str, Any]:
         c = self.counters
         return {
@@ -117,6 +130,7 @@ class JobRecord:
             "updated": iso(self.updated),
             "progress": {**{k: c.get(k, 0) for k in COUNTERS if k != "error_count"},
                          "elapsed_s": round(self.elapsed, 3), "rate_bytes_per_s": round(self.rate)},
+            "timings": self.timings(),
             "errors": self.errors, "error_count": c.get("error_count", 0),
             "manifest": self.manifest, "verify": self.verify,
             "budget": self.budget, "estimate_usd": _usd(self.estimate_usd), "spent_usd": _usd(self.spent_usd),
@@ -197,7 +211,7 @@ class Jobs:
             parent=raw.get("parent"), children=json.loads(raw.get("children", "[]")),
             plan_key=raw.get("plan_key"), manifest=raw.get("manifest"),
             verify=json.loads(raw["verify"]) if raw.get("verify") else None,
-            counters={k: int(raw[k]) for k in COUNTERS if raw.get(k)}, errors=errors,
+            counters={k: int(raw[k]) for k in (*COUNTERS, *TIMINGS) if raw.get(k)}, errors=errors,
             budget=raw.get("budget"), estimate_usd=num("estimate_usd"), spent_usd=num("spent_usd"),
             policy=raw.get("policy"), replicas=json.loads(raw["replicas"]) if raw.get("replicas") else None,
             route=json.loads(raw["route"]) if raw.get("route") else None,

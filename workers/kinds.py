@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ from bridge.workers.specs import JobSpec
 class Planned:
     key: str                     # the plan's key: the journal's name
     header: dict[str, Any]       # enough for commit() and leftovers()
-    subs: list[dict[str, Any]]   # one per task
+    subs: Iterable[dict[str, Any]]   # one per task, made as they are taken
     totals: dict[str, int]       # bytes_total, files_total, units_total
     usage: dict[str, int] = dataclasses.field(default_factory=dict)  # requests planning sent (estimate.to_fields)
     estimate: list[Any] = dataclasses.field(default_factory=list)   # what the whole job will send (estimate.Usage)
@@ -44,39 +44,69 @@ class Ran:
 
 DELETES_PER_TASK = 500
 
+# What a task of small files is expected to cost, to size it by time rather than by a count of
+# files: a request's round trip and bookkeeping per file, and the bytes at one process's pace.
+# Conservative on purpose: a task that ends early costs only its few milliseconds of set-up.
+FILE_SECONDS = 0.0015
+TASK_RATE = 40 * 1024 * 1024      # bytes per second of one task
+TASKS_PER_SLOT = 3                # a job of few files still gives each live pool process this many
+MIN_TASK_SECONDS = 0.5            # ... but none smaller: its set-up would show
 
-def fan_out(plan, batch_files: int, batch_bytes: int, file_task_bytes: int | None = None) -> list:
-    """Sub-plans, one per task: each multipart file alone (largest first, so the long tasks start
+
+def expected_seconds(files: int, nbytes: int) -> float:
+    """How long a task of ``files`` small files of ``nbytes`` in all is expected to take."""
+    return files * FILE_SECONDS + nbytes / TASK_RATE
+
+
+def task_seconds(plan, slots: int, longest: float) -> float:
+    """How long each task of a plan's small files should take: the job spread over ``slots``
+    pool processes, ``TASKS_PER_SLOT`` each (so that one finishing late does not hold the job),
+    between ``MIN_TASK_SECONDS`` and ``longest``."""
+    small = len(plan.files) - plan.files.multipart
+    whole = expected_seconds(small, plan.bytes)   # plan.bytes counts multipart files too: an upper bound
+    return max(MIN_TASK_SECONDS, min(longest, whole / (max(1, slots) * TASKS_PER_SLOT)))
+
+
+def fan_out(plan, batch_files: int, batch_bytes: int, file_task_bytes: int | None = None,
+            seconds: float | None = None) -> Iterator:
+    """Sub-plans, one per task, made as they are taken (a plan of millions of files is never
+    held as sub-plans at once): each multipart file alone (largest first, so the long tasks start
     early), or, when it is bigger than ``file_task_bytes``, its parts in runs of about that many
     bytes, one task each (the file is then completed at commit: ``split``); then small files in
-    batches, then deletions in batches."""
+    tasks of about ``seconds`` each (``expected_seconds``; a task ends with the file that reaches it), at most ``batch_files`` files and
+    ``batch_bytes`` bytes; then deletions in batches. Each keeps the plan's batching
+    (``Plan.batch``), so a task sends its small files as an in-process copy does."""
     from bridge.engine import Plan
 
     def sub(files=(), deletions=()) -> Plan:
         return Plan(plan.source, plan.destination, plan.single, list(files), list(deletions), plan.key,
-                    route=plan.route, route_why=plan.route_why)
+                    route=plan.route, route_why=plan.route_why, batch=plan.batch, slots=plan.slots)
 
     if plan.route != "direct" and not _per_file(plan.route):
         # A route that runs one remote job for all its files (bridge/routes/delegated.py): one task.
-        return [sub(plan.files, plan.deletions)]
-    out = []
-    for f in sorted((f for f in plan.files if f.part_size), key=lambda f: -f.size):
+        yield sub(plan.files, plan.deletions)
+        return
+    big = sorted((f for f in plan.files.shapes() if f.part_size), key=lambda f: -f.size) if plan.files.multipart else []
+    for shape in big:
+        f = plan.files.find(shape.rel) or shape
         per = _parts_per_task(f, file_task_bytes)
-        out += [sub([dataclasses.replace(f, first_part=first, last_part=min(first + per - 1, f.parts))])
-                for first in range(1, f.parts + 1, per)]
+        for first in range(1, f.parts + 1, per):
+            yield sub([dataclasses.replace(f, first_part=first, last_part=min(first + per - 1, f.parts))])
     batch: list = []
     size = 0
-    for f in (f for f in plan.files if not f.part_size):
-        if batch and (len(batch) >= batch_files or size + f.size > batch_bytes):
-            out.append(sub(batch))
+    for f in plan.files:
+        if f.part_size:
+            continue
+        if batch and (len(batch) >= batch_files or size + f.size > batch_bytes
+                      or (seconds is not None and expected_seconds(len(batch), size) >= seconds)):
+            yield sub(batch)
             batch, size = [], 0
         batch.append(f)
         size += f.size
     if batch:
-        out.append(sub(batch))
+        yield sub(batch)
     for start in range(0, len(plan.deletions), DELETES_PER_TASK):
-        out.append(sub(deletions=plan.deletions[start:start + DELETES_PER_TASK]))
-    return out
+        yield sub(deletions=plan.deletions[start:start + DELETES_PER_TASK])
 
 
 def _per_file(route: str) -> bool:
@@ -101,6 +131,9 @@ def _run(ctx, units: Iterator[dict], concurrency: int, count: int) -> Ran:
         outcome = ThreadExecutor(concurrency).run(ctx, units, final=None)
     finally:
         ctx.close()
+        flush = getattr(ctx.journal, "flush", None)   # before the task says it is done
+        if flush is not None:
+            flush()
     return Ran(outcome.errors, count)
 
 
@@ -147,14 +180,28 @@ def _commit(ctx) -> str:
         ctx.close()
 
 
+def _parsed(sub: dict, parse: Callable[[dict], Any]) -> Any:
+    """``parse(sub)``, once for the task that holds ``sub`` (its marks, run and usage all read it)."""
+    cached = getattr(_last, "parsed", None)
+    if cached is None or cached[0] is not sub:
+        cached = _last.parsed = (sub, parse(sub))
+    return cached[1]
+
+
+_last = threading.local()
+
+
 class Files:
     """copy and sync."""
 
-    def __init__(self, batch_files: int, batch_bytes: int, file_task_bytes: int | None = None):
+    def __init__(self, batch_files: int, batch_bytes: int, file_task_bytes: int | None = None,
+                 task_seconds: float | None = None):
         self.batch_files, self.batch_bytes, self.file_task_bytes = batch_files, batch_bytes, file_task_bytes
+        self.task_seconds = task_seconds
 
     def plan(self, spec: JobSpec, settings, journal_for: Callable[[str], Any],
-             check: Callable[[dict], None] = lambda plan: None) -> Planned:
+             check: Callable[[dict], None] = lambda plan: None, slots: int = 1) -> Planned:
+        """``slots``: the pool processes that will run the job's tasks (they size its tasks)."""
         from bridge import ops
         from bridge.engine import JobContext, Plan, plan_copy, prepare
         chunk = settings.transfer.chunk_size
@@ -173,29 +220,32 @@ class Files:
         # A route carries a file whole: its parts are not spread over tasks.
         task_bytes = self.file_task_bytes if plan.route == "direct" else None
         spread = split(plan, task_bytes)
-        header = Plan(plan.source, plan.destination, plan.single, spread, plan.deletions, plan.key,
+        # The header holds neither the small files nor the deletions (the tasks' signed sub-plans
+        # do): the commit reads the journal for the one and the sub-plans for the other.
+        header = Plan(plan.source, plan.destination, plan.single, spread, [], plan.key,
                       completions=[f.rel for f in spread], route=plan.route, route_why=plan.route_why)
         ctx = JobContext(header, settings, journal_for(plan.key))
         prepare(ctx)
         for f in spread:   # begun here, once: its tasks all continue this one upload
             ctx.upload({"rel": f.rel, "size": f.size, "part_size": f.part_size})
-        subs = [sub.to_dict() for sub in fan_out(plan, self.batch_files, self.batch_bytes, task_bytes)]
+        seconds = task_seconds(plan, slots, self.task_seconds) if self.task_seconds else None
+        subs = (sub.to_dict() for sub in fan_out(plan, self.batch_files, self.batch_bytes, task_bytes, seconds))
         from bridge import estimate
-        return Planned(plan.key, header.to_dict(), subs, {"bytes_total": plan.bytes, "files_total": len(plan.files),
-                                                          "units_total": plan.unit_count()},
+        return Planned(plan.key, {**header.to_dict(), "deleting": len(plan.deletions)}, subs,
+                       {"bytes_total": plan.bytes, "files_total": len(plan.files), "units_total": plan.unit_count()},
                        estimate.to_fields(estimate.listing(plan)), [estimate.of_plan(plan)])
 
     def marks(self, sub: dict, journal) -> set[str]:
         """What the journal holds of a sub-plan's files (compared before and after a run)."""
         from bridge import estimate
         from bridge.engine import Plan
-        return estimate.journal_marks(Plan.from_dict(sub), journal)
+        return estimate.journal_marks(_parsed(sub, Plan.from_dict), journal)
 
     def used(self, sub: dict, before: set[str], after: set[str]) -> dict[str, int]:
         """The requests and bytes of the units that finished in one run of a sub-plan."""
         from bridge import estimate
         from bridge.engine import Plan
-        plan = Plan.from_dict(sub)
+        plan = _parsed(sub, Plan.from_dict)
         fields = estimate.to_fields(estimate.ran(plan, before, after, deletions=len(plan.deletions)))
         routed = estimate.ran_routed(plan, before, after)
         return {**fields, **(estimate.to_fields(routed) if routed else {})}
@@ -208,14 +258,17 @@ class Files:
 
     def run(self, sub: dict, settings, journal, progress, units: Callable[[Iterator[dict]], Iterator[dict]]) -> Ran:
         from bridge.engine import JobContext, Plan
-        plan = Plan.from_dict(sub)
+        plan = _parsed(sub, Plan.from_dict)
         ctx = JobContext(plan, settings, journal, progress)
         with _cancels_remote(ctx, units):
             return _run(ctx, units(plan.units()), settings.transfer.concurrency, plan.unit_count() - 1)
 
-    def commit(self, header: dict, settings, journal, progress=None) -> str:
+    def commit(self, header: dict, settings, journal, progress=None, removed: Iterable[str] = ()) -> str:
+        """``removed``: the paths the job's tasks deleted (from their sub-plans), in order."""
         from bridge.engine import JobContext, Plan
-        return _commit(JobContext(Plan.from_dict(header), settings, journal, progress))
+        plan = Plan.from_dict(header)
+        plan.deletions = removed   # read once, by the commit
+        return _commit(JobContext(plan, settings, journal, progress))
 
     def leftovers(self, header: dict, settings, journal) -> Iterator[tuple[Any, Any, str]]:
         """(store, location, upload id) of the uploads the job began."""
@@ -231,7 +284,7 @@ class Shards:
     """pack: a shard set (WebDataset tar or Parquet) with its index."""
 
     def plan(self, spec: JobSpec, settings, journal_for: Callable[[str], Any],
-             check: Callable[[dict], None] = lambda plan: None) -> Planned:
+             check: Callable[[dict], None] = lambda plan: None, slots: int = 1) -> Planned:
         from bridge.packing import job as packing
         options = {"row_group_size": spec.row_group_size} if spec.row_group_size else {}
         plan = packing.plan_pack(spec.source, spec.destination, settings, fmt=spec.shard_format or "tar",
@@ -268,7 +321,7 @@ class Shards:
         ctx = packing.PackContext(plan, settings, journal, progress)
         return _run(ctx, units(iter(plan.units())), ctx.writers(), len(plan.shards))
 
-    def commit(self, header: dict, settings, journal, progress=None) -> str:
+    def commit(self, header: dict, settings, journal, progress=None, removed: Iterable[str] = ()) -> str:
         from bridge.packing import job as packing
         return _commit(packing.PackContext(packing.PackPlan.from_dict(header), settings, journal, progress))
 
@@ -287,7 +340,7 @@ class Restore:
     """unpack: a shard set restored into a tree, one task per shard; the manifest, last."""
 
     def plan(self, spec: JobSpec, settings, journal_for: Callable[[str], Any],
-             check: Callable[[dict], None] = lambda plan: None) -> Planned:
+             check: Callable[[dict], None] = lambda plan: None, slots: int = 1) -> Planned:
         from bridge.packing import unpack
         plan = unpack.plan_unpack(spec.source, spec.destination, settings, spec.shard_prefix)
         check(plan.to_dict())
@@ -303,7 +356,7 @@ class Restore:
         ctx = unpack.UnpackContext(plan, settings, journal, progress)
         return _run(ctx, units(iter(plan.units())), 1, len(plan.shards))
 
-    def commit(self, header: dict, settings, journal, progress=None) -> str:
+    def commit(self, header: dict, settings, journal, progress=None, removed: Iterable[str] = ()) -> str:
         from bridge.packing import unpack
         return _commit(unpack.UnpackContext(unpack.UnpackPlan.from_dict(header), settings, journal, progress))
 
@@ -319,9 +372,9 @@ class Restore:
 
 
 def kind_for(spec: JobSpec, batch_files: int, batch_bytes: int,
-             file_task_bytes: int | None = None) -> Files | Shards | Restore:
+             file_task_bytes: int | None = None, task_seconds: float | None = None) -> Files | Shards | Restore:
     """The kind that plans, runs and commits ``spec`` (a replication has none: see the executor)."""
-    kinds = {"copy": lambda: Files(batch_files, batch_bytes, file_task_bytes),
-             "sync": lambda: Files(batch_files, batch_bytes, file_task_bytes),
+    kinds = {"copy": lambda: Files(batch_files, batch_bytes, file_task_bytes, task_seconds),
+             "sync": lambda: Files(batch_files, batch_bytes, file_task_bytes, task_seconds),
              "pack": Shards, "unpack": Restore}
     return kinds[spec.kind]()

@@ -148,10 +148,16 @@ class WorkerSettings:
     journal_ttl: float = _setting(
         "BRIDGE_JOURNAL_TTL", 7 * 86400.0, parse_duration,
         "How long an unfinished job's journal is kept, so that submitting it again resumes it.")
+    task_seconds: float = _setting(
+        "BRIDGE_TASK_SECONDS", 10.0, parse_duration,
+        "A task of small files is sized to take about this long at most, estimated from its files and "
+        "bytes; a job too small to give each live pool process of its queue three such tasks gets "
+        "shorter ones (half a second at least), so that adding workers adds speed.")
     batch_files: int = _setting(
-        "BRIDGE_BATCH_FILES", 64, int, "At most this many small files per task.")
+        "BRIDGE_BATCH_FILES", 5000, int,
+        "At most this many small files per task (bounds a task's message and its plan in memory).")
     batch_bytes: int = _setting(
-        "BRIDGE_BATCH_BYTES", 64 * 1024 * 1024, parse_size, "At most this many bytes of small files per task.")
+        "BRIDGE_BATCH_BYTES", 1024 * 1024 * 1024, parse_size, "At most this many bytes of small files per task.")
     file_task_bytes: int = _setting(
         "BRIDGE_FILE_TASK_BYTES", 1024 * 1024 * 1024, parse_size,
         "A multipart file bigger than this is sent by several tasks (on any workers), each with about "
@@ -293,6 +299,9 @@ def celery_config(ws: WorkerSettings) -> dict[str, Any]:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        # A pool process lives as long as its worker: its store clients, connections and settings
+        # (cached per process) stay warm from one task to the next.
+        "worker_max_tasks_per_child": None,
         "broker_transport_options": {"visibility_timeout": ws.visibility_timeout, "global_keyprefix": prefix},
         "result_backend_transport_options": {"global_keyprefix": prefix},
         "result_expires": ws.result_expires,
