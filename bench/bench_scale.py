@@ -14,8 +14,8 @@ wait4(). Both tools run at their defaults (bridge with --store-checksums skip: r
 keeps no checksums for it to read back). Ratios are bridge/rclone; per-file times are the
 step's time over N.
 
---listing M plans a copy of M generated objects with ``cp --dry-run --json`` (to /dev/null), the
-real planner and printer over a listing that a test-only store synthesises (``GeneratedStore``:
+--listing M plans a copy of M generated objects with ``cp --dry-run`` (``--listing-json``: with
+``--json``, every file printed, to /dev/null), the real planner, estimator and printer over a listing that a test-only store synthesises (``GeneratedStore``:
 an s3:// store whose walk yields M ObjectInfo in key order, with no request), to a local folder;
 its peak RSS is reported. --tree-dir keeps the source trees (made once, reused by later runs:
 making 1,000,000 files takes a few minutes). The load average is printed: the machine is shared.
@@ -169,6 +169,8 @@ def main() -> None:
     ap.add_argument("--files", default="10000", help="comma-separated file counts, e.g. 10000,1000000")
     ap.add_argument("--tree-dir", default="", help="where the source trees are made and kept for reuse")
     ap.add_argument("--listing", type=int, default=0, help="plan a copy of this many generated objects (dry run)")
+    ap.add_argument("--listing-json", action="store_true",
+                    help="print the generated plan as JSON, every file of it (default: the plan's summary)")
     ap.add_argument("--steps", default="cp,sync,verify", help="which of cp,sync,verify,pack to run "
                     "(pack: mcbridge pack local -> local, beside tar -cf in the rclone column)")
     ap.add_argument("--tools", default="bridge,rclone")
@@ -229,9 +231,10 @@ def main() -> None:
         out = work / "listing-dst"
         out.mkdir()
         cmd = [sys.executable, "-c", "import sys, bench.bench_scale as b; b.run_generated(sys.argv[1:])",
-               "cp", "s3://gen/", f"{out}/", "--dry-run", "--json"]
+               "cp", "s3://gen/", f"{out}/", "--dry-run", *(["--json"] if args.listing_json else [])]
         seconds, peak = measure(cmd, env, log, quiet=True)
-        row = {"files": args.listing, "step": "cp --dry-run (generated listing)", "load": load(),
+        step = "cp --dry-run --json" if args.listing_json else "cp --dry-run"
+        row = {"files": args.listing, "step": f"{step} (generated listing)", "load": load(),
                "bridge_s": round(seconds, 1), "bridge_us_per_file": round(seconds / args.listing * 1e6, 1),
                "bridge_peak_mib": round(peak / MiB, 1)}
         rows.append(row)

@@ -315,7 +315,7 @@ class Plan:
         return {"source": self.source, "destination": self.destination, "single": self.single,
                 "files": [_file_dict(f) for f in self.files], "deletions": list(self.deletions), "key": self.key,
                 "route": self.route, "route_why": self.route_why, "completions": list(self.completions),
-                "batch": self.batch, "slots": self.slots}
+                "batch": self.batch, "slots": self.slots, "adopted": list(self.adopted)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:

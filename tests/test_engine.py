@@ -295,6 +295,19 @@ def test_a_manifest_entry_as_a_dict_is_asdicts():
     assert entry.parts == ["p1", "p2"]
 
 
+def test_a_plan_as_a_dict_is_asdicts_and_reads_back():
+    """Plan.to_dict (a service job's plan goes to Redis as JSON) keeps every field asdict keeps:
+    a field left out (the adopted entries once) is lost on the service, silently."""
+    from dataclasses import asdict, fields
+    from bridge.engine import FilePlan, Plan
+    plan = Plan("s3://a/", "s3://b/", None, [FilePlan("x", 3, source_id={"etag": "e"}, attrs={"h": 1},
+                                                      carry={"crc32c": "c"})],
+                ["gone"], "key", "direct", "why", [{"rel": "x"}], 64, 4, [{"path": "y", "size": 1}])
+    assert list(plan.to_dict()) == [f.name for f in fields(Plan)]
+    assert plan.to_dict()["files"] == [asdict(f) for f in plan.files]
+    assert Plan.from_dict(json.loads(json.dumps(plan.to_dict()))).to_dict() == plan.to_dict()
+
+
 def test_the_file_journal_takes_many_records_in_one_transaction_and_reads_them_back_in_key_order(tmp_path):
     from bridge.journal import FileJournal
     journal = FileJournal(tmp_path / "j.db")
