@@ -26,7 +26,7 @@ import pytest
 
 from bridge import ops
 from bridge.stores import get_store
-from bridge.stores.s3direct import Direct, SigV4, botocore_credentials
+from bridge.stores.s3direct import Direct, SigV4, botocore_credentials, shared_file_keys
 from bridge.urls import parse
 from tests.emulators import AWS_TEST_REGION, LocalCA, TLSMotoServer, TLSRcloneS3, unique_name
 from tests.helpers import mcbridge, settings_for
@@ -143,6 +143,17 @@ def test_keys_from_a_profile_in_the_shared_files(aws, ca, clean_env, tmp_path):
     round_trip(settings, tmp_path)
     found, _ = botocore_credentials("work")
     signs_as_botocore(store._direct, found)
+    # Read without botocore, as botocore reads them: from the credentials file, else the config file.
+    assert botocore_credentials("work")[0].method == "shared-credentials-file"
+    assert shared_file_keys("work")[0] == tuple(found.get_frozen_credentials())[:3]
+    (tmp_path / "config").write_text(f"[profile work]\nregion = {AWS_TEST_REGION}\n[profile cfg]\n"
+                                     f"aws_access_key_id = {keys[1][0]}\naws_secret_access_key = {keys[1][1]}\n"
+                                     f"aws_session_token = tok\n[profile role]\nrole_arn = {ROLE_ARN}\n"
+                                     f"source_profile = work\n")
+    in_config, _ = botocore_credentials("cfg")
+    assert in_config.method == "config-file"
+    assert shared_file_keys("cfg")[0] == tuple(in_config.get_frozen_credentials())[:3] == (*keys[1], "tok")
+    assert shared_file_keys("role") is None   # a role to assume: botocore's to resolve
 
 
 def test_a_web_identity_token_exchanged_at_sts(aws, ca, clean_env, tmp_path):

@@ -16,7 +16,9 @@ from the settings are signed with as they are; otherwise botocore's own credenti
 profile or the shared credentials file, credential_process, SSO, web identity through STS,
 container or instance metadata) gives a credentials object whose ``get_frozen_credentials()``
 each request signs with, so that keys that expire are refreshed as botocore refreshes them
-(under its lock, before they expire), the session token sent with them. HTTPS verifies the
+(under its lock, before they expire), the session token sent with them. Keys that sit in a
+profile of the shared files as they are (the commonest case) are read here without botocore,
+whose import costs half a second of a short job's start (``shared_file_keys``). HTTPS verifies the
 server against the CA bundle of the settings (``s3.ca_bundle``/AWS_CA_BUNDLE, the profile's
 ``ca_bundle``, then ``transfer.ca_bundle``: MCBRIDGE_CA_BUNDLE, REQUESTS_CA_BUNDLE, SSL_CERT_FILE)
 or the system's; a server that does not prove who it is fails at once, naming the endpoint.
@@ -45,8 +47,57 @@ from bridge.stores.base import kept_connection, receive, tls_context
 from bridge.urls import Location
 
 # What requests are signed with, asked for before each signature: (access key, secret, token or
-# None), a tuple or botocore's ReadOnlyCredentials (get_frozen_credentials, which refreshes).
+# None, ...), a tuple or botocore's ReadOnlyCredentials (get_frozen_credentials, which refreshes).
 Keys = Callable[[], tuple]
+
+
+# Settings in a profile, or variables, that put another provider before the shared files in
+# botocore's chain (assume role, web identity, SSO), or after them with keys of their own.
+_NOT_PLAIN = ("role_arn", "web_identity_token_file", "sso_session", "sso_start_url", "sso_account_id",
+              "credential_source", "source_profile")
+
+
+def shared_file_keys(profile: str | None) -> tuple[tuple[str, str, str | None], dict[str, str | None], str] | None:
+    """((key, secret, token), {region, ca_bundle}, botocore's name of the provider) for a profile
+    whose keys sit in the shared credentials or config file, read as botocore's chain would take
+    them but without importing botocore (half a second of a short job's start on this kind of
+    machine); None when anything could make botocore choose otherwise (a role to assume, web
+    identity, SSO, a credential_process, keys in neither file, a file that does not parse): then
+    botocore resolves them (botocore_credentials). tests/test_credentials.py checks that both agree."""
+    import configparser
+    import os
+    env = os.environ
+    if env.get("AWS_WEB_IDENTITY_TOKEN_FILE") or env.get("AWS_ROLE_ARN"):
+        return None
+    name = profile or env.get("AWS_DEFAULT_PROFILE") or "default"
+
+    def section(path: str, title: str) -> dict[str, str] | None:
+        parser = configparser.RawConfigParser(default_section="\x00", interpolation=None)
+        try:
+            parser.read(os.path.expanduser(path))
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            raise LookupError from None
+        return dict(parser[title]) if parser.has_section(title) else None
+
+    try:
+        config = section(env.get("AWS_CONFIG_FILE", "~/.aws/config"), name if name == "default" else f"profile {name}")
+        if config is None and name == "default":
+            config = section(env.get("AWS_CONFIG_FILE", "~/.aws/config"), "profile default")
+        config = config or {}
+        if any(config.get(k) for k in _NOT_PLAIN):
+            return None
+        settings = {"region": env.get("AWS_DEFAULT_REGION") or config.get("region"),
+                    "ca_bundle": env.get("AWS_CA_BUNDLE") or config.get("ca_bundle")}
+        found = section(env.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"), name) or {}
+        for keys, method in ((found, "shared-credentials-file"), (config, "config-file")):
+            if keys.get("aws_access_key_id") and keys.get("aws_secret_access_key"):
+                return ((keys["aws_access_key_id"], keys["aws_secret_access_key"],
+                         keys.get("aws_session_token") or keys.get("aws_security_token") or None), settings, method)
+            if keys is found and config.get("credential_process"):
+                return None
+    except LookupError:
+        return None
+    return None
 
 
 def botocore_credentials(profile: str | None):
@@ -106,6 +157,9 @@ class Direct:
                      s3.session_token.get_secret_value() if s3.session_token else None)
             keys: Keys = lambda: fixed
             method = "static"
+        elif (plain := shared_file_keys(s3.profile)) is not None:
+            fixed, config, method = plain
+            keys = lambda: fixed
         else:
             found = botocore_credentials(s3.profile)
             if found is None:
@@ -402,7 +456,8 @@ class SigV4:
             payload = "UNSIGNED-PAYLOAD"
         else:
             payload = _EMPTY_SHA256
-        key, secret, token = self.keys()
+        keys = self.keys()
+        key, secret, token = keys[0], keys[1], keys[2]
         headers["Host"] = host   # sent as signed (http.client then adds none of its own)
         headers["x-amz-date"] = stamp
         headers["x-amz-content-sha256"] = payload
