@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from bridge import ops
+from bridge.errors import TransientError
 from bridge.stores import get_store
 from bridge.stores.s3direct import Direct, SigV4, botocore_credentials, shared_file_keys
 from bridge.urls import parse
@@ -285,3 +286,12 @@ def test_a_certificate_that_does_not_verify_fails_in_one_line(ca, tmp_path):
                 lines = [line for line in done.stderr.splitlines() if line.strip()]
                 assert len(lines) == 1 and f"127.0.0.1:{server.port}" in lines[0], done.stderr
                 assert "did not prove who it is" in lines[0]
+            # The batched path (asyncio links, bridge/stores/streams.py) says the same, without retrying.
+            from bridge.stores.s3 import _from_code
+            direct = Direct(server.endpoint, AWS_TEST_REGION, lambda: ("testing", "testing", None), 10.0,
+                            str(trusted.ca_file))
+            failed = direct.get_many([parse("s3://nowhere/a"), parse("s3://nowhere/b")], lambda i, body: None,
+                                     _from_code, connections=2, retries=3)
+            assert sorted(failed) == [0, 1]
+            assert all(f"127.0.0.1:{server.port} did not prove who it is" in str(e) for e in failed.values())
+            assert not any(isinstance(e, TransientError) for e in failed.values())
