@@ -134,14 +134,28 @@ def test_keys_from_a_profile_in_the_shared_files(aws, ca, clean_env, tmp_path):
     server, keys = aws
     (tmp_path / "credentials").write_text(f"[work]\naws_access_key_id = {keys[0][0]}\n"
                                           f"aws_secret_access_key = {keys[0][1]}\n")
-    (tmp_path / "config").write_text(f"[profile work]\nregion = {AWS_TEST_REGION}\n")
+    (tmp_path / "config").write_text(f"[profile work]\nregion = eu-west-1\nca_bundle = {ca.ca_file}\n")
     clean_env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
     clean_env.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
-    settings = settings_for(settings_env(server, ca, tmp_path, AWS_PROFILE="work"))
+    # No CA bundle in the settings: the profile's ca_bundle is the one the endpoint is verified against.
+    env = {k: v for k, v in settings_env(server, ca, tmp_path, AWS_PROFILE="work").items() if k != "AWS_CA_BUNDLE"}
+    settings = settings_for(env)
     store = get_store(parse(f"s3://{BUCKET}/"), settings)
     assert isinstance(store._direct, Direct) and store._direct.credentials == "shared-credentials-file"
     assert store._direct.endpoint.startswith("https://")
+    assert (store._direct.region, store._direct.cafile) == ("eu-west-1", str(ca.ca_file))
     round_trip(settings, tmp_path)
+    # A multipart upload: aiobotocore creates and completes it (with the same profile, region and
+    # CA bundle), the direct path sends the parts.
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(12 * 1024 * 1024 + 5))
+    ops.copy(str(big), f"s3://{BUCKET}/big/", settings, chunk_size=8 * 1024 * 1024)
+    ops.copy(f"s3://{BUCKET}/big/big.bin", f"{tmp_path}/big-back/", settings)
+    assert (tmp_path / "big-back" / "big.bin").read_bytes() == big.read_bytes()
+    import boto3
+    s3 = boto3.client("s3", endpoint_url=server.endpoint, region_name=AWS_TEST_REGION, verify=str(ca.ca_file),
+                      aws_access_key_id=keys[0][0], aws_secret_access_key=keys[0][1])
+    assert s3.head_object(Bucket=BUCKET, Key="big/big.bin")["ETag"].endswith('-2"')   # two parts
     found, _ = botocore_credentials("work")
     signs_as_botocore(store._direct, found)
     # Read without botocore, as botocore reads them: from the credentials file, else the config file.

@@ -179,9 +179,10 @@ class S3Store(Store):
                     token=s3.session_token.get_secret_value() if s3.session_token else None,
                     profile=s3.profile,
                     endpoint_url=s3.endpoint_url,
-                    client_kwargs={"region_name": s3.region or "us-east-1",
-                                   # the CA bundle the direct path verifies with (None: botocore's own choice)
-                                   "verify": s3.ca_bundle or t.ca_bundle},
+                    # The region the direct path signs for (a profile's, when the settings name
+                    # none) and the CA bundle it verifies with (None: botocore's own choice).
+                    client_kwargs={"region_name": self._direct.region if self._direct else s3.region or "us-east-1",
+                                   "verify": self._direct.cafile if self._direct else s3.ca_bundle or t.ca_bundle},
                     # bridge.retry is the one retry layer: botocore sends each request once.
                     config_kwargs={"retries": {"total_max_attempts": 1, "mode": "standard"},
                                    "connect_timeout": t.connect_timeout, "read_timeout": t.read_timeout,

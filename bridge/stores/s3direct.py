@@ -150,7 +150,7 @@ class Direct:
         s3 = settings.s3
         if not s3.endpoint_url:
             return None
-        region, cafile = s3.region, s3.ca_bundle
+        config: dict[str, str | None] = {}   # the profile's region and ca_bundle
         if s3.access_key_id and s3.secret_access_key:
             # Keys given outright win over a profile, as they do on aiobotocore (s3fs passes them).
             fixed = (s3.access_key_id, s3.secret_access_key.get_secret_value(),
@@ -166,10 +166,9 @@ class Direct:
                 return None
             credentials, config = found
             keys, method = credentials.get_frozen_credentials, credentials.method
-            region = region or config.get("region")
-            cafile = cafile or config.get("ca_bundle")
-        return cls(s3.endpoint_url, region or "us-east-1", keys, settings.transfer.read_timeout,
-                   cafile or settings.transfer.ca_bundle, method)
+        return cls(s3.endpoint_url, s3.region or config.get("region") or "us-east-1", keys,
+                   settings.transfer.read_timeout,
+                   s3.ca_bundle or config.get("ca_bundle") or settings.transfer.ca_bundle, method)
 
     def put(self, loc: Location, data: bytes | bytearray, crc32c_b64: str, params: dict,
             from_code) -> dict[str, str]:
