@@ -1,6 +1,7 @@
 """Issue 13's cases: downloads and loose small objects, bridge against the best peer per store.
 
     python -m bench.bench_speed [--stores s3,gcs,azure] [--size-mib 1024] [--files 2000] [--repeat 3]
+                                [--tls] [--credentials env|profile] [--sync-in-time]
 
 Cases, on each store:
   big-down    one big object, store -> local        (peer on S3: s5cmd and rclone; else rclone)
@@ -16,6 +17,14 @@ of ``--repeat`` counts, and the load average is printed.
 Before each run the page cache is written back (``sync``), and downloaded small files are kept
 until the end, so that no run pays for another tool's dirty pages or freed inodes; bridge's
 modules are byte-compiled first, as a wheel's are when installed.
+
+``--tls``: every emulator behind HTTPS with a certificate of a CA made for the run (trustme), which
+every tool is told to trust through its standard variable (AWS_CA_BUNDLE, REQUESTS_CA_BUNDLE,
+SSL_CERT_FILE, RCLONE_CA_CERT). ``--credentials profile``: S3's keys in a shared credentials
+file, named by AWS_PROFILE, instead of AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (bridge and s5cmd
+read it; rclone keeps its own remote's keys). ``--sync-in-time``: each tool's time includes a
+``sync`` after it, so that all have the bytes on disk (equal durability: bridge syncs what it
+writes before it exits, the peers do not).
 """
 
 from __future__ import annotations
@@ -30,7 +39,10 @@ import tempfile
 from pathlib import Path
 
 from bench.bench_transfer import BIN, MiB, _run_once, make_data, s3_env
-from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY, Azurite, FakeGCS, RcloneS3
+from tests.emulators import (AZURITE_ACCOUNT, AZURITE_KEY, Azurite, FakeGCS, LocalCA, RcloneS3, TLSAzurite,
+                             TLSFakeGCS, TLSRcloneS3)
+
+TLS = {RcloneS3: TLSRcloneS3, FakeGCS: TLSFakeGCS, Azurite: TLSAzurite}
 
 
 def gcs_env(base: dict[str, str], gcs: FakeGCS) -> dict[str, str]:
@@ -70,6 +82,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--bridge-args", default="", help="extra arguments for mcbridge cp")
     ap.add_argument("--verbose", action="store_true", help="print every run's time, not only the fastest")
+    ap.add_argument("--tls", action="store_true", help="the emulators behind HTTPS, with a CA made for the run")
+    ap.add_argument("--credentials", choices=("env", "profile"), default="env",
+                    help="S3 keys in environment variables, or in a profile of a shared credentials file")
+    ap.add_argument("--sync-in-time", action="store_true", help="each tool's time includes a sync after it")
     ap.add_argument("--before", default="", help="a folder holding an earlier bridge/ package: run it too, "
                     "as tool 'before', for a before/after comparison in the same run")
     args = ap.parse_args()
@@ -93,11 +109,23 @@ def main() -> None:
     extra = args.bridge_args.split()
     rows: list[dict] = []
     print(f"load average at start: {load()}", flush=True)
+    ca = LocalCA(work / "ca") if args.tls else None
+    print(f"over {'HTTPS' if ca else 'HTTP'}, S3 keys from {'a profile' if args.credentials == 'profile' else 'the environment'}"
+          f"{', sync in each time' if args.sync_in_time else ''}", flush=True)
     for store in args.stores.split(","):
         emulator, scheme, remote, make_env = STORES[store]
-        with emulator() as server:
+        with (TLS[emulator](ca) if ca else emulator()) as server:
             server.create_bucket("bench")
             env = make_env(base, server)
+            if ca:
+                env.update({name: str(ca.ca_file) for name in ("AWS_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE",
+                                                              "RCLONE_CA_CERT", "MCBRIDGE_CA_BUNDLE")})
+            if store == "s3" and args.credentials == "profile":
+                keys = work / "aws-credentials"
+                keys.write_text(f"[bench]\naws_access_key_id = {env.pop('AWS_ACCESS_KEY_ID')}\n"
+                                f"aws_secret_access_key = {env.pop('AWS_SECRET_ACCESS_KEY')}\n")
+                env.update(AWS_SHARED_CREDENTIALS_FILE=str(keys), AWS_CONFIG_FILE=str(work / "no-aws-config"),
+                           AWS_PROFILE="bench")
             rclone, s5cmd = str(BIN / "rclone"), str(BIN / "s5cmd")
             # The objects to download, put there by rclone (not timed).
             _run_once([rclone, "copy", str(big), f"{remote}bench/seed-big/"], env, log)
@@ -144,8 +172,10 @@ def main() -> None:
                         cmd = tools[tool]
                         # No tool pays for another's dirty pages (bridge's syncfs would write them back).
                         os.sync()
-                        t, peak = _run_once([c.replace("{run}", f"{case}-{i}") for c in cmd],
-                                            before_env if tool == "before" else env, log)
+                        run = [c.replace("{run}", f"{case}-{i}") for c in cmd]
+                        if args.sync_in_time:
+                            run = ["sh", "-c", '"$@" && sync', "sh", *run]
+                        t, peak = _run_once(run, before_env if tool == "before" else env, log)
                         if args.verbose:
                             print(f"  {store} {case} run {i} {tool:<7} {t:6.2f}s", flush=True)
                         if case == "small-up":

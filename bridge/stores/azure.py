@@ -241,7 +241,8 @@ class AzureStore(DirectReads, Store):
         retry = sdk.ExponentialRetry(retry_total=0)
         common = {"retry_policy": retry, "connection_timeout": t.connect_timeout,
                   "read_timeout": t.read_timeout, "max_single_put_size": 256 * MiB,
-                  **meter.azure_hooks(self._endpoint_path())}   # every request it sends metered
+                  **meter.azure_hooks(self._endpoint_path()),   # every request it sends metered
+                  **({"connection_verify": t.ca_bundle} if t.ca_bundle else {})}   # as the direct path verifies
         BlobServiceClient = sdk.BlobServiceClient
         if az.connection_string:
             try:

@@ -19,8 +19,13 @@ Used only where it is plainly equivalent: the settings give the account's shared
 connection string with AccountKey, read as the SDK reads it, or AZURE_STORAGE_ACCOUNT with
 AZURE_STORAGE_KEY), and the endpoint is a plain blob endpoint, path-style
 (``http://127.0.0.1:10000/devstoreaccount1``, as Azurite) or the account's own host
-(``https://ACCOUNT.blob.core.windows.net``). A SAS token or an Azure AD (OAuth) credential keeps
-the SDK path, which knows how to attach and refresh them. A job the direct path serves whole (a
+(``https://ACCOUNT.blob.core.windows.net``). The same holds for a SAS (AZURE_STORAGE_SAS_TOKEN with
+the account, or a connection string's SharedAccessSignature with its BlobEndpoint: its parameters
+go on every request) and for Azure AD (the account alone: azure-identity's DefaultAzureCredential,
+so environment service principals, workload identity, managed identity, the Azure CLI login; its
+bearer token asked for again before it expires; over HTTPS only, as azure-core has it). HTTPS is
+verified against ``transfer.ca_bundle`` (MCBRIDGE_CA_BUNDLE, REQUESTS_CA_BUNDLE, SSL_CERT_FILE) or
+the system's trust store. A job the direct path serves whole (a
 download to local files) never imports the SDK: the store builds its client on first use.
 
 Failures are raised as bridge's errors through the store's own ``from_code(loc, status, code)``,
@@ -49,7 +54,7 @@ from urllib.parse import quote, unquote, urlsplit
 from bridge.config import AzureSettings, Settings
 from bridge.errors import BridgeError, BucketNotFound, IntegrityError, ObjectNotFound, TransientError
 from bridge import meter
-from bridge.stores.base import kept_connection, receive
+from bridge.stores.base import kept_connection, receive, tls_context
 from bridge.urls import Location
 
 _CODE = re.compile(rb"<Code>([^<]+)</Code>")
@@ -105,6 +110,8 @@ class SharedKey:
     """Shared Key authorization as azure-storage-blob's SharedKeyCredentialPolicy makes it
     (tests/test_azuredirect.py compares the two on the same requests), without its pipeline."""
 
+    query_suffix = ""
+
     def __init__(self, account: str, key: str):
         self.account = account
         self._key = base64.b64decode(key)
@@ -133,11 +140,85 @@ class SharedKey:
         headers["Authorization"] = f"SharedKey {self.account}:{signature}"
 
 
+class Sas:
+    """A shared access signature: its query parameters go on every request as they were given;
+    nothing is signed here (the service checks the signature the SAS carries)."""
+
+    query_suffix: str
+
+    def __init__(self, token: str):
+        self.query_suffix = token.strip().lstrip("?")
+
+    def sign(self, method: str, path: str, query: dict[str, str], headers: dict[str, str],
+             now: float | None = None) -> None:
+        pass
+
+
+class Bearer:
+    """Azure AD (Microsoft Entra ID): the bearer token of an azure-identity credential (any
+    azure.core TokenCredential: DefaultAzureCredential, a managed identity, a service
+    principal, workload identity) for Azure Storage, asked for again by one thread at a time
+    within five minutes of its expiry, as azure-core's BearerTokenCredentialPolicy does; the
+    other threads wait for it and use it."""
+
+    SCOPE = "https://storage.azure.com/.default"
+    REFRESH_BEFORE = 300   # seconds
+    query_suffix = ""
+
+    def __init__(self, credential):
+        self.credential = credential
+        self._lock = threading.Lock()
+        self._token, self._expires = "", 0.0
+
+    def sign(self, method: str, path: str, query: dict[str, str], headers: dict[str, str],
+             now: float | None = None) -> None:
+        if time.time() >= self._expires - self.REFRESH_BEFORE:
+            with self._lock:
+                if time.time() >= self._expires - self.REFRESH_BEFORE:
+                    self._fetch()
+        headers["Authorization"] = f"Bearer {self._token}"
+
+    def _fetch(self) -> None:
+        from bridge.errors import CredentialsMissing
+        try:
+            got = self.credential.get_token(self.SCOPE)
+        except Exception as exc:   # azure.identity's CredentialUnavailableError, ClientAuthenticationError
+            raise CredentialsMissing(f"no Azure AD token for Azure Storage: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+        self._token, self._expires = got.token, float(got.expires_on)
+
+
+def sas_or_identity(az: AzureSettings) -> tuple[str, str, Sas | Bearer] | None:
+    """(blob endpoint, account, Sas or Bearer) for settings that give a SAS (with the account or
+    a connection string's BlobEndpoint) or an account alone (Azure AD through azure-identity's
+    DefaultAzureCredential, when it is installed); None otherwise."""
+    if az.connection_string:
+        pairs = [part.split("=", 1) for part in az.connection_string.get_secret_value().rstrip(";").split(";")]
+        if any(len(pair) != 2 for pair in pairs):
+            return None
+        conf = {name.upper(): value for name, value in pairs}
+        endpoint, sas = conf.get("BLOBENDPOINT"), conf.get("SHAREDACCESSSIGNATURE")
+        if not (endpoint and sas) or "ACCOUNTKEY" in conf:
+            return None
+        path = urlsplit(endpoint).path.strip("/")
+        account = conf.get("ACCOUNTNAME") or path or (urlsplit(endpoint).hostname or "").split(".")[0]
+        return endpoint.rstrip("/"), account, Sas(sas)
+    if not az.account_name or az.account_key:
+        return None
+    endpoint = (az.endpoint or f"https://{az.account_name}.blob.core.windows.net").rstrip("/")
+    if az.sas_token:
+        return endpoint, az.account_name, Sas(az.sas_token.get_secret_value())
+    try:
+        from azure.identity import DefaultAzureCredential
+    except ImportError:
+        return None   # the SDK path says what to install
+    return endpoint, az.account_name, Bearer(DefaultAzureCredential())
+
+
 class Direct:
     page_size: int | None = None   # blobs per listing page; None: the service's (5,000)
 
-    def __init__(self, endpoint: str, account: str, key: str, api_version: str, from_code,
-                 connect_timeout: float, read_timeout: float):
+    def __init__(self, endpoint: str, account: str, auth: SharedKey | Sas | Bearer, api_version: str, from_code,
+                 connect_timeout: float, read_timeout: float, cafile: str | None = None):
         url = urlsplit(endpoint)
         self.endpoint = endpoint.rstrip("/")
         self.origin = f"{url.scheme}://{url.netloc}"
@@ -147,9 +228,12 @@ class Direct:
         self.read_timeout = read_timeout
         self._timeout = max(connect_timeout, read_timeout)
         self._from_code = from_code
+        self._tls = tls_context(cafile) if url.scheme == "https" else None
+        tls = {"context": self._tls} if self._tls is not None else {}
         self._connect = lambda: meter.connection(url.scheme == "https", "az", self.base)(
-            url.hostname, url.port, timeout=connect_timeout)
-        self._signer = SharedKey(account, key)
+            url.hostname, url.port, timeout=connect_timeout, **tls)
+        self._signer = auth
+        self.credentials = {SharedKey: "key", Sas: "sas", Bearer: "azure-ad"}[type(auth)]
         self._local = threading.local()
 
     @classmethod
@@ -157,19 +241,25 @@ class Direct:
         """The direct path for ``settings``, or None where the SDK path stays: no shared key, or
         an endpoint that is not plain."""
         found = shared_key(settings.azure)
-        if found is None:
-            return None
-        endpoint, account, key = found
+        if found is not None:
+            endpoint, account, key = found
+            auth: SharedKey | Sas | Bearer = SharedKey(account, key)
+        else:
+            other = sas_or_identity(settings.azure)
+            if other is None:
+                return None
+            endpoint, account, auth = other
         url = urlsplit(endpoint)
         if url.scheme not in ("http", "https") or url.query or url.fragment or url.username or not url.hostname:
             return None
         path = url.path.rstrip("/")
         path_style = path == f"/{account}"
         account_host = not path and url.hostname.startswith(f"{account}.blob.")
-        if not (path_style or account_host):
+        if not (path_style or account_host) or (isinstance(auth, Bearer) and url.scheme != "https"):
             return None
         t = settings.transfer
-        return cls(endpoint, account, key, API_VERSION, from_code, t.connect_timeout, t.read_timeout)
+        return cls(endpoint, account, auth, API_VERSION, from_code, t.connect_timeout, t.read_timeout,
+                   t.ca_bundle)
 
     # -- one exchange on this thread's connection ---------------------------------------------------
     def _open(self) -> http.client.HTTPConnection:
@@ -190,7 +280,7 @@ class Direct:
         answer's included (its body is read to the end)."""
         headers["x-ms-version"] = self.version
         self._signer.sign(method, path, query, headers)
-        target = path + ("?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query.items()) if query else "")
+        target = self._target(path, query)
         with kept_connection(self._local, self._open, loc, f"the Azure endpoint {self.endpoint}") as conn:
             conn.request(method, target, body=body, headers=headers)
             resp = conn.getresponse()
@@ -201,6 +291,13 @@ class Direct:
         if error is not None:
             raise error
         return resp, result
+
+    def _target(self, path: str, query: dict[str, str]) -> str:
+        """The request's target: ``path``, the query, and a SAS's own parameters after it."""
+        parts = [f"{k}={quote(v, safe='')}" for k, v in query.items()]
+        if self._signer.query_suffix:
+            parts.append(self._signer.query_suffix)
+        return path + ("?" + "&".join(parts) if parts else "")
 
     def _error(self, loc: Location, resp, body: bytes) -> BridgeError:
         return self._error_of(loc, resp.status, resp.getheader("x-ms-error-code"), body)
@@ -259,14 +356,14 @@ class Direct:
             path = self._path(loc)
             headers = {"Host": self.netloc, "x-ms-version": self.version}
             self._signer.sign("GET", path, {}, headers)
-            answer = await link.send("GET", path, headers, what=str(loc))
+            answer = await link.send("GET", self._target(path, {}), headers, what=str(loc))
             if answer.status >= 300:
                 raise self._error_of(loc, answer.status, answer.headers.get("x-ms-error-code"), answer.body)
             return answer.body
 
         return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout,
                        metered=("az", self.base),
-                       retries=retries)
+                       retries=retries, tls=self._tls)
 
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], *,
                  connections: int, retries: int) -> dict[int, BridgeError]:
@@ -290,7 +387,7 @@ class Direct:
                        "Content-Type": "application/octet-stream", "Content-Length": str(len(data)),
                        "Content-MD5": md5, **extra}
             self._signer.sign("PUT", path, {}, headers)
-            answer = await link.send("PUT", path, headers, data, what=str(loc))
+            answer = await link.send("PUT", self._target(path, {}), headers, data, what=str(loc))
             if answer.status >= 300:
                 raise self._error_of(loc, answer.status, answer.headers.get("x-ms-error-code"), answer.body)
             got = answer.headers.get
@@ -303,7 +400,7 @@ class Direct:
 
         return each_of(count, send, each, self.origin, connections=connections, timeout=self._timeout,
                        metered=("az", self.base),
-                       retries=retries)
+                       retries=retries, tls=self._tls)
 
     def stage_block(self, loc: Location, block_id: str, data, extra: dict[str, str]) -> None:
         """Put Block on this thread's connection, with the Content-MD5 the service checks (and

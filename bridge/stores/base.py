@@ -539,3 +539,24 @@ def kept_connection(local, connect, loc: Location, endpoint: str):
         conn.close()
         raise
     local.conn = conn
+
+
+_TLS: dict[str | None, Any] = {}
+
+
+def tls_context(cafile: str | None = None):
+    """The ssl context the direct paths verify servers with: certificates checked, host names
+    matched, against ``cafile`` (a PEM bundle: the settings' or a standard variable's, see
+    bridge/config.py) or else the system's trust store (which honours SSL_CERT_FILE and
+    SSL_CERT_DIR). One per bundle, shared; a bundle that cannot be read is one BridgeError
+    naming it."""
+    import ssl
+    context = _TLS.get(cafile)
+    if context is None:
+        try:
+            context = ssl.create_default_context(cafile=cafile)
+        except (OSError, ssl.SSLError) as exc:
+            raise BridgeError(f"the CA bundle {cafile} cannot be used: "
+                              f"{exc.strerror or exc.reason if isinstance(exc, OSError) else exc}") from None
+        _TLS[cafile] = context
+    return context

@@ -141,7 +141,8 @@ class GCSStore(DirectReads, Store):
         self._token = _credentials(settings)
         from bridge.stores.gcsdirect import Direct
         # None: reads go through gcsfs too
-        self._direct = Direct.for_store(endpoint, self._token, settings.transfer.read_timeout)
+        self._direct = Direct.for_store(endpoint, self._token, settings.transfer.read_timeout,
+                                        settings.transfer.ca_bundle)
         self._fs = None
         self._fs_lock = threading.Lock()
         self.retries = settings.transfer.retries

@@ -45,7 +45,7 @@ from urllib.parse import quote, urlencode, urlsplit
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing,
                            ObjectNotFound, PermissionDenied, TransientError)
 from bridge import meter
-from bridge.stores.base import hand_over, kept_connection, receive
+from bridge.stores.base import hand_over, kept_connection, receive, tls_context
 from bridge.urls import Location
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
@@ -87,8 +87,11 @@ class Bearer:
 class Direct:
     page_size: int = 1000   # objects per listing page, as gcsfs asks for
 
-    def __init__(self, endpoint: str, bearer: Bearer | None, timeout: float):
+    def __init__(self, endpoint: str, bearer: Bearer | None, timeout: float, cafile: str | None = None):
         url = urlsplit(endpoint)
+        # HTTPS verified against the settings' CA bundle (transfer.ca_bundle) or the system's
+        self._tls = tls_context(cafile) if url.scheme == "https" else None
+        tls = {"context": self._tls} if self._tls is not None else {}
         self.endpoint = endpoint
         self.origin = f"{url.scheme}://{url.netloc}"
         self.netloc = url.netloc
@@ -98,22 +101,23 @@ class Direct:
         self._bearer = bearer
         self.root = url.path.rstrip("/")
         self._connect = lambda: meter.connection(url.scheme == "https", "gs", self.root)(
-            url.hostname, url.port, timeout=timeout)
+            url.hostname, url.port, timeout=timeout, **tls)
         self._local = threading.local()
 
     @classmethod
-    def for_store(cls, endpoint: str | None, token, timeout: float) -> Direct | None:
+    def for_store(cls, endpoint: str | None, token, timeout: float, cafile: str | None = None) -> Direct | None:
         """The direct path for a GCS store: ``endpoint`` as set (None: Google's), ``token`` what
         the store resolved its credentials to ("anon", a key file's path, or a google.auth
-        credentials object). None where gcsfs must stay (see the module's docstring)."""
+        credentials object), ``cafile`` the CA bundle to verify HTTPS with (None: the system's).
+        None where gcsfs must stay (see the module's docstring)."""
         if token == "anon":
-            return cls(endpoint or DEFAULT_ENDPOINT, None, timeout)
+            return cls(endpoint or DEFAULT_ENDPOINT, None, timeout, cafile)
         if endpoint:
             return None
         credentials = _google_credentials(token)
         if credentials is None:
             return None
-        return cls(DEFAULT_ENDPOINT, Bearer(credentials), timeout)
+        return cls(DEFAULT_ENDPOINT, Bearer(credentials), timeout, cafile)
 
     # -- requests ---------------------------------------------------------------------------
     def _object_path(self, loc: Location) -> str:
@@ -189,7 +193,7 @@ class Direct:
 
         return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout,
                        metered=("gs", self.root),
-                       retries=retries)
+                       retries=retries, tls=self._tls)
 
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], *,
                  connections: int, retries: int) -> dict[int, BridgeError]:
@@ -226,7 +230,7 @@ class Direct:
 
         return each_of(count, send, each, self.origin, connections=connections, timeout=self._timeout,
                        metered=("gs", self.root),
-                       retries=retries)
+                       retries=retries, tls=self._tls)
 
     def put(self, loc: Location, data, crc32c_b64: str, resource: dict) -> dict:
         """One object by multipart upload (objects.insert) on this thread's connection, its body

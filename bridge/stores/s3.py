@@ -87,6 +87,8 @@ def _translation(loc: Location, endpoint: str | None, exc: Exception) -> BridgeE
     if isinstance(exc, (bce.NoCredentialsError, bce.PartialCredentialsError)):
         return CredentialsMissing("no AWS credentials found: set AWS_ACCESS_KEY_ID and "
                                   "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE")
+    if isinstance(exc, bce.SSLError):   # not retried: the endpoint will not prove itself next time either
+        return BridgeError(f"the S3 endpoint {endpoint or 'of AWS'} did not prove who it is: {exc}")
     if isinstance(exc, (bce.EndpointConnectionError, bce.ConnectTimeoutError, ConnectionRefusedError)):
         return EndpointUnreachable(f"cannot reach the S3 endpoint {endpoint or 'of AWS'}: {type(exc).__name__}")
     if isinstance(exc, sdk.dropped):
@@ -177,7 +179,10 @@ class S3Store(Store):
                     token=s3.session_token.get_secret_value() if s3.session_token else None,
                     profile=s3.profile,
                     endpoint_url=s3.endpoint_url,
-                    client_kwargs={"region_name": s3.region or "us-east-1"},
+                    # The region the direct path signs for (a profile's, when the settings name
+                    # none) and the CA bundle it verifies with (None: botocore's own choice).
+                    client_kwargs={"region_name": self._direct.region if self._direct else s3.region or "us-east-1",
+                                   "verify": self._direct.cafile if self._direct else s3.ca_bundle or t.ca_bundle},
                     # bridge.retry is the one retry layer: botocore sends each request once.
                     config_kwargs={"retries": {"total_max_attempts": 1, "mode": "standard"},
                                    "connect_timeout": t.connect_timeout, "read_timeout": t.read_timeout,

@@ -10,9 +10,19 @@ against ``rclone serve s3``: see bench/README.md.
 
 A PUT carries the same checks as the SDK's: the CRC32C header S3 verifies the body against,
 the metadata, and (over plain HTTP) the payload's SHA-256 in the signature. Multipart uploads
-and everything else stay on aiobotocore. Used only where it is plainly equivalent: an explicit endpoint (path-style
-addressing, as botocore uses for one) and static keys. Credentials from a profile, SSO or instance
-metadata keep the aiobotocore path, which knows how to refresh them. Failures are raised as
+and everything else stay on aiobotocore. Used for an explicit endpoint (path-style addressing, as
+botocore uses for one), over HTTP or HTTPS, with any credentials botocore resolves: static keys
+from the settings are signed with as they are; otherwise botocore's own credential chain (a
+profile or the shared credentials file, credential_process, SSO, web identity through STS,
+container or instance metadata) gives a credentials object whose ``get_frozen_credentials()``
+each request signs with, so that keys that expire are refreshed as botocore refreshes them
+(under its lock, before they expire), the session token sent with them. Keys that sit in a
+profile of the shared files as they are (the commonest case) are read here without botocore,
+whose import costs half a second of a short job's start (``shared_file_keys``). HTTPS verifies the
+server against the CA bundle of the settings (``s3.ca_bundle``/AWS_CA_BUNDLE, the profile's
+``ca_bundle``, then ``transfer.ca_bundle``: MCBRIDGE_CA_BUNDLE, REQUESTS_CA_BUNDLE, SSL_CERT_FILE)
+or the system's; a server that does not prove who it is fails at once, naming the endpoint.
+AWS's default endpoint (virtual-hosted buckets, region redirects) keeps aiobotocore. Failures are raised as
 bridge's errors, through the same codes as the store's own translation; nothing is retried here
 (the store retries each call through bridge.retry, the one retry layer).
 """
@@ -33,8 +43,78 @@ from urllib.parse import quote, unquote_plus, urlsplit
 from bridge import meter
 from bridge.config import Settings
 from bridge.errors import BridgeError, TransientError
-from bridge.stores.base import kept_connection, receive
+from bridge.stores.base import kept_connection, receive, tls_context
 from bridge.urls import Location
+
+# What requests are signed with, asked for before each signature: (access key, secret, token or
+# None, ...), a tuple or botocore's ReadOnlyCredentials (get_frozen_credentials, which refreshes).
+Keys = Callable[[], tuple]
+
+
+# Settings in a profile, or variables, that put another provider before the shared files in
+# botocore's chain (assume role, web identity, SSO), or after them with keys of their own.
+_NOT_PLAIN = ("role_arn", "web_identity_token_file", "sso_session", "sso_start_url", "sso_account_id",
+              "credential_source", "source_profile")
+
+
+def shared_file_keys(profile: str | None) -> tuple[tuple[str, str, str | None], dict[str, str | None], str] | None:
+    """((key, secret, token), {region, ca_bundle}, botocore's name of the provider) for a profile
+    whose keys sit in the shared credentials or config file, read as botocore's chain would take
+    them but without importing botocore (half a second of a short job's start on this kind of
+    machine); None when anything could make botocore choose otherwise (a role to assume, web
+    identity, SSO, a credential_process, keys in neither file, a file that does not parse): then
+    botocore resolves them (botocore_credentials). tests/test_credentials.py checks that both agree."""
+    import configparser
+    import os
+    env = os.environ
+    if env.get("AWS_WEB_IDENTITY_TOKEN_FILE") or env.get("AWS_ROLE_ARN"):
+        return None
+    name = profile or env.get("AWS_DEFAULT_PROFILE") or "default"
+
+    def section(path: str, title: str) -> dict[str, str] | None:
+        parser = configparser.RawConfigParser(default_section="\x00", interpolation=None)
+        try:
+            parser.read(os.path.expanduser(path))
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            raise LookupError from None
+        return dict(parser[title]) if parser.has_section(title) else None
+
+    try:
+        config = section(env.get("AWS_CONFIG_FILE", "~/.aws/config"), name if name == "default" else f"profile {name}")
+        if config is None and name == "default":
+            config = section(env.get("AWS_CONFIG_FILE", "~/.aws/config"), "profile default")
+        config = config or {}
+        if any(config.get(k) for k in _NOT_PLAIN):
+            return None
+        settings = {"region": env.get("AWS_DEFAULT_REGION") or config.get("region"),
+                    "ca_bundle": env.get("AWS_CA_BUNDLE") or config.get("ca_bundle")}
+        found = section(env.get("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"), name) or {}
+        for keys, method in ((found, "shared-credentials-file"), (config, "config-file")):
+            if keys.get("aws_access_key_id") and keys.get("aws_secret_access_key"):
+                return ((keys["aws_access_key_id"], keys["aws_secret_access_key"],
+                         keys.get("aws_session_token") or keys.get("aws_security_token") or None), settings, method)
+            if keys is found and config.get("credential_process"):
+                return None
+    except LookupError:
+        return None
+    return None
+
+
+def botocore_credentials(profile: str | None):
+    """(credentials, {region, ca_bundle}) as botocore resolves them for ``profile`` (None: the
+    default chain: environment, shared files, SSO, web identity, container, instance metadata),
+    or None when it finds none, or the profile is not there (aiobotocore then says which)."""
+    import botocore.exceptions
+    import botocore.session
+    session = botocore.session.Session(profile=profile)
+    try:
+        credentials = session.get_credentials()
+        config = {name: session.get_config_variable(name) for name in ("region", "ca_bundle")}
+    except botocore.exceptions.BotoCoreError:
+        return None
+    if credentials is None:
+        return None
+    return credentials, config
 
 _CODE = re.compile(rb"<Code>([^<]+)</Code>")
 
@@ -45,26 +125,50 @@ class Direct:
     # the headers and metadata it carries, so that copying them costs no HEAD.
     on_headers: Callable[[Location, list[tuple[str, str]]], None] | None = None
 
-    def __init__(self, endpoint: str, region: str, key: str, secret: str, token: str | None, timeout: float):
+    def __init__(self, endpoint: str, region: str, keys: Keys, timeout: float, cafile: str | None = None,
+                 credentials: str = "static"):
         url = urlsplit(endpoint)
         self.endpoint = endpoint
         self.origin = f"{url.scheme}://{url.netloc}"
         self.netloc = url.netloc
         self.base = url.path.rstrip("/")
+        self.region = region
+        self.credentials = credentials   # where the keys came from: "static", or botocore's provider's method
+        self.cafile = cafile
+        self._tls = tls_context(cafile) if url.scheme == "https" else None
+        tls = {"context": self._tls} if self._tls is not None else {}
         self._connect = lambda: meter.connection(url.scheme == "https", "s3", self.base)(
-            url.hostname, url.port, timeout=timeout)
-        self._signer = SigV4(key, secret, token, region, https=url.scheme == "https")
+            url.hostname, url.port, timeout=timeout, **tls)
+        self._signer = SigV4(keys, region, https=url.scheme == "https")
         self._local = threading.local()
         self._timeout = timeout
 
     @classmethod
     def for_settings(cls, settings: Settings) -> Direct | None:
+        """The direct path for these settings, or None where aiobotocore stays: no endpoint set
+        (AWS's own), or no credentials botocore can find (aiobotocore then says so)."""
         s3 = settings.s3
-        if not (s3.endpoint_url and s3.access_key_id and s3.secret_access_key) or s3.profile:
+        if not s3.endpoint_url:
             return None
-        token = s3.session_token.get_secret_value() if s3.session_token else None
-        return cls(s3.endpoint_url, s3.region or "us-east-1", s3.access_key_id,
-                   s3.secret_access_key.get_secret_value(), token, settings.transfer.read_timeout)
+        config: dict[str, str | None] = {}   # the profile's region and ca_bundle
+        if s3.access_key_id and s3.secret_access_key:
+            # Keys given outright win over a profile, as they do on aiobotocore (s3fs passes them).
+            fixed = (s3.access_key_id, s3.secret_access_key.get_secret_value(),
+                     s3.session_token.get_secret_value() if s3.session_token else None)
+            keys: Keys = lambda: fixed
+            method = "static"
+        elif (plain := shared_file_keys(s3.profile)) is not None:
+            fixed, config, method = plain
+            keys = lambda: fixed
+        else:
+            found = botocore_credentials(s3.profile)
+            if found is None:
+                return None
+            credentials, config = found
+            keys, method = credentials.get_frozen_credentials, credentials.method
+        return cls(s3.endpoint_url, s3.region or config.get("region") or "us-east-1", keys,
+                   settings.transfer.read_timeout,
+                   s3.ca_bundle or config.get("ca_bundle") or settings.transfer.ca_bundle, method)
 
     def put(self, loc: Location, data: bytes | bytearray, crc32c_b64: str, params: dict,
             from_code) -> dict[str, str]:
@@ -129,7 +233,7 @@ class Direct:
             return _put_answer(lambda name: answer.headers.get(name.lower()))
 
         return each_of(count, send, each, self.origin, connections=connections, timeout=self._timeout, metered=("s3", self.base),
-                       retries=retries)
+                       retries=retries, tls=self._tls)
 
     def _path(self, loc: Location) -> str:
         return f"{self.base}/{quote(loc.bucket)}/{quote(loc.key, safe='/~')}"
@@ -200,7 +304,7 @@ class Direct:
             return answer.body
 
         return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout, metered=("s3", self.base),
-                       retries=retries)
+                       retries=retries, tls=self._tls)
 
     def head(self, loc: Location, from_code) -> dict:
         """HEAD one object, checksums asked for; the answer named as botocore's head_object names
@@ -318,24 +422,25 @@ _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 class SigV4:
     """AWS Signature Version 4 for S3, as botocore's S3SigV4Auth makes it (tests/test_s3direct.py
-    compares the two on the same request), at a fraction of its Python per request: the signing
-    key is derived once a day, and the request is ours, so its headers need no normalising.
+    and tests/test_credentials.py compare the two on the same request, for each kind of
+    credentials), at a fraction of its Python per request: the signing key is derived once a day
+    (and again when the keys change), and the request is ours, so its headers need no normalising.
     Every header sent is signed. The payload's SHA-256 is signed over plain HTTP; over HTTPS,
     like botocore when a checksum header is sent, the payload is UNSIGNED-PAYLOAD (TLS and the
-    CRC32C S3 checks cover the body)."""
+    CRC32C S3 checks cover the body). ``keys()`` is asked for the keys at each signature."""
 
-    def __init__(self, key: str, secret: str, token: str | None, region: str, https: bool):
-        self.key, self._secret, self.token, self.region, self.https = key, secret, token, region, https
-        self._day = ""
-        self._signing_key = b""
+    def __init__(self, keys: Keys, region: str, https: bool):
+        self.keys, self.region, self.https = keys, region, https
+        self._derived: tuple[str, str, bytes] = ("", "", b"")   # (day, secret, signing key)
 
-    def _key_for(self, day: str) -> bytes:
-        if day != self._day:
-            k = hmac.digest(("AWS4" + self._secret).encode(), day.encode(), "sha256")
+    def _key_for(self, day: str, secret: str) -> bytes:
+        derived = self._derived
+        if derived[0] != day or derived[1] != secret:
+            k = hmac.digest(("AWS4" + secret).encode(), day.encode(), "sha256")
             for part in (self.region, "s3", "aws4_request"):
                 k = hmac.digest(k, part.encode(), "sha256")
-            self._signing_key, self._day = k, day
-        return self._signing_key
+            derived = self._derived = (day, secret, k)
+        return derived[2]
 
     def sign(self, method: str, host: str, path: str, query: str, headers: dict[str, str],
              body: bytes | bytearray | memoryview | None = None, now: float | None = None) -> None:
@@ -350,16 +455,18 @@ class SigV4:
             payload = "UNSIGNED-PAYLOAD"
         else:
             payload = _EMPTY_SHA256
+        keys = self.keys()
+        key, secret, token = keys[0], keys[1], keys[2]
         headers["Host"] = host   # sent as signed (http.client then adds none of its own)
         headers["x-amz-date"] = stamp
         headers["x-amz-content-sha256"] = payload
-        if self.token:
-            headers["x-amz-security-token"] = self.token
+        if token:
+            headers["x-amz-security-token"] = token
         signed = sorted((k.lower(), " ".join(str(v).split())) for k, v in headers.items())
         names = ";".join(k for k, _ in signed)
         canonical = "\n".join((method, path, query, "".join(f"{k}:{v}\n" for k, v in signed), names, payload))
         scope = f"{day}/{self.region}/s3/aws4_request"
         to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-        signature = hmac.new(self._key_for(day), to_sign.encode(), "sha256").hexdigest()
-        headers["Authorization"] = (f"AWS4-HMAC-SHA256 Credential={self.key}/{scope}, "
+        signature = hmac.new(self._key_for(day, secret), to_sign.encode(), "sha256").hexdigest()
+        headers["Authorization"] = (f"AWS4-HMAC-SHA256 Credential={key}/{scope}, "
                                     f"SignedHeaders={names}, Signature={signature}")

@@ -40,13 +40,15 @@ class Answer:
 class Link:
     """One keep-alive HTTP/1.1 connection to ``origin``, used by one task at a time."""
 
-    def __init__(self, origin: str, timeout: float, metered: tuple[str, str] | None = None):
+    def __init__(self, origin: str, timeout: float, metered: tuple[str, str] | None = None,
+                 tls: ssl.SSLContext | None = None):
         url = urlsplit(origin)
         self.metered = metered   # (scheme, endpoint path): each exchange counted (bridge/meter.py)
         self.origin = origin
         self.host = url.hostname or ""
         self.port = url.port or (443 if url.scheme == "https" else 80)
-        self.ssl = ssl.create_default_context() if url.scheme == "https" else None
+        # (``tls``: the store's context, its CA bundle: bridge.stores.base.tls_context)
+        self.ssl = (tls or ssl.create_default_context()) if url.scheme == "https" else None
         self.timeout = timeout
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -73,6 +75,9 @@ class Link:
         except ConnectionRefusedError as exc:
             self.close()
             raise EndpointUnreachable(f"cannot reach {self.origin}: {type(exc).__name__}") from exc
+        except ssl.SSLCertVerificationError as exc:   # not retried: it will not prove itself next time
+            self.close()
+            raise BridgeError(f"{self.origin} did not prove who it is: {exc.verify_message or exc}") from exc
         except (OSError, EOFError, TimeoutError, ValueError, asyncio.IncompleteReadError,
                 asyncio.LimitOverrunError) as exc:
             self.close()
@@ -127,7 +132,8 @@ async def _chunked(reader: asyncio.StreamReader) -> bytes:
 
 
 def run_many(count: int, work: Callable[[int, Link], Awaitable[None]], origin: str, *,
-             connections: int, timeout: float, metered: tuple[str, str] | None = None) -> None:
+             connections: int, timeout: float, metered: tuple[str, str] | None = None,
+             tls: ssl.SSLContext | None = None) -> None:
     """``work(i, link)`` for every i in range(count), at most ``connections`` at a time, each on
     a keep-alive link of its own, on an event loop of this thread. An exception from ``work``
     ends the run (the caller decides which failures are one item's and which are everyone's)."""
@@ -138,7 +144,7 @@ def run_many(count: int, work: Callable[[int, Link], Awaitable[None]], origin: s
         items = iter(range(count))
 
         async def lane() -> None:
-            link = Link(origin, timeout, metered)
+            link = Link(origin, timeout, metered, tls)
             try:
                 for i in items:
                     await work(i, link)
@@ -152,7 +158,7 @@ def run_many(count: int, work: Callable[[int, Link], Awaitable[None]], origin: s
 
 def each_of(count: int, send: Callable[[int, Link], Awaitable[T]], each: Callable[[int, T], None],
             origin: str, *, connections: int, timeout: float, retries: int,
-            metered: tuple[str, str] | None = None) -> dict[int, BridgeError]:
+            metered: tuple[str, str] | None = None, tls: ssl.SSLContext | None = None) -> dict[int, BridgeError]:
     """What the stores' ``read_many`` and ``put_many`` share: for every i in range(count),
     ``await send(i, link)`` (one attempt: a request and its answer checked, raising bridge's
     error), retried on its own through bridge.retry, then ``each(i, result)`` here, in any
@@ -167,5 +173,5 @@ def each_of(count: int, send: Callable[[int, Link], Awaitable[T]], each: Callabl
         except BridgeError as exc:
             failures[i] = exc
 
-    run_many(count, one, origin, connections=connections, timeout=timeout, metered=metered)
+    run_many(count, one, origin, connections=connections, timeout=timeout, metered=metered, tls=tls)
     return failures
