@@ -21,7 +21,7 @@ metadata and even checksums, so even the cheap check re-reads it and compares CR
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bridge.errors import IntegrityError, ObjectNotFound
 from bridge.hashing import TREE, rehash, rehash_parts, sha256_tree
@@ -52,6 +52,22 @@ def completed(store: Store, loc: Location, reported: ObjectInfo, crc32c: str, mo
         raise IntegrityError(f"{loc}: the store reports CRC32C {got} for the completed upload, expected "
                              f"{crc32c}; the object was removed")
     return reported
+
+
+def wants_md5(loc: Location, mode: str) -> bool:
+    """Whether a one-request upload to ``loc`` has its bytes' MD5 computed: under
+    ``--store-checksums skip`` or ``readback`` an S3 endpoint may keep no checksum of its own, and
+    its ETag, the MD5 of the bytes it stored, is then what proves it holds bridge's bytes."""
+    return loc.scheme == "s3" and mode != "require"
+
+
+def md5_evidence(committed: ObjectInfo, md5: str | None) -> ObjectInfo:
+    """``committed`` with ``md5`` recorded as reported by the store, when the store reported no
+    checksum and its ETag is that MD5 (a one-request upload's ETag, unless the object is
+    encrypted with a KMS key): a later verify trusts the listing of this version by it."""
+    if md5 is None or committed.checksums or committed.identity.get("etag", "").lower() != md5:
+        return committed
+    return replace(committed, checksums={"md5": md5})
 
 
 def _remove(store: Store, loc: Location) -> None:

@@ -769,16 +769,18 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
         failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], each)
     else:
         hashes: dict[int, FileHash] = {}
+        md5s: dict[int, str | None] = {}
 
         def body(i: int) -> tuple:
             rel = todo[i]["rel"]
             ctx.progress.throttle(todo[i]["size"])
             data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel)))
             hashes[i] = _hashed(ctx, todo[i], data)
+            md5s[i] = _md5(ctx, data)
             return ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i]), ctx.attrs(rel)
 
         def sent(i: int, committed: ObjectInfo) -> None:
-            _record(ctx, todo[i], hashes.pop(i), committed)
+            _record(ctx, todo[i], hashes.pop(i), check.md5_evidence(committed, md5s.pop(i)))
 
         failures = ctx.dst.put_many(len(todo), body, sent)
     if failures:
@@ -796,7 +798,15 @@ def _write(ctx: JobContext, unit: dict, data) -> dict:
     durability = {"durable": False} if ctx.defer_sync else {}
     committed = ctx.dst.put(ctx.dst_loc(unit["rel"]), data, crc32c=h.crc32c, metadata=_metadata(h),
                             attrs=ctx.attrs(unit["rel"]), **durability)
-    return _record(ctx, unit, h, committed)
+    return _record(ctx, unit, h, check.md5_evidence(committed, _md5(ctx, data)))
+
+
+def _md5(ctx: JobContext, data) -> str | None:
+    """The MD5 of a one-request upload's bytes where the destination's ETag is the only proof
+    it may give that it stored them (check.wants_md5)."""
+    if not check.wants_md5(ctx.dst_root, ctx.settings.transfer.store_checksums):
+        return None
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
 def _hashed(ctx: JobContext, unit: dict, data) -> FileHash:

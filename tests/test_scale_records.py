@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import json
 import os
 import re
@@ -146,3 +147,35 @@ def test_dry_run_request_counts_equal_what_the_emulator_logs(moto, make_root, em
     planned, ran = planned_then_ran("migrate", f"{src}/", f"{root}packed/", "--pack", "tar",
                                     "--shard-size", "64KiB")
     assert {k: v for k, v in planned.items() if v} == ran, (sorted(planned.items()), sorted(ran.items()))
+
+
+def test_an_endpoint_keeping_no_checksums_is_proven_by_its_md5_etag_and_verified_from_the_listing(tmp_path):
+    """rclone serve s3 keeps no checksum (so copies to it run with --store-checksums skip): a
+    one-request upload's ETag is the MD5 of the bytes it stored, which bridge computes and
+    records as the store's report when they agree; verify then passes the listed version with no
+    request of its own (counted at a proxy: no HEAD, no GET of an object), and other bytes under
+    the same name change the ETag and fail."""
+    from tests.emulators import RcloneS3
+    from tests.faultproxy import FaultProxy, proxied_environment
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(5):
+        (src / f"f{i}.bin").write_bytes(os.urandom(1000 + i))
+    with RcloneS3() as s3, FaultProxy(s3.endpoint) as proxy:
+        s3.create_bucket("plain")
+        env = proxied_environment({**os.environ, **s3.env()}, {"s3": proxy})
+        dst = "s3://plain/copy/"
+        r = mcbridge("cp", f"{src}/", dst, "--store-checksums", "skip", "-q", env=env, state_dir=tmp_path)
+        assert r.returncode == 0, r.stderr
+        proxy.configure()
+        report = json.loads(mcbridge("verify", dst, "--json", env=env, state_dir=tmp_path).stdout)
+        assert report["ok"] and report["checked"] == 5 and not report["rehashed"], report
+        per_object = [line for line, _ in proxy.log if re.match(r"(HEAD|GET) /plain/copy/f\d", line)]
+        assert not per_object, per_object
+        client = s3.client()
+        etag = client.head_object(Bucket="plain", Key="copy/f1.bin")["ETag"].strip('"')
+        assert etag == hashlib.md5((src / "f1.bin").read_bytes()).hexdigest()
+        client.put_object(Bucket="plain", Key="copy/f1.bin", Body=os.urandom(1001))
+        r = mcbridge("verify", dst, env=env, state_dir=tmp_path)
+        assert r.returncode == 1 and "mismatched  f1.bin: rewritten since the manifest was written" in r.stdout, \
+            r.stdout + r.stderr
