@@ -351,7 +351,7 @@ class Service:
         self.jobs.transition(job_id, "running", ("planning",))
         record = self.jobs.get(job_id)
         if record is not None and record.state == "cancelled":   # while it was planned: no task was sent
-            self._discard(record, spec)
+            self._discard(record, spec, who, lease.ref.id)
             return {"cancelled": True}
         if record is None or record.state != "running":
             return {"skipped": record.state if record else "no such job"}
@@ -607,19 +607,23 @@ class Service:
             self.gate.audit.record("refused", job=record.id, tenant=record.tenant, task=task, reason=str(exc))
             return {"refused": str(exc)}
         self._charge(record, spec, "cancelled")
-        self.r.hsetnx(self.keys.job(record.id), "finished", time.time())   # its last task has stopped
-        if not record.plan_key or header is None:
-            return {"cancelled": True}
-        journal = self.journal(record.plan_key)
         try:
-            for store, loc, upload_id in self.kind(spec).leftovers(header, self.settings_for(spec), journal):
-                try:
-                    store.abort_upload(loc, upload_id)
-                except BridgeError as exc:
-                    log.info("job %s: upload to %s not aborted: %s", record.id, loc, exc)
+            if not record.plan_key or header is None:
+                return {"cancelled": True}
+            journal = self.journal(record.plan_key)
+            try:
+                for store, loc, upload_id in self.kind(spec).leftovers(header, self.settings_for(spec), journal):
+                    try:
+                        store.abort_upload(loc, upload_id)
+                    except BridgeError as exc:
+                        log.info("job %s: upload to %s not aborted: %s", record.id, loc, exc)
+            finally:
+                journal.clear()
+            return {"cancelled": True}
         finally:
-            journal.clear()
-        return {"cancelled": True}
+            # The end: its last task has stopped and its uploads are aborted (`jobs cancel`
+            # returns on this, so nothing of the job is left at the destination by then).
+            self.r.hsetnx(self.keys.job(record.id), "finished", time.time())
 
     def _end(self, job_id: str, state: str, errors: list[str] | None = None) -> None:
         if errors:
