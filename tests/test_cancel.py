@@ -176,3 +176,66 @@ def test_cancel_at_30_percent_of_a_datasync_job_stops_the_remote_execution(servi
         assert double.tasks == {} and double.locations == {}   # nothing left at the service
         assert service.jobs.get(job_id).state == "cancelled"
         assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None   # nothing committed
+
+
+# -- routes whose bytes never pass through bridge ------------------------------------------------
+# A worker's task runs its route inside ``stopping(cancelled)`` (workers/executor.py), and the
+# cancel watcher sets that event: these tests run the route in-process inside ``stopping`` of an
+# event that reads as set once the store has taken ``k`` of the copy's pieces, so the cancel lands
+# at the same point of the copy every run, whatever the machine's speed. Then: no piece is asked
+# for after the first ``concurrency`` (those in flight when the cancel was seen), no request at
+# all once the copy has returned, the upload is aborted, and nothing is committed.
+
+class CancelledOnceSeen:
+    """A cancel event that reads as set once ``seen()`` (a count at the store) reaches ``n``."""
+
+    def __init__(self, seen, n: int):
+        self.seen, self.n = seen, n
+
+    def is_set(self) -> bool:
+        return self.seen() >= self.n
+
+
+def _lines(proxy: FaultProxy, pattern: str) -> int:
+    import re
+    return sum(1 for line, _ in list(proxy.log) if re.search(pattern, line))
+
+
+def test_a_server_side_copy_in_parts_stops_between_parts_and_aborts(moto, emulator_env, tmp_path, monkeypatch):
+    """S3 UploadPartCopy: a 60 MiB object in twelve 5 MiB parts copied two at a time, cancelled
+    once the third part was asked for. moto keeps objects in memory, so S3's 5 GiB CopyObject
+    limit is lowered to 5 MiB instead of copying 5 GiB (as tests/test_routes.py does): the parts
+    are S3's smallest, the most a copy can have for its size. At most the part in flight on the
+    other thread may still be asked for after the cancel is seen; twelve would be, without it."""
+    import dataclasses
+    from bridge import ops
+    from bridge.errors import BridgeError
+    from bridge.manifest import read as read_manifest
+    from bridge.retry import stopping
+    from bridge.stores import get_store
+    from bridge.stores.s3 import S3Store
+    from bridge.urls import parse
+    from tests.helpers import settings_for
+    src, dst = f"s3://{unique_name()}/", f"s3://{unique_name()}/"
+    moto.create_bucket(parse(src).bucket)
+    moto.create_bucket(parse(dst).bucket)
+    with FaultProxy(moto.endpoint) as proxy:
+        settings = settings_for(proxied_environment(emulator_env, {"s3": proxy}), concurrency=2)
+        (tmp_path / "model.bin").write_bytes(os.urandom(60 * MiB))
+        ops.copy(str(tmp_path / "model.bin"), src, settings, state_dir=tmp_path / "s1")
+        monkeypatch.setattr(S3Store, "features", dataclasses.replace(S3Store.features, max_copy_size=5 * MiB))
+        proxy.configure()
+        part = r"^PUT /[^?]+\?(?=.*partNumber=)(?=.*uploadId=)"
+        cancel = CancelledOnceSeen(lambda: _lines(proxy, part), 3)
+        with stopping(cancel), pytest.raises(BridgeError, match="cancelled"):   # the unit's error, in-process
+            ops.copy(src, dst, settings, route="server", state_dir=tmp_path / "s2")
+        at_return = proxy.counts["requests"]
+        time.sleep(1)
+        asked = _lines(proxy, part)
+        print(f"server: {asked} of 12 parts asked for; {proxy.counts['requests'] - at_return} requests after the "
+              f"cancel returned")
+        assert 3 <= asked <= 4, proxy.log
+        assert proxy.counts["requests"] == at_return, proxy.log[at_return:]
+        assert _lines(proxy, r"^DELETE /[^?]+\?.*uploadId=") == 1, proxy.log   # the upload was aborted
+        assert _left_at("s3", moto, parse(dst).bucket) == ([], [])             # no object, manifest or upload
+        assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None
