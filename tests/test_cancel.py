@@ -239,3 +239,42 @@ def test_a_server_side_copy_in_parts_stops_between_parts_and_aborts(moto, emulat
         assert _lines(proxy, r"^DELETE /[^?]+\?.*uploadId=") == 1, proxy.log   # the upload was aborted
         assert _left_at("s3", moto, parse(dst).bucket) == ([], [])             # no object, manifest or upload
         assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None
+
+
+def test_a_copy_from_url_stops_between_blocks_and_drops_the_staged_ones(moto, azurite, azure_from_url, emulator_env,
+                                                                        tmp_path):
+    """Azure Put Block From URL (the double in front of Azurite): a 48 MiB S3 object in twelve
+    4 MiB blocks pulled two at a time, cancelled once the third block was asked for. The blocks
+    Azure staged are dropped (the blob, holding only uncommitted blocks, is deleted) and no
+    block list is put; at most the block in flight on the other thread may still be asked for."""
+    from bridge import ops
+    from bridge.errors import BridgeError
+    from bridge.manifest import read as read_manifest
+    from bridge.retry import stopping
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    from tests.helpers import settings_for
+    src, dst = f"s3://{unique_name()}/", f"az://{unique_name()}/"
+    moto.create_bucket(parse(src).bucket)
+    azurite.create_bucket(parse(dst).bucket)
+    with FaultProxy(azure_from_url.endpoint.rsplit("/", 1)[0]) as proxy:
+        settings = settings_for(proxied_environment(emulator_env, {"az": proxy}), concurrency=2,
+                                chunk_size=4 * MiB)
+        (tmp_path / "model.bin").write_bytes(os.urandom(48 * MiB))
+        ops.copy(str(tmp_path / "model.bin"), src, settings, state_dir=tmp_path / "s1")
+        proxy.configure()
+        block = r"^PUT /[^?]+\?(?=.*comp=block(&|$))"
+        cancel = CancelledOnceSeen(lambda: _lines(proxy, block), 3)
+        with stopping(cancel), pytest.raises(BridgeError, match="cancelled"):   # the unit's error, in-process
+            ops.copy(src, dst, settings, route="from-url", state_dir=tmp_path / "s2")
+        at_return = proxy.counts["requests"]
+        time.sleep(1)
+        asked = _lines(proxy, block)
+        print(f"from-url: {asked} of 12 blocks asked for; {proxy.counts['requests'] - at_return} requests after "
+              f"the cancel returned")
+        assert 3 <= asked <= 4, proxy.log
+        assert proxy.counts["requests"] == at_return, proxy.log[at_return:]
+        assert _lines(proxy, r"^PUT /[^?]+\?.*comp=blocklist") == 0, proxy.log   # nothing committed
+        assert _lines(proxy, r"^DELETE /[^?]+model\.bin$") == 1, proxy.log       # the staged blocks dropped
+        assert _left_at("az", azurite, parse(dst).bucket) == ([], [])   # no blob, no staged block, no manifest
+        assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None
