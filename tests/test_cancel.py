@@ -278,3 +278,48 @@ def test_a_copy_from_url_stops_between_blocks_and_drops_the_staged_ones(moto, az
         assert _lines(proxy, r"^DELETE /[^?]+model\.bin$") == 1, proxy.log       # the staged blocks dropped
         assert _left_at("az", azurite, parse(dst).bucket) == ([], [])   # no blob, no staged block, no manifest
         assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None
+
+
+def test_cancel_at_30_percent_of_a_storage_transfer_job_cancels_the_operation(service, moto, fake_gcs, tmp_path):  # noqa: F811
+    """The sts route on the service: Storage Transfer's double writes fake-gcs-server through the
+    counting proxy, one object at a time (twenty 1 MiB objects, half a second apart, so 30% is
+    reached in seconds and the cancel lands with fourteen to go). ``jobs cancel`` returns once the
+    worker has cancelled the operation at the service and seen it stop: by then at most the
+    object in flight may still arrive, the transfer job is deleted, and no manifest is written."""
+    from bridge.manifest import read as read_manifest
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    from tests.doubles.sts import StorageTransferDouble
+    from tests.helpers import settings_for
+    from tests.test_native_sts import fill
+    files = {f"f{i:02d}": os.urandom(MiB) for i in range(20)}
+    src, dst = f"s3://{unique_name()}/", f"gs://{unique_name()}/"
+    moto.create_bucket(parse(src).bucket)
+    fake_gcs.create_bucket(parse(dst).bucket)
+    with FaultProxy(fake_gcs.endpoint) as proxy, \
+            StorageTransferDouble(gcs_endpoint=proxy.endpoint, s3_endpoint=moto.endpoint, delay=0.5) as double:
+        service.env.update(MCBRIDGE_STS_ENDPOINT=double.endpoint, MCBRIDGE_POLL_INTERVAL="0.05")
+        settings = settings_for(service.env)
+        fill(src, settings, files)
+        service.worker("w1").wait_ready()
+        job_id = service.submit("cp", src, dst, "--route", "sts")
+        deadline = time.monotonic() + 60
+        while not any(run.objects_copied >= 6 for _meta, run in double.operations.values()):
+            assert time.monotonic() < deadline, "the operation did not get to 30%"
+            time.sleep(0.02)
+
+        r = service.cli("jobs", "cancel", job_id)
+        assert r.returncode == 0 and "workers stopped" in r.stdout, r.stdout + r.stderr
+        at_return = proxy.counts["bytes_up"]
+        ((_meta, remote),) = double.operations.values()
+        assert len(double.server.calls(":cancel")) == 1, "the operation was not cancelled before the return"
+        assert remote.finished.is_set() and remote.state == "cancelled"
+        time.sleep(1)
+        after = proxy.counts["bytes_up"] - at_return
+        print(f"sts: {remote.objects_copied} of 20 objects copied; {after} bytes at the proxy after the cancel "
+              f"returned")
+        assert after < 2 * MiB, after
+        assert remote.objects_copied < 20
+        assert all(j["status"] == "DELETED" for j in double.jobs.values())   # nothing left at the service
+        assert service.jobs.get(job_id).state == "cancelled"
+        assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None   # nothing committed
