@@ -323,7 +323,8 @@ class Service:
         record = self.jobs.get(job_id)
         if record is None or record.state not in ("queued", "planning", "running"):
             if record is not None and record.state == "cancelled" and not record.plan_key:
-                self._charge(record, spec, "cancelled")   # cancelled before it was planned: nothing ran
+                # cancelled before it was planned: nothing ran
+                self._charge(record, JobSpec.model_validate(record.spec), "cancelled")
             return {"skipped": record.state if record else "no such job"}
         first = record.state == "queued"
         record, who, refused = self._admitted(job_id, lease.ref.id, first=True)
