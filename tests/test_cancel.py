@@ -22,7 +22,7 @@ import time
 import pytest
 
 from tests.emulators import unique_name
-from tests.faultproxy import FaultProxy, proxied_environment
+from tests.faultproxy import FaultProxy, Rule, proxied_environment
 from tests.test_workers_service import service  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.timeout(300)
@@ -108,6 +108,10 @@ def test_cancel_at_30_percent_of_a_200_mib_copy_stops_the_bytes(scheme, service,
             assert time.monotonic() < deadline and record.state in ("queued", "planning", "running"), record
             time.sleep(0.05)
 
+        # The first three deletes (the aborts of the upload, or of its part objects or staged
+        # blocks) are refused 503 and sent again after a backoff: the aborts take seconds, and
+        # the cancel must still return only once they are done.
+        proxy.rules = [Rule(r"^DELETE ", "error", times=3)]
         asked = time.time()
         r = service.cli("jobs", "cancel", job_id)
         assert r.returncode == 0 and "workers stopped" in r.stdout, r.stdout + r.stderr
