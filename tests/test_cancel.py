@@ -327,3 +327,23 @@ def test_cancel_at_30_percent_of_a_storage_transfer_job_cancels_the_operation(se
         assert all(j["status"] == "DELETED" for j in double.jobs.values())   # nothing left at the service
         assert service.jobs.get(job_id).state == "cancelled"
         assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None   # nothing committed
+
+
+def test_a_job_cancelled_while_queued_is_dropped_by_its_plan_task(service, make_root, tmp_path):  # noqa: F811
+    """Cancelled before any worker took it: ``jobs cancel`` returns at once (nothing ran), and the
+    plan task a worker takes later drops it without an error; a job submitted after it (taken
+    after it from the same queue) runs, so the plan task has run by then."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"x")
+    dst = make_root("s3")
+    job_id = service.submit("cp", f"{src}/", dst + "a/")
+    r = service.cli("jobs", "cancel", job_id)
+    assert r.returncode == 0 and "workers stopped" in r.stdout, r.stdout + r.stderr
+    later = service.submit("cp", f"{src}/", dst + "b/")
+    worker = service.worker("w1", threads=1)
+    worker.wait_ready()
+    assert service.wait(later).state == "succeeded"
+    assert service.jobs.get(job_id).state == "cancelled"
+    log = worker.log_tail(400)
+    assert "Traceback" not in log and "ERROR/" not in log, log   # no task failed
