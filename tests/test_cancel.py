@@ -22,7 +22,7 @@ import time
 import pytest
 
 from tests.emulators import unique_name
-from tests.faultproxy import FaultProxy, proxied_environment
+from tests.faultproxy import FaultProxy, Rule, proxied_environment
 from tests.test_workers_service import service  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.timeout(300)
@@ -108,16 +108,19 @@ def test_cancel_at_30_percent_of_a_200_mib_copy_stops_the_bytes(scheme, service,
             assert time.monotonic() < deadline and record.state in ("queued", "planning", "running"), record
             time.sleep(0.05)
 
+        # The first three deletes (the aborts of the upload, or of its part objects or staged
+        # blocks) are refused 503 and sent again after a backoff: the aborts take seconds, and
+        # the cancel must still return only once they are done.
+        proxy.rules = [Rule(r"^DELETE ", "error", times=3)]
         asked = time.time()
         r = service.cli("jobs", "cancel", job_id)
         assert r.returncode == 0 and "workers stopped" in r.stdout, r.stdout + r.stderr
         at_return = proxy.counts["bytes_up"] + proxy.counts["bytes_down"]
         returned = time.monotonic()
-        # The uploads are aborted once the last task has stopped (the same moment the cancel
-        # returns): looked for until they are gone, then as long as a part in flight would take.
-        while _left_at(scheme, emulator, bucket) != ([], []) and time.monotonic() < returned + 30:
-            time.sleep(0.2)
-        time.sleep(max(0.0, returned + 3 - time.monotonic()))
+        # The record ends once the last task has stopped and its uploads are aborted, and the
+        # cancel returns on that: nothing is left by then.
+        assert _left_at(scheme, emulator, bucket) == ([], []), "left when the cancel returned"
+        time.sleep(max(0.0, returned + 3 - time.monotonic()))   # as long as a part in flight would take
         after = proxy.counts["bytes_up"] + proxy.counts["bytes_down"] - at_return
         print(f"{scheme}: cancel at {done / MiB:.0f} MiB done; {after} bytes at the proxy after the cancel "
               f"returned; {proxy.counts['bytes_up'] / MiB:.0f} MiB sent in all")
@@ -177,3 +180,170 @@ def test_cancel_at_30_percent_of_a_datasync_job_stops_the_remote_execution(servi
         assert double.tasks == {} and double.locations == {}   # nothing left at the service
         assert service.jobs.get(job_id).state == "cancelled"
         assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None   # nothing committed
+
+
+# -- routes whose bytes never pass through bridge ------------------------------------------------
+# A worker's task runs its route inside ``stopping(cancelled)`` (workers/executor.py), and the
+# cancel watcher sets that event: these tests run the route in-process inside ``stopping`` of an
+# event that reads as set once the store has taken ``k`` of the copy's pieces, so the cancel lands
+# at the same point of the copy every run, whatever the machine's speed. Then: no piece is asked
+# for after the first ``concurrency`` (those in flight when the cancel was seen), no request at
+# all once the copy has returned, the upload is aborted, and nothing is committed.
+
+class CancelledOnceSeen:
+    """A cancel event that reads as set once ``seen()`` (a count at the store) reaches ``n``."""
+
+    def __init__(self, seen, n: int):
+        self.seen, self.n = seen, n
+
+    def is_set(self) -> bool:
+        return self.seen() >= self.n
+
+
+def _lines(proxy: FaultProxy, pattern: str) -> int:
+    import re
+    return sum(1 for line, _ in list(proxy.log) if re.search(pattern, line))
+
+
+def test_a_server_side_copy_in_parts_stops_between_parts_and_aborts(moto, emulator_env, tmp_path, monkeypatch):
+    """S3 UploadPartCopy: a 60 MiB object in twelve 5 MiB parts copied two at a time, cancelled
+    once the third part was asked for. moto keeps objects in memory, so S3's 5 GiB CopyObject
+    limit is lowered to 5 MiB instead of copying 5 GiB (as tests/test_routes.py does): the parts
+    are S3's smallest, the most a copy can have for its size. At most the part in flight on the
+    other thread may still be asked for after the cancel is seen; twelve would be, without it."""
+    import dataclasses
+    from bridge import ops
+    from bridge.errors import BridgeError
+    from bridge.manifest import read as read_manifest
+    from bridge.retry import stopping
+    from bridge.stores import get_store
+    from bridge.stores.s3 import S3Store
+    from bridge.urls import parse
+    from tests.helpers import settings_for
+    src, dst = f"s3://{unique_name()}/", f"s3://{unique_name()}/"
+    moto.create_bucket(parse(src).bucket)
+    moto.create_bucket(parse(dst).bucket)
+    with FaultProxy(moto.endpoint) as proxy:
+        settings = settings_for(proxied_environment(emulator_env, {"s3": proxy}), concurrency=2)
+        (tmp_path / "model.bin").write_bytes(os.urandom(60 * MiB))
+        ops.copy(str(tmp_path / "model.bin"), src, settings, state_dir=tmp_path / "s1")
+        monkeypatch.setattr(S3Store, "features", dataclasses.replace(S3Store.features, max_copy_size=5 * MiB))
+        proxy.configure()
+        part = r"^PUT /[^?]+\?(?=.*partNumber=)(?=.*uploadId=)"
+        cancel = CancelledOnceSeen(lambda: _lines(proxy, part), 3)
+        with stopping(cancel), pytest.raises(BridgeError, match="cancelled"):   # the unit's error, in-process
+            ops.copy(src, dst, settings, route="server", state_dir=tmp_path / "s2")
+        at_return = proxy.counts["requests"]
+        time.sleep(1)
+        asked = _lines(proxy, part)
+        print(f"server: {asked} of 12 parts asked for; {proxy.counts['requests'] - at_return} requests after the "
+              f"cancel returned")
+        assert 3 <= asked <= 4, proxy.log
+        assert proxy.counts["requests"] == at_return, proxy.log[at_return:]
+        assert _lines(proxy, r"^DELETE /[^?]+\?.*uploadId=") == 1, proxy.log   # the upload was aborted
+        assert _left_at("s3", moto, parse(dst).bucket) == ([], [])             # no object, manifest or upload
+        assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None
+
+
+def test_a_copy_from_url_stops_between_blocks_and_drops_the_staged_ones(moto, azurite, azure_from_url, emulator_env,
+                                                                        tmp_path):
+    """Azure Put Block From URL (the double in front of Azurite): a 48 MiB S3 object in twelve
+    4 MiB blocks pulled two at a time, cancelled once the third block was asked for. The blocks
+    Azure staged are dropped (the blob, holding only uncommitted blocks, is deleted) and no
+    block list is put; at most the block in flight on the other thread may still be asked for."""
+    from bridge import ops
+    from bridge.errors import BridgeError
+    from bridge.manifest import read as read_manifest
+    from bridge.retry import stopping
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    from tests.helpers import settings_for
+    src, dst = f"s3://{unique_name()}/", f"az://{unique_name()}/"
+    moto.create_bucket(parse(src).bucket)
+    azurite.create_bucket(parse(dst).bucket)
+    with FaultProxy(azure_from_url.endpoint.rsplit("/", 1)[0]) as proxy:
+        settings = settings_for(proxied_environment(emulator_env, {"az": proxy}), concurrency=2,
+                                chunk_size=4 * MiB)
+        (tmp_path / "model.bin").write_bytes(os.urandom(48 * MiB))
+        ops.copy(str(tmp_path / "model.bin"), src, settings, state_dir=tmp_path / "s1")
+        proxy.configure()
+        block = r"^PUT /[^?]+\?(?=.*comp=block(&|$))"
+        cancel = CancelledOnceSeen(lambda: _lines(proxy, block), 3)
+        with stopping(cancel), pytest.raises(BridgeError, match="cancelled"):   # the unit's error, in-process
+            ops.copy(src, dst, settings, route="from-url", state_dir=tmp_path / "s2")
+        at_return = proxy.counts["requests"]
+        time.sleep(1)
+        asked = _lines(proxy, block)
+        print(f"from-url: {asked} of 12 blocks asked for; {proxy.counts['requests'] - at_return} requests after "
+              f"the cancel returned")
+        assert 3 <= asked <= 4, proxy.log
+        assert proxy.counts["requests"] == at_return, proxy.log[at_return:]
+        assert _lines(proxy, r"^PUT /[^?]+\?.*comp=blocklist") == 0, proxy.log   # nothing committed
+        assert _lines(proxy, r"^DELETE /[^?]+model\.bin$") == 1, proxy.log       # the staged blocks dropped
+        assert _left_at("az", azurite, parse(dst).bucket) == ([], [])   # no blob, no staged block, no manifest
+        assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None
+
+
+def test_cancel_at_30_percent_of_a_storage_transfer_job_cancels_the_operation(service, moto, fake_gcs, tmp_path):  # noqa: F811
+    """The sts route on the service: Storage Transfer's double writes fake-gcs-server through the
+    counting proxy, one object at a time (twenty 1 MiB objects, half a second apart, so 30% is
+    reached in seconds and the cancel lands with fourteen to go). ``jobs cancel`` returns once the
+    worker has cancelled the operation at the service and seen it stop: by then at most the
+    object in flight may still arrive, the transfer job is deleted, and no manifest is written."""
+    from bridge.manifest import read as read_manifest
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    from tests.doubles.sts import StorageTransferDouble
+    from tests.helpers import settings_for
+    from tests.test_native_sts import fill
+    files = {f"f{i:02d}": os.urandom(MiB) for i in range(20)}
+    src, dst = f"s3://{unique_name()}/", f"gs://{unique_name()}/"
+    moto.create_bucket(parse(src).bucket)
+    fake_gcs.create_bucket(parse(dst).bucket)
+    with FaultProxy(fake_gcs.endpoint) as proxy, \
+            StorageTransferDouble(gcs_endpoint=proxy.endpoint, s3_endpoint=moto.endpoint, delay=0.5) as double:
+        service.env.update(MCBRIDGE_STS_ENDPOINT=double.endpoint, MCBRIDGE_POLL_INTERVAL="0.05")
+        settings = settings_for(service.env)
+        fill(src, settings, files)
+        service.worker("w1").wait_ready()
+        job_id = service.submit("cp", src, dst, "--route", "sts")
+        deadline = time.monotonic() + 60
+        while not any(run.objects_copied >= 6 for _meta, run in double.operations.values()):
+            assert time.monotonic() < deadline, "the operation did not get to 30%"
+            time.sleep(0.02)
+
+        r = service.cli("jobs", "cancel", job_id)
+        assert r.returncode == 0 and "workers stopped" in r.stdout, r.stdout + r.stderr
+        at_return = proxy.counts["bytes_up"]
+        ((_meta, remote),) = double.operations.values()
+        assert len(double.server.calls(":cancel")) == 1, "the operation was not cancelled before the return"
+        assert remote.finished.is_set() and remote.state == "cancelled"
+        time.sleep(1)
+        after = proxy.counts["bytes_up"] - at_return
+        print(f"sts: {remote.objects_copied} of 20 objects copied; {after} bytes at the proxy after the cancel "
+              f"returned")
+        assert after < 2 * MiB, after
+        assert remote.objects_copied < 20
+        assert all(j["status"] == "DELETED" for j in double.jobs.values())   # nothing left at the service
+        assert service.jobs.get(job_id).state == "cancelled"
+        assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None   # nothing committed
+
+
+def test_a_job_cancelled_while_queued_is_dropped_by_its_plan_task(service, make_root, tmp_path):  # noqa: F811
+    """Cancelled before any worker took it: ``jobs cancel`` returns at once (nothing ran), and the
+    plan task a worker takes later drops it without an error; a job submitted after it (taken
+    after it from the same queue) runs, so the plan task has run by then."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"x")
+    dst = make_root("s3")
+    job_id = service.submit("cp", f"{src}/", dst + "a/")
+    r = service.cli("jobs", "cancel", job_id)
+    assert r.returncode == 0 and "workers stopped" in r.stdout, r.stdout + r.stderr
+    later = service.submit("cp", f"{src}/", dst + "b/")
+    worker = service.worker("w1", threads=1)
+    worker.wait_ready()
+    assert service.wait(later).state == "succeeded"
+    assert service.jobs.get(job_id).state == "cancelled"
+    log = worker.log_tail(400)
+    assert "Traceback" not in log and "ERROR/" not in log, log   # no task failed

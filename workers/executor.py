@@ -331,7 +331,8 @@ class Service:
         record = self.jobs.get(job_id)
         if record is None or record.state not in ("queued", "planning", "running"):
             if record is not None and record.state == "cancelled" and not record.plan_key:
-                self._charge(record, JobSpec.model_validate(record.spec), "cancelled")   # cancelled before it was planned: nothing ran
+                # cancelled before it was planned: nothing ran
+                self._charge(record, JobSpec.model_validate(record.spec), "cancelled")
             return {"skipped": record.state if record else "no such job"}
         first = record.state == "queued"
         record, who, refused = self._admitted(job_id, lease.ref.id, first=True)
@@ -674,19 +675,23 @@ class Service:
             self.gate.audit.record("refused", job=record.id, tenant=record.tenant, task=task, reason=str(exc))
             return {"refused": str(exc)}
         self._charge(record, spec, "cancelled")
-        self.r.hsetnx(self.keys.job(record.id), "finished", time.time())   # its last task has stopped
-        if not record.plan_key or header is None:
-            return {"cancelled": True}
-        journal = self.journal(record.plan_key)
         try:
-            for store, loc, upload_id in self.kind(spec).leftovers(header, self.settings_for(spec), journal):
-                try:
-                    store.abort_upload(loc, upload_id)
-                except BridgeError as exc:
-                    log.info("job %s: upload to %s not aborted: %s", record.id, loc, exc)
+            if not record.plan_key or header is None:
+                return {"cancelled": True}
+            journal = self.journal(record.plan_key)
+            try:
+                for store, loc, upload_id in self.kind(spec).leftovers(header, self.settings_for(spec), journal):
+                    try:
+                        store.abort_upload(loc, upload_id)
+                    except BridgeError as exc:
+                        log.info("job %s: upload to %s not aborted: %s", record.id, loc, exc)
+            finally:
+                journal.clear()
+            return {"cancelled": True}
         finally:
-            journal.clear()
-        return {"cancelled": True}
+            # The end: its last task has stopped and its uploads are aborted (`jobs cancel`
+            # returns on this, so nothing of the job is left at the destination by then).
+            self.r.hsetnx(self.keys.job(record.id), "finished", time.time())
 
     def _end(self, job_id: str, state: str, errors: list[str] | None = None) -> None:
         if errors:

@@ -96,8 +96,10 @@ class FromUrlRoute(Route):
 
 
 def _abort(ctx: JobContext, loc: Location, upload_id: str) -> None:
+    from bridge.retry import stopping
     try:
-        ctx.dst.abort_upload(loc, upload_id)
+        with stopping(None):   # a cancelled copy's clean-up is sent after the cancel
+            ctx.dst.abort_upload(loc, upload_id)
     except BridgeError:
         pass   # left for `mcbridge uploads --abort`; the failure that brought us here is the one to report
 

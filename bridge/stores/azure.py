@@ -648,7 +648,8 @@ class AzureStore(DirectReads, Store):
         """
         blob = self._blob(loc)
         sdk = _sdk()
-        with _translate(loc, self.endpoint):
+
+        def attempt() -> None:   # each step finds what an earlier attempt did: sent again on a 503
             try:
                 committed, uncommitted = blob.get_block_list("all")
             except sdk.errors.ResourceNotFoundError:
@@ -672,6 +673,8 @@ class AzureStore(DirectReads, Store):
                 blob.stage_block(block_id, data, length=len(data), validate_content=self._validate)
                 blob.commit_block_list([sdk.BlobBlock(block_id=block_id)], metadata=props.metadata,
                                        content_settings=props.content_settings, **same)
+
+        self._request(loc, attempt)
 
     def list_uploads(self, prefix: Location) -> Iterator[tuple[Location, str]]:
         """Blobs under ``prefix`` holding uncommitted blocks of bridge's block-id form, one row per

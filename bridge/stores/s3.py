@@ -448,7 +448,9 @@ class S3Store(Store):
                 self._call(dst, "complete_multipart_upload", Bucket=dst.bucket, Key=dst.key, UploadId=upload_id,
                            MultipartUpload=body)
         except BaseException:
-            self.abort_upload(dst, upload_id)
+            from bridge.retry import stopping
+            with stopping(None):   # the clean-up of a cancelled copy is sent after the cancel
+                self.abort_upload(dst, upload_id)
             raise
         return self.info(dst)
 
