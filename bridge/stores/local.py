@@ -127,12 +127,9 @@ def _sorted_files(folder: str) -> Iterator[ObjectInfo]:
             except (FileNotFoundError, NotADirectoryError, PermissionError):
                 continue   # gone or closed since it was listed, as os.walk skips it
         elif PARTIAL not in key and TEMPORARY not in key and entry.is_file():
-            try:
-                st = entry.stat()
-            except FileNotFoundError:
-                continue
-            yield ObjectInfo(Location("file", "", entry.path.lstrip("/")), st.st_size, identity=_identity(st),
-                             modified=st.st_mtime)
+            info = _entry_info(entry)
+            if info is not None:
+                yield info
 
 
 def _is_folder(entry: os.DirEntry) -> bool:
@@ -172,12 +169,9 @@ class LocalStore(Store):
             if _is_folder(entry):
                 yield Location("file", "", entry.path.lstrip("/") + "/")
             elif PARTIAL not in entry.name and TEMPORARY not in entry.name and entry.is_file():
-                try:
-                    st = entry.stat()
-                except FileNotFoundError:
-                    continue
-                yield ObjectInfo(Location("file", "", entry.path.lstrip("/")), st.st_size, identity=_identity(st),
-                                 modified=st.st_mtime)
+                info = _entry_info(entry)
+                if info is not None:
+                    yield info
 
     def info(self, loc: Location) -> ObjectInfo:
         with _translate(loc):
@@ -572,6 +566,16 @@ def _syncfs(folder: str) -> None:
             raise OSError(err, os.strerror(err), folder)
     finally:
         os.close(fd)
+
+
+def _entry_info(entry: os.DirEntry) -> ObjectInfo | None:
+    """A listed file's info; None when it is gone since the folder was read."""
+    try:
+        st = entry.stat()
+    except FileNotFoundError:
+        return None
+    return ObjectInfo(Location("file", "", entry.path.lstrip("/")), st.st_size, identity=_identity(st),
+                      modified=st.st_mtime)
 
 
 def _identity(st: os.stat_result) -> dict[str, str]:
