@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.hashing import sha256_tree
 from bridge.urls import parse
 from tests.emulators import free_port
 from tests.helpers import record
@@ -188,7 +189,12 @@ def test_a_job_of_100_mb_and_300_small_files_between_two_emulators(service, emul
     assert set(parts.values()) == {1}, "a part was sent twice: a slow task ran twice"
     assert whole == Counter(smalls.keys()), "a small file was sent twice"
     manifest = record(f"s3://{bucket}/", service.env)
-    assert {e["path"]: e["sha256"] for e in manifest["files"]} == expected
+    # A file sent in one request has its whole SHA-256; one sent in parts, its parts' SHA-256s and
+    # their tree digest (README: Digests), each part hashed by the task that sent it.
+    digests = {e["path"]: e["sha256"] or e["sha256_tree"] for e in manifest["files"]}
+    part = 8 * MiB
+    assert digests == {**expected, "ckpt/model.bin": sha256_tree(
+        [hashlib.sha256(big[i:i + part]).hexdigest() for i in range(0, len(big), part)], part)}
     # finalize on a worker records what S3 answered at commit, as the in-process copy does
     assert all(e["identity"].get("etag") and e["reported"].get("crc32c") == e["crc32c"]
                for e in manifest["files"])
@@ -459,8 +465,8 @@ def test_replicate_without_delete_or_verify_none_records_a_sync_but_proves_nothi
 def test_the_parts_of_a_large_file_run_as_separate_tasks_and_commit_once(service, emulator_for, make_root, tmp_path):
     """A file bigger than BRIDGE_FILE_TASK_BYTES goes out as several tasks (runs of its parts)
     that any worker may take; the job's finalize completes it. Each part is sent once, and the
-    manifest holds a SHA-256 per part (the whole file's only where bridge can read it back free:
-    a local destination)."""
+    manifest holds a SHA-256 per part and their tree digest (the default digest, README:
+    Digests), to S3 and to a local destination alike."""
     moto = emulator_for("s3")
     src = tmp_path / "src"
     hashes = write_tree(src, {"ckpt/model.bin": 42 * MiB + 5}, small=3)
@@ -489,11 +495,12 @@ def test_the_parts_of_a_large_file_run_as_separate_tasks_and_commit_once(service
     per_part = [hashlib.sha256(data[i:i + part]).hexdigest() for i in range(0, len(data), part)]
     remote = record(f"s3://{bucket}/", service.env)
     entry = next(e for e in remote["files"] if e["path"] == "ckpt/model.bin")
-    assert entry["part_sha256"] == per_part and entry["sha256"] == "" and "part_sha256" in entry["note"]
+    assert entry["part_sha256"] == per_part and entry["sha256"] == "" and \
+        entry["sha256_tree"] == sha256_tree(per_part, part)
     assert (local / "ckpt/model.bin").read_bytes() == data
     entry = next(e for e in record(f"{local}/", service.env)["files"]
                  if e["path"] == "ckpt/model.bin")
-    assert entry["part_sha256"] == per_part and entry["sha256"] == hashes["ckpt/model.bin"]
+    assert entry["part_sha256"] == per_part and entry["sha256_tree"] == sha256_tree(per_part, part)
 
 
 def test_a_same_account_job_on_workers_runs_by_server_and_says_so(service, make_root, tmp_path):
