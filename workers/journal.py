@@ -6,12 +6,14 @@ the commit reads them in key order a page at a time, streaming, however many fil
 without sorting them in memory. The journal is keyed by the plan's key, like the in-process one:
 submitting a failed job again finds what the first run finished.
 
-Writes of finished files and parts (``file:``, ``part:``) are buffered and sent together, at most
+Writes of finished files (``file:``) are buffered and sent together, at most
 ``FLUSH_RECORDS`` records or ``FLUSH_SECONDS`` after the first of them, and at ``flush()`` (the
 end of every task, before it reports itself done): one round trip per hundreds of files instead of
 one per file. A worker killed before a flush loses only the records of its last moment: the
 re-run finds those files unjournaled and sends them again, as it would had the kill come a moment
-earlier. An upload's id is written at once (its parts must be able to find it).
+earlier. An upload's id is written at once (its parts must be able to find it), and so is each
+finished part: a part is MiBs against one round trip, and a worker killed inside a big file must
+cost only the parts in flight.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 PAGE = 1000   # values read per HMGET by items()
-BUFFERED = ("file", "part")
+BUFFERED = ("file",)
 ORDERED = "file"
 FLUSH_RECORDS = 512
 FLUSH_SECONDS = 1.0
