@@ -8,7 +8,9 @@ clouds copied, whose entry holds only what the stores reported): a file copied i
 part by part in parallel and checked by its part SHA-256s, their ``sha256-tree`` and the CRC32C
 combined from the parts; its plain whole-file SHA-256, one stream that cannot be split, only when
 asked (``verify --deep --sha256``) or when the entry has no part SHA-256s.
-Where the store reports no CRC32C (an object rewritten with its same bytes by a plain PUT, or one
+An object store's object whose listing shows the version committed (its ETag, generation or
+version id as recorded, for an entry holding what the store reported then) needs no request at
+all. Where the store reports no CRC32C (an object committed with ``--store-checksums skip``, or one
 adopted from another tool's copy), another checksum recorded at commit (``reported``: an S3
 one-request ETag's MD5, GCS md5, Azure Content-MD5) is compared, or else the object is re-read and
 hashed: listed as ``rehashed`` when equal, never passed on trust.
@@ -177,8 +179,9 @@ def _bytes_differ(store: Store, info: ObjectInfo, entry: FileEntry, sha256: bool
     bad = [n for n, (got, want) in enumerate(zip(part_sha, entry.part_sha256), 1) if got != want]
     if bad:
         return f"SHA-256 of part {bad[0]} differs from the manifest"
-    if entry.sha256_tree and sha256_tree(part_sha, entry.part_size) != entry.sha256_tree:
-        return f"{TREE} {sha256_tree(part_sha, entry.part_size)}, manifest says {entry.sha256_tree}"
+    tree = sha256_tree(part_sha, entry.part_size) if entry.sha256_tree else None
+    if tree is not None and tree != entry.sha256_tree:
+        return f"{TREE} {tree}, manifest says {entry.sha256_tree}"
     return None
 
 
