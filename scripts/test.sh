@@ -6,7 +6,8 @@
 #                         (again when pyproject.toml is newer than .venv/.bridge-installed)
 #   tests/node            npm ci: Azurite, the Azure Blob emulator (again when its lock changes)
 #   redis-server          Debian's package, used when no Redis answers on 127.0.0.1:6379
-# moto and fake-gcs-server come with the Python extras. Set PYTHON to pick the interpreter.
+# moto and fake-gcs-server come with the Python extras. Set PYTHON to pick the interpreter, and
+# MCBRIDGE_TEST_PROCESSES the number of pytest processes (4; 1 for none besides this one).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -70,5 +71,16 @@ else
     step "warning: no redis-server; tests needing Redis fail unless one answers on 127.0.0.1:6379"
 fi
 
-step "pytest $*"
-exec "$venv/bin/python" -m pytest "$@"
+# No test may reach past this machine: cloud SDKs' instance-metadata probes stay off unless a
+# test turns one on against its own loopback double.
+export AWS_EC2_METADATA_DISABLED=${AWS_EC2_METADATA_DISABLED:-true} NO_GCE_CHECK=${NO_GCE_CHECK:-true}
+
+# Most of the suite waits on subprocesses, emulators and workers rather than on the CPU: it runs in
+# MCBRIDGE_TEST_PROCESSES pytest processes (pytest-xdist; each starts the emulators it needs on
+# ports of its own). 1 runs it in this process; a -n in the arguments wins.
+processes=${MCBRIDGE_TEST_PROCESSES:-4}
+spread=()
+[ "$processes" -gt 1 ] && spread=(-n "$processes")
+
+step "pytest ${spread[*]} $*"
+exec "$venv/bin/python" -m pytest "${spread[@]}" "$@"

@@ -15,6 +15,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -306,6 +307,16 @@ def test_a_bad_service_policy_is_named_by_line_and_field(tmp_path):
     assert "team-a: read s3://okay/x/; write -; local hpc: read - write /lustre/a/" in r.stdout
 
 
+def _own_network_namespace() -> list[str]:
+    """The command prefix that runs a program in a new network namespace (root's ``unshare -n``,
+    or an unprivileged user namespace's ``unshare -rn``); the test is skipped where neither works."""
+    unshare = shutil.which("unshare")
+    for prefix in ([unshare, "-n"], [unshare, "-rn"]) if unshare else ():
+        if subprocess.run([*prefix, "true"], capture_output=True).returncode == 0:
+            return prefix
+    pytest.skip("no network namespace can be made here (unshare -n / -rn)")
+
+
 def test_a_worker_warns_of_a_broker_without_a_password_off_this_machine(tmp_path):
     from bridge.workers.commands import broker_warning
     assert broker_warning("redis://10.1.2.3:6379/0")
@@ -313,8 +324,12 @@ def test_a_worker_warns_of_a_broker_without_a_password_off_this_machine(tmp_path
     for quiet in ("redis://127.0.0.1:6379/0", "redis://localhost/0", "redis://[::1]:6379/0",
                   "redis://:pw@10.1.2.3:6379/0", "rediss://:pw@redis:6380/0", "unix:///run/redis.sock"):
         assert broker_warning(quiet) is None, quiet
+    # The worker runs in a network namespace of its own, where no address but a loopback that is
+    # down exists: its connection to the broker fails at once and nothing leaves this machine.
+    isolate = _own_network_namespace()
     env = {**os.environ, "BRIDGE_BROKER_URL": "redis://192.0.2.1:6379/0", "XDG_CONFIG_HOME": str(tmp_path)}
-    r = subprocess.run([sys.executable, "-m", "bridge", "worker"], env=env, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*isolate, sys.executable, "-m", "bridge", "worker"], env=env, capture_output=True, text=True,
+                       timeout=60)
     assert r.returncode != 0   # nothing answers there
     assert "warning: the broker redis://192.0.2.1:6379/0 has no password and is not on this machine" in r.stderr
     assert "refuses every job" in r.stderr
