@@ -5,6 +5,9 @@
 
 Cases, on each store:
   big-down    one big object, store -> local        (peer on S3: s5cmd and rclone; else rclone)
+  big-down-bridge  the same object written by bridge (a committed prefix), store -> local: bridge
+              checks it against its record (the part digests carried, no recomputed SHA-256)
+  big-up      the big file, local -> store
   small-up    N x 16 KiB loose files, local -> store
   small-down  the same N objects, store -> local
 Stores: S3 = ``rclone serve s3`` (fast, Go), GCS = fake-gcs-server, Azure = Azurite. Method as in
@@ -76,7 +79,7 @@ def load() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stores", default="s3,gcs,azure")
-    ap.add_argument("--cases", default="big-down,small-up,small-down")
+    ap.add_argument("--cases", default="big-down,big-down-bridge,big-up,small-up,small-down")
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3)
@@ -104,7 +107,8 @@ def main() -> None:
         for package in ("bridge", "policies", "workers"):
             if (tree / package).is_dir():
                 compileall.compile_dir(str(tree / package), quiet=1)
-    sizes = {"big-down": big.stat().st_size, "small-up": args.files * 16 * 1024,
+    sizes = {"big-down": big.stat().st_size, "big-down-bridge": big.stat().st_size, "big-up": big.stat().st_size,
+             "small-up": args.files * 16 * 1024,
              "small-down": args.files * 16 * 1024}
     extra = args.bridge_args.split()
     rows: list[dict] = []
@@ -130,19 +134,34 @@ def main() -> None:
             # The objects to download, put there by rclone (not timed).
             _run_once([rclone, "copy", str(big), f"{remote}bench/seed-big/"], env, log)
             _run_once([rclone, "copy", str(small), f"{remote}bench/seed-small/", "--transfers", "16"], env, log)
+            # rclone serve s3 keeps no S3 checksums: bridge relies on its per-part ones there
+            keep = ["--store-checksums", "skip"] if store == "s3" else []
+            if "big-down-bridge" in cases:   # a prefix bridge wrote and committed (not timed)
+                _run_once([str(BIN / "mcbridge"), "cp", str(big), f"{scheme}bench/seed-big-bridge/", "-q", *keep],
+                          env, log)
             # Outputs of the small cases stay until the bench ends: ext4 scans past inodes freed in
             # the last minutes when it allocates new ones (recently_deleted() in a kernel profile), so
             # deleting 2,000-file trees between runs made every later run slower, by up to 2x.
             out = work / f"out-{store}"
             for case in cases:
                 tools: dict[str, list[str]] = {}
-                if case == "big-down":
-                    tools["bridge"] = [str(BIN / "mcbridge"), "cp", f"{scheme}bench/seed-big/{big.name}",
+                if case in ("big-down", "big-down-bridge"):
+                    seed = "seed-big" if case == "big-down" else "seed-big-bridge"
+                    # from the bridge-written prefix bridge copies the prefix: its record proves the bytes
+                    source = f"bench/{seed}/{big.name}" if case == "big-down" else f"bench/{seed}/"
+                    tools["bridge"] = [str(BIN / "mcbridge"), "cp", f"{scheme}{source}",
                                        f"{out}/{{run}}/bridge/", "-q", *extra]
-                    tools["rclone"] = [rclone, "copy", f"{remote}bench/seed-big/{big.name}", f"{out}/{{run}}/rclone/"]
+                    tools["rclone"] = [rclone, "copy", f"{remote}bench/{seed}/{big.name}", f"{out}/{{run}}/rclone/"]
                     if store == "s3":
                         tools["s5cmd"] = [s5cmd, "--endpoint-url", server.endpoint, "cp",
-                                          f"s3://bench/seed-big/{big.name}", f"{out}/{{run}}/s5cmd/"]
+                                          f"s3://bench/{seed}/{big.name}", f"{out}/{{run}}/s5cmd/"]
+                elif case == "big-up":
+                    tools["bridge"] = [str(BIN / "mcbridge"), "cp", str(big), f"{scheme}bench/up-bridge-{{run}}/",
+                                       "-q", *keep, *extra]
+                    tools["rclone"] = [rclone, "copy", str(big), f"{remote}bench/up-rclone-{{run}}/"]
+                    if store == "s3":
+                        tools["s5cmd"] = [s5cmd, "--endpoint-url", server.endpoint, "cp", str(big),
+                                          "s3://bench/up-s5cmd-{run}/"]
                 elif case == "small-down":
                     tools["bridge"] = [str(BIN / "mcbridge"), "cp", f"{scheme}bench/seed-small/",
                                        f"{out}/{{run}}/bridge/", "-q", *extra]
@@ -178,7 +197,7 @@ def main() -> None:
                         t, peak = _run_once(run, before_env if tool == "before" else env, log)
                         if args.verbose:
                             print(f"  {store} {case} run {i} {tool:<7} {t:6.2f}s", flush=True)
-                        if case == "small-up":
+                        if case in ("small-up", "big-up"):
                             # Gone again before the next run (not timed): fake-gcs-server and
                             # Azurite slow down as they fill up (2,000 uploads to fake-gcs-server:
                             # 9 s into a fresh one, 43 s with 10,000 objects in it), which made
@@ -188,7 +207,7 @@ def main() -> None:
                         times.setdefault(tool, []).append(t)
                         old = best.get(tool)
                         best[tool] = (min(t, old[0]) if old else t, max(peak, old[1]) if old else peak)
-                    if case == "big-down":
+                    if case.startswith("big-down"):
                         shutil.rmtree(out, ignore_errors=True)
                 peer = min((t for t in best if t not in ("bridge", "before")), key=lambda t: best[t][0])
                 row = {"store": store, "case": case, "load": load(), "best_peer": peer,
