@@ -1,0 +1,226 @@
+"""Issue 21's client choice: bridge's S3 request path against awscrt's S3 client and obstore.
+
+    python -m bench.bench_clients [--size-mib 1024] [--files 2000] [--repeat 3]
+
+The same requests through each client library, in a process of its own per run, against one
+``rclone serve s3`` on loopback (plain HTTP, static keys, path-style), so that what differs is
+the request path and nothing else (no manifest, no journal, no hashing beyond what the client
+sends by default):
+
+  big-down    one object of --size-mib MiB to a local file: bridge reads 8 MiB ranges, 8 at a
+              time, each written to its place (os.pwrite); awscrt splits the GET itself
+              (part_size 8 MiB) and writes the file (recv_filepath); obstore streams one GET
+              (its ranged reads refuse rclone serve s3's answers as not partial)
+  small-up    --files objects of 16 KiB PUT, 64 at a time
+  small-down  those objects read back into memory, 64 at a time
+
+Clients: ``bridge`` is bridge's S3 store as the engine calls it (``read`` in a thread pool for
+ranges, ``put_many`` and ``read_many`` for small objects: the direct path's batched requests,
+with the CRC32C header each PUT carries); ``obstore`` (Rust object_store, asyncio API) and
+``awscrt`` (the CRT S3 client boto3's CRT transfer manager and Mountpoint use). Time is measured
+inside each process from the first request to the last answer (start-up and imports left out),
+with the process's CPU time (user + system) over the same span; the fastest of ``--repeat``
+runs counts, runs alternating between clients. Needs the ``bench`` extra
+(``pip install -e '.[bench]'``: awscrt, obstore).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.bench_transfer import BIN, MiB, _run_once, make_data, s3_env
+from tests.emulators import AWS_TEST_CREDENTIALS, RcloneS3
+
+KEY, SECRET = AWS_TEST_CREDENTIALS["aws_access_key_id"], AWS_TEST_CREDENTIALS["aws_secret_access_key"]
+RANGE = 8 * MiB
+RANGES_AT_ONCE = 8
+SMALL_AT_ONCE = 64
+BUCKET = "bench"
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+# -- one client's run of one case, in this process ---------------------------------------------
+
+def run_bridge(case: str, endpoint: str, size: int, names: list[str], out: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+    from bridge.config import load_settings
+    from bridge.hashing import crc32c, crc_hex
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    settings = load_settings(None, environ=os.environ)   # the endpoint and keys of s3_env's variables
+    root = parse(f"s3://{BUCKET}/")
+    store = get_store(root, settings)
+    if case == "big-down":
+        loc = root.join("seed-big/checkpoint.bin")
+        fd = os.open(out / "big.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.ftruncate(fd, size)
+
+        def one(offset: int) -> None:
+            os.pwrite(fd, store.read(loc, offset, min(RANGE, size - offset)), offset)
+        with ThreadPoolExecutor(RANGES_AT_ONCE) as pool:
+            list(pool.map(one, range(0, size, RANGE)))
+        os.close(fd)
+    elif case == "small-up":
+        data = [os.urandom(16 * 1024) for _ in names]
+
+        def body(i: int) -> tuple:
+            return root.join(f"up/{names[i]}"), data[i], crc_hex(crc32c(data[i])), {}, None
+        failed = store.put_many(len(names), body, lambda i, info: None)
+        assert not failed, failed
+    else:
+        got = []
+        failed = store.read_many([root.join(f"seed-small/{n}") for n in names], lambda i, data: got.append(len(data)))
+        assert not failed and len(got) == len(names), failed
+
+
+def run_obstore(case: str, endpoint: str, size: int, names: list[str], out: Path) -> None:
+    import asyncio
+    import obstore
+    from obstore.store import S3Store
+    store = S3Store(BUCKET, endpoint=endpoint, access_key_id=KEY, secret_access_key=SECRET, region="us-east-1",
+                    virtual_hosted_style_request=False, client_options={"allow_http": True})
+
+    async def main() -> None:
+        if case == "big-down":
+            # One GET streamed to the file: obstore's ranged reads refuse rclone serve s3's
+            # answers ("Received non-partial response when range requested").
+            result = await obstore.get_async(store, "seed-big/checkpoint.bin")
+            with open(out / "big.bin", "wb") as f:
+                async for chunk in result.stream(min_chunk_size=RANGE):
+                    f.write(memoryview(chunk))
+            return
+        gate = asyncio.Semaphore(SMALL_AT_ONCE)
+        data = os.urandom(16 * 1024)
+
+        async def put(name: str) -> None:
+            async with gate:
+                await obstore.put_async(store, f"up/{name}", data)
+
+        async def get(name: str) -> int:
+            async with gate:
+                result = await obstore.get_async(store, f"seed-small/{name}")
+                return len(await result.bytes_async())
+        await asyncio.gather(*((put if case == "small-up" else get)(n) for n in names))
+    asyncio.run(main())
+
+
+def run_awscrt(case: str, endpoint: str, size: int, names: list[str], out: Path) -> None:
+    import io
+    from urllib.parse import urlsplit
+    from awscrt.auth import AwsCredentialsProvider
+    from awscrt.http import HttpHeaders, HttpRequest
+    from awscrt.io import ClientBootstrap, DefaultHostResolver, EventLoopGroup
+    from awscrt.s3 import S3Client, S3RequestTlsMode, S3RequestType
+    host = urlsplit(endpoint).netloc
+    loop = EventLoopGroup()
+    client = S3Client(bootstrap=ClientBootstrap(loop, DefaultHostResolver(loop)), region="us-east-1",
+                      credential_provider=AwsCredentialsProvider.new_static(KEY, SECRET),
+                      tls_mode=S3RequestTlsMode.DISABLED, part_size=RANGE, throughput_target_gbps=10.0)
+    if case == "big-down":
+        request = HttpRequest("GET", f"/{BUCKET}/seed-big/checkpoint.bin", HttpHeaders([("Host", host)]))
+        client.make_request(type=S3RequestType.GET_OBJECT, request=request,
+                            recv_filepath=str(out / "big.bin")).finished_future.result()
+        return
+    data = os.urandom(16 * 1024)
+    pending = []
+    for name in names:
+        if case == "small-up":
+            headers = HttpHeaders([("Host", host), ("Content-Length", str(len(data))),
+                                   ("Content-Type", "application/octet-stream")])
+            request = HttpRequest("PUT", f"/{BUCKET}/up/{name}", headers, io.BytesIO(data))
+            kind = S3RequestType.PUT_OBJECT
+        else:
+            request = HttpRequest("GET", f"/{BUCKET}/seed-small/{name}", HttpHeaders([("Host", host)]))
+            kind = S3RequestType.GET_OBJECT
+        chunks: list[int] = []
+        pending.append(client.make_request(type=kind, request=request,
+                                           on_body=lambda chunk, offset, got=chunks, **_kw: got.append(len(chunk))))
+        if len(pending) >= SMALL_AT_ONCE:
+            pending.pop(0).finished_future.result()
+    for request in pending:
+        request.finished_future.result()
+
+
+CLIENTS = {"bridge": run_bridge, "obstore": run_obstore, "awscrt": run_awscrt}
+
+
+def child(args: argparse.Namespace) -> None:
+    """One run, timed from the first request to the last answer; prints its JSON line."""
+    names = [f"{i // 500:03d}/{i:06d}.bin" for i in range(args.files)]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    wall, cpu = time.perf_counter(), _cpu()
+    CLIENTS[args.client](args.case, args.endpoint, args.size_mib * MiB, names, out)
+    print(json.dumps({"wall": time.perf_counter() - wall, "cpu": _cpu() - cpu}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cases", default="big-down,small-up,small-down")
+    ap.add_argument("--clients", default=",".join(CLIENTS))
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--client", help=argparse.SUPPRESS)
+    ap.add_argument("--case", help=argparse.SUPPRESS)
+    ap.add_argument("--endpoint", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    work = Path(tempfile.mkdtemp(prefix="mcbridge-clients-"))
+    log = work / "bench.log"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RCLONE_"))}
+    base.update({"MCBRIDGE_STATE_DIR": str(work / "state"), "XDG_CONFIG_HOME": str(work / "noconfig"),
+                 "AWS_EC2_METADATA_DISABLED": "true"})
+    big, small = make_data(work / "data", args.size_mib, args.files)
+    clients = args.clients.split(",")
+    print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    rows = []
+    with RcloneS3() as server:
+        server.create_bucket(BUCKET)
+        env = s3_env(base, server)
+        rclone = str(BIN / "rclone")
+        _run_once([rclone, "copy", str(big), f"s3e:{BUCKET}/seed-big/"], env, log)
+        _run_once([rclone, "copy", str(small), f"s3e:{BUCKET}/seed-small/", "--transfers", "16"], env, log)
+        for case in args.cases.split(","):
+            best: dict[str, dict] = {}
+            for i in range(args.repeat):
+                for client in clients[i % len(clients):] + clients[:i % len(clients)]:
+                    os.sync()
+                    r = subprocess.run([sys.executable, "-m", "bench.bench_clients", "--child", "--client", client,
+                                        "--case", case, "--endpoint", server.endpoint, "--out", str(work / "out"),
+                                        "--size-mib", str(args.size_mib), "--files", str(args.files)],
+                                       env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+                    if r.returncode != 0:
+                        print(f"  {case} {client}: failed (exit {r.returncode}): {r.stderr.strip()[-600:]}", flush=True)
+                        continue
+                    got = json.loads(r.stdout.strip().splitlines()[-1])
+                    if client not in best or got["wall"] < best[client]["wall"]:
+                        best[client] = got
+                    if case == "small-up":   # what it wrote goes (untimed)
+                        _run_once([rclone, "purge", f"s3e:{BUCKET}/up/"], env, log)
+            size = args.size_mib * MiB if case == "big-down" else args.files * 16 * 1024
+            line = "  ".join(f"{c} {v['wall']:6.2f}s (cpu {v['cpu']:5.2f}s, {size / v['wall'] / MiB:5.0f} MiB/s)"
+                             for c, v in best.items())
+            print(f"{case:<11} {line}", flush=True)
+            rows.append({"case": case, **{f"{c}_s": round(v["wall"], 3) for c, v in best.items()},
+                         **{f"{c}_cpu_s": round(v["cpu"], 3) for c, v in best.items()}})
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
