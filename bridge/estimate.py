@@ -265,17 +265,18 @@ def unpack_usage(unpack_plan: Any, *, window: int, stream_over: int, part_size: 
     bytes, in parts of ``part_size``. Listing the shards was done by planning it."""
     src = StoreUsage(_root(unpack_plan.source))
     dst = StoreUsage(unpack_plan.destination)
-    members = [m["size"] for s in unpack_plan.shards for m in s["members"]]
     for shard in unpack_plan.shards:
         src.bytes_read += shard["size"]
         src.requests["GET"] += math.ceil(shard["size"] / window) if shard["size"] else 0
-    for size in members:
+    files = payload = 0
+    for size in unpack_plan.sizes():   # read from the plan's table on disk, a shard at a time
+        files += 1
         if size >= 0:   # an index-less Parquet member's size is known once read
             _upload(dst, size, part_size if size > stream_over else 0)
+            payload += size
     dst.requests["HEAD"] += 1                  # check_bucket
     _destination_commit(dst, 0)
-    payload = sum(size for size in members if size > 0)
-    return Usage("unpack", src, dst, len(members), payload, payload, len(members))
+    return Usage("unpack", src, dst, files, payload, payload, files)
 
 
 def _root(url: str) -> str:

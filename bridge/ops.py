@@ -532,7 +532,11 @@ def job_usages(kind: str, source: str, destinations: list[str], settings: Settin
         return [packing.plan_pack(source, destinations[0], settings, filters=filters, **(pack or {})).usage()]
     if kind == "unpack":
         from bridge.packing import unpack
-        return [unpack.plan_unpack(source, destinations[0], settings, (pack or {}).get("prefix")).usage(settings)]
+        plan = unpack.plan_unpack(source, destinations[0], settings, (pack or {}).get("prefix"))
+        try:
+            return [plan.usage(settings)]
+        finally:
+            plan.close()
     out = []
     for dst in destinations:
         if kind == "copy":

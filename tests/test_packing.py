@@ -303,6 +303,22 @@ def test_cli_unpack_of_a_crafted_tar_is_one_line_error(tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path.parent / "evil.txt").exists()
 
 
+def test_unpack_refuses_a_path_twice_or_both_file_and_folder_across_shards(settings, tmp_path):
+    """The tree check sees every shard's members together (sorted on disk, not in a dict): a path
+    in two shards, and a file that other members need as their folder, are named."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    crafted_tar(shards / "a-000000.tar", [member("same.txt"), member("d"), member("d-x/ok.txt")])
+    crafted_tar(shards / "b-000000.tar", [member("same.txt"), member("d/under.txt"), member("d/deeper/y.txt")])
+    with pytest.raises(UnsafeMember) as caught:
+        unpack(f"{shards}/", f"{tmp_path / 'out'}/", settings)
+    line = str(caught.value)
+    assert "'same.txt' appears twice (also in a-000000.tar)" in line
+    assert "'d/under.txt' needs 'd' to be a directory" in line and "'d/deeper/y.txt' needs 'd'" in line
+    assert "d-x/ok.txt" not in line and "nothing was written" in line
+    assert not (tmp_path / "out").exists()
+
+
 def test_unpack_refuses_an_index_that_names_unsafe_paths(tree, settings, tmp_path):
     """A crafted index (lists and hashes rewritten consistently) is refused like a crafted tar."""
     src, _files = tree

@@ -3,7 +3,10 @@ memory; planning a long listing holds about as much memory as planning a short o
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import tarfile
 import tracemalloc
 from pathlib import Path
 
@@ -11,6 +14,8 @@ import pytest
 
 from bridge import manifest as manifests
 from bridge import engine, ops, stores
+from bridge.errors import ObjectNotFound
+from bridge.journal import journal_at
 from bridge.packing import job as packing
 from bridge.packing import unpack
 from bridge.stores.base import Features, ObjectInfo, Store
@@ -134,3 +139,65 @@ def test_a_listing_read_once_as_it_is_planned(tmp_path, monkeypatch):
     assert single is None and not isinstance(objects, list)
     assert [rel for rel, _ in objects] == [f"d0000/f{i:07d}.bin" for i in range(5)]
     assert parse(str(src)) == parse("s3://gen/")
+
+
+def _tar_shards(root: Path, shards: int, members: int) -> None:
+    """Foreign tar shards (no index: their members are read from the tar headers), each member
+    a few bytes."""
+    root.mkdir(parents=True)
+    for s in range(shards):
+        with tarfile.open(root / f"part-{s:04d}.tar", "w", format=tarfile.USTAR_FORMAT) as archive:
+            for i in range(members):
+                info = tarfile.TarInfo(f"d{s:04d}/f{i:05d}.txt")
+                data = f"{s}.{i}".encode()
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+
+
+def _unpack_planning_peak(tmp_path: Path, shards: int) -> int:
+    settings = settings_for(ENV, state_dir=str(tmp_path / "state"))
+    _tar_shards(tmp_path / f"set{shards}", shards, 500)
+    tracemalloc.start()
+    try:
+        plan = unpack.plan_unpack(f"{tmp_path}/set{shards}/", f"{tmp_path}/out{shards}/", settings)
+        try:
+            assert plan.files == shards * 500 and plan.usage(settings).files == shards * 500
+            assert "members" not in json.dumps(plan.to_dict())     # the service's header names shards only
+            # a unit's members are read from the plan's table as its shard is restored
+            assert sum(1 for u in plan.units() for _m in plan.shard(u).each()) == shards * 500
+        finally:
+            plan.close()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_planning_an_unpack_of_ten_times_the_members_takes_about_the_same_memory(tmp_path):
+    short, long = _unpack_planning_peak(tmp_path, 4), _unpack_planning_peak(tmp_path, 40)
+    assert long < short * 1.5, f"planning 20,000 members peaked at {long} bytes, 2,000 at {short}"
+
+
+def test_an_unpack_commits_only_the_records_of_its_own_shards(tmp_path):
+    """The commit takes the members' entries from the journal in path order: a record another
+    shard set left under the same job's journal is not committed, and a shard without its own
+    record stops the commit before it starts."""
+    settings = settings_for(ENV, state_dir=str(tmp_path / "state"))
+    _tar_shards(tmp_path / "set", 3, 20)
+    summary = unpack.unpack(f"{tmp_path}/set/", f"{tmp_path}/out/", settings)
+    assert summary["files"] == 60
+    assert len(list((tmp_path / "out").rglob("*.txt"))) == 60
+    plan = unpack.plan_unpack(f"{tmp_path}/set/", f"{tmp_path}/out/", settings)
+    journal = journal_at(tmp_path / "j", plan.key)
+    ctx = unpack.UnpackContext(plan, settings, journal)
+    for unit in plan.units():
+        ctx.run_unit(unit)
+    journal.put("file:d0000/stale.txt", {"path": "d0000/stale.txt", "size": 1, "crc32c": "x", "sha256": "y",
+                                         "shard": "part-0000.tar:1:"})
+    entries = list(unpack.restored_entries(journal, plan))
+    assert len(entries) == 60 and [e.path for e in entries] == sorted(e.path for e in entries)
+    journal.put("shard:part-0001.tar", None)
+    with pytest.raises(ObjectNotFound, match="shard part-0001.tar was not restored"):
+        unpack.restored_entries(journal, plan)
+    ctx.close()
+    plan.close()
+    journal.close()

@@ -95,7 +95,7 @@ def touched(kind: str, plan: dict[str, Any]) -> tuple[list[str], list[str]]:
     elif kind == "unpack":
         for shard in plan.get("shards", []):
             reads.append(shard["loc"])
-            writes += [str(dst.as_prefix().join(m["path"])) for m in shard["members"]]
+            writes += [str(dst.as_prefix().join(m["path"])) for m in shard.get("members", ())]
     return reads, writes
 
 

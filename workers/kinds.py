@@ -345,10 +345,17 @@ class Restore:
         plan = unpack.plan_unpack(spec.source, spec.destination, settings, spec.shard_prefix)
         check(plan.to_dict())
         unpack.UnpackContext(plan, settings, journal_for(plan.key)).prepare()
-        subs = [dataclasses.replace(plan, shards=[shard]).to_dict() for shard in plan.shards]
-        # the header keeps every member: the commit names each restored file in the manifest
-        return Planned(plan.key, plan.to_dict(), subs, {"bytes_total": plan.bytes, "files_total": len(plan.paths()),
-                                                        "units_total": len(plan.shards) + 1})
+
+        def subs() -> Iterator[dict]:   # each shard's members, read from the plan's table as its task is queued
+            try:
+                for shard in plan.shards:
+                    yield plan.task(shard)
+            finally:
+                plan.close()
+        # the header names the shards, not their members: the commit reads the members' entries
+        # from the journal, each shard's record vouching for all of its own
+        return Planned(plan.key, plan.to_dict(), subs(), {"bytes_total": plan.bytes, "files_total": plan.files,
+                                                          "units_total": len(plan.shards) + 1})
 
     def run(self, sub: dict, settings, journal, progress, units: Callable[[Iterator[dict]], Iterator[dict]]) -> Ran:
         from bridge.packing import unpack
@@ -365,7 +372,9 @@ class Restore:
         from bridge.urls import parse
         root = parse(header["destination"]).as_prefix()
         store = get_store(root, settings)
-        targets = {str(root.join(m["path"])) for s in header["shards"] for m in s["members"]}
+        # only members over STREAM_OVER go out as multipart uploads: the header names them
+        targets = {str(root.join(path)) for s in header["shards"]
+                   for path in s.get("streamed", [m["path"] for m in s.get("members", [])])}
         for loc, upload_id in list(store.list_uploads(root)):
             if str(loc) in targets:
                 yield store, loc, upload_id

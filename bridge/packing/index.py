@@ -116,13 +116,25 @@ def read(store: Store, root: Location, name: str) -> ShardSet:
     return ShardSet(root, name, parse(store.read(loc), loc))
 
 
-def read_list(store: Store, shard_set: ShardSet, shard: dict[str, Any]) -> list[dict[str, Any]]:
-    """A shard's file list, checked against the SHA-256 the index gives it."""
+def iter_list(store: Store, shard_set: ShardSet, shard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """A shard's file list, checked against the SHA-256 the index gives it, parsed an entry at a
+    time: its bytes are held (about 100 a member), not a million parsed entries."""
     loc = shard_set.root.join(shard["list"]["name"])
     body = store.read(loc)
     if hashlib.sha256(body).hexdigest() != shard["list"]["sha256"]:
         raise IntegrityError(f"{loc}: file list does not match the SHA-256 in {shard_set.name}")
-    return [json.loads(line) for line in body.splitlines() if line]
+    start = 0
+    while start < len(body):
+        end = body.find(b"\n", start)
+        end = len(body) if end < 0 else end
+        if body[start:end].strip():
+            yield json.loads(body[start:end])
+        start = end + 1
+
+
+def read_list(store: Store, shard_set: ShardSet, shard: dict[str, Any]) -> list[dict[str, Any]]:
+    """A shard's file list, checked against the SHA-256 the index gives it."""
+    return list(iter_list(store, shard_set, shard))
 
 
 def find(store: Store, root: Location, prefix: str | None) -> ShardSet | None:

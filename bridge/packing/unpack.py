@@ -8,6 +8,12 @@ both a file and a directory, or (for a local target) would land outside it throu
 already there, stop the whole unpack with one error naming them. Phase 2 extracts, shards in
 parallel, by byte ranges; an index-less Parquet shard is read row group by row group.
 
+Memory stays flat however many members a set has: the plan keeps each shard's members in a table
+on disk (``bridge.spill``) and reads one shard's when its unit is made; the checks for duplicates
+and for a path that is both a file and a directory walk the members sorted on disk; the commit
+streams the journal's records in path order. A plan as JSON (the service's header) names the
+shards, not their members; each shard's task carries its own.
+
 Resume: every restored file is journaled (path, size, hashes, and the SHA-256 the index gave),
 and every shard once its own SHA-256 was checked. A re-run after a kill skips journaled files
 whose size and indexed SHA-256 still match (a shard wholly done is not read at all), removes the
@@ -17,13 +23,15 @@ uploads to the files it restored: the tree ends exact, with no stray file.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import hashlib
 import os
 import tarfile
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from bridge.meter import Pool
@@ -41,12 +49,14 @@ from bridge.packing.reading import open_set
 from bridge.packing.sink import StreamingUpload, put_whole, stream_part_size
 from bridge.packing.writer import format_for_shard
 from bridge.progress import Progress
+from bridge.spill import Rows
 from bridge.stores import Store, get_store
 from bridge.stores.base import MiB
 from bridge.urls import Location, parse
 
 STREAM_OVER = 16 * MiB      # members bigger than this go out as multipart uploads
 LIST_PROBLEMS = 5
+MEMBER_FIELDS = ("path", "size", "offset", "sha256", "row_group", "row")
 
 
 @dataclass
@@ -66,7 +76,16 @@ class Shard:
     format: str
     size: int
     sha256: str | None
-    members: list[Member]
+    members: list[Member] | Callable[[], Iterator[Member]]   # a list, or read anew at each call
+
+    def each(self) -> Iterator[Member]:
+        return iter(self.members) if isinstance(self.members, list) else self.members()
+
+    @property
+    def token(self) -> str:
+        """What a restored member's record names its shard by: a record made from another shard
+        of the same name (a set packed again) is not taken for this one's."""
+        return f"{self.name}:{self.size}:{self.sha256 or ''}"
 
     def unit(self) -> dict[str, Any]:
         return {"op": "shard", "name": self.name, "loc": str(self.loc), "format": self.format, "size": self.size,
@@ -78,33 +97,98 @@ class Shard:
                    [Member(**m) for m in unit["members"]])
 
 
+def _token(shard: dict[str, Any]) -> str:
+    return f"{shard['name']}:{shard['size']}:{shard['sha256'] or ''}"
+
+
+class MemberTable:
+    """Every member of a plan, shard after shard, in a table on disk (``bridge.spill.Rows``): a
+    set of ten million files is not held in this process. A shard's members are the rows from its
+    ``after`` on, ``files`` of them."""
+
+    def __init__(self, where: Path):
+        self.rows = Rows(len(MEMBER_FIELDS), where)
+
+    def add(self, m: Member) -> None:
+        self.rows.append((m.path.encode("utf-8", "surrogatepass"), m.size, m.offset, m.sha256, m.row_group, m.row))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def of(self, after: int, count: int) -> Iterator[dict[str, Any]]:
+        for path, *rest in self.rows.range(after, count):
+            yield {"path": path.decode("utf-8", "surrogatepass"), **dict(zip(MEMBER_FIELDS[1:], rest))}
+
+    def close(self) -> None:
+        self.rows.close()
+
+
 @dataclass
 class UnpackPlan:
     """What an unpack will do, found and checked before anything is written: the shards, each
-    with every member it restores."""
+    with the count, bytes and place in ``table`` of the members it restores (or, in a task's
+    slice of a plan, the members themselves)."""
     source: str
     destination: str
     prefix: str | None
     index: str | None                 # the shard set's index; None: members from the shards themselves
-    shards: list[dict[str, Any]] = field(default_factory=list)   # shard units
+    shards: list[dict[str, Any]] = field(default_factory=list)   # shard units, without members
     key: str = ""
+    table: MemberTable | None = field(default=None, repr=False, compare=False)
 
     @property
     def bytes(self) -> int:
-        return sum(m["size"] for s in self.shards for m in s["members"] if m["size"] > 0)
+        return sum(s["bytes"] for s in self.shards)
 
-    def paths(self) -> list[str]:
-        return [m["path"] for s in self.shards for m in s["members"]]
+    @property
+    def files(self) -> int:
+        return sum(s["files"] for s in self.shards)
 
-    def units(self) -> list[dict[str, Any]]:
-        return list(self.shards)
+    def members(self, shard: dict[str, Any]) -> Iterable[dict[str, Any]]:
+        if "members" in shard:
+            return shard["members"]
+        if self.table is None:
+            raise ValueError(f"the plan holds no members of {shard['name']}: it was read without them")
+        return self.table.of(shard["after"], shard["files"])
+
+    def paths(self) -> Iterator[str]:
+        return (m["path"] for s in self.shards for m in self.members(s))
+
+    def sizes(self) -> Iterator[int]:
+        return (m["size"] for s in self.shards for m in self.members(s))
+
+    def units(self) -> Iterator[dict[str, Any]]:
+        """One unit per shard; its members are read from the plan's table as the unit runs."""
+        return ({"op": "shard", **s} for s in self.shards)
+
+    def shard(self, unit: dict[str, Any]) -> Shard:
+        """The shard of a unit: its members from the unit (a task's slice), else from the table."""
+        if "members" in unit:
+            return Shard.from_unit(unit)
+        return Shard(unit["name"], parse(unit["loc"]), unit["format"], unit["size"], unit["sha256"],
+                     lambda: (Member(**m) for m in self.members(unit)))
+
+    @staticmethod
+    def _shard_fields(shard: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in shard.items() if k not in ("members", "after")}
+
+    def task(self, shard: dict[str, Any]) -> dict[str, Any]:
+        """A task's slice: this plan with one shard, its members in it (JSON)."""
+        return {**self.to_dict(), "shards": [{**self._shard_fields(shard), "members": list(self.members(shard))}]}
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The plan as JSON, without the members (a slice's shard keeps its own)."""
+        return {"source": self.source, "destination": self.destination, "prefix": self.prefix, "index": self.index,
+                "shards": [dict(s) if "members" in s else self._shard_fields(s) for s in self.shards],
+                "key": self.key}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> UnpackPlan:
-        return cls(**d)
+        return cls(d["source"], d["destination"], d["prefix"], d["index"], list(d["shards"]), d["key"])
+
+    def close(self) -> None:
+        if self.table is not None:
+            self.table.close()
 
     def usage(self, settings: Settings):
         """What the unpack will read, write and request at each store (``bridge.estimate``)."""
@@ -115,22 +199,26 @@ class UnpackPlan:
 
     def summary(self) -> dict[str, Any]:
         return {"source": self.source, "destination": self.destination, "shards": len(self.shards),
-                "files": len(self.paths()), "bytes": self.bytes, "verified": self.index is not None,
+                "files": self.files, "bytes": self.bytes, "verified": self.index is not None,
                 "index": self.index}
 
 
 class _Problems:
+    """The first few problems, word for word, and how many there were."""
+
     def __init__(self) -> None:
         self.items: list[str] = []
+        self.count = 0
 
     def add(self, shard: str, name: str, reason: str) -> None:
-        self.items.append(f"{shard}: member {name!r} {reason}")
+        self.count += 1
+        if len(self.items) < LIST_PROBLEMS:
+            self.items.append(f"{shard}: member {name!r} {reason}")
 
     def raise_if_any(self, source: str) -> None:
-        if self.items:
-            more = f" (and {len(self.items) - LIST_PROBLEMS} more)" if len(self.items) > LIST_PROBLEMS else ""
-            raise UnsafeMember(f"refusing to unpack {source}: {'; '.join(self.items[:LIST_PROBLEMS])}{more}; "
-                               f"nothing was written")
+        if self.count:
+            more = f" (and {self.count - LIST_PROBLEMS} more)" if self.count > LIST_PROBLEMS else ""
+            raise UnsafeMember(f"refusing to unpack {source}: {'; '.join(self.items)}{more}; nothing was written")
 
 
 # -- phase 1: what is there, and is all of it safe ------------------------------------------------------
@@ -139,37 +227,34 @@ def _window(loc: Location) -> int:
     return 1 * MiB if loc.is_local else 8 * MiB
 
 
-def _from_index(store: Store, shard_set: indexes.ShardSet, problems: _Problems) -> list[Shard]:
-    shards = []
+def _from_index(store: Store, shard_set: indexes.ShardSet, problems: _Problems) -> Iterator[Shard]:
     for s in shard_set.shards:
-        members = []
-        for e in indexes.read_list(store, shard_set, s):
-            path, problem = layout.normalize_member(e["path"])
-            if problem:
-                problems.add(s["name"], e["path"], problem)
-            members.append(Member(path, e["length"], e["offset"], e["sha256"], e.get("row_group"), e.get("row")))
-        shards.append(Shard(s["name"], shard_set.root.join(s["name"]), shard_set.shard_format, s["size"],
-                            s["sha256"], members))
-    return shards
+        def members(s=s) -> Iterator[Member]:
+            for e in indexes.iter_list(store, shard_set, s):
+                path, problem = layout.normalize_member(e["path"])
+                if problem:
+                    problems.add(s["name"], e["path"], problem)
+                yield Member(path, e["length"], e["offset"], e["sha256"], e.get("row_group"), e.get("row"))
+        yield Shard(s["name"], shard_set.root.join(s["name"]), shard_set.shard_format, s["size"], s["sha256"], members)
 
 
 def _tar_members(store: Store, loc: Location, size: int, name: str, retries: int,
-                 problems: _Problems) -> list[Member]:
-    """Member headers only: tarfile seeks over the data on a ranged view of the shard."""
-    members = []
+                 problems: _Problems) -> Iterator[Member]:
+    """Member headers only, as they are read: tarfile seeks over the data on a ranged view of
+    the shard (and forgets each header: members are not kept)."""
     view = RangeFile(store, loc, size, window=_window(loc), retries=retries)
     try:
         with tarfile.open(fileobj=view, mode="r:") as archive:
-            for info in archive:
+            while (info := archive.next()) is not None:
+                archive.members = []
                 path, problem = layout.normalize_member(info.name)
                 kind = _unsafe_kind(info)
                 if kind or problem:
                     problems.add(name, info.name, kind or problem)
                 elif info.isreg():
-                    members.append(Member(path, info.size, info.offset_data, None))
+                    yield Member(path, info.size, info.offset_data, None)
     except tarfile.TarError as exc:
         raise IntegrityError(f"{loc}: not a readable tar archive ({exc})") from exc
-    return members
 
 
 def _unsafe_kind(info: tarfile.TarInfo) -> str | None:
@@ -197,74 +282,89 @@ def _parquet_file(store: Store, loc: Location, size: int, retries: int):
 
 
 def _parquet_members(store: Store, loc: Location, size: int, name: str, retries: int,
-                     problems: _Problems) -> list[Member]:
+                     problems: _Problems) -> Iterator[Member]:
     pf = _parquet_file(store, loc, size, retries)
     if not {"path", "data"} <= set(pf.schema_arrow.names):
         raise IntegrityError(f"{loc}: a Parquet shard needs 'path' and 'data' columns")
-    members = []
     for group in range(pf.num_row_groups):
         table = pf.read_row_group(group, columns=["path"])
         for row, raw in enumerate(table.column("path").to_pylist()):
             path, problem = layout.normalize_member(raw or "")
             if problem:
                 problems.add(name, raw, problem)
-            members.append(Member(path, -1, None, None, group, row))
-    return members
+            yield Member(path, -1, None, None, group, row)
 
 
-def _without_index(store: Store, src: Location, retries: int, problems: _Problems) -> list[Shard]:
+def _without_index(store: Store, src: Location, retries: int, problems: _Problems) -> Iterator[Shard]:
     if src.is_prefix:
-        found = [(rel, info) for rel, info in store.walk(src) if format_for_shard(rel)]
+        found = [(rel, info.size) for rel, info in store.walk(src) if format_for_shard(rel)]
         root = src
     else:
         info = store.info(src)
-        found, root = [(src.name, info)], Location(src.scheme, src.bucket, src.key[:-len(src.name)])
+        found, root = [(src.name, info.size)], Location(src.scheme, src.bucket, src.key[:-len(src.name)])
     if not found:
         raise ObjectNotFound(f"{src}: no shard-set index and no .tar or .parquet shards there")
-    shards = []
-    for rel, info in sorted(found, key=lambda f: f[0]):
+    for rel, size in sorted(found):
         fmt = format_for_shard(rel)
         reader = _tar_members if fmt == "tar" else _parquet_members
-        members = reader(store, root.join(rel), info.size, rel, retries, problems)
-        shards.append(Shard(rel, root.join(rel), fmt, info.size, None, members))
-    return shards
+        yield Shard(rel, root.join(rel), fmt, size, None,
+                    lambda reader=reader, rel=rel, size=size: reader(store, root.join(rel), size, rel, retries, problems))
 
 
-def _check_tree(shards: list[Shard], dst_root: Location, problems: _Problems) -> None:
-    owner: dict[str, str] = {}
-    for shard in shards:
-        for m in shard.members:
-            if m.path in owner:
-                problems.add(shard.name, m.path, f"appears twice (also in {owner[m.path]})")
-            owner[m.path] = shard.name
-    for path, shard in owner.items():
-        head = path
-        while "/" in head:
-            head = head.rpartition("/")[0]
-            if head in owner:
-                problems.add(shard, path, f"needs {head!r} to be a directory, but it is also a file")
-                break
-    for path, shard in owner.items():
-        problem = names.local_problem(path) if dst_root.is_local else \
-            names.cloud_problem(dst_root.key + path, dst_root.scheme)
-        if problem:
-            problems.add(shard, path, problem)
-    if dst_root.is_local:
-        _check_local_target(owner, dst_root, problems)
+def _tree_key(path: str) -> bytes:
+    """A member's path as sorted for the tree check: "/" as the least byte, so that everything
+    under ``a/`` sorts right after ``a`` (a name holds no NUL: normalize_member refuses one)."""
+    return path.encode("utf-8", "surrogatepass").replace(b"/", b"\x00")
 
 
-def _check_local_target(owner: dict[str, str], dst_root: Location, problems: _Problems) -> None:
-    target = os.path.realpath(dst_root.local_path)
-    seen: dict[str, bool] = {}
-    for path, shard in owner.items():
-        parent = path.rpartition("/")[0]
-        if parent not in seen:
-            real = os.path.realpath(os.path.join(target, parent))
-            seen[parent] = real == target or real.startswith(target + os.sep)
-        if not seen[parent]:
-            problems.add(shard, path, "would be written outside the target through a symlink in it")
-        elif os.path.isdir(os.path.join(target, path)):
-            problems.add(shard, path, "would replace a directory in the target")
+class _TreeCheck:
+    """Collects (path, shard) as the plan is read, then checks the tree they make, sorted on
+    disk: no path twice, none both a file and a directory, each a name the target takes, and in
+    a local target none written through a symlink or over a directory."""
+
+    def __init__(self, where: Path):
+        self.rows = Rows(2, where)
+
+    def add(self, shard: str, path: str) -> None:
+        self.rows.append((_tree_key(path), shard))
+
+    def check(self, dst_root: Location, problems: _Problems) -> None:
+        target = os.path.realpath(dst_root.local_path) if dst_root.is_local else None
+        inside: dict[str, bool] = {}          # per folder: one entry a folder, not a file
+        files: list[tuple[bytes, str]] = []   # the files that are ancestors of the path at hand
+        last: tuple[bytes, str] | None = None
+        try:
+            for key, shard in self.rows.ordered_by(0):
+                path = key.replace(b"\x00", b"/").decode("utf-8", "surrogatepass")
+                if last is not None and key == last[0]:
+                    problems.add(shard, path, f"appears twice (also in {last[1]})")
+                    continue
+                last = (key, shard)
+                while files and not key.startswith(files[-1][0] + b"\x00"):
+                    files.pop()
+                if files:
+                    head = files[-1][0].replace(b"\x00", b"/").decode("utf-8", "surrogatepass")
+                    problems.add(shard, path, f"needs {head!r} to be a directory, but it is also a file")
+                files.append((key, shard))
+                problem = names.local_problem(path) if target is not None else \
+                    names.cloud_problem(dst_root.key + path, dst_root.scheme)
+                if problem:
+                    problems.add(shard, path, problem)
+                if target is not None:
+                    _check_local_target(path, shard, target, inside, problems)
+        finally:
+            self.rows.close()
+
+
+def _check_local_target(path: str, shard: str, target: str, inside: dict[str, bool], problems: _Problems) -> None:
+    parent = path.rpartition("/")[0]
+    if parent not in inside:
+        real = os.path.realpath(os.path.join(target, parent))
+        inside[parent] = real == target or real.startswith(target + os.sep)
+    if not inside[parent]:
+        problems.add(shard, path, "would be written outside the target through a symlink in it")
+    elif os.path.isdir(os.path.join(target, path)):
+        problems.add(shard, path, "would replace a directory in the target")
 
 
 # -- phase 2: extract ---------------------------------------------------------------------------------
@@ -285,46 +385,58 @@ class _Extractor:
         if self._puts:
             self._puts.shutdown(cancel_futures=True)
 
-    def done(self, m: Member) -> FileEntry | None:
-        """The entry of a member a killed run already restored, if it is this same member."""
+    def done(self, shard: Shard, m: Member) -> FileEntry | None:
+        """The entry of a member a killed run already restored, if it is this same member of
+        this same shard."""
         rec = self.journal.get(f"file:{m.path}")
-        if not rec or (m.size >= 0 and rec["size"] != m.size) or rec.get("member_sha256") != m.sha256:
+        if not rec or (m.size >= 0 and rec["size"] != m.size) or rec.get("member_sha256") != m.sha256 \
+                or rec.get("shard") != shard.token:
             return None
         return FileEntry.from_dict(rec)
 
-    def restored(self, m: Member, entry: FileEntry) -> FileEntry:
-        self.journal.put(f"file:{m.path}", {**entry.to_dict(), "member_sha256": m.sha256})
+    def restored(self, shard: Shard, m: Member, entry: FileEntry) -> FileEntry:
+        self.journal.put(f"file:{m.path}", {**entry.to_dict(), "member_sha256": m.sha256, "shard": shard.token})
         return entry
 
-    def shard(self, shard: Shard) -> list[FileEntry]:
-        if self.journal.get(f"shard:{shard.name}"):
-            entries = [self.done(m) for m in shard.members]
+    def shard(self, shard: Shard) -> int:
+        """Restore one shard's members (read as they are reached: a shard of a million members
+        is not held); its record, written once every member has its own, is what the commit
+        takes as proof that all of them were restored. Returns how many there were."""
+        if self.journal.get(f"shard:{shard.name}") == shard.token:
+            entries = [self.done(shard, m) for m in shard.each()]
             if all(entries):
                 for e in entries:
                     self.progress.skipped(e.size)
-                return entries
-        if shard.members and shard.members[0].offset is None:
-            entries = self._parquet_rows(shard)
-            self.journal.put(f"shard:{shard.name}", True)
-            return entries
+                return len(entries)
+        first = next(shard.each(), None)
+        if first is not None and first.offset is None:
+            count = self._parquet_rows(shard)
+            self._shard_done(shard)
+            return count
+        in_order = all(a.offset <= b.offset for a, b in _pairs(shard.each()))
+        members = shard.each() if in_order else iter(sorted(shard.each(), key=lambda m: m.offset))
         view = RangeFile(self.src, shard.loc, shard.size, window=_window(shard.loc), retries=self.retries,
                          progress=self.progress)
-        pending: list[cf.Future] = []
+        pending: collections.deque[cf.Future] = collections.deque()
+        count = 0
         try:
-            for m in sorted(shard.members, key=lambda m: m.offset):
-                if (entry := self.done(m)) is not None:
+            for m in members:
+                count += 1
+                while pending and pending[0].done():
+                    pending.popleft().result()
+                if (entry := self.done(shard, m)) is not None:
                     self.progress.skipped(entry.size)
-                    pending.append(_done(entry))
                     continue
                 view.seek(m.offset)
                 if m.size > STREAM_OVER:
-                    pending.append(_done(self._stream(view, shard, m)))
+                    self._stream(view, shard, m)
                     continue
                 data = view.read(m.size)
                 sha = hashlib.sha256(data).hexdigest()
                 self._check(shard, m, sha)
-                pending.append(self._put(m, data, sha))
-            entries = [f.result() for f in pending]
+                pending.append(self._put(shard, m, data, sha))
+            while pending:
+                pending.popleft().result()
         finally:
             for f in pending:
                 f.cancel()
@@ -332,26 +444,30 @@ class _Extractor:
             view.hash_rest()   # reads what a resumed run skipped too: the shard is checked whole
             if view.sha256 != shard.sha256:
                 raise IntegrityError(f"{shard.loc}: shard does not match its SHA-256 in the index")
-        self.journal.put(f"shard:{shard.name}", True)
-        return entries
+        self._shard_done(shard)
+        return count
+
+    def _shard_done(self, shard: Shard) -> None:
+        # with the members' records a journal may still buffer, in one write: never before them
+        self.journal.put_many([(f"shard:{shard.name}", shard.token)])
 
     def _check(self, shard: Shard, m: Member, sha: str) -> None:
         if m.sha256 and sha != m.sha256:
             raise IntegrityError(f"{shard.loc}: {m.path} does not match its SHA-256 in the index")
 
-    def _put(self, m: Member, data: bytes, sha: str) -> cf.Future:
+    def _put(self, shard: Shard, m: Member, data: bytes, sha: str) -> cf.Future:
         if self._puts is None:
-            return _done(self._put_now(m, data, sha))
+            return _done(self._put_now(shard, m, data, sha))
         self._slots.acquire()
-        future = self._puts.submit(self._put_now, m, data, sha)
+        future = self._puts.submit(self._put_now, shard, m, data, sha)
         future.add_done_callback(lambda _f: self._slots.release())
         return future
 
-    def _put_now(self, m: Member, data: bytes, sha: str) -> FileEntry:
+    def _put_now(self, shard: Shard, m: Member, data: bytes, sha: str) -> FileEntry:
         w = put_whole(self.dst, self.dst_root.join(m.path), data, retries=self.retries, progress=self.progress,
                       sha256=sha)
         self.progress.file_finished()
-        return self.restored(m, FileEntry(m.path, w.size, w.crc32c, w.sha256, **w.committed))
+        return self.restored(shard, m, FileEntry(m.path, w.size, w.crc32c, w.sha256, **w.committed))
 
     def _stream(self, view: RangeFile, shard: Shard, m: Member) -> FileEntry:
         sink = StreamingUpload(self.dst, self.dst_root.join(m.path), part_size=self.part_size,
@@ -369,12 +485,12 @@ class _Extractor:
             sink.abort()
             raise
         self.progress.file_finished()
-        return self.restored(m, FileEntry(m.path, w.size, w.crc32c, w.sha256, w.part_size, w.parts,
+        return self.restored(shard, m, FileEntry(m.path, w.size, w.crc32c, w.sha256, w.part_size, w.parts,
                                           **w.committed))
 
-    def _parquet_rows(self, shard: Shard) -> list[FileEntry]:
+    def _parquet_rows(self, shard: Shard) -> int:
         pf = _parquet_file(self.src, shard.loc, shard.size, self.retries)
-        where = {(m.row_group, m.row): m for m in shard.members}
+        where = {(m.row_group, m.row): m for m in shard.each()}
         has_sha = "sha256" in pf.schema_arrow.names
         pending = []
         for group in range(pf.num_row_groups):
@@ -387,13 +503,14 @@ class _Extractor:
                 sha = hashlib.sha256(data).hexdigest()
                 if stored and stored != sha:
                     raise IntegrityError(f"{shard.loc}: {m.path} does not match its sha256 column")
-                entry = self.done(m)
+                entry = self.done(shard, m)
                 if entry is not None and entry.sha256 == sha and entry.size == len(data):
                     self.progress.skipped(entry.size)
-                    pending.append(_done(entry))
                     continue
-                pending.append(self._put(m, data, sha))
-        return [f.result() for f in pending]
+                pending.append(self._put(shard, m, data, sha))
+        for f in pending:
+            f.result()
+        return len(where)
 
 
 def _folder(loc: Location) -> Location:
@@ -406,10 +523,19 @@ def _done(value: Any) -> cf.Future:
     return future
 
 
+def _pairs(items: Iterator[Member]) -> Iterator[tuple[Member, Member]]:
+    last = next(items, None)
+    for item in items:
+        yield last, item
+        last = item
+
+
 # -- the job ---------------------------------------------------------------------------------------
 
 def plan_unpack(source: str, destination: str, settings: Settings, prefix: str | None = None) -> UnpackPlan:
-    """Phase 1: every member of every shard, each one checked; one error naming the unsafe ones."""
+    """Phase 1: every member of every shard, each one checked; one error naming the unsafe ones.
+    The members go to a table on disk as each shard's list is read."""
+    from bridge.engine import spill_dir
     src = parse(source)
     store = get_store(src, settings)
     store.check_bucket(src)
@@ -422,12 +548,29 @@ def plan_unpack(source: str, destination: str, settings: Settings, prefix: str |
     elif src.is_prefix or not format_for_shard(src.key):
         shard_set = indexes.find(store, src.as_prefix(), prefix)
     retries = settings.transfer.retries
-    shards = _from_index(store, shard_set, problems) if shard_set else _without_index(store, src, retries, problems)
-    _check_tree(shards, dst_root, problems)
-    problems.raise_if_any(source)
-    return UnpackPlan(source, str(dst_root), prefix,
-                      str(shard_set.root.join(shard_set.name)) if shard_set else None,
-                      [s.unit() for s in shards], job_key("unpack", source, str(dst_root), prefix))
+    found = _from_index(store, shard_set, problems) if shard_set else _without_index(store, src, retries, problems)
+    where = spill_dir(settings)
+    plan = UnpackPlan(source, str(dst_root), prefix, str(shard_set.root.join(shard_set.name)) if shard_set else None,
+                      key=job_key("unpack", source, str(dst_root), prefix), table=MemberTable(where))
+    tree = _TreeCheck(where)
+    try:
+        for shard in found:   # each shard's members are read once, into the table
+            unit = {"name": shard.name, "loc": str(shard.loc), "format": shard.format, "size": shard.size,
+                    "sha256": shard.sha256, "after": len(plan.table), "files": 0, "bytes": 0, "streamed": []}
+            for m in shard.each():
+                plan.table.add(m)
+                tree.add(shard.name, m.path)
+                unit["files"] += 1
+                unit["bytes"] += max(m.size, 0)
+                if m.size > STREAM_OVER:
+                    unit["streamed"].append(m.path)
+            plan.shards.append(unit)
+        tree.check(dst_root, problems)
+        problems.raise_if_any(source)
+    except BaseException:
+        plan.close()
+        raise
+    return plan
 
 
 class UnpackContext(jobs.Context):
@@ -450,18 +593,46 @@ class UnpackContext(jobs.Context):
 
 
 def _shard(ctx: UnpackContext, unit: dict[str, Any]) -> dict[str, Any]:
-    return {"files": len(ctx.extractor.shard(Shard.from_unit(unit)))}
+    return {"files": ctx.extractor.shard(ctx.plan.shard(unit))}
+
+
+def restored_entries(journal: Journal, plan: UnpackPlan) -> Iterator[FileEntry]:
+    """The entries of every member of the plan, in path order, from the journal: each shard's
+    record says all its members were restored (it is written after theirs), and a member's record
+    names its shard, so a record left by an earlier run of another shard set is not taken. Reads
+    the shard records first: a shard not restored stops the commit before it begins."""
+    tokens = {}
+    for shard in plan.shards:
+        if journal.get(f"shard:{shard['name']}") != _token(shard):
+            raise ObjectNotFound(f"{plan.source}: shard {shard['name']} was not restored; run the unpack again")
+        tokens[_token(shard)] = shard
+
+    def entries() -> Iterator[FileEntry]:
+        seen = dict.fromkeys(tokens, 0)
+        for _key, rec in journal.items("file:"):
+            token = rec.get("shard")
+            if token in seen:
+                seen[token] += 1
+                yield FileEntry.from_dict(rec)
+        short = [tokens[t]["name"] for t, n in seen.items() if n != tokens[t]["files"]]
+        if short:
+            raise ObjectNotFound(f"{plan.source}: the journal does not hold every member of {', '.join(short[:5])}; "
+                                 f"run the unpack again")
+    return entries()
 
 
 def _finalize(ctx: UnpackContext, unit: dict[str, Any]) -> dict[str, Any]:
-    entries = []
-    for path in ctx.plan.paths():
-        rec = ctx.journal.get(f"file:{path}")
-        if rec is None:
-            raise ObjectNotFound(f"{ctx.dst_root.join(path)} was not restored; run the unpack again")
-        entries.append(FileEntry.from_dict(rec))
-    where = jobs.commit(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination, entries)
-    return {"manifest": where, "files": len(entries), "bytes": sum(e.size for e in entries)}
+    counted = {"files": 0, "bytes": 0}
+
+    def tally(entries: Iterator[FileEntry]) -> Iterator[FileEntry]:
+        for e in entries:
+            counted["files"] += 1
+            counted["bytes"] += e.size
+            yield e
+
+    where = jobs.commit(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination,
+                        tally(restored_entries(ctx.journal, ctx.plan)))
+    return {"manifest": where, **counted}
 
 
 UnpackContext.ops = {"shard": _shard, "finalize": _finalize}
@@ -472,14 +643,17 @@ def unpack(source: str, destination: str, settings: Settings, *, prefix: str | N
     """Restore the tree packed at ``source`` into ``destination``; return a JSON-able summary."""
     progress = progress or Progress()
     plan = plan_unpack(source, destination, settings, prefix)
-    if dry_run:
-        return {"dry_run": True, **plan.summary(), "usage": plan.usage(settings).to_dict(),
-                "plan": [{"shard": s["name"], "files": len(s["members"]), "size": s["size"]} for s in plan.shards]}
-    progress.plan(plan.bytes, len(plan.shards) + 1)
-    journal = journal_at(state_dir or Path(settings.transfer.state_dir), plan.key)
-    ctx = UnpackContext(plan, settings, journal, progress)
-    concurrency = max(1, min(settings.transfer.concurrency, len(plan.shards)))
-    results = jobs.run(ctx, plan.units(), journal, concurrency, "unpack")
+    try:
+        if dry_run:
+            return {"dry_run": True, **plan.summary(), "usage": plan.usage(settings).to_dict(),
+                    "plan": [{"shard": s["name"], "files": s["files"], "size": s["size"]} for s in plan.shards]}
+        progress.plan(plan.bytes, len(plan.shards) + 1)
+        journal = journal_at(state_dir or Path(settings.transfer.state_dir), plan.key)
+        ctx = UnpackContext(plan, settings, journal, progress)
+        concurrency = max(1, min(settings.transfer.concurrency, len(plan.shards)))
+        results = jobs.run(ctx, plan.units(), journal, concurrency, "unpack")
+    finally:
+        plan.close()
     return {"source": source, "destination": plan.destination, "shards": len(plan.shards), "files": results["files"],
             "bytes": results["bytes"], "verified": plan.index is not None, "index": plan.index,
             "manifest": results["manifest"], **progress.snapshot()}
