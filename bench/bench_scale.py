@@ -3,7 +3,8 @@
     python -m bench.bench_scale [--files 10000,1000000] [--tree-dir DIR] [--listing 10000000]
 
 For each N in --files, N x 1 KiB files (folders of 1,000) go local -> S3 (``rclone serve s3``, the
-fast endpoint), then a no-op sync, then a check of what is there:
+fast endpoint), then a no-op sync, then a check of what is there (``--steps pack,unpack`` packs
+the tree local -> local and unpacks it again, beside ``tar -cf`` and ``tar -xf``):
 
     bridge   mcbridge cp TREE/ s3://bench/bridge-N/   mcbridge sync (the same)   mcbridge verify
     rclone   rclone copy TREE s3e:bench/rclone-N      rclone sync (the same)     rclone check
@@ -171,8 +172,9 @@ def main() -> None:
     ap.add_argument("--listing", type=int, default=0, help="plan a copy of this many generated objects (dry run)")
     ap.add_argument("--listing-json", action="store_true",
                     help="print the generated plan as JSON, every file of it (default: the plan's summary)")
-    ap.add_argument("--steps", default="cp,sync,verify", help="which of cp,sync,verify,pack to run "
-                    "(pack: mcbridge pack local -> local, beside tar -cf in the rclone column)")
+    ap.add_argument("--steps", default="cp,sync,verify", help="which of cp,sync,verify,pack,unpack to run "
+                    "(pack: mcbridge pack local -> local, beside tar -cf in the rclone column; unpack, "
+                    "after pack: mcbridge unpack of its shards beside tar -xf then sync)")
     ap.add_argument("--tools", default="bridge,rclone")
     ap.add_argument("--bridge-args", default="", help="extra arguments for mcbridge cp and sync")
     args = ap.parse_args()
@@ -210,6 +212,11 @@ def main() -> None:
             # pack, local -> local: beside tar, which only copies bytes
             commands["bridge"]["pack"] = [*BRIDGE, "pack", f"{tree}/", str(work / f"packed-{count}"), "-q"]
             commands["rclone"]["pack"] = ["tar", "-cf", str(work / f"packed-{count}.tar"), "-C", str(tree), "."]
+            # unpack what pack made, local -> local: beside tar -xf (then sync, as bridge syncs what it writes)
+            commands["bridge"]["unpack"] = [*BRIDGE, "unpack", str(work / f"packed-{count}"),
+                                            str(work / f"unpacked-{count}"), "-q"]
+            commands["rclone"]["unpack"] = ["sh", "-c", f"mkdir -p {work}/untarred-{count} && tar -xf "
+                                            f"{work}/packed-{count}.tar -C {work}/untarred-{count} && sync"]
             for step in steps:
                 row: dict = {"files": count, "step": step, "load": load()}
                 for tool in tools:
@@ -220,8 +227,9 @@ def main() -> None:
                     row[f"{tool}_peak_mib"] = round(peak / MiB, 1)
                 if "bridge" in tools and "rclone" in tools:
                     row["ratio"] = round(row["bridge_s"] / row["rclone_s"], 2)
-                if step == "pack":
-                    shutil.rmtree(work / f"packed-{count}", ignore_errors=True)
+                if step == "unpack" or (step == "pack" and "unpack" not in steps):
+                    for made in (f"packed-{count}", f"unpacked-{count}", f"untarred-{count}"):
+                        shutil.rmtree(work / made, ignore_errors=True)
                     Path(work / f"packed-{count}.tar").unlink(missing_ok=True)
                 rows.append(row)
                 print("  ".join(f"{k}={v}" for k, v in row.items()), flush=True)

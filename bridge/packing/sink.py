@@ -175,10 +175,12 @@ def _metadata(crc: str, sha: str) -> dict[str, str]:
 
 
 def put_whole(store: Store, loc: Location, data: bytes, *, retries: int, progress: Progress | None = None,
-              sha256: str | None = None) -> Written:
-    """One small object in one request, with the same metadata as streamed ones."""
+              sha256: str | None = None, durable: bool = True) -> Written:
+    """One small object in one request, with the same metadata as streamed ones. ``durable=False``
+    (a local store only) leaves its fsyncs to the caller's ``store.settle``."""
     sha, crc = sha256 or hashlib.sha256(data).hexdigest(), crc_hex(crc32c(data))
-    committed = reported(lambda: store.put(loc, data, crc32c=crc, metadata=_metadata(crc, sha)),
+    deferred = {} if durable else {"durable": False}
+    committed = reported(lambda: store.put(loc, data, crc32c=crc, metadata=_metadata(crc, sha), **deferred),
                          (lambda _e: progress.retried()) if progress else None)
     if progress:
         progress.moved(len(data))

@@ -55,6 +55,8 @@ from bridge.stores.base import MiB
 from bridge.urls import Location, parse
 
 STREAM_OVER = 16 * MiB      # members bigger than this go out as multipart uploads
+SETTLE_FILES = 512          # a local target's members are made durable together after this many
+SETTLE_BYTES = 256 * MiB    # ... or bytes, then journaled
 LIST_PROBLEMS = 5
 MEMBER_FIELDS = ("path", "size", "offset", "sha256", "row_group", "row")
 
@@ -380,6 +382,14 @@ class _Extractor:
         # remote targets take one request per file: keep several in flight for each shard reader
         self._puts = None if dst_root.is_local else Pool(concurrency, thread_name_prefix="bridge-put")
         self._slots = threading.BoundedSemaphore(2 * concurrency)
+        # A local target's small members skip their two fsyncs each (file, folder): they are made
+        # durable together (one syncfs, as a copy's are: bridge.engine), and journaled only then,
+        # so the journal never names a file a power loss could take back.
+        self.defer_sync = dst_root.is_local
+        self._unsettled: list[tuple[Location, str, dict]] = []
+        self._unsettled_bytes = 0
+        self._lock = threading.Lock()
+        self._settling = threading.Lock()
 
     def close(self) -> None:
         if self._puts:
@@ -394,9 +404,28 @@ class _Extractor:
             return None
         return FileEntry.from_dict(rec)
 
-    def restored(self, shard: Shard, m: Member, entry: FileEntry) -> FileEntry:
-        self.journal.put(f"file:{m.path}", {**entry.to_dict(), "member_sha256": m.sha256, "shard": shard.token})
+    def restored(self, shard: Shard, m: Member, entry: FileEntry, *, settled: bool = True) -> FileEntry:
+        record = {**entry.to_dict(), "member_sha256": m.sha256, "shard": shard.token}
+        if settled:
+            self.journal.put(f"file:{m.path}", record)
+            return entry
+        with self._lock:
+            self._unsettled.append((self.dst_root.join(m.path), f"file:{m.path}", record))
+            self._unsettled_bytes += entry.size
+            full = len(self._unsettled) >= SETTLE_FILES or self._unsettled_bytes >= SETTLE_BYTES
+        if full:
+            self.settle()
         return entry
+
+    def settle(self) -> None:
+        """Make the members written since the last settle durable, then journal them; a failure
+        journals none of them (the re-run writes them again)."""
+        with self._settling:
+            with self._lock:
+                batch, self._unsettled, self._unsettled_bytes = self._unsettled, [], 0
+            if batch:
+                self.dst.settle([loc for loc, _key, _record in batch])
+                self.journal.put_many([(key, record) for _loc, key, record in batch])
 
     def shard(self, shard: Shard) -> int:
         """Restore one shard's members (read as they are reached: a shard of a million members
@@ -448,6 +477,7 @@ class _Extractor:
         return count
 
     def _shard_done(self, shard: Shard) -> None:
+        self.settle()
         # with the members' records a journal may still buffer, in one write: never before them
         self.journal.put_many([(f"shard:{shard.name}", shard.token)])
 
@@ -465,9 +495,10 @@ class _Extractor:
 
     def _put_now(self, shard: Shard, m: Member, data: bytes, sha: str) -> FileEntry:
         w = put_whole(self.dst, self.dst_root.join(m.path), data, retries=self.retries, progress=self.progress,
-                      sha256=sha)
+                      sha256=sha, durable=not self.defer_sync)
         self.progress.file_finished()
-        return self.restored(shard, m, FileEntry(m.path, w.size, w.crc32c, w.sha256, **w.committed))
+        return self.restored(shard, m, FileEntry(m.path, w.size, w.crc32c, w.sha256, **w.committed),
+                             settled=not self.defer_sync)
 
     def _stream(self, view: RangeFile, shard: Shard, m: Member) -> FileEntry:
         sink = StreamingUpload(self.dst, self.dst_root.join(m.path), part_size=self.part_size,
