@@ -81,7 +81,7 @@ def dumps(doc: dict[str, Any]) -> bytes:
 def build(*, shard_format: str, prefix: str, source: str, shard_size: int, max_count: int | None,
           records: list[dict[str, Any]]) -> dict[str, Any]:
     shards = [{k: r[k] for k in ("name", "size", "sha256", "crc32c", "files", "bytes", "first", "last")}
-              | {"list": {k: v for k, v in r["list"].items() if k != "committed"}}   # that is the manifest's
+              | {"list": {k: v for k, v in r["list"].items() if k not in ("committed", "upload")}}   # the manifest's
               for r in records]
     return {"format": layout.INDEX_FORMAT, "version": layout.INDEX_VERSION, "shard_format": shard_format,
             "prefix": prefix, "source": source, "shard_size": shard_size, "max_count": max_count,

@@ -335,7 +335,7 @@ def _shard(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
     writer = ShardWriter(ctx.fmt, src=ctx.src, src_root=ctx.src_root, dst=ctx.dst, dst_root=ctx.dst_root,
                          prefix=ctx.plan.prefix, part_size=ctx.plan.part_size, retries=ctx.retries,
                          progress=ctx.progress, read_pool=ctx.read_pool())
-    record = writer.write(name, [(rel, size) for rel, size in unit["files"]])
+    record = writer.write(name, unit["files"])   # [rel, size] pairs, not copied
     if ctx.fmt.exact_sizes and record["size"] != unit["size"]:
         raise BridgeError(f"internal error: {name} has {record['size']} bytes, planned {unit['size']}")
     ctx.journal.put(f"shard:{name}", record)
@@ -409,8 +409,9 @@ def _finalize(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
         entries.append(FileEntry(r["name"], r["size"], r["crc32c"], r["sha256"], r["part_size"], r["parts"],
                                  **r.get("committed", {})))
         listing = r["list"]
+        upload = listing.get("upload", {})   # a list over one part goes up in parts, as shards do
         entries.append(FileEntry(listing["name"], listing["size"], listing["crc32c"], listing["sha256"],
-                                 **listing.get("committed", {})))
+                                 upload.get("part_size", 0), upload.get("parts", []), **listing.get("committed", {})))
     entries.append(FileEntry(index["name"], index["size"], index["crc32c"], index["sha256"],
                              **index.get("committed", {})))
     where = jobs.commit(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination, entries,

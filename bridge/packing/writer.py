@@ -19,15 +19,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from bridge import registry
-from bridge.errors import IntegrityError, InvalidOption
+from bridge.errors import BridgeError, IntegrityError, InvalidOption
 from bridge.packing import layout
-from bridge.packing.sink import StreamingUpload, Written, put_whole
+from bridge.packing.sink import StreamingUpload, Written
 from bridge.progress import Progress
 from bridge.retry import reported
 from bridge.stores.base import MiB, Store
 from bridge.urls import Location
 
 READ_AHEAD_BYTES = 16 * MiB   # read ahead of each shard writer
+READ_AHEAD_BATCHES = 64       # ... and at most this many batches (a shard of tiny files is not read whole)
 READ_BATCH_FILES = 64         # small files read and hashed together, one pool task
 READ_BATCH_BYTES = 1 * MiB
 
@@ -158,7 +159,7 @@ def source_files(store: Store, root: Location, files: list[tuple[str, int]], *, 
     todo = _batches(files, stream_over)
     try:
         while True:
-            while ahead < READ_AHEAD_BYTES:
+            while ahead < READ_AHEAD_BYTES and len(window) < READ_AHEAD_BATCHES:   # tiny files: by count too
                 item = next(todo, None)
                 if item is None:
                     break
@@ -207,47 +208,57 @@ class ShardWriter:
         self.progress, self.read_pool = progress, read_pool
 
     def write(self, name: str, files: list[tuple[str, int]]) -> dict[str, Any]:
+        """The shard, and its file list streamed beside it: each file's line is written as soon
+        as the format places it (a shard of a million files holds no list of their entries)."""
         for rel, size in files:   # the plan checked these; a hand-made unit may not have been
             if size > self.fmt.max_file_size:
                 raise InvalidOption(f"{rel}: {size} bytes is over the {self.fmt.name} limit of "
                                     f"{self.fmt.max_file_size} bytes per file")
         sink = StreamingUpload(self.dst, self.dst_root.join(name), part_size=self.part_size,
                                retries=self.retries, progress=self.progress)
+        list_rel = layout.list_name(self.prefix, name)
+        listing = StreamingUpload(self.dst, self.dst_root.join(list_rel), part_size=self.part_size,
+                                  retries=self.retries)
         try:
             encoder = self.fmt.encoder(sink)
-            hashes = self._encode(encoder, files)
-            encoder.finish()
+            self._encode(encoder, files, listing)
             written = sink.close()
+            listed = listing.close()
         except BaseException:
             sink.abort()
+            listing.abort()
             raise
-        entries = [{"path": rel, **placement, "sha256": sha}
-                   for (rel, _size), placement, sha in zip(files, encoder.placements, hashes, strict=True)]
-        return self._record(name, files, written, self._write_list(name, entries))
+        return self._record(name, files, written, {
+            "name": list_rel, "size": listed.size, "sha256": listed.sha256, "crc32c": listed.crc32c,
+            "committed": listed.committed, "upload": {"part_size": listed.part_size, "parts": listed.parts}})
 
-    def _encode(self, encoder: ShardEncoder, files: list[tuple[str, int]]) -> list[str]:
+    def _encode(self, encoder: ShardEncoder, files: list[tuple[str, int]], listing: StreamingUpload) -> None:
         stream_over = self.part_size if self.fmt.streams_large_files else self.fmt.max_file_size
-        hashes = []
+        placed: collections.deque[tuple[str, str]] = collections.deque()   # (rel, sha) the format has not placed yet
+
+        def drain() -> None:   # placements come in file order, a Parquet row group's at its flush
+            for placement in encoder.placements:
+                rel, sha = placed.popleft()
+                listing.write(json.dumps({"path": rel, **placement, "sha256": sha}, separators=(",", ":"),
+                                         ensure_ascii=False).encode() + b"\n")
+            encoder.placements.clear()
+
         for rel, size, data, sha in source_files(self.src, self.src_root, files, stream_over=stream_over,
                                                  pool=self.read_pool, retries=self.retries, progress=self.progress):
             if data is None:
                 hasher = hashlib.sha256()
                 encoder.add_stream(rel, size, ranged_chunks(self.src, self.src_root.join(rel), size,
                                                             self.part_size, self.retries, self.progress, hasher))
-                hashes.append(hasher.hexdigest())
+                placed.append((rel, hasher.hexdigest()))
             else:
                 encoder.add(rel, data, sha)
-                hashes.append(sha)
+                placed.append((rel, sha))
+            drain()
             self.progress.file_finished()
-        return hashes
-
-    def _write_list(self, name: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
-        rel = layout.list_name(self.prefix, name)
-        body = b"".join(json.dumps(e, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
-                        for e in entries)
-        written = put_whole(self.dst, self.dst_root.join(rel), body, retries=self.retries)
-        return {"name": rel, "size": written.size, "sha256": written.sha256, "crc32c": written.crc32c,
-                "committed": written.committed}
+        encoder.finish()
+        drain()
+        if placed:
+            raise BridgeError(f"internal error: {len(placed)} files of the shard were never placed")
 
     def _record(self, name: str, files: list[tuple[str, int]], written: Written,
                 listing: dict[str, Any]) -> dict[str, Any]:
