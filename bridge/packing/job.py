@@ -80,8 +80,9 @@ class ShardPlan:
         return known if known is not None else sum(size for _rel, size in self.files)
 
     def unit(self) -> dict[str, Any]:
-        return {"op": "shard", "number": self.number, "name": self.name, "size": self.size,
-                "files": list(self.files)}
+        """The shard's unit in this process: its files as planned, a table slice read as it is
+        written (``to_dict`` is the JSON, every file listed, for a task on the service)."""
+        return {"op": "shard", "number": self.number, "name": self.name, "size": self.size, "files": self.files}
 
     def to_dict(self) -> dict[str, Any]:
         return {"number": self.number, "name": self.name, "size": self.size, "files": list(self.files)}

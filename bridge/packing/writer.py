@@ -207,9 +207,11 @@ class ShardWriter:
         self.prefix, self.part_size, self.retries = prefix, part_size, retries
         self.progress, self.read_pool = progress, read_pool
 
-    def write(self, name: str, files: list[tuple[str, int]]) -> dict[str, Any]:
+    def write(self, name: str, files: Iterable[tuple[str, int]]) -> dict[str, Any]:
         """The shard, and its file list streamed beside it: each file's line is written as soon
-        as the format places it (a shard of a million files holds no list of their entries)."""
+        as the format places it (a shard of a million files holds no list of their entries).
+        ``files``: [rel, size] pairs in pack order, a list or a plan's table on disk read anew
+        at each pass (bridge.packing.job.MemberSlice)."""
         for rel, size in files:   # the plan checked these; a hand-made unit may not have been
             if size > self.fmt.max_file_size:
                 raise InvalidOption(f"{rel}: {size} bytes is over the {self.fmt.name} limit of "
@@ -260,10 +262,14 @@ class ShardWriter:
         if placed:
             raise BridgeError(f"internal error: {len(placed)} files of the shard were never placed")
 
-    def _record(self, name: str, files: list[tuple[str, int]], written: Written,
+    def _record(self, name: str, files: Iterable[tuple[str, int]], written: Written,
                 listing: dict[str, Any]) -> dict[str, Any]:
+        count = nbytes = 0
+        first = last = ""
+        for rel, size in files:   # one more pass: a list, or a plan's table on disk
+            first = first or rel
+            last, count, nbytes = rel, count + 1, nbytes + size
         return {"name": name, "size": written.size, "sha256": written.sha256, "crc32c": written.crc32c,
-                "files": len(files), "bytes": sum(size for _rel, size in files),
-                "first": files[0][0] if files else "", "last": files[-1][0] if files else "",
+                "files": count, "bytes": nbytes, "first": first, "last": last,
                 "list": listing, "part_size": written.part_size, "parts": written.parts,
                 "committed": written.committed}
