@@ -31,6 +31,7 @@ from bridge import meter
 from bridge.errors import BridgeError, EndpointUnreachable, TransientError
 
 HEAD_LIMIT = 1 << 20   # the status line and headers of one answer, at most
+JOIN_LIMIT = 256 * 1024   # a body up to this size goes out in one write with its request's head
 T = TypeVar("T")
 
 
@@ -108,9 +109,13 @@ class Link:
         lines.extend(f"{name}: {value}" for name, value in headers.items())
         if body and not any(name.lower() == "content-length" for name in headers):
             lines.append(f"Content-Length: {len(body)}")
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-        if body:
-            writer.write(body)
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        if body and len(body) <= JOIN_LIMIT:
+            writer.write(head + body)   # one send (and over TLS one write into the TLS layer), not two
+        else:
+            writer.write(head)
+            if body:
+                writer.write(body)
         await writer.drain()
         head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
         version, _, rest = head[0].partition(" ")
