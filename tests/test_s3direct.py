@@ -210,10 +210,13 @@ class PeerProxy(FaultProxy):
         return await super()._handle(request)
 
     def hang_up(self) -> None:
-        """Close, from the server's side, every connection a request came on."""
+        """Close, from the server's side, every connection a request came on, and return once
+        their sockets are closed (the client has been told)."""
         async def close():
             for transport in self.transports:
                 transport.close()
+            while any(transport.get_extra_info("socket").fileno() != -1 for transport in self.transports):
+                await asyncio.sleep(0.01)
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=30)
 
 

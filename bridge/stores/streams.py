@@ -195,6 +195,7 @@ class _Home:
             task.cancel()
         with contextlib.suppress(BaseException):
             self.loop.run_until_complete(asyncio.gather(*left, asyncio.sleep(0), return_exceptions=True))
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())   # name lookups' threads
         self.loop.close()
 
 
