@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import base64
 import mimetypes
+import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from bridge.errors import InvalidOption, MetadataError
@@ -189,8 +191,10 @@ XATTR = "user."
 XATTR_HEADERS = {name: HTTP_NAMES[name].lower() for name in HEADERS}
 
 
-def to_xattrs(attrs: Attrs) -> dict[str, bytes]:
-    out = {XATTR + XATTR_HEADERS[name]: value.encode() for name, value in attrs.headers().items()}
+def to_xattrs(attrs: Attrs, *, content_type: bool = True) -> dict[str, bytes]:
+    """``content_type=False``: as for ``attrs`` without its Content-Type."""
+    out = {XATTR + XATTR_HEADERS[name]: value.encode() for name, value in attrs.headers().items()
+           if content_type or name != "content_type"}
     for key, value in attrs.user.items():
         name = XATTR + key
         if name in out:
@@ -221,8 +225,27 @@ def from_xattrs(values: Mapping[str, bytes], name: str) -> Attrs:
 
 
 def guess_content_type(name: str) -> str | None:
-    """As the AWS CLI guesses it: ``mimetypes`` from the name, nothing when it does not know."""
+    """As the AWS CLI guesses it: ``mimetypes`` from the name, nothing when it does not know.
+    A name whose one extension decides alone (no URL scheme, no compression or compound suffix
+    for mimetypes to look behind) is answered from a small cache by extension: a download of
+    many small files asks once per file."""
+    if ":" not in name:
+        ext = posixpath.splitext(name)[1]
+        if ext and ext.lower() not in _compound_suffixes():
+            return _by_extension(ext)
     return mimetypes.guess_type(name, strict=False)[0]
+
+
+@lru_cache(maxsize=512)
+def _by_extension(ext: str) -> str | None:
+    return mimetypes.guess_type("x" + ext, strict=False)[0]
+
+
+@lru_cache(maxsize=1)
+def _compound_suffixes() -> frozenset[str]:
+    """The suffixes after which mimetypes looks at the one before (``.tgz``, ``.gz``, ...)."""
+    mimetypes.init() if not mimetypes.inited else None
+    return frozenset(k.lower() for k in (*mimetypes.suffix_map, *mimetypes.encodings_map))
 
 
 # -- what a copy writes -----------------------------------------------------------------------

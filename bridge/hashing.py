@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-import crc32c as _crc32c  # hardware CRC32C; takes any buffer, bytearray included
-
 from bridge.errors import ObjectNotFound, TransferFailed
 
 if TYPE_CHECKING:
@@ -21,6 +19,35 @@ if TYPE_CHECKING:
     from bridge.urls import Location
 
 _POLY = 0x82F63B78  # CRC32C (Castagnoli), reflected
+
+
+def _crc32c_module():
+    """The crc32c package's C extension (hardware CRC32C; takes any buffer, bytearray included),
+    loaded without the package's ``__init__``: that one imports importlib.metadata and asks it
+    for the package's version, a search of every folder on sys.path that cost ~30 ms of each
+    short job's start. Registered under its own name, so that ``import crc32c`` elsewhere (gcsfs)
+    finds the same module; the package itself where the extension is not where expected."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+    name = "crc32c._crc32c"
+    if name in sys.modules:
+        return sys.modules[name]
+    package = importlib.util.find_spec("crc32c")
+    for folder in (package.submodule_search_locations or []) if package else []:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(folder, "_crc32c" + suffix)
+            if os.path.exists(path):
+                spec = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                sys.modules[name] = module
+                return module
+    import crc32c
+    return crc32c
+
+
+_crc32c = _crc32c_module()
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:

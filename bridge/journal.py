@@ -57,8 +57,11 @@ def journal_at(state_dir: Path | str, key: str) -> FileJournal:
     return FileJournal(Path(state_dir) / "journal" / f"{key}.db")
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))   # json.dumps(value, separators=...), made once
+
+
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+    return _ENCODER.encode(value)
 
 
 class FileJournal:

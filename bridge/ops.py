@@ -11,9 +11,7 @@ from bridge.config import Settings
 import concurrent.futures as cf
 import contextlib
 import gc
-import pickle
 
-from bridge import adopt as adopting
 from bridge import bwlimit
 from bridge import manifest as manifests
 from bridge import check
@@ -126,6 +124,7 @@ def adopt_existing(plan: Plan, settings: Settings, mode: str) -> None:
         if there is None:
             return None
         src = src_root if plan.single else src_root.join(f.rel)
+        from bridge import adopt as adopting   # only where something may be adopted: not on every start-up
         return adopting.compare(src_store, src_store.info(src), dst_store, there, f.rel, deep=mode == "deep")
 
     with Pool(settings.transfer.concurrency) as pool:
@@ -270,6 +269,7 @@ class _Tree:
         self.rows = Rows(2, where)
         apart = manifests.record_home(store, root) != root     # records kept outside the data
         found: set[str] = set()
+        import pickle   # only for a listing of committed prefixes: not on every start-up
         for info in store.list(root):
             rel = info.location.relative_to(root)
             head = None if apart else manifests.record_head(rel)
@@ -281,6 +281,7 @@ class _Tree:
 
     def walk(self, prefix: str):
         """(path relative to ``prefix``, info) of each data object under it, in path order."""
+        import pickle
         for rel, blob in self.rows.from_key(prefix):
             if not rel.startswith(prefix):
                 return
@@ -404,6 +405,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
         return "repaired" if mismatch(dst_store, there, entry) is not None else "unchanged"
 
     def adoption(rel: str, info, there):
+        from bridge import adopt as adopting
         found = adopting.compare(src_store, info, dst_store, there, rel, deep=adopt == "deep")
         return ("adopted", found.entry.to_dict()) if found.equal else "changed"
 

@@ -3,6 +3,7 @@ moto answers a range with 206, ``rclone serve s3`` with 200 and a Content-Range.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 
@@ -15,6 +16,7 @@ from bridge.stores.base import crc_hex_to_b64
 from bridge.stores.s3direct import Direct
 from bridge.urls import parse
 from tests.emulators import RcloneS3
+from tests.faultproxy import FaultProxy
 from tests.helpers import settings_for, small_files_go_in_batches_and_verify
 
 MiB = 1024 * 1024
@@ -194,6 +196,56 @@ def test_many_whole_objects_come_from_one_thread_and_failures_are_per_object(s3)
     assert threads == {threading.get_ident()}
     assert sorted(failures) == [7, len(keys) - 1]
     assert all(isinstance(exc, ObjectNotFound) for exc in failures.values())
+
+
+class PeerProxy(FaultProxy):
+    """The fault proxy, keeping each request's client connection (its transport)."""
+
+    def __init__(self, upstream: str):
+        super().__init__(upstream)
+        self.transports: list = []
+
+    async def _handle(self, request):
+        self.transports.append(request.transport)
+        return await super()._handle(request)
+
+    def hang_up(self) -> None:
+        """Close, from the server's side, every connection a request came on, and return once
+        their sockets are closed (the client has been told)."""
+        async def close():
+            for transport in self.transports:
+                transport.close()
+            while any(transport.get_extra_info("socket").fileno() != -1 for transport in self.transports):
+                await asyncio.sleep(0.01)
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(timeout=30)
+
+
+def test_runs_of_many_objects_keep_their_connections_and_drop_the_ones_the_server_closed(s3):
+    """Successive ``get_many`` runs (an engine batch each) go over the connections the first
+    opened, no more than it opened; after the server closes them while they are kept, the next
+    run opens new ones instead of failing a request on a dead one (no retries allowed here)."""
+    client = s3.client()
+    blobs = {f"keep/{i:02d}.bin": os.urandom(1000 + i) for i in range(12)}
+    for key, data in blobs.items():
+        client.put_object(Bucket="direct", Key=key, Body=data)
+    locs = [parse(f"s3://direct/{key}") for key in blobs]
+    with PeerProxy(s3.endpoint) as proxy:
+        direct = Direct(proxy.endpoint, "us-east-1", lambda: ("testing", "testing", None), 30)
+        for run in range(4):
+            if run == 3:
+                proxy.hang_up()
+            got = {}
+            failures = direct.get_many(locs, lambda i, data: got.__setitem__(i, bytes(data)), _not_found,
+                                       connections=3, retries=0)
+            assert failures == {} and [got[i] for i in range(len(locs))] == list(blobs.values())
+            if run == 2:
+                assert len({id(t) for t in proxy.transports}) == 3
+        assert len(proxy.transports) == 4 * len(locs)
+        assert len({id(t) for t in proxy.transports}) == 6
+
+
+def _not_found(loc, code, text):
+    return ObjectNotFound(f"{loc}: {code} {text}")
 
 
 def test_a_batch_of_small_files_is_written_and_resumed_per_file(s3, tmp_path, monkeypatch):

@@ -5,7 +5,6 @@ finished part in a sidecar so that a killed copy can continue."""
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import errno
 import functools
 import hashlib
@@ -480,9 +479,8 @@ def _set_xattrs(fd: int, loc: Location, attrs: Attrs | None) -> None:
     keep (``--no-metadata`` keeps nothing)."""
     if attrs is None:
         return
-    if attrs.content_type == attributes.guess_content_type(loc.name):
-        attrs = dataclasses.replace(attrs, content_type=None)
-    for name, value in attributes.to_xattrs(attrs).items():
+    redundant = attrs.content_type is not None and attrs.content_type == attributes.guess_content_type(loc.name)
+    for name, value in attributes.to_xattrs(attrs, content_type=not redundant).items():
         try:
             os.setxattr(fd, name, value)
         except OSError as exc:

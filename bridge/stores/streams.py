@@ -1,5 +1,5 @@
 """Many small requests from one thread: HTTP/1.1 over asyncio streams, a few keep-alive
-connections on one event loop.
+connections on one event loop (the process's: ``_Home``), kept from one batch to the next.
 
 Why (issue 13): 2,000 objects of 16 KiB fetched by eight threads, each with its own blocking
 http.client connection, spent most of their time handing the GIL to one another (strace: ~84
@@ -17,7 +17,11 @@ retried here (the caller retries each request through ``bridge.retry``).
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
+import os
 import ssl
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -27,6 +31,7 @@ from bridge import meter
 from bridge.errors import BridgeError, EndpointUnreachable, TransientError
 
 HEAD_LIMIT = 1 << 20   # the status line and headers of one answer, at most
+JOIN_LIMIT = 256 * 1024   # a body up to this size goes out in one write with its request's head
 T = TypeVar("T")
 
 
@@ -52,6 +57,18 @@ class Link:
         self.timeout = timeout
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+
+    def alive(self) -> bool:
+        """Connected, and nothing arrived since its last answer: a kept link the server closed
+        (or that holds garbage) is not used again. One poll of the socket, no waiting (between
+        runs the loop is not running to notice)."""
+        from bridge.stores.base import _dropped
+        if self._writer is None or self._writer.is_closing() or self._reader is None:
+            return False
+        if self._reader.at_eof() or self._reader.exception() is not None:
+            return False
+        sock = self._writer.get_extra_info("socket")
+        return sock is not None and not _dropped(sock)
 
     def close(self) -> None:
         if self._writer is not None:
@@ -92,9 +109,13 @@ class Link:
         lines.extend(f"{name}: {value}" for name, value in headers.items())
         if body and not any(name.lower() == "content-length" for name in headers):
             lines.append(f"Content-Length: {len(body)}")
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-        if body:
-            writer.write(body)
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        if body and len(body) <= JOIN_LIMIT:
+            writer.write(head + body)   # one send (and over TLS one write into the TLS layer), not two
+        else:
+            writer.write(head)
+            if body:
+                writer.write(body)
         await writer.drain()
         head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
         version, _, rest = head[0].partition(" ")
@@ -131,29 +152,131 @@ async def _chunked(reader: asyncio.StreamReader) -> bytes:
         await reader.readexactly(2)
 
 
+class _Home:
+    """The event loop the runs of this process share, one at a time, each in its caller's thread,
+    and the keep-alive links it keeps from one run to the next. Why: an engine batch is one run
+    (256 files); with a loop and links of its own, 2,000 small files over HTTPS cost 65 TCP
+    connections and TLS handshakes, counted, where 8 lanes need 8: each batch opened every lane
+    again. A run that finds the loop busy (another thread's) makes a loop of its own, as before."""
+
+    IDLE = 256   # links kept per (origin, settings), at most: transfer.concurrency's bound
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.loop = asyncio.new_event_loop()
+        self.idle: dict[tuple, list[Link]] = {}
+
+    def take(self, key: tuple) -> Link | None:
+        """A kept link the server has not closed meanwhile (a request on it would fail)."""
+        kept = self.idle.get(key)
+        while kept:
+            link = kept.pop()
+            if link.alive():
+                return link
+            link.close()
+        return None
+
+    def give(self, key: tuple, link: Link) -> None:
+        kept = self.idle.setdefault(key, [])
+        if link.alive() and len(kept) < self.IDLE:
+            kept.append(link)
+        else:
+            link.close()
+
+    def close(self) -> None:
+        """Close the kept links and the loop, cancelling what an interrupted run left in it."""
+        for kept in self.idle.values():
+            for link in kept:
+                link.close()
+        self.idle.clear()
+        left = asyncio.all_tasks(self.loop)
+        for task in left:
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            self.loop.run_until_complete(asyncio.gather(*left, asyncio.sleep(0), return_exceptions=True))
+            self.loop.run_until_complete(self.loop.shutdown_default_executor())   # name lookups' threads
+        self.loop.close()
+
+
+_home: _Home | None = None
+_home_lock = threading.Lock()
+
+
+def _the_home() -> _Home:
+    global _home
+    with _home_lock:
+        if _home is None or _home.pid != os.getpid():   # a forked child makes its own
+            if _home is None:
+                atexit.register(_close_home)
+            _home = _Home()
+        return _home
+
+
+def _close_home() -> None:
+    global _home
+    home = _home
+    if home is not None and home.pid == os.getpid() and home.lock.acquire(blocking=False):
+        _home = None
+        home.close()
+
+
 def run_many(count: int, work: Callable[[int, Link], Awaitable[None]], origin: str, *,
              connections: int, timeout: float, metered: tuple[str, str] | None = None,
              tls: ssl.SSLContext | None = None) -> None:
     """``work(i, link)`` for every i in range(count), at most ``connections`` at a time, each on
-    a keep-alive link of its own, on an event loop of this thread. An exception from ``work``
-    ends the run (the caller decides which failures are one item's and which are everyone's)."""
+    a keep-alive link of its own (kept from an earlier run where there is one), on an event loop
+    of this thread (the process's, ``_Home``, when no other thread runs it). An exception from
+    ``work`` ends the run (the caller decides which failures are one item's and which are
+    everyone's): the other lanes are cancelled and their links closed."""
     if count <= 0:
         return
+    home = _the_home()
+    key = (origin, timeout, metered, tls)
 
-    async def main() -> None:
+    async def main(keeper: _Home | None) -> None:
         items = iter(range(count))
 
         async def lane() -> None:
-            link = Link(origin, timeout, metered, tls)
+            link = (keeper and keeper.take(key)) or Link(origin, timeout, metered, tls)
+            finished = False
             try:
                 for i in items:
                     await work(i, link)
+                finished = True
             finally:
-                link.close()
+                if finished and keeper is not None:
+                    keeper.give(key, link)
+                else:   # cancelled or failed mid-exchange (what is left on it is unknown), or not kept
+                    link.close()
 
-        await asyncio.gather(*(lane() for _ in range(max(1, min(connections, count)))))
+        lanes = [asyncio.ensure_future(lane()) for _ in range(max(1, min(connections, count)))]
+        try:
+            await asyncio.gather(*lanes)
+        finally:
+            for task in lanes:
+                task.cancel()
+            await asyncio.gather(*lanes, return_exceptions=True)
 
-    asyncio.run(main())
+    if not home.lock.acquire(blocking=False):
+        asyncio.run(main(None))
+        return
+    try:
+        home.loop.run_until_complete(main(home))
+    except BaseException as exc:
+        if not isinstance(exc, Exception):   # interrupted inside the loop: its tasks may be left
+            _discard(home)
+        raise
+    finally:
+        home.lock.release()
+
+
+def _discard(home: _Home) -> None:
+    global _home
+    with _home_lock:
+        if _home is home:
+            _home = None
+    home.close()
 
 
 def each_of(count: int, send: Callable[[int, Link], Awaitable[T]], each: Callable[[int, T], None],
