@@ -692,6 +692,7 @@ class Service:
             # The end: its last task has stopped and its uploads are aborted (`jobs cancel`
             # returns on this, so nothing of the job is left at the destination by then).
             self.r.hsetnx(self.keys.job(record.id), "finished", time.time())
+            self.jobs.announce_end(record.id)
 
     def _end(self, job_id: str, state: str, errors: list[str] | None = None) -> None:
         if errors:
