@@ -429,7 +429,8 @@ class Service:
         count, chunk, held = 0, [], 0
         for sub in planned.subs:
             task_id = f"{job_id}.t{count}"
-            raw = json.dumps([task_id, sub, keyring.sign_task(who.tenant, who.digest, task_id, sub)])
+            text, sig = keyring.task_text(who.tenant, who.digest, task_id, sub)
+            raw = f"[{json.dumps(task_id)},{text},{json.dumps(sig)}]"   # what _tasks reads: [id, sub, sig]
             chunk.append(raw)
             held += len(raw)
             count += 1
