@@ -125,16 +125,21 @@ PRELOAD = ("bridge.engine", "bridge.ops", "bridge.check", "bridge.costing", "bri
 def _before_pool(**_kwargs) -> None:
     """Before the pool forks: metrics in multiprocess mode, and the engine, the store SDKs and the
     cost model imported once here rather than in every pool process on its first task (about a
-    second each)."""
+    second each), then frozen (gc.freeze)."""
     global _metrics_dir
     if settings.metrics_port:
         _metrics_dir = metrics.prepare()
+    import gc
     import importlib
     for name in PRELOAD:
         try:
             importlib.import_module(name)
         except ImportError as exc:  # an extra that is not installed: its scheme fails when used
             log.debug("not preloaded: %s (%s)", name, exc)
+    # Shared with every pool process: out of their collector's reach (it would walk it, and
+    # touch its pages, on every full collection).
+    gc.collect()
+    gc.freeze()
 
 
 @signals.worker_shutdown.connect
