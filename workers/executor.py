@@ -155,8 +155,8 @@ class StopCheck:
 def _settle_gc() -> None:
     """After a step's first run in a process: what it made and keeps (stores, their clients and
     the SDK's models, settings, the price tables) lives as long as the process, and the cyclic
-    collector walked it on every full collection (0.1-0.9 s of a job's tasks on a loaded machine,
-    measured with gc.callbacks). Frozen out of its reach, as an in-process copy does
+    collector walked it on every full collection (0.4 s of a second job's plan and tasks on a
+    loaded machine, measured with gc.callbacks). Frozen out of its reach, as an in-process copy does
     (bridge.ops); what the step left to collect is collected first."""
     gc.collect()
     gc.freeze()

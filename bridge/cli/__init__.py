@@ -367,8 +367,8 @@ def main() -> None:
     finally:
         # The command is done and has said so; what it made is freed with the process. Python's
         # collections at exit would walk all of it first (a service command's Celery, redis and
-        # pydantic: 0.4-0.7 s after `submit --wait` printed, on a loaded machine); frozen, they
-        # skip it. The exit handlers (logs flushed, temporary files removed) run as before.
+        # pydantic, which nothing froze before); frozen, they skip it. The exit handlers (logs
+        # flushed, temporary files removed) run as before.
         gc.freeze()
     sys.exit(code if isinstance(code, int) else 0)
 
