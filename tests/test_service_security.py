@@ -412,4 +412,13 @@ def test_signatures_cover_every_field_and_name_no_key(tmp_path):
     ring.check_task("a", "d" * 64, "j1.t0", json.loads(json.dumps(sub)), sig)   # as a task receives it
     with pytest.raises(Refused):
         ring.check_task("a", "d" * 64, "j1.t1", json.loads(json.dumps(sub)), sig)
+    # the planner's one encoding: the text it keeps reads back as the sub-plan its signature covers
+    plain = {"source": "s3://corpus/a/", "files": [{"rel": "x\u00e9\"/", "size": 1, "id": {"b": "1", "a": None}}],
+             "batch": 256, "ratio": 0.5}
+    text, sig = ring.task_text("a", "d" * 64, "j1.t0", plain)
+    assert json.loads(text) == plain and sig == ring.sign_task("a", "d" * 64, "j1.t0", plain)
+    ring.check_task("a", "d" * 64, "j1.t0", json.loads(text), sig)
+    for changed in ({**plain, "batch": 257}, {**plain, "files": []}):
+        with pytest.raises(Refused):
+            ring.check_task("a", "d" * 64, "j1.t0", changed, sig)
     assert "00010203" not in repr(ring)

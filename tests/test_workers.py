@@ -284,6 +284,25 @@ def test_job_states_move_forward_only_and_cancel_wins_once(client, ws):
     assert 0 < client.ttl(Keys(ws.namespace).job(job_id)) <= 3600
 
 
+def test_a_follower_wakes_when_the_job_ends_not_at_its_next_look(client, ws):
+    """--wait blocks on the job's end announcement: its wait returns with the end, long before its
+    timeout (a follower subscribed before it looked, so no end is missed between the two)."""
+    from bridge.workers.jobs import Jobs
+    from bridge.workers.keys import Keys
+    jobs = Jobs(client, Keys(ws.namespace), ttl=3600)
+    job_id = jobs.create(parse_spec({"kind": "copy", "source": "s3://a-b/", "destination": "gs://c-d/"}), queue="q")
+    assert jobs.transition(job_id, "planning", ("queued",))
+    with jobs.following(job_id) as wait:
+        wait(0.05)   # its subscription confirmed
+        assert wait(0.05) is None   # nothing to announce while it runs
+        assert jobs.finish(job_id, "succeeded")
+        woke = threading.Event()
+        waiter = threading.Thread(target=lambda: (wait(3600), woke.set()), daemon=True)
+        waiter.start()
+        waiter.join(60)
+        assert woke.is_set() and jobs.get(job_id).finished is not None
+
+
 # -- Redis: leases and the sweeper -----------------------------------------------------------
 
 def _lease_parts(client, ws):

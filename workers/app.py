@@ -113,23 +113,33 @@ app.steps["worker"].add(Upkeep)
 _metrics_dir: str | None = None
 
 
-PRELOAD = ("bridge.engine", "bridge.ops", "bridge.check", "bridge.stores.local", "bridge.stores.s3",
-           "bridge.stores.gcs", "bridge.stores.azure")
+# What a pool process's first tasks would import otherwise: the engine and stores, the SDK stacks
+# the stores import when first needed (a CLI's short job may never need them; a worker's jobs
+# price their plan and ask a bucket's region through them), the cost model, the metrics client.
+PRELOAD = ("bridge.engine", "bridge.ops", "bridge.check", "bridge.costing", "bridge.stores.local",
+           "bridge.stores.s3", "bridge.stores.s3direct", "bridge.stores.gcs", "bridge.stores.azure",
+           "s3fs", "aiobotocore.session", "gcsfs.core", "azure.storage.blob", "prometheus_client")
 
 
 @signals.worker_init.connect
 def _before_pool(**_kwargs) -> None:
-    """Before the pool forks: metrics in multiprocess mode, and the engine and store SDKs imported
-    once here rather than in every pool process on its first task (about a second each)."""
+    """Before the pool forks: metrics in multiprocess mode, and the engine, the store SDKs and the
+    cost model imported once here rather than in every pool process on its first task (about a
+    second each), then frozen (gc.freeze)."""
     global _metrics_dir
     if settings.metrics_port:
         _metrics_dir = metrics.prepare()
+    import gc
     import importlib
     for name in PRELOAD:
         try:
             importlib.import_module(name)
         except ImportError as exc:  # an extra that is not installed: its scheme fails when used
             log.debug("not preloaded: %s (%s)", name, exc)
+    # Shared with every pool process: out of their collector's reach (it would walk it, and
+    # touch its pages, on every full collection).
+    gc.collect()
+    gc.freeze()
 
 
 @signals.worker_shutdown.connect

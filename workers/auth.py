@@ -53,6 +53,10 @@ def canonical(doc: Mapping[str, Any]) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
+def _text(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=True).encode()
+
+
 def digest(doc: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical(doc)).hexdigest()
 
@@ -167,6 +171,17 @@ class Keyring:
         # as the worker will see it: through JSON (a key that is a number comes back a string)
         sub = json.loads(json.dumps(sub))
         return self.mac(tenant, {"v": VERSION, "job": job_digest, "task": task_id, "sub": sub})
+
+    def task_text(self, tenant: str, job_digest: str, task_id: str, sub: Mapping[str, Any]) -> tuple[str, str]:
+        """A sub-plan as canonical JSON and ``sign_task``'s signature of it, from that one encoding
+        (the planner keeps the text, so the sub-plan is encoded once). The bytes signed are those
+        ``canonical`` makes of the task's document: its keys in order (job, sub, task, v), the
+        sub-plan's own text in its place. A sub-plan is JSON data with text keys, so the checker's
+        encoding of it, read back, is this text again."""
+        text = canonical(sub)
+        doc = b'{"job":%s,"sub":%s,"task":%s,"v":%s}' % (
+            _text(job_digest), text, _text(task_id), _text(VERSION))
+        return text.decode(), hmac.new(self.key(tenant), doc, hashlib.sha256).hexdigest()
 
     def check_task(self, tenant: str, job_digest: str, task_id: str, sub: Any, sig: Any) -> None:
         if not isinstance(sub, dict):

@@ -522,8 +522,10 @@ def _summary_line(jobs, record) -> str:
     return f"job {record.id} {record.state}"
 
 
-def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, interval: float = 0.2) -> int:
-    """Follow a job to its end with a progress bar (or state lines); 0 only if it succeeded."""
+def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, interval: float = 0.5) -> int:
+    """Follow a job to its end with a progress bar (or state lines); 0 only if it succeeded.
+    The record is read every ``interval`` seconds for the bar, and at once when the job's end is
+    announced (``Jobs.following``)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
     from bridge.workers.jobs import TERMINAL
     bar_on = not quiet and not as_json and err.is_terminal
@@ -531,7 +533,7 @@ def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, in
                    console=err, disable=not bar_on)
     task = bar.add_task("queued", total=None)
     last_state = None
-    with bar:
+    with bar, jobs.following(job_id) as wait:
         while True:
             record = jobs.get(job_id)
             if record is None:
@@ -544,7 +546,7 @@ def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, in
             last_state = record.state
             if record.state in TERMINAL:
                 break
-            time.sleep(interval)
+            wait(interval)
     if as_json:
         out.print_json(json.dumps(_status_doc(jobs, record)))
     else:
@@ -701,10 +703,11 @@ def jobs_cancel(job_id: str, timeout: Annotated[float, typer.Option(
         err.print(f"mcbridge: job {job_id} is {state}; it can no longer be cancelled", markup=False)
         raise typer.Exit(1)
     deadline = time.monotonic() + timeout
-    stopped = jobs.get(job_id)
-    while stopped is not None and stopped.finished is None and time.monotonic() < deadline:
-        time.sleep(0.1)
+    with jobs.following(job_id) as wait:
         stopped = jobs.get(job_id)
+        while stopped is not None and stopped.finished is None and time.monotonic() < deadline:
+            wait(min(0.5, max(0.0, deadline - time.monotonic())))
+            stopped = jobs.get(job_id)
     if stopped is not None and stopped.finished is not None:
         out.print(f"cancelled job {job_id} (it was {state}); its workers stopped at "
                   f"{stopped.to_dict()['finished']}, nothing committed", markup=False)

@@ -1,7 +1,8 @@
 """Jobs as records in Redis: what was asked, where it stands, what went wrong.
 
 A record is one hash, ``<ns>:job:<id>``. State moves only forward, by compare-and-set in Redis,
-so a cancel and a finishing worker cannot both win::
+so a cancel and a finishing worker cannot both win (and each end is announced on
+``<ns>:job:<id>:ended``, so whoever follows the job wakes then rather than at its next look)::
 
     awaiting-approval -> queued -> planning -> running -> verifying -> succeeded
        (over budget)   \\__________\\__________\\__________\\____> failed
@@ -15,9 +16,11 @@ errors; only the first ``MAX_ERRORS`` errors are kept (with a count of all). A f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -246,9 +249,14 @@ class Jobs:
     # -- changes ------------------------------------------------------------------------------
     def transition(self, job_id: str, to: str, allowed: tuple[str, ...]) -> bool:
         """Move to ``to`` if the state is one of ``allowed``; False when it is not (or no job)."""
+        return self._move(job_id, to, allowed, announce=True)
+
+    def _move(self, job_id: str, to: str, allowed: tuple[str, ...], *, announce: bool) -> bool:
         moved, _ = self._transition(keys=[self.keys.job(job_id)], args=[to, time.time(), *allowed])
         if moved and to in TERMINAL:
             self._expire(job_id)
+            if announce:
+                self.announce_end(job_id)
         return bool(moved)
 
     def finish(self, job_id: str, to: str, allowed: tuple[str, ...] = ACTIVE, *, ended: bool = True,
@@ -257,11 +265,28 @@ class Jobs:
         is not: its end time is written when its last task has stopped)."""
         if fields:
             self.update(job_id, **fields)
-        if not self.transition(job_id, to, allowed):
+        if not self._move(job_id, to, allowed, announce=False):
             return False
         if ended:
             self.r.hset(self.keys.job(job_id), "finished", time.time())
+        self.announce_end(job_id)   # with its end time in the record already
         return True
+
+    def announce_end(self, job_id: str) -> None:
+        """Wake whoever follows the job (``following``): it ended, or its last task stopped."""
+        self.r.publish(self.keys.job(job_id, "ended"), "1")
+
+    @contextlib.contextmanager
+    def following(self, job_id: str) -> Iterator[Callable[[float], None]]:
+        """A ``wait(seconds)`` that returns as soon as the job's end is announced, else after
+        ``seconds``: subscribed before the caller's first look at the record, so no end falls
+        between a look and the wait after it."""
+        pubsub = self.r.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(self.keys.job(job_id, "ended"))
+        try:
+            yield lambda seconds: pubsub.get_message(timeout=seconds)
+        finally:
+            pubsub.close()
 
     def _expire(self, job_id: str) -> None:
         pipe = self.r.pipeline(transaction=False)

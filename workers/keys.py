@@ -26,6 +26,8 @@ keys get the same prefix through kombu's ``global_keyprefix``::
     mcbridge:admitted:<id>            string: the digest of the signed job a worker admitted (once)
     mcbridge:once:nonce:<nonce>       string with a TTL: a signed message from beat, seen
     mcbridge:audit                    stream: every admission, refusal and job end (workers/gate.py)
+    mcbridge:job:<id>:ended           pub/sub channel (no key): the job has ended, or a cancelled
+                                      job's last task has stopped; what ``--wait`` blocks on
 """
 
 from __future__ import annotations

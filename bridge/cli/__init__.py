@@ -364,6 +364,12 @@ def main() -> None:
             fail(named, 2)
         # A bug of ours: still one line, and an SDK's text in it may quote a signed URL.
         fail(f"internal error: {type(exc).__name__}: {exc}", 1)
+    finally:
+        # The command is done and has said so; what it made is freed with the process. Python's
+        # collections at exit would walk all of it first (a service command's Celery, redis and
+        # pydantic, which nothing froze before); frozen, they skip it. The exit handlers (logs
+        # flushed, temporary files removed) run as before.
+        gc.freeze()
     sys.exit(code if isinstance(code, int) else 0)
 
 
