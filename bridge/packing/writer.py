@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 from bridge import registry
 from bridge.errors import BridgeError, IntegrityError, InvalidOption
 from bridge.packing import layout
-from bridge.packing.sink import StreamingUpload, Written
+from bridge.packing.sink import StreamingUpload
 from bridge.progress import Progress
 from bridge.retry import reported
 from bridge.stores.base import MiB, Store
@@ -212,10 +212,14 @@ class ShardWriter:
         as the format places it (a shard of a million files holds no list of their entries).
         ``files``: [rel, size] pairs in pack order, a list or a plan's table on disk read anew
         at each pass (bridge.packing.job.MemberSlice)."""
+        count = nbytes = 0
+        first = last = ""
         for rel, size in files:   # the plan checked these; a hand-made unit may not have been
             if size > self.fmt.max_file_size:
                 raise InvalidOption(f"{rel}: {size} bytes is over the {self.fmt.name} limit of "
                                     f"{self.fmt.max_file_size} bytes per file")
+            first = first or rel
+            last, count, nbytes = rel, count + 1, nbytes + size
         sink = StreamingUpload(self.dst, self.dst_root.join(name), part_size=self.part_size,
                                retries=self.retries, progress=self.progress)
         list_rel = layout.list_name(self.prefix, name)
@@ -230,9 +234,13 @@ class ShardWriter:
             sink.abort()
             listing.abort()
             raise
-        return self._record(name, files, written, {
-            "name": list_rel, "size": listed.size, "sha256": listed.sha256, "crc32c": listed.crc32c,
-            "committed": listed.committed, "upload": {"part_size": listed.part_size, "parts": listed.parts}})
+        listing_record = {"name": list_rel, "size": listed.size, "sha256": listed.sha256, "crc32c": listed.crc32c,
+                          "committed": listed.committed,
+                          "upload": {"part_size": listed.part_size, "parts": listed.parts}}
+        return {"name": name, "size": written.size, "sha256": written.sha256, "crc32c": written.crc32c,
+                "files": count, "bytes": nbytes, "first": first, "last": last,
+                "list": listing_record, "part_size": written.part_size, "parts": written.parts,
+                "committed": written.committed}
 
     def _encode(self, encoder: ShardEncoder, files: list[tuple[str, int]], listing: StreamingUpload) -> None:
         stream_over = self.part_size if self.fmt.streams_large_files else self.fmt.max_file_size
@@ -261,15 +269,3 @@ class ShardWriter:
         drain()
         if placed:
             raise BridgeError(f"internal error: {len(placed)} files of the shard were never placed")
-
-    def _record(self, name: str, files: Iterable[tuple[str, int]], written: Written,
-                listing: dict[str, Any]) -> dict[str, Any]:
-        count = nbytes = 0
-        first = last = ""
-        for rel, size in files:   # one more pass: a list, or a plan's table on disk
-            first = first or rel
-            last, count, nbytes = rel, count + 1, nbytes + size
-        return {"name": name, "size": written.size, "sha256": written.sha256, "crc32c": written.crc32c,
-                "files": count, "bytes": nbytes, "first": first, "last": last,
-                "list": listing, "part_size": written.part_size, "parts": written.parts,
-                "committed": written.committed}
