@@ -645,12 +645,16 @@ class JobContext(jobs.Context):
             self._file_locks.pop(rel, None)
             self._parts_left.pop(rel, None)
 
-    def written(self, unit: dict, entry: dict, size: int) -> None:
-        """Journal a whole file as written: at once, or at the next settle where it waits for one."""
+    def written(self, unit: dict, entry: dict, size: int, batch: list | None = None) -> None:
+        """Journal a whole file as written: at once, into ``batch`` (which its caller journals in
+        one transaction when the batch is done), or at the next settle where it waits for one."""
         rel = unit["rel"]
         record = self.journaled(unit, entry)
         if not self.defer_sync:
-            self.journal.put(f"file:{rel}", record)
+            if batch is not None:
+                batch.append((f"file:{rel}", record))
+            else:
+                self.journal.put(f"file:{rel}", record)
             return
         with self._lock:
             self._unsettled.append((self.dst_loc(rel), f"file:{rel}", record))
@@ -779,10 +783,17 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
             md5s[i] = _md5(ctx, data)
             return ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i]), ctx.attrs(rel)
 
-        def sent(i: int, committed: ObjectInfo) -> None:
-            _record(ctx, todo[i], hashes.pop(i), check.md5_evidence(committed, md5s.pop(i)))
+        # What was sent is journaled in one transaction when the batch is done (one per file
+        # cost a SQLite commit each); a kill before that only sends those files again.
+        journaled: list[tuple[str, dict]] = []
 
-        failures = ctx.dst.put_many(len(todo), body, sent)
+        def sent(i: int, committed: ObjectInfo) -> None:
+            _record(ctx, todo[i], hashes.pop(i), check.md5_evidence(committed, md5s.pop(i)), journaled)
+
+        try:
+            failures = ctx.dst.put_many(len(todo), body, sent)
+        finally:
+            ctx.journal.put_many(journaled)
     if failures:
         first = failures[min(failures)]
         if len(failures) == 1:
@@ -829,12 +840,12 @@ def _check_carried(ctx: JobContext, unit: dict, crc: str, recorded: str, part: i
                              f"says {recorded}: the source is damaged or changed since it was recorded")
 
 
-def _record(ctx: JobContext, unit: dict, h: FileHash, committed: ObjectInfo) -> dict:
+def _record(ctx: JobContext, unit: dict, h: FileHash, committed: ObjectInfo, batch: list | None = None) -> dict:
     entry = manifests.entry_from_hash(unit["rel"], h, committed=committed)
     if "carry" in unit:
         entry.computed, entry.carried = ["crc32c"], carrying.provenance(unit["carry"])
     entry = entry.to_dict()
-    ctx.written(unit, entry, h.size)
+    ctx.written(unit, entry, h.size, batch)
     ctx.progress.moved(h.size)
     ctx.progress.file_finished()
     return entry
