@@ -15,8 +15,8 @@ and so the job. The big file runs in process and on ``-c 2`` only (one file is o
 
 Rounds are interleaved (every configuration once per round, then again), the fastest run of each
 counts. Times are wall clock from the command's start to its exit, the CLI's own start-up included
-on both sides; the job's own time (first task to last), its plan and finalize, and the per-task
-overhead (a task's time outside its units, from the job's record: ``timings``) come from the
+on both sides (bridge byte-compiled first, as a wheel's install is); the job's own time (first
+task to last), its plan and finalize, and the per-task overhead (a task's time outside its units, from the job's record: ``timings``) come from the
 worker. Jobs run with ``--verify none`` (cp does not verify either) and, on rclone serve s3, which
 keeps no checksums, ``--store-checksums skip`` on both sides. Redis: the machine's on
 127.0.0.1:6379 if it answers, else a private redis-server; a namespace of its own either way.
@@ -38,7 +38,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.bench_transfer import make_data
+from bench.bench_transfer import byte_compile, make_data
 from tests.emulators import MotoServer, RcloneS3, Redis
 from bridge.workers.testing import ServiceProcess, purge_namespace, tenant_env
 
@@ -88,6 +88,7 @@ def main() -> None:
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
 
     work = Path(tempfile.mkdtemp(prefix="mcbridge-bench-celery-"))
+    byte_compile()   # as a wheel installs it: no module compiled again in each CLI run
     mcbridge = [sys.executable, "-m", "bridge"]
     cases = []   # (key, label, source, bytes, configurations)
     if args.big_mib:

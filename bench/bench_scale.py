@@ -35,6 +35,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench.bench_transfer import byte_compile
+
 BIN = Path(sys.executable).parent
 MiB = 1024 * 1024
 BRIDGE = [sys.executable, "-m", "bridge"]
@@ -185,9 +187,7 @@ def main() -> None:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AZURE_", "RCLONE_", "STORAGE_"))}
     base.update({"MCBRIDGE_STATE_DIR": str(work / "state"), "XDG_CONFIG_HOME": str(work / "noconfig"),
                  "AWS_EC2_METADATA_DISABLED": "true"})
-    import compileall
-    for package in ("bridge", "policies", "workers"):
-        compileall.compile_dir(str(Path(__file__).resolve().parent.parent / package), quiet=1)
+    byte_compile()
     steps, tools = args.steps.split(","), args.tools.split(",")
     extra = args.bridge_args.split()
     rows: list[dict] = []

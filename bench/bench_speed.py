@@ -41,7 +41,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.bench_transfer import BIN, MiB, _run_once, make_data, s3_env
+from bench.bench_transfer import BIN, MiB, _run_once, byte_compile, make_data, s3_env
 from tests.emulators import (AZURITE_ACCOUNT, AZURITE_KEY, Azurite, FakeGCS, LocalCA, RcloneS3, TLSAzurite,
                              TLSFakeGCS, TLSRcloneS3)
 
@@ -99,14 +99,7 @@ def main() -> None:
     base.update({"MCBRIDGE_STATE_DIR": str(work / "state"), "XDG_CONFIG_HOME": str(work / "noconfig"),
                  "AWS_EC2_METADATA_DISABLED": "true"})
     big, small = make_data(work / "data", args.size_mib, args.files)
-    # bridge runs from its bytecode, as installed from a wheel: with PYTHONDONTWRITEBYTECODE set
-    # (as on this machine) a source checkout would compile its modules again in every run
-    # (~50 ms of each small copy).
-    import compileall
-    for tree in [Path(__file__).resolve().parent.parent, *([Path(args.before)] if args.before else [])]:
-        for package in ("bridge", "policies", "workers"):
-            if (tree / package).is_dir():
-                compileall.compile_dir(str(tree / package), quiet=1)
+    byte_compile(Path(__file__).resolve().parent.parent, *([Path(args.before)] if args.before else []))
     sizes = {"big-down": big.stat().st_size, "big-down-bridge": big.stat().st_size, "big-up": big.stat().st_size,
              "small-up": args.files * 16 * 1024,
              "small-down": args.files * 16 * 1024}
