@@ -134,6 +134,14 @@ def judge(store: Store, info: ObjectInfo, entry: FileEntry, deep: bool = False, 
     return Verdict(None, f"{why}; bytes proven equal by rehash")
 
 
+def proven_by_listing(info: ObjectInfo, entry: FileEntry) -> bool:
+    """Whether ``judge`` (not deep) would pass the object from what its listing says alone, with
+    no request: the recorded size, and the listing's version of it the one committed. A caller
+    with many objects to judge decides these in place and sends only the rest to a pool."""
+    return info.size == entry.size and bool(entry.identity) and bool(info.identity) \
+        and not identity_changed(entry.identity, info.identity) and _listed_as_committed(info, entry)
+
+
 # What an object store gives each write of an object anew (S3's ETag and version id, GCS's
 # generation, Azure's ETag): the same value in the listing as in the commit's answer means the
 # version the commit checked is the one there.

@@ -10,6 +10,7 @@ from bridge.meter import Pool
 from bridge.config import Settings
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 import gc
 
 from bridge import bwlimit
@@ -31,7 +32,7 @@ from bridge.journal import FileJournal, journal_at
 from bridge.progress import Progress
 from bridge.spill import Rows
 from bridge.stores import get_store
-from bridge.urls import parse
+from bridge.urls import Location, parse
 
 
 def journal_for(plan: Plan, settings: Settings, state_dir: Path | None = None) -> FileJournal:
@@ -260,6 +261,9 @@ def verify(url: str, settings: Settings, *, deep: bool = False, sha256: bool = F
     return _filtered(report, filters)
 
 
+_INFO_FIELDS = tuple(f.name for f in dataclasses.fields(ObjectInfo))[1:]   # all but its location, in order
+
+
 class _Tree:
     """One listing of everything under ``root``, read once: the prefixes holding a record, found
     in it, and its data objects, kept on disk (bridge.spill) and replayed per prefix in path
@@ -276,7 +280,11 @@ class _Tree:
             if head is not None:
                 found.add(head)
             elif rel and not is_reserved(rel):
-                self.rows.append((rel, pickle.dumps(info, pickle.HIGHEST_PROTOCOL)))
+                # As a flat tuple: a third of the bytes, and a quarter of the time, of the dataclass
+                loc = info.location
+                self.rows.append((rel, pickle.dumps((loc.scheme, loc.bucket, loc.key,
+                                                     *(getattr(info, name) for name in _INFO_FIELDS)),
+                                                    pickle.HIGHEST_PROTOCOL)))
         self.prefixes = manifests.committed_prefixes(store, root) if apart else sorted(found)
 
     def walk(self, prefix: str):
@@ -285,7 +293,8 @@ class _Tree:
         for rel, blob in self.rows.from_key(prefix):
             if not rel.startswith(prefix):
                 return
-            yield rel[len(prefix):], pickle.loads(blob)
+            scheme, bucket, key, *values = pickle.loads(blob)
+            yield rel[len(prefix):], ObjectInfo(Location(scheme, bucket, key), *values)
 
     def close(self) -> None:
         self.rows.close()
@@ -334,12 +343,19 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
             obj = next(listing, None)
         else:
             checked, size = checked + 1, size + entry.size
-            fut = pool.submit(check.judge, store, obj[1], entry, deep, sha256)
             if progress is not None:
                 progress.plan_checks(1, entry.size)
-                fut.add_done_callback(lambda _f, n=entry.size: progress.checked(n))
-            window.append((entry.path, fut))
-            drain(4 * pool._max_workers)
+            if not deep and check.proven_by_listing(obj[1], entry):
+                # Most objects: passed here, where a pool's hand-off cost more than the check
+                # (about half of a 10,000-object verify's time went to futures and wake-ups).
+                if progress is not None:
+                    progress.checked(entry.size)
+            else:
+                fut = pool.submit(check.judge, store, obj[1], entry, deep, sha256)
+                if progress is not None:
+                    fut.add_done_callback(lambda _f, n=entry.size: progress.checked(n))
+                window.append((entry.path, fut))
+                drain(4 * pool._max_workers)
             entry, obj = next(entries, None), next(listing, None)
     drain(0)
     shard_sets = []
