@@ -16,8 +16,12 @@ and so the job. The big file runs in process and on ``-c 2`` only (one file is o
 Rounds are interleaved (every configuration once per round, then again), the fastest run of each
 counts. Times are wall clock from the command's start to its exit, the CLI's own start-up included
 on both sides (bridge byte-compiled first, as a wheel's install is); the job's own time (first
-task to last), its plan and finalize, and the per-task overhead (a task's time outside its units, from the job's record: ``timings``) come from the
-worker. Jobs run with ``--verify none`` (cp does not verify either) and, on rclone serve s3, which
+task to last), its plan and finalize, and the per-task overhead (a task's time outside its units,
+from the job's record: ``timings``) come from the worker. Each run's CPU seconds are counted
+from /proc for the command (the cp, or the submitter), the configuration's workers and their
+pool processes, and the endpoint; their sum over the machine's cores is the least wall time the
+run could have taken had every process always found a free core (Redis, shared, is left out).
+Jobs run with ``--verify none`` (cp does not verify either) and, on rclone serve s3, which
 keeps no checksums, ``--store-checksums skip`` on both sides. Redis: the machine's on
 127.0.0.1:6379 if it answers, else a private redis-server; a namespace of its own either way.
 
@@ -38,7 +42,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.bench_transfer import byte_compile, make_data
+from bench.bench_transfer import byte_compile, children_cpu, cpu_of, make_data, process_tree
 from tests.emulators import MotoServer, RcloneS3, Redis
 from bridge.workers.testing import ServiceProcess, purge_namespace, tenant_env
 
@@ -46,6 +50,7 @@ MiB = 1024 * 1024
 # name: (workers, pool processes each)
 CONFIGS = {"-c 1": (1, 1), "-c 2": (1, 2), "2 x -c 1": (2, 1)}
 TARGETS = {"-c 1": 1.1, "-c 2": 0.8}
+CPUS = os.cpu_count() or 1
 
 
 def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
@@ -55,6 +60,11 @@ def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, str]:
     if result.returncode != 0:
         raise SystemExit(f"failed ({result.returncode}): {' '.join(cmd)}\n{result.stderr[-2000:]}")
     return elapsed, result.stdout
+
+
+def tree_cpu(roots: list[int | None]) -> float:
+    """CPU seconds used so far by the processes under each of ``roots`` (a worker and its pool)."""
+    return sum(cpu_of(pid) for root in roots if root for pid in process_tree(root))
 
 
 def small_tree(root: Path, files: int, kib: int) -> Path:
@@ -114,12 +124,14 @@ def main() -> None:
                **tenant_env(work / "tenant", local_roots=[str(work)])}
         sums = ["--store-checksums", "skip"] if args.endpoint == "rclone" else []
         queues = {}
+        by_config: dict[str, list[ServiceProcess]] = {}
         for n, name in enumerate(configs):
             count, pool = CONFIGS[name]
             queues[name] = f"bench.q{n}"
             for m in range(count):
                 workers.append(ServiceProcess.worker(env, f"q{n}w{m}", work, concurrency=pool,
                                                      queues=[queues[name]]).start())
+                by_config.setdefault(name, []).append(workers[-1])
         for w in workers:
             w.wait_ready()
         print(f"{args.endpoint} S3 at {server.endpoint}; Redis {redis.url}; {os.cpu_count()} CPUs; "
@@ -131,6 +143,8 @@ def main() -> None:
                 for side in ["in-process", *case_configs]:
                     run += 1
                     dst = f"s3://bench/r{run}/"
+                    serving = [w.pid for w in by_config.get(side, [])]
+                    cpu_before = (children_cpu(), tree_cpu(serving), tree_cpu([server.pid]))
                     if side == "in-process":
                         t, _ = timed([*mcbridge, "cp", src, dst, "-q", *sums], env)
                         row = {"wall": t}
@@ -145,8 +159,13 @@ def main() -> None:
                         note = (f"job {p['elapsed_s']:.2f}s: plan {tm['plan_s']:.2f}s, {p['tasks_total']} tasks "
                                 f"({tm['per_task_overhead_s'] * 1000:.0f} ms overhead each), "
                                 f"finalize {tm['finalize_s']:.2f}s")
+                    cpu = [after - before for before, after in
+                           zip(cpu_before, (children_cpu(), tree_cpu(serving), tree_cpu([server.pid])))]
+                    row["cpu"] = {"cli": round(cpu[0], 2), "workers": round(cpu[1], 2), "endpoint": round(cpu[2], 2)}
+                    row["cpu_floor_s"] = sum(cpu) / CPUS
                     print(f"round {rnd + 1} {label:<18} {side:<10} {t:7.2f}s {nbytes / t / MiB:7.1f} MiB/s  "
-                          f"load {load()}  {note}", flush=True)
+                          f"load {load()}  CPU s: cli {cpu[0]:.2f} workers {cpu[1]:.2f} endpoint {cpu[2]:.2f} "
+                          f"(all / {CPUS} cores: {row['cpu_floor_s']:.2f}s)  {note}", flush=True)
                     if (key, side) not in best or t < best[(key, side)]["wall"]:
                         best[(key, side)] = row
         print()
@@ -155,7 +174,8 @@ def main() -> None:
         summary = []
         for key, label, _src, nbytes, case_configs in cases:
             base_t = best[(key, "in-process")]["wall"]
-            print(f"  {label:<18} in-process {base_t:7.2f}s ({nbytes / base_t / MiB:6.1f} MiB/s)")
+            print(f"  {label:<18} in-process {base_t:7.2f}s ({nbytes / base_t / MiB:6.1f} MiB/s), CPU of it and "
+                  f"the endpoint / {CPUS} cores {best[(key, 'in-process')]['cpu_floor_s']:.2f}s")
             for side in case_configs:
                 r = best[(key, side)]
                 ratio = r["wall"] / base_t
@@ -164,7 +184,8 @@ def main() -> None:
                           else "target: throughput >= 0.95x" if key == "big" else "")
                 print(f"  {'':<18} {side:<10} {r['wall']:7.2f}s  x{ratio:.2f} {target:<28} job {r['job']:.2f}s "
                       f"({r['tasks']} tasks), plan {r['plan_s']:.2f}s, finalize {r['finalize_s']:.2f}s "
-                      f"({share:.0%}), overhead {r['per_task_overhead_s'] * 1000:.0f} ms/task")
+                      f"({share:.0%}), overhead {r['per_task_overhead_s'] * 1000:.0f} ms/task; CPU / {CPUS} cores "
+                      f"{r['cpu_floor_s']:.2f}s (x{r['cpu_floor_s'] / base_t:.2f} of in-process wall)")
                 summary.append({"case": label, "config": side, "in_process_s": round(base_t, 3), **r,
                                 "ratio": round(ratio, 3), "finalize_share": round(share, 3)})
         print(json.dumps(summary))

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -38,35 +37,10 @@ import uuid
 from pathlib import Path
 
 from bench.bench_celery import small_tree
+from bench.bench_transfer import children_cpu, cpu_of, process_tree
 from bridge.workers.keys import redis_client
 from bridge.workers.testing import purge_namespace, tenant_env
 from tests.emulators import RcloneS3, Redis
-
-
-def cpu_of(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def process_tree(root: int) -> list[int]:
-    out = [root]
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == root:
-                out += process_tree(int(name))
-    return out
-
-
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -62,6 +63,33 @@ def byte_compile(*trees: Path) -> None:
         for package in ("bridge", "policies", "workers"):
             if (tree / package).is_dir():
                 compileall.compile_dir(str(tree / package), quiet=1)
+
+
+def cpu_of(pid: int) -> float:
+    """CPU seconds (user + system) a live process has used; 0 for one that is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(root: int) -> list[int]:
+    out = [root]
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == root:
+                out += process_tree(int(name))
+    return out
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def make_data(root: Path, size_mib: int, files: int) -> tuple[Path, Path]:
