@@ -30,6 +30,7 @@ import json
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -259,20 +260,36 @@ def sign_now(task: str, name: str, payload: Any) -> dict[str, Any]:
     return keyring.sign_message(keyring.signer(), task, name, payload, ttl=message_ttl(_settings))
 
 
-try:
+def __getattr__(name: str) -> Any:
+    """``BeatSignature``, made on first use: only beat needs it, and celery.beat, its base, costs a
+    submitter (which imports this module to sign) a fifth of its start-up. Made here, under this
+    module's name, it pickles and unpickles as the class defined at module level did."""
+    if name != "BeatSignature":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _BEAT_CLASS_LOCK:   # one class, whichever thread asks first
+        if "BeatSignature" in globals():
+            return globals()["BeatSignature"]
+        return _make_beat_signature()
+
+
+_BEAT_CLASS_LOCK = threading.Lock()
+
+
+def _make_beat_signature() -> type:
     from celery.beat import BeatLazyFunc
-except ImportError:  # celery not installed: submitters without the service extra never get here
-    BeatLazyFunc = object  # type: ignore[misc,assignment]
 
+    class BeatSignature(BeatLazyFunc):
+        """The last argument of a beat entry of bridge's: celery calls it when it sends the entry,
+        whichever beat scheduler runs, so each message is signed then, with a fresh nonce and expiry."""
 
-class BeatSignature(BeatLazyFunc):  # type: ignore[misc,valid-type]
-    """The last argument of a beat entry of bridge's: celery calls it when it sends the entry,
-    whichever beat scheduler runs, so each message is signed then, with a fresh nonce and expiry."""
+        def __init__(self, task: str, name: str, payload: Any):
+            super().__init__(sign_now, task, name, payload)
 
-    def __init__(self, task: str, name: str, payload: Any):
-        super().__init__(sign_now, task, name, payload)
+        def __eq__(self, other: object) -> bool:   # an unchanged entry stays unchanged across restarts
+            return isinstance(other, BeatSignature) and self._func_params == other._func_params
 
-    def __eq__(self, other: object) -> bool:   # an unchanged entry stays unchanged across restarts
-        return isinstance(other, BeatSignature) and self._func_params == other._func_params
+        __hash__ = None  # type: ignore[assignment]
 
-    __hash__ = None  # type: ignore[assignment]
+    BeatSignature.__qualname__ = "BeatSignature"
+    globals()["BeatSignature"] = BeatSignature
+    return BeatSignature

@@ -310,9 +310,7 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
                       f"{summary['queue']}", markup=False)
         return
     client = _connect(ws)
-    from bridge.workers.app import configure, service
-    configure(ws)
-    svc = service()
+    svc = _submitter(ws, client)
     queue = svc.route(spec)
     job_id = svc.submit(spec, budget=budget, estimate=estimate)
     if svc.jobs.state(job_id) == "awaiting-approval":
@@ -339,6 +337,15 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
         err.print(f"queued {spec.kind} job {job_id} on {queue}", markup=False)
     if wait:
         raise typer.Exit(_follow(svc.jobs, job_id, quiet=quiet, as_json=as_json))
+
+
+def _submitter(ws, client):
+    """The service as a submitter uses it: the plan task's message pushed onto its queue as
+    Celery would push it (workers/broker.py), without importing Celery. With task events on,
+    Flower sees the plan task from its receipt by a worker on, not from a task-sent event."""
+    from bridge.workers.broker import direct_publisher
+    from bridge.workers.executor import Service
+    return Service(ws, client, direct_publisher(client, ws.key_prefix))
 
 
 def _within_budget(spec, max_cost: float | None) -> float:
