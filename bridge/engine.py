@@ -756,8 +756,7 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
     (the first, and how many more), the rest of the batch written all the same."""
     todo = []
     keys = [f"file:{rel}" for rel, *_rest in unit["files"]]
-    # A journal shared over the network (workers/journal.py) answers for the whole batch at once.
-    records = ctx.journal.get_many(keys) if hasattr(ctx.journal, "get_many") else map(ctx.journal.get, keys)
+    records = ctx.journal.get_many(keys)   # the whole batch in one query (one round trip for the service's)
     for (rel, size, *more), done in zip(unit["files"], records):   # more: its source_id, then what it carries
         one = {"rel": rel, "size": size, **({"source_id": more[0]} if more else {}),
                **({"carry": more[1]} if len(more) > 1 else {})}

@@ -79,3 +79,16 @@ def test_a_name_that_is_not_utf8_is_a_key_like_any_other(tmp_path):
     assert list(files)[-1].rel == odd and [f.rel for f in files.shapes()][-1] == odd
     assert not any((tmp_path / "spill").iterdir()), "a spilled list keeps no name in its folder"
     files.close()
+
+
+def test_get_many_answers_each_key_in_order_across_its_query_chunks(tmp_path):
+    """One query per 500 keys (a batch of small files asks for all of its files at once): the
+    answers are those of get, key by key, for missing, repeated and non-UTF-8 names too."""
+    journal = FileJournal(tmp_path / "j.db")
+    journal.put_many([(f"file:{i:05d}", {"size": i}) for i in range(1200)] + [("file:caf\udce9", {"size": -1})])
+    keys = [f"file:{i:05d}" for i in range(1300, -1, -3)] + ["file:caf\udce9", "file:00003", "file:00003", "file:x"]
+    got = journal.get_many(keys)
+    assert got == [journal.get(k) for k in keys]
+    assert got[-4:] == [{"size": -1}, {"size": 3}, {"size": 3}, None]
+    assert sum(g is not None for g in got) == 400 + 3
+    assert journal.get_many([]) == []
