@@ -18,6 +18,8 @@ own list of an unfinished upload) and is not sent again.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures as cf
 import copy
 import hashlib
 import heapq
@@ -540,6 +542,9 @@ class JobContext(jobs.Context):
         self._unsettled: list[tuple[Location, str, dict]] = []
         self._unsettled_bytes = 0
         self._settling = threading.Lock()
+        # Full batches settle on a thread of their own while the job goes on (settle_behind).
+        self._settler: cf.ThreadPoolExecutor | None = None
+        self._behind: collections.deque[cf.Future] = collections.deque()
         self.fallbacks: dict[str, str] = {}      # file -> why its route could not carry it
         self.route_down: str | None = None       # why the job's route is not tried again
         self.cancelled = threading.Event()       # set when the job is interrupted: remote routes cancel
@@ -661,18 +666,46 @@ class JobContext(jobs.Context):
             self._unsettled_bytes += size
             full = len(self._unsettled) >= SETTLE_FILES or self._unsettled_bytes >= SETTLE_BYTES
         if full:
-            self.settle()
+            self.settle_behind()
 
-    def settle(self) -> None:
-        """Make the files written since the last settle durable, then journal them. A failure
-        journals none of them: a re-run writes them again."""
-        with self._settling:
-            with self._lock:
-                batch, self._unsettled, self._unsettled_bytes = self._unsettled, [], 0
+    def settle_behind(self) -> None:
+        """Settle the files written so far on the settling thread, while the job goes on: a
+        syncfs takes tens of milliseconds, for which the thread that filled the batch (an event
+        loop with eight downloads in flight) stood still. At most two batches wait there; a
+        third waits here for the oldest, whose error, if any, is raised here."""
+        with self._lock:
+            batch, self._unsettled, self._unsettled_bytes = self._unsettled, [], 0
             if not batch:
                 return
-            self.dst.settle([loc for loc, _key, _record in batch])
-            self.journal.put_many([(key, record) for _loc, key, record in batch])
+            if self._settler is None:
+                self._settler = cf.ThreadPoolExecutor(1, thread_name_prefix="mcbridge-settle")
+            self._behind.append(self._settler.submit(self._settle, batch))
+            oldest = self._behind.popleft() if len(self._behind) > 2 else None
+        if oldest is not None:
+            oldest.result()
+
+    def settle(self) -> None:
+        """Make every file written so far durable, then journal it: the batches settling behind
+        are waited for, then the rest is settled here. A failure journals none of a batch: a
+        re-run writes its files again."""
+        with self._settling:
+            while True:
+                with self._lock:
+                    behind = self._behind.popleft() if self._behind else None
+                if behind is None:
+                    break
+                behind.result()
+            with self._lock:
+                batch, self._unsettled, self._unsettled_bytes = self._unsettled, [], 0
+                settler, self._settler = self._settler, None
+            if settler is not None:
+                settler.shutdown(wait=False)   # idle now; a later batch starts another
+            if batch:
+                self._settle(batch)
+
+    def _settle(self, batch: list[tuple[Location, str, dict]]) -> None:
+        self.dst.settle([loc for loc, _key, _record in batch])
+        self.journal.put_many([(key, record) for _loc, key, record in batch])
 
     def parts_finished(self, rel: str) -> bool:
         with self._lock:

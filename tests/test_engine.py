@@ -256,9 +256,12 @@ def test_local_files_are_durable_before_the_journal_and_the_manifest_name_them(t
     monkeypatch.setattr(LocalStore, "settle", settling)
     monkeypatch.setattr(manifests, "append", lambda *a, **k: (events.append(("manifest", None)), write(*a, **k))[1])
     from bridge.journal import FileJournal
-    put = FileJournal.put
+    put, put_many = FileJournal.put, FileJournal.put_many
     monkeypatch.setattr(FileJournal, "put", lambda self, key, value: (
         events.append(("journal", key.rpartition("/")[2])) if key.startswith("file:") else None, put(self, key, value))[1])
+    monkeypatch.setattr(FileJournal, "put_many", lambda self, records: (
+        events.extend(("journal", key.rpartition("/")[2]) for key, _value in records if key.startswith("file:")),
+        put_many(self, records))[1])
     ops.copy(f"{src}/", f"{tmp_path}/out/", settings)
     settled: set[str] = set()
     for kind, what in events:
@@ -270,6 +273,7 @@ def test_local_files_are_durable_before_the_journal_and_the_manifest_name_them(t
             assert settled == {f"f{i}.bin" for i in range(7)}
     assert [kind for kind, _ in events].count("manifest") == 1 and events[-1][0] == "manifest"
     assert [len(what) for kind, what in events if kind == "settled"] == [3, 3, 1]
+    assert sorted(what for kind, what in events if kind == "journal") == [f"f{i}.bin" for i in range(7)]
 
     def failing(self, locations):
         raise BridgeError("settle failed: I/O error")
