@@ -59,6 +59,15 @@ def resolve(url: str, folders: dict[str, str] | None = None) -> str:
         if url.endswith("/") and path != "/":
             path += "/"
     else:
+        scheme, sep, rest = url.partition("://")
+        if sep and scheme in ("s3", "gs") and folders is not None:
+            # S3 and GCS keep a key as written: the canonical spelling is the URL itself once its
+            # bucket is known good (parse checks it), which one plan's thousands of files share.
+            bucket = f"{scheme}://{rest.partition('/')[0]}"
+            if bucket not in folders:
+                parse(url, empty_segments=True)
+                folders[bucket] = bucket
+            return url
         loc = parse(url, empty_segments=True)
         if not loc.is_local:
             return str(canonical(loc))
