@@ -422,3 +422,19 @@ def test_signatures_cover_every_field_and_name_no_key(tmp_path):
         with pytest.raises(Refused):
             ring.check_task("a", "d" * 64, "j1.t0", changed, sig)
     assert "00010203" not in repr(ring)
+
+
+def test_a_plans_cloud_urls_resolve_as_written_and_a_bad_bucket_is_still_refused():
+    """A plan's S3 and GCS URLs are their own canonical spelling (keys as written, '..' too); its
+    bucket is checked once per plan, and a bad one fails the check as a single URL would; Azure
+    names still have their dot segments resolved."""
+    import pytest
+    from bridge.errors import BadURL
+    from bridge.workers.gate import resolve
+    folders: dict[str, str] = {}
+    assert resolve("s3://corpus/a/../b", folders) == "s3://corpus/a/../b"
+    assert resolve("gs://out/a//x", folders) == "gs://out/a//x"
+    assert set(folders) == {"s3://corpus", "gs://out"}
+    with pytest.raises(BadURL, match="not a valid s3 bucket name"):
+        resolve("s3://Not_A_Bucket/x", folders)
+    assert resolve("az://acct/c/a/../b", folders) == "az://acct/c/b"
