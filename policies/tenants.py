@@ -177,18 +177,8 @@ def is_service_policy(text: str) -> bool:
 
 # -- decisions ------------------------------------------------------------------------------
 
-def within(url: str, prefixes: Iterable[str]) -> bool:
-    """Whether ``url`` (a canonical URL or absolute local path) is at or under one of ``prefixes``."""
-    target = _slash(url)
-    return any(target.startswith(p) for p in prefixes)
-
-
 def _is_local(url: str) -> bool:
     return url.startswith("/")
-
-
-def _scheme(url: str) -> str:
-    return url.split("://", 1)[0] if "://" in url else "file"
 
 
 def refusal(name: str, tenant: Tenant | None, *, reads: Iterable[str] = (), writes: Iterable[str] = (),
@@ -201,21 +191,25 @@ def refusal(name: str, tenant: Tenant | None, *, reads: Iterable[str] = (), writ
     if tenant is None:
         return f"tenant {name!r} is not in the service policy"
     roots = [_slash(r) for r in local_roots]
+    in_roots = tuple(roots)
     scope = tenant.local.get(group, LocalScope())
+    clouds = tuple(f"{scheme}://" for scheme in CLOUD_SCHEMES)
     for access, urls in (("read", reads), ("write", writes)):
+        # a URL is allowed when it is at or under one of these prefixes (one tuple for all of a plan's files)
+        local = tuple(scope.write if access == "write" else [*scope.read, *scope.write])
+        cloud = tuple(tenant.write if access == "write" else [*tenant.read, *tenant.write])
         for url in urls:
+            target = _slash(url)
             if _is_local(url):
-                if not within(url, roots):
+                if not target.startswith(in_roots):
                     return (f"{url} is outside this worker's local roots (BRIDGE_LOCAL_ROOTS: "
                             f"{', '.join(roots) or 'none'})")
-                allowed = scope.write if access == "write" else [*scope.read, *scope.write]
-                if not within(url, allowed):
+                if not target.startswith(local):
                     return f"tenant {name!r} may not {access} {url} on worker group {group!r}"
             else:
-                if _scheme(url) not in CLOUD_SCHEMES:
+                if not url.startswith(clouds):
                     return f"{url}: not a location a tenant can be given"
-                allowed = tenant.write if access == "write" else [*tenant.read, *tenant.write]
-                if not within(url, allowed):
+                if not target.startswith(cloud):
                     return f"tenant {name!r} may not {access} {url}"
     if route is not None and tenant.routes is not None and route not in tenant.routes:
         return f"tenant {name!r} may not use route {route!r} (allowed: {', '.join(tenant.routes) or 'none'})"

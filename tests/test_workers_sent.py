@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.test_workers_service import MiB, service, write_tree  # noqa: F401  fixture
+from tests.test_workers_service import MiB, service, sub_plan, write_tree  # noqa: F401  fixture
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -30,7 +30,7 @@ def test_a_job_whose_worker_was_killed_counts_every_byte_the_store_took(service,
     while True:   # kill w1 as soon as it has journaled parts: some of them not yet reported
         assert time.monotonic() < deadline, "w1 never sent a part"
         running = [json.loads(raw) for raw in service.redis.hgetall(service.keys.running).values()]
-        keys = [ref["args"][1]["key"] for ref in running if ref["task"] == "bridge.transfer"]
+        keys = [sub_plan(ref)["key"] for ref in running if ref["task"] == "bridge.transfer"]
         if any(service.redis.hlen(f"{service.keys.journal(key)}:part") for key in keys):
             break
         time.sleep(0.01)

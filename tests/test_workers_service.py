@@ -81,6 +81,12 @@ class Harness:
             process.stop()
 
 
+def sub_plan(ref: dict) -> dict:
+    """A running transfer task's slice of the plan: the signed text it carries, read."""
+    sub = ref["args"][1]
+    return json.loads(sub) if isinstance(sub, str) else sub
+
+
 @pytest.fixture
 def service(redis_url, emulator_env, tmp_path, tmp_path_factory):
     """One tenant (tests/, its key outside the workers' reach) allowed every bucket and, on the
@@ -245,9 +251,9 @@ def test_a_worker_killed_with_sigkill_mid_job_costs_only_its_units_in_flight(ser
             ref = json.loads(raw)
             if ref["worker"] != w1.hostname or ref["task"] != "bridge.transfer":
                 continue
-            files = ref["args"][1]["files"]
+            files = sub_plan(ref)["files"]
             if files and files[0]["part_size"]:
-                plan_key = ref["args"][1]["key"]
+                plan_key = sub_plan(ref)["key"]
                 done = service.redis.hkeys(f"{service.keys.journal(plan_key)}:part")
                 if any(k.startswith(f"part:{files[0]['rel']}:") for k in done):
                     victim, victim_task = files[0]["rel"], task_id
@@ -259,7 +265,7 @@ def test_a_worker_killed_with_sigkill_mid_job_costs_only_its_units_in_flight(ser
     # what the journal already had.
     w1_files = {f["rel"] for raw in service.redis.hgetall(service.keys.running).values()
                 for ref in [json.loads(raw)] if ref["worker"] == w1.hostname and ref["task"] == "bridge.transfer"
-                for f in ref["args"][1]["files"] if not f["part_size"]}
+                for f in sub_plan(ref)["files"] if not f["part_size"]}
     journaled = {k.decode()[len("file:"):] if isinstance(k, bytes) else k[len("file:"):]
                  for k in service.redis.hkeys(f"{service.keys.journal(plan_key)}:file")}
 

@@ -180,15 +180,34 @@ class Keyring:
         sub-plan's own text in its place. A sub-plan is JSON data with text keys, so the checker's
         encoding of it, read back, is this text again."""
         text = canonical(sub)
-        doc = b'{"job":%s,"sub":%s,"task":%s,"v":%s}' % (
-            _text(job_digest), text, _text(task_id), _text(VERSION))
-        return text.decode(), hmac.new(self.key(tenant), doc, hashlib.sha256).hexdigest()
+        return text.decode(), self._task_mac(tenant, job_digest, task_id, text)
 
-    def check_task(self, tenant: str, job_digest: str, task_id: str, sub: Any, sig: Any) -> None:
+    def _task_mac(self, tenant: str, job_digest: str, task_id: str, text: bytes) -> str:
+        doc = b'{"job":%s,"sub":%s,"task":%s,"v":%s}' % (_text(job_digest), text, _text(task_id), _text(VERSION))
+        return hmac.new(self.key(tenant), doc, hashlib.sha256).hexdigest()
+
+    def check_task(self, tenant: str, job_digest: str, task_id: str, sub: Any, sig: Any) -> dict[str, Any]:
+        """The sub-plan ``sig`` signs as task ``task_id`` of the job; Refused otherwise. ``sub``:
+        the sub-plan, or the text ``task_text`` made of it (what a transfer task carries: its
+        signature is checked over those very bytes, which are then read once, where a sub-plan
+        sent as JSON data was decoded, encoded again to be checked, and walked a third time)."""
+        what = f"task {task_id}: its slice of the plan"
+        if isinstance(sub, str):
+            mac = self._task_mac(tenant, job_digest, task_id, sub.encode())
+            if not isinstance(sig, str) or not hmac.compare_digest(mac, sig):
+                raise Refused(f"{what}: the signature does not match (not signed with tenant {tenant!r}'s key, "
+                              f"or changed since)")
+            try:
+                parsed = json.loads(sub)
+            except ValueError:
+                parsed = None
+            if not isinstance(parsed, dict):
+                raise Refused(f"task {task_id}: no plan to run")
+            return parsed
         if not isinstance(sub, dict):
             raise Refused(f"task {task_id}: no plan to run")
-        self.check(tenant, {"v": VERSION, "job": job_digest, "task": task_id, "sub": sub}, sig,
-                   f"task {task_id}: its slice of the plan")
+        self.check(tenant, {"v": VERSION, "job": job_digest, "task": task_id, "sub": sub}, sig, what)
+        return sub
 
     # -- beat's messages --------------------------------------------------------------------------
     def sign_message(self, tenant: str, task: str, name: str, payload: Any, *, ttl: float,

@@ -40,7 +40,7 @@ from typing import Any
 from bridge import meter
 from bridge.errors import BridgeError
 from bridge.workers import metrics
-from bridge.workers.auth import Refused
+from bridge.workers.auth import Refused, canonical
 from bridge.workers.budgets import Budgets
 from bridge.workers.gate import Admitted, Gate
 from bridge.workers.jobs import ACTIVE, Jobs, JobRecord
@@ -160,6 +160,21 @@ def _settle_gc() -> None:
     (bridge.ops); what the step left to collect is collected first."""
     gc.collect()
     gc.freeze()
+
+
+def _task_entry(raw: bytes | str) -> tuple[str, str, str]:
+    """(task id, sub-plan text, signature) of an entry of a job's list of tasks, which
+    ``Service._make_plan`` writes as ``[id,TEXT,sig]``: TEXT cut out as it is, not decoded."""
+    raw = raw.decode() if isinstance(raw, bytes) else raw
+    task_id, end = _DECODER.raw_decode(raw, 1)
+    tail = raw.rfind(',"')
+    if raw[end:end + 2] == ",{" and raw.endswith('"]') and tail > end:
+        return task_id, raw[end + 1:tail], json.loads(raw[tail + 1:-1])
+    task_id, sub, sig = json.loads(raw)   # not as _make_plan writes it: read whole
+    return task_id, canonical(sub).decode(), sig
+
+
+_DECODER = json.JSONDecoder()
 
 
 def _describe(exc: BaseException) -> str:
@@ -392,10 +407,10 @@ class Service:
         self.jobs.add_progress(job_id, {"plan_ms": int((time.perf_counter() - planning) * 1000)})
         finalize = TaskRef(f"{job_id}.finalize", FINALIZE, [job_id], record.queue, job_id)
         sent = 0
-        for task_id, sub, sig in self._tasks(job_id):
+        for task_id, text, sig in self._tasks(job_id, texts=True):
             if lease.lost.is_set():
                 break
-            self.send(TaskRef(task_id, TRANSFER, [job_id, sub, sig], record.queue, job_id))
+            self.send(TaskRef(task_id, TRANSFER, [job_id, text, sig], record.queue, job_id))
             sent += 1
         if not count:  # nothing to move: straight to the manifest, handed over so it is not lost
             self.r.hset(self.keys.running, finalize.id, finalize.encode())
@@ -406,14 +421,16 @@ class Service:
     PAGE = 200                  # sub-plans read from Redis at a time
     PUSH_BYTES = 4 * 1024 * 1024  # sub-plans written to Redis at a time, at most
 
-    def _tasks(self, job_id: str) -> Iterator[tuple[str, dict, str]]:
-        """The job's signed sub-plans, (task id, sub-plan, signature), a page at a time."""
+    def _tasks(self, job_id: str, texts: bool = False) -> Iterator[tuple[str, Any, str]]:
+        """The job's signed sub-plans, (task id, sub-plan, signature), a page at a time;
+        ``texts``: each sub-plan as the text its signature covers, not read (a transfer task
+        carries that text, and its worker checks the signature over it before it reads it)."""
         key = self.keys.job(job_id, "tasks")
         start = 0
         while True:
             page = self.r.lrange(key, start, start + self.PAGE - 1)
             for raw in page:
-                yield tuple(json.loads(raw))
+                yield _task_entry(raw) if texts else tuple(json.loads(raw))
             if len(page) < self.PAGE:
                 return
             start += self.PAGE
@@ -558,7 +575,7 @@ class Service:
         if who is None:
             return refused
         try:   # the planner's slice, every file of it in scope, before any request
-            self.gate.keyring.check_task(who.tenant, who.digest, lease.ref.id, sub, sig)
+            sub = self.gate.keyring.check_task(who.tenant, who.digest, lease.ref.id, sub, sig)
             self.gate.plan(who, record.kind, sub)
         except Refused as exc:
             return self._refuse(record, str(exc), lease.ref.id)

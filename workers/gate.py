@@ -26,7 +26,7 @@ import os
 import posixpath
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,12 +89,19 @@ def touched(kind: str, plan: dict[str, Any]) -> tuple[list[str], list[str]]:
     dst = parse(plan["destination"])
     if kind in ("copy", "sync"):
         single = plan.get("single")
-        src = parse(plan["source"]) if single is None else None
-        for f in plan.get("files", []):
-            reads.append(single if single is not None else str(src.join(f["rel"])))
-            writes.append(str(dst.join(f["rel"])))
-        writes += [str(dst.join(rel)) for rel in plan.get("deletions", [])]
-        writes += [str(dst.join(rel)) for rel in plan.get("completions", [])]
+        under = _joiner(dst)
+        if single is None:
+            src = _joiner(parse(plan["source"]))
+            for f in plan.get("files", []):
+                rel = f["rel"]
+                reads.append(src(rel))
+                writes.append(under(rel))
+        else:
+            for f in plan.get("files", []):
+                reads.append(single)
+                writes.append(under(f["rel"]))
+        writes += [under(rel) for rel in plan.get("deletions", [])]
+        writes += [under(rel) for rel in plan.get("completions", [])]
     elif kind == "pack":
         root = parse(plan["source_root"])
         reads.append(plan["source_root"])
@@ -106,6 +113,17 @@ def touched(kind: str, plan: dict[str, Any]) -> tuple[list[str], list[str]]:
             reads.append(shard["loc"])
             writes += [str(dst.as_prefix().join(m["path"])) for m in shard.get("members", ())]
     return reads, writes
+
+
+def _joiner(root) -> Callable[[str], str]:
+    """``str(root.join(rel))`` for each ``rel``, without a Location made for each of a plan's files
+    (a local name is checked as join checks it: UnsafeName for one that is not a plain path)."""
+    from bridge.names import local_join
+    base = root.key if root.is_prefix else root.key + "/"
+    if root.is_local:
+        return lambda rel: "/" + local_join(base, rel)
+    head = f"{root.scheme}://{root.bucket}/{base}"
+    return lambda rel: head + rel
 
 
 class Audit:

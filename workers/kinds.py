@@ -121,6 +121,8 @@ def _parts_per_task(f, file_task_bytes: int | None) -> int:
 
 def split(plan, file_task_bytes: int | None) -> list:
     """The multipart files whose parts ``fan_out`` spreads over several tasks."""
+    if not getattr(plan.files, "multipart", True):   # none: no pass over a corpus of small files
+        return []
     return [f for f in plan.files if f.part_size and f.parts > _parts_per_task(f, file_task_bytes)]
 
 

@@ -31,8 +31,9 @@ def plan(self, job_id: str) -> dict:
 
 
 @app.task(name=TRANSFER, bind=True, ignore_result=True)
-def transfer(self, job_id: str, sub_plan: dict, sig: str | None = None) -> dict:
-    """One multipart file, or a batch of small files and deletions, on a thread pool."""
+def transfer(self, job_id: str, sub_plan: str | dict, sig: str | None = None) -> dict:
+    """One multipart file, or a batch of small files and deletions, on a thread pool. ``sub_plan``:
+    the text of the planner's slice that ``sig`` signs (a sub-plan as JSON data is taken too)."""
     return service().run(_ref(self, [job_id, sub_plan, sig]))
 
 
