@@ -735,14 +735,19 @@ class Service:
     def _end(self, job_id: str, state: str, errors: list[str] | None = None) -> None:
         if errors:
             self.jobs.add_errors(job_id, errors)
-        if not self.jobs.finish(job_id, state):
+        # Its followers (submit --wait) are woken once it is priced: they read what it spent,
+        # and no request of its own (a bucket's region, to price it) follows what they saw.
+        if not self.jobs.finish(job_id, state, announce=False):
             return
-        record, spec = self._record(job_id)
-        if record is None:
-            return
-        metrics.job_finished(record.kind, state, record.elapsed)
-        log.info("job %s %s in %.1fs", job_id, state, record.elapsed)
-        self._charge(record, spec, state)
+        try:
+            record, spec = self._record(job_id)
+            if record is None:
+                return
+            metrics.job_finished(record.kind, state, record.elapsed)
+            log.info("job %s %s in %.1fs", job_id, state, record.elapsed)
+            self._charge(record, spec, state)
+        finally:
+            self.jobs.announce_end(job_id)
         spent = record.spent_usd
         c = record.counters
         self.gate.audit.record("ended", job=job_id, tenant=record.tenant, state=state, kind=record.kind,

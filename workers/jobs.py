@@ -260,16 +260,18 @@ class Jobs:
         return bool(moved)
 
     def finish(self, job_id: str, to: str, allowed: tuple[str, ...] = ACTIVE, *, ended: bool = True,
-               **fields: Any) -> bool:
+               announce: bool = True, **fields: Any) -> bool:
         """Move to a final state; ``ended``: its work has stopped now (a cancel of a running job
-        is not: its end time is written when its last task has stopped)."""
+        is not: its end time is written when its last task has stopped); ``announce``: wake its
+        followers now (else the caller calls ``announce_end`` once the record is complete)."""
         if fields:
             self.update(job_id, **fields)
         if not self._move(job_id, to, allowed, announce=False):
             return False
         if ended:
             self.r.hset(self.keys.job(job_id), "finished", time.time())
-        self.announce_end(job_id)   # with its end time in the record already
+        if announce:
+            self.announce_end(job_id)   # with its end time in the record already
         return True
 
     def announce_end(self, job_id: str) -> None:
