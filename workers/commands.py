@@ -529,6 +529,9 @@ def _summary_line(jobs, record) -> str:
     return f"job {record.id} {record.state}"
 
 
+END_GRACE = 5.0   # seconds a follower waits, after a job's end, for its worker to announce it
+
+
 def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, interval: float = 0.5) -> int:
     """Follow a job to its end with a progress bar (or state lines); 0 only if it succeeded.
     The record is read every ``interval`` seconds for the bar, and at once when the job's end is
@@ -540,6 +543,7 @@ def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, in
                    console=err, disable=not bar_on)
     task = bar.add_task("queued", total=None)
     last_state = None
+    ended_at: float | None = None
     with bar, jobs.following(job_id) as wait:
         while True:
             record = jobs.get(job_id)
@@ -552,7 +556,13 @@ def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, in
                 err.print(f"job {job_id}: {record.state}", markup=False)
             last_state = record.state
             if record.state in TERMINAL:
-                break
+                # ended; its worker announces it once it is priced (what it spent is then in the
+                # record): a short wait for that, whose timeout covers a worker that died between
+                if jobs.announced(job_id) or ended_at is not None and time.monotonic() - ended_at > END_GRACE:
+                    break
+                ended_at = time.monotonic() if ended_at is None else ended_at
+                wait(min(interval, END_GRACE))
+                continue
             wait(interval)
     if as_json:
         out.print_json(json.dumps(_status_doc(jobs, record)))

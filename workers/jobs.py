@@ -275,8 +275,14 @@ class Jobs:
         return True
 
     def announce_end(self, job_id: str) -> None:
-        """Wake whoever follows the job (``following``): it ended, or its last task stopped."""
+        """Wake whoever follows the job (``following``): it ended, or its last task stopped.
+        The record says so too (``announced``): a follower that looked between the end and this
+        (the job priced in between) waits for it, not for its next look."""
+        self.r.hset(self.keys.job(job_id), "announced", time.time())
         self.r.publish(self.keys.job(job_id, "ended"), "1")
+
+    def announced(self, job_id: str) -> bool:
+        return bool(self.r.hexists(self.keys.job(job_id), "announced"))
 
     @contextlib.contextmanager
     def following(self, job_id: str) -> Iterator[Callable[[float], None]]:
