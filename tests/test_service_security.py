@@ -424,6 +424,30 @@ def test_signatures_cover_every_field_and_name_no_key(tmp_path):
     assert "00010203" not in repr(ring)
 
 
+def test_a_slice_carried_as_its_signed_text_is_checked_over_those_bytes():
+    """A transfer task carries the text the planner signed: the signature is checked over those
+    bytes before they are read; a changed byte, another task's signature, or a text that is no
+    sub-plan is refused. The planner's stored entries are cut into (id, text, signature) without
+    decoding the text, and an entry in another spelling is still read."""
+    from bridge.workers.auth import Keyring, Refused, canonical
+    from bridge.workers.executor import _task_entry
+    ring = Keyring({"a": bytes(range(32))}, "a")
+    sub = {"source": "/data/a/", "destination": "s3://out/a/", "files": [{"rel": "x\u00e9,\"]/", "size": 1}]}
+    text, sig = ring.task_text("a", "d" * 64, "j1.t0", sub)
+    assert ring.check_task("a", "d" * 64, "j1.t0", text, sig) == sub
+    for changed, task in ((text.replace('"size":1', '"size":2'), "j1.t0"), (text, "j1.t1"), (text + " ", "j1.t0")):
+        with pytest.raises(Refused, match="signature does not match"):
+            ring.check_task("a", "d" * 64, task, changed, sig)
+    listed, listed_sig = ring.task_text("a", "d" * 64, "j1.t0", {"a": 1})
+    assert ring.check_task("a", "d" * 64, "j1.t0", listed, listed_sig) == {"a": 1}
+    other, other_sig = "[1,2]", ring._task_mac("a", "d" * 64, "j1.t0", b"[1,2]")
+    with pytest.raises(Refused, match="no plan to run"):
+        ring.check_task("a", "d" * 64, "j1.t0", other, other_sig)
+    raw = "[" + json.dumps("j1.t0") + "," + text + "," + json.dumps(sig) + "]"
+    assert _task_entry(raw.encode()) == ("j1.t0", text, sig)
+    assert _task_entry(json.dumps(["j1.t0", sub, sig])) == ("j1.t0", canonical(sub).decode(), sig)
+
+
 def test_a_plans_cloud_urls_resolve_as_written_and_a_bad_bucket_is_still_refused():
     """A plan's S3 and GCS URLs are their own canonical spelling (keys as written, '..' too); its
     bucket is checked once per plan, and a bad one fails the check as a single URL would; Azure

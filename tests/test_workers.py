@@ -303,6 +303,40 @@ def test_a_follower_wakes_when_the_job_ends_not_at_its_next_look(client, ws):
         assert woke.is_set() and jobs.get(job_id).finished is not None
 
 
+def test_submit_wait_reports_a_job_once_its_worker_has_announced_its_end(client, ws):
+    """A job is ended, then priced, then announced: a follower that looks in between waits for
+    the announcement (the record complete, spent_usd in it) instead of reporting the bare end;
+    one whose worker never announces is reported after END_GRACE."""
+    from bridge.workers import commands
+    from bridge.workers.jobs import Jobs
+    from bridge.workers.keys import Keys
+    jobs = Jobs(client, Keys(ws.namespace), ttl=3600)
+    job_id = jobs.create(parse_spec({"kind": "copy", "source": "s3://a-b/", "destination": "gs://c-d/"}), queue="q")
+    assert jobs.transition(job_id, "planning", ("queued",))
+    assert jobs.finish(job_id, "succeeded", announce=False)   # ended; its worker prices it now
+
+    def price_then_announce() -> None:
+        time.sleep(0.7)
+        jobs.update(job_id, spent_usd="0.25")
+        jobs.announce_end(job_id)
+
+    threading.Thread(target=price_then_announce, daemon=True).start()
+    started = time.monotonic()
+    assert commands._follow(jobs, job_id, quiet=True, interval=0.1) == 0
+    assert 0.6 < time.monotonic() - started < commands.END_GRACE
+    assert jobs.get(job_id).spent_usd == 0.25 and jobs.announced(job_id)
+
+    silent = jobs.create(parse_spec({"kind": "copy", "source": "s3://a-b/", "destination": "gs://c-d/"}), queue="q")
+    assert jobs.finish(silent, "failed", announce=False)   # its worker died before announcing
+    commands.END_GRACE, grace = 0.5, commands.END_GRACE
+    try:
+        started = time.monotonic()
+        assert commands._follow(jobs, silent, quiet=True, interval=0.1) == 1
+        assert 0.5 <= time.monotonic() - started < 3
+    finally:
+        commands.END_GRACE = grace
+
+
 # -- Redis: leases and the sweeper -----------------------------------------------------------
 
 def _lease_parts(client, ws):

@@ -66,11 +66,20 @@ class Harness:
         return result.stdout.strip()
 
     def wait(self, job_id: str, timeout: float = 120, states=TERMINAL):
+        """The job's record once it is in one of ``states``; an ended job once its worker has
+        announced the end too (priced and logged, as submit --wait waits for it), or 10 s later."""
         deadline = time.monotonic() + timeout
+        ended_at = None
         while True:
             record = self.jobs.get(job_id)
             if record and record.state in states:
-                return record
+                if record.state not in TERMINAL:
+                    return record
+                if self.jobs.announced(job_id):
+                    return self.jobs.get(job_id)   # read again: complete now
+                ended_at = ended_at or time.monotonic()
+                if time.monotonic() - ended_at > 10:
+                    return record
             if time.monotonic() > deadline:
                 logs = "\n".join(f"--- {p.name}\n{p.log_tail(25)}" for p in self.processes)
                 raise AssertionError(f"job {job_id} is {record.state if record else None} after {timeout}s\n{logs}")

@@ -558,7 +558,10 @@ def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, in
             if record.state in TERMINAL:
                 # ended; its worker announces it once it is priced (what it spent is then in the
                 # record): a short wait for that, whose timeout covers a worker that died between
-                if jobs.announced(job_id) or ended_at is not None and time.monotonic() - ended_at > END_GRACE:
+                if jobs.announced(job_id):
+                    record = jobs.get(job_id) or record   # read again: complete now
+                    break
+                if ended_at is not None and time.monotonic() - ended_at > END_GRACE:
                     break
                 ended_at = time.monotonic() if ended_at is None else ended_at
                 wait(min(interval, END_GRACE))
