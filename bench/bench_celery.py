@@ -13,25 +13,25 @@ Each configuration of workers consumes a queue of its own (the job names it with
 the idle workers of the others never take its tasks; the two workers of ``2 x -c 1`` share theirs,
 and so the job. The big file runs in process and on ``-c 2`` only (one file is one task).
 
-Rounds are interleaved (every configuration once per round, then again), each round starting
-with the next configuration, so that none always runs first or last; the fastest run of each
-counts. Before each run the page cache is written back (``sync``), and after it what the run
-wrote is deleted (``rclone purge``), both untimed, so that every run meets the same empty
-destination: the endpoint's CPU per request grew with the objects it held (rclone serve s3 keeps
-a listing of each folder it has served), which made each later run of a round slower. rclone
-serve s3 keeps its objects on a tmpfs (/dev/shm; ``--no-endpoint-tmpfs``: in its work dir on the
-disk), which keeps the endpoint's disk out of the times: on ext4, creating thousands of files
-right after thousands were deleted is slower (the allocator scans past the freed inodes), and a
-run would pay for the previous run's deletions. Times are wall clock from the command's start to its exit, the CLI's own start-up included
-on both sides (bridge byte-compiled first, as a wheel's install is); the job's own time (first
-task to last), its plan and finalize, and the per-task overhead (a task's time outside its units,
-from the job's record: ``timings``) come from the worker. Each run's CPU seconds are counted
-from /proc for the command (the cp, or the submitter), the configuration's workers and their
-pool processes, and the endpoint; their sum over the machine's cores is the least wall time the
-run could have taken had every process always found a free core (Redis, shared, is left out).
-Jobs run with ``--verify none`` (cp does not verify either) and, on rclone serve s3, which
-keeps no checksums, ``--store-checksums skip`` on both sides. Redis: the machine's on
-127.0.0.1:6379 if it answers, else a private redis-server; a namespace of its own either way.
+Rounds are interleaved (every configuration once per round, then again), each round starting with
+the next configuration, so that none always runs first or last; the fastest run of each counts.
+Before each run the page cache is written back (``sync``), and after it what the run wrote is
+deleted (``rclone purge``), both untimed, so that every run meets the same empty destination: the
+endpoint's CPU per request grew with the objects it held (rclone serve s3 keeps a listing of each
+folder it has served), which made each later run of a round slower. rclone serve s3 keeps its
+objects on a tmpfs (/dev/shm; ``--no-endpoint-tmpfs``: in its work dir on the disk), which keeps the
+endpoint's disk out of the times: on ext4, creating thousands of files right after thousands were
+deleted is slower (the allocator scans past the freed inodes), and a run would pay for the previous
+run's deletions. Times are wall clock from the command's start to its exit, the CLI's own start-up
+included on both sides (bridge byte-compiled first, as a wheel's install is); the job's own time
+(first task to last), its plan and finalize, and the per-task overhead (a task's time outside its
+units, from the job's record: ``timings``) come from the worker. Each run's CPU seconds are counted
+from /proc for the command (the cp, or the submitter), the configuration's workers and their pool
+processes, and the endpoint; their sum over the machine's cores is the least wall time the run could
+have taken had every process always found a free core (Redis, shared, is left out). Jobs run with
+``--verify none`` (cp does not verify either) and, on rclone serve s3, which keeps no checksums,
+``--store-checksums skip`` on both sides. Redis: the machine's on 127.0.0.1:6379 if it answers, else
+a private redis-server; a namespace of its own either way.
 
 Targets (issue 28): for small files, ``-c 1`` at most 1.1x the in-process time, ``-c 2`` at most
 0.8x, finalize at most 10% of the job's time; the big file at least 0.95x in-process throughput.
