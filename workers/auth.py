@@ -62,6 +62,13 @@ def digest(doc: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical(doc)).hexdigest()
 
 
+def _matches(mac: str, sig: Any, tenant: str, what: str) -> None:
+    """Refused unless ``sig`` is the signature ``mac``, compared in constant time."""
+    if not isinstance(sig, str) or not hmac.compare_digest(mac, sig):
+        raise Refused(f"{what}: the signature does not match (not signed with tenant {tenant!r}'s key, "
+                      f"or changed since)")
+
+
 def new_key() -> str:
     return secrets.token_hex(32)
 
@@ -142,9 +149,7 @@ class Keyring:
         return hmac.new(self.key(tenant), canonical(doc), hashlib.sha256).hexdigest()
 
     def check(self, tenant: str, doc: Mapping[str, Any], sig: Any, what: str) -> None:
-        if not isinstance(sig, str) or not hmac.compare_digest(self.mac(tenant, doc), sig):
-            raise Refused(f"{what}: the signature does not match (not signed with tenant {tenant!r}'s key, "
-                          f"or changed since)")
+        _matches(self.mac(tenant, doc), sig, tenant, what)
 
     # -- jobs ----------------------------------------------------------------------------------
     def sign_job(self, tenant: str, job_id: str, spec: Mapping[str, Any], *, budget: str | None,
@@ -193,10 +198,7 @@ class Keyring:
         sent as JSON data was decoded, encoded again to be checked, and walked a third time)."""
         what = f"task {task_id}: its slice of the plan"
         if isinstance(sub, str):
-            mac = self._task_mac(tenant, job_digest, task_id, sub.encode())
-            if not isinstance(sig, str) or not hmac.compare_digest(mac, sig):
-                raise Refused(f"{what}: the signature does not match (not signed with tenant {tenant!r}'s key, "
-                              f"or changed since)")
+            _matches(self._task_mac(tenant, job_digest, task_id, sub.encode()), sig, tenant, what)
             try:
                 parsed = json.loads(sub)
             except ValueError:

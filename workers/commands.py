@@ -561,9 +561,10 @@ def _follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, in
                 if jobs.announced(job_id):
                     record = jobs.get(job_id) or record   # read again: complete now
                     break
-                if ended_at is not None and time.monotonic() - ended_at > END_GRACE:
+                if ended_at is None:
+                    ended_at = time.monotonic()
+                elif time.monotonic() - ended_at > END_GRACE:
                     break
-                ended_at = time.monotonic() if ended_at is None else ended_at
                 wait(min(interval, END_GRACE))
                 continue
             wait(interval)
