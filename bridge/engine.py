@@ -181,6 +181,12 @@ class FileList:
         return (FilePlan(rel.decode("utf-8", "surrogatepass"), size, part_size, {}, first, last)
                 for rel, size, part_size, first, last in self._rows.columns_of((0, 1, 2, 4, 5)))
 
+    def rels(self) -> Iterator[str]:
+        """The files' names alone, in order (a scope check reads no more of them)."""
+        if self._rows is None:
+            return (f.rel for f in self._held)
+        return (rel.decode("utf-8", "surrogatepass") for rel, in self._rows.columns_of((0,)))
+
     def __len__(self) -> int:
         return len(self._held) if self._rows is None else len(self._rows)
 

@@ -462,3 +462,25 @@ def test_a_plans_cloud_urls_resolve_as_written_and_a_bad_bucket_is_still_refused
     with pytest.raises(BadURL, match="not a valid s3 bucket name"):
         resolve("s3://Not_A_Bucket/x", folders)
     assert resolve("az://acct/c/a/../b", folders) == "az://acct/c/b"
+
+
+def test_a_plans_local_paths_resolve_as_realpath_does(tmp_path):
+    """The check's spelling of a local path is ``os.path.realpath``'s, whatever the path's shape
+    (the resolver skips normalising a path already in normal form, and resolves each folder once)."""
+    import os
+    from bridge.workers.gate import resolve
+    inside, outside = tmp_path / "in", tmp_path / "out"
+    (inside / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret").write_text("x")
+    (inside / "sub" / "plain").write_text("x")
+    (inside / "link-file").symlink_to(outside / "secret")
+    (inside / "link-dir").symlink_to(outside)
+    paths = [f"{inside}/sub/plain", f"{inside}/link-file", f"{inside}/link-dir/secret", f"{inside}/link-dir/",
+             f"{inside}//sub//plain", f"{inside}/./sub/plain", f"{inside}/sub/../link-file", f"{inside}/sub/..",
+             f"{inside}/sub/.", f"{inside}/sub/", f"{inside}/missing/new", "/", f"{inside}/.hidden"]
+    folders: dict[str, str] = {}
+    for path in paths * 2:   # the second time from the folders already resolved
+        assert (resolve(path, folders).rstrip("/") or "/") == os.path.realpath(path), path
+    assert resolve(f"{inside}/link-file", folders) == str(outside / "secret")
+    assert resolve(f"{inside}/link-dir/secret", folders) == str(outside / "secret")

@@ -440,6 +440,48 @@ def test_a_task_whose_worker_keeps_dying_fails_its_job_instead_of_looping(client
     assert record.state == "failed" and "giving up" in record.errors[0]
 
 
+def test_a_first_attempt_reads_the_journal_only_when_it_held_files_of_the_plan_before_it(client, ws):
+    """What a task is charged for comes from the journal before and after its run. A job whose
+    journal held none of its plan's files when it was planned: the first attempt at a slice of
+    small files reads nothing before, and nothing after (it knows what it put). A journal left by
+    an earlier job with the same plan is read, and what that job finished is not charged again."""
+    from bridge.engine import FilePlan, Plan
+    from bridge.workers.executor import Recorded, Service
+    from bridge.workers.kinds import Files
+    svc = Service(ws, client, lambda ref: None)
+    kind = Files(64, 2**30)
+    small = Plan("/src/", "s3://b-b/", None, [FilePlan(f"f{i}", 10) for i in range(3)], [], "k1").to_dict()
+    big = Plan("/src/", "s3://b-b/", None, [FilePlan("big", 100, 10)], [], "k1").to_dict()
+
+    class Counting(Recorded):   # the journal's reads of presence, counted
+        reads = 0
+
+        def present(self, keys):
+            Counting.reads += 1
+            return self.journal.present(keys)
+
+    fresh = Counting(svc.journal("k-fresh"))
+    svc._fresh("j1", fresh.journal)
+    fresh.put("file:f0", {"size": 10})   # one file put by this job's own earlier task (same slice twice below)
+    assert svc._marks("j1", "j1.t0", kind, small, fresh) == (set(), None) and Counting.reads == 0
+    assert svc._marks("j1", "j1.t1", kind, big, fresh) == (set(), None) and Counting.reads == 1   # multipart: read
+    # the same task again (its worker died): what it found the first time, and what is there now
+    assert svc._marks("j1", "j1.t0", kind, small, fresh) == (set(), {"file:f0"}) and Counting.reads == 2
+    run = Recorded(fresh)
+    run.put_many([("file:f1", {"size": 10}), ("file:f2", {"size": 10})])
+    assert run.keys == {"file:f1", "file:f2"}
+    assert kind.used(small, set(), run.keys)["destination.req.PUT"] == 2
+
+    earlier = Counting(svc.journal("k-earlier"))
+    earlier.put_many([("file:f0", {"size": 10})])   # left by an earlier job with the same plan
+    svc._fresh("j2", earlier.journal)
+    before, again = svc._marks("j2", "j2.t0", kind, small, earlier)
+    assert before == {"file:f0"} and again is None and Counting.reads == 3
+    assert kind.used(small, before, before | {"file:f1", "file:f2"})["destination.req.PUT"] == 2
+    for journal in (fresh, earlier):
+        journal.clear()
+
+
 # -- fan-out -------------------------------------------------------------------------------
 
 def test_fan_out_keeps_each_multipart_file_whole_and_batches_small_ones():

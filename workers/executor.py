@@ -177,6 +177,27 @@ def _task_entry(raw: bytes | str) -> tuple[str, str, str]:
 _DECODER = json.JSONDecoder()
 
 
+class Recorded:
+    """A task's journal that keeps the keys of the records put through it: what the task's run
+    finished, known without reading the journal back."""
+
+    def __init__(self, journal):
+        self.journal = journal
+        self.keys: set[str] = set()
+
+    def put(self, key: str, value: Any) -> None:
+        self.journal.put(key, value)
+        self.keys.add(key)
+
+    def put_many(self, records: list[tuple[str, Any]]) -> None:
+        records = list(records)
+        self.journal.put_many(records)
+        self.keys.update(key for key, _ in records)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.journal, name)
+
+
 def _describe(exc: BaseException) -> str:
     return redact(str(exc) if isinstance(exc, BridgeError) else f"internal error: {type(exc).__name__}: {exc}")
 
@@ -458,7 +479,11 @@ class Service:
         list of tasks, a few MiB at a time, as the slices are made; the plan's header and the
         count of its tasks last, in one transaction (``_plan`` plans again a job without them).
         The number of tasks."""
-        planned = self.kind(spec).plan(spec, self.settings_for(spec), self.journal,
+        def journal_for(key: str) -> RedisJournal:   # the plan's, looked at before the plan writes to it
+            journal = self.journal(key)
+            self._fresh(job_id, journal)
+            return journal
+        planned = self.kind(spec).plan(spec, self.settings_for(spec), journal_for,
                                        check=lambda plan: self.gate.plan(who, spec.kind, plan),
                                        slots=self.slots(queue))
         keyring = self.gate.keyring
@@ -539,16 +564,35 @@ class Service:
             pipe.hincrby(self.keys.job(job_id, "usage"), name, value)
         pipe.execute()
 
-    def _marks_before(self, job_id: str, task_id: str, kind, sub: dict, journal) -> set[str]:
-        """What the journal held of a task's units before its first attempt: a task run again
-        after its worker died is charged for the units that worker finished, and never for what
-        an earlier job with the same plan left."""
+    FRESH = "~fresh"   # a field of <job>:seen: its journal held none of its plan's files when it was planned
+
+    def _marks(self, job_id: str, task_id: str, kind, sub: dict, journal) -> tuple[set[str], set[str] | None]:
+        """(what the journal held of a task's units before its first attempt, what it holds of
+        them now when this is not that attempt): a task run again after its worker died is
+        charged for the units that worker finished, and never for what an earlier job with the
+        same plan left. A first attempt at a slice of small files of a job whose journal was
+        empty when it was planned reads nothing: it was empty for them (``Files.fresh``)."""
         key = self.keys.job(job_id, "seen")
-        marks = kind.marks(sub, journal)
-        if self.r.hsetnx(key, task_id, json.dumps(sorted(marks))):
-            self.r.expire(key, int(self.ws.journal_ttl))
-            return marks
-        return set(json.loads(self.r.hget(key, task_id) or "[]"))
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hget(key, task_id)
+        pipe.hget(key, self.FRESH)
+        seen, fresh = pipe.execute()
+        if seen is None:
+            marks = set() if fresh and getattr(kind, "fresh", None) and kind.fresh(sub) else kind.marks(sub, journal)
+            if self.r.hsetnx(key, task_id, json.dumps(sorted(marks))):
+                self.r.expire(key, int(self.ws.journal_ttl))
+                return marks, None
+            seen = self.r.hget(key, task_id)
+        return set(json.loads(seen or "[]")), kind.marks(sub, journal)
+
+    def _fresh(self, job_id: str, journal: RedisJournal) -> None:
+        """Record, before the plan writes to it, that the job's journal holds none of its files."""
+        if journal.empty():
+            key = self.keys.job(job_id, "seen")
+            pipe = self.r.pipeline(transaction=False)
+            pipe.hset(key, self.FRESH, "1")
+            pipe.expire(key, int(self.ws.journal_ttl))
+            pipe.execute()
 
     def _header(self, job_id: str) -> dict:
         return json.loads(self.r.hget(self.keys.job(job_id), "plan") or "null")
@@ -587,9 +631,10 @@ class Service:
         progress.listeners.append(sink)
         stop = StopCheck(self.jobs, job_id, lease)
         kind, journal = self.kind(spec), self.journal(record.plan_key)
-        again = hasattr(kind, "marks") and self.r.hexists(self.keys.job(job_id, "seen"), lease.ref.id)
-        before = self._marks_before(job_id, lease.ref.id, kind, sub, journal) if hasattr(kind, "marks") else None
-        start = kind.marks(sub, journal) if again else None   # an earlier attempt's worker died
+        before = start = None   # start: what the journal held as this attempt began, when an earlier one's worker died
+        if hasattr(kind, "marks"):
+            before, start = self._marks(job_id, lease.ref.id, kind, sub, journal)
+        recorded = Recorded(journal)   # what this attempt finishes: its journal after it is start (or before) and that
         cancelled = threading.Event()   # set by the watcher: no request is sent after it (bridge.retry.stopping)
         watcher = threading.Thread(target=self._watch_cancel, args=(job_id, cancelled, lease), daemon=True,
                                    name=f"cancel-watch-{job_id}")
@@ -598,12 +643,12 @@ class Service:
             from bridge.retry import stopping
             moving = time.perf_counter()
             with stopping(cancelled):
-                ran = kind.run(sub, self.settings_for(spec), journal, progress, stop.units)
+                ran = kind.run(sub, self.settings_for(spec), recorded, progress, stop.units)
             moving = time.perf_counter() - moving
         finally:
             watcher.done = True
             if before is not None:  # what finished in this run, whatever happened next
-                self._used(job_id, kind.used(sub, before, kind.marks(sub, journal)))
+                self._used(job_id, kind.used(sub, before, (before if start is None else start) | recorded.keys))
         sink.close(progress, max_units=ran.units)
         if start is not None and not lease.lost.is_set():
             self._recount(job_id, lease.ref.id, progress, kind.used(sub, before, start))

@@ -55,9 +55,11 @@ def resolve(url: str, folders: dict[str, str] | None = None) -> str:
         # A plan's own spelling of a local file (str of a Location): absolute already, so what
         # parse() would make of it without its stat of every file (is it a folder?), which the
         # links resolved below make no difference to.
-        path = "/" + posixpath.normpath(url).lstrip("/")
-        if url.endswith("/") and path != "/":
-            path += "/"
+        path = url
+        if "/." in url or "//" in url:   # else normpath would give it back as it is
+            path = "/" + posixpath.normpath(url).lstrip("/")
+            if url.endswith("/") and path != "/":
+                path += "/"
     else:
         scheme, sep, rest = url.partition("://")
         if sep and scheme in ("s3", "gs") and folders is not None:
@@ -74,32 +76,63 @@ def resolve(url: str, folders: dict[str, str] | None = None) -> str:
         path = loc.local_path   # absolute, without '.' or '..' (bridge.urls made it so)
     if folders is None:
         return os.path.realpath(path)
-    head, tail = os.path.split(path)
-    if head not in folders:
-        folders[head] = os.path.realpath(head)
-    full = os.path.join(folders[head], tail)
+    head, _, tail = path.rpartition("/")   # os.path.split's, for a path in normal form
+    head = head or "/"
+    real = folders.get(head)
+    if real is None:
+        real = folders[head] = os.path.realpath(head)
+    full = f"{real}/{tail}" if real != "/" else f"/{tail}"
     return os.path.realpath(full) if tail in ("", ".", "..") or os.path.islink(full) else full
 
 
-def touched(kind: str, plan: dict[str, Any]) -> tuple[list[str], list[str]]:
+@dataclass(frozen=True)
+class Names:
+    """What a scope check reads of a copy's or sync's plan that its planner holds (bridge.engine
+    ``Plan``): roots, route, and the names of its files, deletions and completions, read from the
+    plan's rows without a dict made for each file. Only the planner makes one; a task's slice
+    arrives as the plain dict it was signed as."""
+    source: str
+    destination: str
+    single: str | None
+    route: str | None
+    rels: Callable[[], Iterable[str]]
+    deletions: Iterable[str] = ()
+    completions: Iterable[str] = ()
+
+    @classmethod
+    def of(cls, plan) -> Names:
+        return cls(plan.source, plan.destination, plan.single, plan.route, plan.files.rels, plan.deletions,
+                   plan.completions)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name, default)
+
+
+def touched(kind: str, plan: dict[str, Any] | Names) -> tuple[list[str], list[str]]:
     """(what it reads, what it writes) of a plan or a task's slice of one, as URLs: the roots and
     every file. ``kind``: the job's (copy, sync, pack, unpack)."""
     from bridge.urls import parse
-    reads, writes = [plan["source"]], [plan["destination"]]
-    dst = parse(plan["destination"])
+    if isinstance(plan, Names):
+        if kind not in ("copy", "sync"):
+            raise ValueError(f"a {kind} plan is checked as the plan itself")
+        source, destination, rels = plan.source, plan.destination, plan.rels()
+    else:
+        source, destination = plan["source"], plan["destination"]
+        rels = (f["rel"] for f in plan.get("files", []))
+    reads, writes = [source], [destination]
+    dst = parse(destination)
     if kind in ("copy", "sync"):
         single = plan.get("single")
         under = _joiner(dst)
         if single is None:
-            src = _joiner(parse(plan["source"]))
-            for f in plan.get("files", []):
-                rel = f["rel"]
+            src = _joiner(parse(source))
+            for rel in rels:
                 reads.append(src(rel))
                 writes.append(under(rel))
         else:
-            for f in plan.get("files", []):
+            for rel in rels:
                 reads.append(single)
-                writes.append(under(f["rel"]))
+                writes.append(under(rel))
         writes += [under(rel) for rel in plan.get("deletions", [])]
         writes += [under(rel) for rel in plan.get("completions", [])]
     elif kind == "pack":
@@ -248,7 +281,7 @@ class Gate:
         if reason:
             raise Refused(reason)
 
-    def plan(self, who: Admitted, kind: str, plan: dict[str, Any]) -> None:
+    def plan(self, who: Admitted, kind: str, plan: dict[str, Any] | Names) -> None:
         """Every file a plan (or a task's slice of one) reads and writes, and its route."""
         try:
             reads, writes = touched(kind, plan)

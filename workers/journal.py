@@ -121,6 +121,10 @@ class RedisJournal:
                 pipe.expire(self._order(ORDERED), self.ttl)
         pipe.execute()
 
+    def empty(self, kinds: tuple[str, ...] = ("file", "part", "upload")) -> bool:
+        """Whether the journal holds no record of these kinds (one round trip)."""
+        return not self.client.exists(*(f"{self.key}:{kind}" for kind in kinds))
+
     def present(self, keys: list[str]) -> set[str]:
         """Which of ``keys`` have a record: one round trip per kind, not per key, and without
         their values."""

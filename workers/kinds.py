@@ -218,7 +218,8 @@ class Files:
                 plan = filtered(plan, spec.include or [], spec.exclude or [])
         from bridge import routes
         routes.choose(plan, settings, spec.route)
-        check(plan.to_dict())   # every file it reads and writes, and the route: before anything is written
+        from bridge.workers.gate import Names
+        check(Names.of(plan))   # every file it reads and writes, and the route: before anything is written
         # A route carries a file whole: its parts are not spread over tasks.
         task_bytes = self.file_task_bytes if plan.route == "direct" else None
         spread = split(plan, task_bytes)
@@ -242,6 +243,13 @@ class Files:
         from bridge import estimate
         from bridge.engine import Plan
         return estimate.journal_marks(_parsed(sub, Plan.from_dict), journal)
+
+    def fresh(self, sub: dict) -> bool:
+        """Whether a sub-plan's files have no record in a journal that held none of its plan's
+        files when the plan was made: a slice without multipart files (the planner begins the
+        uploads of the files whose parts it spreads over tasks, and journals them)."""
+        from bridge.engine import Plan
+        return not _parsed(sub, Plan.from_dict).files.multipart
 
     def used(self, sub: dict, before: set[str], after: set[str]) -> dict[str, int]:
         """The requests and bytes of the units that finished in one run of a sub-plan."""
