@@ -484,3 +484,16 @@ def test_a_plans_local_paths_resolve_as_realpath_does(tmp_path):
         assert (resolve(path, folders).rstrip("/") or "/") == os.path.realpath(path), path
     assert resolve(f"{inside}/link-file", folders) == str(outside / "secret")
     assert resolve(f"{inside}/link-dir/secret", folders) == str(outside / "secret")
+
+
+def test_a_tenant_name_follows_one_rule_in_the_keys_the_policy_and_the_settings():
+    """BRIDGE_TENANT is checked with the keys file's rule (the policy's module loads YAML, which a
+    submitter's start-up does without): the two rules are one."""
+    import pytest
+    from bridge.policies import tenants
+    from bridge.workers import auth
+    from bridge.workers.settings import _tenant
+    assert auth._NAME_RE.pattern == tenants._NAME_RE.pattern
+    assert _tenant("team-a.1") == "team-a.1"
+    with pytest.raises(ValueError, match="a tenant name uses"):
+        _tenant("-bad")

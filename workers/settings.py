@@ -96,7 +96,7 @@ def parse_local_roots(value: str) -> tuple[str, ...]:
 
 
 def _tenant(value: str) -> str:
-    from bridge.policies.tenants import _NAME_RE as TENANT
+    from bridge.workers.auth import _NAME_RE as TENANT   # the service policy's rule (policies/tenants.py), without its YAML
     if not TENANT.match(value):
         raise ValueError(f"{value!r}: a tenant name uses letters, digits, '_', '.', '-' (at most 63)")
     return value
