@@ -275,26 +275,27 @@ _KIND_OF: dict[str, Callable[..., tuple[str, str]]] = {"s3": _s3, "gs": _gcs, "a
 
 
 def classify(scheme: str, method: str, target: str, headers: Mapping[str, str] | None = None,
-             base: str = "") -> tuple[str, str]:
+             base: str = "", host: str = "") -> tuple[str, str]:
     """(store, kind) of one request: ``target`` is its URL or path with query; ``base`` the
-    endpoint's own path (``/devstoreaccount1`` for Azurite), left out before reading the path."""
+    endpoint's own path (``/devstoreaccount1`` for Azurite), left out before reading the path;
+    ``host`` the host it goes to when ``target`` is a path (a bucket can name it: S3 on AWS)."""
     parts = urlsplit(target)
     path = parts.path
     if base and path.startswith(base.rstrip("/") + "/"):
         path = path[len(base.rstrip("/")):]
     segments = [unquote(s) for s in path.split("/") if s]
-    bucket, kind = _KIND_OF[scheme](method.upper(), segments, _query(parts.query), headers, parts.hostname or "")
+    bucket, kind = _KIND_OF[scheme](method.upper(), segments, _query(parts.query), headers, parts.hostname or host)
     return f"{scheme}://{bucket}", kind
 
 
 def note(scheme: str, method: str, target: str, headers: Mapping[str, str] | None = None, *,
-         base: str = "", sent: int = 0) -> tuple[Meter, str, str] | None:
+         base: str = "", sent: int = 0, host: str = "") -> tuple[Meter, str, str] | None:
     """Count one request in the current meter: (meter, store, kind) for its answer, or None
     when nothing is metering."""
     meter = _current.get()
     if meter is None:
         return None
-    store, kind = classify(scheme, method, target, headers, base)
+    store, kind = classify(scheme, method, target, headers, base, host)
     meter.request(store, kind, sent)
     return meter, store, kind
 
@@ -317,7 +318,7 @@ class _Metered:
         headers = headers or {}
         size = len(body) if isinstance(body, (bytes, bytearray, memoryview)) else int(
             next((v for k, v in headers.items() if k.lower() == "content-length"), 0) or 0)
-        self._noted = note(self.meter_scheme, method, url, headers, base=self.meter_base, sent=size)
+        self._noted = note(self.meter_scheme, method, url, headers, base=self.meter_base, sent=size, host=self.host)
         return super().request(method, url, body=body, headers=headers, **kwargs)
 
     def send(self, data):

@@ -168,6 +168,7 @@ class Emulator:
 
     name = "emulator"
     startup_timeout = 30.0
+    fixed_port: int | None = None   # a port of its own (inside a private network namespace only)
 
     def __init__(self, *, startup_timeout: float | None = None) -> None:
         if startup_timeout is not None:
@@ -228,7 +229,7 @@ class Emulator:
             raise
 
     def _spawn(self) -> None:
-        self.port = free_port()
+        self.port = self.fixed_port or free_port()
         self._command = self.command()
         self._log = open(self.log_path, "wb")
         self._log.write(f"$ {shlex.join(self._command)}\n".encode())

@@ -59,12 +59,18 @@ def test_missing_objects_and_buckets_are_bridge_errors(s3, tmp_path):
         store.read(parse("s3://no-such-bucket-here/key"), 0, 10)
 
 
-def test_the_default_endpoint_keeps_the_sdk_path_and_given_keys_win_over_a_profile(moto):
-    """(Credentials from profiles, web identity and refreshes: tests/test_credentials.py.)"""
+def test_the_default_endpoint_is_direct_but_fips_and_dual_stack_and_given_keys_win_over_a_profile(moto, monkeypatch):
+    """(Credentials from profiles, web identity and refreshes: tests/test_credentials.py; AWS's
+    own endpoint at work: tests/test_s3_aws_endpoint.py.)"""
     direct = Direct.for_settings(settings_for({**moto.env(), "AWS_PROFILE": "other"}))
     assert direct.credentials == "static"   # as on aiobotocore, which s3fs hands the keys
     env = {k: v for k, v in moto.env().items() if k != "AWS_ENDPOINT_URL"}
-    assert Direct.for_settings(settings_for(env)) is None
+    aws = Direct.for_settings(settings_for(env))
+    assert aws is not None and aws.aws and aws.endpoint == "https://s3.us-east-1.amazonaws.com"
+    for name in ("AWS_USE_FIPS_ENDPOINT", "AWS_USE_DUALSTACK_ENDPOINT"):   # forms of AWS's hosts it does not make
+        monkeypatch.setenv(name, "true")
+        assert Direct.for_settings(settings_for(env)) is None
+        monkeypatch.delenv(name)
 
 
 def test_puts_carry_the_checksum_and_metadata(s3):

@@ -11,7 +11,14 @@ against ``rclone serve s3``: see bench/README.md.
 A PUT carries the same checks as the SDK's: the CRC32C header S3 verifies the body against,
 the metadata, and (over plain HTTP) the payload's SHA-256 in the signature. Multipart uploads
 and everything else stay on aiobotocore. Used for an explicit endpoint (path-style addressing, as
-botocore uses for one), over HTTP or HTTPS, with any credentials botocore resolves: static keys
+botocore uses for one), over HTTP or HTTPS, and for AWS's own (no endpoint set): each bucket at
+its region's host, ``https://BUCKET.s3.REGION.amazonaws.com`` (path-style at
+``s3.REGION.amazonaws.com`` for a name with a dot, which no certificate of S3's covers), the
+region asked of S3 once per bucket and process (``x-amz-bucket-region`` of a HEAD of the bucket,
+which S3 answers whatever the status: a bucket elsewhere answers 301 and names its region, as
+botocore's region redirects read it), so that no request meets a redirect. FIPS and dual-stack
+endpoints (AWS_USE_FIPS_ENDPOINT, AWS_USE_DUALSTACK_ENDPOINT) stay on aiobotocore. Any
+credentials botocore resolves serve it: static keys
 from the settings are signed with as they are; otherwise botocore's own credential chain (a
 profile or the shared credentials file, credential_process, SSO, web identity through STS,
 container or instance metadata) gives a credentials object whose ``get_frozen_credentials()``
@@ -22,7 +29,7 @@ whose import costs half a second of a short job's start (``shared_file_keys``). 
 server against the CA bundle of the settings (``s3.ca_bundle``/AWS_CA_BUNDLE, the profile's
 ``ca_bundle``, then ``transfer.ca_bundle``: MCBRIDGE_CA_BUNDLE, REQUESTS_CA_BUNDLE, SSL_CERT_FILE)
 or the system's; a server that does not prove who it is fails at once, naming the endpoint.
-AWS's default endpoint (virtual-hosted buckets, region redirects) keeps aiobotocore. Failures are raised as
+Failures are raised as
 bridge's errors, through the same codes as the store's own translation; nothing is retried here
 (the store retries each call through bridge.retry, the one retry layer).
 """
@@ -33,6 +40,7 @@ import hashlib
 import hmac
 import http.client
 import re
+import ssl
 import threading
 import time
 import xml.etree.ElementTree as ET
@@ -119,36 +127,114 @@ def botocore_credentials(profile: str | None):
 _CODE = re.compile(rb"<Code>([^<]+)</Code>")
 
 
+class _Host:
+    """Where the requests for a bucket go: an origin, the path buckets sit under on it (``base``;
+    None when the bucket names the host), the region they are signed for, and each thread's
+    connection."""
+
+    def __init__(self, origin: str, base: str | None, region: str, keys: Keys, timeout: float,
+                 tls: ssl.SSLContext | None, meter_base: str):
+        url = urlsplit(origin)
+        self.origin, self.netloc, self.base, self.region = origin, url.netloc, base, region
+        self.meter_base = meter_base   # the endpoint's own path, left out when metering (bridge/meter.py)
+        self.tls = tls
+        more = {"context": tls} if tls is not None else {}
+        self.connect = lambda: meter.connection(tls is not None, "s3", meter_base)(
+            url.hostname, url.port, timeout=timeout, **more)
+        self.signer = SigV4(keys, region, https=url.scheme == "https")
+        self.local = threading.local()
+
+    def bucket_path(self, bucket: str) -> str:
+        """The path of ``bucket``'s root on this host ('' when the bucket names the host)."""
+        return "" if self.base is None else f"{self.base}/{quote(bucket)}"
+
+
+def virtual_host(bucket: str) -> bool:
+    """Whether a bucket can name its host on AWS (as botocore decides): a DNS label of its own,
+    without dots (a dotted name would not match the certificate's ``*.s3.REGION.amazonaws.com``)."""
+    return bool(_DNS_BUCKET.match(bucket)) and "." not in bucket
+
+
+_DNS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9\-]{1,61}[a-z0-9]$")
+
+
 class Direct:
     page_size: int | None = None   # objects per listing page; None: the service's (1,000)
     # Called with (location, [(header, value)]) of each whole-object GET's answer: the store keeps
     # the headers and metadata it carries, so that copying them costs no HEAD.
     on_headers: Callable[[Location, list[tuple[str, str]]], None] | None = None
 
-    def __init__(self, endpoint: str, region: str, keys: Keys, timeout: float, cafile: str | None = None,
+    def __init__(self, endpoint: str | None, region: str, keys: Keys, timeout: float, cafile: str | None = None,
                  credentials: str = "static"):
-        url = urlsplit(endpoint)
-        self.endpoint = endpoint
-        self.origin = f"{url.scheme}://{url.netloc}"
-        self.netloc = url.netloc
-        self.base = url.path.rstrip("/")
+        """``endpoint``: one endpoint for every bucket, path-style; None: AWS's own, each bucket at
+        its own region's host (``https://BUCKET.s3.REGION.amazonaws.com``; ``s3.REGION.amazonaws.com``
+        path-style for a name that cannot be a host), the region asked of S3 once per bucket."""
+        self.aws = endpoint is None
+        self.endpoint = endpoint or f"https://s3.{region}.amazonaws.com"
         self.region = region
         self.credentials = credentials   # where the keys came from: "static", or botocore's provider's method
         self.cafile = cafile
-        self._tls = tls_context(cafile) if url.scheme == "https" else None
-        tls = {"context": self._tls} if self._tls is not None else {}
-        self._connect = lambda: meter.connection(url.scheme == "https", "s3", self.base)(
-            url.hostname, url.port, timeout=timeout, **tls)
-        self._signer = SigV4(keys, region, https=url.scheme == "https")
-        self._local = threading.local()
+        self._keys = keys
         self._timeout = timeout
+        url = urlsplit(self.endpoint)
+        self._tls = tls_context(cafile) if url.scheme == "https" else None
+        self._base = url.path.rstrip("/")
+        self._hosts: dict[str, _Host] = {}
+        self._hosts_lock = threading.Lock()
+        self._one = None if self.aws else _Host(f"{url.scheme}://{url.netloc}", self._base, region, keys, timeout,
+                                                self._tls, self._base)
+
+    @property
+    def _signer(self) -> SigV4:
+        """The signer of the endpoint's own region (every bucket's, on an endpoint set outright)."""
+        return self._one.signer if self._one is not None else SigV4(self._keys, self.region, https=True)
+
+    def _host(self, bucket: str) -> _Host:
+        """Where ``bucket``'s requests go (on AWS: made on first use, after asking for its region)."""
+        if self._one is not None:
+            return self._one
+        host = self._hosts.get(bucket)
+        if host is None:
+            region = self._region_of(bucket)
+            with self._hosts_lock:
+                host = self._hosts.get(bucket)
+                if host is None:
+                    host = self._hosts[bucket] = self._aws_host(bucket, region)
+        return host
+
+    def _aws_host(self, bucket: str, region: str) -> _Host:
+        if virtual_host(bucket):
+            return _Host(f"https://{bucket}.s3.{region}.amazonaws.com", None, region, self._keys, self._timeout,
+                         self._tls, "")
+        return _Host(f"https://s3.{region}.amazonaws.com", "", region, self._keys, self._timeout, self._tls, "")
+
+    def _region_of(self, bucket: str) -> str:
+        """The region ``bucket`` lives in, as S3 says it in ``x-amz-bucket-region`` on a HEAD of the
+        bucket at the configured region's host, whatever the status (a bucket elsewhere answers
+        301, one this caller may not list 403: both name the region); the configured region when
+        the answer names none (the requests then fail or succeed there, saying why)."""
+        probe = self._aws_host(bucket, self.region)
+        headers: dict[str, str] = {}
+        path = probe.bucket_path(bucket) or "/"
+        probe.signer.sign("HEAD", probe.netloc, path, "", headers)
+        loc = Location("s3", bucket, "")
+        with kept_connection(probe.local, probe.connect, loc, f"the S3 endpoint {probe.origin}") as conn:
+            conn.request("HEAD", path, headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            region = resp.getheader("x-amz-bucket-region")
+        return region or self.region
 
     @classmethod
     def for_settings(cls, settings: Settings) -> Direct | None:
-        """The direct path for these settings, or None where aiobotocore stays: no endpoint set
-        (AWS's own), or no credentials botocore can find (aiobotocore then says so)."""
+        """The direct path for these settings, or None where aiobotocore stays: no credentials
+        botocore can find (aiobotocore then says so), or AWS's own endpoint asked for in a form
+        this path does not make (FIPS, dual-stack, accelerate: AWS_USE_FIPS_ENDPOINT,
+        AWS_USE_DUALSTACK_ENDPOINT, or the profile's s3 settings for them)."""
+        import os
         s3 = settings.s3
-        if not s3.endpoint_url:
+        if not s3.endpoint_url and any((os.environ.get(name) or "").lower() == "true"
+                                       for name in ("AWS_USE_FIPS_ENDPOINT", "AWS_USE_DUALSTACK_ENDPOINT")):
             return None
         config: dict[str, str | None] = {}   # the profile's region and ca_bundle
         if s3.access_key_id and s3.secret_access_key:
@@ -166,7 +252,7 @@ class Direct:
                 return None
             credentials, config = found
             keys, method = credentials.get_frozen_credentials, credentials.method
-        return cls(s3.endpoint_url, s3.region or config.get("region") or "us-east-1", keys,
+        return cls(s3.endpoint_url or None, s3.region or config.get("region") or "us-east-1", keys,
                    settings.transfer.read_timeout,
                    s3.ca_bundle or config.get("ca_bundle") or settings.transfer.ca_bundle, method)
 
@@ -188,11 +274,11 @@ class Direct:
     def upload_part(self, loc: Location, upload_id: str, number: int, data, crc32c_b64: str, from_code) -> str:
         """UploadPart on this thread's connection (its body in pieces, so that a cancel stops it
         mid-way: bridge/meter.py); the part's ETag."""
-        path = self._path(loc)
+        path, host = self._path(loc), self._host(loc.bucket)
         query = f"partNumber={number}&uploadId={quote(upload_id, safe='-_.~')}"
         headers = {"Content-Length": str(len(data)), "x-amz-sdk-checksum-algorithm": "CRC32C",
                    "x-amz-checksum-crc32c": crc32c_b64}
-        self._signer.sign("PUT", self.netloc, path, query, headers, data)
+        host.signer.sign("PUT", host.netloc, path, query, headers, data)
         with self._connection(loc) as conn:
             conn.request("PUT", f"{path}?{query}", body=data, headers=headers)
             resp = conn.getresponse()
@@ -209,7 +295,8 @@ class Direct:
         for name, value in params.items():
             if name in PUT_HEADERS:
                 headers[PUT_HEADERS[name]] = str(value).lower() if isinstance(value, bool) else value
-        self._signer.sign("PUT", self.netloc, path, "", headers, data)
+        host = self._host(loc.bucket)
+        host.signer.sign("PUT", host.netloc, path, "", headers, data)
         return path, headers
 
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], from_code, *,
@@ -218,7 +305,6 @@ class Direct:
         (location, bytes, CRC32C base64, put_object's parameters) when its request is first about to go (its
         retries send the same), ``each(i, answer)`` takes what S3 answered (as ``put`` returns
         it). Failures by index, as get_many."""
-        from bridge.stores.streams import each_of
         bodies: dict[int, tuple] = {}
 
         async def send(i: int, link) -> dict:
@@ -232,21 +318,44 @@ class Direct:
             del bodies[i]
             return _put_answer(lambda name: answer.headers.get(name.lower()))
 
-        return each_of(count, send, each, self.origin, connections=connections, timeout=self._timeout, metered=("s3", self.base),
-                       retries=retries, tls=self._tls)
+        host = self._one or self._batch_host(count, body, bodies)
+        return self._each_of(host, count, send, each, connections, retries)
+
+    def _batch_host(self, count: int, body: Callable[[int], tuple], bodies: dict[int, tuple]) -> _Host:
+        """On AWS, the host of a batch's bucket (a batch is of one destination): the first body
+        that can be made names it (kept for its request); one that cannot is that object's
+        failure, raised again when its request asks for it."""
+        for i in range(count):
+            try:
+                bodies[i] = body(i)
+            except BridgeError:
+                continue
+            return self._host(bodies[i][0].bucket)
+        return self._aws_host("", self.region)   # nothing to send: no request goes
+
+    def _each_of(self, host: _Host, count: int, send, each, connections: int, retries: int):
+        """``streams.each_of`` to one host (a batch's objects are in one bucket)."""
+        from bridge.stores.streams import each_of
+        return each_of(count, send, each, host.origin, connections=connections, timeout=self._timeout,
+                       metered=("s3", host.meter_base), retries=retries, tls=host.tls)
 
     def _path(self, loc: Location) -> str:
-        return f"{self.base}/{quote(loc.bucket)}/{quote(loc.key, safe='/~')}"
+        return f"{self._host(loc.bucket).bucket_path(loc.bucket)}/{quote(loc.key, safe='/~')}"
+
+    def _bucket_path(self, loc: Location) -> str:
+        return self._host(loc.bucket).bucket_path(loc.bucket) or "/"
 
     def _connection(self, loc: Location):
         """This thread's connection, given back for reuse only after a clean, complete exchange."""
-        return kept_connection(self._local, self._connect, loc, f"the S3 endpoint {self.endpoint}")
+        host = self._host(loc.bucket)
+        return kept_connection(host.local, host.connect, loc, f"the S3 endpoint {host.origin}")
 
     def _call(self, loc: Location, method: str, path: str, from_code, query: str = "",
               headers: dict[str, str] | None = None):
         """Send one request without a body: the answer, its body read (an error status raises)."""
         headers = dict(headers or {})
-        self._signer.sign(method, self.netloc, path, query, headers)
+        host = self._host(loc.bucket)
+        host.signer.sign(method, host.netloc, path, query, headers)
         with self._connection(loc) as conn:
             conn.request(method, f"{path}?{query}" if query else path, headers=headers)
             resp = conn.getresponse()
@@ -265,7 +374,8 @@ class Direct:
         ranged = offset or length is not None
         if ranged:
             headers["Range"] = f"bytes={offset}-{'' if length is None else offset + length - 1}"
-        self._signer.sign("GET", self.netloc, path, "", headers)
+        host = self._host(loc.bucket)
+        host.signer.sign("GET", host.netloc, path, "", headers)
         with self._connection(loc) as conn:
             conn.request("GET", path, headers=headers)
             resp = conn.getresponse()
@@ -289,13 +399,13 @@ class Direct:
                  connections: int, retries: int) -> dict[int, BridgeError]:
         """Whole objects, ``connections`` requests in flight from this thread
         (``bridge.stores.streams.each_of``: ``each(i, body)`` here as each arrives, failures by index)."""
-        from bridge.stores.streams import each_of
 
         async def send(i: int, link) -> bytes:
             loc = locs[i]
             path = self._path(loc)
             headers: dict[str, str] = {}
-            self._signer.sign("GET", self.netloc, path, "", headers)
+            host = self._host(loc.bucket)
+            host.signer.sign("GET", host.netloc, path, "", headers)
             answer = await link.send("GET", path, headers, what=str(loc))
             if answer.status >= 300:
                 raise _error_of(loc, answer.status, answer.body[:65536], from_code)
@@ -303,8 +413,9 @@ class Direct:
                 self.on_headers(loc, list(answer.headers.items()))
             return answer.body
 
-        return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout, metered=("s3", self.base),
-                       retries=retries, tls=self._tls)
+        if not locs:
+            return {}
+        return self._each_of(self._host(locs[0].bucket), len(locs), send, each, connections, retries)
 
     def head(self, loc: Location, from_code) -> dict:
         """HEAD one object, checksums asked for; the answer named as botocore's head_object names
@@ -326,14 +437,14 @@ class Direct:
 
     def head_bucket(self, loc: Location, from_code) -> None:
         """HEAD the bucket of ``loc``: nothing on success, else bridge's error for the status."""
-        self._call(loc, "HEAD", f"{self.base}/{quote(loc.bucket)}", from_code)
+        self._call(loc, "HEAD", self._bucket_path(loc), from_code)
 
     def delete(self, loc: Location, from_code) -> None:
         self._call(loc, "DELETE", self._path(loc), from_code)
 
     def _list_xml(self, loc: Location, params: dict[str, str], from_code) -> tuple[ET.Element, str]:
         """GET the bucket of ``loc`` with a query; the parsed XML answer and its namespace."""
-        path = f"{self.base}/{quote(loc.bucket)}"
+        path = self._bucket_path(loc)
         query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(params.items()))
         _, body = self._call(loc, "GET", path, from_code, query=query)
         try:

@@ -79,8 +79,8 @@ class Link:
                    *, what: str) -> Answer:
         """One exchange. A lost connection, a timeout or a malformed answer raises
         TransientError naming ``what``; a refused connection EndpointUnreachable."""
-        noted = meter.note(self.metered[0], method, target, headers, base=self.metered[1], sent=len(body)) \
-            if self.metered else None
+        noted = meter.note(self.metered[0], method, target, headers, base=self.metered[1], sent=len(body),
+                           host=self.host) if self.metered else None
         try:
             async with asyncio.timeout(self.timeout):
                 answer = await self._exchange(method, target, headers, body)

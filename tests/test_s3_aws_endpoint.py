@@ -1,0 +1,51 @@
+"""bridge against AWS's own S3 endpoint (no endpoint set): the direct request path, each bucket at
+its region's virtual host, over HTTPS with a test CA. Run inside a private network namespace
+(tests/aws_namespace.py says how), so it needs root and util-linux's unshare; elsewhere it is
+skipped, saying why."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _can_unshare() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (a private network namespace with its own /etc/hosts)"
+    if not shutil.which("unshare") or not shutil.which("ip"):
+        return "needs util-linux's unshare and iproute2's ip"
+    probe = subprocess.run(["unshare", "--net", "--mount", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"unshare --net --mount is refused here: {probe.stderr.strip()[:200]}"
+    return None
+
+
+def test_aws_default_endpoint_serves_each_bucket_at_its_regions_host_on_the_direct_path(tmp_path):
+    why = _can_unshare()
+    if why:
+        pytest.skip(why)
+    run = subprocess.run(["unshare", "--net", "--mount", sys.executable, "-m", "tests.aws_namespace", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=280)
+    print(run.stdout)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    assert "bkt-euw1: eu-west-1, requests to https://bkt-euw1.s3.eu-west-1.amazonaws.com/" in run.stdout
+    assert "dotted.bkt-euw1: eu-west-1, requests to https://s3.eu-west-1.amazonaws.com/dotted.bkt-euw1" in run.stdout
+    assert "41 files up to eu-west-1 and back: identical" in run.stdout
+
+
+def test_a_bucket_names_its_host_only_when_its_name_can_be_one_under_s3s_certificate():
+    """As botocore decides: a DNS label of 3-63 lower-case letters, digits and '-', without dots
+    (``*.s3.REGION.amazonaws.com`` covers one label); any other name goes path-style."""
+    from bridge.stores.s3direct import virtual_host
+    assert virtual_host("bkt-euw1") and virtual_host("a1b") and virtual_host("x" * 63)
+    for name in ("dotted.bkt", "ab", "x" * 64, "Upper-case", "-lead", "trail-", "under_score"):
+        assert not virtual_host(name), name
