@@ -136,6 +136,13 @@ def _before_pool(**_kwargs) -> None:
             importlib.import_module(name)
         except ImportError as exc:  # an extra that is not installed: its scheme fails when used
             log.debug("not preloaded: %s (%s)", name, exc)
+    # The price tables every job's plan is priced with (YAML, parsed once per process: a fifth
+    # of a second of each pool process's first plan on this kind of machine).
+    from bridge.policies.prices import builtin
+    try:
+        builtin()
+    except Exception as exc:   # a job priced with them says what is wrong, in its record
+        log.warning("price tables not preloaded: %s", exc)
     # Shared with every pool process: out of their collector's reach (it would walk it, and
     # touch its pages, on every full collection).
     gc.collect()
