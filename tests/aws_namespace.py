@@ -104,6 +104,7 @@ def main() -> None:
             want = (f"https://s3.{region}.amazonaws.com" if "." in bucket
                     else f"https://{bucket}.s3.{region}.amazonaws.com")
             assert (host.origin, host.region) == (want, region), (bucket, host.origin, host.region)
+            assert store.bucket_region(loc) == region
             print(f"{bucket}: {region}, requests to {host.origin}{host.bucket_path(bucket) or '/'}")
 
         # the CLI: a tree with a multipart file up to a bucket in another region and back, verified

@@ -397,6 +397,8 @@ class S3Store(Store):
         self._call(loc, "create_bucket", **kwargs)
 
     def bucket_region(self, loc: Location) -> str | None:
+        if self._direct is not None:
+            return self._request(loc, lambda: self._direct.bucket_region(loc, _from_code))
         # GetBucketLocation answers no constraint for us-east-1, the region S3 began in.
         answer = self._call(loc, "get_bucket_location", Bucket=loc.bucket)
         return answer.get("LocationConstraint") or "us-east-1"

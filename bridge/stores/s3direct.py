@@ -439,6 +439,18 @@ class Direct:
         """HEAD the bucket of ``loc``: nothing on success, else bridge's error for the status."""
         self._call(loc, "HEAD", self._bucket_path(loc), from_code)
 
+    def bucket_region(self, loc: Location, from_code) -> str:
+        """The region of ``loc``'s bucket: on AWS the one S3 named for it (``_region_of``);
+        elsewhere GetBucketLocation's answer, none meaning us-east-1 (where S3 began)."""
+        if self.aws:
+            return self._host(loc.bucket).region
+        _, body = self._call(loc, "GET", self._bucket_path(loc), from_code, query="location=")
+        try:
+            text = ET.fromstring(body).text
+        except ET.ParseError as exc:
+            raise TransientError(f"{loc}: the bucket's location could not be parsed ({exc})") from exc
+        return (text or "").strip() or "us-east-1"
+
     def delete(self, loc: Location, from_code) -> None:
         self._call(loc, "DELETE", self._path(loc), from_code)
 
