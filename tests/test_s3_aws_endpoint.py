@@ -49,3 +49,13 @@ def test_a_bucket_names_its_host_only_when_its_name_can_be_one_under_s3s_certifi
     assert virtual_host("bkt-euw1") and virtual_host("a1b") and virtual_host("x" * 63)
     for name in ("dotted.bkt", "ab", "x" * 64, "Upper-case", "-lead", "trail-", "under_score"):
         assert not virtual_host(name), name
+
+
+def test_a_directory_bucket_is_refused_in_one_line_before_any_request():
+    """S3 Express One Zone's directory buckets answer at zonal hosts with session credentials of
+    their own, which the direct path does not make: refused by name, nothing sent."""
+    from bridge.errors import BadURL
+    from bridge.stores.s3direct import Direct
+    direct = Direct(None, "us-west-2", lambda: ("AKIDEXAMPLE", "secret", None), 5.0)
+    with pytest.raises(BadURL, match=r"s3://ml--usw2-az1--x-s3: a directory bucket \(S3 Express One Zone\)"):
+        direct._host("ml--usw2-az1--x-s3")

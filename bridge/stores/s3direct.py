@@ -17,7 +17,8 @@ its region's host, ``https://BUCKET.s3.REGION.amazonaws.com`` (path-style at
 region asked of S3 once per bucket and process (``x-amz-bucket-region`` of a HEAD of the bucket,
 which S3 answers whatever the status: a bucket elsewhere answers 301 and names its region, as
 botocore's region redirects read it), so that no request meets a redirect. FIPS and dual-stack
-endpoints (AWS_USE_FIPS_ENDPOINT, AWS_USE_DUALSTACK_ENDPOINT) stay on aiobotocore. Any
+endpoints (AWS_USE_FIPS_ENDPOINT, AWS_USE_DUALSTACK_ENDPOINT) stay on aiobotocore; a directory
+bucket (S3 Express One Zone: zonal hosts, session credentials) is refused by name. Any
 credentials botocore resolves serve it: static keys
 from the settings are signed with as they are; otherwise botocore's own credential chain (a
 profile or the shared credentials file, credential_process, SSO, web identity through STS,
@@ -50,7 +51,7 @@ from urllib.parse import quote, unquote_plus, urlsplit
 
 from bridge import meter
 from bridge.config import Settings
-from bridge.errors import BridgeError, TransientError
+from bridge.errors import BadURL, BridgeError, TransientError
 from bridge.stores.base import kept_connection, receive, tls_context
 from bridge.urls import Location
 
@@ -203,6 +204,9 @@ class Direct:
         return host
 
     def _aws_host(self, bucket: str, region: str) -> _Host:
+        if bucket.endswith("--x-s3"):
+            # S3 Express One Zone: zonal hosts and session credentials (CreateSession) of its own
+            raise BadURL(f"s3://{bucket}: a directory bucket (S3 Express One Zone) is not supported")
         if virtual_host(bucket):
             return _Host(f"https://{bucket}.s3.{region}.amazonaws.com", None, region, self._keys, self._timeout,
                          self._tls, "")
