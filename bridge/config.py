@@ -433,6 +433,9 @@ class S3Settings(_Model):
     profile: str | None = None
     # PEM bundle of the CAs S3's endpoint is verified against (AWS_CA_BUNDLE; before transfer.ca_bundle)
     ca_bundle: str | None = None
+    # On AWS's own endpoint: "path" sends every bucket's requests path-style to s3.REGION.amazonaws.com;
+    # "auto" (the default) names the host by the bucket where its name can be one (s3direct.py)
+    addressing_style: Literal["auto", "path"] | None = None
     # What objects written here are stored as (bridge's own _bridge/ records keep the bucket's
     # default class, so that they read back without a restore): README, Storage classes.
     storage_class: S3Class | None = None
@@ -594,6 +597,7 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
     "AWS_SESSION_TOKEN": ("s3", "session_token"),
     "AWS_PROFILE": ("s3", "profile"),
     "AWS_CA_BUNDLE": ("s3", "ca_bundle"),
+    "MCBRIDGE_S3_ADDRESSING_STYLE": ("s3", "addressing_style"),
     "STORAGE_EMULATOR_HOST": ("gcs", "endpoint"),
     "GOOGLE_CLOUD_PROJECT": ("gcs", "project"),
     "GOOGLE_APPLICATION_CREDENTIALS": ("gcs", "credentials_file"),

@@ -25,6 +25,7 @@ from tests.emulators import LocalCA, TLSMotoServer
 
 REGIONS = ("us-east-1", "eu-west-1")
 BUCKETS = {"bkt-use1": "us-east-1", "bkt-euw1": "eu-west-1", "dotted.bkt-euw1": "eu-west-1"}
+PATH_ONLY = "bkt-path"   # in eu-west-1, no host of its own in the hosts file: reached path-style only
 KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
@@ -67,7 +68,7 @@ def main() -> None:
         import boto3
         client = boto3.client("s3", endpoint_url="https://s3.amazonaws.com", region_name="us-east-1",
                               aws_access_key_id="testing", aws_secret_access_key="testing", verify=str(ca.ca_file))
-        for bucket, region in BUCKETS.items():
+        for bucket, region in {**BUCKETS, PATH_ONLY: "eu-west-1"}.items():
             extra = {} if region == "us-east-1" else {"CreateBucketConfiguration": {"LocationConstraint": region}}
             client.create_bucket(Bucket=bucket, **extra)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "MCBRIDGE_", "BRIDGE_"))}
@@ -107,6 +108,16 @@ def main() -> None:
             assert store.bucket_region(loc) == region
             print(f"{bucket}: {region}, requests to {host.origin}{host.bucket_path(bucket) or '/'}")
 
+        # path-style when asked: every bucket at its region's host, a bucket whose own host does
+        # not resolve included
+        store = get_store(parse(f"s3://{PATH_ONLY}/"), load_settings({"s3": {"addressing_style": "path"}}))
+        loc = parse(f"s3://{PATH_ONLY}/probe/one.txt")
+        store.put(loc, b"path-style\n", crc32c=crc_hex(crc32c(b"path-style\n")), metadata={})
+        assert [info.location.key for info in store.list(parse(f"s3://{PATH_ONLY}/probe/"))] == ["probe/one.txt"]
+        host = store._direct._host(PATH_ONLY)
+        assert (host.origin, host.bucket_path(PATH_ONLY)) == ("https://s3.eu-west-1.amazonaws.com", f"/{PATH_ONLY}")
+        print(f"{PATH_ONLY}, path-style as asked: requests to {host.origin}{host.bucket_path(PATH_ONLY)}")
+
         # the CLI: a tree with a multipart file up to a bucket in another region and back, verified
         src, back = work / "src", work / "back"
         for i in range(40):
@@ -120,6 +131,13 @@ def main() -> None:
                     ["cp", "s3://bkt-euw1/tree/", "s3://dotted.bkt-euw1/copy/", "-q"],
                     ["verify", "s3://dotted.bkt-euw1/copy/"]):
             run = subprocess.run([*mcbridge, *cmd], env=env, capture_output=True, text=True)
+            assert run.returncode == 0, (cmd, run.stdout[-2000:], run.stderr[-2000:])
+            print(f"mcbridge {' '.join(cmd[:3])}: ok")
+        # and the CLI path-style, a multipart upload included (aiobotocore is told too)
+        for cmd in (["cp", f"{src}/", f"s3://{PATH_ONLY}/tree/", "--chunk-size", "5MiB", "-q"],
+                    ["verify", f"s3://{PATH_ONLY}/tree/"]):
+            run = subprocess.run([*mcbridge, *cmd], env={**env, "MCBRIDGE_S3_ADDRESSING_STYLE": "path"},
+                                 capture_output=True, text=True)
             assert run.returncode == 0, (cmd, run.stdout[-2000:], run.stderr[-2000:])
             print(f"mcbridge {' '.join(cmd[:3])}: ok")
         assert tree(back) == tree(src), "the tree came back different"

@@ -40,6 +40,8 @@ def test_aws_default_endpoint_serves_each_bucket_at_its_regions_host_on_the_dire
     assert "bkt-euw1: eu-west-1, requests to https://bkt-euw1.s3.eu-west-1.amazonaws.com/" in run.stdout
     assert "dotted.bkt-euw1: eu-west-1, requests to https://s3.eu-west-1.amazonaws.com/dotted.bkt-euw1" in run.stdout
     assert "41 files up to eu-west-1 and back: identical" in run.stdout
+    assert "bkt-path, path-style as asked: requests to https://s3.eu-west-1.amazonaws.com/bkt-path" in run.stdout
+    assert "mcbridge verify s3://bkt-path/tree/: ok" in run.stdout
 
 
 def test_a_bucket_names_its_host_only_when_its_name_can_be_one_under_s3s_certificate():

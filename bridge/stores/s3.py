@@ -188,7 +188,8 @@ class S3Store(Store):
                                    "connect_timeout": t.connect_timeout, "read_timeout": t.read_timeout,
                                    "max_pool_connections": max(10, t.concurrency * 2),
                                    "request_checksum_calculation": "when_required",
-                                   "response_checksum_validation": "when_required"},
+                                   "response_checksum_validation": "when_required",
+                                   **({"s3": {"addressing_style": "path"}} if s3.addressing_style == "path" else {})},
                     skip_instance_cache=True,
                     use_listings_cache=False,
                 )

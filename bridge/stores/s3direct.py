@@ -166,11 +166,13 @@ class Direct:
     on_headers: Callable[[Location, list[tuple[str, str]]], None] | None = None
 
     def __init__(self, endpoint: str | None, region: str, keys: Keys, timeout: float, cafile: str | None = None,
-                 credentials: str = "static"):
+                 credentials: str = "static", path_style: bool = False):
         """``endpoint``: one endpoint for every bucket, path-style; None: AWS's own, each bucket at
         its own region's host (``https://BUCKET.s3.REGION.amazonaws.com``; ``s3.REGION.amazonaws.com``
-        path-style for a name that cannot be a host), the region asked of S3 once per bucket."""
+        path-style for a name that cannot be a host, or for every bucket with ``path_style``), the
+        region asked of S3 once per bucket."""
         self.aws = endpoint is None
+        self.path_style = path_style
         self.endpoint = endpoint or f"https://s3.{region}.amazonaws.com"
         self.region = region
         self.credentials = credentials   # where the keys came from: "static", or botocore's provider's method
@@ -207,7 +209,7 @@ class Direct:
         if bucket.endswith("--x-s3"):
             # S3 Express One Zone: zonal hosts and session credentials (CreateSession) of its own
             raise BadURL(f"s3://{bucket}: a directory bucket (S3 Express One Zone) is not supported")
-        if virtual_host(bucket):
+        if virtual_host(bucket) and not self.path_style:
             return _Host(f"https://{bucket}.s3.{region}.amazonaws.com", None, region, self._keys, self._timeout,
                          self._tls, "")
         return _Host(f"https://s3.{region}.amazonaws.com", "", region, self._keys, self._timeout, self._tls, "")
@@ -258,7 +260,8 @@ class Direct:
             keys, method = credentials.get_frozen_credentials, credentials.method
         return cls(s3.endpoint_url or None, s3.region or config.get("region") or "us-east-1", keys,
                    settings.transfer.read_timeout,
-                   s3.ca_bundle or config.get("ca_bundle") or settings.transfer.ca_bundle, method)
+                   s3.ca_bundle or config.get("ca_bundle") or settings.transfer.ca_bundle, method,
+                   path_style=s3.addressing_style == "path")
 
     def put(self, loc: Location, data: bytes | bytearray, crc32c_b64: str, params: dict,
             from_code) -> dict[str, str]:
