@@ -235,8 +235,7 @@ class Direct:
     def for_settings(cls, settings: Settings) -> Direct | None:
         """The direct path for these settings, or None where aiobotocore stays: no credentials
         botocore can find (aiobotocore then says so), or AWS's own endpoint asked for in a form
-        this path does not make (FIPS, dual-stack, accelerate: AWS_USE_FIPS_ENDPOINT,
-        AWS_USE_DUALSTACK_ENDPOINT, or the profile's s3 settings for them)."""
+        this path does not make (FIPS or dual-stack: AWS_USE_FIPS_ENDPOINT, AWS_USE_DUALSTACK_ENDPOINT)."""
         import os
         s3 = settings.s3
         if not s3.endpoint_url and any((os.environ.get(name) or "").lower() == "true"
