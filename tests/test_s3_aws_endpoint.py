@@ -61,3 +61,17 @@ def test_a_directory_bucket_is_refused_in_one_line_before_any_request():
     direct = Direct(None, "us-west-2", lambda: ("AKIDEXAMPLE", "secret", None), 5.0)
     with pytest.raises(BadURL, match=r"s3://ml--usw2-az1--x-s3: a directory bucket \(S3 Express One Zone\)"):
         direct._host("ml--usw2-az1--x-s3")
+
+
+def test_china_regions_have_their_own_domain_and_iso_partitions_keep_the_sdk(monkeypatch):
+    """S3's hosts in a partition of its own: China's regions at amazonaws.com.cn (made here), the
+    ISO regions' (named otherwise) left to aiobotocore."""
+    from bridge.config import load_settings
+    from bridge.stores.s3direct import Direct
+    direct = Direct(None, "cn-north-1", lambda: ("AKIDEXAMPLE", "secret", None), 5.0)
+    assert direct.endpoint == "https://s3.cn-north-1.amazonaws.com.cn"
+    assert direct._aws_host("corpus", "cn-northwest-1").origin == "https://corpus.s3.cn-northwest-1.amazonaws.com.cn"
+    assert direct._aws_host("corpus", "eu-west-1").origin == "https://corpus.s3.eu-west-1.amazonaws.com"
+    keys = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "secret"}
+    assert Direct.for_settings(load_settings({}, environ={**keys, "AWS_DEFAULT_REGION": "us-iso-east-1"})) is None
+    assert Direct.for_settings(load_settings({}, environ={**keys, "AWS_DEFAULT_REGION": "us-gov-west-1"})).aws

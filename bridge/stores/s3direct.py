@@ -17,7 +17,8 @@ its region's host, ``https://BUCKET.s3.REGION.amazonaws.com`` (path-style at
 region asked of S3 once per bucket and process (``x-amz-bucket-region`` of a HEAD of the bucket,
 which S3 answers whatever the status: a bucket elsewhere answers 301 and names its region, as
 botocore's region redirects read it), so that no request meets a redirect. FIPS and dual-stack
-endpoints (AWS_USE_FIPS_ENDPOINT, AWS_USE_DUALSTACK_ENDPOINT) stay on aiobotocore; a directory
+endpoints (AWS_USE_FIPS_ENDPOINT, AWS_USE_DUALSTACK_ENDPOINT) and the ISO partitions stay on
+aiobotocore (China's regions are at ``amazonaws.com.cn``); a directory
 bucket (S3 Express One Zone: zonal hosts, session credentials) is refused by name. Any
 credentials botocore resolves serve it: static keys
 from the settings are signed with as they are; otherwise botocore's own credential chain (a
@@ -159,6 +160,15 @@ def virtual_host(bucket: str) -> bool:
 _DNS_BUCKET = re.compile(r"^[a-z0-9][a-z0-9\-]{1,61}[a-z0-9]$")
 
 
+def aws_domain(region: str) -> str:
+    """The domain of S3's hosts in ``region``'s partition (China's regions have their own)."""
+    return "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+
+
+# Partitions whose hosts are named otherwise (the ISO regions): aiobotocore knows them.
+_OTHER_PARTITIONS = ("us-iso-", "us-isob-", "us-isof-", "eu-isoe-")
+
+
 class Direct:
     page_size: int | None = None   # objects per listing page; None: the service's (1,000)
     # Called with (location, [(header, value)]) of each whole-object GET's answer: the store keeps
@@ -173,7 +183,7 @@ class Direct:
         region asked of S3 once per bucket."""
         self.aws = endpoint is None
         self.path_style = path_style
-        self.endpoint = endpoint or f"https://s3.{region}.amazonaws.com"
+        self.endpoint = endpoint or f"https://s3.{region}.{aws_domain(region)}"
         self.region = region
         self.credentials = credentials   # where the keys came from: "static", or botocore's provider's method
         self.cafile = cafile
@@ -210,9 +220,9 @@ class Direct:
             # S3 Express One Zone: zonal hosts and session credentials (CreateSession) of its own
             raise BadURL(f"s3://{bucket}: a directory bucket (S3 Express One Zone) is not supported")
         if virtual_host(bucket) and not self.path_style:
-            return _Host(f"https://{bucket}.s3.{region}.amazonaws.com", None, region, self._keys, self._timeout,
-                         self._tls, "")
-        return _Host(f"https://s3.{region}.amazonaws.com", "", region, self._keys, self._timeout, self._tls, "")
+            return _Host(f"https://{bucket}.s3.{region}.{aws_domain(region)}", None, region, self._keys,
+                         self._timeout, self._tls, "")
+        return _Host(f"https://s3.{region}.{aws_domain(region)}", "", region, self._keys, self._timeout, self._tls, "")
 
     def _region_of(self, bucket: str) -> str:
         """The region ``bucket`` lives in, as S3 says it in ``x-amz-bucket-region`` on a HEAD of the
@@ -235,7 +245,8 @@ class Direct:
     def for_settings(cls, settings: Settings) -> Direct | None:
         """The direct path for these settings, or None where aiobotocore stays: no credentials
         botocore can find (aiobotocore then says so), or AWS's own endpoint asked for in a form
-        this path does not make (FIPS or dual-stack: AWS_USE_FIPS_ENDPOINT, AWS_USE_DUALSTACK_ENDPOINT)."""
+        this path does not make (FIPS or dual-stack: AWS_USE_FIPS_ENDPOINT, AWS_USE_DUALSTACK_ENDPOINT;
+        the ISO partitions' regions)."""
         import os
         s3 = settings.s3
         if not s3.endpoint_url and any((os.environ.get(name) or "").lower() == "true"
@@ -257,7 +268,10 @@ class Direct:
                 return None
             credentials, config = found
             keys, method = credentials.get_frozen_credentials, credentials.method
-        return cls(s3.endpoint_url or None, s3.region or config.get("region") or "us-east-1", keys,
+        region = s3.region or config.get("region") or "us-east-1"
+        if not s3.endpoint_url and region.startswith(_OTHER_PARTITIONS):
+            return None
+        return cls(s3.endpoint_url or None, region, keys,
                    settings.transfer.read_timeout,
                    s3.ca_bundle or config.get("ca_bundle") or settings.transfer.ca_bundle, method,
                    path_style=s3.addressing_style == "path")
