@@ -202,8 +202,9 @@ class Files:
         self.task_seconds = task_seconds
 
     def plan(self, spec: JobSpec, settings, journal_for: Callable[[str], Any],
-             check: Callable[[dict], None] = lambda plan: None, slots: int = 1) -> Planned:
-        """``slots``: the pool processes that will run the job's tasks (they size its tasks)."""
+             check: Callable[[Any], None] = lambda plan: None, slots: int = 1) -> Planned:
+        """``slots``: the pool processes that will run the job's tasks (they size its tasks);
+        ``check`` is given the plan's names (workers/gate.py ``Names``), before anything is written."""
         from bridge import ops
         from bridge.engine import JobContext, Plan, plan_copy, prepare
         chunk = settings.transfer.chunk_size
