@@ -27,6 +27,7 @@ import concurrent.futures as cf
 import contextlib
 import contextvars
 import http.client
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -186,10 +187,16 @@ def _header(headers: Mapping[str, str] | None, name: str) -> bool:
     return bool(headers) and any(k.lower() == name for k in headers)
 
 
+# AWS's virtual-hosted form: BUCKET.s3[.-REGION].amazonaws.com[.cn] (not an interface endpoint's
+# BUCKET.vpce-ID.s3.REGION.vpce.amazonaws.com, where "bucket" is a literal and the path names it)
+_S3_VIRTUAL = re.compile(r"^(?P<bucket>.+)\.s3(?:[.-][a-z0-9-]+)?\.amazonaws\.com(?:\.cn)?$")
+
+
 def _s3(method: str, segments: list[str], q: dict[str, str], headers, host: str) -> tuple[str, str]:
     bucket = ""
-    if host.endswith(".amazonaws.com") and not host.startswith(("s3.", "s3-")):
-        bucket = host.split(".", 1)[0]        # virtual-hosted: the bucket names the host
+    virtual = _S3_VIRTUAL.match(host)
+    if virtual:
+        bucket = virtual.group("bucket")       # virtual-hosted: the bucket names the host
     elif segments:
         bucket, segments = segments[0], segments[1:]
     key = "/".join(segments)

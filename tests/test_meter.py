@@ -129,3 +129,18 @@ def _is_write(scheme: str, method: str, target: str) -> bool:
     if scheme == "az":
         return method == "PUT" and "comp=block" in target and "comp=blocklist" not in target
     return method == "POST" and target.startswith("/upload/")
+
+
+@pytest.mark.parametrize("host, path, bucket", [
+    ("corpus.s3.amazonaws.com", "/a/b.bin", "corpus"),
+    ("corpus.s3.eu-west-1.amazonaws.com", "/a/b.bin", "corpus"),
+    ("corpus.s3-eu-west-1.amazonaws.com", "/a/b.bin", "corpus"),
+    ("my.dotted.bucket.s3.us-east-1.amazonaws.com", "/a/b.bin", "my.dotted.bucket"),
+    ("corpus.s3.cn-north-1.amazonaws.com.cn", "/a/b.bin", "corpus"),
+    ("s3.eu-west-1.amazonaws.com", "/corpus/a/b.bin", "corpus"),
+    ("bucket.vpce-1a2b3c4d-5e6f.s3.us-east-1.vpce.amazonaws.com", "/corpus/a/b.bin", "corpus"),
+    ("127.0.0.1", "/corpus/a/b.bin", "corpus"),
+])
+def test_an_s3_request_is_counted_against_the_bucket_its_host_or_its_path_names(host, path, bucket):
+    from bridge.meter import classify
+    assert classify("s3", "GET", path, {}, host=host) == (f"s3://{bucket}", "GET")
