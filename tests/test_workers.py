@@ -18,7 +18,7 @@ import pytest
 
 from bridge.errors import InvalidOption
 from bridge.workers.settings import WorkerSettings, celery_config, describe, parse_routes
-from bridge.workers.specs import JobSpec, parse_spec
+from bridge.workers.specs import FIELDS, JobSpec, parse_spec
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_a_spec_carries_urls_and_options_never_credentials():
                        "delete": True, "chunk_size": "16MiB", "profile": "prod"})
     assert spec.destinations == ["gs://dr-b/train/"] and spec.chunk_size == 16 * 2**20
     assert spec.settings_overrides() == {"transfer": {"chunk_size": 16 * 2**20}}
-    assert set(spec.to_dict()) <= set(JobSpec.model_fields)
+    assert set(spec.to_dict()) <= set(FIELDS)
     # deleting at a destination is asked for, by replicate as by sync
     assert not parse_spec({"kind": "replicate", "source": "s3://corpus/", "destinations": ["gs://a-b/", "az://c-d/"]}).deletes
     assert parse_spec({"kind": "replicate", "source": "s3://corpus/", "destinations": ["gs://a-b/"],
@@ -123,6 +123,43 @@ def test_bad_specs_are_refused_on_one_line(fields, words):
     with pytest.raises(InvalidOption) as info:
         parse_spec(fields)
     assert words in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"concurrency": 0}, "invalid job: concurrency: must be at least 1"),
+    ({"concurrency": "many"}, "invalid job: concurrency: must be a whole number, not 'many'"),
+    ({"profile": "a b"}, "invalid job: profile: 'a b' does not match"),
+    ({"verify": "sometimes"}, "invalid job: verify: must be one of 'store', 'deep', 'none', not 'sometimes'"),
+    ({"destinations": []}, "invalid job: destinations: must name at least one destination"),
+    ({"destinations": ["gs://x-y/", "gs://x-y"]}, "invalid job: destinations: a destination is listed twice"),
+    ({"destination": "gs://x-y/", "destinations": ["gs://x-y/"]}, "invalid job: give destination or destinations"),
+    ({"source": None}, "invalid job: source: required"),
+    ({"manifest_dir": "relative/dir"}, "invalid job: manifest_dir: 'relative/dir' does not match ^/"),
+    ({"placement": {"gs://x-y/": "COLDLINE"}}, "invalid job: placement: must map each destination"),
+])
+def test_each_field_of_a_spec_is_checked_and_named(fields, words):
+    base = {"kind": "copy", "source": "s3://bkt/a/"} if "destinations" in fields else \
+        {"kind": "copy", "source": "s3://bkt/a/", "destination": "gs://x-y/"}
+    data = {k: v for k, v in {**base, **fields}.items() if v is not None}
+    with pytest.raises(InvalidOption) as info:
+        parse_spec(data)
+    assert str(info.value).startswith(words), str(info.value)
+
+
+def test_a_spec_takes_values_as_yaml_and_the_command_line_give_them_and_does_not_change():
+    spec = parse_spec({"kind": "sync", "source": "s3://bkt/a", "destination": "gs://x-y/b", "concurrency": "16",
+                       "delete": "yes", "chunk_size": "8MiB", "bwlimit": "10MiB/s"})
+    assert (spec.concurrency, spec.delete, spec.chunk_size, spec.bwlimit) == (16, True, 8 * 2**20, 10 * 2**20)
+    assert spec.source == "s3://bkt/a" and spec.destinations == ["gs://x-y/b"]
+    assert parse_spec(spec.to_dict()) == spec   # a job record's spec reads back as itself
+    with pytest.raises(AttributeError):
+        spec.kind = "copy"
+    spec.to_dict()["destinations"].append("az://c-d/")   # a copy: the spec keeps its own list
+    assert spec.destinations == ["gs://x-y/b"]
+    child = spec.replace(destinations=["az://c-d/b/"])
+    assert child.destinations == ["az://c-d/b/"] and child.concurrency == 16 and spec.destinations == ["gs://x-y/b"]
+    with pytest.raises(InvalidOption, match="destination s3://bkt/a/in/ is inside the source"):
+        spec.replace(source="s3://bkt/a/", destinations=["s3://bkt/a/in/"])
 
 
 # -- schedules -----------------------------------------------------------------------------
@@ -172,7 +209,7 @@ def test_a_schedules_file_becomes_beat_entries():
     (("az://corpus-dr/train/", "ftp://corpus-dr/train/"), "schedules.yaml:12: schedules.corpus-dr.destinations"),
     (("    every: 6h\n", ""), "schedules.yaml:8: schedules.corpus-dr: give exactly one of cron"),
     (("  paused:", "  golden-nightly:"), "schedules.yaml:13: schedules.golden-nightly: defined twice"),
-    (("    source: gs://models/golden/\n", ""), "schedules.yaml:2: schedules.golden-nightly.source: Field required"),
+    (("    source: gs://models/golden/\n", ""), "schedules.yaml:2: schedules.golden-nightly.source: required"),
     (("schedules:\n", "schedules:\n  - oops\n"), "schedules.yaml:3: not valid YAML"),
 ])
 def test_a_bad_schedules_file_names_the_line_and_field(edit, expected):

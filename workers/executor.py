@@ -358,7 +358,7 @@ class Service:
 
     def _record(self, job_id: str) -> tuple[JobRecord | None, JobSpec | None]:
         record = self.jobs.get(job_id)
-        return record, (JobSpec.model_validate(record.spec) if record else None)
+        return record, (JobSpec.from_dict(record.spec) if record else None)
 
     def _refuse(self, record: JobRecord, reason: str, task: str) -> dict:
         """A job's task that the gate refused: nothing of it runs, and the job fails saying why."""
@@ -388,7 +388,7 @@ class Service:
         if record is None or record.state not in ("queued", "planning", "running"):
             if record is not None and record.state == "cancelled" and not record.plan_key:
                 # cancelled before it was planned: nothing ran
-                self._charge(record, JobSpec.model_validate(record.spec), "cancelled")
+                self._charge(record, JobSpec.from_dict(record.spec), "cancelled")
             return {"skipped": record.state if record else "no such job"}
         first = record.state == "queued"
         record, who, refused = self._admitted(job_id, lease.ref.id, first=True)
@@ -398,7 +398,7 @@ class Service:
             self.gate.audit.record("admitted", job=job_id, tenant=who.tenant, digest=who.digest, kind=record.kind,
                                    source=record.spec.get("source"), destinations=record.spec.get("destinations"),
                                    budget=who.budget, parent=record.parent, task=lease.ref.id)
-        spec = JobSpec.model_validate(record.spec)
+        spec = JobSpec.from_dict(record.spec)
         if record.state == "queued":
             self.jobs.transition(job_id, "planning", ("queued",))
             self.r.hsetnx(self.keys.job(job_id), "started", time.time())
@@ -623,7 +623,7 @@ class Service:
             self.gate.plan(who, record.kind, sub)
         except Refused as exc:
             return self._refuse(record, str(exc), lease.ref.id)
-        spec = JobSpec.model_validate(record.spec)
+        spec = JobSpec.from_dict(record.spec)
         from bridge.workers.limits import job_limiter
         submitted = self.settings_for(spec).transfer.bwlimit or route_bwlimit(self.ws, spec.destination)
         progress = Progress(limiter=job_limiter(self.r, self.keys, job_id, submitted))
@@ -689,7 +689,7 @@ class Service:
         record, who, refused = self._admitted(job_id, lease.ref.id)
         if who is None:
             return refused
-        spec = JobSpec.model_validate(record.spec)
+        spec = JobSpec.from_dict(record.spec)
         if record.state == "cancelled":
             result = self._discard(record, spec, who, lease.ref.id)
             log.info("job %s cancelled: its tasks have stopped, nothing committed", job_id)

@@ -208,7 +208,8 @@ def start_children(svc, record, spec: JobSpec, who) -> dict:
     svc.jobs.transition(record.id, "running", ("planning",))
     for child_id, (dst, ckpt) in zip(children, wanted):
         if svc.jobs.state(child_id) in (None, "queued"):
-            child = spec.for_destination(f"{dst}{ckpt}/").model_copy(update={"source": f"{spec.source}{ckpt}/"})
+            child = spec.replace(kind="sync", source=f"{spec.source}{ckpt}/", destinations=[f"{dst}{ckpt}/"],
+                                 delete=spec.deletes)
             svc.submit(child, parent=record.id, job_id=child_id, schedule=record.schedule, extra={"policy": name},
                        tenant=who.tenant, scope_budget=who.budget)
     return {"children": children}
@@ -218,7 +219,7 @@ def ended(svc, parent) -> None:
     """The last child of a policy run ended: retention, per-destination state, the run's verdict."""
     from bridge import replication as run
     from bridge.workers.auth import Refused
-    name, policy, kept = _loaded(svc, parent.id, JobSpec.model_validate(parent.spec))
+    name, policy, kept = _loaded(svc, parent.id, JobSpec.from_dict(parent.spec))
     verified: dict[str, dict[str, bool]] = {dst: {} for dst in policy.destinations}
     spent: dict[str, float] = dict.fromkeys(policy.destinations, 0.0)
     problems: dict[str, list[str]] = {dst: [] for dst in policy.destinations}

@@ -36,13 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from bridge.errors import InvalidOption
 from bridge.policies.yamlcheck import line_of as _line_of
 from bridge.workers.crons import CRON_FIELDS, check_cron
 from bridge.workers.settings import parse_duration
-from bridge.workers.specs import JobSpec, error_line
+from bridge.workers.specs import JobSpec, SpecError
 
 SCHEDULE_KEYS = ("cron", "every", "enabled")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
@@ -141,15 +140,14 @@ def parse(text: str, filename: str = "schedules.yaml") -> list[Schedule]:
         if not isinstance(enabled, bool):
             problem(_line_of(root, ("schedules", name, "enabled")), f"{where}.enabled", "expected true or false")
         try:
-            spec = JobSpec.model_validate(spec_fields)
-        except ValidationError as exc:
-            for err in exc.errors():
-                loc = tuple(err["loc"])
+            spec = JobSpec.from_dict(spec_fields)
+        except SpecError as exc:
+            for found in exc.problems:
+                loc = found.loc
                 if loc[:1] == ("destinations",) and "destination" in body:
-                    loc = ("destination", *loc[2:])
-                unknown = err["type"] == "extra_forbidden"
-                problem(_line_of(root, ("schedules", name, *loc), keys=unknown),
-                        ".".join([where, *map(str, loc)]), error_line({**err, "loc": ()}))
+                    loc = ("destination", *loc[1:])
+                problem(_line_of(root, ("schedules", name, *loc), keys=found.unknown),
+                        ".".join([where, *map(str, loc)]), found.message)
             continue
         if not problems:
             schedules.append(Schedule(name, spec, cron, every if cron is None else None, enabled, line or 1))
