@@ -13,7 +13,7 @@ runs of about ``file_task_bytes``, a task each, on any workers; the job's finali
 (its manifest entry then holds a SHA-256 per part and, for a local destination, the whole
 file's, read back from the disk). Small files go in tasks sized by their expected time
 (workers/kinds.py ``task_seconds``: the job spread over the pool processes of the live workers
-of its queue, three tasks each, none longer than ``task_seconds``), each sending its files as an
+of its queue, three tasks each when there are several, none longer than ``task_seconds``), each sending its files as an
 in-process copy does (batch units, many requests in flight from one thread). A pool process keeps
 what tasks share warm: its Redis client, its settings and stores (bridge.stores.get_store's
 cache), their clients and connections; the pool does not recycle its processes.

@@ -49,7 +49,7 @@ DELETES_PER_TASK = 500
 # Conservative on purpose: a task that ends early costs only its few milliseconds of set-up.
 FILE_SECONDS = 0.0015
 TASK_RATE = 40 * 1024 * 1024      # bytes per second of one task
-TASKS_PER_SLOT = 3                # a job of few files still gives each live pool process this many
+TASKS_PER_SLOT = 3                # a job of few files still gives each of several pool processes this many
 MIN_TASK_SECONDS = 0.5            # ... but none smaller: its set-up would show
 
 
@@ -60,11 +60,15 @@ def expected_seconds(files: int, nbytes: int) -> float:
 
 def task_seconds(plan, slots: int, longest: float) -> float:
     """How long each task of a plan's small files should take: the job spread over ``slots``
-    pool processes, ``TASKS_PER_SLOT`` each (so that one finishing late does not hold the job),
-    between ``MIN_TASK_SECONDS`` and ``longest``."""
+    pool processes, ``TASKS_PER_SLOT`` each (so that one finishing late does not hold the job:
+    the others share what is left), between ``MIN_TASK_SECONDS`` and ``longest``. One pool
+    process runs its tasks one after another, so a late one holds up nothing that others could
+    take, and every boundary between two tasks drains the lanes of the one and sets up the next
+    (about 0.1 s of a 4,000-file job here): it gets tasks of up to ``longest``."""
     small = len(plan.files) - plan.files.multipart
     whole = expected_seconds(small, plan.bytes)   # plan.bytes counts multipart files too: an upper bound
-    return max(MIN_TASK_SECONDS, min(longest, whole / (max(1, slots) * TASKS_PER_SLOT)))
+    per_slot = TASKS_PER_SLOT if slots > 1 else 1
+    return max(MIN_TASK_SECONDS, min(longest, whole / (max(1, slots) * per_slot)))
 
 
 def fan_out(plan, batch_files: int, batch_bytes: int, file_task_bytes: int | None = None,

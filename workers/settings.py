@@ -151,8 +151,8 @@ class WorkerSettings:
     task_seconds: float = _setting(
         "BRIDGE_TASK_SECONDS", 10.0, parse_duration,
         "A task of small files is sized to take about this long at most, estimated from its files and "
-        "bytes; a job too small to give each live pool process of its queue three such tasks gets "
-        "shorter ones (half a second at least), so that adding workers adds speed.")
+        "bytes; a job too small to give each live pool process of its queue three such tasks (when "
+        "there are several) gets shorter ones (half a second at least), so that adding workers adds speed.")
     batch_files: int = _setting(
         "BRIDGE_BATCH_FILES", 5000, int,
         "At most this many small files per task (bounds a task's message and its plan in memory).")
