@@ -951,10 +951,10 @@ def _part(ctx: JobContext, unit: dict) -> dict:
             hasher.feed(number, data)
             if "carry" in unit:
                 _check_carried(ctx, unit, crc, unit["carry"]["crc32c"], number)
-                sha = unit["carry"]["sha256"]
-            else:
-                sha = hashlib.sha256(data).hexdigest()
-            record = ctx.dst.upload_part(dst, upload_id, number, offset, data, crc)
+                sha, taken = unit["carry"]["sha256"], None
+            else:   # taken from these bytes: a store that signs the payload's hash signs this one
+                sha = taken = hashlib.sha256(data).hexdigest()
+            record = ctx.dst.upload_part(dst, upload_id, number, offset, data, crc, sha256=taken)
         if record.crc32c != crc:
             raise IntegrityError(f"{dst}: part {number} stored with CRC32C {record.crc32c}, "
                                  f"sent {crc}")

@@ -8,6 +8,10 @@ SharedKey signature covers headers) and answers with the emulator's response, ex
   effect, then the client gets the headers and half the body (nothing, for an empty body) and
   the connection is closed, as when a connection drops while an answer is read.
 
+With ``check_payload`` it also does what S3 does and the emulators do not: a request whose
+``x-amz-content-sha256`` is a SHA-256 other than that of the body it carries is answered 400
+XAmzContentSHA256Mismatch without reaching the emulator (counted as ``payload_mismatch``).
+
 Decisions come from ``random.Random(seed)`` drawn in the order requests arrive, so a run with the
 same seed injects the same sequence of faults (which request receives which one depends on the
 client's concurrency). ``rules`` act before the random faults, to aim at one request ("cut the
@@ -21,6 +25,7 @@ The proxy runs on its own event loop in a daemon thread of the test process.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import re
 import socket
@@ -116,9 +121,11 @@ def proxied_environment(env: dict[str, str], proxies: dict[str, FaultProxy]) -> 
 class FaultProxy(LoopbackServer):
     name = "faultproxy"
 
-    def __init__(self, upstream: str, *, error_rate: float = 0.0, cut_rate: float = 0.0, seed: int = 0):
+    def __init__(self, upstream: str, *, error_rate: float = 0.0, cut_rate: float = 0.0, seed: int = 0,
+                 check_payload: bool = False):
         super().__init__()
         self.upstream = upstream.rstrip("/")
+        self.check_payload = check_payload
         self.rules: list[Rule] = []
         self.counts: Counter[str] = Counter()
         self.sent: Counter[str] = Counter()
@@ -169,6 +176,13 @@ class FaultProxy(LoopbackServer):
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         line = f"{request.method} {request.rel_url}"
+        signed = request.headers.get("x-amz-content-sha256", "")
+        if self.check_payload and re.fullmatch(r"[0-9a-f]{64}", signed) and hashlib.sha256(body).hexdigest() != signed:
+            with self._lock:
+                self.counts["payload_mismatch"] += 1
+                self.log.append((line, "payload_mismatch"))
+            return web.Response(status=400, content_type="application/xml",
+                                body=b"<Error><Code>XAmzContentSHA256Mismatch</Code></Error>")
         action, rule = self._decide(line)
         with self._lock:
             self.counts["bytes_up"] += len(body)

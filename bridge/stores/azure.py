@@ -583,7 +583,7 @@ class AzureStore(DirectReads, Store):
         return uuid.uuid4().hex[:16]   # the headers and metadata go with the block list
 
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
-                    crc32c: str) -> PartRecord:
+                    crc32c: str, *, sha256: str | None = None) -> PartRecord:
         block_id = _block_id(upload_id, number)
         # bytes, not a stream: from a stream the SDK switches to structured-message CRC64,
         # which Azurite does not speak; a bytearray from a ranged read is copied here.

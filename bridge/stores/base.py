@@ -282,7 +282,10 @@ class Store(abc.ABC):
         raise NotImplementedError
 
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
-                    crc32c: str) -> PartRecord:
+                    crc32c: str, *, sha256: str | None = None) -> PartRecord:
+        """Part ``number`` of an upload. ``sha256``: the hex SHA-256 of ``data`` when the caller
+        has taken it (each part's own, the default digest): a store that signs its payload's
+        hash (S3 over plain HTTP) signs that, rather than hash the bytes a second time."""
         raise NotImplementedError
 
     def list_parts(self, loc: Location, upload_id: str) -> dict[int, PartRecord] | None:

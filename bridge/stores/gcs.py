@@ -415,7 +415,7 @@ class GCSStore(DirectReads, Store):
         return uuid.uuid4().hex   # the headers and metadata go with the compose
 
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
-                    crc32c: str) -> PartRecord:
+                    crc32c: str, *, sha256: str | None = None) -> PartRecord:
         part = self._part_loc(loc, upload_id, number)
         if self._direct is not None:   # its body in pieces: a cancel stops it mid-way
             item = self._direct_call(lambda: self._direct.put(part, data, crc_hex_to_b64(crc32c),

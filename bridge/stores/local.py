@@ -340,7 +340,7 @@ class LocalStore(Store):
         return upload_id
 
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
-                    crc32c: str) -> PartRecord:
+                    crc32c: str, *, sha256: str | None = None) -> PartRecord:
         self.write_part(loc, upload_id, offset, lambda write: write(0, memoryview(data)))
         return self.record_part(loc, upload_id, number, offset, len(data), crc32c)
 

@@ -477,10 +477,11 @@ class S3Store(Store):
         return resp["UploadId"]
 
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
-                    crc32c: str) -> PartRecord:
+                    crc32c: str, *, sha256: str | None = None) -> PartRecord:
         if self._direct is not None:
             etag = self._request(loc, lambda: self._direct.upload_part(loc, upload_id, number, data,
-                                                                       crc_hex_to_b64(crc32c), _from_code))
+                                                                       crc_hex_to_b64(crc32c), _from_code,
+                                                                       payload_sha256=sha256))
             return PartRecord(number, len(data), crc32c, etag)
         resp = self._call(loc, "upload_part", Bucket=loc.bucket, Key=loc.key, UploadId=upload_id,
                           PartNumber=number, Body=_body(data), ChecksumCRC32C=crc_hex_to_b64(crc32c))

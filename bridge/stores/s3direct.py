@@ -291,14 +291,16 @@ class Direct:
             resp.read()
         return _put_answer(resp.getheader)
 
-    def upload_part(self, loc: Location, upload_id: str, number: int, data, crc32c_b64: str, from_code) -> str:
+    def upload_part(self, loc: Location, upload_id: str, number: int, data, crc32c_b64: str, from_code,
+                    payload_sha256: str | None = None) -> str:
         """UploadPart on this thread's connection (its body in pieces, so that a cancel stops it
-        mid-way: bridge/meter.py); the part's ETag."""
+        mid-way: bridge/meter.py); the part's ETag. ``payload_sha256``: the body's SHA-256, when
+        the caller has it (signed over plain HTTP without hashing the body again)."""
         path, host = self._path(loc), self._host(loc.bucket)
         query = f"partNumber={number}&uploadId={quote(upload_id, safe='-_.~')}"
         headers = {"Content-Length": str(len(data)), "x-amz-sdk-checksum-algorithm": "CRC32C",
                    "x-amz-checksum-crc32c": crc32c_b64}
-        host.signer.sign("PUT", host.netloc, path, query, headers, data)
+        host.signer.sign("PUT", host.netloc, path, query, headers, data, payload_sha256=payload_sha256)
         with self._connection(loc) as conn:
             conn.request("PUT", f"{path}?{query}", body=data, headers=headers)
             resp = conn.getresponse()
@@ -586,14 +588,18 @@ class SigV4:
         return derived[2]
 
     def sign(self, method: str, host: str, path: str, query: str, headers: dict[str, str],
-             body: bytes | bytearray | memoryview | None = None, now: float | None = None) -> None:
+             body: bytes | bytearray | memoryview | None = None, now: float | None = None,
+             payload_sha256: str | None = None) -> None:
         """Add Host, x-amz-date, x-amz-content-sha256, the token and Authorization to ``headers``.
         ``path`` is sent as given (already percent-encoded), ``query`` in canonical form
-        (sorted, encoded)."""
+        (sorted, encoded). ``payload_sha256``: ``body``'s SHA-256 in hex, when the caller has
+        already taken it (a part's own SHA-256, bridge's default digest): over plain HTTP it is
+        signed as it is, where hashing the body again cost a second pass over every byte sent
+        (about 0.6 s of CPU per GiB here)."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
         day = stamp[:8]
         if body is not None and not self.https:
-            payload = hashlib.sha256(body).hexdigest()
+            payload = payload_sha256 or hashlib.sha256(body).hexdigest()
         elif body is not None:
             payload = "UNSIGNED-PAYLOAD"
         else:
