@@ -14,7 +14,9 @@ the idle workers of the others never take its tasks; the two workers of ``2 x -c
 and so the job. The big file runs in process and on ``-c 2`` only (one file is one task).
 
 Rounds are interleaved (every configuration once per round, then again), each round starting with
-the next configuration, so that none always runs first or last; the fastest run of each counts.
+the next configuration, so that none always runs first or last; the fastest run of each counts, and
+the ratio of the medians of all the rounds is printed beside it (on a shared machine whose speed
+wanders from minute to minute, one lucky run of the in-process copy sways every best-of ratio).
 Before each run the page cache is written back (``sync``), and after it what the run wrote is
 deleted (``rclone purge``), both untimed, so that every run meets the same empty destination: the
 endpoint's CPU per request grew with the objects it held (rclone serve s3 keeps a listing of each
@@ -43,6 +45,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -153,6 +156,7 @@ def main() -> None:
         print(f"{args.endpoint} S3 at {server.endpoint}; Redis {redis.url}; {os.cpu_count()} CPUs; "
               f"configurations {', '.join(configs)}; {args.repeat} rounds", flush=True)
         best: dict[tuple[str, str], dict] = {}
+        walls: dict[tuple[str, str], list[float]] = {}   # every run's, for the medians
         run = 0
         purging = s3_env(env, server)
         for rnd in range(args.repeat):
@@ -187,28 +191,36 @@ def main() -> None:
                           f"(all / {CPUS} cores: {row['cpu_floor_s']:.2f}s)  {note}", flush=True)
                     if (key, side) not in best or t < best[(key, side)]["wall"]:
                         best[(key, side)] = row
+                    walls.setdefault((key, side), []).append(t)
                     subprocess.run([str(BIN / "rclone"), "purge", f"s3e:bench/r{run}/"], env=purging,
                                    check=True, capture_output=True)
         print()
-        print("fastest of each: wall time (the ratio to in process); job time, finalize's share of it, "
+        print("fastest of each: wall time (the ratio to in process; and the ratio of the medians of all the "
+              "rounds, less swayed by a run that met a quiet moment); job time, finalize's share of it, "
               "per-task overhead")
         summary = []
         for key, label, _src, nbytes, case_configs in cases:
             base_t = best[(key, "in-process")]["wall"]
             print(f"  {label:<18} in-process {base_t:7.2f}s ({nbytes / base_t / MiB:6.1f} MiB/s), CPU of it and "
                   f"the endpoint / {CPUS} cores {best[(key, 'in-process')]['cpu_floor_s']:.2f}s")
+            base_m = statistics.median(walls[(key, "in-process")])
             for side in case_configs:
                 r = best[(key, side)]
                 ratio = r["wall"] / base_t
+                median_ratio = statistics.median(walls[(key, side)]) / base_m
                 share = r["finalize_s"] / r["job"] if r["job"] else 0.0
                 target = (f"target <= {TARGETS[side]}" if key != "big" and side in TARGETS
                           else "target: throughput >= 0.95x" if key == "big" else "")
-                print(f"  {'':<18} {side:<10} {r['wall']:7.2f}s  x{ratio:.2f} {target:<28} job {r['job']:.2f}s "
+                print(f"  {'':<18} {side:<10} {r['wall']:7.2f}s  x{ratio:.2f} (medians x{median_ratio:.2f}) "
+                      f"{target:<28} job {r['job']:.2f}s "
                       f"({r['tasks']} tasks), plan {r['plan_s']:.2f}s, finalize {r['finalize_s']:.2f}s "
                       f"({share:.0%}), overhead {r['per_task_overhead_s'] * 1000:.0f} ms/task; CPU / {CPUS} cores "
                       f"{r['cpu_floor_s']:.2f}s (x{r['cpu_floor_s'] / base_t:.2f} of in-process wall)")
                 summary.append({"case": label, "config": side, "in_process_s": round(base_t, 3), **r,
-                                "ratio": round(ratio, 3), "finalize_share": round(share, 3)})
+                                "ratio": round(ratio, 3), "median_ratio": round(median_ratio, 3),
+                                "in_process_median_s": round(base_m, 3),
+                                "median_s": round(statistics.median(walls[(key, side)]), 3),
+                                "finalize_share": round(share, 3)})
         print(json.dumps(summary))
     finally:
         for w in workers:
