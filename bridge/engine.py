@@ -819,7 +819,8 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
             data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel)))
             hashes[i] = _hashed(ctx, todo[i], data)
             md5s[i] = _md5(ctx, data)
-            return ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i]), ctx.attrs(rel)
+            return (ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i]), ctx.attrs(rel),
+                    None if "carry" in todo[i] else hashes[i].sha256)
 
         # What was sent is journaled in one transaction when the batch is done (one per file
         # cost a SQLite commit each); a kill before that only sends those files again.
@@ -845,8 +846,10 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
 def _write(ctx: JobContext, unit: dict, data) -> dict:
     h = _hashed(ctx, unit, data)
     durability = {"durable": False} if ctx.defer_sync else {}
+    # a SHA-256 taken of these bytes (not carried) is the one a store that signs its payload signs
     committed = ctx.dst.put(ctx.dst_loc(unit["rel"]), data, crc32c=h.crc32c, metadata=_metadata(h),
-                            attrs=ctx.attrs(unit["rel"]), **durability)
+                            attrs=ctx.attrs(unit["rel"]), sha256=None if "carry" in unit else h.sha256 or None,
+                            **durability)
     return _record(ctx, unit, h, check.md5_evidence(committed, _md5(ctx, data)))
 
 

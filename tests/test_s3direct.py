@@ -329,9 +329,9 @@ def test_small_files_from_local_to_s3_go_in_batches_and_verify(s3, tmp_path, mon
     small_files_go_in_batches_and_verify(s3.env(), f"s3://direct/up-{os.urandom(3).hex()}/", tmp_path, monkeypatch)
 
 
-def test_over_plain_http_each_part_is_signed_with_the_sha256_the_engine_took_of_it(moto, tmp_path):
-    """Over plain HTTP a request signs its payload's SHA-256; a part's is the one the engine
-    takes of the part anyway (the default digest), given to the signer rather than taken twice.
+def test_over_plain_http_each_part_and_file_is_signed_with_the_sha256_the_engine_took_of_it(moto, tmp_path):
+    """Over plain HTTP a request signs its payload's SHA-256; a part's (or a small file's) is the
+    one the engine takes of it anyway (the default digest), given to the signer rather than taken twice.
     A proxy that checks every signed hash against the bytes, as S3 does (the emulators do not),
     sees no mismatch in a multipart copy, and refuses a request signed with another hash."""
     from bridge.stores.s3direct import SigV4
@@ -348,6 +348,7 @@ def test_over_plain_http_each_part_is_signed_with_the_sha256_the_engine_took_of_
         ops.copy(f"{src}/", "s3://direct/signed/", settings, chunk_size=5 * MiB)
         assert proxy.counts["payload_mismatch"] == 0 and proxy.counts["requests"] > 3, proxy.log
         assert sum(1 for line, _ in proxy.log if "partNumber=" in line) == 3
+        assert any(line == "PUT /direct/signed/small.txt" for line, _ in proxy.log), proxy.log
         assert moto.client().get_object(Bucket="direct", Key="signed/ckpt.bin")["Body"].read() == data
         # the check is real: a body signed as other bytes is refused
         env = moto.env()

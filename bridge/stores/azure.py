@@ -421,7 +421,7 @@ class AzureStore(DirectReads, Store):
         return data
 
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str],
-            attrs: Attrs | None = None) -> ObjectInfo:
+            attrs: Attrs | None = None, sha256: str | None = None) -> ObjectInfo:
         body = _as_bytes(data)
         kw = self.written(loc, metadata, attrs)
         resp = self._request(loc, lambda: self._blob(loc).upload_blob(body, overwrite=True,
@@ -441,7 +441,7 @@ class AzureStore(DirectReads, Store):
         sent: dict[int, tuple[Location, int, dict]] = {}   # what each answer is about
 
         def request(i: int) -> tuple:
-            loc, data, _crc32c, metadata, attrs = put_args(body(i))   # (Azure checks the body's MD5)
+            loc, data, _crc32c, metadata, attrs, _sha256 = put_args(body(i))   # (Azure checks the body's MD5)
             sent[i] = (loc, len(data), metadata)
             return loc, data, self.direct_headers(loc, metadata, attrs)
 

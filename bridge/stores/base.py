@@ -233,23 +233,25 @@ class Store(abc.ABC):
 
     def put_many(self, count: int, body: Callable[[int], tuple[Location, bytes, str, dict[str, str], Attrs | None]],
                  each: Callable[[int, ObjectInfo], None]) -> dict[int, BridgeError]:
-        """Whole objects: ``body(i)`` gives (location, bytes, CRC32C hex, metadata[, attrs]) when object i is
+        """Whole objects: ``body(i)`` gives (location, bytes, CRC32C hex, metadata[, attrs[, SHA-256]]) when object i is
         about to be sent, ``each(i, info)`` takes what ``put`` would have returned; what failed,
         by index. A BridgeError from ``body`` or ``each`` is that object's failure. Here one after
         another; stores with ``writes_many`` overlap them."""
         failures: dict[int, BridgeError] = {}
         for i in range(count):
             try:
-                loc, data, crc, metadata, attrs = put_args(body(i))
-                each(i, self.put(loc, data, crc32c=crc, metadata=metadata, attrs=attrs))
+                loc, data, crc, metadata, attrs, sha256 = put_args(body(i))
+                each(i, self.put(loc, data, crc32c=crc, metadata=metadata, attrs=attrs, sha256=sha256))
             except BridgeError as exc:
                 failures[i] = exc
         return failures
 
     @abc.abstractmethod
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str],
-            attrs: Attrs | None = None) -> ObjectInfo:
+            attrs: Attrs | None = None, sha256: str | None = None) -> ObjectInfo:
         """Write a whole object in one request; the store checks ``crc32c`` where it can.
+        ``sha256``: the hex SHA-256 of ``data`` when the caller took it of these bytes (a store that
+        signs its payload's hash, S3 over plain HTTP, signs that rather than hash them again).
         ``metadata`` is bridge's own keys; ``attrs`` the headers and user metadata to write (the
         store maps them: bridge.attributes), and the store's settings say its storage class and
         encryption (bridge's ``_bridge/`` records keep the bucket's default class). Returns
@@ -424,8 +426,9 @@ def in_code_point_order(objects: Iterator[ObjectInfo]) -> Iterator[ObjectInfo]:
 
 
 def put_args(given: tuple) -> tuple:
-    """A put_many body's (location, bytes, CRC32C, metadata, attrs); attrs may be left out."""
-    return (*given, None) if len(given) == 4 else given
+    """A put_many body's (location, bytes, CRC32C, metadata, attrs, SHA-256 of the bytes or None);
+    the last two may be left out."""
+    return (*given, *(None,) * (6 - len(given)))
 
 
 class DirectReads:

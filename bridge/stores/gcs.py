@@ -289,7 +289,7 @@ class GCSStore(DirectReads, Store):
             raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
 
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str],
-            attrs: Attrs | None = None) -> ObjectInfo:
+            attrs: Attrs | None = None, sha256: str | None = None) -> ObjectInfo:
         item = self._upload(loc, data, crc32c, metadata, attrs)
         self._check_crc(loc, item, crc32c)
         return self._info(loc.bucket, item)
@@ -307,7 +307,7 @@ class GCSStore(DirectReads, Store):
         sent: dict[int, tuple[Location, str]] = {}   # what each answer is about
 
         def request(i: int) -> tuple:
-            loc, data, crc32c, metadata, attrs = put_args(body(i))
+            loc, data, crc32c, metadata, attrs, _sha256 = put_args(body(i))
             sent[i] = (loc, crc32c)
             return loc, data, crc_hex_to_b64(crc32c), self.resource(loc, metadata, attrs)
 

@@ -218,7 +218,7 @@ class LocalStore(Store):
         return attributes.from_xattrs(values, info.location.name)
 
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str],
-            attrs: Attrs | None = None, durable: bool = True) -> ObjectInfo:
+            attrs: Attrs | None = None, durable: bool = True, sha256: str | None = None) -> ObjectInfo:
         """Write through a temporary name renamed into place. ``durable=False`` leaves the
         fsyncs of the file and of its folder to a later ``settle`` covering many files (one
         syncfs instead of two fsyncs each): the caller must settle before it records the file

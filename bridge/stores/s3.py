@@ -340,11 +340,12 @@ class S3Store(Store):
         return params
 
     def put(self, loc: Location, data: bytes, *, crc32c: str, metadata: dict[str, str],
-            attrs: Attrs | None = None) -> ObjectInfo:
+            attrs: Attrs | None = None, sha256: str | None = None) -> ObjectInfo:
         # S3 checks the body against the CRC32C header on arrival and rejects a mismatch.
         params = self.written(loc, metadata, attrs)
         if self._direct is not None:
-            resp = self._request(loc, lambda: self._direct.put(loc, data, crc_hex_to_b64(crc32c), params, _from_code))
+            resp = self._request(loc, lambda: self._direct.put(loc, data, crc_hex_to_b64(crc32c), params, _from_code,
+                                                               payload_sha256=sha256))
         else:
             resp = self._call(loc, "put_object", Bucket=loc.bucket, Key=loc.key, Body=_body(data),
                               ChecksumAlgorithm="CRC32C", ChecksumCRC32C=crc_hex_to_b64(crc32c), **params)
@@ -360,9 +361,9 @@ class S3Store(Store):
         sent: dict[int, tuple[Location, int, dict]] = {}   # what each answer is about
 
         def request(i: int) -> tuple:
-            loc, data, crc32c, metadata, attrs = put_args(body(i))
+            loc, data, crc32c, metadata, attrs, sha256 = put_args(body(i))
             sent[i] = (loc, len(data), metadata)
-            return loc, data, crc_hex_to_b64(crc32c), self.written(loc, metadata, attrs)
+            return loc, data, crc_hex_to_b64(crc32c), self.written(loc, metadata, attrs), sha256
 
         def answered(i: int, resp: dict) -> None:
             loc, size, metadata = sent.pop(i)

@@ -277,12 +277,12 @@ class Direct:
                    path_style=s3.addressing_style == "path")
 
     def put(self, loc: Location, data: bytes | bytearray, crc32c_b64: str, params: dict,
-            from_code) -> dict[str, str]:
+            from_code, payload_sha256: str | None = None) -> dict[str, str]:
         """PUT one object with ``params`` named as botocore's put_object names them (Metadata,
         ContentType ..., StorageClass, ServerSideEncryption, SSEKMSKeyId, BucketKeyEnabled); what
         S3 answered, named as botocore names it (ETag, VersionId, ChecksumCRC32C), for the store
         to make its ObjectInfo of."""
-        path, headers = self._put_request(loc, data, crc32c_b64, params)
+        path, headers = self._put_request(loc, data, crc32c_b64, params, payload_sha256)
         with self._connection(loc) as conn:
             conn.request("PUT", path, body=data, headers=headers)
             resp = conn.getresponse()
@@ -309,7 +309,8 @@ class Direct:
             resp.read()
         return resp.getheader("ETag") or ""
 
-    def _put_request(self, loc: Location, data, crc32c_b64: str, params: dict) -> tuple[str, dict[str, str]]:
+    def _put_request(self, loc: Location, data, crc32c_b64: str, params: dict,
+                     payload_sha256: str | None = None) -> tuple[str, dict[str, str]]:
         path = self._path(loc)
         headers = {"Content-Length": str(len(data)), "x-amz-sdk-checksum-algorithm": "CRC32C",
                    "x-amz-checksum-crc32c": crc32c_b64,
@@ -318,13 +319,13 @@ class Direct:
             if name in PUT_HEADERS:
                 headers[PUT_HEADERS[name]] = str(value).lower() if isinstance(value, bool) else value
         host = self._host(loc.bucket)
-        host.signer.sign("PUT", host.netloc, path, "", headers, data)
+        host.signer.sign("PUT", host.netloc, path, "", headers, data, payload_sha256=payload_sha256)
         return path, headers
 
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], from_code, *,
                  connections: int, retries: int) -> dict[int, BridgeError]:
         """Whole objects, ``connections`` PUTs in flight from this thread: ``body(i)`` gives
-        (location, bytes, CRC32C base64, put_object's parameters) when its request is first about to go (its
+        (location, bytes, CRC32C base64, put_object's parameters, the bytes' SHA-256 or None) when its request is first about to go (its
         retries send the same), ``each(i, answer)`` takes what S3 answered (as ``put`` returns
         it). Failures by index, as get_many."""
         bodies: dict[int, tuple] = {}
@@ -332,8 +333,8 @@ class Direct:
         async def send(i: int, link) -> dict:
             if i not in bodies:
                 bodies[i] = body(i)
-            loc, data, crc32c_b64, params = bodies[i]
-            path, headers = self._put_request(loc, data, crc32c_b64, params)
+            loc, data, crc32c_b64, params, sha256 = bodies[i]
+            path, headers = self._put_request(loc, data, crc32c_b64, params, sha256)
             answer = await link.send("PUT", path, headers, data, what=str(loc))
             if answer.status >= 300:
                 raise _error_of(loc, answer.status, answer.body[:65536], from_code)
