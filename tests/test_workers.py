@@ -6,8 +6,10 @@ Real workers, beat and emulators are in tests/test_workers_service.py.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -152,6 +154,7 @@ def test_a_spec_takes_values_as_yaml_and_the_command_line_give_them_and_does_not
     assert (spec.concurrency, spec.delete, spec.chunk_size, spec.bwlimit) == (16, True, 8 * 2**20, 10 * 2**20)
     assert spec.source == "s3://bkt/a" and spec.destinations == ["gs://x-y/b"]
     assert parse_spec(spec.to_dict()) == spec   # a job record's spec reads back as itself
+    assert pickle.loads(pickle.dumps(spec)) == spec == copy.deepcopy(spec)
     with pytest.raises(AttributeError):
         spec.kind = "copy"
     spec.to_dict()["destinations"].append("az://c-d/")   # a copy: the spec keeps its own list

@@ -232,6 +232,9 @@ class JobSpec:
 
     __hash__ = None   # type: ignore[assignment]   # holds lists
 
+    def __reduce__(self):   # pickled and copied as its fields, checked again when made
+        return (JobSpec.from_dict, (self.to_dict(),))
+
     def __repr__(self) -> str:
         return f"JobSpec({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
 
