@@ -63,8 +63,8 @@ def task_seconds(plan, slots: int, longest: float) -> float:
     pool processes, ``TASKS_PER_SLOT`` each (so that one finishing late does not hold the job:
     the others share what is left), between ``MIN_TASK_SECONDS`` and ``longest``. One pool
     process runs its tasks one after another, so a late one holds up nothing that others could
-    take, and every boundary between two tasks drains the lanes of the one and sets up the next
-    (about 0.1 s of a 4,000-file job here): it gets tasks of up to ``longest``."""
+    take, and every boundary between two tasks drains the lanes of the one and sets up the next:
+    it gets tasks of up to ``longest``."""
     small = len(plan.files) - plan.files.multipart
     whole = expected_seconds(small, plan.bytes)   # plan.bytes counts multipart files too: an upper bound
     per_slot = TASKS_PER_SLOT if slots > 1 else 1

@@ -595,8 +595,8 @@ class SigV4:
         ``path`` is sent as given (already percent-encoded), ``query`` in canonical form
         (sorted, encoded). ``payload_sha256``: ``body``'s SHA-256 in hex, when the caller has
         already taken it (a part's own SHA-256, bridge's default digest): over plain HTTP it is
-        signed as it is, where hashing the body again cost a second pass over every byte sent
-        (about 0.6 s of CPU per GiB here)."""
+        signed as it is, where hashing the body again cost a second pass over every byte sent (a
+        ``cp`` of 512 MiB over HTTP: 1.92-2.27 s of user CPU with it, 1.27-1.61 s without)."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
         day = stamp[:8]
         if body is not None and not self.https:
