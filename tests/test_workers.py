@@ -136,13 +136,15 @@ def test_bad_specs_are_refused_on_one_line(fields, words):
     ({"destinations": ["gs://x-y/", "gs://x-y"]}, "invalid job: destinations: a destination is listed twice"),
     ({"destination": "gs://x-y/", "destinations": ["gs://x-y/"]}, "invalid job: give destination or destinations"),
     ({"source": None}, "invalid job: source: required"),
+    ({"source": "given-as-none"}, "invalid job: source: required"),
+    ({"kind": "given-as-none"}, "invalid job: kind: required"),
     ({"manifest_dir": "relative/dir"}, "invalid job: manifest_dir: 'relative/dir' does not match ^/"),
     ({"placement": {"gs://x-y/": "COLDLINE"}}, "invalid job: placement: must map each destination"),
 ])
 def test_each_field_of_a_spec_is_checked_and_named(fields, words):
     base = {"kind": "copy", "source": "s3://bkt/a/"} if "destinations" in fields else \
         {"kind": "copy", "source": "s3://bkt/a/", "destination": "gs://x-y/"}
-    data = {k: v for k, v in {**base, **fields}.items() if v is not None}
+    data = {k: (None if v == "given-as-none" else v) for k, v in {**base, **fields}.items() if v is not None}
     with pytest.raises(InvalidOption) as info:
         parse_spec(data)
     assert str(info.value).startswith(words), str(info.value)
@@ -213,6 +215,7 @@ def test_a_schedules_file_becomes_beat_entries():
     (("    every: 6h\n", ""), "schedules.yaml:8: schedules.corpus-dr: give exactly one of cron"),
     (("  paused:", "  golden-nightly:"), "schedules.yaml:13: schedules.golden-nightly: defined twice"),
     (("    source: gs://models/golden/\n", ""), "schedules.yaml:2: schedules.golden-nightly.source: required"),
+    (("    source: gs://models/golden/\n", "    source:\n"), "schedules.yaml:5: schedules.golden-nightly.source: required"),
     (("schedules:\n", "schedules:\n  - oops\n"), "schedules.yaml:3: not valid YAML"),
 ])
 def test_a_bad_schedules_file_names_the_line_and_field(edit, expected):

@@ -292,7 +292,7 @@ def _checked(fields: Mapping[str, Any]) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for name, (default, check) in FIELDS.items():
         value = fields.get(name, default)
-        if value is _REQUIRED:
+        if value is _REQUIRED or (value is None and default is _REQUIRED):   # (YAML's `source:` is None)
             problems.append(Problem((name,), "required"))
             continue
         try:
