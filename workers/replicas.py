@@ -208,8 +208,7 @@ def start_children(svc, record, spec: JobSpec, who) -> dict:
     svc.jobs.transition(record.id, "running", ("planning",))
     for child_id, (dst, ckpt) in zip(children, wanted):
         if svc.jobs.state(child_id) in (None, "queued"):
-            child = spec.replace(kind="sync", source=f"{spec.source}{ckpt}/", destinations=[f"{dst}{ckpt}/"],
-                                 delete=spec.deletes)
+            child = spec.for_destination(f"{dst}{ckpt}/", source=f"{spec.source}{ckpt}/")
             svc.submit(child, parent=record.id, job_id=child_id, schedule=record.schedule, extra={"policy": name},
                        tenant=who.tenant, scope_budget=who.budget)
     return {"children": children}

@@ -269,9 +269,10 @@ class JobSpec:
                     out.update(placement_overrides(self.destination, **placed))
         return out
 
-    def for_destination(self, url: str) -> JobSpec:
-        """The sync that keeps one destination of a replication equal to the source."""
-        return self.replace(kind="sync", destinations=[url], delete=self.deletes)
+    def for_destination(self, url: str, source: str | None = None) -> JobSpec:
+        """The sync that keeps one destination of a replication equal to the source (or to
+        ``source``, a folder of it: one checkpoint of a replication policy)."""
+        return self.replace(kind="sync", source=source or self.source, destinations=[url], delete=self.deletes)
 
     def replace(self, **changes: Any) -> JobSpec:
         """This spec with ``changes``, checked as a new one is."""
