@@ -380,3 +380,84 @@ def test_a_part_cut_half_way_is_written_again_from_its_start(moto, tmp_path):
     assert result["files"] == 1
     assert (tmp_path / "out" / "ckpt.bin").read_bytes() == data
     assert ops.verify(f"{tmp_path}/out/", settings, deep=True)["ok"]
+
+
+def test_a_multipart_upload_goes_without_the_sdk_and_s3_checks_the_whole(moto, tmp_path):
+    """A file of several parts is begun, sent and completed on the direct path: the SDK is never
+    imported (its import and client held every part's thread for 0.8 s before the first part
+    could go); S3 keeps the whole object's CRC32C as sent at completion, and the class asked for."""
+    import subprocess
+    import sys
+
+    from bridge.hashing import crc32c, crc_hex
+    moto.create_bucket("direct")
+    data = os.urandom(11 * MiB + 3)
+    (tmp_path / "ckpt.bin").write_bytes(data)
+    script = ("import sys, os; from bridge import ops; from tests.helpers import settings_for\n"
+              "s = settings_for(dict(os.environ))\n"
+              "s = s.model_copy(update={'s3': s.s3.model_copy(update={'storage_class': 'STANDARD_IA'})})\n"
+              f"ops.copy({str(tmp_path / 'ckpt.bin')!r}, 's3://direct/mp/', s, chunk_size=5 * 2**20)\n"
+              "print(sorted(m for m in ('aiobotocore', 's3fs', 'botocore.client') if m in sys.modules))")
+    env = {**os.environ, **moto.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+    got = moto.client().head_object(Bucket="direct", Key="mp/ckpt.bin", ChecksumMode="ENABLED")
+    assert got["ContentLength"] == len(data) and got["StorageClass"] == "STANDARD_IA"
+    assert got["ETag"].strip('"').endswith("-3")
+    assert got["ChecksumCRC32C"] == crc_hex_to_b64(crc_hex(crc32c(data)))
+    assert moto.client().get_object(Bucket="direct", Key="mp/ckpt.bin")["Body"].read() == data
+    assert moto.client().list_multipart_uploads(Bucket="direct").get("Uploads", []) == []
+
+
+def test_a_completion_answered_200_with_an_error_is_that_error(tmp_path):
+    """S3 may answer CompleteMultipartUpload 200 and then an error document (botocore reads it
+    so): a transient one is retried as such, not taken for a finished object."""
+    import http.server
+    import threading
+
+    from bridge.errors import TransientError
+    from bridge.stores.s3 import _from_code
+    from tests.emulators import LOOPBACK
+    answers = [b'<?xml version="1.0"?>\n<Error><Code>InternalError</Code><Message>try again</Message></Error>',
+               b'<?xml version="1.0"?>\n<CompleteMultipartUploadResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+               b'<ETag>&quot;abc-2&quot;</ETag><ChecksumCRC32C>AAAAAA==</ChecksumCRC32C>'
+               b'<ChecksumType>FULL_OBJECT</ChecksumType></CompleteMultipartUploadResult>']
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            seen.append((self.path, self.rfile.read(int(self.headers["Content-Length"])).decode(),
+                         self.headers.get("x-amz-checksum-crc32c")))
+            body = answers[len(seen) - 1]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("x-amz-version-id", "v1")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer((LOOPBACK, 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = settings_for({"AWS_ENDPOINT_URL": f"http://{LOOPBACK}:{server.server_port}",
+                                 "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+                                 "MCBRIDGE_STATE_DIR": str(tmp_path / "state")})
+        direct = Direct.for_settings(settings)
+        loc = parse("s3://bkt/k & <x>.bin")
+        parts = [(1, '"e1"', "AAAAAA=="), (2, '"e&2"', "")]
+        with pytest.raises(TransientError, match="InternalError"):
+            direct.complete_upload(loc, "up/1", parts, "AAAAAA==", _from_code)
+        answer = direct.complete_upload(loc, "up/1", parts, "AAAAAA==", _from_code)
+    finally:
+        server.shutdown()
+    assert answer == {"ETag": '"abc-2"', "ChecksumCRC32C": "AAAAAA==", "ChecksumType": "FULL_OBJECT",
+                      "VersionId": "v1"}
+    path, body, crc = seen[1]
+    assert path == "/bkt/k%20%26%20%3Cx%3E.bin?uploadId=up%2F1" and crc == "AAAAAA=="
+    assert ("<Part><PartNumber>1</PartNumber><ETag>\"e1\"</ETag><ChecksumCRC32C>AAAAAA==</ChecksumCRC32C></Part>"
+            "<Part><PartNumber>2</PartNumber><ETag>\"e&amp;2\"</ETag></Part>") in body

@@ -473,8 +473,11 @@ class S3Store(Store):
     # -- multipart -----------------------------------------------------------------------
     def begin_upload(self, loc: Location, size: int, attrs: Attrs | None = None) -> str:
         # S3 takes the headers, metadata, class and encryption when the upload starts.
+        params = self.written(loc, {}, attrs)
+        if self._direct is not None:
+            return self._request(loc, lambda: self._direct.create_upload(loc, params, _from_code))
         resp = self._call(loc, "create_multipart_upload", Bucket=loc.bucket, Key=loc.key,
-                          ChecksumAlgorithm="CRC32C", ChecksumType="FULL_OBJECT", **self.written(loc, {}, attrs))
+                          ChecksumAlgorithm="CRC32C", ChecksumType="FULL_OBJECT", **params)
         return resp["UploadId"]
 
     def upload_part(self, loc: Location, upload_id: str, number: int, offset: int, data: bytes,
@@ -521,9 +524,14 @@ class S3Store(Store):
                 return False
             return info.size == size and info.checksums.get("crc32c") == crc32c
 
-        answer = self._call(loc, "complete_multipart_upload", recovered=finished, Bucket=loc.bucket, Key=loc.key,
-                            UploadId=upload_id, MultipartUpload=body, ChecksumCRC32C=crc_hex_to_b64(crc32c),
-                            ChecksumType="FULL_OBJECT")
+        if self._direct is not None:
+            listed = [(p.number, p.token, crc_hex_to_b64(p.crc32c)) for p in parts]
+            answer = self._request(loc, lambda: self._direct.complete_upload(
+                loc, upload_id, listed, crc_hex_to_b64(crc32c), _from_code), recovered=finished)
+        else:
+            answer = self._call(loc, "complete_multipart_upload", recovered=finished, Bucket=loc.bucket,
+                                Key=loc.key, UploadId=upload_id, MultipartUpload=body,
+                                ChecksumCRC32C=crc_hex_to_b64(crc32c), ChecksumType="FULL_OBJECT")
         value = (answer or {}).get("ChecksumCRC32C")
         if not value or "-" in value or (answer or {}).get("ChecksumType", "FULL_OBJECT") != "FULL_OBJECT":
             return self.info(loc)   # recovered, or an answer without a whole-object checksum: ask
@@ -531,7 +539,10 @@ class S3Store(Store):
 
     def abort_upload(self, loc: Location, upload_id: str) -> None:
         try:
-            self._call(loc, "abort_multipart_upload", Bucket=loc.bucket, Key=loc.key, UploadId=upload_id)
+            if self._direct is not None:
+                self._request(loc, lambda: self._direct.abort_upload(loc, upload_id, _from_code))
+            else:
+                self._call(loc, "abort_multipart_upload", Bucket=loc.bucket, Key=loc.key, UploadId=upload_id)
         except ObjectNotFound:
             pass
 

@@ -9,8 +9,9 @@ a small object costs one signature and one request instead of a trip through the
 against ``rclone serve s3``: see bench/README.md.
 
 A PUT carries the same checks as the SDK's: the CRC32C header S3 verifies the body against,
-the metadata, and (over plain HTTP) the payload's SHA-256 in the signature. Multipart uploads
-and everything else stay on aiobotocore. Used for an explicit endpoint (path-style addressing, as
+the metadata, and (over plain HTTP) the payload's SHA-256 in the signature. A multipart upload
+is begun, sent, completed and aborted here too (a big upload never imports the SDK); server-side
+copies, the parts listed on a resume and everything else stay on aiobotocore. Used for an explicit endpoint (path-style addressing, as
 botocore uses for one), over HTTP or HTTPS, and for AWS's own (no endpoint set): each bucket at
 its region's host, ``https://BUCKET.s3.REGION.amazonaws.com`` (path-style at
 ``s3.REGION.amazonaws.com`` for a name with a dot, which no certificate of S3's covers), the
@@ -309,15 +310,60 @@ class Direct:
             resp.read()
         return resp.getheader("ETag") or ""
 
+    # -- the rest of a multipart upload: the SDK's client cost a big upload its import and set-up
+    # (0.8 s, with the parts' threads waiting for the upload id) before its first part could go
+    def create_upload(self, loc: Location, params: dict, from_code) -> str:
+        """CreateMultipartUpload with ``params`` as put_object's (metadata, headers, class,
+        encryption), its whole-object checksum to be CRC32C (FULL_OBJECT); the upload id."""
+        headers = {"x-amz-checksum-algorithm": "CRC32C", "x-amz-checksum-type": "FULL_OBJECT",
+                   **_param_headers(params)}
+        _, body = self._call(loc, "POST", self._path(loc), from_code, query="uploads=", headers=headers)
+        root, ns = _xml(loc, body)
+        upload_id = root.findtext(f"{ns}UploadId")
+        if not upload_id:
+            raise TransientError(f"{loc}: the answer to CreateMultipartUpload named no upload id")
+        return upload_id
+
+    def complete_upload(self, loc: Location, upload_id: str, parts: list[tuple[int, str, str]],
+                        crc32c_b64: str | None, from_code) -> dict[str, str]:
+        """CompleteMultipartUpload of ``parts`` (number, ETag, CRC32C base64 or ""), the whole
+        object checked by S3 against ``crc32c_b64`` (FULL_OBJECT) when given; the answer named
+        as botocore names it (ETag, VersionId, ChecksumCRC32C, ChecksumType). S3 may answer 200
+        and then an error in the body (as botocore reads it): that is the error raised."""
+        from xml.sax.saxutils import escape
+        body = "".join(
+            ["<CompleteMultipartUpload xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">"]
+            + [f"<Part><PartNumber>{number}</PartNumber><ETag>{escape(etag)}</ETag>"
+               + (f"<ChecksumCRC32C>{crc}</ChecksumCRC32C>" if crc else "") + "</Part>"
+               for number, etag, crc in parts]
+            + ["</CompleteMultipartUpload>"]).encode()
+        headers = {"Content-Length": str(len(body)), "Content-Type": "application/xml"}
+        if crc32c_b64:
+            headers.update({"x-amz-checksum-crc32c": crc32c_b64, "x-amz-checksum-type": "FULL_OBJECT"})
+        path, host = self._path(loc), self._host(loc.bucket)
+        query = f"uploadId={quote(upload_id, safe='-_.~')}"
+        host.signer.sign("POST", host.netloc, path, query, headers, body)
+        with self._connection(loc) as conn:
+            conn.request("POST", f"{path}?{query}", body=body, headers=headers)
+            resp = conn.getresponse()
+            if resp.status >= 300:
+                raise _error(loc, resp, from_code)
+            answer = resp.read()
+        root, ns = _xml(loc, answer)
+        if root.tag == "Error" or root.tag.endswith("}Error"):
+            raise _error_of(loc, 500, answer, from_code)
+        got = {"ETag": root.findtext(f"{ns}ETag"), "ChecksumCRC32C": root.findtext(f"{ns}ChecksumCRC32C"),
+               "ChecksumType": root.findtext(f"{ns}ChecksumType"), "VersionId": resp.getheader("x-amz-version-id")}
+        return {k: v for k, v in got.items() if v}
+
+    def abort_upload(self, loc: Location, upload_id: str, from_code) -> None:
+        self._call(loc, "DELETE", self._path(loc), from_code, query=f"uploadId={quote(upload_id, safe='-_.~')}")
+
     def _put_request(self, loc: Location, data, crc32c_b64: str, params: dict,
                      payload_sha256: str | None = None) -> tuple[str, dict[str, str]]:
         path = self._path(loc)
         headers = {"Content-Length": str(len(data)), "x-amz-sdk-checksum-algorithm": "CRC32C",
-                   "x-amz-checksum-crc32c": crc32c_b64,
-                   **{f"x-amz-meta-{k}": v for k, v in params.get("Metadata", {}).items()}}
-        for name, value in params.items():
-            if name in PUT_HEADERS:
-                headers[PUT_HEADERS[name]] = str(value).lower() if isinstance(value, bool) else value
+                   "x-amz-checksum-crc32c": crc32c_b64, **_param_headers(params)}
         host = self._host(loc.bucket)
         host.signer.sign("PUT", host.netloc, path, "", headers, data, payload_sha256=payload_sha256)
         return path, headers
@@ -482,11 +528,7 @@ class Direct:
         path = self._bucket_path(loc)
         query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(params.items()))
         _, body = self._call(loc, "GET", path, from_code, query=query)
-        try:
-            root = ET.fromstring(body)
-        except ET.ParseError as exc:
-            raise TransientError(f"{loc}: the listing could not be parsed ({exc})") from exc
-        return root, root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+        return _xml(loc, body)
 
     def uploads_page(self, prefix: Location, markers: dict[str, str], from_code) -> tuple[list[tuple[str, str]], dict[str, str] | None]:
         """One page of ListMultipartUploads under ``prefix``: [(key, upload id)] and the markers
@@ -543,6 +585,24 @@ PUT_HEADERS = {"ContentType": "Content-Type", "ContentEncoding": "Content-Encodi
                "ServerSideEncryption": "x-amz-server-side-encryption",
                "SSEKMSKeyId": "x-amz-server-side-encryption-aws-kms-key-id",
                "BucketKeyEnabled": "x-amz-server-side-encryption-bucket-key-enabled"}
+
+
+def _param_headers(params: dict) -> dict[str, str]:
+    """put_object's (or create_multipart_upload's) parameters as the headers that carry them."""
+    headers = {f"x-amz-meta-{k}": v for k, v in params.get("Metadata", {}).items()}
+    for name, value in params.items():
+        if name in PUT_HEADERS:
+            headers[PUT_HEADERS[name]] = str(value).lower() if isinstance(value, bool) else value
+    return headers
+
+
+def _xml(loc: Location, body: bytes) -> tuple[ET.Element, str]:
+    """An answer's XML and its namespace; one that does not parse is worth another try."""
+    try:
+        root = ET.fromstring(body)
+    except ET.ParseError as exc:
+        raise TransientError(f"{loc}: S3's answer could not be parsed ({exc})") from exc
+    return root, root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
 
 
 def _put_answer(header: Callable[[str], str | None]) -> dict[str, str]:
