@@ -461,3 +461,23 @@ def test_a_completion_answered_200_with_an_error_is_that_error(tmp_path):
     assert path == "/bkt/k%20%26%20%3Cx%3E.bin?uploadId=up%2F1" and crc == "AAAAAA=="
     assert ("<Part><PartNumber>1</PartNumber><ETag>\"e1\"</ETag><ChecksumCRC32C>AAAAAA==</ChecksumCRC32C></Part>"
             "<Part><PartNumber>2</PartNumber><ETag>\"e&amp;2\"</ETag></Part>") in body
+
+
+@pytest.mark.parametrize("mode, heads", [("skip", 0), ("readback", 1)])
+def test_a_completed_upload_is_asked_about_only_when_a_checksum_is_to_be_checked(rclone_s3, tmp_path, mode, heads):
+    """rclone serve s3 keeps no checksums, so its answer to the completion names none. Under
+    --store-checksums skip nothing is to be checked: the answer's ETag identifies the object, as
+    a PUT's does, and no HEAD follows (there it costs the endpoint an MD5 of the whole object);
+    otherwise the object is asked about (then read back, as readback says)."""
+    data = os.urandom(11 * MiB + 3)
+    (tmp_path / "ckpt.bin").write_bytes(data)
+    with FaultProxy(rclone_s3.endpoint) as proxy:
+        settings = settings_for({**rclone_s3.env(), "AWS_ENDPOINT_URL": proxy.endpoint,
+                                 "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}, store_checksums=mode)
+        ops.copy(str(tmp_path / "ckpt.bin"), f"s3://direct/{mode}/", settings, chunk_size=5 * MiB)
+        lines = [line for line, _ in proxy.log]
+        verified = ops.verify(f"s3://direct/{mode}/", settings)
+    done = next(i for i, line in enumerate(lines) if line.startswith(f"POST /direct/{mode}/ckpt.bin?uploadId="))
+    assert sum(1 for line in lines[done:] if line == f"HEAD /direct/{mode}/ckpt.bin") == heads, lines
+    assert rclone_s3.client().get_object(Bucket="direct", Key=f"{mode}/ckpt.bin")["Body"].read() == data
+    assert verified["ok"], verified
