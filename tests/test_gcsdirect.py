@@ -364,3 +364,27 @@ def test_a_large_part_is_sent_without_a_second_copy_of_its_bytes(fake_gcs, bucke
     assert int(item["size"]) == len(data)
     blob = fake_gcs.client().bucket(bucket).get_blob(loc.key)
     assert blob.download_as_bytes() == data and blob.metadata == {"n": "2"}
+
+
+def test_an_upload_never_imports_gcsfs(fake_gcs, bucket, tmp_path):
+    """A job that writes to GCS (a small file, a file of three parts composed into one, the
+    manifest) runs without gcsfs and aiohttp; the parts' temporary objects are gone after the
+    compose and the copy verifies."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "small.txt").write_bytes(b"small")
+    (src / "ckpt.bin").write_bytes(os.urandom(11 * MiB + 3))
+    script = ("import sys; from bridge import ops; from tests.helpers import settings_for; import os\n"
+              f"ops.copy({str(src)!r} + '/', 'gs://{bucket}/up/', settings_for(dict(os.environ)), chunk_size=5 * 2**20)\n"
+              "print(sorted(m for m in ('gcsfs', 'aiohttp', 'fsspec.asyn') if m in sys.modules))")
+    env = {**os.environ, **fake_gcs.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]"
+    names = sorted(blob.name for blob in fake_gcs.client().bucket(bucket).list_blobs())
+    assert [n for n in names if not n.startswith("up/_bridge/")] == ["up/ckpt.bin", "up/small.txt"], names
+    assert not any(n.startswith("_bridge/uploads/") for n in names), names
+    blob = fake_gcs.client().bucket(bucket).get_blob("up/ckpt.bin")
+    assert blob.download_as_bytes() == (src / "ckpt.bin").read_bytes()
+    settings = settings_for({**fake_gcs.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")})
+    assert ops.verify(f"gs://{bucket}/up/", settings, deep=True)["ok"]

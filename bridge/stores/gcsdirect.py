@@ -26,8 +26,9 @@ Used for:
   the credentials belong to another universe, nor when client certificates are asked for (mTLS,
   GOOGLE_API_USE_CLIENT_CERTIFICATE): those keep gcsfs, which knows them.
 Batches of small whole objects go up here too (``put_many``: the multipart upload gcsfs sends,
-their CRC32C in it, over the same event loop); single and parted uploads, compose, rewrite and
-deletes stay on gcsfs. Failures are raised as bridge's errors with
+their CRC32C in it, over the same event loop), and so do single objects and a big file's parts
+(``put``), their compose and deletes: an upload never imports gcsfs, whose import and session
+took a big upload's end half a second. Rewrites stay on gcsfs. Failures are raised as bridge's errors with
 the meaning gcs.py gives gcsfs's; nothing is retried here (the store retries each call through
 bridge.retry, the one retry layer).
 """
@@ -235,7 +236,7 @@ class Direct:
     def put(self, loc: Location, data, crc32c_b64: str, resource: dict) -> dict:
         """One object by multipart upload (objects.insert) on this thread's connection, its body
         sent in pieces so that a cancelled job's request stops mid-way (bridge/meter.py): a
-        part's temporary object. The object resource GCS answered with, as ``put_many`` gives it."""
+        whole object, or a part's temporary one. The object resource GCS answered with, as ``put_many`` gives it."""
         if len(data) > meter.PIECE:   # sent piece by piece, never joined into a second copy
             content_type, payload = multipart_pieces(loc, data, crc32c_b64, resource)
             length = sum(len(piece) for piece in payload)
@@ -261,6 +262,28 @@ class Direct:
             return json.loads(body)
         except ValueError as exc:
             raise TransientError(f"{loc}: GCS's answer could not be read as JSON ({exc})") from exc
+
+    def compose(self, loc: Location, request: dict) -> dict:
+        """objects.compose into ``loc`` (``request``: the composeRequest, as gcsfs sends it); the
+        object resource GCS answered with."""
+        payload = json.dumps(request).encode()
+        headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
+        if self._bearer is not None:
+            self._bearer.apply(headers)
+        with self._connection(loc) as conn:
+            conn.request("POST", f"{self._object_path(loc)}/compose", body=payload, headers=headers)
+            resp = conn.getresponse()
+            if resp.status >= 300:
+                raise _error(loc, resp)
+            body = resp.read()
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise TransientError(f"{loc}: GCS's answer could not be read as JSON ({exc})") from exc
+
+    def delete(self, loc: Location) -> None:
+        with self._connection(loc) as conn:
+            self._send(conn, loc, "DELETE", self._object_path(loc), {}).read()
 
     def object(self, loc: Location) -> dict:
         """The object's metadata, as objects.get gives it (name, size, crc32c, md5Hash,
