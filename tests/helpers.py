@@ -21,6 +21,16 @@ def settings_for(env: dict[str, str], **transfer) -> Settings:
     return load_settings({"transfer": transfer} if transfer else None, environ=env)
 
 
+def imported_by(code: str, modules: tuple[str, ...], env: dict[str, str]) -> list[str]:
+    """Which of ``modules`` a fresh Python imported running ``code`` with ``env`` (it must succeed):
+    how a test shows that a path never loads an SDK."""
+    script = f"{code}\nimport sys\nprint(repr(sorted(m for m in {modules!r} if m in sys.modules)))"
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    import ast
+    return ast.literal_eval(run.stdout.strip().splitlines()[-1])
+
+
 def mcbridge(*args: str, env: dict[str, str], state_dir: Path, timeout: float = 180) -> subprocess.CompletedProcess:
     env = {k: v for k, v in env.items() if k != "MCBRIDGE_CONFIG"}
     env.update(MCBRIDGE_STATE_DIR=str(state_dir), XDG_CONFIG_HOME=NO_CONFIG,

@@ -8,8 +8,6 @@ import gzip
 import hashlib
 import json
 import os
-import subprocess
-import sys
 import threading
 
 import pytest
@@ -22,7 +20,7 @@ from bridge.stores.gcsdirect import Bearer, Direct
 from bridge.urls import parse
 from tests.emulators import free_port, unique_name
 from tests.faultproxy import FaultProxy, Rule
-from tests.helpers import settings_for, small_files_go_in_batches_and_verify
+from tests.helpers import imported_by, settings_for, small_files_go_in_batches_and_verify
 
 MiB = 1024 * 1024
 NAME = "a dir/ckpt #1 ü?&=+.bin"
@@ -151,13 +149,10 @@ def test_a_download_never_imports_gcsfs(fake_gcs, bucket, tmp_path):
     the store's start-up."""
     put(fake_gcs, bucket, "d/one.bin", os.urandom(1000))
     put(fake_gcs, bucket, "d/two.bin", os.urandom(9 * MiB))
-    script = ("import sys; from bridge import ops; from tests.helpers import settings_for; import os\n"
-              f"ops.copy('gs://{bucket}/d/', {str(tmp_path / 'out')!r} + '/', settings_for(dict(os.environ)), chunk_size=4 * 2**20)\n"
-              "print(sorted(m for m in ('gcsfs', 'aiohttp', 'fsspec.asyn') if m in sys.modules))")
+    code = ("import os; from bridge import ops; from tests.helpers import settings_for\n"
+            f"ops.copy('gs://{bucket}/d/', {str(tmp_path / 'out')!r} + '/', settings_for(dict(os.environ)), chunk_size=4 * 2**20)")
     env = {**os.environ, **fake_gcs.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
-    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "[]"
+    assert imported_by(code, ("gcsfs", "aiohttp", "fsspec.asyn"), env) == []
     assert sorted(os.listdir(tmp_path / "out")) == ["_bridge", "one.bin", "two.bin"]
 
 
@@ -374,13 +369,10 @@ def test_an_upload_never_imports_gcsfs(fake_gcs, bucket, tmp_path):
     src.mkdir()
     (src / "small.txt").write_bytes(b"small")
     (src / "ckpt.bin").write_bytes(os.urandom(11 * MiB + 3))
-    script = ("import sys; from bridge import ops; from tests.helpers import settings_for; import os\n"
-              f"ops.copy({str(src)!r} + '/', 'gs://{bucket}/up/', settings_for(dict(os.environ)), chunk_size=5 * 2**20)\n"
-              "print(sorted(m for m in ('gcsfs', 'aiohttp', 'fsspec.asyn') if m in sys.modules))")
+    code = ("import os; from bridge import ops; from tests.helpers import settings_for\n"
+            f"ops.copy({str(src)!r} + '/', 'gs://{bucket}/up/', settings_for(dict(os.environ)), chunk_size=5 * 2**20)")
     env = {**os.environ, **fake_gcs.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
-    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "[]"
+    assert imported_by(code, ("gcsfs", "aiohttp", "fsspec.asyn"), env) == []
     names = sorted(blob.name for blob in fake_gcs.client().bucket(bucket).list_blobs())
     assert [n for n in names if not n.startswith("up/_bridge/")] == ["up/ckpt.bin", "up/small.txt"], names
     assert not any(n.startswith("_bridge/uploads/") for n in names), names
