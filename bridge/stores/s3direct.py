@@ -11,8 +11,8 @@ against ``rclone serve s3``: see bench/README.md.
 A PUT carries the same checks as the SDK's: the CRC32C header S3 verifies the body against,
 the metadata, and (over plain HTTP) the payload's SHA-256 in the signature. A multipart upload
 is begun, sent, completed and aborted here too (a big upload never imports the SDK); server-side
-copies, the parts listed on a resume and everything else stay on aiobotocore. Used for an explicit endpoint (path-style addressing, as
-botocore uses for one), over HTTP or HTTPS, and for AWS's own (no endpoint set): each bucket at
+copies, the parts listed on a resume and everything else stay on aiobotocore. Used for an
+explicit endpoint (path-style addressing, as botocore uses for one), over HTTP or HTTPS, and for AWS's own (no endpoint set): each bucket at
 its region's host, ``https://BUCKET.s3.REGION.amazonaws.com`` (path-style at
 ``s3.REGION.amazonaws.com`` for a name with a dot, which no certificate of S3's covers), the
 region asked of S3 once per bucket and process (``x-amz-bucket-region`` of a HEAD of the bucket,
