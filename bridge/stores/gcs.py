@@ -177,9 +177,9 @@ class GCSStore(DirectReads, Store):
                 return sync(fs.loop, self._acall, method, path, *args, **kwargs)
         return call_with_retries(once, self.retries, recovered=recovered, where=self.endpoint)
 
-    def _direct_call(self, fn):
+    def _direct_call(self, fn, recovered=None):
         """One request of the direct path, retried as _call's are (it raises bridge's errors itself)."""
-        return call_with_retries(fn, self.retries, where=self.endpoint)
+        return call_with_retries(fn, self.retries, recovered=recovered, where=self.endpoint)
 
     @staticmethod
     def _info(bucket: str, item: dict) -> ObjectInfo:
@@ -333,8 +333,7 @@ class GCSStore(DirectReads, Store):
     def delete(self, loc: Location) -> None:
         # A delete whose answer was lost is found done by the next attempt's 404.
         if self._direct is not None:
-            call_with_retries(lambda: self._direct.delete(loc), self.retries, recovered=lambda: self._gone(loc),
-                              where=self.endpoint)
+            self._direct_call(lambda: self._direct.delete(loc), recovered=lambda: self._gone(loc))
             return
         self._call(loc, "DELETE", "b/{}/o/{}", loc.bucket, loc.key, recovered=lambda: self._gone(loc))
 
@@ -450,8 +449,7 @@ class GCSStore(DirectReads, Store):
                 "destination": {"name": loc.key, "bucket": loc.bucket,
                                 "contentType": "application/octet-stream", **resource}}
         if self._direct is not None:
-            return call_with_retries(lambda: self._direct.compose(loc, body), self.retries, recovered=recovered,
-                                     where=self.endpoint)
+            return self._direct_call(lambda: self._direct.compose(loc, body), recovered)
         return self._call(loc, "POST", "b/{}/o/{}/compose", loc.bucket, loc.key, json_out=True,
                           json=body, headers={"Content-Type": "application/json"}, recovered=recovered)
 
@@ -498,13 +496,10 @@ class GCSStore(DirectReads, Store):
                 self.delete(Location("gs", loc.bucket, name))
             except ObjectNotFound:
                 pass
-        if len(names) < 2:
-            for name in names:
-                delete(name)
-            return
-        from bridge.meter import Pool
-        with Pool(min(len(names), self.settings.transfer.concurrency)) as pool:
-            list(pool.map(delete, names))
+        if names:
+            from bridge.meter import Pool
+            with Pool(min(len(names), self.settings.transfer.concurrency)) as pool:
+                list(pool.map(delete, names))
 
     def list_uploads(self, prefix: Location) -> Iterator[tuple[Location, str]]:
         seen = set()

@@ -513,8 +513,6 @@ class S3Store(Store):
                         crc32c: str, metadata: dict[str, str], attrs: Attrs | None = None) -> ObjectInfo:
         """S3 checks the whole object against the CRC32C sent (FULL_OBJECT) and answers with the
         one it keeps; the engine compares that with ours (--store-checksums)."""
-        body = {"Parts": [{"PartNumber": p.number, "ETag": p.token,
-                           "ChecksumCRC32C": crc_hex_to_b64(p.crc32c)} for p in parts]}
         size = sum(p.size for p in parts)
 
         def finished() -> bool:  # an earlier attempt completed it (then: NoSuchUpload)
@@ -529,6 +527,8 @@ class S3Store(Store):
             answer = self._request(loc, lambda: self._direct.complete_upload(
                 loc, upload_id, listed, crc_hex_to_b64(crc32c), _from_code), recovered=finished)
         else:
+            body = {"Parts": [{"PartNumber": p.number, "ETag": p.token,
+                               "ChecksumCRC32C": crc_hex_to_b64(p.crc32c)} for p in parts]}
             answer = self._call(loc, "complete_multipart_upload", recovered=finished, Bucket=loc.bucket,
                                 Key=loc.key, UploadId=upload_id, MultipartUpload=body,
                                 ChecksumCRC32C=crc_hex_to_b64(crc32c), ChecksumType="FULL_OBJECT")
