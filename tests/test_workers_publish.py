@@ -41,7 +41,10 @@ def test_the_direct_message_is_the_one_celery_sends(redis_url):
     client = redis_client(redis_url)
     try:
         ref = TaskRef("abc123.plan", "bridge.plan", ["abc123"], "bridge.s3", "abc123")
-        app.send_task(ref.task, args=ref.args, task_id=ref.id, queue=ref.queue)
+        # a connection of these settings: the app's pool may hold one an earlier test of this
+        # process made for another namespace (configure changes the settings, not that pool)
+        with app.connection_for_write() as conn:
+            app.send_task(ref.task, args=ref.args, task_id=ref.id, queue=ref.queue, connection=conn)
         direct_publisher(client, ws.key_prefix)(ref)
         queued = client.lrange(f"{namespace}:bridge.s3", 0, -1)
         assert len(queued) == 2, queued
