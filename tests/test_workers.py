@@ -483,6 +483,70 @@ def test_a_task_whose_worker_keeps_dying_fails_its_job_instead_of_looping(client
     assert record.state == "failed" and "giving up" in record.errors[0]
 
 
+@pytest.fixture
+def local_service(redis_url, namespace, tmp_path):
+    """A Service of a worker that may read and write under tmp_path, its messages kept in a list
+    instead of sent, and a tree of three files to copy."""
+    from bridge.workers.executor import Service
+    from bridge.workers.keys import redis_client
+    from bridge.workers.testing import tenant_env
+    ws = WorkerSettings.from_env({"BRIDGE_BROKER_URL": redis_url, "BRIDGE_NAMESPACE": namespace,
+                                  "BRIDGE_LEASE": "1s", "BRIDGE_SWEEP": "0.2s", "BRIDGE_BATCH_FILES": "2",
+                                  **tenant_env(tmp_path / "tenant", local_roots=[str(tmp_path)])})
+    sent: list = []
+    src = tmp_path / "src"
+    for name in ("a", "b", "c"):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(name.encode() * 1000)
+    return Service(ws, redis_client(redis_url), sent.append), sent, src, tmp_path / "dst"
+
+
+def _copy_job(svc, src, dst) -> str:
+    return svc.submit(parse_spec({"kind": "copy", "source": f"{src}/", "destination": f"{dst}/", "verify": "deep"}))
+
+
+def test_a_planner_runs_its_first_task_and_the_last_task_runs_finalize_without_sending_them(local_service):
+    """The plan's first slice runs in the process that planned and checked it, never sent; the
+    task that finishes a job's last slice runs its finalize. Only the other slices go out."""
+    svc, sent, src, dst = local_service
+    job_id = _copy_job(svc, src, dst)
+    plan = sent.pop()
+    outcome = svc.run(plan)
+    assert [ref.id for ref in sent] == [f"{job_id}.t1"]   # the second slice of two (2 files a task)
+    assert outcome["tasks"] == 2 and outcome["then"]["ok"] and "then" not in outcome["then"]
+    assert svc.jobs.get(job_id).state == "running"
+    last = svc.run(sent.pop())
+    assert last["ok"] and last["then"]["manifest"] and sent == []   # finalize ran here, not sent
+    record = svc.jobs.get(job_id)
+    assert record.state == "succeeded" and record.counters["tasks_done"] == 2
+    assert {p.name: p.read_bytes() for p in dst.iterdir() if p.is_file()} == {n: n.encode() * 1000 for n in "abc"}
+    assert not svc.r.hlen(svc.keys.running)   # nothing left registered to be sent again
+
+
+def test_a_first_task_leased_by_a_planner_that_died_is_sent_again_by_the_sweeper(local_service):
+    """The planner leases its first slice before the plan is marked done: a planner that dies
+    before running it leaves it registered, and the sweeper sends it once the lease expires. The
+    delivery is checked as any message is, and runs."""
+    from bridge.workers.leases import Sweeper
+    svc, sent, src, dst = local_service
+    job_id = _copy_job(svc, src, dst)
+    lease = svc.leases.lease(sent.pop())
+    assert lease.acquire() == "ok"
+    outcome, after = svc._step(lease, None)   # the plan, and then the process "dies"
+    assert outcome["tasks"] == 2 and after[0].ref.id == f"{job_id}.t0"
+    assert [ref.id for ref in sent] == [f"{job_id}.t1"]
+    published: list = []
+    sweeper, died = Sweeper(svc.leases, published.append), time.monotonic()
+    while not published:
+        assert time.monotonic() - died < 60, "never sent again"
+        sweeper.sweep()
+        time.sleep(svc.ws.sweep)
+    assert [ref.id for ref in published] == [f"{job_id}.t0"]
+    assert svc.run(published[0])["ok"]   # through the signature and scope checks of a message
+    assert svc.run(sent.pop())["then"]["manifest"]
+    assert svc.jobs.get(job_id).state == "succeeded"
+
+
 def test_a_first_attempt_reads_the_journal_only_when_it_held_files_of_the_plan_before_it(client, ws):
     """What a task is charged for comes from the journal before and after its run. A job whose
     journal held none of its plan's files when it was planned: the first attempt at a slice of

@@ -35,6 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from bridge import meter
@@ -160,6 +161,15 @@ def _settle_gc() -> None:
     (bridge.ops); what the step left to collect is collected first."""
     gc.collect()
     gc.freeze()
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A transfer task's slice as its planner made it: the plan, the text signed, the signature."""
+    id: str
+    sub: dict
+    text: str
+    sig: str
 
 
 def _task_entry(raw: bytes | str) -> tuple[str, str, str]:
@@ -295,20 +305,36 @@ class Service:
     # -- running a task --------------------------------------------------------------------
     def run(self, ref: TaskRef) -> dict:
         """One delivery of a leased task: take the lease, do the step, mark it done."""
-        try:
-            return self._run(ref)
-        finally:
-            if ref.task not in self._settled:
-                self._settled.add(ref.task)
-                _settle_gc()
-
-    def _run(self, ref: TaskRef) -> dict:
         lease = self.leases.lease(ref)
         got = lease.acquire()
         if got != "ok":
             metrics.task(ref.task, got)
             log.info("task %s (%s): %s; nothing to do", ref.id, ref.task, got)
             return {"skipped": got}
+        return self._leased(lease)
+
+    def _leased(self, lease: Lease, planned: Planned | None = None) -> dict:
+        """Run a task whose lease this process holds, then what it hands to this process:
+
+        - a plan hands over its first transfer task, leased before the plan is marked done and
+          never sent (``_plan``): its slice, planned and checked here, is run from memory;
+        - the transfer that finishes a job's last one runs its finalize step itself, its lease
+          taken where the finalize would have been sent.
+
+        Either way the next step is registered in ``<ns>:running`` before this one is marked
+        done, so a worker that dies between them loses neither: the sweeper queues it again."""
+        try:
+            outcome, after = self._step(lease, planned)
+        finally:
+            if lease.ref.task not in self._settled:
+                self._settled.add(lease.ref.task)
+                _settle_gc()
+        if after is not None:
+            outcome = {**outcome, "then": self._leased(*after)}
+        return outcome
+
+    def _step(self, lease: Lease, planned: Planned | None) -> tuple[dict, tuple[Lease, Planned | None] | None]:
+        ref = lease.ref
         step = {PLAN: self._plan, TRANSFER: self._transfer, FINALIZE: self._finalize}[ref.task]
         outcome: dict[str, Any]
         attempts = self.r.hincrby(self.keys.job(ref.job, "attempts"), ref.id, 1)
@@ -319,7 +345,7 @@ class Service:
                 if attempts > self.ws.max_attempts:
                     raise BridgeError(f"task {ref.id} was started {attempts - 1} times without finishing (its "
                                       f"worker died each time: out of memory?); giving up on it")
-                outcome = step(lease, *ref.args)
+                outcome = step(lease, *ref.args) if planned is None else step(lease, ref.job, planned=planned)
             except Exception as exc:
                 log.exception("task %s (%s of job %s) failed", ref.id, ref.task, ref.job)
                 outcome = {"error": _describe(exc)}
@@ -329,19 +355,24 @@ class Service:
                     self._end(ref.job, "failed", [outcome["error"]])
             finally:
                 self._metered(ref.job, metered)
-        if lease.lost.is_set():
+        here = outcome.pop("here", None)   # the plan's first transfer, its lease held (_plan)
+        if lease.lost.is_set():   # a first transfer leased here runs again once its lease expires
             metrics.task(ref.task, "lost")
-            return {"lost": True}
+            return {"lost": True}, None
         counted = ref.task == TRANSFER
-        then = TaskRef(f"{ref.job}.finalize", FINALIZE, [ref.job], ref.queue, ref.job) if counted else None
+        then = TaskRef(f"{ref.job}.finalize", FINALIZE, [ref.job], ref.queue, ref.job, worker=ref.worker) \
+            if counted else None
         left = lease.complete(counted, then)
         if counted and left >= 0:   # with the time it took, and how much of it its units ran
             self.jobs.add_progress(ref.job, {"tasks_done": 1, "task_ms": int((time.perf_counter() - started) * 1000),
                                              "moving_ms": outcome.get("moving_ms", 0)})
-        if counted and left == 0:
-            self.send(then)
         metrics.task(ref.task, "error" if "error" in outcome else "ok")
-        return outcome
+        if counted and left == 0:
+            final = self.leases.lease(then)
+            if final.acquire() == "ok":   # registered in place of the hand-over: run here, not sent
+                return outcome, (final, None)
+            self.send(then)
+        return outcome, here
 
     # -- steps -----------------------------------------------------------------------------
     def settings_for(self, spec: JobSpec):
@@ -405,12 +436,13 @@ class Service:
         if spec.kind == "replicate":
             return self._start_children(record, spec, who)
         planning = time.perf_counter()
+        first: Planned | None = None
         if not self.r.hexists(self.keys.job(job_id), "plan"):
             # Not planned yet, or its planner died before writing the plan (which it writes
             # last): the tasks that planner pushed go, and the job is planned again.
             self.r.delete(self.keys.job(job_id, "tasks"))
             try:
-                count = self._make_plan(job_id, spec, who, record.queue)
+                count, first = self._make_plan(job_id, spec, who, record.queue)
             except Refused as exc:
                 return self._refuse(record, str(exc), lease.ref.id)
             except BridgeError as exc:
@@ -427,17 +459,30 @@ class Service:
             return {"skipped": record.state if record else "no such job"}
         self.jobs.add_progress(job_id, {"plan_ms": int((time.perf_counter() - planning) * 1000)})
         finalize = TaskRef(f"{job_id}.finalize", FINALIZE, [job_id], record.queue, job_id)
+        # The first task, planned here, is this process's next: its lease taken now, before the
+        # plan is marked done, so that it is registered to be sent again should this worker die
+        # (workers/leases.py), and not sent to the broker, whose delivery would come back to a
+        # worker that checks again the slice this one planned and checked.
+        here = None
+        if first is not None:
+            ref = TaskRef(first.id, TRANSFER, [job_id, first.text, first.sig], record.queue, job_id,
+                          worker=lease.ref.worker)
+            here = self.leases.lease(ref)
+            if here.acquire() != "ok":
+                here = None
         sent = 0
         for task_id, text, sig in self._tasks(job_id, texts=True):
             if lease.lost.is_set():
                 break
-            self.send(TaskRef(task_id, TRANSFER, [job_id, text, sig], record.queue, job_id))
+            if here is None or task_id != first.id:
+                self.send(TaskRef(task_id, TRANSFER, [job_id, text, sig], record.queue, job_id))
             sent += 1
         if not count:  # nothing to move: straight to the manifest, handed over so it is not lost
             self.r.hset(self.keys.running, finalize.id, finalize.encode())
             self.send(finalize)
-        log.info("job %s running: %d tasks on %s", job_id, sent, record.queue)
-        return {"tasks": sent}
+        log.info("job %s running: %d tasks on %s%s", job_id, sent, record.queue,
+                 ", the first here" if here is not None else "")
+        return {"tasks": sent, **({"here": (here, first)} if here is not None else {})}
 
     PAGE = 200                  # sub-plans read from Redis at a time
     PUSH_BYTES = 4 * 1024 * 1024  # sub-plans written to Redis at a time, at most
@@ -478,7 +523,7 @@ class Service:
         before anything is written), sign each task's slice of the plan and push it to the job's
         list of tasks, a few MiB at a time, as the slices are made; the plan's header and the
         count of its tasks last, in one transaction (``_plan`` plans again a job without them).
-        The number of tasks."""
+        The number of tasks, and the first of them as planned here."""
         def journal_for(key: str) -> RedisJournal:   # the plan's, looked at before the plan writes to it
             journal = self.journal(key)
             self._fresh(job_id, journal)
@@ -488,10 +533,12 @@ class Service:
                                        slots=self.slots(queue))
         keyring = self.gate.keyring
         key = self.keys.job(job_id, "tasks")
-        count, chunk, held = 0, [], 0
+        count, chunk, held, first = 0, [], 0, None
         for sub in planned.subs:
             task_id = f"{job_id}.t{count}"
             text, sig = keyring.task_text(who.tenant, who.digest, task_id, sub)
+            if first is None:
+                first = Planned(task_id, sub, text, sig)
             raw = f"[{json.dumps(task_id)},{text},{json.dumps(sig)}]"   # what _tasks reads: [id, sub, sig]
             chunk.append(raw)
             held += len(raw)
@@ -513,7 +560,7 @@ class Service:
         pipe.execute()
         self._used(job_id, planned.usage)
         self._estimate(job_id, spec, planned)
-        return count
+        return count, first
 
     def _removed(self, record: JobRecord, who: Admitted) -> Iterator[str]:
         """The paths the job's tasks deleted, in order, from their sub-plans as the planner
@@ -610,7 +657,10 @@ class Service:
         self.gate.plan(who, record.kind, header)
         return header
 
-    def _transfer(self, lease: Lease, job_id: str, sub: dict, sig: str | None = None) -> dict:
+    def _transfer(self, lease: Lease, job_id: str, sub: dict | str | None = None, sig: str | None = None, *,
+                  planned: Planned | None = None) -> dict:
+        """A slice of the plan: from a message, checked against its planner's signature and the
+        tenant's scope; or ``planned`` by this process, whose plan was checked as it was made."""
         from bridge.progress import Progress
         record = self.jobs.get(job_id)
         if record is None or record.state in ("cancelled", "failed", "succeeded"):
@@ -618,11 +668,14 @@ class Service:
         record, who, refused = self._admitted(job_id, lease.ref.id)
         if who is None:
             return refused
-        try:   # the planner's slice, every file of it in scope, before any request
-            sub = self.gate.keyring.check_task(who.tenant, who.digest, lease.ref.id, sub, sig)
-            self.gate.plan(who, record.kind, sub)
-        except Refused as exc:
-            return self._refuse(record, str(exc), lease.ref.id)
+        if planned is not None:
+            sub = planned.sub
+        else:
+            try:   # the planner's slice, every file of it in scope, before any request
+                sub = self.gate.keyring.check_task(who.tenant, who.digest, lease.ref.id, sub, sig)
+                self.gate.plan(who, record.kind, sub)
+            except Refused as exc:
+                return self._refuse(record, str(exc), lease.ref.id)
         spec = JobSpec.from_dict(record.spec)
         from bridge.workers.limits import job_limiter
         submitted = self.settings_for(spec).transfer.bwlimit or route_bwlimit(self.ws, spec.destination)

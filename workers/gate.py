@@ -5,7 +5,8 @@
                scope (policies/tenants.py) and this worker's local roots; after listing, before
                anything is written, every file the plan reads or writes, and the route chosen
     transfer   the job's signature and admission, the planner's signature over the task's slice
-               of the plan, and every file in that slice
+               of the plan, and every file in that slice (a slice its planner runs itself, from
+               memory, was checked with the plan)
     finalize   the job's signature and admission, and what the manifest and verify touch
     scheduled, policy   beat's signature over the message, its expiry, its nonce used once
 

@@ -18,7 +18,9 @@ and liveness is decided by leases instead:
   lease + sweep after its last heartbeat.
 - A task that finishes marks itself done and, in the same script, decrements its job's pending
   count; the task that brings it to zero hands the finalize step over through ``<ns>:running``
-  too, so that it is queued even if that worker dies right after.
+  too, so that it is queued even if that worker dies right after. That worker then takes the
+  finalize's lease and runs it itself (the planner does the same with a job's first transfer,
+  leased before the plan is marked done): the registration is what makes it safe not to send it.
 - A holder whose lease was taken over (its Redis link was down for longer than the TTL) learns
   it from its heartbeat and stops at the next unit; the work is idempotent either way.
 """

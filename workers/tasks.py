@@ -2,8 +2,10 @@
 
 Every task's first argument is its job id; none carries a credential. What a task may do is
 checked by the worker before it does it (workers/gate.py): the job's signature on every task, a
-transfer's slice of the plan against the planner's signature (``sig``), beat's messages against
-beat's (``auth``). ``plan``, ``transfer``
+transfer's slice of the plan against the planner's signature (``sig``) and the tenant's scope,
+beat's messages against beat's (``auth``). A job's first slice is run by its planner from
+memory and never sent, and its finalize by the worker that finished its last slice
+(``Service._leased``). ``plan``, ``transfer``
 and ``finalize`` take a lease when they start (workers/leases.py), so a duplicate delivery does
 nothing and a dead worker's task runs again elsewhere. Their outcome is in the job's record, so
 Celery stores no result for them (a round trip less per task).
