@@ -47,7 +47,7 @@ from bridge.hashing import (NO_WHOLE_SHA256, FileHash, OrderedSha256, combine_pa
                             sha256_tree)
 from bridge.journal import Journal, job_key, key_bytes
 from bridge.jobs import FATAL, Outcome, ThreadExecutor, describe  # noqa: F401  (their old home)
-from bridge.manifest import FileEntry
+from bridge.manifest import FileEntry, RawEntry
 from bridge.progress import Progress
 from bridge.spill import Rows
 from bridge.stores import Store, get_store
@@ -1100,13 +1100,14 @@ def _delete(ctx: JobContext, unit: dict) -> dict:
     return {"deleted": unit["rel"]}
 
 
-def journaled_entries(journal: Journal, counted: list[int] | None = None) -> Iterator[FileEntry]:
+def journaled_entries(journal: Journal, counted: list[int] | None = None) -> Iterator[FileEntry | RawEntry]:
     """The entries of the files a job's journal holds as written, sorted by path (the journal's
-    key order), read as they are consumed; ``counted[0]`` counts them."""
-    for _key, record in journal.items("file:"):
+    key order), read as they are consumed; ``counted[0]`` counts them. A record in the form
+    ``JobContext.written`` gives it is committed as its text (``RawEntry``), any other decoded."""
+    for _key, raw in journal.raw_items("file:"):
         if counted is not None:
             counted[0] += 1
-        yield FileEntry.from_dict(record)
+        yield RawEntry.of(raw) or FileEntry.from_dict(json.loads(raw))
 
 
 def _finalize(ctx: JobContext, unit: dict) -> dict:

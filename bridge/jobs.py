@@ -272,7 +272,7 @@ def commit(store: Store, root: Location, source: str, destination: str, entries:
 
     def noted(items: Iterable[FileEntry]) -> Iterator[FileEntry]:
         for entry in items:
-            path = entry.path if isinstance(entry, FileEntry) else entry["path"]
+            path = entry["path"] if isinstance(entry, dict) else entry.path   # a FileEntry or RawEntry
             if path in waiting:
                 written.add(path)
             yield entry

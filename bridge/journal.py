@@ -34,6 +34,7 @@ class Journal(Protocol):
     def get_many(self, keys: list[str]) -> list[Any | None]: ...
     def put_many(self, records: list[tuple[str, Any]]) -> None: ...
     def items(self, prefix: str) -> Iterator[tuple[str, Any]]: ...
+    def raw_items(self, prefix: str) -> Iterator[tuple[str, str]]: ...
     def clear(self) -> None: ...
 
 
@@ -139,6 +140,11 @@ class FileJournal:
     def items(self, prefix: str) -> Iterator[tuple[str, Any]]:
         """(key, value) of every record whose key starts with ``prefix``, in key order, read a
         page at a time (records put meanwhile may or may not be seen)."""
+        for key, raw in self.raw_items(prefix):
+            yield key, json.loads(raw)
+
+    def raw_items(self, prefix: str) -> Iterator[tuple[str, str]]:
+        """``items``, each value as the JSON text stored."""
         start = key_bytes(prefix)
         end = prefix_end(start)
         after, first = start, True
@@ -151,7 +157,7 @@ class FileJournal:
             with self._lock:
                 rows = self._db.execute(query + f" ORDER BY k LIMIT {PAGE}", args).fetchall()
             for key, raw in rows:
-                yield key.decode("utf-8", "surrogatepass"), json.loads(raw)
+                yield key.decode("utf-8", "surrogatepass"), raw
             if len(rows) < PAGE:
                 return
             after, first = rows[-1][0], False

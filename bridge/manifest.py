@@ -91,6 +91,7 @@ import hashlib
 import heapq
 import json
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -190,8 +191,44 @@ def _put_json(store: Store, loc: Location, data: bytes) -> None:
     store.put(loc, data, crc32c=crc_hex(crc32c(data)), metadata={})
 
 
-def _line(entry: dict) -> bytes:
-    return json.dumps(entry, separators=(",", ":")).encode() + b"\n"
+@dataclass(frozen=True, slots=True)
+class RawEntry:
+    """A file's entry as the compact JSON text a job's journal holds it in (``FileEntry.to_dict``'s
+    keys in their order, as ``json.dumps(..., separators=(",", ":"))`` wrote it), committed as
+    that text: a commit of thousands of small files spent most of its time decoding each record
+    and encoding it again. ``path`` and ``size`` are what a commit reads of it."""
+    path: str
+    size: int
+    text: str
+
+    @classmethod
+    def of(cls, text: str) -> RawEntry | None:
+        """The entry of ``text`` when it is one line that starts ``{"path":"...","size":N,``;
+        None otherwise (decode it)."""
+        if not text.startswith('{"path":"') or not text.endswith("}") or "\n" in text:
+            return None
+        try:
+            path, end = _scanstring(text, 9)
+        except ValueError:
+            return None
+        size = _SIZE.match(text, end)
+        return cls(path, int(size.group(1)), text) if size else None
+
+
+_scanstring = json.decoder.scanstring
+_SIZE = re.compile(r',"size":(\d+),')
+
+
+def _path(entry: dict | RawEntry) -> str:
+    return entry.path if isinstance(entry, RawEntry) else entry["path"]
+
+
+def _text(entry: dict | RawEntry) -> str:
+    return entry.text if isinstance(entry, RawEntry) else json.dumps(entry, separators=(",", ":"))
+
+
+def _line(entry: dict | RawEntry) -> bytes:
+    return _text(entry).encode() + b"\n"
 
 
 # -- names ---------------------------------------------------------------------------------------
@@ -488,20 +525,21 @@ class _SegmentWriter:
 
     def __init__(self, store: Store, root: Location, name: str):
         self.store, self.root, self.folder = store, root, f"{SEGMENTS}{name[:-len('.json')]}/"
-        self.pending: list[dict] = []
+        self.pending: list[dict | RawEntry] = []
         self.shards: list[dict] = []
         self.files = 0
         self.bytes = 0
         self.last: str | None = None
         self.unversioned = False
 
-    def add(self, entry: dict) -> None:
-        path = entry["path"]
+    def add(self, entry: dict | RawEntry) -> None:
+        raw = isinstance(entry, RawEntry)
+        path = entry.path if raw else entry["path"]
         if self.last is not None and path <= self.last:
             raise BridgeError(f"internal error: manifest entries out of order ({self.last!r}, then {path!r})")
         self.last = path
         self.files += 1
-        self.bytes += int(entry["size"])
+        self.bytes += entry.size if raw else int(entry["size"])
         self.pending.append(entry)
         if len(self.pending) >= SHARD_ENTRIES:
             self._flush()
@@ -513,7 +551,7 @@ class _SegmentWriter:
         body = b"".join(_line(e) for e in self.pending)
         _put_json(self.store, self.root.join(name), body)
         self.shards.append({"name": name, "entries": len(self.pending), "sha256": hashlib.sha256(body).hexdigest(),
-                            "first": self.pending[0]["path"], "last": self.pending[-1]["path"]})
+                            "first": _path(self.pending[0]), "last": _path(self.pending[-1])})
         self.pending = []
 
     def fields(self) -> dict:
@@ -539,27 +577,28 @@ def _dumps(doc: dict) -> bytes:
     files = doc.get("files")
     lines = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in doc.items() if k != "files"]
     if files is not None:
-        entries = ",\n  ".join(json.dumps(e, separators=(",", ":")) for e in files)
+        entries = ",\n  ".join(_text(e) for e in files)
         lines.append(f' "files": [\n  {entries}\n ]' if files else ' "files": []')
     return ("{\n" + ",\n".join(lines) + "\n}\n").encode()
 
 
-def _sorted_entries(entries: Iterable[FileEntry | dict]) -> Iterator[dict]:
-    """Entries as dicts in path order, the last of a path kept. A sized collection is sorted
-    here; an iterator must already be in path order (a journal's, a merge's)."""
-    as_dicts = (e if isinstance(e, dict) else e.to_dict() for e in entries)
+def _sorted_entries(entries: Iterable[FileEntry | dict | RawEntry]) -> Iterator[dict | RawEntry]:
+    """Entries as dicts (or as their text) in path order, the last of a path kept. A sized
+    collection is sorted here; an iterator must already be in path order (a journal's, a merge's)."""
+    as_dicts = (e.to_dict() if isinstance(e, FileEntry) else e for e in entries)
     if hasattr(entries, "__len__"):
-        as_dicts = iter(sorted(as_dicts, key=lambda e: e["path"]))
+        as_dicts = iter(sorted(as_dicts, key=_path))
     held = None
     for entry in as_dicts:
-        if held is not None and held["path"] != entry["path"]:
+        if held is not None and _path(held) != _path(entry):
             yield held
         held = entry
     if held is not None:
         yield held
 
 
-def append(store: Store, root: Location, source: str, destination: str, entries: Iterable[FileEntry | dict], *,
+def append(store: Store, root: Location, source: str, destination: str,
+           entries: Iterable[FileEntry | dict | RawEntry], *,
            removed: Iterable[str] = (), extra: dict | None = None) -> Location:
     """Commit ``entries`` (and the removal of ``removed``) at ``root``: their shards, then the
     commit's document, last. Returns the document's location. Folds the log when it has grown."""

@@ -150,3 +150,52 @@ def test_removals_and_newest_wins_across_commits_and_checkpoints(tmp_path, monke
     manifests.compact(store, root)
     assert {p: e.size for p, e in manifests.read(store, root).files.items()} == {"b": 2, "c": 3}
     assert not (Path(tmp_path) / "r/_bridge/manifest.json").exists()
+
+
+def test_a_journal_commits_its_records_as_their_text_and_decodes_any_other(tmp_path, monkeypatch):
+    """A journal's records of written files are committed as the text they are stored in
+    (``RawEntry``), byte for byte what decoding and encoding them again gives, in entries inline
+    and in shards; a record in any other form (keys in another order, spaces, a line break) is
+    decoded, so nothing but a one-line entry reaches a shard's line."""
+    import json
+
+    from bridge.engine import journaled_entries
+    from bridge.journal import FileJournal
+
+    def record(path: str, size: int) -> dict:
+        entry = manifests.FileEntry(path, size, "AAAAAA==", "ab" * 32, identity={"etag": '"e"'}).to_dict()
+        return {**entry, "source_id": {"size": str(size), "mtime_ns": "1"}}
+
+    texts = {f"f{i:03d}": json.dumps(record(f"f{i:03d}", i), separators=(",", ":")) for i in range(30)}
+    assert manifests.RawEntry.of(texts["f007"]) == manifests.RawEntry("f007", 7, texts["f007"])
+    odd = {"f001": json.dumps(record("f001", 1)),                                       # spaces
+           "f002": json.dumps(dict(reversed(list(record("f002", 2).items()))), separators=(",", ":")),
+           "f003": json.dumps(record("f003", 3), separators=(",", ":"), indent=1)}     # line breaks
+    for text in odd.values():
+        assert manifests.RawEntry.of(text) is None
+    assert manifests.RawEntry.of('{"path":"a\\"b","size":5,"crc32c":"x"}').path == 'a"b'
+    journal = FileJournal(tmp_path / "journal.sqlite")
+    journal.put_many([(f"file:{p}", json.loads(odd.get(p, t))) for p, t in texts.items()])
+    monkeypatch.setattr(journal, "raw_items",   # the odd forms as stored by another writer
+                        lambda prefix: ((k, odd.get(k[5:], raw)) for k, raw in FileJournal.raw_items(journal, prefix)))
+    entries = list(journaled_entries(journal))
+    assert [type(e).__name__ for e in entries[:5]] == ["RawEntry", "FileEntry", "FileEntry", "FileEntry", "RawEntry"]
+    store = get_store(parse(f"{tmp_path}/r/"), settings_for({}))
+    for shard_entries in (1000, 7):   # inline in the commit's document, then in shards of 7
+        monkeypatch.setattr(manifests, "SHARD_ENTRIES", shard_entries)
+        root = parse(f"{tmp_path}/r{shard_entries}/")
+        manifests.append(store, root, "s", "d", iter(journaled_entries(journal)))
+        expected = {p: manifests.FileEntry.from_dict(record(p, int(p[1:]))) for p in texts}
+        assert manifests.read(store, root).files == expected
+        plain = parse(f"{tmp_path}/plain{shard_entries}/")
+        manifests.append(store, plain, "s", "d", list(expected.values()))
+        assert _entry_bytes(tmp_path / f"r{shard_entries}") == _entry_bytes(tmp_path / f"plain{shard_entries}")
+    journal.close()
+
+
+def _entry_bytes(root: Path) -> list[bytes]:
+    """The bytes of a record's entries as written: its shards in order, and the ``files`` block
+    of its commit documents."""
+    shards = [p.read_bytes() for p in sorted(root.rglob("*.jsonl"))]
+    docs = [p.read_bytes() for p in sorted(root.rglob("*.json"))]
+    return shards + [d[d.index(b'"files": ['):] for d in docs if b'"files": [' in d]

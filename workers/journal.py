@@ -142,6 +142,11 @@ class RedisJournal:
     def items(self, prefix: str) -> Iterator[tuple[str, Any]]:
         """(key, value) of the records whose key starts with ``prefix``, in key order (as the
         in-process journal gives them), a page at a time."""
+        for key, raw in self.raw_items(prefix):
+            yield key, json.loads(raw)
+
+    def raw_items(self, prefix: str) -> Iterator[tuple[str, str]]:
+        """``items``, each value as the JSON text stored."""
         self.flush()
         name = self._hash(prefix)
         kind = prefix.partition(":")[0]
@@ -153,7 +158,7 @@ class RedisJournal:
         for page in pages:
             for key, raw in zip(page, self.client.hmget(name, page)):
                 if raw is not None:
-                    yield key, json.loads(raw)
+                    yield key, raw
 
     def _indexed(self, name: str) -> bool:
         pipe = self.client.pipeline(transaction=False)
