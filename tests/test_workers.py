@@ -506,21 +506,39 @@ def _copy_job(svc, src, dst) -> str:
 
 
 def test_a_planner_runs_its_first_task_and_the_last_task_runs_finalize_without_sending_them(local_service):
-    """The plan's first slice runs in the process that planned and checked it, never sent; the
-    task that finishes a job's last slice runs its finalize. Only the other slices go out."""
+    """The plan's first slice runs in the process that planned and checked it, never sent; a
+    slice another worker took from the queue is left to it; the task that finishes a job's last
+    slice runs its finalize. Only the other slices go out."""
     svc, sent, src, dst = local_service
     job_id = _copy_job(svc, src, dst)
     plan = sent.pop()
+    from bridge.workers.leases import TaskRef
+    t1 = svc.leases.lease(TaskRef(f"{job_id}.t1", "bridge.transfer", [job_id], "q", job_id))
+    assert t1.acquire() == "ok"   # another worker took the second slice from the queue first
     outcome = svc.run(plan)
     assert [ref.id for ref in sent] == [f"{job_id}.t1"]   # the second slice of two (2 files a task)
-    assert outcome["tasks"] == 2 and outcome["then"]["ok"] and "then" not in outcome["then"]
+    assert outcome["tasks"] == 2 and [o["ok"] for o in outcome["then"]] == [True]   # t0 only: t1 is taken
     assert svc.jobs.get(job_id).state == "running"
+    t1.release()
     last = svc.run(sent.pop())
-    assert last["ok"] and last["then"]["manifest"] and sent == []   # finalize ran here, not sent
+    assert last["ok"] and last["then"][0]["manifest"] and sent == []   # finalize ran here, not sent
     record = svc.jobs.get(job_id)
     assert record.state == "succeeded" and record.counters["tasks_done"] == 2
     assert {p.name: p.read_bytes() for p in dst.iterdir() if p.is_file()} == {n: n.encode() * 1000 for n in "abc"}
     assert not svc.r.hlen(svc.keys.running)   # nothing left registered to be sent again
+
+
+def test_a_planner_runs_the_slices_it_holds_then_finalize_in_one_delivery(local_service):
+    """With nobody else taking them, the planner runs every slice it holds (the first unsent,
+    the others sent and found done when their messages come), then the finalize."""
+    svc, sent, src, dst = local_service
+    job_id = _copy_job(svc, src, dst)
+    outcome = svc.run(sent.pop())
+    assert [ref.id for ref in sent] == [f"{job_id}.t1"]
+    assert [sorted(o) for o in outcome["then"]] == [["bytes", "errors", "moving_ms", "ok", "stopped"]] * 2 + \
+        [["manifest"]]
+    assert svc.jobs.get(job_id).state == "succeeded"
+    assert svc.run(sent.pop()) == {"skipped": "done"}
 
 
 def test_a_first_task_leased_by_a_planner_that_died_is_sent_again_by_the_sweeper(local_service):
@@ -533,7 +551,7 @@ def test_a_first_task_leased_by_a_planner_that_died_is_sent_again_by_the_sweeper
     lease = svc.leases.lease(sent.pop())
     assert lease.acquire() == "ok"
     outcome, after = svc._step(lease, None)   # the plan, and then the process "dies"
-    assert outcome["tasks"] == 2 and after[0].ref.id == f"{job_id}.t0"
+    assert outcome["tasks"] == 2 and after[0].ref.id == f"{job_id}.t0" and [p.id for p in after[2]] == [f"{job_id}.t1"]
     assert [ref.id for ref in sent] == [f"{job_id}.t1"]
     published: list = []
     sweeper, died = Sweeper(svc.leases, published.append), time.monotonic()
@@ -543,7 +561,7 @@ def test_a_first_task_leased_by_a_planner_that_died_is_sent_again_by_the_sweeper
         time.sleep(svc.ws.sweep)
     assert [ref.id for ref in published] == [f"{job_id}.t0"]
     assert svc.run(published[0])["ok"]   # through the signature and scope checks of a message
-    assert svc.run(sent.pop())["then"]["manifest"]
+    assert svc.run(sent.pop())["then"][0]["manifest"]
     assert svc.jobs.get(job_id).state == "succeeded"
 
 

@@ -317,23 +317,49 @@ class Service:
         """Run a task whose lease this process holds, then what it hands to this process:
 
         - a plan hands over its first transfer task, leased before the plan is marked done and
-          never sent (``_plan``): its slice, planned and checked here, is run from memory;
+          never sent, then the slices it still holds in memory (``_make_plan``), each one this
+          process can lease (a worker that took it from the queue first keeps it): they run from
+          the plan made and checked here;
         - the transfer that finishes a job's last one runs its finalize step itself, its lease
           taken where the finalize would have been sent.
 
-        Either way the next step is registered in ``<ns>:running`` before this one is marked
-        done, so a worker that dies between them loses neither: the sweeper queues it again."""
-        try:
-            outcome, after = self._step(lease, planned)
-        finally:
-            if lease.ref.task not in self._settled:
-                self._settled.add(lease.ref.task)
-                _settle_gc()
-        if after is not None:
-            outcome = {**outcome, "then": self._leased(*after)}
-        return outcome
+        Each next step is registered in ``<ns>:running`` (by its lease, or as the hand-over)
+        before the one before it is marked done, so a worker that dies between them loses
+        neither: the sweeper queues it again. The outcome is the first step's, with those of
+        the steps run after it (``then``)."""
+        first: dict | None = None
+        then: list[dict] = []
+        held: list[Planned] = []
+        while lease is not None:
+            try:
+                outcome, after = self._step(lease, planned)
+            finally:
+                if lease.ref.task not in self._settled:
+                    self._settled.add(lease.ref.task)
+                    _settle_gc()
+            if first is None:
+                first = outcome
+            else:
+                then.append(outcome)
+            if after is not None and len(after) == 3:   # the plan's: (lease, its slice, the slices held)
+                after, held = (after[0], after[1]), after[2]
+            while after is None and held and "lost" not in outcome:
+                nxt, held = held[0], held[1:]
+                taken = self.leases.lease(self._transfer_ref(lease.ref, nxt))
+                if taken.acquire() == "ok":
+                    after = (taken, nxt)
+            lease, planned = after if after is not None else (None, None)
+        return {**first, "then": then} if then else first
 
-    def _step(self, lease: Lease, planned: Planned | None) -> tuple[dict, tuple[Lease, Planned | None] | None]:
+    @staticmethod
+    def _transfer_ref(ref: TaskRef, planned: Planned) -> TaskRef:
+        """The task of a slice planned here, as it is sent (and sent again by the sweeper)."""
+        return TaskRef(planned.id, TRANSFER, [ref.job, planned.text, planned.sig], ref.queue, ref.job,
+                       worker=ref.worker)
+
+    def _step(self, lease: Lease, planned: Planned | None) -> tuple[dict, tuple | None]:
+        """One step under its lease; its outcome, and what this process runs next: (lease,
+        slice) or, after a plan, (lease, slice, the slices held after it); None: nothing."""
         ref = lease.ref
         step = {PLAN: self._plan, TRANSFER: self._transfer, FINALIZE: self._finalize}[ref.task]
         outcome: dict[str, Any]
@@ -355,7 +381,7 @@ class Service:
                     self._end(ref.job, "failed", [outcome["error"]])
             finally:
                 self._metered(ref.job, metered)
-        here = outcome.pop("here", None)   # the plan's first transfer, its lease held (_plan)
+        here = outcome.pop("here", None)   # the plan's first transfer, its lease held, and the rest held (_plan)
         if lease.lost.is_set():   # a first transfer leased here runs again once its lease expires
             metrics.task(ref.task, "lost")
             return {"lost": True}, None
@@ -436,13 +462,13 @@ class Service:
         if spec.kind == "replicate":
             return self._start_children(record, spec, who)
         planning = time.perf_counter()
-        first: Planned | None = None
+        held: list[Planned] = []
         if not self.r.hexists(self.keys.job(job_id), "plan"):
             # Not planned yet, or its planner died before writing the plan (which it writes
             # last): the tasks that planner pushed go, and the job is planned again.
             self.r.delete(self.keys.job(job_id, "tasks"))
             try:
-                count, first = self._make_plan(job_id, spec, who, record.queue)
+                count, held = self._make_plan(job_id, spec, who, record.queue)
             except Refused as exc:
                 return self._refuse(record, str(exc), lease.ref.id)
             except BridgeError as exc:
@@ -462,30 +488,30 @@ class Service:
         # The first task, planned here, is this process's next: its lease taken now, before the
         # plan is marked done, so that it is registered to be sent again should this worker die
         # (workers/leases.py), and not sent to the broker, whose delivery would come back to a
-        # worker that checks again the slice this one planned and checked.
+        # worker that checks again the slice this one planned and checked. The others are sent;
+        # those this process still holds it runs next, unless another worker has taken them.
         here = None
-        if first is not None:
-            ref = TaskRef(first.id, TRANSFER, [job_id, first.text, first.sig], record.queue, job_id,
-                          worker=lease.ref.worker)
-            here = self.leases.lease(ref)
+        if held:
+            here = self.leases.lease(self._transfer_ref(lease.ref, held[0]))
             if here.acquire() != "ok":
                 here = None
         sent = 0
         for task_id, text, sig in self._tasks(job_id, texts=True):
             if lease.lost.is_set():
                 break
-            if here is None or task_id != first.id:
+            if here is None or task_id != here.ref.id:
                 self.send(TaskRef(task_id, TRANSFER, [job_id, text, sig], record.queue, job_id))
             sent += 1
         if not count:  # nothing to move: straight to the manifest, handed over so it is not lost
             self.r.hset(self.keys.running, finalize.id, finalize.encode())
             self.send(finalize)
         log.info("job %s running: %d tasks on %s%s", job_id, sent, record.queue,
-                 ", the first here" if here is not None else "")
-        return {"tasks": sent, **({"here": (here, first)} if here is not None else {})}
+                 f", the first here and {len(held) - 1} more held" if here is not None else "")
+        return {"tasks": sent, **({"here": (here, held[0], held[1:])} if here is not None else {})}
 
     PAGE = 200                  # sub-plans read from Redis at a time
     PUSH_BYTES = 4 * 1024 * 1024  # sub-plans written to Redis at a time, at most
+    HOLD_BYTES = 4 * 1024 * 1024  # sub-plans (as text) the planner keeps to run itself, at most
 
     def _tasks(self, job_id: str, texts: bool = False) -> Iterator[tuple[str, Any, str]]:
         """The job's signed sub-plans, (task id, sub-plan, signature), a page at a time;
@@ -523,7 +549,8 @@ class Service:
         before anything is written), sign each task's slice of the plan and push it to the job's
         list of tasks, a few MiB at a time, as the slices are made; the plan's header and the
         count of its tasks last, in one transaction (``_plan`` plans again a job without them).
-        The number of tasks, and the first of them as planned here."""
+        The number of tasks, and the first of them as planned here, with those after it while
+        their texts come to at most ``HOLD_BYTES`` (this process runs them next: ``_leased``)."""
         def journal_for(key: str) -> RedisJournal:   # the plan's, looked at before the plan writes to it
             journal = self.journal(key)
             self._fresh(job_id, journal)
@@ -533,12 +560,13 @@ class Service:
                                        slots=self.slots(queue))
         keyring = self.gate.keyring
         key = self.keys.job(job_id, "tasks")
-        count, chunk, held, first = 0, [], 0, None
+        count, chunk, held, kept, holding = 0, [], 0, [], 0
         for sub in planned.subs:
             task_id = f"{job_id}.t{count}"
             text, sig = keyring.task_text(who.tenant, who.digest, task_id, sub)
-            if first is None:
-                first = Planned(task_id, sub, text, sig)
+            if not kept or holding + len(text) <= self.HOLD_BYTES:
+                kept.append(Planned(task_id, sub, text, sig))
+                holding += len(text)
             raw = f"[{json.dumps(task_id)},{text},{json.dumps(sig)}]"   # what _tasks reads: [id, sub, sig]
             chunk.append(raw)
             held += len(raw)
@@ -560,7 +588,7 @@ class Service:
         pipe.execute()
         self._used(job_id, planned.usage)
         self._estimate(job_id, spec, planned)
-        return count, first
+        return count, kept
 
     def _removed(self, record: JobRecord, who: Admitted) -> Iterator[str]:
         """The paths the job's tasks deleted, in order, from their sub-plans as the planner
