@@ -114,10 +114,31 @@ def test_the_console_goes_through_rich_once_rich_exists(monkeypatch):
     assert console._rich is None
     console.print("plain")
     assert console._rich is None
-    console.print_json('{"a": 1}')
+    console.print("with [bold]markup[/bold]")
     assert console._rich is not None
     console.print("plain again")
     assert out.getvalue().startswith("plain\n") and out.getvalue().endswith("plain again\n")
+
+
+def test_json_to_a_stream_that_is_no_terminal_is_rich_s_text_without_rich(monkeypatch):
+    """``--json`` read by a script: the same text rich would print there, rich never made."""
+    from rich.highlighter import JSONHighlighter
+
+    from bridge.cli.console import json_text
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE"):
+        monkeypatch.delenv(name, raising=False)
+    for data in ({"a": [1, {"b": "x\u0001y"}], "s": "é", "t": "[bold]x[/bold] :smile:", "long": "y" * 300,
+                  "tab": "a\tb  c"}, [], {}):
+        out = io.StringIO()
+        monkeypatch.setattr(sys, "stdout", out)
+        console = Console(soft_wrap=True)
+        console.print_json(data=data)
+        assert console._rich is None
+        rich = RichConsole(file=io.StringIO(), soft_wrap=True)
+        rendered = JSONHighlighter()(json_text(data))
+        rendered.no_wrap, rendered.overflow = True, None
+        rich.print(rendered, soft_wrap=True)
+        assert out.getvalue() == rich.file.getvalue()
 
 
 @pytest.mark.parametrize("env, tty", [({}, False), ({"FORCE_COLOR": "1"}, True), ({"TTY_COMPATIBLE": "1"}, True),

@@ -111,9 +111,16 @@ class Console:
 
     def print_json(self, json: str | None = None, *, data: Any = None, indent: int | None = 2,
                    default: Any = None, **kwargs: Any) -> None:
-        """rich's ``print_json``, of the data redacted and with no raw control character."""
-        from rich.highlighter import JSONHighlighter, NullHighlighter
+        """rich's ``print_json``, of the data redacted and with no raw control character; to a
+        stream that is no terminal, the text itself (what rich would print there, without
+        importing it: a script reading ``--json`` pays for no highlighting it would not see)."""
         text = json_text(jsonlib.loads(json) if json is not None else data, indent=indent, default=default)
+        if not self.is_terminal:
+            stream = sys.stderr if self._stderr else sys.stdout
+            stream.write(text + "\n")
+            stream.flush()
+            return
+        from rich.highlighter import JSONHighlighter, NullHighlighter
         rendered = (JSONHighlighter() if kwargs.get("highlight", True) else NullHighlighter())(text)
         rendered.no_wrap, rendered.overflow = True, None
         self.rich.print(rendered, soft_wrap=True)
