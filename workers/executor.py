@@ -24,7 +24,11 @@ time; the commit streams the journal's file records in key order (workers/journa
 the units themselves are bridge's own, the same ones its in-process executors run.
 
 A task carries its job id and its slice of the plan; the worker loads settings (and the
-credentials in them) for the job's profile from its own environment.
+credentials in them) for the job's profile from its own environment. The planner runs the first
+slice itself, unsent, then each slice it still holds (up to ``HOLD_BYTES`` of them) that no other
+worker has taken from the queue; the worker that finishes a job's last slice runs its finalize.
+So a job of one task is one delivery, and no slice its planner runs is checked twice
+(``Service._leased``).
 """
 
 from __future__ import annotations
