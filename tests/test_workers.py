@@ -541,6 +541,18 @@ def test_a_planner_runs_the_slices_it_holds_then_finalize_in_one_delivery(local_
     assert svc.run(sent.pop()) == {"skipped": "done"}
 
 
+def test_a_planner_holds_no_more_slices_than_hold_bytes_of_them(local_service, monkeypatch):
+    """Past ``HOLD_BYTES`` of slices' text the planner keeps none: those are left to the queue."""
+    svc, sent, src, dst = local_service
+    monkeypatch.setattr(type(svc), "HOLD_BYTES", 1)   # the first slice is held whatever its size
+    job_id = _copy_job(svc, src, dst)
+    outcome = svc.run(sent.pop())
+    assert [ref.id for ref in sent] == [f"{job_id}.t1"] and len(outcome["then"]) == 1
+    assert svc.jobs.get(job_id).state == "running"
+    assert svc.run(sent.pop())["then"][0]["manifest"]
+    assert svc.jobs.get(job_id).state == "succeeded"
+
+
 def test_a_first_task_leased_by_a_planner_that_died_is_sent_again_by_the_sweeper(local_service):
     """The planner leases its first slice before the plan is marked done: a planner that dies
     before running it leaves it registered, and the sweeper sends it once the lease expires. The

@@ -568,9 +568,11 @@ class Service:
         for sub in planned.subs:
             task_id = f"{job_id}.t{count}"
             text, sig = keyring.task_text(who.tenant, who.digest, task_id, sub)
-            if not kept or holding + len(text) <= self.HOLD_BYTES:
+            if holding <= self.HOLD_BYTES and (not kept or holding + len(text) <= self.HOLD_BYTES):
                 kept.append(Planned(task_id, sub, text, sig))
                 holding += len(text)
+            else:
+                holding = self.HOLD_BYTES + 1   # full: the slices after it are only sent
             raw = f"[{json.dumps(task_id)},{text},{json.dumps(sig)}]"   # what _tasks reads: [id, sub, sig]
             chunk.append(raw)
             held += len(raw)
