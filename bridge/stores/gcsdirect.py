@@ -85,6 +85,14 @@ class Bearer:
             raise CredentialsMissing(f"the Google credentials cannot make an access token: {exc}") from exc
 
 
+def _document(loc: Location, body: bytes) -> dict:
+    """GCS's JSON answer about ``loc``; one that cannot be read is worth another try."""
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise TransientError(f"{loc}: GCS's answer could not be read as JSON ({exc})") from exc
+
+
 class Direct:
     page_size: int = 1000   # objects per listing page, as gcsfs asks for
 
@@ -128,22 +136,22 @@ class Direct:
         """This thread's connection, given back for reuse only after a clean, complete exchange."""
         return kept_connection(self._local, self._connect, loc, f"the GCS endpoint {self.endpoint}")
 
-    def _send(self, conn, loc: Location, method: str, target: str, headers: dict[str, str]):
+    def _send(self, conn, loc: Location, method: str, target: str, headers: dict[str, str], body=None):
+        """One request on ``conn``, its answer (its status checked: an error raises)."""
         if self._bearer is not None:
             self._bearer.apply(headers)
-        conn.request(method, target, headers=headers)
+        conn.request(method, target, body=body, headers=headers)
         resp = conn.getresponse()
         if resp.status >= 300:
             raise _error(loc, resp)
         return resp
 
-    def _json(self, loc: Location, target: str) -> dict:
+    def _json(self, loc: Location, target: str, method: str = "GET", body: bytes | None = None,
+              headers: dict[str, str] | None = None) -> dict:
+        """The JSON document GCS answers a request with."""
         with self._connection(loc) as conn:
-            body = self._send(conn, loc, "GET", target, {}).read()
-        try:
-            return json.loads(body)
-        except ValueError as exc:
-            raise TransientError(f"{loc}: GCS's answer could not be read as JSON ({exc})") from exc
+            answer = self._send(conn, loc, method, target, headers or {}, body).read()
+        return _document(loc, answer)
 
     def get(self, loc: Location, offset: int = 0, length: int | None = None,
             into: bytearray | None = None, each=None) -> bytearray | memoryview | int:
@@ -222,10 +230,7 @@ class Direct:
                 if isinstance(error, ObjectNotFound):   # an upload's 404: no such bucket
                     raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from error
                 raise error
-            try:
-                item = json.loads(answer.body)
-            except ValueError as exc:
-                raise TransientError(f"{loc}: GCS's answer could not be read as JSON ({exc})") from exc
+            item = _document(loc, answer.body)
             del bodies[i]
             return item
 
@@ -245,42 +250,20 @@ class Direct:
             content_type, payload = multipart(loc, data, crc32c_b64, resource)
             length = len(payload)
         headers = {"Content-Type": content_type, "Content-Length": str(length)}
-        if self._bearer is not None:
-            self._bearer.apply(headers)
         # the name in the query too, as gcsfs sends it (bridge/meter.py tells a part by it)
         target = (f"{self.upload_base}{quote(loc.bucket, safe='')}/o?uploadType=multipart"
                   f"&name={quote(loc.key, safe='')}")
-        with self._connection(loc) as conn:
-            conn.request("POST", target, body=payload, headers=headers)
-            resp = conn.getresponse()
-            if resp.status >= 300:
-                error = _error(loc, resp)
-                if isinstance(error, ObjectNotFound):   # an upload's 404: no such bucket
-                    raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from error
-                raise error
-            body = resp.read()
         try:
-            return json.loads(body)
-        except ValueError as exc:
-            raise TransientError(f"{loc}: GCS's answer could not be read as JSON ({exc})") from exc
+            return self._json(loc, target, "POST", payload, headers)
+        except ObjectNotFound as error:   # an upload's 404: no such bucket
+            raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from error
 
     def compose(self, loc: Location, request: dict) -> dict:
         """objects.compose into ``loc`` (``request``: the composeRequest, as gcsfs sends it); the
         object resource GCS answered with."""
         payload = json.dumps(request).encode()
-        headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
-        if self._bearer is not None:
-            self._bearer.apply(headers)
-        with self._connection(loc) as conn:
-            conn.request("POST", f"{self._object_path(loc)}/compose", body=payload, headers=headers)
-            resp = conn.getresponse()
-            if resp.status >= 300:
-                raise _error(loc, resp)
-            body = resp.read()
-        try:
-            return json.loads(body)
-        except ValueError as exc:
-            raise TransientError(f"{loc}: GCS's answer could not be read as JSON ({exc})") from exc
+        return self._json(loc, f"{self._object_path(loc)}/compose", "POST", payload,
+                          {"Content-Type": "application/json", "Content-Length": str(len(payload))})
 
     def delete(self, loc: Location) -> None:
         with self._connection(loc) as conn:
