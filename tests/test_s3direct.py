@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import time
 
 import pytest
 
@@ -476,3 +477,114 @@ def test_a_completed_upload_is_asked_about_only_when_a_checksum_is_to_be_checked
     assert sum(1 for line in lines[done:] if line == f"HEAD /direct/{mode}/ckpt.bin") == heads, lines
     assert rclone_s3.client().get_object(Bucket="direct", Key=f"{mode}/ckpt.bin")["Body"].read() == data
     assert verified["ok"], verified
+
+
+def test_copies_resumed_parts_levels_and_buckets_are_the_sdks(moto, monkeypatch):
+    """Server-side copies (in one request, keeping or replacing the headers and metadata, and in
+    part copies above the single-request limit), the parts listed on a resume, one level of a
+    listing and the buckets: what the direct path gives is what the SDK's calls give."""
+    import dataclasses
+
+    from bridge.attributes import Attrs
+    from bridge.hashing import FileHash, crc32c, crc_hex
+    from bridge.stores.s3 import S3Store
+    moto.create_bucket("direct")
+    store = get_store(parse("s3://direct/"), settings_for(moto.env()))
+    small, big = os.urandom(3000), os.urandom(11 * MiB + 5)
+    h = FileHash.of(small)
+    src = parse("s3://direct/cp/src ü.bin")
+    store.put(src, small, crc32c=h.crc32c, metadata={"bridge_crc32c": h.crc32c, "mine": "kept"},
+              attrs=Attrs(content_type="text/x-one", user={"mine": "kept"}))
+    moto.client().put_object(Bucket="direct", Key="cp/big+1.bin", Body=big)
+    monkeypatch.setattr(S3Store, "features", dataclasses.replace(S3Store.features, max_copy_size=5 * MiB))
+    replaced = Attrs(content_type="text/x-two", user={"other": "set"})
+    ran: dict[str, list] = {}
+    for path, direct in (("direct", store._direct), ("sdk", None)):
+        monkeypatch.setattr(store, "_direct", direct)
+        kept = store.copy_object(src, parse(f"s3://direct/{path}/kept & x.bin"), size=len(small))
+        other = store.copy_object(src, parse(f"s3://direct/{path}/replaced.bin"), size=len(small), attrs=replaced)
+        parted = store.copy_object(parse("s3://direct/cp/big+1.bin"), parse(f"s3://direct/{path}/big.bin"),
+                                   size=len(big))
+        ran[path] = [(i.size, i.checksums, store.info(i.location).attrs, store.info(i.location).metadata)
+                     for i in (kept, other, parted)]
+        assert store.read(parted.location) == big and store.read(kept.location) == small
+        assert kept.identity["etag"] and parted.identity["etag"]
+    assert ran["direct"] == ran["sdk"]
+    assert ran["direct"][0][2].content_type == "text/x-one" and ran["direct"][1][2].content_type == "text/x-two"
+    assert ran["direct"][1][3].get("other") == "set" and ran["direct"][1][3].get("bridge_crc32c") == h.crc32c
+    assert ran["direct"][2][1].get("crc32c", crc_hex(crc32c(big))) == crc_hex(crc32c(big))
+
+    # The parts of an unfinished upload, a page at a time (one a page), as a resume lists them.
+    monkeypatch.setattr(store, "_direct", Direct.for_settings(store.settings))
+    loc = parse("s3://direct/resume/ckpt.bin")
+    upload_id = store.begin_upload(loc, 3 * MiB)
+    for number in (1, 2, 3):
+        piece = os.urandom(MiB)
+        store.upload_part(loc, upload_id, number, (number - 1) * MiB, piece, crc_hex(crc32c(piece)))
+    monkeypatch.setattr(store._direct, "page_size", 1)
+    direct = store.list_parts(loc, upload_id)
+    assert store.list_parts(loc, "no-such-upload") is None
+    direct_store = store._direct
+    monkeypatch.setattr(store, "_direct", None)
+    assert direct == store.list_parts(loc, upload_id) and sorted(direct) == [1, 2, 3]
+    assert all(p.size == MiB and p.token for p in direct.values())   # (moto lists no part checksums)
+
+    # One level: the objects at it and the prefixes below it, keys XML cannot carry as they are.
+    for key in ("lvl/a b.bin", "lvl/ü/x", "lvl/x+y%z/1", "lvl/amp&lt/2", "lvl/z", "lvl/zz/deep/3"):
+        moto.client().put_object(Bucket="direct", Key=key, Body=b"x")
+    sdk = sorted(map(str, store.list_level(parse("s3://direct/lvl/"))))
+    monkeypatch.setattr(store, "_direct", direct_store)
+    monkeypatch.setattr(store._direct, "page_size", 2)
+    listed = list(store.list_level(parse("s3://direct/lvl/")))
+    assert sorted(map(str, listed)) == sdk
+    assert sorted(o.location.key if hasattr(o, "location") else o.key for o in listed) == [
+        "lvl/a b.bin", "lvl/amp&lt/", "lvl/x+y%z/", "lvl/z", "lvl/zz/", "lvl/ü/"]
+
+    # Buckets: listed as the SDK lists them; one made here is there.
+    name = f"made-{os.getpid()}"
+    store.make_bucket(parse(f"s3://{name}/"))
+    store.check_bucket(parse(f"s3://{name}/"))
+    listed_buckets = store.buckets()
+    monkeypatch.setattr(store, "_direct", None)
+    assert listed_buckets == store.buckets() and name in listed_buckets
+
+
+def test_a_copy_in_parts_and_a_resume_listing_go_without_the_sdk(moto, tmp_path):
+    """A server-side copy above the single-request limit and the listing of an upload's parts
+    never import the SDK (its import and client cost a short job half a second or more)."""
+    moto.create_bucket("direct")
+    moto.client().put_object(Bucket="direct", Key="nosdk/big.bin", Body=os.urandom(6 * MiB))
+    code = ("import dataclasses, os; from bridge.stores import get_store; from bridge.urls import parse\n"
+            "from bridge.stores.s3 import S3Store; from tests.helpers import settings_for\n"
+            "S3Store.features = dataclasses.replace(S3Store.features, max_copy_size=5 * 2**20)\n"
+            "store = get_store(parse('s3://direct/'), settings_for(dict(os.environ)))\n"
+            "info = store.copy_object(parse('s3://direct/nosdk/big.bin'), parse('s3://direct/nosdk/copy.bin'),"
+            " size=6 * 2**20)\n"
+            "assert info.size == 6 * 2**20, info\n"
+            "loc = parse('s3://direct/nosdk/up.bin'); up = store.begin_upload(loc, 1)\n"
+            "assert store.list_parts(loc, up) == {}\n"
+            "assert [str(x) for x in store.list_level(parse('s3://direct/nosdk/'))]\n"
+            "assert 'direct' in store.buckets()\n")
+    env = {**os.environ, **moto.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+    assert imported_by(code, ("aiobotocore", "s3fs", "botocore.client"), env) == []
+
+
+def test_a_presigned_url_reads_the_object_and_nothing_else(rclone_s3):
+    """A presigned GET URL made without the SDK: rclone serve s3 checks its signature, so the
+    object is read with no other credentials, and a URL changed to name another key, or made an
+    hour ago for a minute, is refused."""
+    import urllib.error
+    import urllib.request
+    store = get_store(parse("s3://direct/"), settings_for(rclone_s3.env()))
+    data = os.urandom(5000)
+    loc = parse("s3://direct/signed/ü x+1.bin")
+    rclone_s3.client().put_object(Bucket="direct", Key=loc.key, Body=data)
+    url = store.signed_url(loc, 300)
+    assert store._direct is not None and "X-Amz-Signature=" in url
+    with urllib.request.urlopen(url) as answer:
+        assert answer.read() == data
+    for bad, code in ((url.replace("signed/", "signed/x", 1), b"SignatureDoesNotMatch"),
+                      (store._direct.signed_url(loc, 60, now=time.time() - 3600), b"AccessDenied")):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(bad)
+        assert code in refused.value.read()

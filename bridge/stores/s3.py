@@ -229,6 +229,9 @@ class S3Store(Store):
 
     def list_level(self, prefix: Location) -> Iterator[ObjectInfo | Location]:
         """ListObjectsV2 with Delimiter='/': the objects at this level and CommonPrefixes."""
+        if self._direct is not None:
+            yield from self._direct_list(prefix, level=True)
+            return
         token = None
         while True:
             kw = {"Bucket": prefix.bucket, "Prefix": prefix.key, "Delimiter": "/"}
@@ -243,11 +246,14 @@ class S3Store(Store):
             if not page.get("IsTruncated") or not token:
                 return
 
-    def _direct_list(self, prefix: Location) -> Iterator[ObjectInfo]:
+    def _direct_list(self, prefix: Location, level: bool = False) -> Iterator[ObjectInfo | Location]:
         token = None
         while True:
-            page, token = self._request(prefix, lambda: self._direct.list_page(prefix, token, _from_code))
+            page, token = self._request(prefix, lambda: self._direct.list_page(prefix, token, _from_code, level))
             for item in page:
+                if "Prefix" in item:
+                    yield Location("s3", prefix.bucket, item["Prefix"])
+                    continue
                 modified = item["LastModified"]
                 item["LastModified"] = datetime.fromisoformat(modified) if modified else None
                 yield _listed(prefix.bucket, item)
@@ -388,12 +394,17 @@ class S3Store(Store):
             raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from exc
 
     def buckets(self) -> list[str]:
+        if self._direct is not None:
+            return sorted(self._request(Location("s3", "", ""), lambda: self._direct.buckets(_from_code)))
         answer = self._call(Location("s3", "", ""), "list_buckets")
         return sorted(b["Name"] for b in answer.get("Buckets", []))
 
     def make_bucket(self, loc: Location) -> None:
         kwargs: dict = {"Bucket": loc.bucket}
         region = self.settings.s3.region
+        if self._direct is not None:
+            self._request(loc, lambda: self._direct.make_bucket(loc, region, _from_code))
+            return
         if region and region != "us-east-1":   # the one region S3 takes without a constraint
             kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
         self._call(loc, "create_bucket", **kwargs)
@@ -419,9 +430,15 @@ class S3Store(Store):
         else:
             kept = attributes.bridge_metadata(self.info(src).metadata)
             params = {**self.written(dst, kept, attrs), "MetadataDirective": "REPLACE"}
-        resp = self._call(dst, "copy_object", Bucket=dst.bucket, Key=dst.key,
-                          CopySource={"Bucket": src.bucket, "Key": src.key}, ChecksumAlgorithm="CRC32C",
-                          **params)
+        if self._direct is not None:
+            directive = params.pop("MetadataDirective")
+            resp = {"CopyObjectResult": self._request(dst, lambda: self._direct.copy(src, dst, params, directive,
+                                                                                    _from_code))}
+            resp["VersionId"] = resp["CopyObjectResult"].pop("VersionId", None)
+        else:
+            resp = self._call(dst, "copy_object", Bucket=dst.bucket, Key=dst.key,
+                              CopySource={"Bucket": src.bucket, "Key": src.key}, ChecksumAlgorithm="CRC32C",
+                              **params)
         result = resp.get("CopyObjectResult", {})
         sums = {"crc32c": crc_b64_to_hex(result["ChecksumCRC32C"])} if result.get("ChecksumCRC32C") else {}
         return ObjectInfo(dst, size, sums, {}, _identity({**result, "VersionId": resp.get("VersionId")}))
@@ -432,25 +449,17 @@ class S3Store(Store):
         part = max(f.min_part_size, -(-size // f.max_parts), min(COPY_PART, f.max_copy_size))
         head = self.info(src)
         params = self.written(dst, attributes.bridge_metadata(head.metadata), attrs if attrs is not None else head.attrs)
-        resp = self._call(dst, "create_multipart_upload", Bucket=dst.bucket, Key=dst.key,
-                          ChecksumAlgorithm="CRC32C", ChecksumType="FULL_OBJECT", **params)
-        upload_id = resp["UploadId"]
+        upload_id = self._create_upload(dst, params)
         try:
             ranges = list(enumerate(range(0, size, part), 1))
             with Pool(min(len(ranges), self.settings.transfer.concurrency)) as pool:
                 parts = list(pool.map(lambda r: self.copy_part(dst, upload_id, r[0], r[1], src, r[1],
                                                                min(part, size - r[1])), ranges))
-            if all(p.crc32c for p in parts):
-                # S3 checks the whole object against the CRC32C combined from its parts'.
-                whole = crc_hex(combine_parts([(int(p.crc32c, 16), p.size) for p in parts]))
-                body = {"Parts": [{"PartNumber": p.number, "ETag": p.token,
-                                   "ChecksumCRC32C": crc_hex_to_b64(p.crc32c)} for p in parts]}
-                self._call(dst, "complete_multipart_upload", Bucket=dst.bucket, Key=dst.key, UploadId=upload_id,
-                           MultipartUpload=body, ChecksumCRC32C=crc_hex_to_b64(whole), ChecksumType="FULL_OBJECT")
-            else:   # an endpoint that reports no part checksums (moto): what it says of the whole, below
-                body = {"Parts": [{"PartNumber": p.number, "ETag": p.token} for p in parts]}
-                self._call(dst, "complete_multipart_upload", Bucket=dst.bucket, Key=dst.key, UploadId=upload_id,
-                           MultipartUpload=body)
+            # S3 checks the whole object against the CRC32C combined from its parts'; an endpoint
+            # that reports no part checksums (moto) is asked what it kept of the whole, below.
+            whole = (crc_hex(combine_parts([(int(p.crc32c, 16), p.size) for p in parts]))
+                     if all(p.crc32c for p in parts) else None)
+            self._complete(dst, upload_id, parts, whole)
         except BaseException:
             from bridge.retry import stopping
             with stopping(None):   # the clean-up of a cancelled copy is sent after the cancel
@@ -460,6 +469,10 @@ class S3Store(Store):
 
     def copy_part(self, loc: Location, upload_id: str, number: int, offset: int, src: Location,
                   src_offset: int, length: int) -> PartRecord:
+        if self._direct is not None:
+            etag, crc = self._request(loc, lambda: self._direct.copy_part(
+                loc, upload_id, number, src, src_offset, src_offset + length - 1, _from_code))
+            return PartRecord(number, length, crc_b64_to_hex(crc) if crc else "", etag)
         resp = self._call(loc, "upload_part_copy", Bucket=loc.bucket, Key=loc.key, UploadId=upload_id,
                           PartNumber=number, CopySource={"Bucket": src.bucket, "Key": src.key},
                           CopySourceRange=f"bytes={src_offset}-{src_offset + length - 1}")
@@ -468,12 +481,16 @@ class S3Store(Store):
         return PartRecord(number, length, crc, result["ETag"])
 
     def signed_url(self, loc: Location, expires: int = 3600) -> str:
+        if self._direct is not None:
+            return self._request(loc, lambda: self._direct.signed_url(loc, expires))
         return self._request(loc, lambda: self.fs.url(f"{loc.bucket}/{loc.key}", expires=expires))
 
     # -- multipart -----------------------------------------------------------------------
     def begin_upload(self, loc: Location, size: int, attrs: Attrs | None = None) -> str:
         # S3 takes the headers, metadata, class and encryption when the upload starts.
-        params = self.written(loc, {}, attrs)
+        return self._create_upload(loc, self.written(loc, {}, attrs))
+
+    def _create_upload(self, loc: Location, params: dict) -> str:
         if self._direct is not None:
             return self._request(loc, lambda: self._direct.create_upload(loc, params, _from_code))
         resp = self._call(loc, "create_multipart_upload", Bucket=loc.bucket, Key=loc.key,
@@ -493,7 +510,17 @@ class S3Store(Store):
 
     def list_parts(self, loc: Location, upload_id: str) -> dict[int, PartRecord] | None:
         parts: dict[int, PartRecord] = {}
-        marker = 0
+        marker: int | None = 0
+        if self._direct is not None:
+            while marker is not None:
+                try:
+                    page, marker = self._request(loc, lambda m=marker: self._direct.parts_page(loc, upload_id, m,
+                                                                                               _from_code))
+                except ObjectNotFound:   # NoSuchUpload (UploadGone) or a missing bucket's key
+                    return None
+                for number, size, etag, crc in page:
+                    parts[number] = PartRecord(number, size, crc_b64_to_hex(crc) if crc else "", etag)
+            return parts
         while True:
             try:
                 page = self._call(loc, "list_parts", Bucket=loc.bucket, Key=loc.key, UploadId=upload_id,
@@ -522,16 +549,7 @@ class S3Store(Store):
                 return False
             return info.size == size and info.checksums.get("crc32c") == crc32c
 
-        if self._direct is not None:
-            listed = [(p.number, p.token, crc_hex_to_b64(p.crc32c)) for p in parts]
-            answer = self._request(loc, lambda: self._direct.complete_upload(
-                loc, upload_id, listed, crc_hex_to_b64(crc32c), _from_code), recovered=finished)
-        else:
-            body = {"Parts": [{"PartNumber": p.number, "ETag": p.token,
-                               "ChecksumCRC32C": crc_hex_to_b64(p.crc32c)} for p in parts]}
-            answer = self._call(loc, "complete_multipart_upload", recovered=finished, Bucket=loc.bucket,
-                                Key=loc.key, UploadId=upload_id, MultipartUpload=body,
-                                ChecksumCRC32C=crc_hex_to_b64(crc32c), ChecksumType="FULL_OBJECT")
+        answer = self._complete(loc, upload_id, parts, crc32c, recovered=finished)
         value = (answer or {}).get("ChecksumCRC32C")
         whole = bool(value) and "-" not in value and (answer or {}).get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT"
         if whole:
@@ -542,6 +560,21 @@ class S3Store(Store):
             # whole object (1.6 s for 1 GiB) that no peer's upload waits for.
             return ObjectInfo(loc, size, {}, dict(metadata), _identity(answer))
         return self.info(loc)   # recovered, or an answer without a whole-object checksum: ask
+
+    def _complete(self, loc: Location, upload_id: str, parts: list[PartRecord], crc32c: str | None,
+                  recovered=None) -> dict:
+        """CompleteMultipartUpload of ``parts``, the whole checked against ``crc32c`` (hex;
+        FULL_OBJECT) when given; S3's answer, named as botocore names it."""
+        whole = crc_hex_to_b64(crc32c) if crc32c else None
+        if self._direct is not None:
+            listed = [(p.number, p.token, crc_hex_to_b64(p.crc32c) if p.crc32c else "") for p in parts]
+            return self._request(loc, lambda: self._direct.complete_upload(loc, upload_id, listed, whole, _from_code),
+                                 recovered=recovered)
+        body = {"Parts": [{"PartNumber": p.number, "ETag": p.token,
+                           **({"ChecksumCRC32C": crc_hex_to_b64(p.crc32c)} if p.crc32c else {})} for p in parts]}
+        checked = {"ChecksumCRC32C": whole, "ChecksumType": "FULL_OBJECT"} if whole else {}
+        return self._call(loc, "complete_multipart_upload", recovered=recovered, Bucket=loc.bucket,
+                          Key=loc.key, UploadId=upload_id, MultipartUpload=body, **checked)
 
     def abort_upload(self, loc: Location, upload_id: str) -> None:
         try:

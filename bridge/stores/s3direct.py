@@ -10,8 +10,10 @@ against ``rclone serve s3``: see bench/README.md.
 
 A PUT carries the same checks as the SDK's: the CRC32C header S3 verifies the body against,
 the metadata, and (over plain HTTP) the payload's SHA-256 in the signature. A multipart upload
-is begun, sent, completed and aborted here too (a big upload never imports the SDK); server-side
-copies, the parts listed on a resume and everything else stay on aiobotocore. Used for an
+is begun, sent, completed and aborted here too (a big upload never imports the SDK), and so are
+server-side copies (CopyObject, UploadPartCopy), the parts listed on a resume, one level of a
+listing, the buckets listed and made, and presigned URLs: wherever this path serves, the store
+never imports the SDK (tests/test_s3direct.py). Used for an
 explicit endpoint (path-style addressing, as botocore uses for one), over HTTP or HTTPS, and for AWS's own (no endpoint set): each bucket at
 its region's host, ``https://BUCKET.s3.REGION.amazonaws.com`` (path-style at
 ``s3.REGION.amazonaws.com`` for a name with a dot, which no certificate of S3's covers), the
@@ -48,6 +50,7 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from datetime import datetime
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote, unquote_plus, urlsplit
 
@@ -349,15 +352,90 @@ class Direct:
             if resp.status >= 300:
                 raise _error(loc, resp, from_code)
             answer = resp.read()
-        root, ns = _xml(loc, answer)
-        if root.tag == "Error" or root.tag.endswith("}Error"):
-            raise _error_of(loc, 500, answer, from_code)
+        root, ns = _answer_of(loc, answer, from_code)
         got = {"ETag": root.findtext(f"{ns}ETag"), "ChecksumCRC32C": root.findtext(f"{ns}ChecksumCRC32C"),
                "ChecksumType": root.findtext(f"{ns}ChecksumType"), "VersionId": resp.getheader("x-amz-version-id")}
         return {k: v for k, v in got.items() if v}
 
     def abort_upload(self, loc: Location, upload_id: str, from_code) -> None:
         self._call(loc, "DELETE", self._path(loc), from_code, query=f"uploadId={quote(upload_id, safe='-_.~')}")
+
+    def parts_page(self, loc: Location, upload_id: str, marker: int, from_code) -> tuple[list[tuple[int, int, str, str]], int | None]:
+        """One page of ListParts of an upload (after part ``marker``): [(number, size, ETag,
+        CRC32C base64 or "")] and the marker of the next page (None: the last)."""
+        params = {"uploadId": upload_id}
+        if marker:
+            params["part-number-marker"] = str(marker)
+        if self.page_size:
+            params["max-parts"] = str(self.page_size)
+        root, ns = self._list_xml(loc, params, from_code, path=self._path(loc))
+        parts = [(int(p.findtext(f"{ns}PartNumber", "0")), int(p.findtext(f"{ns}Size", "0")),
+                  p.findtext(f"{ns}ETag", ""), p.findtext(f"{ns}ChecksumCRC32C", ""))
+                 for p in root.iterfind(f"{ns}Part")]
+        if root.findtext(f"{ns}IsTruncated") != "true":
+            return parts, None
+        following = int(root.findtext(f"{ns}NextPartNumberMarker") or 0)
+        if following <= marker:
+            raise BridgeError(f"{loc}: the endpoint truncated the list of parts without saying "
+                              f"where the next page starts")
+        return parts, following
+
+    # -- server-side copies: S3 moves the bytes; the request names the source
+    def copy(self, src: Location, dst: Location, params: dict, directive: str, from_code) -> dict:
+        """CopyObject of ``src`` to ``dst``, S3 to compute the copy's CRC32C; the metadata as the
+        source's (``directive`` COPY) or ``params``' (REPLACE), which also carry the headers,
+        class and encryption as put_object's do. The answer named as botocore names it (ETag,
+        ChecksumCRC32C, LastModified, VersionId); a 200 whose body is an error (S3 may send
+        one once the copy has begun) is that error."""
+        headers = {"x-amz-copy-source": _copy_source(src), "x-amz-checksum-algorithm": "CRC32C",
+                   "x-amz-metadata-directive": directive, **_param_headers(params)}
+        resp, body = self._call(dst, "PUT", self._path(dst), from_code, headers=headers)
+        root, ns = _answer_of(dst, body, from_code)
+        modified = root.findtext(f"{ns}LastModified")
+        got = {"ETag": root.findtext(f"{ns}ETag"), "ChecksumCRC32C": root.findtext(f"{ns}ChecksumCRC32C"),
+               "LastModified": datetime.fromisoformat(modified) if modified else None,
+               "VersionId": resp.getheader("x-amz-version-id")}
+        return {k: v for k, v in got.items() if v}
+
+    def copy_part(self, loc: Location, upload_id: str, number: int, src: Location, first: int, last: int,
+                  from_code) -> tuple[str, str]:
+        """UploadPartCopy of bytes [first, last] of ``src`` as part ``number``: its ETag and
+        CRC32C (base64, "" when the endpoint reports none)."""
+        headers = {"x-amz-copy-source": _copy_source(src), "x-amz-copy-source-range": f"bytes={first}-{last}"}
+        query = f"partNumber={number}&uploadId={quote(upload_id, safe='-_.~')}"
+        _, body = self._call(loc, "PUT", self._path(loc), from_code, query=query, headers=headers)
+        root, ns = _answer_of(loc, body, from_code)
+        return root.findtext(f"{ns}ETag", ""), root.findtext(f"{ns}ChecksumCRC32C", "")
+
+    def signed_url(self, loc: Location, expires: int, now: float | None = None) -> str:
+        """A GET URL of ``loc`` that needs no other credentials for ``expires`` seconds (as
+        botocore's generate_presigned_url makes it; no request is sent)."""
+        host, path = self._host(loc.bucket), self._path(loc)
+        return f"{host.origin}{path}?{host.signer.presign('GET', host.netloc, path, expires, now)}"
+
+    # -- buckets
+    def buckets(self, from_code) -> list[str]:
+        """The names of the buckets these credentials own (ListBuckets, page by page)."""
+        host = self._one or self._aws_host("", self.region)
+        names: list[str] = []
+        token = ""
+        while True:
+            params = {"continuation-token": token} if token else {}
+            root, ns = self._list_xml(Location("s3", "", ""), params, from_code,
+                                      path=f"{host.bucket_path('')}", host=host)
+            names += [b.findtext(f"{ns}Name", "") for b in root.iterfind(f"{ns}Buckets/{ns}Bucket")]
+            token = root.findtext(f"{ns}ContinuationToken") or ""
+            if not token:
+                return names
+
+    def make_bucket(self, loc: Location, region: str | None, from_code) -> None:
+        """CreateBucket of ``loc``'s bucket, in ``region`` when given (S3 takes us-east-1 only
+        without a location constraint)."""
+        body = None
+        if region and region != "us-east-1":
+            body = ("<CreateBucketConfiguration xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\">"
+                    f"<LocationConstraint>{region}</LocationConstraint></CreateBucketConfiguration>").encode()
+        self._call(loc, "PUT", self._bucket_path(loc), from_code, body=body)
 
     def _put_request(self, loc: Location, data, crc32c_b64: str, params: dict,
                      payload_sha256: str | None = None) -> tuple[str, dict[str, str]]:
@@ -420,13 +498,16 @@ class Direct:
         return kept_connection(host.local, host.connect, loc, f"the S3 endpoint {host.origin}")
 
     def _call(self, loc: Location, method: str, path: str, from_code, query: str = "",
-              headers: dict[str, str] | None = None):
-        """Send one request without a body: the answer, its body read (an error status raises)."""
+              headers: dict[str, str] | None = None, body: bytes | None = None, host: _Host | None = None):
+        """Send one request (``body``: a small one, signed whole): the answer, its body read (an
+        error status raises). ``host``: where it goes, when not ``loc``'s bucket's host."""
         headers = dict(headers or {})
-        host = self._host(loc.bucket)
-        host.signer.sign(method, host.netloc, path, query, headers)
-        with self._connection(loc) as conn:
-            conn.request(method, f"{path}?{query}" if query else path, headers=headers)
+        host = host or self._host(loc.bucket)
+        if body is not None:
+            headers["Content-Length"] = str(len(body))
+        host.signer.sign(method, host.netloc, path, query, headers, body)
+        with kept_connection(host.local, host.connect, loc, f"the S3 endpoint {host.origin}") as conn:
+            conn.request(method, f"{path}?{query}" if query else path, body=body, headers=headers)
             resp = conn.getresponse()
             if resp.status >= 300:
                 raise _error(loc, resp, from_code)
@@ -523,11 +604,11 @@ class Direct:
     def delete(self, loc: Location, from_code) -> None:
         self._call(loc, "DELETE", self._path(loc), from_code)
 
-    def _list_xml(self, loc: Location, params: dict[str, str], from_code) -> tuple[ET.Element, str]:
-        """GET the bucket of ``loc`` with a query; the parsed XML answer and its namespace."""
-        path = self._bucket_path(loc)
+    def _list_xml(self, loc: Location, params: dict[str, str], from_code, path: str | None = None,
+                  host: _Host | None = None) -> tuple[ET.Element, str]:
+        """GET the bucket of ``loc`` (or ``path``) with a query; the parsed XML answer and its namespace."""
         query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(params.items()))
-        _, body = self._call(loc, "GET", path, from_code, query=query)
+        _, body = self._call(loc, "GET", path or self._bucket_path(loc), from_code, query=query, host=host)
         return _xml(loc, body)
 
     def uploads_page(self, prefix: Location, markers: dict[str, str], from_code) -> tuple[list[tuple[str, str]], dict[str, str] | None]:
@@ -550,12 +631,16 @@ class Direct:
         return uploads, {"key-marker": decode(key_marker),
                          "upload-id-marker": root.findtext(f"{ns}NextUploadIdMarker") or ""}
 
-    def list_page(self, prefix: Location, token: str | None, from_code) -> tuple[list[dict[str, str]], str | None]:
+    def list_page(self, prefix: Location, token: str | None, from_code,
+                  level: bool = False) -> tuple[list[dict[str, str]], str | None]:
         """One page of ListObjectsV2 under ``prefix`` (from ``token``): per object its Key, Size,
         ETag and LastModified as the XML gives them, and the next page's token (None: the last).
         Keys are asked for URL-encoded (a space comes back as "+"), and decoded as botocore
-        decodes them, so that any key survives XML."""
+        decodes them, so that any key survives XML. ``level``: one level (delimiter "/"), each
+        common prefix below it given as {"Prefix": ...} after the page's objects."""
         params = {"list-type": "2", "prefix": prefix.key, "encoding-type": "url"}
+        if level:
+            params["delimiter"] = "/"
         if self.page_size:
             params["max-keys"] = str(self.page_size)
         if token:
@@ -569,6 +654,9 @@ class Direct:
                           "ETag": item.findtext(f"{ns}ETag", ""),
                           "LastModified": item.findtext(f"{ns}LastModified", ""),
                           "StorageClass": item.findtext(f"{ns}StorageClass", "")})
+        for common in root.iterfind(f"{ns}CommonPrefixes"):
+            key = common.findtext(f"{ns}Prefix", "")
+            items.append({"Prefix": unquote_plus(key) if encoded else key})
         following = root.findtext(f"{ns}NextContinuationToken")
         if root.findtext(f"{ns}IsTruncated") != "true":
             return items, None
@@ -603,6 +691,21 @@ def _xml(loc: Location, body: bytes) -> tuple[ET.Element, str]:
     except ET.ParseError as exc:
         raise TransientError(f"{loc}: S3's answer could not be parsed ({exc})") from exc
     return root, root.tag[:root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+
+
+def _answer_of(loc: Location, body: bytes, from_code) -> tuple[ET.Element, str]:
+    """The XML of a 200 answer that may still be an error (CompleteMultipartUpload, CopyObject,
+    UploadPartCopy: S3 sends the status before it knows, and botocore reads the body so): that
+    error raised, as a 500's would be."""
+    root, ns = _xml(loc, body)
+    if root.tag == "Error" or root.tag.endswith("}Error"):
+        raise _error_of(loc, 500, body, from_code)
+    return root, ns
+
+
+def _copy_source(src: Location) -> str:
+    """x-amz-copy-source for ``src``, percent-encoded as botocore encodes it."""
+    return quote(f"{src.bucket}/{src.key}", safe="/-._~")
 
 
 def _put_answer(header: Callable[[str], str | None]) -> dict[str, str]:
@@ -680,3 +783,23 @@ class SigV4:
         signature = hmac.new(self._key_for(day, secret), to_sign.encode(), "sha256").hexdigest()
         headers["Authorization"] = (f"AWS4-HMAC-SHA256 Credential={key}/{scope}, "
                                     f"SignedHeaders={names}, Signature={signature}")
+
+    def presign(self, method: str, host: str, path: str, expires: int, now: float | None = None) -> str:
+        """The query of a presigned URL for ``method`` on ``path`` (percent-encoded), valid
+        ``expires`` seconds, as botocore's S3SigV4QueryAuth makes it: the credential, date,
+        lifetime and session token in the query, the Host header alone signed, the payload
+        UNSIGNED-PAYLOAD, the signature last."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+        day = stamp[:8]
+        keys = self.keys()
+        key, secret, token = keys[0], keys[1], keys[2]
+        scope = f"{day}/{self.region}/s3/aws4_request"
+        params = {"X-Amz-Algorithm": "AWS4-HMAC-SHA256", "X-Amz-Credential": f"{key}/{scope}",
+                  "X-Amz-Date": stamp, "X-Amz-Expires": str(expires), "X-Amz-SignedHeaders": "host"}
+        if token is not None:   # as botocore: an empty token (a test's IMDS) still goes, empty
+            params["X-Amz-Security-Token"] = token
+        query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(params.items()))
+        canonical = "\n".join((method, path, query, f"host:{host}\n", "host", "UNSIGNED-PAYLOAD"))
+        to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+        signature = hmac.new(self._key_for(day, secret), to_sign.encode(), "sha256").hexdigest()
+        return f"{query}&X-Amz-Signature={signature}"
