@@ -130,8 +130,14 @@ def main() -> None:
             # rclone serve s3 keeps no S3 checksums: bridge relies on its per-part ones there
             keep = ["--store-checksums", "skip"] if store == "s3" else []
             if "big-down-bridge" in cases:   # a prefix bridge wrote and committed (not timed)
-                _run_once([str(BIN / "mcbridge"), "cp", str(big), f"{scheme}bench/seed-big-bridge/", "-q", *keep],
-                          env, log)
+                # Read back, not skipped: rclone serve s3 answers a completed multipart upload with
+                # an ETag of the parts' MD5s but lists the object under the MD5 of the whole, so
+                # an identity taken from that answer (skip) never matches the listing, and the
+                # download would take the object for another version and hash it all again
+                # instead of carrying the record's SHA-256s. readback records what HEAD says.
+                seed_check = ["--store-checksums", "readback"] if store == "s3" else []
+                _run_once([str(BIN / "mcbridge"), "cp", str(big), f"{scheme}bench/seed-big-bridge/", "-q",
+                           *seed_check], env, log)
             # Outputs of the small cases stay until the bench ends: ext4 scans past inodes freed in
             # the last minutes when it allocates new ones (recently_deleted() in a kernel profile), so
             # deleting 2,000-file trees between runs made every later run slower, by up to 2x.

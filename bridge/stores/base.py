@@ -459,6 +459,7 @@ def receive(resp, size: int, what: object, into: bytearray | None = None,
     A body cut short is a TransientError."""
     from bridge.errors import TransientError
     from bridge.retry import check_stop
+    body = _Body(resp)
     if each is not None and into:   # (into: the caller's buffer, reused part after part)
         view = memoryview(into)
         pos = 0
@@ -467,23 +468,71 @@ def receive(resp, size: int, what: object, into: bytearray | None = None,
             want = min(len(view), size - pos)
             got = 0
             while got < want:
-                n = resp.readinto(view[got:want])
+                n = body.readinto(view[got:want])
                 if not n:
                     raise TransientError(f"{what}: connection closed after {pos + got} of {size} bytes")
                 got += n
             each(pos, view[:want])
             pos += want
+        body.done()
         return size
     buf = bytearray(size)
     view = memoryview(buf)
     pos = 0
     while pos < size:
         check_stop()
-        got = resp.readinto(view[pos:pos + 256 * 1024])
+        got = body.readinto(view[pos:pos + 256 * 1024])
         if not got:
             raise TransientError(f"{what}: connection closed after {pos} of {size} bytes")
         pos += got
+    body.done()
     return buf if each is None else hand_over(buf, size or 1, each)
+
+
+class _Body:
+    """An http.client answer's body (of a known length, as ``receive`` reads it), read with one
+    call into C per read: the TLS object's own ``read`` (or the plain socket's ``recv_into``)
+    once the bytes http.client's buffered reader already holds are taken, instead of three
+    frames of Python per TLS record (``SocketIO.readinto``, ``SSLSocket.recv_into``,
+    ``SSLSocket.read``), 65,536 records a GiB. Measured on 512 MiB over HTTPS in 8 threads: 0.31
+    s of user CPU against 0.40 s (bench/README.md). An answer of another make (chunked, or
+    not over a socket of the standard library's) is read through http.client as before."""
+
+    def __init__(self, resp):
+        import socket
+        import ssl
+        self._resp, self._raw, self._held = resp, None, 0
+        sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+        if getattr(resp, "chunked", True) or not getattr(resp, "length", None):
+            return   # (an empty body: nothing to read, and peek() would wait for bytes that never come)
+        if isinstance(sock, ssl.SSLSocket):
+            sslobj = getattr(sock, "_sslobj", None)
+            if sslobj is not None:
+                self._raw = sslobj.read          # read(n, buffer) -> count
+        elif type(sock) is socket.socket:
+            self._raw = lambda n, view: sock.recv_into(view, n)
+        if self._raw is not None:
+            self._held = len(resp.fp.peek())     # what the buffered reader holds: read through it first
+
+    def readinto(self, view: memoryview) -> int:
+        if self._raw is None:
+            return self._resp.readinto(view)
+        if self._held:
+            n = self._resp.fp.readinto(view[:self._held])
+            self._held -= n
+            return n
+        import ssl
+        try:
+            return self._raw(len(view), view)
+        except ssl.SSLEOFError:                  # closed without TLS's goodbye: what SSLSocket makes 0
+            return 0
+
+    def done(self) -> None:
+        """The whole body read: the answer closed as http.client closes one it read to its end,
+        so that its connection takes the next request."""
+        if self._raw is not None:
+            self._resp.length = 0
+            self._resp.read()
 
 
 def hand_over(data: bytes | bytearray | memoryview, piece: int, each: Callable[[int, memoryview], None]) -> int:
