@@ -89,11 +89,14 @@ def main() -> None:
     ap.add_argument("--credentials", choices=("env", "profile"), default="env",
                     help="S3 keys in environment variables, or in a profile of a shared credentials file")
     ap.add_argument("--sync-in-time", action="store_true", help="each tool's time includes a sync after it")
+    ap.add_argument("--out-dir", default="", help="where downloads go (default: the bench's work folder); "
+                    "a tmpfs such as /dev/shm takes the disk out of the times")
     ap.add_argument("--before", default="", help="a folder holding an earlier bridge/ package: run it too, "
                     "as tool 'before', for a before/after comparison in the same run")
     args = ap.parse_args()
     cases = args.cases.split(",")
     work = Path(tempfile.mkdtemp(prefix="mcbridge-speed-"))
+    outs = Path(tempfile.mkdtemp(prefix="mcbridge-speed-out-", dir=args.out_dir)) if args.out_dir else work
     log = work / "bench.log"
     base = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AZURE_", "RCLONE_", "STORAGE_"))}
     base.update({"MCBRIDGE_STATE_DIR": str(work / "state"), "XDG_CONFIG_HOME": str(work / "noconfig"),
@@ -141,7 +144,7 @@ def main() -> None:
             # Outputs of the small cases stay until the bench ends: ext4 scans past inodes freed in
             # the last minutes when it allocates new ones (recently_deleted() in a kernel profile), so
             # deleting 2,000-file trees between runs made every later run slower, by up to 2x.
-            out = work / f"out-{store}"
+            out = outs / f"out-{store}"
             for case in cases:
                 tools: dict[str, list[str]] = {}
                 if case in ("big-down", "big-down-bridge"):
@@ -230,6 +233,8 @@ def main() -> None:
                       f"{sizes[case] / best['bridge'][0] / MiB:.0f} MiB/s)", flush=True)
     print(json.dumps(rows))
     shutil.rmtree(work, ignore_errors=True)
+    if outs != work:
+        shutil.rmtree(outs, ignore_errors=True)
 
 
 if __name__ == "__main__":
