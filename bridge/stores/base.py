@@ -502,6 +502,7 @@ class _Body:
         import socket
         import ssl
         self._resp, self._raw, self._held = resp, None, 0
+        self._eof = ssl.SSLEOFError
         sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
         if getattr(resp, "chunked", True) or not getattr(resp, "length", None):
             return   # (an empty body: nothing to read, and peek() would wait for bytes that never come)
@@ -521,10 +522,9 @@ class _Body:
             n = self._resp.fp.readinto(view[:self._held])
             self._held -= n
             return n
-        import ssl
         try:
             return self._raw(len(view), view)
-        except ssl.SSLEOFError:                  # closed without TLS's goodbye: what SSLSocket makes 0
+        except self._eof:                        # closed without TLS's goodbye: what SSLSocket makes 0
             return 0
 
     def done(self) -> None:

@@ -432,16 +432,14 @@ class S3Store(Store):
             params = {**self.written(dst, kept, attrs), "MetadataDirective": "REPLACE"}
         if self._direct is not None:
             directive = params.pop("MetadataDirective")
-            resp = {"CopyObjectResult": self._request(dst, lambda: self._direct.copy(src, dst, params, directive,
-                                                                                    _from_code))}
-            resp["VersionId"] = resp["CopyObjectResult"].pop("VersionId", None)
+            result = self._request(dst, lambda: self._direct.copy(src, dst, params, directive, _from_code))
         else:
             resp = self._call(dst, "copy_object", Bucket=dst.bucket, Key=dst.key,
                               CopySource={"Bucket": src.bucket, "Key": src.key}, ChecksumAlgorithm="CRC32C",
                               **params)
-        result = resp.get("CopyObjectResult", {})
+            result = {**resp.get("CopyObjectResult", {}), "VersionId": resp.get("VersionId")}
         sums = {"crc32c": crc_b64_to_hex(result["ChecksumCRC32C"])} if result.get("ChecksumCRC32C") else {}
-        return ObjectInfo(dst, size, sums, {}, _identity({**result, "VersionId": resp.get("VersionId")}))
+        return ObjectInfo(dst, size, sums, {}, _identity(result))
 
     def _copy_in_parts(self, src: Location, dst: Location, size: int, attrs: Attrs | None = None) -> ObjectInfo:
         from bridge.hashing import combine_parts

@@ -422,7 +422,7 @@ class Direct:
         while True:
             params = {"continuation-token": token} if token else {}
             root, ns = self._list_xml(Location("s3", "", ""), params, from_code,
-                                      path=f"{host.bucket_path('')}", host=host)
+                                      path=host.bucket_path(""), host=host)
             names += [b.findtext(f"{ns}Name", "") for b in root.iterfind(f"{ns}Buckets/{ns}Bucket")]
             token = root.findtext(f"{ns}ContinuationToken") or ""
             if not token:
