@@ -307,6 +307,15 @@ def note(scheme: str, method: str, target: str, headers: Mapping[str, str] | Non
     return meter, store, kind
 
 
+def note_as(store: str, kind: str, sent: int = 0) -> tuple[Meter, str, str] | None:
+    """``note`` for a request already classified (``classify``'s (store, kind))."""
+    meter = _current.get()
+    if meter is None:
+        return None
+    meter.request(store, kind, sent)
+    return meter, store, kind
+
+
 def answered(noted: tuple[Meter, str, str] | None, status: int | None, received: int) -> None:
     if noted is not None:
         meter, store, kind = noted

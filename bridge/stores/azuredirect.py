@@ -356,7 +356,7 @@ class Direct:
             path = self._path(loc)
             headers = {"Host": self.netloc, "x-ms-version": self.version}
             self._signer.sign("GET", path, {}, headers)
-            answer = await link.send("GET", self._target(path, {}), headers, what=str(loc))
+            answer = await link.send("GET", self._target(path, {}), headers, what=str(loc), alike=loc.bucket)
             if answer.status >= 300:
                 raise self._error_of(loc, answer.status, answer.headers.get("x-ms-error-code"), answer.body)
             return answer.body
@@ -387,7 +387,8 @@ class Direct:
                        "Content-Type": "application/octet-stream", "Content-Length": str(len(data)),
                        "Content-MD5": md5, **extra}
             self._signer.sign("PUT", path, {}, headers)
-            answer = await link.send("PUT", self._target(path, {}), headers, data, what=str(loc))
+            answer = await link.send("PUT", self._target(path, {}), headers, data, what=str(loc),
+                                     alike=loc.bucket)
             if answer.status >= 300:
                 raise self._error_of(loc, answer.status, answer.headers.get("x-ms-error-code"), answer.body)
             got = answer.headers.get

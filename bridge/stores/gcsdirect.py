@@ -193,7 +193,8 @@ class Direct:
             headers = {"Host": self.netloc, "Accept-Encoding": "gzip"}
             if self._bearer is not None:
                 self._bearer.apply(headers)
-            answer = await link.send("GET", self._object_path(loc) + "?alt=media", headers, what=str(loc))
+            answer = await link.send("GET", self._object_path(loc) + "?alt=media", headers, what=str(loc),
+                                     alike=loc.bucket)
             if answer.status >= 300:
                 raise _error_of(loc, answer.status, answer.body[:65536])
             if _compressed_on_the_way(answer.headers.get):
@@ -224,7 +225,7 @@ class Direct:
             if self._bearer is not None:
                 self._bearer.apply(headers)
             target = f"{self.upload_base}{quote(loc.bucket, safe='')}/o?uploadType=multipart"
-            answer = await link.send("POST", target, headers, payload, what=str(loc))
+            answer = await link.send("POST", target, headers, payload, what=str(loc), alike=loc.bucket)
             if answer.status >= 300:
                 error = _error_of(loc, answer.status, answer.body[:65536])
                 if isinstance(error, ObjectNotFound):   # an upload's 404: no such bucket

@@ -134,6 +134,7 @@ def _from_code(loc: Location, code: str, text: str) -> BridgeError:
 
 COPY_PART = 512 * MiB   # UploadPartCopy part size, for copies over max_copy_size
 SEEN = 4096             # whole-object GETs whose headers are kept for attributes()
+_HEADER_NAMES = tuple((name, attributes.HTTP_NAMES[name].lower()) for name in attributes.HEADERS)
 
 
 class UploadGone(ObjectNotFound):
@@ -308,11 +309,10 @@ class S3Store(Store):
         t = self.settings.transfer
         return self._direct.get_many(locs, each, _from_code, connections=t.concurrency, retries=self.retries)
 
-    def _remember(self, loc: Location, headers: list[tuple[str, str]]) -> None:
-        named = {k.lower(): v for k, v in headers}
-        attrs = Attrs(**{name: named.get(attributes.HTTP_NAMES[name].lower()) or None for name in attributes.HEADERS},
-                      user=attributes.from_s3({k[len("x-amz-meta-"):]: v for k, v in named.items()
-                                               if k.startswith("x-amz-meta-")}))
+    def _remember(self, loc: Location, named: dict[str, str]) -> None:
+        """``named``: the answer's headers by lower-case name."""
+        attrs = Attrs(**{name: named.get(header) or None for name, header in _HEADER_NAMES},
+                      user=attributes.from_s3({k[11:]: v for k, v in named.items() if k.startswith("x-amz-meta-")}))
         with self._seen_lock:
             self._seen[str(loc)] = attrs
             while len(self._seen) > SEEN:

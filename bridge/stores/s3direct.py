@@ -175,9 +175,9 @@ _OTHER_PARTITIONS = ("us-iso-", "us-isob-", "us-isof-", "eu-isoe-")
 
 class Direct:
     page_size: int | None = None   # objects per listing page; None: the service's (1,000)
-    # Called with (location, [(header, value)]) of each whole-object GET's answer: the store keeps
-    # the headers and metadata it carries, so that copying them costs no HEAD.
-    on_headers: Callable[[Location, list[tuple[str, str]]], None] | None = None
+    # Called with (location, {lower-case header: value}) of each whole-object GET's answer: the
+    # store keeps the headers and metadata it carries, so that copying them costs no HEAD.
+    on_headers: Callable[[Location, dict[str, str]], None] | None = None
 
     def __init__(self, endpoint: str | None, region: str, keys: Keys, timeout: float, cafile: str | None = None,
                  credentials: str = "static", path_style: bool = False):
@@ -459,7 +459,7 @@ class Direct:
                 bodies[i] = body(i)
             loc, data, crc32c_b64, params, sha256 = bodies[i]
             path, headers = self._put_request(loc, data, crc32c_b64, params, sha256)
-            answer = await link.send("PUT", path, headers, data, what=str(loc))
+            answer = await link.send("PUT", path, headers, data, what=str(loc), alike=loc.bucket)
             if answer.status >= 300:
                 raise _error_of(loc, answer.status, answer.body[:65536], from_code)
             del bodies[i]
@@ -542,7 +542,7 @@ class Direct:
                 raise TransientError(f"{loc}: the endpoint announced {size} bytes, asked for {length}")
             got = receive(resp, size, loc, into, each)
         if not ranged and self.on_headers is not None:
-            self.on_headers(loc, resp.getheaders())
+            self.on_headers(loc, {name.lower(): value for name, value in resp.getheaders()})
         return got
 
     def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], from_code, *,
@@ -556,11 +556,11 @@ class Direct:
             headers: dict[str, str] = {}
             host = self._host(loc.bucket)
             host.signer.sign("GET", host.netloc, path, "", headers)
-            answer = await link.send("GET", path, headers, what=str(loc))
+            answer = await link.send("GET", path, headers, what=str(loc), alike=loc.bucket)
             if answer.status >= 300:
                 raise _error_of(loc, answer.status, answer.body[:65536], from_code)
             if self.on_headers is not None:
-                self.on_headers(loc, list(answer.headers.items()))
+                self.on_headers(loc, answer.headers)
             return answer.body
 
         if not locs:
@@ -780,7 +780,7 @@ class SigV4:
         canonical = "\n".join((method, path, query, "".join(f"{k}:{v}\n" for k, v in signed), names, payload))
         scope = f"{day}/{self.region}/s3/aws4_request"
         to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-        signature = hmac.new(self._key_for(day, secret), to_sign.encode(), "sha256").hexdigest()
+        signature = hmac.digest(self._key_for(day, secret), to_sign.encode(), "sha256").hex()
         headers["Authorization"] = (f"AWS4-HMAC-SHA256 Credential={key}/{scope}, "
                                     f"SignedHeaders={names}, Signature={signature}")
 
@@ -801,5 +801,5 @@ class SigV4:
         query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(params.items()))
         canonical = "\n".join((method, path, query, f"host:{host}\n", "host", "UNSIGNED-PAYLOAD"))
         to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-        signature = hmac.new(self._key_for(day, secret), to_sign.encode(), "sha256").hexdigest()
+        signature = hmac.digest(self._key_for(day, secret), to_sign.encode(), "sha256").hex()
         return f"{query}&X-Amz-Signature={signature}"

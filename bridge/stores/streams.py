@@ -57,6 +57,7 @@ class Link:
         self.timeout = timeout
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+        self._kinds: dict[tuple[str, str], tuple[str, str]] = {}   # (method, alike): (store, kind)
 
     def alive(self) -> bool:
         """Connected, and nothing arrived since its last answer: a kept link the server closed
@@ -76,11 +77,13 @@ class Link:
         self._reader = self._writer = None
 
     async def send(self, method: str, target: str, headers: dict[str, str], body: bytes = b"",
-                   *, what: str) -> Answer:
+                   *, what: str, alike: str = "") -> Answer:
         """One exchange. A lost connection, a timeout or a malformed answer raises
-        TransientError naming ``what``; a refused connection EndpointUnreachable."""
-        noted = meter.note(self.metered[0], method, target, headers, base=self.metered[1], sent=len(body),
-                           host=self.host) if self.metered else None
+        TransientError naming ``what``; a refused connection EndpointUnreachable. ``alike``: the
+        caller's word that every request it sends with this method and this ``alike`` (a whole
+        object of one bucket) is metered as the same kind, so the request is classified once per
+        link, not parsed again for each object of a batch."""
+        noted = self._note(method, target, headers, len(body), alike) if self.metered else None
         try:
             async with asyncio.timeout(self.timeout):
                 answer = await self._exchange(method, target, headers, body)
@@ -99,6 +102,16 @@ class Link:
                 asyncio.LimitOverrunError) as exc:
             self.close()
             raise TransientError(f"{what}: connection dropped ({type(exc).__name__})") from exc
+
+    def _note(self, method: str, target: str, headers: dict[str, str], sent: int, alike: str):
+        if not alike:
+            return meter.note(self.metered[0], method, target, headers, base=self.metered[1], sent=sent,
+                              host=self.host)
+        kind = self._kinds.get((method, alike))
+        if kind is None:
+            kind = self._kinds[(method, alike)] = meter.classify(self.metered[0], method, target, headers,
+                                                                 self.metered[1], self.host)
+        return meter.note_as(kind[0], kind[1], sent)
 
     async def _exchange(self, method: str, target: str, headers: dict[str, str], body: bytes) -> Answer:
         if self._writer is None or self._writer.is_closing():
