@@ -458,12 +458,16 @@ def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int
               archived_ok: bool = False, filters: Filters | None = None,
               listed: Callable[[int], None] | None = None) -> Plan:
     """``archived_ok``: plan sources that need a restore too (to price them: mcbridge plan)."""
+    early = _early_carrier(source, settings)
     src_root, dst_root, objects, single = resolve(source, destination, settings, filters, listed)
     checked = check_route(src_root, dst_root, objects, single, archived_ok)
     dst_store = get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     files = FileList(where=spill_dir(settings))
-    carrier = carrier_for(src_root, single, settings)
+    if early is not None and single is None and early[0] == src_root:
+        carrier = early[1].result()
+    else:
+        carrier = carrier_for(src_root, single, settings)
     for rel, info in checked:
         files.append(file_plan(rel, info, dst_store, chunk_size, carrier))
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files)
@@ -516,6 +520,22 @@ def carrier_for(src_root: Location, single: str | None, settings: Settings) -> c
     if single is not None:
         return None
     return carrying.Carrier(get_store(src_root, settings), src_root, settings.transfer.sha256)
+
+
+def _early_carrier(source: str, settings: Settings) -> tuple[Location, cf.Future] | None:
+    """For a source named as a remote prefix: its record looked for (``carrier_for``) on a
+    thread of its own, while ``resolve`` reads the first page of the listing, instead of after
+    it (over HTTPS, 2,000 objects: the record's LIST was 25 ms of a 1.4 s copy, each round trip
+    waiting for the other). What it raises is raised when the plan takes it."""
+    root = parse(source)
+    if not root.is_prefix or root.is_local:
+        return None
+    from bridge.meter import Pool   # the thread meters into the job's meter, as the listing does
+    pool = Pool(1, thread_name_prefix="mcbridge-record")
+    try:
+        return root, pool.submit(carrier_for, root, None, settings)
+    finally:
+        pool.shutdown(wait=False)
 
 
 # -- running ---------------------------------------------------------------------------------
