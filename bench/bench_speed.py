@@ -1,7 +1,7 @@
 """Issue 13's cases: downloads and loose small objects, bridge against the best peer per store.
 
     python -m bench.bench_speed [--stores s3,gcs,azure] [--size-mib 1024] [--files 2000] [--repeat 3]
-                                [--tls] [--credentials env|profile] [--sync-in-time]
+                                [--tls] [--credentials env|profile] [--sync-in-time] [--latency-ms MS]
 
 Cases, on each store:
   big-down    one big object, store -> local        (peer on S3: s5cmd and rclone; else rclone)
@@ -27,7 +27,10 @@ SSL_CERT_FILE, RCLONE_CA_CERT). ``--credentials profile``: S3's keys in a shared
 file, named by AWS_PROFILE, instead of AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (bridge and s5cmd
 read it; rclone keeps its own remote's keys). ``--sync-in-time``: each tool's time includes a
 ``sync`` after it, so that all have the bytes on disk (equal durability: bridge syncs what it
-writes before it exits, the peers do not).
+writes before it exits, the peers do not). ``--latency-ms MS``: every timed run reaches the
+endpoint through tests/latencyproxy.py in a process of its own, which delays each direction by
+MS, so that a round trip takes 2 x MS longer, as a cloud's endpoint is farther than loopback
+(seeding and clean-up go direct).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -89,6 +93,8 @@ def main() -> None:
     ap.add_argument("--credentials", choices=("env", "profile"), default="env",
                     help="S3 keys in environment variables, or in a profile of a shared credentials file")
     ap.add_argument("--sync-in-time", action="store_true", help="each tool's time includes a sync after it")
+    ap.add_argument("--latency-ms", type=float, default=0.0,
+                    help="each direction of every timed run's connections delayed by this much (a far endpoint)")
     ap.add_argument("--out-dir", default="", help="where downloads go (default: the bench's work folder); "
                     "a tmpfs such as /dev/shm takes the disk out of the times")
     ap.add_argument("--before", default="", help="a folder holding an earlier bridge/ package: run it too, "
@@ -111,7 +117,8 @@ def main() -> None:
     print(f"load average at start: {load()}", flush=True)
     ca = LocalCA(work / "ca") if args.tls else None
     print(f"over {'HTTPS' if ca else 'HTTP'}, S3 keys from {'a profile' if args.credentials == 'profile' else 'the environment'}"
-          f"{', sync in each time' if args.sync_in_time else ''}", flush=True)
+          f"{', sync in each time' if args.sync_in_time else ''}"
+          f"{f', {2 * args.latency_ms:g} ms added to each round trip' if args.latency_ms else ''}", flush=True)
     for store in args.stores.split(","):
         emulator, scheme, remote, make_env = STORES[store]
         with (TLS[emulator](ca) if ca else emulator()) as server:
@@ -130,6 +137,14 @@ def main() -> None:
             # The objects to download, put there by rclone (not timed).
             _run_once([rclone, "copy", str(big), f"{remote}bench/seed-big/"], env, log)
             _run_once([rclone, "copy", str(small), f"{remote}bench/seed-small/", "--transfers", "16"], env, log)
+            far, endpoint, proxy = env, server.endpoint, None
+            if args.latency_ms:   # the timed runs through a proxy that delays, in a process of its own
+                proxy = subprocess.Popen([sys.executable, "-m", "tests.latencyproxy", str(server.port),
+                                          str(args.latency_ms)], stdout=subprocess.PIPE, text=True,
+                                         cwd=Path(__file__).resolve().parent.parent)
+                port = proxy.stdout.readline().strip()
+                far = {k: v.replace(f":{server.port}", f":{port}") for k, v in env.items()}
+                endpoint = server.endpoint.replace(f":{server.port}", f":{port}")
             # rclone serve s3 keeps no S3 checksums: bridge relies on its per-part ones there
             keep = ["--store-checksums", "skip"] if store == "s3" else []
             if "big-down-bridge" in cases:   # a prefix bridge wrote and committed (not timed)
@@ -155,33 +170,33 @@ def main() -> None:
                                        f"{out}/{{run}}/bridge/", "-q", *extra]
                     tools["rclone"] = [rclone, "copy", f"{remote}bench/{seed}/{big.name}", f"{out}/{{run}}/rclone/"]
                     if store == "s3":
-                        tools["s5cmd"] = [s5cmd, "--endpoint-url", server.endpoint, "cp",
+                        tools["s5cmd"] = [s5cmd, "--endpoint-url", endpoint, "cp",
                                           f"s3://bench/{seed}/{big.name}", f"{out}/{{run}}/s5cmd/"]
                 elif case == "big-up":
                     tools["bridge"] = [str(BIN / "mcbridge"), "cp", str(big), f"{scheme}bench/up-bridge-{{run}}/",
                                        "-q", *keep, *extra]
                     tools["rclone"] = [rclone, "copy", str(big), f"{remote}bench/up-rclone-{{run}}/"]
                     if store == "s3":
-                        tools["s5cmd"] = [s5cmd, "--endpoint-url", server.endpoint, "cp", str(big),
+                        tools["s5cmd"] = [s5cmd, "--endpoint-url", endpoint, "cp", str(big),
                                           "s3://bench/up-s5cmd-{run}/"]
                 elif case == "small-down":
                     tools["bridge"] = [str(BIN / "mcbridge"), "cp", f"{scheme}bench/seed-small/",
                                        f"{out}/{{run}}/bridge/", "-q", *extra]
                     tools["rclone"] = [rclone, "copy", f"{remote}bench/seed-small/", f"{out}/{{run}}/rclone/"]
                     if store == "s3":
-                        tools["s5cmd"] = [s5cmd, "--endpoint-url", server.endpoint, "cp",
+                        tools["s5cmd"] = [s5cmd, "--endpoint-url", endpoint, "cp",
                                           "s3://bench/seed-small/*", f"{out}/{{run}}/s5cmd/"]
                 else:
                     tools["bridge"] = [str(BIN / "mcbridge"), "cp", f"{small}/", f"{scheme}bench/up-bridge-{{run}}/",
                                        "-q", *extra]
                     tools["rclone"] = [rclone, "copy", str(small), f"{remote}bench/up-rclone-{{run}}/"]
                     if store == "s3":
-                        tools["s5cmd"] = [s5cmd, "--endpoint-url", server.endpoint, "cp", f"{small}/*",
+                        tools["s5cmd"] = [s5cmd, "--endpoint-url", endpoint, "cp", f"{small}/*",
                                           "s3://bench/up-s5cmd-{run}/"]
                 if args.before:
                     tools["before"] = [c.replace("/bridge/", "/before/").replace("up-bridge-", "up-before-")
                                        for c in tools["bridge"]]
-                before_env = dict(env, PYTHONPATH=args.before)
+                before_env = dict(far, PYTHONPATH=args.before)
                 best: dict[str, tuple[float, int]] = {}
                 times: dict[str, list[float]] = {}
                 names = list(tools)
@@ -196,7 +211,7 @@ def main() -> None:
                         run = [c.replace("{run}", f"{case}-{i}") for c in cmd]
                         if args.sync_in_time:
                             run = ["sh", "-c", '"$@" && sync', "sh", *run]
-                        t, peak = _run_once(run, before_env if tool == "before" else env, log)
+                        t, peak = _run_once(run, before_env if tool == "before" else far, log)
                         if args.verbose:
                             print(f"  {store} {case} run {i} {tool:<7} {t:6.2f}s", flush=True)
                         if case in ("small-up", "big-up"):
@@ -215,7 +230,8 @@ def main() -> None:
                 row = {"store": store, "case": case, "load": load(), "best_peer": peer,
                        "ratio": round(best["bridge"][0] / best[peer][0], 2),
                        **{f"{t}_s": round(v[0], 2) for t, v in best.items()},
-                       "bridge_peak_mib": round(best["bridge"][1] / MiB)}
+                       "bridge_peak_mib": round(best["bridge"][1] / MiB),
+                       **({"round_trip_added_ms": 2 * args.latency_ms} if args.latency_ms else {})}
                 # The median as well: on this VM one tool's 1 GiB download moved by 2-3x between runs
                 # minutes apart (memory the hypervisor had taken back is slow to touch again).
                 median = {t: statistics.median(v) for t, v in times.items()}
@@ -231,6 +247,9 @@ def main() -> None:
                       f"(medians: bridge/best peer {row['median_ratio']:5.2f})  "
                       f"bridge peak {row['bridge_peak_mib']} MiB  (load {row['load']}, "
                       f"{sizes[case] / best['bridge'][0] / MiB:.0f} MiB/s)", flush=True)
+            if proxy is not None:
+                proxy.terminate()
+                proxy.wait(10)
     print(json.dumps(rows))
     shutil.rmtree(work, ignore_errors=True)
     if outs != work:

@@ -70,6 +70,7 @@ SETTLE_BYTES = 256 * MiB
 # flight, where a thread per request spends its time passing the GIL around (issue 13).
 BATCH_FILES = 256
 BATCH_BYTES = 64 * MiB
+BATCH_IN_FLIGHT = 64 * MiB   # a batch's bytes in flight at once, at most (batch_connections)
 # Parts bound for a local destination are received and written this much at a time: the piece is
 # still in the CPU's cache (L2) when it is written. Receiving a whole 8 MiB part first and writing
 # it then cost 2-3x the system time in a probe (bench/README.md).
@@ -823,12 +824,13 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
             ctx.progress.skipped(size)
         else:
             todo.append(one)
+    connections = batch_connections(ctx.settings, max((one["size"] for one in todo), default=0))
     if ctx.src.reads_many and ctx.dst_root.is_local:
         def each(i: int, data: bytes) -> None:
             ctx.progress.throttle(todo[i]["size"])
             _write(ctx, todo[i], ctx.dst.body(data))
 
-        failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], each)
+        failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], each, connections=connections)
     else:
         hashes: dict[int, FileHash] = {}
         md5s: dict[int, str | None] = {}
@@ -850,7 +852,7 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
             _record(ctx, todo[i], hashes.pop(i), check.md5_evidence(committed, md5s.pop(i)), journaled)
 
         try:
-            failures = ctx.dst.put_many(len(todo), body, sent)
+            failures = ctx.dst.put_many(len(todo), body, sent, connections=connections)
         finally:
             ctx.journal.put_many(journaled)
     if failures:
@@ -861,6 +863,14 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
         error.args = (f"{first} (and {len(failures) - 1} more files of its batch of {len(unit['files'])})",)
         raise error
     return {}
+
+
+def batch_connections(settings: Settings, biggest: int) -> int:
+    """Requests a batch keeps in flight: ``transfer.small_files_in_flight``, as many as keep at
+    most ``BATCH_IN_FLIGHT`` bytes of files of up to ``biggest`` bytes in flight, and never fewer
+    than ``transfer.concurrency`` (a batch takes the job's whole concurrency: it runs alone)."""
+    t = settings.transfer
+    return max(t.concurrency, min(t.small_files_in_flight, BATCH_IN_FLIGHT // max(biggest, 1)))
 
 
 def _write(ctx: JobContext, unit: dict, data) -> dict:

@@ -216,10 +216,12 @@ class Store(abc.ABC):
     # hands it batches of small whole files (bridge.engine, "batch" units) instead of one per unit.
     reads_many: bool = False
 
-    def read_many(self, locs: list[Location], each: Callable[[int, bytes], None]) -> dict[int, BridgeError]:
+    def read_many(self, locs: list[Location], each: Callable[[int, bytes], None], *,
+                  connections: int | None = None) -> dict[int, BridgeError]:
         """Whole objects: ``each(i, data)`` in this thread as each arrives (in any order); what
         failed, by index. A BridgeError from ``each`` is that object's failure; any other
-        exception stops the rest. Here one after another; stores with ``reads_many`` overlap them."""
+        exception stops the rest. Here one after another; stores with ``reads_many`` overlap them,
+        ``connections`` requests in flight (None: ``transfer.concurrency``)."""
         failures: dict[int, BridgeError] = {}
         for i, loc in enumerate(locs):
             try:
@@ -232,11 +234,12 @@ class Store(abc.ABC):
     writes_many: bool = False
 
     def put_many(self, count: int, body: Callable[[int], tuple[Location, bytes, str, dict[str, str], Attrs | None]],
-                 each: Callable[[int, ObjectInfo], None]) -> dict[int, BridgeError]:
+                 each: Callable[[int, ObjectInfo], None], *, connections: int | None = None) -> dict[int, BridgeError]:
         """Whole objects: ``body(i)`` gives (location, bytes, CRC32C hex, metadata[, attrs[, SHA-256]]) when object i is
         about to be sent, ``each(i, info)`` takes what ``put`` would have returned; what failed,
         by index. A BridgeError from ``body`` or ``each`` is that object's failure. Here one after
-        another; stores with ``writes_many`` overlap them."""
+        another; stores with ``writes_many`` overlap them, ``connections`` requests in flight (None:
+        ``transfer.concurrency``)."""
         failures: dict[int, BridgeError] = {}
         for i in range(count):
             try:
@@ -442,10 +445,11 @@ class DirectReads:
     def reads_many(self) -> bool:
         return self._direct is not None
 
-    def read_many(self, locs: list[Location], each: Callable[[int, bytes], None]) -> dict[int, BridgeError]:
+    def read_many(self, locs: list[Location], each: Callable[[int, bytes], None], *,
+                  connections: int | None = None) -> dict[int, BridgeError]:
         if self._direct is None:
             return super().read_many(locs, each)
-        return self._direct.get_many(locs, each, connections=self.settings.transfer.concurrency,
+        return self._direct.get_many(locs, each, connections=connections or self.settings.transfer.concurrency,
                                      retries=self.retries)
 
 

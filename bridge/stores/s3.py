@@ -303,11 +303,11 @@ class S3Store(Store):
     def reads_many(self) -> bool:
         return self._direct is not None
 
-    def read_many(self, locs: list[Location], each) -> dict:
+    def read_many(self, locs: list[Location], each, *, connections: int | None = None) -> dict:
         if self._direct is None:
             return super().read_many(locs, each)
-        t = self.settings.transfer
-        return self._direct.get_many(locs, each, _from_code, connections=t.concurrency, retries=self.retries)
+        return self._direct.get_many(locs, each, _from_code, connections=connections or self.settings.transfer.concurrency,
+                                     retries=self.retries)
 
     def _remember(self, loc: Location, named: dict[str, str]) -> None:
         """``named``: the answer's headers by lower-case name."""
@@ -361,7 +361,7 @@ class S3Store(Store):
     def writes_many(self) -> bool:
         return self._direct is not None
 
-    def put_many(self, count: int, body, each) -> dict:
+    def put_many(self, count: int, body, each, *, connections: int | None = None) -> dict:
         if self._direct is None:
             return super().put_many(count, body, each)
         sent: dict[int, tuple[Location, int, dict]] = {}   # what each answer is about
@@ -376,7 +376,8 @@ class S3Store(Store):
             each(i, _put_info(loc, size, metadata, resp))
 
         return self._direct.put_many(count, request, answered, _from_code,
-                                     connections=self.settings.transfer.concurrency, retries=self.retries)
+                                     connections=connections or self.settings.transfer.concurrency,
+                                     retries=self.retries)
 
     def delete(self, loc: Location) -> None:
         if self._direct is not None:

@@ -1,0 +1,68 @@
+"""Small files far away: a batch keeps ``transfer.small_files_in_flight`` requests in flight.
+
+A small object's time is mostly the endpoint's latency, which the emulators on loopback do not
+have: here moto is reached through tests/latencyproxy.py, which delays each direction, and the
+proxy counts the connections open at once (one per request in flight: bridge.stores.streams)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bridge import engine, ops
+from bridge.config import load_settings
+from bridge.engine import BATCH_IN_FLIGHT, batch_connections
+from tests.emulators import unique_name
+from tests.helpers import settings_for
+from tests.latencyproxy import LatencyProxy
+
+MiB = 1024 * 1024
+FILES = 120
+
+
+def _tree(root, count: int, size: int) -> None:
+    for i in range(count):
+        (root / f"d{i % 4}").mkdir(parents=True, exist_ok=True)
+        (root / f"d{i % 4}" / f"{i:04d}.bin").write_bytes(os.urandom(size))
+
+
+@pytest.mark.parametrize("in_flight, most", [(None, 64), (8, 8)])
+def test_small_files_far_away_go_with_many_requests_in_flight_both_ways(moto, tmp_path, in_flight, most):
+    bucket = unique_name()
+    moto.create_bucket(bucket)
+    src = tmp_path / "src"
+    _tree(src, FILES, 2048)
+    with LatencyProxy(moto.port, 0.005) as proxy:
+        env = {**moto.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}",
+               "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+        extra = {"small_files_in_flight": in_flight} if in_flight else {}
+        settings = settings_for(env, **extra)
+        assert settings.transfer.small_files_in_flight == (in_flight or 64)
+        plan = engine.plan_copy(f"{src}/", f"s3://{bucket}/far/", settings)
+        assert [len(u["files"]) for u in plan.units() if u["op"] == "batch"] == [FILES]
+        proxy.most = proxy.open   # from what the plan left open
+        ops.execute(plan, settings)
+        up = proxy.most
+        proxy.most = proxy.open
+        ops.copy(f"s3://{bucket}/far/", f"{tmp_path / 'back'}/", settings)
+        down = proxy.most
+    # one connection per request in flight, besides the few of the job's other threads (each
+    # thread's own, for its single requests: listing, record, commit) and those closing (the
+    # proxy sees a close a delay late)
+    assert most <= up <= most + 12 and most <= down <= most + 12, (up, down)
+    for i in range(FILES):
+        rel = f"d{i % 4}/{i:04d}.bin"
+        assert (tmp_path / "back" / rel).read_bytes() == (src / rel).read_bytes()
+
+
+def test_the_bytes_in_flight_are_bounded_and_never_fewer_requests_than_the_concurrency():
+    settings = load_settings({"transfer": {"concurrency": 8}}, environ={})
+    assert batch_connections(settings, 16 * 1024) == 64          # small files: small_files_in_flight
+    assert batch_connections(settings, 4 * MiB) == BATCH_IN_FLIGHT // (4 * MiB) == 16   # bigger: bytes bound it
+    assert batch_connections(settings, 32 * MiB) == 8             # never fewer than the concurrency
+    assert batch_connections(settings, 0) == 64                   # empty files
+    more = load_settings({"transfer": {"concurrency": 100, "small_files_in_flight": 10}}, environ={})
+    assert batch_connections(more, 1024) == 100
+    fewer = load_settings(environ={"MCBRIDGE_SMALL_FILES_IN_FLIGHT": "16", "MCBRIDGE_CONCURRENCY": "4"})
+    assert batch_connections(fewer, 1024) == 16
