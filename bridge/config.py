@@ -473,7 +473,7 @@ class TransferSettings(_Model):
     # Requests in flight for small whole files, which go in batches on one event loop (one
     # connection each): a small object's time is mostly the endpoint's latency, so eight in flight
     # left a copy waiting on the network (2,000 x 16 KiB over a 20 ms round trip: 6.6 s at 8,
-    # 1.6-1.8 s at 64). At most BATCH_IN_FLIGHT bytes of them are in flight, and never fewer
+    # 1.9 s at 64; bench/README.md). At most BATCH_IN_FLIGHT bytes of them are in flight, and never fewer
     # requests than ``concurrency`` (bridge.engine.batch_connections).
     small_files_in_flight: int = Field(64, ge=1, le=1024)
     # None: derived per store from its limits
