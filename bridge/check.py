@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from bridge.errors import IntegrityError, ObjectNotFound
-from bridge.hashing import TREE, rehash, rehash_parts, sha256_tree
+from bridge.hashing import TREE, FileHash, rehash, rehash_parts, sha256_tree
 from bridge.manifest import FileEntry
 from bridge.stores.base import ObjectInfo, Store, identity_changed
 from bridge.urls import Location
@@ -180,6 +180,37 @@ def _bytes_differ(store: Store, info: ObjectInfo, entry: FileEntry, sha256: bool
         crc, sha, part_sha = rehash_parts(store, info.location, info.size, entry.part_size, whole=sha256)
     else:
         (crc, sha), part_sha = rehash(store, info.location, info.size), []
+    return _hashes_differ(entry, crc, sha, part_sha)
+
+
+def judged_whole(entry: FileEntry) -> bool:
+    """Whether a deep check of ``entry`` reads its object in one stream, whole (``judge_many``
+    can take it): it records no SHA-256 per part."""
+    return not (entry.part_sha256 and entry.part_size)
+
+
+def judge_many(store: Store, pairs: list[tuple[ObjectInfo, FileEntry]], connections: int) -> list[Verdict]:
+    """``judge(..., deep=True)`` of many small objects whose entries are ``judged_whole``, read
+    through ``store.read_many`` with ``connections`` requests in flight from this thread (a
+    batch of small files, as a copy reads them) instead of one request per thread. A read that
+    failed raises its error, as ``judge`` would."""
+    verdicts: list[Verdict | None] = [None] * len(pairs)
+
+    def each(i: int, data) -> None:
+        info, entry = pairs[i]
+        if len(data) != entry.size:
+            verdicts[i] = Verdict(f"size {len(data)}, manifest says {entry.size}")
+            return
+        h = FileHash.of(data)
+        verdicts[i] = Verdict(_hashes_differ(entry, h.crc32c, h.sha256, []))
+
+    failures = store.read_many([info.location for info, _ in pairs], each, connections=connections)
+    if failures:
+        raise failures[min(failures)]
+    return verdicts
+
+
+def _hashes_differ(entry: FileEntry, crc: str, sha: str | None, part_sha: list[str]) -> str | None:
     if crc != entry.crc32c:
         return f"CRC32C {crc}, manifest says {entry.crc32c}"
     if entry.sha256 and sha and sha != entry.sha256:

@@ -24,8 +24,9 @@ from bridge.check import mismatch, reported_crc32c
 from bridge.stores.base import ObjectInfo, identity_changed, is_reserved
 from bridge.hashing import rehash
 from bridge import jobs
-from bridge.engine import (FileList, FilePlan, JobContext, Plan, batching, carrier_for, check_chunk_size, check_route,
-                           file_plan, part_size_for, plan_copy, resolve, spill_dir)
+from bridge.engine import (BATCH_BYTES, BATCH_FILES, BATCH_IN_FLIGHT, FileList, FilePlan, JobContext, Plan,
+                           batch_connections, batching, carrier_for, check_chunk_size, check_route, file_plan,
+                           part_size_for, plan_copy, resolve, spill_dir)
 from bridge.errors import InvalidOption, JobCancelled, ManifestError, ObjectNotFound
 from bridge.journal import job_key
 from bridge.journal import FileJournal, journal_at
@@ -250,7 +251,7 @@ def verify(url: str, settings: Settings, *, deep: bool = False, sha256: bool = F
     with Pool(settings.transfer.concurrency) as pool, contextlib.closing(tree):
         for prefix in prefixes:
             report["copies"].append(_verify_copy(store, root, prefix, prefixes, tree.walk(prefix), deep, pool, report,
-                                                 active, progress, sha256))
+                                                 active, progress, sha256, settings))
         if "" not in prefixes:
             # Objects under no committed prefix: uncommitted (a copy in progress, or not bridge's).
             for rel, info in tree.walk(""):
@@ -308,24 +309,46 @@ def _note(report: dict, kind: str, row: Any) -> None:
 
 def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: bool, pool: cf.ThreadPoolExecutor,
                  report: dict, filters: Filters | None = None, progress: Progress | None = None,
-                 sha256: bool = False) -> dict[str, Any]:
+                 sha256: bool = False, settings: Settings | None = None) -> dict[str, Any]:
     """One committed prefix: a merge of its listing and its record, both in path order. An object
-    under a deeper committed prefix belongs to that one, unless this record names it too."""
+    under a deeper committed prefix belongs to that one, unless this record names it too. A deep
+    check of small whole objects on a store that ``reads_many`` reads them in batches, as a copy
+    does (``check.judge_many``: many requests in flight from one thread), one batch at a time."""
     at = root.join(prefix.rstrip("/")).as_prefix() if prefix else root   # a local join takes no trailing /
     record = manifests.open_record(store, at)
     deeper = [p[len(prefix):] for p in prefixes if p != prefix and p.startswith(prefix)]
     before = dict(report["counts"])
     checked = size = 0
-    window: list[tuple[str, cf.Future]] = []
+    window: list[tuple[list[str], cf.Future]] = []   # in path order: one path's judge, or a batch's
+    in_batches = deep and settings is not None and store.reads_many
+    batch: list[tuple[str, ObjectInfo, Any]] = []
+    batch_bytes = 0
+    last_batch: list[cf.Future] = []
 
     def drain(limit: int) -> None:
         while len(window) > limit:
-            path, fut = window.pop(0)
-            verdict = fut.result()
-            if verdict.problem:
-                _note(report, "mismatched", {"path": prefix + path, "reason": verdict.problem})
-            elif verdict.rehashed:
-                _note(report, "rehashed", {"path": prefix + path, "reason": verdict.rehashed})
+            paths, fut = window.pop(0)
+            verdicts = fut.result()
+            for path, verdict in zip(paths, verdicts if isinstance(verdicts, list) else [verdicts]):
+                if verdict.problem:
+                    _note(report, "mismatched", {"path": prefix + path, "reason": verdict.problem})
+                elif verdict.rehashed:
+                    _note(report, "rehashed", {"path": prefix + path, "reason": verdict.rehashed})
+
+    def send_batch() -> None:
+        nonlocal batch, batch_bytes
+        if not batch:
+            return
+        if last_batch:   # one at a time, each one event loop's connections (as a copy's batches)
+            cf.wait(last_batch)
+        items, batch, batch_bytes = batch, [], 0
+        connections = batch_connections(settings, max(entry.size for _path, _info, entry in items))
+        fut = pool.submit(check.judge_many, store, [(info, entry) for _path, info, entry in items], connections)
+        if progress is not None:
+            fut.add_done_callback(lambda _f, sizes=[e.size for _p, _i, e in items]: [progress.checked(n) for n in sizes])
+        last_batch[:] = [fut]
+        window.append(([path for path, _info, _entry in items], fut))
+        drain(4 * pool._max_workers)
 
     entries = record.entries() if record else iter(())
     if filters is not None:   # paths as the filters see them: relative to the URL verified
@@ -350,13 +373,20 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
                 # (about half of a 10,000-object verify's time went to futures and wake-ups).
                 if progress is not None:
                     progress.checked(entry.size)
+            elif in_batches and obj[1].size == entry.size <= BATCH_IN_FLIGHT // 4 and check.judged_whole(entry):
+                batch.append((entry.path, obj[1], entry))
+                batch_bytes += entry.size
+                if len(batch) >= BATCH_FILES or batch_bytes >= BATCH_BYTES:
+                    send_batch()
             else:
+                send_batch()   # what is waiting goes first: the report keeps path order
                 fut = pool.submit(check.judge, store, obj[1], entry, deep, sha256)
                 if progress is not None:
                     fut.add_done_callback(lambda _f, n=entry.size: progress.checked(n))
-                window.append((entry.path, fut))
+                window.append(([entry.path], fut))
                 drain(4 * pool._max_workers)
             entry, obj = next(entries, None), next(listing, None)
+    send_batch()
     drain(0)
     shard_sets = []
     for shard_prefix, index_entry in sorted((record.extra if record else {}).get("shard_sets", {}).items()):

@@ -68,3 +68,24 @@ def test_the_bytes_in_flight_are_bounded_and_never_fewer_requests_than_the_concu
     assert batch_connections(more, 1024) == 100
     fewer = load_settings(environ={"MCBRIDGE_SMALL_FILES_IN_FLIGHT": "16", "MCBRIDGE_CONCURRENCY": "4"})
     assert batch_connections(fewer, 1024) == 16
+
+
+def test_a_deep_verify_of_small_files_far_away_reads_them_in_batches_and_names_the_damaged_in_order(moto, tmp_path):
+    """``verify --deep`` reads small whole objects as a copy does (check.judge_many: a batch's
+    requests in flight from one thread), and its report still names what differs in path order."""
+    bucket = unique_name()
+    moto.create_bucket(bucket)
+    src = tmp_path / "src"
+    _tree(src, FILES, 2048)
+    env = {**moto.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+    assert ops.copy(f"{src}/", f"s3://{bucket}/far/", settings_for(env))["ok"]
+    damaged = [f"d{i % 4}/{i:04d}.bin" for i in (97, 5, 42)]
+    for rel in damaged:   # the same size, other bytes, behind bridge's back
+        moto.client().put_object(Bucket=bucket, Key=f"far/{rel}", Body=os.urandom(2048))
+    with LatencyProxy(moto.port, 0.005) as proxy:
+        far = settings_for({**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"})
+        report = ops.verify(f"s3://{bucket}/far/", far, deep=True)
+    assert not report["ok"] and report["checked"] == FILES
+    assert [row["path"] for row in report["mismatched"]] == sorted(damaged)
+    assert all(row["reason"].startswith("CRC32C ") for row in report["mismatched"])
+    assert proxy.most >= 64   # the batch's requests in flight, not transfer.concurrency's 8 threads
