@@ -588,3 +588,20 @@ def test_a_presigned_url_reads_the_object_and_nothing_else(rclone_s3):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(bad)
         assert code in refused.value.read()
+
+
+def test_a_timestamp_is_the_same_utc_second_whatever_form_it_came_in():
+    """bridge.stores.base.utc_seconds: what a listing (ISO-8601, Z), a HEAD (an HTTP date) and an
+    SDK (dateutil's UTC, other offsets) give for one instant is one string, to the second."""
+    from datetime import datetime, timedelta, timezone
+    from email.utils import parsedate_to_datetime
+
+    from dateutil.tz import tzoffset, tzutc
+
+    from bridge.stores.base import utc_seconds
+    same = [datetime.fromisoformat("2026-12-03T13:37:22.999Z"), parsedate_to_datetime("Thu, 03 Dec 2026 13:37:22 GMT"),
+            datetime(2026, 12, 3, 13, 37, 22, 5, tzinfo=tzutc()),
+            datetime(2026, 12, 3, 15, 37, 22, tzinfo=timezone(timedelta(hours=2))),
+            datetime(2026, 12, 3, 8, 37, 22, 500000, tzinfo=tzoffset(None, -5 * 3600))]
+    assert {utc_seconds(when) for when in same} == {"2026-12-03T13:37:22Z"}
+    assert utc_seconds(datetime(2027, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1)))) == "2026-12-31T23:30:00Z"
