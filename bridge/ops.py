@@ -251,7 +251,7 @@ def verify(url: str, settings: Settings, *, deep: bool = False, sha256: bool = F
     with Pool(settings.transfer.concurrency) as pool, contextlib.closing(tree):
         for prefix in prefixes:
             report["copies"].append(_verify_copy(store, root, prefix, prefixes, tree.walk(prefix), deep, pool, report,
-                                                 active, progress, sha256, settings))
+                                                 active, progress, sha256, settings=settings))
         if "" not in prefixes:
             # Objects under no committed prefix: uncommitted (a copy in progress, or not bridge's).
             for rel, info in tree.walk(""):
@@ -309,7 +309,7 @@ def _note(report: dict, kind: str, row: Any) -> None:
 
 def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: bool, pool: cf.ThreadPoolExecutor,
                  report: dict, filters: Filters | None = None, progress: Progress | None = None,
-                 sha256: bool = False, settings: Settings | None = None) -> dict[str, Any]:
+                 sha256: bool = False, *, settings: Settings) -> dict[str, Any]:
     """One committed prefix: a merge of its listing and its record, both in path order. An object
     under a deeper committed prefix belongs to that one, unless this record names it too. A deep
     check of small whole objects on a store that ``reads_many`` reads them in batches, as a copy
@@ -320,7 +320,7 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
     before = dict(report["counts"])
     checked = size = 0
     window: list[tuple[list[str], cf.Future]] = []   # in path order: one path's judge, or a batch's
-    in_batches = deep and settings is not None and store.reads_many
+    in_batches = deep and store.reads_many
     batch: list[tuple[str, ObjectInfo, Any]] = []
     batch_bytes = 0
     last_batch: list[cf.Future] = []
@@ -345,7 +345,10 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
         connections = batch_connections(settings, max(entry.size for _path, _info, entry in items))
         fut = pool.submit(check.judge_many, store, [(info, entry) for _path, info, entry in items], connections)
         if progress is not None:
-            fut.add_done_callback(lambda _f, sizes=[e.size for _p, _i, e in items]: [progress.checked(n) for n in sizes])
+            def checked(_f, sizes=[entry.size for _path, _info, entry in items]) -> None:
+                for n in sizes:
+                    progress.checked(n)
+            fut.add_done_callback(checked)
         last_batch[:] = [fut]
         window.append(([path for path, _info, _entry in items], fut))
         drain(4 * pool._max_workers)
@@ -373,6 +376,7 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
                 # (about half of a 10,000-object verify's time went to futures and wake-ups).
                 if progress is not None:
                     progress.checked(entry.size)
+            # small whole objects: at least four of them in flight within a batch's byte bound
             elif in_batches and obj[1].size == entry.size <= BATCH_IN_FLIGHT // 4 and check.judged_whole(entry):
                 batch.append((entry.path, obj[1], entry))
                 batch_bytes += entry.size
