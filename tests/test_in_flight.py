@@ -89,3 +89,34 @@ def test_a_deep_verify_of_small_files_far_away_reads_them_in_batches_and_names_t
     assert [row["path"] for row in report["mismatched"]] == sorted(damaged)
     assert all(row["reason"].startswith("CRC32C ") for row in report["mismatched"])
     assert proxy.most >= 64   # the batch's requests in flight, not transfer.concurrency's 8 threads
+
+
+def test_packing_small_files_far_away_reads_each_batch_with_requests_in_flight_on_kept_links(tmp_path):
+    """A pack from an object store reads its small members a batch at a time per read thread,
+    several requests in flight each (packing.writer._read_batch: small_files_in_flight in all),
+    and the read threads' event loops keep their links from one batch to the next
+    (bridge.stores.streams: a home per run at once), not a connection per request in flight per
+    batch. ``rclone serve s3`` keeps connections alive (moto's server closes each)."""
+    from bridge.packing import job
+    from bridge.packing.unpack import unpack
+    from tests.emulators import RcloneS3
+    src = tmp_path / "src"
+    count = 1200   # 19 batches of 64 for the 8 read threads
+    _tree(src, count, 1024)
+    with RcloneS3() as server:
+        server.create_bucket("corpus")
+        env = {**server.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+        assert ops.copy(f"{src}/", "s3://corpus/in/", settings_for(env))["ok"]
+        with LatencyProxy(server.port, 0.005) as proxy:
+            far = settings_for({**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"})
+            assert far.transfer.concurrency == 8
+            summary = job.pack("s3://corpus/in/", f"{tmp_path / 'shards'}/", far, state_dir=tmp_path / "pack")
+    assert summary["files"] == count
+    # 8 threads with 8 requests in flight each (one thread's blocking reads: at most 8 and a few)
+    assert proxy.most >= 32, proxy.most
+    # links kept: 64 and the listing's few, where a loop per batch opens 8 for each of the 19 batches
+    assert proxy.connections <= 96, proxy.connections
+    unpack(f"{tmp_path / 'shards'}/", f"{tmp_path / 'out'}/", settings_for(env))
+    for i in range(count):
+        rel = f"d{i % 4}/{i:04d}.bin"
+        assert (tmp_path / "out" / rel).read_bytes() == (src / rel).read_bytes()

@@ -302,6 +302,12 @@ class PackContext(jobs.Context):
                                                         thread_name_prefix="bridge-read")
             return self._read_pool
 
+    def read_connections(self) -> int:
+        """Requests in flight per batch of small files read (``writer._read_batch``): with every
+        thread of the read pool on a batch, ``transfer.small_files_in_flight`` in all."""
+        t = self.settings.transfer
+        return max(1, t.small_files_in_flight // t.concurrency)
+
     def writers(self, memory: int = DEFAULT_MEMORY) -> int:
         """Shards written at once: the concurrency setting, within a memory budget."""
         per_writer = self.fmt.memory_per_writer(self.plan.part_size)
@@ -335,7 +341,8 @@ def _shard(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
         return done
     writer = ShardWriter(ctx.fmt, src=ctx.src, src_root=ctx.src_root, dst=ctx.dst, dst_root=ctx.dst_root,
                          prefix=ctx.plan.prefix, part_size=ctx.plan.part_size, retries=ctx.retries,
-                         progress=ctx.progress, read_pool=ctx.read_pool())
+                         progress=ctx.progress, read_pool=ctx.read_pool(),
+                         read_connections=ctx.read_connections())
     record = writer.write(name, unit["files"])   # [rel, size] pairs, not copied
     if ctx.fmt.exact_sizes and record["size"] != unit["size"]:
         raise BridgeError(f"internal error: {name} has {record['size']} bytes, planned {unit['size']}")

@@ -1,5 +1,5 @@
 """Many small requests from one thread: HTTP/1.1 over asyncio streams, a few keep-alive
-connections on one event loop (the process's: ``_Home``), kept from one batch to the next.
+connections on one event loop (one of the process's: ``_Home``), kept from one batch to the next.
 
 Why (issue 13): 2,000 objects of 16 KiB fetched by eight threads, each with its own blocking
 http.client connection, spent most of their time handing the GIL to one another (strace: ~84
@@ -166,16 +166,17 @@ async def _chunked(reader: asyncio.StreamReader) -> bytes:
 
 
 class _Home:
-    """The event loop the runs of this process share, one at a time, each in its caller's thread,
-    and the keep-alive links it keeps from one run to the next. Why: an engine batch is one run
-    (256 files); with a loop and links of its own, 2,000 small files over HTTPS cost 65 TCP
-    connections and TLS handshakes, counted, where 8 lanes need 8: each batch opened every lane
-    again. A run that finds the loop busy (another thread's) makes a loop of its own, as before."""
+    """An event loop that runs of this process share, one at a time, each in its caller's
+    thread, and the keep-alive links it keeps from one run to the next. Why: an engine batch is
+    one run (256 files); with a loop and links of its own, 2,000 small files over HTTPS cost 65
+    TCP connections and TLS handshakes, counted, where 8 lanes need 8: each batch opened every
+    lane again. The process keeps as many homes as runs ever ran at once (``_homes``): a run
+    that finds every home busy (other threads' runs: a pack's readers, say) makes one more, which
+    the next run to find the others busy uses, links and all."""
 
     IDLE = 256   # links kept per (origin, settings), at most: transfer.concurrency's bound
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.lock = threading.Lock()
         self.loop = asyncio.new_event_loop()
         self.idle: dict[tuple, list[Link]] = {}
@@ -212,26 +213,37 @@ class _Home:
         self.loop.close()
 
 
-_home: _Home | None = None
-_home_lock = threading.Lock()
+_homes: list[_Home] = []        # this process's (a forked child starts its own: _homes_pid)
+_homes_pid: int | None = None
+_homes_lock = threading.Lock()
 
 
-def _the_home() -> _Home:
-    global _home
-    with _home_lock:
-        if _home is None or _home.pid != os.getpid():   # a forked child makes its own
-            if _home is None:
-                atexit.register(_close_home)
-            _home = _Home()
-        return _home
+def _free_home() -> _Home:
+    """A home no other thread is running, taken (its lock held): the first free one, or a new one."""
+    global _homes, _homes_pid
+    with _homes_lock:
+        if _homes_pid != os.getpid():   # first use, or a forked child: the parent's loops are not ours
+            if _homes_pid is None:
+                atexit.register(_close_homes)
+            _homes, _homes_pid = [], os.getpid()
+        for home in _homes:
+            if home.lock.acquire(blocking=False):
+                return home
+        home = _Home()
+        home.lock.acquire()
+        _homes.append(home)
+        return home
 
 
-def _close_home() -> None:
-    global _home
-    home = _home
-    if home is not None and home.pid == os.getpid() and home.lock.acquire(blocking=False):
-        _home = None
-        home.close()
+def _close_homes() -> None:
+    """At exit: every home not being run (an interrupted thread's is left to the interpreter)."""
+    if _homes_pid != os.getpid():
+        return
+    with _homes_lock:
+        for home in list(_homes):
+            if home.lock.acquire(blocking=False):
+                _homes.remove(home)
+                home.close()
 
 
 def run_many(count: int, work: Callable[[int, Link], Awaitable[None]], origin: str, *,
@@ -239,28 +251,27 @@ def run_many(count: int, work: Callable[[int, Link], Awaitable[None]], origin: s
              tls: ssl.SSLContext | None = None) -> None:
     """``work(i, link)`` for every i in range(count), at most ``connections`` at a time, each on
     a keep-alive link of its own (kept from an earlier run where there is one), on an event loop
-    of this thread (the process's, ``_Home``, when no other thread runs it). An exception from
+    of the process's that no other thread is running (``_Home``). An exception from
     ``work`` ends the run (the caller decides which failures are one item's and which are
     everyone's): the other lanes are cancelled and their links closed."""
     if count <= 0:
         return
-    home = _the_home()
     key = (origin, timeout, metered, tls)
 
-    async def main(keeper: _Home | None) -> None:
+    async def main(keeper: _Home) -> None:
         items = iter(range(count))
 
         async def lane() -> None:
-            link = (keeper and keeper.take(key)) or Link(origin, timeout, metered, tls)
+            link = keeper.take(key) or Link(origin, timeout, metered, tls)
             finished = False
             try:
                 for i in items:
                     await work(i, link)
                 finished = True
             finally:
-                if finished and keeper is not None:
+                if finished:
                     keeper.give(key, link)
-                else:   # cancelled or failed mid-exchange (what is left on it is unknown), or not kept
+                else:   # cancelled or failed mid-exchange (what is left on it is unknown)
                     link.close()
 
         lanes = [asyncio.ensure_future(lane()) for _ in range(max(1, min(connections, count)))]
@@ -271,9 +282,7 @@ def run_many(count: int, work: Callable[[int, Link], Awaitable[None]], origin: s
                 task.cancel()
             await asyncio.gather(*lanes, return_exceptions=True)
 
-    if not home.lock.acquire(blocking=False):
-        asyncio.run(main(None))
-        return
+    home = _free_home()
     try:
         home.loop.run_until_complete(main(home))
     except BaseException as exc:
@@ -285,10 +294,9 @@ def run_many(count: int, work: Callable[[int, Link], Awaitable[None]], origin: s
 
 
 def _discard(home: _Home) -> None:
-    global _home
-    with _home_lock:
-        if _home is home:
-            _home = None
+    with _homes_lock:
+        if home in _homes:
+            _homes.remove(home)
     home.close()
 
 
