@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bridge.meter import Pool
@@ -185,3 +186,27 @@ def put_whole(store: Store, loc: Location, data: bytes, *, retries: int, progres
     if progress:
         progress.moved(len(data))
     return Written(len(data), crc, sha, committed=provenance(committed))
+
+
+def put_wholes(store: Store, items: list[tuple[Location, bytes, str]], each: Callable[[int, Written], None], *,
+               connections: int, progress: Progress | None = None) -> None:
+    """Small objects, (location, bytes, SHA-256 hex), each in one request with put_whole's
+    metadata, ``connections`` of them in flight from this thread (``store.writes_many``: an
+    object store's direct path, which retries each on its own); ``each(i, written)`` as each is
+    stored, in any order. The first failure, in ``items``' order, is raised once the rest are done."""
+    crcs: list[str] = [""] * len(items)
+
+    def body(i: int) -> tuple:
+        loc, data, sha = items[i]
+        crc = crcs[i] = crc_hex(crc32c(data))
+        return loc, data, crc, _metadata(crc, sha), None, sha
+
+    def stored(i: int, committed) -> None:
+        _loc, data, sha = items[i]
+        if progress:
+            progress.moved(len(data))
+        each(i, Written(len(data), crcs[i], sha, committed=provenance(committed)))
+
+    failures = store.put_many(len(items), body, stored, connections=connections)
+    if failures:
+        raise failures[min(failures)]

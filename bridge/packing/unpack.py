@@ -46,7 +46,7 @@ from bridge.packing import layout
 from bridge.packing.layout import UnsafeMember
 from bridge.packing.rangefile import RangeFile
 from bridge.packing.reading import open_set
-from bridge.packing.sink import StreamingUpload, put_whole, stream_part_size
+from bridge.packing.sink import StreamingUpload, Written, put_whole, put_wholes, stream_part_size
 from bridge.packing.writer import format_for_shard
 from bridge.progress import Progress
 from bridge.spill import Rows
@@ -57,6 +57,8 @@ from bridge.urls import Location, parse
 STREAM_OVER = 16 * MiB      # members bigger than this go out as multipart uploads
 SETTLE_FILES = 512          # a local target's members are made durable together after this many
 SETTLE_BYTES = 256 * MiB    # ... or bytes, then journaled
+PUT_BATCH_FILES = 64        # a remote target's small members go out together, up to this many
+PUT_BATCH_BYTES = 1 * MiB   # ... or bytes (see _Extractor._queue)
 LIST_PROBLEMS = 5
 MEMBER_FIELDS = ("path", "size", "offset", "sha256", "row_group", "row")
 
@@ -382,6 +384,12 @@ class _Extractor:
         # remote targets take one request per file: keep several in flight for each shard reader
         self._puts = None if dst_root.is_local else Pool(concurrency, thread_name_prefix="bridge-put")
         self._slots = threading.BoundedSemaphore(2 * concurrency)
+        # ... and where the store keeps several requests in flight from one thread (the object
+        # stores' direct paths), a pool task puts a batch of members, so many requests: a small
+        # object's time is mostly the endpoint's round trip. small_files_in_flight in all, with
+        # every put thread on a batch (as a pack's reads: packing.writer._read_batch).
+        self._batched = self._puts is not None and dst.writes_many
+        self._connections = max(1, settings.transfer.small_files_in_flight // concurrency)
         # A local target's small members skip their two fsyncs each (file, folder): they are made
         # durable together (one syncfs, as a copy's are: bridge.engine), and journaled only then,
         # so the journal never names a file a power loss could take back.
@@ -447,6 +455,7 @@ class _Extractor:
         view = RangeFile(self.src, shard.loc, shard.size, window=_window(shard.loc), retries=self.retries,
                          progress=self.progress)
         pending: collections.deque[cf.Future] = collections.deque()
+        batch = _Batch()
         count = 0
         try:
             for m in members:
@@ -463,7 +472,8 @@ class _Extractor:
                 data = view.read(m.size)
                 sha = hashlib.sha256(data).hexdigest()
                 self._check(shard, m, sha)
-                pending.append(self._put(shard, m, data, sha))
+                self._queue(shard, m, data, sha, pending, batch)
+            self._flush(shard, pending, batch)
             while pending:
                 pending.popleft().result()
         finally:
@@ -484,6 +494,35 @@ class _Extractor:
     def _check(self, shard: Shard, m: Member, sha: str) -> None:
         if m.sha256 and sha != m.sha256:
             raise IntegrityError(f"{shard.loc}: {m.path} does not match its SHA-256 in the index")
+
+    def _queue(self, shard: Shard, m: Member, data: bytes, sha: str, pending, batch: _Batch) -> None:
+        """A small member on its way: put now (a local target), sent to the put pool alone, or
+        added to ``batch``, which goes to the pool once full (``_batched``)."""
+        if not self._batched:
+            pending.append(self._put(shard, m, data, sha))
+            return
+        batch.items.append((m, data, sha))
+        batch.bytes += len(data)
+        if len(batch.items) >= PUT_BATCH_FILES or batch.bytes >= PUT_BATCH_BYTES:
+            self._flush(shard, pending, batch)
+
+    def _flush(self, shard: Shard, pending, batch: _Batch) -> None:
+        if not batch.items:
+            return
+        items, batch.items, batch.bytes = batch.items, [], 0
+        self._slots.acquire()
+        future = self._puts.submit(self._put_batch_now, shard, items)
+        future.add_done_callback(lambda _f: self._slots.release())
+        pending.append(future)
+
+    def _put_batch_now(self, shard: Shard, items: list[tuple[Member, bytes, str]]) -> None:
+        def stored(i: int, w: Written) -> None:
+            m = items[i][0]
+            self.progress.file_finished()
+            self.restored(shard, m, FileEntry(m.path, w.size, w.crc32c, w.sha256, **w.committed))
+
+        put_wholes(self.dst, [(self.dst_root.join(m.path), data, sha) for m, data, sha in items], stored,
+                   connections=self._connections, progress=self.progress)
 
     def _put(self, shard: Shard, m: Member, data: bytes, sha: str) -> cf.Future:
         if self._puts is None:
@@ -523,7 +562,8 @@ class _Extractor:
         pf = _parquet_file(self.src, shard.loc, shard.size, self.retries)
         where = {(m.row_group, m.row): m for m in shard.each()}
         has_sha = "sha256" in pf.schema_arrow.names
-        pending = []
+        pending: list[cf.Future] = []
+        batch = _Batch()
         for group in range(pf.num_row_groups):
             columns = ["data", "sha256"] if has_sha else ["data"]
             table = pf.read_row_group(group, columns=columns)
@@ -538,10 +578,19 @@ class _Extractor:
                 if entry is not None and entry.sha256 == sha and entry.size == len(data):
                     self.progress.skipped(entry.size)
                     continue
-                pending.append(self._put(shard, m, data, sha))
+                self._queue(shard, m, data, sha, pending, batch)
+        self._flush(shard, pending, batch)
         for f in pending:
             f.result()
         return len(where)
+
+
+@dataclass
+class _Batch:
+    """Small members waiting to go to a remote target together (``_Extractor._queue``)."""
+
+    items: list[tuple[Member, bytes, str]] = field(default_factory=list)
+    bytes: int = 0
 
 
 def _folder(loc: Location) -> Location:
