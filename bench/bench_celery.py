@@ -35,6 +35,10 @@ have taken had every process always found a free core (Redis, shared, is left ou
 ``--store-checksums skip`` on both sides. Redis: the machine's on 127.0.0.1:6379 if it answers, else
 a private redis-server; a namespace of its own either way.
 
+``--latency-ms MS`` sends the timed runs (the cp, the workers) through tests/latencyproxy.py, which
+delays each direction of every connection by MS, in a process of its own: an endpoint as far away
+as a cloud's, where a small object's time is mostly the round trip, not CPU. Its CPU is not counted.
+
 Targets (issue 28): for small files, ``-c 1`` at most 1.1x the in-process time, ``-c 2`` at most
 0.8x, finalize at most 10% of the job's time; the big file at least 0.95x in-process throughput.
 """
@@ -107,6 +111,9 @@ def main() -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS), help="worker configurations to run")
     ap.add_argument("--endpoint-tmpfs", action=argparse.BooleanOptionalAction, default=True,
                     help="rclone serve s3 keeps its objects in /dev/shm (default), not on the disk")
+    ap.add_argument("--latency-ms", type=float, default=0.0,
+                    help="delay each direction of every timed run's connections by MS (tests/latencyproxy.py, "
+                         "in a process of its own): an endpoint as far as a cloud's")
     args = ap.parse_args()
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
 
@@ -131,13 +138,20 @@ def main() -> None:
     redis = Redis().start()
     namespace = f"bench-{uuid.uuid4().hex[:8]}"
     workers: list[ServiceProcess] = []
+    proxy = None
     try:
         server.start()
         server.create_bucket("bench")
+        endpoint = server.endpoint
+        if args.latency_ms:   # the cp and the workers reach the endpoint through it; the purges go direct
+            proxy = subprocess.Popen([sys.executable, "-m", "tests.latencyproxy", str(server.port),
+                                      str(args.latency_ms)], stdout=subprocess.PIPE, text=True,
+                                     cwd=Path(__file__).resolve().parent.parent)
+            endpoint = server.endpoint.replace(f":{server.port}", f":{proxy.stdout.readline().strip()}")
         # BRIDGE_SRC: a checkout that maps bridge.workers to its own workers/ (kept, when set)
         base = {k: v for k, v in os.environ.items()
                 if not k.startswith(("AWS_", "AZURE_", "BRIDGE_")) or k == "BRIDGE_SRC"}
-        env = {**base, **server.env(), "MCBRIDGE_STATE_DIR": str(work / "state"),
+        env = {**base, **server.env(), "AWS_ENDPOINT_URL": endpoint, "MCBRIDGE_STATE_DIR": str(work / "state"),
                "XDG_CONFIG_HOME": str(work / "noconfig"), "AWS_EC2_METADATA_DISABLED": "true",
                "BRIDGE_BROKER_URL": redis.url, "BRIDGE_NAMESPACE": namespace, "BRIDGE_METRICS_PORT": "0",
                **tenant_env(work / "tenant", local_roots=[str(work)])}
@@ -153,12 +167,14 @@ def main() -> None:
                 by_config.setdefault(name, []).append(workers[-1])
         for w in workers:
             w.wait_ready()
-        print(f"{args.endpoint} S3 at {server.endpoint}; Redis {redis.url}; {os.cpu_count()} CPUs; "
+        print(f"{args.endpoint} S3 at {server.endpoint}"
+              f"{f' through a proxy adding {2 * args.latency_ms:g} ms to each round trip' if proxy else ''}; "
+              f"Redis {redis.url}; {os.cpu_count()} CPUs; "
               f"configurations {', '.join(configs)}; {args.repeat} rounds", flush=True)
         best: dict[tuple[str, str], dict] = {}
         walls: dict[tuple[str, str], list[float]] = {}   # every run's, for the medians
         run = 0
-        purging = s3_env(env, server)
+        purging = s3_env(env, server)   # straight to the endpoint (s3_env sets its own address)
         for rnd in range(args.repeat):
             for key, label, src, nbytes, case_configs in cases:
                 sides = ["in-process", *case_configs]
@@ -225,6 +241,9 @@ def main() -> None:
     finally:
         for w in workers:
             w.stop()
+        if proxy is not None:
+            proxy.kill()
+            proxy.wait()
         server.stop()
         if served is not None:
             shutil.rmtree(served, ignore_errors=True)
