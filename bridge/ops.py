@@ -407,11 +407,25 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
             **found}
 
 
-def _source_crc32c(store, info) -> str:
+def _source_differs(store, info, entry) -> bool:
+    """Whether a source object of the recorded size, whose identity does not show it to be the
+    version the record names, holds other bytes than the record's CRC32C. From the checksum the
+    store reports, where it reports one. Else, where the record names the version copied: the
+    recorded ETag is the same content (S3: the MD5 of the bytes, or of the parts' MD5s; a
+    rewrite of the same bytes changes only the object's time), and another version of a remote
+    object is taken as changed unread: reading it to hash it costs the egress that copying it
+    costs, and a changed one would be read twice. A local file, or an object under a record that
+    names no version (written before records did), is read and hashed."""
     crc = reported_crc32c(store, info) if store.features.checksums or info.metadata else None
+    if crc is None and entry.source_id and info.identity:
+        etag = info.identity.get("etag")
+        if etag and etag == entry.source_id.get("etag"):
+            return False
+        if not info.location.is_local:
+            return True
     if crc is None:
         crc, _ = rehash(store, info.location, info.size, sha=False)
-    return crc
+    return crc != entry.crc32c
 
 
 class _Recorded:
@@ -429,7 +443,9 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     are merged in path order (none is held whole), and an object costs no request of its own
     while both listings show the versions the record names: the source's ``source_id`` and the
     destination's ``identity``. Where they differ (or an older record lacks them), the source's
-    CRC32C (never its time) and the destination's checksums decide, at one request or read each.
+    CRC32C (never its time) and the destination's checksums decide, at one request or read each;
+    a new version of a remote source that reports no CRC32C is sent unread, unless its ETag is
+    the recorded one (``_source_differs``).
     An object there that the record does not name (or with no record at all) is adopted when equal
     to its source (bridge/adopt.py; ``adopt``: checksum, deep or off). ``filters`` apply to both
     sides, as in rclone: a file they leave out is neither sent nor deleted."""
@@ -448,7 +464,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
         if entry.size != info.size:
             return "changed"
         if not (entry.source_id and info.identity and not identity_changed(entry.source_id, info.identity)):
-            if _source_crc32c(src_store, info) != entry.crc32c:
+            if _source_differs(src_store, info, entry):
                 return "changed"
         if entry.identity and there.identity and not identity_changed(entry.identity, there.identity):
             return "unchanged"   # the very version committed (and checked then)
