@@ -115,7 +115,7 @@ def compare(src_store: Store, src: ObjectInfo, dst_store: Store, dst: ObjectInfo
                         _entry(rel, src, dst, dst_sums, read, "deep", both_read=True))
     if src_local or "crc32c" not in src_sums:
         # A local source costs nothing to read. A cloud source that reports no CRC32C is read
-        # too (sync reads it to compare on every run anyway): the entry needs its CRC32C.
+        # too: the entry needs its CRC32C, by which verify checks the destination object.
         read = digest(src_store, src, (name, "sha256") if name in COMPUTABLE else ("sha256",))
         src_sums = {**src_sums, **read}
     if dst_local:
@@ -128,10 +128,13 @@ def compare(src_store: Store, src: ObjectInfo, dst_store: Store, dst: ObjectInfo
 def _entry(rel: str, src: ObjectInfo, dst: ObjectInfo, dst_sums: dict[str, str], src_sums: dict[str, str],
            by: str, both_read: bool = False) -> FileEntry:
     """The manifest entry of an adopted object: its CRC32C the source's (reported or computed),
-    its SHA-256 where bridge read the source, what the destination reports, its identity."""
+    its SHA-256 where bridge read the source, what the destination reports, its identity, and
+    the source's version it was found equal to (``source_id``), as a copy records the version it
+    read: while both listings show those versions, a later sync passes the object at no request
+    (without it, every sync read each adopted object of a cloud source to hash it again)."""
     computed = [h for h in ("crc32c", "sha256") if h in src_sums and (src.location.is_local or both_read
                                                                       or "sha256" in src_sums)]
     note = f"adopted: equal to its source by {'reading both' if by == 'deep' else by.upper()}"
     return FileEntry(rel, dst.size, src_sums.get("crc32c", ""), src_sums.get("sha256", ""),
                      computed=computed, reported=dict(dst_sums), identity=dict(dst.identity), note=note,
-                     adopted=by)
+                     adopted=by, source_id=dict(src.identity))

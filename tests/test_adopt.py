@@ -202,3 +202,28 @@ def test_a_plain_rewrite_with_the_same_bytes_passes_the_default_verify(make_root
     r = mcbridge("verify", dst, env=emulator_env, state_dir=tmp_path)     # other bytes: another ETag
     assert r.returncode == 1 and "mismatched  a.bin: rewritten since the manifest was written (its etag " \
         "changed): CRC32C" in r.stdout, r.stdout
+
+
+def test_a_sync_after_adopting_from_a_cloud_source_reads_no_object(moto, tmp_path):
+    """An adopted entry records the source version found equal (``source_id``), as a copy's
+    does: the next sync passes every adopted object on the two listings alone, where it used to
+    read each S3 source object again to hash it, at every run."""
+    from bridge import ops
+    from tests.emulators import unique_name
+    from tests.helpers import settings_for
+    bucket = unique_name()
+    moto.create_bucket(bucket)
+    s3 = moto.client()
+    made = tmp_path / "made"   # a copy another tool made
+    made.mkdir()
+    for i in range(8):
+        body = os.urandom(2500 + i)
+        s3.put_object(Bucket=bucket, Key=f"src/{i}.bin", Body=body)
+        (made / f"{i}.bin").write_bytes(body)
+    env = {**moto.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+    first = ops.sync(f"s3://{bucket}/src/", f"{made}/", settings_for(env))
+    assert first["ok"] and first["reasons"]["adopted"] == 8 and first["sent"] == [], first
+    with FaultProxy(moto.endpoint) as proxy:
+        again = ops.sync(f"s3://{bucket}/src/", f"{made}/", settings_for({**env, "AWS_ENDPOINT_URL": proxy.endpoint}))
+    assert again["ok"] and again["reasons"]["unchanged"] == 8 and again["sent"] == [], again
+    assert [line for line, _ in proxy.log if "/src/" in line.split("?")[0]] == [], proxy.log   # listings only
