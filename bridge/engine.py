@@ -65,8 +65,8 @@ LOCAL_MAX_PART = 64 * MiB
 # many files or bytes, and only then journaled as written.
 SETTLE_FILES = 512
 SETTLE_BYTES = 256 * MiB
-# Small whole files go in batches where the source sends many requests from one thread
-# (Store.reads_many) and the destination is local: one event loop keeps `concurrency` requests in
+# Small whole files go in batches where each side sends many requests from one thread
+# (Store.reads_many, Store.writes_many) or is local: one event loop keeps many requests in
 # flight, where a thread per request spends its time passing the GIL around (issue 13).
 BATCH_FILES = 256
 BATCH_BYTES = 64 * MiB
@@ -481,13 +481,15 @@ def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int
 
 
 def batching(plan: Plan, src_root: Location, dst_root: Location, settings: Settings) -> None:
-    """Batches of small files where they pay: one side overlaps many requests from one thread
-    and the other is local (a remote request inside that thread would serialise them): reads
-    from a store that ``reads_many`` to local files, local files to a store that ``writes_many``.
+    """Batches of small files where they pay, each side overlapping many requests from one
+    thread or local: reads from a store that ``reads_many`` to local files, local files to a
+    store that ``writes_many``, and from one such store to the other (the batch read whole
+    first, then sent: a remote read inside the sending thread would serialise the requests).
     A batch takes the job's whole concurrency (its connections), so one runs at a time beside
     nothing else of this job: one event loop, not several contending for the GIL."""
-    if ((dst_root.is_local and get_store(src_root, settings).reads_many)
-            or (src_root.is_local and get_store(dst_root, settings).writes_many)):
+    src_many = src_root.is_local or get_store(src_root, settings).reads_many
+    dst_many = dst_root.is_local or get_store(dst_root, settings).writes_many
+    if src_many and dst_many and not (src_root.is_local and dst_root.is_local):
         plan.batch, plan.slots = BATCH_FILES, settings.transfer.concurrency
 
 
@@ -810,10 +812,11 @@ def _put(ctx: JobContext, unit: dict) -> dict:
 
 
 def _batch(ctx: JobContext, unit: dict) -> dict:
-    """Small whole files through ``Store.read_many`` (to a local destination) or
-    ``Store.put_many`` (from a local source): each written and journaled as it arrives, as
-    ``_put`` does one. Files already journaled are skipped; those that fail are the unit's error
-    (the first, and how many more), the rest of the batch written all the same."""
+    """Small whole files through ``Store.read_many`` (to a local destination), ``Store.put_many``
+    (from a local source), or both (between two stores: the batch's bytes read first, at most
+    BATCH_BYTES, then sent): each written and journaled as it arrives, as ``_put`` does one.
+    Files already journaled are skipped; those that fail are the unit's error (the first, and
+    how many more), the rest of the batch written all the same."""
     todo = []
     keys = [f"file:{rel}" for rel, *_rest in unit["files"]]
     records = ctx.journal.get_many(keys)   # the whole batch in one query (one round trip for the service's)
@@ -832,13 +835,26 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
 
         failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], each, connections=connections)
     else:
+        read: dict[int, bytes] = {}
+        failures = {}
+        if not ctx.src_root.is_local:   # from a store to a store: the batch's bytes first
+            def got(i: int, data: bytes) -> None:
+                ctx.progress.throttle(todo[i]["size"])
+                read[i] = data
+
+            failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], got, connections=connections)
+        going = [i for i in range(len(todo)) if i not in failures]
         hashes: dict[int, FileHash] = {}
         md5s: dict[int, str | None] = {}
 
-        def body(i: int) -> tuple:
+        def body(k: int) -> tuple:
+            i = going[k]
             rel = todo[i]["rel"]
-            ctx.progress.throttle(todo[i]["size"])
-            data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel)))
+            if i in read:
+                data = ctx.dst.body(read.pop(i))
+            else:
+                ctx.progress.throttle(todo[i]["size"])
+                data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel)))
             hashes[i] = _hashed(ctx, todo[i], data)
             md5s[i] = _md5(ctx, data)
             return (ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i]), ctx.attrs(rel),
@@ -848,13 +864,15 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
         # cost a SQLite commit each); a kill before that only sends those files again.
         journaled: list[tuple[str, dict]] = []
 
-        def sent(i: int, committed: ObjectInfo) -> None:
+        def sent(k: int, committed: ObjectInfo) -> None:
+            i = going[k]
             _record(ctx, todo[i], hashes.pop(i), check.md5_evidence(committed, md5s.pop(i)), journaled)
 
         try:
-            failures = ctx.dst.put_many(len(todo), body, sent, connections=connections)
+            unsent = ctx.dst.put_many(len(going), body, sent, connections=connections)
         finally:
             ctx.journal.put_many(journaled)
+        failures.update((going[k], exc) for k, exc in unsent.items())
     if failures:
         first = failures[min(failures)]
         if len(failures) == 1:
