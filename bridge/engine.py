@@ -838,11 +838,8 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
         read: dict[int, bytes] = {}
         failures = {}
         if not ctx.src_root.is_local:   # from a store to a store: the batch's bytes first
-            def got(i: int, data: bytes) -> None:
-                ctx.progress.throttle(todo[i]["size"])
-                read[i] = data
-
-            failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], got, connections=connections)
+            failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], read.__setitem__,
+                                         connections=connections)
         going = [i for i in range(len(todo)) if i not in failures]
         hashes: dict[int, FileHash] = {}
         md5s: dict[int, str | None] = {}
@@ -850,11 +847,8 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
         def body(k: int) -> tuple:
             i = going[k]
             rel = todo[i]["rel"]
-            if i in read:
-                data = ctx.dst.body(read.pop(i))
-            else:
-                ctx.progress.throttle(todo[i]["size"])
-                data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel)))
+            ctx.progress.throttle(todo[i]["size"])   # a bandwidth limit paces what goes out
+            data = ctx.dst.body(read.pop(i) if i in read else ctx.src.read(ctx.src_loc(rel)))
             hashes[i] = _hashed(ctx, todo[i], data)
             md5s[i] = _md5(ctx, data)
             return (ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i]), ctx.attrs(rel),

@@ -223,8 +223,9 @@ def test_a_shard_rewritten_mid_copy_commits_nothing_and_is_right_next_run(moto, 
     dst = f"gs://{gbucket}/dr/"
     policy_file = _write_policy(tmp_path, f"s3://{src}/golden/", dst, "    ready: {marker: .metadata}\n")
     # slow enough (one file at a time, 512 KiB/s) that the source is rewritten while it is copied
-    slow = dict(emulator_env, MCBRIDGE_BWLIMIT="512KiB", MCBRIDGE_CONCURRENCY="1", MCBRIDGE_STATE_DIR=str(tmp_path),
-                XDG_CONFIG_HOME=NO_CONFIG)
+    # (small files between two stores go in batches, with small_files_in_flight requests at once)
+    slow = dict(emulator_env, MCBRIDGE_BWLIMIT="512KiB", MCBRIDGE_CONCURRENCY="1", MCBRIDGE_SMALL_FILES_IN_FLIGHT="1",
+                MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
     proc = subprocess.Popen([*MCBRIDGE, "replicate", "--policy", str(policy_file), "--once", "--json"],
                             env=slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     from google.cloud import storage  # noqa: F401  (the emulator's own client lists the destination)
