@@ -885,6 +885,13 @@ def batch_connections(settings: Settings, biggest: int) -> int:
     return max(t.concurrency, min(t.small_files_in_flight, BATCH_IN_FLIGHT // max(biggest, 1)))
 
 
+def pool_batch_connections(settings: Settings) -> int:
+    """Requests in flight per batch where batches run on every thread of a pool at once (a
+    pack's reads, an unpack's puts): ``transfer.small_files_in_flight`` in all."""
+    t = settings.transfer
+    return max(1, t.small_files_in_flight // t.concurrency)
+
+
 def _write(ctx: JobContext, unit: dict, data) -> dict:
     h = _hashed(ctx, unit, data)
     durability = {"durable": False} if ctx.defer_sync else {}

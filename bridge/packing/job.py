@@ -24,7 +24,7 @@ from bridge.meter import Pool
 from bridge.filters import Filters
 from bridge import jobs
 from bridge.config import Settings
-from bridge.engine import resolve, spill_dir
+from bridge.engine import pool_batch_connections, resolve, spill_dir
 from bridge.errors import BridgeError, InvalidOption, ObjectNotFound
 from bridge.journal import Journal, job_key, journal_at
 from bridge.manifest import FileEntry
@@ -302,12 +302,6 @@ class PackContext(jobs.Context):
                                                         thread_name_prefix="bridge-read")
             return self._read_pool
 
-    def read_connections(self) -> int:
-        """Requests in flight per batch of small files read (``writer._read_batch``): with every
-        thread of the read pool on a batch, ``transfer.small_files_in_flight`` in all."""
-        t = self.settings.transfer
-        return max(1, t.small_files_in_flight // t.concurrency)
-
     def writers(self, memory: int = DEFAULT_MEMORY) -> int:
         """Shards written at once: the concurrency setting, within a memory budget."""
         per_writer = self.fmt.memory_per_writer(self.plan.part_size)
@@ -342,7 +336,7 @@ def _shard(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
     writer = ShardWriter(ctx.fmt, src=ctx.src, src_root=ctx.src_root, dst=ctx.dst, dst_root=ctx.dst_root,
                          prefix=ctx.plan.prefix, part_size=ctx.plan.part_size, retries=ctx.retries,
                          progress=ctx.progress, read_pool=ctx.read_pool(),
-                         read_connections=ctx.read_connections())
+                         read_connections=pool_batch_connections(ctx.settings))
     record = writer.write(name, unit["files"])   # [rel, size] pairs, not copied
     if ctx.fmt.exact_sizes and record["size"] != unit["size"]:
         raise BridgeError(f"internal error: {name} has {record['size']} bytes, planned {unit['size']}")

@@ -38,6 +38,7 @@ from bridge.meter import Pool
 from bridge import jobs
 from bridge import names
 from bridge.config import Settings
+from bridge.engine import pool_batch_connections
 from bridge.errors import IntegrityError, MissingBackend, ObjectNotFound
 from bridge.journal import Journal, job_key, journal_at
 from bridge.manifest import FileEntry
@@ -389,7 +390,7 @@ class _Extractor:
         # object's time is mostly the endpoint's round trip. small_files_in_flight in all, with
         # every put thread on a batch (as a pack's reads: packing.writer._read_batch).
         self._batched = self._puts is not None and dst.writes_many
-        self._connections = max(1, settings.transfer.small_files_in_flight // concurrency)
+        self._connections = pool_batch_connections(settings)
         # A local target's small members skip their two fsyncs each (file, folder): they are made
         # durable together (one syncfs, as a copy's are: bridge.engine), and journaled only then,
         # so the journal never names a file a power loss could take back.
@@ -510,10 +511,7 @@ class _Extractor:
         if not batch.items:
             return
         items, batch.items, batch.bytes = batch.items, [], 0
-        self._slots.acquire()
-        future = self._puts.submit(self._put_batch_now, shard, items)
-        future.add_done_callback(lambda _f: self._slots.release())
-        pending.append(future)
+        pending.append(self._submit(self._put_batch_now, shard, items))
 
     def _put_batch_now(self, shard: Shard, items: list[tuple[Member, bytes, str]]) -> None:
         def stored(i: int, w: Written) -> None:
@@ -527,8 +525,12 @@ class _Extractor:
     def _put(self, shard: Shard, m: Member, data: bytes, sha: str) -> cf.Future:
         if self._puts is None:
             return _done(self._put_now(shard, m, data, sha))
+        return self._submit(self._put_now, shard, m, data, sha)
+
+    def _submit(self, fn, *args) -> cf.Future:
+        """``fn(*args)`` on the put pool, at most ``_slots`` of them queued or running at once."""
         self._slots.acquire()
-        future = self._puts.submit(self._put_now, shard, m, data, sha)
+        future = self._puts.submit(fn, *args)
         future.add_done_callback(lambda _f: self._slots.release())
         return future
 
