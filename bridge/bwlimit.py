@@ -12,6 +12,14 @@ threads share the budget evenly and a changed rate is felt within a slice or so.
 lives is the bucket's business: ``TokenBucket`` keeps it in this process; the service keeps it in
 Redis so that all workers of a job draw from one budget (workers/limits.py).
 
+A batch of small objects sends its requests from one event loop (bridge.stores.streams), where
+a sleep would stop every request of the batch, not the one waiting, and let the answers of those
+already sent pile up at the wire's speed. In a lane of such a batch (``lane()``), a throttle
+reserves its bytes and records when they are due instead of sleeping; the lane's next request
+waits for that time (``settle()``, which ``Link.send`` awaits), while the loop's other lanes go
+on. A batch's reads are reserved before their requests go (``read_many(..., pace=...)``), its
+puts when their bodies are made, so what crosses the wire follows the limit either way.
+
 A running ``mcbridge cp|sync|migrate|pack`` changes its limit on SIGUSR2 (``install_signal``):
 with ``--bwlimit-file FILE`` it reads the new rate from FILE, otherwise it toggles the limit off
 and back on, as rclone does.
@@ -23,6 +31,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Protocol
 
@@ -30,6 +39,9 @@ from bridge.config import parse_rate
 from bridge.errors import InvalidOption
 
 SLICE = 1024 * 1024
+
+# In a lane of a batch's event loop: [the monotonic time this lane's throttled bytes are due]
+_due: ContextVar[list[float] | None] = ContextVar("bridge_bwlimit_due", default=None)
 
 
 class Bucket(Protocol):
@@ -86,12 +98,35 @@ class Limiter:
         return self.bucket.rate
 
     def take(self, nbytes: int) -> None:
+        """Back when the bucket lets ``nbytes`` through; in a lane (``lane()``), at once, the
+        time they are due recorded for ``settle()``."""
+        due = _due.get()
         while nbytes > 0 and self.bucket.rate:
             piece = min(nbytes, SLICE)
             nbytes -= piece
             wait = self.bucket.reserve(piece)
             if wait > 0:
-                self._sleep(wait)
+                if due is None:
+                    self._sleep(wait)
+                else:   # each slice reserved after the one before: the last is due last
+                    due[0] = max(due[0], time.monotonic() + wait)
+
+
+def lane() -> None:
+    """Called in an event loop's task (a lane of a batch: bridge.stores.streams.run_many): from
+    here, a throttle in this task records when its bytes are due instead of sleeping."""
+    _due.set([0.0])
+
+
+async def settle() -> None:
+    """In a lane: wait until what this lane's throttles reserved is due (the loop's other tasks
+    run meanwhile). Anywhere else, and in a lane that owes nothing, back at once."""
+    due = _due.get()
+    if due is not None and due[0]:
+        wait, due[0] = due[0] - time.monotonic(), 0.0
+        if wait > 0:
+            import asyncio
+            await asyncio.sleep(wait)
 
 
 def local(rate: int | None) -> Limiter:

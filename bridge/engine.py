@@ -830,10 +830,12 @@ def _batch(ctx: JobContext, unit: dict) -> dict:
     connections = batch_connections(ctx.settings, max((one["size"] for one in todo), default=0))
     if ctx.src.reads_many and ctx.dst_root.is_local:
         def each(i: int, data: bytes) -> None:
-            ctx.progress.throttle(todo[i]["size"])
             _write(ctx, todo[i], ctx.dst.body(data))
 
-        failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], each, connections=connections)
+        # a bandwidth limit is taken before each request goes, so that the answers, not only
+        # the writes, follow it (bridge.bwlimit: in the batch's event loop it waits without blocking)
+        failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], each, connections=connections,
+                                     pace=lambda i: ctx.progress.throttle(todo[i]["size"]))
     else:
         read: dict[int, bytes] = {}
         failures = {}

@@ -5,7 +5,8 @@ order), so a round trip takes ``2 * delay`` longer: the time to first byte of a 
 cloud's endpoint, which the emulators on loopback answer in well under a millisecond. It carries
 bytes, not requests: TLS passes through untouched (the client still verifies the endpoint's
 certificate, for 127.0.0.1). ``connections`` counts the connections accepted and ``most`` the
-most open at once. The proxy runs on its own event loop in a daemon thread, or in a process of its
+most open at once; ``carried`` lists (monotonic time, bytes) of every piece written, each way
+(``"down"``: to the client, ``"up"``: to the endpoint), for what crossed the wire when. The proxy runs on its own event loop in a daemon thread, or in a process of its
 own (``python -m tests.latencyproxy PORT DELAY_MS``, which prints its endpoint's port) so that its
 CPU does not share a benchmark's interpreter.
 """
@@ -36,6 +37,7 @@ class LatencyProxy:
         self.upstream_port, self.delay = upstream_port, delay
         self.port = port or _free_port()
         self.connections = self.open = self.most = 0
+        self.carried: dict[str, list[tuple[float, int]]] = {"up": [], "down": []}
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name=f"latency-{self.port}")
@@ -82,12 +84,14 @@ class LatencyProxy:
             self.open += 1
             self.most = max(self.most, self.open)
         try:
-            await asyncio.gather(self._carry(client_r, up_w), self._carry(up_r, client_w), return_exceptions=True)
+            await asyncio.gather(self._carry(client_r, up_w, self.carried["up"]),
+                                 self._carry(up_r, client_w, self.carried["down"]), return_exceptions=True)
         finally:
             with self._lock:
                 self.open -= 1
 
-    async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     log: list[tuple[float, int]]) -> None:
         """What ``reader`` gives, to ``writer``, each piece ``delay`` after it came (an end of
         stream too): a queue between a task that reads and this one that writes, so that pieces
         in flight overlap their delays as on a long wire."""
@@ -115,6 +119,7 @@ class LatencyProxy:
                         writer.write_eof()
                     return
                 writer.write(data)
+                log.append((time.monotonic(), len(data)))
                 await writer.drain()
         except OSError:
             pass

@@ -183,3 +183,79 @@ def test_a_service_job_whose_limit_is_raised_midway_finishes_sooner(service, tmp
         assert (tmp_path / "dst" / name).read_bytes() == (src / name).read_bytes()
     done = service.cli("jobs", "limit", job_id, "1MiB")
     assert done.returncode == 1 and "succeeded" in done.stderr
+
+
+def test_in_a_batch_lane_a_throttle_waits_for_its_turn_without_stopping_the_event_loop():
+    """A batch's requests share one event loop (bridge.stores.streams): in a lane, ``take``
+    reserves and records when its bytes are due instead of sleeping, and ``settle`` waits for that
+    time while the loop's other lanes go on; outside a lane, ``take`` sleeps as before."""
+    import asyncio
+
+    from bridge import bwlimit
+    slept: list[float] = []
+    limiter = Limiter(TokenBucket(8 * MiB), sleep=slept.append)
+
+    async def lane() -> tuple[float, float]:
+        bwlimit.lane()
+        start = time.monotonic()
+        limiter.take(MiB)        # back at once: the time it is due recorded
+        taken = time.monotonic() - start
+        await bwlimit.settle()
+        return taken, time.monotonic() - start
+
+    async def four() -> list[tuple[float, float]]:
+        return await asyncio.gather(*(lane() for _ in range(4)))
+
+    start = time.monotonic()
+    results = asyncio.run(four())
+    elapsed = time.monotonic() - start
+    assert slept == []                                # no lane slept in the loop
+    # 4 MiB at 8 MiB/s, the first slice at once: the last lane's bytes were due 3/8 s later
+    assert sorted(done for _taken, done in results)[-1] >= 0.37
+    assert elapsed >= 0.37
+    limiter.take(2 * MiB)                             # outside a lane, the caller sleeps its turn
+    assert slept and sum(slept) > 0.3
+
+
+@pytest.mark.parametrize("way", ["down", "up"])
+def test_a_limited_batch_of_small_objects_crosses_the_wire_at_the_limit_not_in_a_burst(moto, tmp_path, way):
+    """Small objects go in batches with many requests in flight on one event loop. Under a
+    bandwidth limit, a download's requests wait for their turn before they go (before, they all
+    went at once and the answers crossed the wire at its speed, the limit only pacing the writes
+    to disk: 12 MiB in the first second of a 3 MiB/s copy), and an upload's bodies go when due.
+    A proxy records when each piece crossed: no second carries much more than the limit (the
+    bound leaves room for the bucket's burst of one slice and for the proxy's own thread having
+    been held up a second on a loaded machine)."""
+    from tests.emulators import unique_name
+    from tests.latencyproxy import LatencyProxy
+    bucket = unique_name()
+    moto.create_bucket(bucket)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(48):   # 12 MiB
+        (src / f"{i:02d}.bin").write_bytes(os.urandom(256 * 1024))
+    env = {**moto.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+    if way == "down":
+        assert ops.copy(f"{src}/", f"s3://{bucket}/x/", settings_for(env))["ok"]
+    with LatencyProxy(moto.port, 0.002) as proxy:
+        limited = settings_for({**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}, bwlimit="3MiB")
+        start = time.monotonic()
+        if way == "down":
+            assert ops.copy(f"s3://{bucket}/x/", f"{tmp_path}/back/", limited)["ok"]
+        else:
+            assert ops.copy(f"{src}/", f"s3://{bucket}/y/", limited)["ok"]
+        elapsed = time.monotonic() - start
+        pieces = sorted(proxy.carried[way])
+    if way == "up":
+        assert ops.copy(f"s3://{bucket}/y/", f"{tmp_path}/back/", settings_for(env))["ok"]
+    for i in range(48):
+        assert (tmp_path / "back" / f"{i:02d}.bin").read_bytes() == (src / f"{i:02d}.bin").read_bytes()
+    assert elapsed >= 3.0   # 12 MiB at 3 MiB/s, the first slice at once
+    most, first, window = 0, 0, 0
+    for t, n in pieces:
+        window += n
+        while pieces[first][0] < t - 1.0:
+            window -= pieces[first][1]
+            first += 1
+        most = max(most, window)
+    assert most <= 2 * 3 * MiB + MiB + 256 * 1024, f"{most / MiB:.1f} MiB crossed in one second at 3 MiB/s"

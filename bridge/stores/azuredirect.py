@@ -53,7 +53,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from bridge.config import AzureSettings, Settings
 from bridge.errors import BridgeError, BucketNotFound, IntegrityError, ObjectNotFound, TransientError
-from bridge import meter
+from bridge import bwlimit, meter
 from bridge.stores.base import kept_connection, receive, tls_context
 from bridge.urls import Location
 
@@ -345,7 +345,7 @@ class Direct:
         return self._exchange(loc, "GET", self._path(loc), {}, headers, body)[1]
 
     def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], *,
-                 connections: int, retries: int) -> dict[int, BridgeError]:
+                 connections: int, retries: int, pace: Callable[[int], None] | None = None) -> dict[int, BridgeError]:
         """Whole blobs, ``connections`` requests in flight from this thread
         (``bridge.stores.streams.each_of``: ``each(i, body)`` here as each arrives, failures by
         index). A body is read to its Content-Length or the attempt fails, as get() reads one."""
@@ -363,7 +363,7 @@ class Direct:
 
         return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout,
                        metered=("az", self.base),
-                       retries=retries, tls=self._tls)
+                       retries=retries, tls=self._tls, pace=pace)
 
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], *,
                  connections: int, retries: int) -> dict[int, BridgeError]:
@@ -381,6 +381,7 @@ class Direct:
             if i not in bodies:
                 loc, data, extra = body(i)
                 bodies[i] = (loc, data, extra, base64.b64encode(hashlib.md5(data).digest()).decode())
+                await bwlimit.settle()   # a bandwidth limit taken in body(): sent, and signed, when due
             loc, data, extra, md5 = bodies[i]
             path = self._path(loc)
             headers = {"Host": self.netloc, "x-ms-version": self.version, "x-ms-blob-type": "BlockBlob",

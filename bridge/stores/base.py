@@ -220,14 +220,18 @@ class Store(abc.ABC):
     reads_many: bool = False
 
     def read_many(self, locs: list[Location], each: Callable[[int, bytes], None], *,
-                  connections: int | None = None) -> dict[int, BridgeError]:
+                  connections: int | None = None,
+                  pace: Callable[[int], None] | None = None) -> dict[int, BridgeError]:
         """Whole objects: ``each(i, data)`` in this thread as each arrives (in any order); what
         failed, by index. A BridgeError from ``each`` is that object's failure; any other
         exception stops the rest. Here one after another; stores with ``reads_many`` overlap them,
-        ``connections`` requests in flight (None: ``transfer.concurrency``)."""
+        ``connections`` requests in flight (None: ``transfer.concurrency``). ``pace(i)`` before
+        object i is asked for: where a bandwidth limit is taken (bridge.bwlimit)."""
         failures: dict[int, BridgeError] = {}
         for i, loc in enumerate(locs):
             try:
+                if pace is not None:
+                    pace(i)
                 each(i, self.read(loc))
             except BridgeError as exc:
                 failures[i] = exc
@@ -449,11 +453,12 @@ class DirectReads:
         return self._direct is not None
 
     def read_many(self, locs: list[Location], each: Callable[[int, bytes], None], *,
-                  connections: int | None = None) -> dict[int, BridgeError]:
+                  connections: int | None = None,
+                  pace: Callable[[int], None] | None = None) -> dict[int, BridgeError]:
         if self._direct is None:
-            return super().read_many(locs, each)
+            return super().read_many(locs, each, pace=pace)
         return self._direct.get_many(locs, each, connections=connections or self.settings.transfer.concurrency,
-                                     retries=self.retries)
+                                     retries=self.retries, pace=pace)
 
 
 def receive(resp, size: int, what: object, into: bytearray | None = None,

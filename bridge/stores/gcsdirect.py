@@ -45,7 +45,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing,
                            ObjectNotFound, PermissionDenied, TransientError)
-from bridge import meter
+from bridge import bwlimit, meter
 from bridge.stores.base import hand_over, kept_connection, receive, tls_context
 from bridge.urls import Location
 
@@ -183,7 +183,7 @@ class Direct:
             return receive(resp, size, loc, into, each)
 
     def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], *,
-                 connections: int, retries: int) -> dict[int, BridgeError]:
+                 connections: int, retries: int, pace: Callable[[int], None] | None = None) -> dict[int, BridgeError]:
         """Whole objects, ``connections`` requests in flight from this thread
         (``bridge.stores.streams.each_of``: ``each(i, body)`` here as each arrives, failures by index)."""
         from bridge.stores.streams import each_of
@@ -203,7 +203,7 @@ class Direct:
 
         return each_of(len(locs), send, each, self.origin, connections=connections, timeout=self._timeout,
                        metered=("gs", self.root),
-                       retries=retries, tls=self._tls)
+                       retries=retries, tls=self._tls, pace=pace)
 
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], *,
                  connections: int, retries: int) -> dict[int, BridgeError]:
@@ -220,6 +220,7 @@ class Direct:
             if i not in bodies:
                 loc, data, crc32c_b64, resource = body(i)
                 bodies[i] = (loc, *multipart(loc, data, crc32c_b64, resource))
+                await bwlimit.settle()   # a bandwidth limit taken in body(): sent when due
             loc, content_type, payload = bodies[i]
             headers = {"Host": self.netloc, "Content-Type": content_type, "Content-Length": str(len(payload))}
             if self._bearer is not None:

@@ -303,11 +303,11 @@ class S3Store(Store):
     def reads_many(self) -> bool:
         return self._direct is not None
 
-    def read_many(self, locs: list[Location], each, *, connections: int | None = None) -> dict:
+    def read_many(self, locs: list[Location], each, *, connections: int | None = None, pace=None) -> dict:
         if self._direct is None:
-            return super().read_many(locs, each)
+            return super().read_many(locs, each, pace=pace)
         return self._direct.get_many(locs, each, _from_code, connections=connections or self.settings.transfer.concurrency,
-                                     retries=self.retries)
+                                     retries=self.retries, pace=pace)
 
     def _remember(self, loc: Location, named: dict[str, str]) -> None:
         """``named``: the answer's headers by lower-case name."""

@@ -54,7 +54,7 @@ from datetime import datetime
 from email.utils import parsedate_to_datetime
 from urllib.parse import quote, unquote_plus, urlsplit
 
-from bridge import meter
+from bridge import bwlimit, meter
 from bridge.config import Settings
 from bridge.errors import BadURL, BridgeError, TransientError
 from bridge.stores.base import kept_connection, receive, tls_context
@@ -457,6 +457,7 @@ class Direct:
         async def send(i: int, link) -> dict:
             if i not in bodies:
                 bodies[i] = body(i)
+                await bwlimit.settle()   # a bandwidth limit taken in body(): sent, and signed, when due
             loc, data, crc32c_b64, params, sha256 = bodies[i]
             path, headers = self._put_request(loc, data, crc32c_b64, params, sha256)
             answer = await link.send("PUT", path, headers, data, what=str(loc), alike=loc.bucket)
@@ -480,11 +481,11 @@ class Direct:
             return self._host(bodies[i][0].bucket)
         return self._aws_host("", self.region)   # nothing to send: no request goes
 
-    def _each_of(self, host: _Host, count: int, send, each, connections: int, retries: int):
+    def _each_of(self, host: _Host, count: int, send, each, connections: int, retries: int, pace=None):
         """``streams.each_of`` to one host (a batch's objects are in one bucket)."""
         from bridge.stores.streams import each_of
         return each_of(count, send, each, host.origin, connections=connections, timeout=self._timeout,
-                       metered=("s3", host.meter_base), retries=retries, tls=host.tls)
+                       metered=("s3", host.meter_base), retries=retries, tls=host.tls, pace=pace)
 
     def _path(self, loc: Location) -> str:
         return f"{self._host(loc.bucket).bucket_path(loc.bucket)}/{quote(loc.key, safe='/~')}"
@@ -546,7 +547,7 @@ class Direct:
         return got
 
     def get_many(self, locs: list[Location], each: Callable[[int, bytes], None], from_code, *,
-                 connections: int, retries: int) -> dict[int, BridgeError]:
+                 connections: int, retries: int, pace: Callable[[int], None] | None = None) -> dict[int, BridgeError]:
         """Whole objects, ``connections`` requests in flight from this thread
         (``bridge.stores.streams.each_of``: ``each(i, body)`` here as each arrives, failures by index)."""
 
@@ -565,7 +566,7 @@ class Direct:
 
         if not locs:
             return {}
-        return self._each_of(self._host(locs[0].bucket), len(locs), send, each, connections, retries)
+        return self._each_of(self._host(locs[0].bucket), len(locs), send, each, connections, retries, pace)
 
     def head(self, loc: Location, from_code) -> dict:
         """HEAD one object, checksums asked for; the answer named as botocore's head_object names

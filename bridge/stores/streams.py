@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from bridge import meter
+from bridge import bwlimit, meter
 from bridge.errors import BridgeError, EndpointUnreachable, TransientError
 
 HEAD_LIMIT = 1 << 20   # the status line and headers of one answer, at most
@@ -114,7 +114,7 @@ class Link:
         return meter.note_as(kind[0], kind[1], sent)
 
     async def _exchange(self, method: str, target: str, headers: dict[str, str], body: bytes) -> Answer:
-        if self._writer is None or self._writer.is_closing():
+        if self._writer is None or self._writer.is_closing() or self._reader.at_eof():   # (closed while idle)
             self._reader, self._writer = await asyncio.open_connection(
                 self.host, self.port, ssl=self.ssl, limit=HEAD_LIMIT)
         reader, writer = self._reader, self._writer
@@ -228,8 +228,12 @@ class _Home:
         left = asyncio.all_tasks(self.loop)
         for task in left:
             task.cancel()
+        async def drain() -> None:   # (gather made outside the loop would ask for the thread's current loop)
+            await asyncio.gather(*left, return_exceptions=True)
+            await asyncio.sleep(0)   # the closed links' transports finish closing
+
         with contextlib.suppress(BaseException):
-            self.loop.run_until_complete(asyncio.gather(*left, asyncio.sleep(0), return_exceptions=True))
+            self.loop.run_until_complete(drain())
             self.loop.run_until_complete(self.loop.shutdown_default_executor())   # name lookups' threads
         self.loop.close()
 
@@ -283,6 +287,7 @@ def run_many(count: int, work: Callable[[int, Link], Awaitable[None]], origin: s
         items = iter(range(count))
 
         async def lane() -> None:
+            bwlimit.lane()   # a throttle in this task waits for its turn without stopping the loop
             link = keeper.take(key) or Link(origin, timeout, metered, tls)
             finished = False
             try:
@@ -323,17 +328,23 @@ def _discard(home: _Home) -> None:
 
 def each_of(count: int, send: Callable[[int, Link], Awaitable[T]], each: Callable[[int, T], None],
             origin: str, *, connections: int, timeout: float, retries: int,
-            metered: tuple[str, str] | None = None, tls: ssl.SSLContext | None = None) -> dict[int, BridgeError]:
+            metered: tuple[str, str] | None = None, tls: ssl.SSLContext | None = None,
+            pace: Callable[[int], None] | None = None) -> dict[int, BridgeError]:
     """What the stores' ``read_many`` and ``put_many`` share: for every i in range(count),
     ``await send(i, link)`` (one attempt: a request and its answer checked, raising bridge's
     error), retried on its own through bridge.retry, then ``each(i, result)`` here, in any
     order. What failed, by index: a BridgeError from ``send`` once its retries are spent, or
-    from ``each``; any other exception ends the run."""
+    from ``each``; any other exception ends the run. ``pace(i)``: called before object i's
+    first request, where a read's bandwidth limit is taken (bridge.bwlimit: its request then
+    goes when the bytes are due)."""
     from bridge.retry import acall_with_retries
     failures: dict[int, BridgeError] = {}
 
     async def one(i: int, link: Link) -> None:
         try:
+            if pace is not None:
+                pace(i)
+                await bwlimit.settle()   # before its request is signed: it goes when its bytes are due
             each(i, await acall_with_retries(lambda: send(i, link), retries, where=origin))
         except BridgeError as exc:
             failures[i] = exc
