@@ -22,7 +22,6 @@ import collections
 import concurrent.futures as cf
 import copy
 import hashlib
-import heapq
 import itertools
 import json
 import math
@@ -225,6 +224,69 @@ class FileList:
             self._rows.close()
 
 
+class Entries:
+    """Manifest entries (``FileEntry.to_dict``'s form) in the order added: a plan's adopted
+    objects. Up to ``SPILL_FILES`` are held in memory; past that, all of them go to an SQLite file
+    of their own under ``where`` as their JSON text (bridge.spill), so that a sync that adopts the
+    ten million objects of another tool's copy holds a few thousand at once."""
+
+    def __init__(self, entries: Iterable[dict] = (), where: Path | str | None = None):
+        self.where = where
+        self._held: list[dict] = []
+        self._rows: Rows | None = None
+        for entry in entries:
+            self.append(entry)
+
+    def append(self, entry: dict) -> None:
+        if self._rows is not None:
+            self._rows.append((json.dumps(entry, separators=(",", ":")),))
+            return
+        self._held.append(entry)
+        if len(self._held) > SPILL_FILES:
+            self._rows = Rows(1, self.where)
+            for held in self._held:
+                self._rows.append((json.dumps(held, separators=(",", ":")),))
+            self._held = []
+
+    def __iter__(self) -> Iterator[dict]:
+        if self._rows is None:
+            return iter(self._held)
+        return (json.loads(text) for text, in self._rows)
+
+    def __len__(self) -> int:
+        return len(self._held) if self._rows is None else len(self._rows)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __repr__(self) -> str:
+        return f"Entries({len(self)})"
+
+    def close(self) -> None:
+        if self._rows is not None:
+            self._rows.close()
+
+
+def journal_adopted(journal: Journal, adopted: Iterable[dict]) -> None:
+    """Adopted objects' entries into the job's journal as files it holds (``file:<path>``), a page
+    at a time, where the journal has no record of the path yet (a file a killed run of the job
+    wrote keeps the record of what it wrote): the commit then names them with what the job
+    wrote, read from the journal as those are (in process, and the service's finalize alike)."""
+    page: list[tuple[str, dict]] = []
+
+    def flush() -> None:
+        held = journal.get_many([key for key, _ in page])
+        journal.put_many([record for record, there in zip(page, held) if there is None])
+        page.clear()
+
+    for entry in adopted:
+        page.append((f"file:{entry['path']}", entry))
+        if len(page) >= 2000:
+            flush()
+    if page:
+        flush()
+
+
 @dataclass
 class Plan:
     source: str           # URL of the source root (prefix) or object
@@ -241,12 +303,15 @@ class Plan:
     batch: int = 0        # > 0: whole files travel in "batch" units of up to this many
     slots: int = 1        # how much of the job's concurrency one batch unit takes
     # Manifest entries of objects found already at the destination, equal to their source
-    # (bridge/adopt.py): committed with the files the job writes, never sent.
-    adopted: list[dict] = field(default_factory=list)
+    # (bridge/adopt.py): never sent; journaled before the units run (``journal_adopted``) and so
+    # committed with the files the job writes.
+    adopted: Entries = field(default_factory=Entries)
 
     def __post_init__(self) -> None:
         if not isinstance(self.files, FileList):
             self.files = FileList(self.files)
+        if not isinstance(self.adopted, Entries):
+            self.adopted = Entries(self.adopted)
         self._counted: tuple | None = None
 
     @property
@@ -784,6 +849,7 @@ class JobContext(jobs.Context):
         extra, so ``verify`` fails until the commit.)"""
         if self.dst_root.is_local:
             self.dst.clean_temporaries(self._folders())
+        journal_adopted(self.journal, self.plan.adopted)
 
     def _folders(self) -> Iterator[Location]:
         """The folders the plan's files go to, each once (or, past a few thousand, now and then
@@ -1164,13 +1230,11 @@ def journaled_entries(journal: Journal, counted: list[int] | None = None) -> Ite
 def _finalize(ctx: JobContext, unit: dict) -> dict:
     ctx.settle()  # every file durable before the manifest, the commit marker, names it
     counted = [0]
-    # Objects found already at the destination and equal to their source (bridge/adopt.py) are
-    # committed beside what the job wrote; for a path in both, the journal's entry is the later.
-    adopted = (FileEntry.from_dict(e) for e in sorted(ctx.plan.adopted, key=lambda e: e["path"]))
-    entries = heapq.merge(adopted, journaled_entries(ctx.journal, counted), key=lambda e: e.path)
-    where = jobs.commit(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination, entries,
-                        removed=ctx.plan.deletions)
-    return {"manifest": where, "files": counted[0] + len(ctx.plan.adopted)}
+    # (objects adopted, found already at the destination and equal to their source, are in the
+    # journal beside what the job wrote: journal_adopted)
+    where = jobs.commit(ctx.dst, ctx.dst_root, ctx.plan.source, ctx.plan.destination,
+                        journaled_entries(ctx.journal, counted), removed=ctx.plan.deletions)
+    return {"manifest": where, "files": counted[0]}
 
 
 OPS = {"put": _put, "batch": _batch, "part": _part, "complete": _complete, "delete": _delete, "finalize": _finalize,

@@ -8,6 +8,8 @@ from typing import Any
 from bridge import meter
 from bridge.meter import Pool
 from bridge.config import Settings
+import collections.abc
+from collections.abc import Callable, Iterator
 import concurrent.futures as cf
 import contextlib
 import dataclasses
@@ -24,7 +26,7 @@ from bridge.check import mismatch, reported_crc32c
 from bridge.stores.base import ObjectInfo, identity_changed, is_reserved
 from bridge.hashing import rehash
 from bridge import jobs
-from bridge.engine import (BATCH_BYTES, BATCH_FILES, BATCH_IN_FLIGHT, FileList, FilePlan, JobContext, Plan,
+from bridge.engine import (BATCH_BYTES, BATCH_FILES, BATCH_IN_FLIGHT, Entries, FileList, FilePlan, JobContext, Plan,
                            batch_connections, batching, carrier_for, check_chunk_size, check_route, file_plan,
                            part_size_for, plan_copy, resolve, spill_dir)
 from bridge.errors import InvalidOption, JobCancelled, ManifestError, ObjectNotFound
@@ -113,26 +115,43 @@ def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what:
 
 def adopt_existing(plan: Plan, settings: Settings, mode: str) -> None:
     """``cp --skip-existing``/``--checksum``: files whose destination object is already equal to
-    the source (bridge/adopt.py) leave the plan and are committed as adopted."""
+    the source (bridge/adopt.py) leave the plan and are committed as adopted. The plan's files and
+    the destination's listing are merged in path order, a bounded window of them judged at once:
+    neither the listing nor the verdicts are held whole."""
     if mode == "off" or not plan.files:
         return
     src_root = parse(plan.source) if plan.single is None else parse(plan.single, empty_segments=True)
     dst_root = parse(plan.destination)
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
-    present = dict(dst_store.walk(dst_root))
+    from bridge import adopt as adopting   # only where something may be adopted: not on every start-up
 
-    def one(f: FilePlan):
-        there = present.get(f.rel)
-        if there is None:
-            return None
+    def one(f: FilePlan, there):
         src = src_root if plan.single else src_root.join(f.rel)
-        from bridge import adopt as adopting   # only where something may be adopted: not on every start-up
         return adopting.compare(src_store, src_store.info(src), dst_store, there, f.rel, deep=mode == "deep")
 
+    kept, adopted = FileList(where=plan.files.where), Entries(where=plan.files.where)
+    window: list[tuple[FilePlan, cf.Future | None]] = []
+
+    def settle(limit: int) -> None:
+        while len(window) > limit:
+            f, judged = window.pop(0)
+            found = judged.result() if judged is not None else None
+            if found is not None and found.equal:
+                adopted.append(found.entry.to_dict())
+            else:
+                kept.append(f)
+
+    present = iter(dst_store.walk(dst_root))
+    there = next(present, None)
     with Pool(settings.transfer.concurrency) as pool:
-        found = list(pool.map(one, plan.files))
-    plan.adopted = [a.entry.to_dict() for a in found if a is not None and a.equal]
-    plan.files = FileList((f for f, a in zip(plan.files, found) if a is None or not a.equal), where=plan.files.where)
+        for f in plan.files:   # in path order, as the listing is
+            while there is not None and there[0] < f.rel:
+                there = next(present, None)
+            window.append((f, pool.submit(one, f, there[1]) if there is not None and there[0] == f.rel else None))
+            settle(4 * settings.transfer.concurrency)
+        settle(0)
+    plan.files.close()
+    plan.files, plan.adopted = kept, adopted
 
 
 def listing_to(progress: Progress | None):
@@ -456,7 +475,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     record = manifests.open_record(dst_store, dst_root)
     carrier = carrier_for(src_root, single, settings)
     counts = {"new": 0, "changed": 0, "repaired": 0, "unchanged": 0, "adopted": 0}
-    adopted: list[dict] = []
+    adopted = Entries(where=spill_dir(settings))   # on disk past a few thousand
     if progress is not None:
         progress.begin("planning")
 
@@ -571,8 +590,60 @@ def sync(source: str, destination: str, settings: Settings, *, delete: bool = Fa
                        "route": routes.report(plan, {}, 0), "manifest": manifests.log_folder(dst_store, dst_root)}
         else:
             summary = execute(plan, settings, progress, state_dir)
-    return _filtered({**summary, "reasons": counts, "sent": [f.rel for f in plan.files], "deleted": plan.deletions,
-                      "adopted": {e["path"]: e["adopted"] for e in plan.adopted}}, filters)
+    return _filtered({**summary, "reasons": counts, "sent": Names(plan.files.rels, len(plan.files)),
+                      "deleted": plan.deletions, "adopted": Adopted(plan.adopted)}, filters)
+
+
+class Names(collections.abc.Sequence):
+    """The paths a sync sent, read from its plan (on disk past a few thousand) each time they are
+    iterated: the summary of a sync of millions of files holds none of them (the CLI writes them
+    as it reads them: bridge.cli.console). Compares equal to a list of the same paths."""
+
+    def __init__(self, rels: Callable[[], Iterator[str]], count: int):
+        self._rels, self._count = rels, count
+
+    def __iter__(self) -> Iterator[str]:
+        return self._rels()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, i):
+        return list(self)[i]
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, tuple, Names)) else NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
+class Adopted(collections.abc.Mapping):
+    """What a sync adopted, path -> the checksum that proved it (``Entries`` read as iterated)."""
+
+    def __init__(self, entries: Entries):
+        self._entries = entries
+
+    def __iter__(self) -> Iterator[str]:
+        return (e["path"] for e in self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, path: str) -> str:
+        for e in self._entries:
+            if e["path"] == path:
+                return e["adopted"]
+        raise KeyError(path)
+
+    def items(self) -> Iterator[tuple[str, str]]:   # type: ignore[override]  (one pass, not a lookup per key)
+        return ((e["path"], e["adopted"]) for e in self._entries)
+
+    def values(self) -> Iterator[str]:   # type: ignore[override]
+        return (e["adopted"] for e in self._entries)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
 
 
 def uploads(url: str, settings: Settings, *, abort: bool = False) -> list[dict[str, Any]]:

@@ -227,3 +227,38 @@ def test_a_sync_after_adopting_from_a_cloud_source_reads_no_object(moto, tmp_pat
         again = ops.sync(f"s3://{bucket}/src/", f"{made}/", settings_for({**env, "AWS_ENDPOINT_URL": proxy.endpoint}))
     assert again["ok"] and again["reasons"]["unchanged"] == 8 and again["sent"] == [], again
     assert [line for line, _ in proxy.log if "/src/" in line.split("?")[0]] == [], proxy.log   # listings only
+
+
+def test_adopting_more_objects_than_a_plan_holds_in_memory_commits_every_one(tmp_path, monkeypatch):
+    """A sync (and a ``cp --skip-existing``) onto another tool's copy of more files than a plan
+    keeps in memory (``engine.SPILL_FILES``, lowered here): the adopted entries go to disk as they are found,
+    the plan's files and the destination's listing are merged rather than held, and the commit
+    names every file, adopted or sent. (Before, each adopted entry was a dict in a list, and the
+    service's planner dropped them all: tests/test_adopt_service.py.)"""
+    from bridge import engine, ops
+    monkeypatch.setattr(engine, "SPILL_FILES", 400)   # (10,000: the same path, slower to show)
+    count = 1100
+    src = tmp_path / "src"
+    for i in range(count):
+        folder = src / f"d{i // 250:02d}"
+        if i % 250 == 0:
+            folder.mkdir(parents=True)
+        (folder / f"{i:05d}.txt").write_text(f"{i}\n")
+    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state")})
+    for name in ("synced", "copied"):
+        shutil.copytree(src, tmp_path / name)
+    (tmp_path / "synced" / "d03" / "00803.txt").write_text("xyz\n")   # the same size, other bytes
+
+    plan, counts = ops.plan_sync(f"{src}/", f"{tmp_path / 'synced'}/", settings)
+    assert counts["adopted"] == count - 1 and counts["changed"] == 1
+    assert len(plan.adopted) == count - 1 and plan.adopted._rows is not None   # on disk, not a list
+    assert [f.rel for f in plan.files] == ["d03/00803.txt"]
+    assert ops.execute(plan, settings)["ok"]
+    report = ops.verify(f"{tmp_path / 'synced'}/", settings, deep=True)
+    assert report["ok"] and report["checked"] == count, report["counts"]
+
+    summary = ops.copy(f"{src}/", f"{tmp_path / 'copied'}/", settings, adopt="checksum")
+    assert summary["ok"] and summary["files"] == 0
+    entries = manifests.read(get_store(parse(f"{tmp_path / 'copied'}/"), settings),
+                             parse(f"{tmp_path / 'copied'}/")).files
+    assert len(entries) == count and all(e.adopted == "md5" for e in entries.values())

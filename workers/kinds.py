@@ -210,7 +210,7 @@ class Files:
         """``slots``: the pool processes that will run the job's tasks (they size its tasks);
         ``check`` is given the plan's names (workers/gate.py ``Names``), before anything is written."""
         from bridge import ops
-        from bridge.engine import JobContext, Plan, plan_copy, prepare
+        from bridge.engine import JobContext, Plan, journal_adopted, plan_copy, prepare
         chunk = settings.transfer.chunk_size
         filters = spec.selection()
         if spec.kind == "copy":
@@ -234,6 +234,9 @@ class Files:
                       completions=[f.rel for f in spread], route=plan.route, route_why=plan.route_why)
         ctx = JobContext(header, settings, journal_for(plan.key))
         prepare(ctx)
+        # objects adopted (found at the destination, equal to their source): journaled here, so
+        # that the finalize commits them with what the tasks write; neither header nor slice holds them
+        journal_adopted(ctx.journal, plan.adopted)
         for f in spread:   # begun here, once: its tasks all continue this one upload
             ctx.upload({"rel": f.rel, "size": f.size, "part_size": f.part_size})
         seconds = task_seconds(plan, slots, self.task_seconds) if self.task_seconds else None

@@ -17,6 +17,7 @@ escapes C0 itself, and DEL and C1 are written as ``\\u`` escapes.
 
 from __future__ import annotations
 
+import collections.abc
 import json as jsonlib
 import logging
 import os
@@ -129,27 +130,37 @@ class Console:
         """``head`` with ``rows`` under ``key``, as one JSON document written as the rows come
         (one line each, a piece of ``chunk`` rows at a time, each piece redacted and escaped as
         ``json_text`` does): a list of millions is never held whole, as text or as data."""
+        self.print_json_streams(head, {key: rows}, chunk=chunk)
+
+    def print_json_streams(self, head: dict, streams: dict[str, Any], *, chunk: int = 1000) -> None:
+        """``head`` and then each of ``streams``, written as it is read (as ``print_json_rows``):
+        a Mapping as a JSON object of its ``items()``, anything else iterable as an array."""
         stream = sys.stderr if self._stderr else sys.stdout
-        start = json_text(head)
-        stream.write((start[:-2] + ",\n" if head else "{\n") + f"  {jsonlib.dumps(key)}: [")
-        piece: list[str] = []
-        first = True
-
-        def write() -> None:
-            text = redact(",\n    ".join(piece))
-            stream.write(("\n    " if first else ",\n    ") + _CONTROL_IN_JSON.sub(
-                lambda m: f"\\u{ord(m.group()):04x}", text))
-
+        start = json_text(head, default=str)
+        stream.write(start[:-2] + ",\n" if head else "{\n")
         encode = jsonlib.JSONEncoder(ensure_ascii=False).encode
-        for row in rows:
-            piece.append(encode(row))
-            if len(piece) >= chunk:
+        for n, (key, rows) in enumerate(streams.items()):
+            mapping = isinstance(rows, collections.abc.Mapping)
+            stream.write(f"  {jsonlib.dumps(key)}: " + ("{" if mapping else "["))
+            piece: list[str] = []
+            first = True
+
+            def write() -> None:
+                text = redact(",\n    ".join(piece))
+                stream.write(("\n    " if first else ",\n    ") + _CONTROL_IN_JSON.sub(
+                    lambda m: f"\\u{ord(m.group()):04x}", text))
+
+            for row in (rows.items() if mapping else rows):
+                piece.append(f"{encode(row[0])}: {encode(row[1])}" if mapping else encode(row))
+                if len(piece) >= chunk:
+                    write()
+                    piece, first = [], False
+            if piece:
                 write()
-                piece, first = [], False
-        if piece:
-            write()
-            first = False
-        stream.write("]\n}\n" if first else "\n  ]\n}\n")
+                first = False
+            close = "}" if mapping else "]"
+            stream.write((close if first else f"\n  {close}") + (",\n" if n < len(streams) - 1 else "\n"))
+        stream.write("}\n")
         stream.flush()
 
     # A rich Live (a progress bar given this console) enters the console around each refresh.

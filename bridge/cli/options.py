@@ -9,6 +9,7 @@ type and limits stay the same everywhere.
 
 from __future__ import annotations
 
+import collections.abc
 import json
 import math
 import os
@@ -342,7 +343,13 @@ def route_line(summary: dict) -> str:
 def emit(summary: dict, as_json: bool, line: str, quiet: bool = False) -> None:
     """The summary of a command: JSON with --json, else ``line``; nothing with -q."""
     if as_json:
-        out.print_json(json.dumps(summary, default=str))
+        # a list read as it is written (a sync's paths sent, bridge.ops.Names): streamed, not held
+        streams = {k: v for k, v in summary.items() if isinstance(v, (collections.abc.Sequence, collections.abc.Mapping))
+                   and not isinstance(v, (list, tuple, dict, str))}
+        if streams:
+            out.print_json_streams({k: v for k, v in summary.items() if k not in streams}, streams)
+        else:
+            out.print_json(json.dumps(summary, default=str))
     elif not quiet:
         out.print(line, markup=False)
 
