@@ -234,7 +234,7 @@ def test_adopting_more_objects_than_a_plan_holds_in_memory_commits_every_one(tmp
     keeps in memory (``engine.SPILL_FILES``, lowered here): the adopted entries go to disk as they are found,
     the plan's files and the destination's listing are merged rather than held, and the commit
     names every file, adopted or sent. (Before, each adopted entry was a dict in a list, and the
-    service's planner dropped them all: tests/test_adopt_service.py.)"""
+    service's planner dropped them all: tests/test_service_objects.py.)"""
     from bridge import engine, ops
     monkeypatch.setattr(engine, "SPILL_FILES", 400)   # (10,000: the same path, slower to show)
     count = 1100

@@ -25,6 +25,9 @@ from bridge.cli.options import (DeleteOpt, ExcludeOpt, FilesFromOpt, IncludeOpt,
                                 concurrency_opt, dry_run_opt, err, filters_from_flags, given, max_cost_opt, out,
                                 profile_opt, refuse_unused, route_opt, store_checksums_opt, transfer_flags,
                                 usd_amount)
+from bridge.cli.options import Sha256Opt
+from bridge.cli.placement import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
+                                  NoMetadataOpt, ScopeOpt, SkipExistingOpt, StorageClassOpt)
 from bridge import money
 from bridge.money import usd
 from bridge.progress import human_bytes
@@ -384,10 +387,14 @@ def submit_cp(src: str, dst: str, include: IncludeOpt = None, exclude: ExcludeOp
               store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
               verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
               quiet: QuietOpt = False, dry_run: DryOpt = False, max_cost: MaxCostOpt = None,
-              budget: BudgetOpt = None, route: RouteOpt = None, broker: BrokerOpt = None) -> None:
+              budget: BudgetOpt = None, route: RouteOpt = None, broker: BrokerOpt = None,
+              content_type: ContentTypeOpt = None, metadata: MetadataOpt = None, no_metadata: NoMetadataOpt = False,
+              storage_class: StorageClassOpt = None, kms_key: KmsKeyOpt = None, bucket_key: BucketKeyOpt = None,
+              encryption_scope: ScopeOpt = None, skip_existing: SkipExistingOpt = False, checksum: ChecksumOpt = False,
+              adopt: AdoptOpt = None, sha256: Sha256Opt = False) -> None:
     """Queue a copy of SRC to DST; prints the job id."""
     options = dict(locals())
-    _submit(_fields("copy", options, destinations=[dst]), **_how(options))
+    _submit(_fields("copy", options, destinations=[dst], **_written(options, dst)), **_how(options))
 
 
 def submit_sync(src: str, dst: str, delete: DeleteOpt = False, include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
@@ -397,10 +404,37 @@ def submit_sync(src: str, dst: str, delete: DeleteOpt = False, include: IncludeO
                 queue: QueueOpt = None, verify: VerifyOpt = "store", wait: WaitOpt = False,
                 as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
                 max_cost: MaxCostOpt = None, budget: BudgetOpt = None, route: RouteOpt = None,
-                broker: BrokerOpt = None) -> None:
+                broker: BrokerOpt = None,
+                content_type: ContentTypeOpt = None, metadata: MetadataOpt = None, no_metadata: NoMetadataOpt = False,
+                storage_class: StorageClassOpt = None, kms_key: KmsKeyOpt = None, bucket_key: BucketKeyOpt = None,
+                encryption_scope: ScopeOpt = None, adopt: AdoptOpt = None, sha256: Sha256Opt = False) -> None:
     """Queue a sync: make DST equal to SRC, sending only what is new or changed; prints the job id."""
     options = dict(locals())
-    _submit(_fields("sync", options, destinations=[dst], delete=delete), **_how(options))
+    _submit(_fields("sync", options, destinations=[dst], delete=delete, **_written(options, dst)), **_how(options))
+
+
+def _written(options: dict[str, Any], dst: str) -> dict[str, Any]:
+    """The spec's fields for what a copy or sync writes besides the bytes, and how it takes over
+    objects already there: the flags of mcbridge cp and sync, checked here as cp checks them (a
+    class or key the destination's store has not is refused before the job is queued)."""
+    from bridge.attributes import parse_pairs
+    from bridge.cli.placement import adopt_mode, with_object_flags
+    from bridge.config import load_settings
+    placed = {k: options[k] for k in ("storage_class", "kms_key", "bucket_key", "encryption_scope")
+              if options.get(k) is not None}
+    flags = {k: options.get(k) for k in ("content_type", "metadata", "no_metadata")}
+    with_object_flags(load_settings(environ={}), dst, **flags, **placed)
+    objects: dict[str, Any] = {}
+    if options.get("no_metadata"):
+        objects["metadata"] = "off"
+    if options.get("content_type") is not None:
+        objects["content_type"] = options["content_type"]
+    if options.get("metadata"):
+        objects["set_metadata"] = parse_pairs(options["metadata"])
+    adopt = adopt_mode(options.get("adopt"), options.get("skip_existing", False), options.get("checksum", False),
+                       default=None)
+    return {**({"placement": {dst: placed}} if placed else {}), **({"objects": objects} if objects else {}),
+            **({"adopt": adopt} if adopt is not None else {}), **({"sha256": True} if options.get("sha256") else {})}
 
 
 def submit_replicate(src: str, dsts: Annotated[list[str], typer.Argument(help="One or more destinations.")],

@@ -215,9 +215,10 @@ class Files:
         filters = spec.selection()
         if spec.kind == "copy":
             plan = plan_copy(spec.source, spec.destination, settings, chunk, filters=filters)
+            ops.adopt_existing(plan, settings, spec.adopt or "off")   # (cp --skip-existing)
         else:
             plan, _reasons = ops.plan_sync(spec.source, spec.destination, settings, delete=spec.deletes,
-                                           chunk_size=chunk, filters=filters)
+                                           chunk_size=chunk, filters=filters, adopt=spec.adopt or "checksum")
             if spec.include or spec.exclude:
                 from bridge.replication import filtered
                 plan = filtered(plan, spec.include or [], spec.exclude or [])

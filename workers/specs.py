@@ -132,6 +132,21 @@ def _placement(value: Any) -> dict[str, dict[str, Any]]:
     return {_str(k, ""): dict(v) for k, v in value.items()}
 
 
+def _objects(value: Any) -> dict[str, Any] | None:
+    """The ``objects`` settings section's fields (bridge.config ObjectSettings), checked as a
+    profile's are."""
+    from bridge.config import ObjectSettings
+    if not isinstance(value, Mapping):
+        raise ValueError("must be a mapping")
+    if not value:
+        return None
+    try:
+        ObjectSettings(**value)
+    except BridgeError as exc:   # one line per field that is wrong: the first
+        raise ValueError(str(exc).splitlines()[0].replace("invalid setting ", "", 1)) from None
+    return copy.deepcopy(dict(value))
+
+
 def _filters(value: Any) -> dict[str, Any] | None:
     from bridge.filters import Filters
     if not isinstance(value, Mapping):
@@ -162,6 +177,13 @@ FIELDS: dict[str, tuple[Any, Callable[[Any], Any]]] = {
     "manifest_dir": (None, _text(r"^/")),
     # destination URL -> its storage class / tier and encryption (a replication policy's placement)
     "placement": (None, _placement),
+    # copy and sync: headers and metadata written (cp's --content-type, --metadata, --no-metadata)
+    "objects": (None, _objects),
+    # copy and sync: objects already at the destination without a record (cp --skip-existing,
+    # sync --adopt; None: copy sends everything, sync adopts by checksum)
+    "adopt": (None, _choice("checksum", "deep", "off")),
+    # also each file's plain whole-file SHA-256 (--sha256)
+    "sha256": (None, _flag),
     # sync and replicate: only the files matching one of include (default all) and none of exclude
     # (a replication policy's patterns, policies/replication.py)
     "include": (None, _patterns),
@@ -196,6 +218,9 @@ class JobSpec:
     bwlimit: int | None
     manifest_dir: str | None
     placement: dict[str, dict[str, Any]] | None
+    objects: dict[str, Any] | None
+    adopt: str | None
+    sha256: bool | None
     include: list[str] | None
     exclude: list[str] | None
     filters: dict[str, Any] | None
@@ -259,9 +284,12 @@ class JobSpec:
         """What the spec changes in a worker's settings: transfer options, never credentials."""
         transfer = {k: v for k, v in (("concurrency", self.concurrency), ("chunk_size", self.chunk_size),
                                       ("store_checksums", self.store_checksums),
-                                      ("bwlimit", self.bwlimit), ("manifest_dir", self.manifest_dir))
+                                      ("bwlimit", self.bwlimit), ("manifest_dir", self.manifest_dir),
+                                      ("sha256", self.sha256 or None))
                     if v is not None}
         out: dict[str, Any] = {"transfer": transfer} if transfer else {}
+        if self.objects:
+            out["objects"] = dict(self.objects)
         if self.kind != "replicate":   # a sync to one destination: that destination's placement
             from bridge.attributes import placement_overrides
             for url, placed in (self.placement or {}).items():

@@ -63,7 +63,7 @@ def with_object_flags(settings: Settings, destination: str, *, content_type: str
 
 
 def adopt_mode(adopt: str | None, skip_existing: bool = False, checksum: bool = False,
-               default: str = "off") -> str:
+               default: str | None = "off") -> str | None:
     if adopt is not None and adopt not in ADOPT:
         raise InvalidOption(f"--adopt {adopt!r}: use one of {', '.join(ADOPT)}")
     if adopt is not None:
