@@ -59,3 +59,17 @@ def test_a_touched_local_source_of_the_same_bytes_is_hashed_not_sent(moto, tmp_p
     os.utime(src / "3.bin", (time.time() + 5, time.time() + 5))
     out = ops.sync(f"{src}/", f"s3://{bucket}/m/", settings_for(env))
     assert out["ok"] and out["sent"] == [] and out["reasons"]["unchanged"] == 5, out
+
+
+def test_a_listing_and_a_head_a_second_apart_on_one_etag_name_one_version():
+    """``rclone serve s3`` rounds a listing's LastModified to the second and truncates a HEAD's:
+    an object written at .5 s or later was seen as changed between its plan and its copy, and an
+    S3 -> S3 copy there failed "changed since the copy was planned". With the same ETag, a second
+    apart is one version; two seconds, or another ETag, or no ETag to vouch, are not."""
+    from bridge.stores.base import identity_changed
+    listed = {"etag": "0cc175b9c0f1b6a831c399e269772661", "last_modified": "2026-12-03T19:22:20Z"}
+    assert not identity_changed(listed, {**listed, "last_modified": "2026-12-03T19:22:19Z"})
+    assert not identity_changed(listed, dict(listed))
+    assert identity_changed(listed, {**listed, "last_modified": "2026-12-03T19:22:18Z"})
+    assert identity_changed(listed, {**listed, "etag": "92eb5ffee6ae2fec3ad71c777531578f"})
+    assert identity_changed({"last_modified": "2026-12-03T19:22:20Z"}, {"last_modified": "2026-12-03T19:22:19Z"})

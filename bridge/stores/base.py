@@ -139,7 +139,28 @@ def identity_changed(recorded: dict[str, str], seen: dict[str, str]) -> bool:
     if not recorded:
         return False
     common = recorded.keys() & seen.keys()
-    return not common or any(recorded[k] != seen[k] for k in common)
+    if not common:
+        return True
+    for k in common:
+        if recorded[k] != seen[k] and not (k == "last_modified" and _rounded(recorded, seen)):
+            return True
+    return False
+
+
+def _rounded(recorded: dict[str, str], seen: dict[str, str]) -> bool:
+    """The same ETag, and times a second apart: one instant that a listing and a HEAD gave to the
+    second in two ways (``rclone serve s3`` rounds a listing's time and truncates a HEAD's, so an
+    object written at .5 s or later was "changed" between them). An ETag is the content's (S3:
+    its MD5, or its parts'; Azure: one per write), so a rewrite it does not show changed nothing."""
+    etag = recorded.get("etag")
+    if not etag or etag != seen.get("etag"):
+        return False
+    from datetime import datetime
+    try:
+        apart = datetime.fromisoformat(recorded["last_modified"]) - datetime.fromisoformat(seen["last_modified"])
+    except (TypeError, ValueError):
+        return False
+    return abs(apart.total_seconds()) <= 1
 
 
 def utc_seconds(when) -> str:
