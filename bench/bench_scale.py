@@ -9,6 +9,11 @@ the tree local -> local and unpacks it again, beside ``tar -cf`` and ``tar -xf``
     bridge   mcbridge cp TREE/ s3://bench/bridge-N/   mcbridge sync (the same)   mcbridge verify
     rclone   rclone copy TREE s3e:bench/rclone-N      rclone sync (the same)     rclone check
 
+``--steps adopt`` takes over a copy another tool made: ``rclone copy`` puts the tree at a prefix of
+each tool's own (untimed), then ``mcbridge sync`` (which adopts each object whose MD5 ETag equals
+the local file's MD5 and commits a record naming them, sending no object) beside ``rclone sync
+--checksum`` (which compares the same MD5s and sends nothing).
+
 Each step is its own process; wall time from start to exit; peak RSS is the largest of the
 process tree's summed RSS (psutil, sampled every 0.1 s) and the process's own ru_maxrss from
 wait4(). Both tools run at their defaults (bridge with --store-checksums skip: rclone serve s3
@@ -174,9 +179,10 @@ def main() -> None:
     ap.add_argument("--listing", type=int, default=0, help="plan a copy of this many generated objects (dry run)")
     ap.add_argument("--listing-json", action="store_true",
                     help="print the generated plan as JSON, every file of it (default: the plan's summary)")
-    ap.add_argument("--steps", default="cp,sync,verify", help="which of cp,sync,verify,pack,unpack to run "
-                    "(pack: mcbridge pack local -> local, beside tar -cf in the rclone column; unpack, "
-                    "after pack: mcbridge unpack of its shards beside tar -xf then sync)")
+    ap.add_argument("--steps", default="cp,sync,verify", help="which of cp,sync,verify,pack,unpack,adopt to "
+                    "run (pack: mcbridge pack local -> local, beside tar -cf in the rclone column; unpack, "
+                    "after pack: mcbridge unpack of its shards beside tar -xf then sync; adopt: sync onto a "
+                    "copy rclone made, beside rclone sync --checksum)")
     ap.add_argument("--tools", default="bridge,rclone")
     ap.add_argument("--bridge-args", default="", help="extra arguments for mcbridge cp and sync")
     args = ap.parse_args()
@@ -217,7 +223,15 @@ def main() -> None:
                                             str(work / f"unpacked-{count}"), "-q"]
             commands["rclone"]["unpack"] = ["sh", "-c", f"mkdir -p {work}/untarred-{count} && tar -xf "
                                             f"{work}/packed-{count}.tar -C {work}/untarred-{count} && sync"]
+            # adopt: a sync onto a copy another tool made (rclone copy, untimed, a prefix per tool)
+            commands["bridge"]["adopt"] = [*BRIDGE, "sync", f"{tree}/", f"s3://bench/theirs-bridge-{count}/", "-q",
+                                           "--store-checksums", "skip", *extra]
+            commands["rclone"]["adopt"] = [rclone, "sync", "--checksum", str(tree), f"s3e:bench/theirs-rclone-{count}"]
             for step in steps:
+                if step == "adopt":
+                    for tool in tools:
+                        subprocess.run([rclone, "copy", str(tree), f"s3e:bench/theirs-{tool}-{count}"], env=env,
+                                       check=True, capture_output=True)
                 row: dict = {"files": count, "step": step, "load": load()}
                 for tool in tools:
                     os.sync()

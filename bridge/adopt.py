@@ -40,7 +40,7 @@ class Adoption:
     entry: FileEntry | None = None   # when equal: the manifest entry of the adopted object
 
 
-def reported(store: Store, info: ObjectInfo, ask: bool = False) -> dict[str, str]:
+def reported(store: Store | None, info: ObjectInfo, ask: bool = False) -> dict[str, str]:
     """The whole-object checksums a store reports of an object, lower-case hex, by ``ORDER``'s
     names; with ``ask``, an S3 object whose listing gives none (no MD5 ETag: a multipart upload) is
     asked for them (S3's checksums come with HEAD only)."""
@@ -81,6 +81,23 @@ def digest(store: Store, info: ObjectInfo, names: tuple[str, ...]) -> dict[str, 
     if sha:
         out["sha256"] = sha.hexdigest()
     return out
+
+
+# A local file up to this size is hashed for a comparison in the thread that asks (a pool's
+# hand-over costs more than hashing it, and the GIL serialises hashing so small anyway).
+INLINE_BYTES = 1024 * 1024
+
+
+def offline(src: ObjectInfo, dst: ObjectInfo) -> bool:
+    """Whether ``compare`` (without ``deep``) of these two sends no request and reads no more than
+    a small local file: a local source of at most INLINE_BYTES against a local destination, or
+    against one whose listing reports a checksum bridge can compute of local bytes (an MD5 ETag,
+    GCS md5Hash or crc32c, ...); or sizes that differ."""
+    if src.size != dst.size:
+        return True
+    if not src.location.is_local or src.size > INLINE_BYTES:
+        return False
+    return dst.location.is_local or any(name in COMPUTABLE for name in reported(None, dst))
 
 
 def common(src_sums: dict[str, str], dst_sums: dict[str, str], src_local: bool, dst_local: bool) -> str | None:

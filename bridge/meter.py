@@ -30,7 +30,7 @@ import http.client
 import re
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -163,6 +163,61 @@ class Pool(cf.ThreadPoolExecutor):
 
     def submit(self, fn, /, *args, **kwargs):
         return super().submit(contextvars.copy_context().run, fn, *args, **kwargs)
+
+
+def ahead(items: Iterable[T], chunk: int = 500, chunks: int = 8) -> Iterator[T]:
+    """``items`` made by a thread of their own (in a copy of this thread's context: what it sends
+    counts in this meter), up to ``chunks`` chunks of ``chunk`` ahead of the consumer: a listing
+    fetched while what it gave is judged, not between. An error in the thread is raised here,
+    where the next item would have come; a consumer that stops early stops the thread (at its
+    next chunk, and the iterator is closed there)."""
+    import queue
+    import threading
+    handed: queue.Queue = queue.Queue(maxsize=chunks)
+    stop = threading.Event()
+    done = object()
+
+    def hand(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                handed.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def make() -> None:
+        source = iter(items)
+        try:
+            piece: list = []
+            for item in source:
+                piece.append(item)
+                if len(piece) >= chunk:
+                    if not hand(piece):
+                        return
+                    piece = []
+            if piece and not hand(piece):
+                return
+            hand(done)
+        except BaseException as exc:   # raised again in the consumer's thread
+            hand(exc)
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(make,), daemon=True, name="ahead")
+    thread.start()
+    try:
+        while True:
+            got = handed.get()
+            if got is done:
+                return
+            if isinstance(got, BaseException):
+                raise got
+            yield from got
+    finally:
+        stop.set()
 
 
 def carried(fn: Callable[..., T]) -> Callable[..., T]:

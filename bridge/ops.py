@@ -124,30 +124,43 @@ def adopt_existing(plan: Plan, settings: Settings, mode: str) -> None:
     dst_root = parse(plan.destination)
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
     from bridge import adopt as adopting   # only where something may be adopted: not on every start-up
-
-    def one(f: FilePlan, there):
-        src = src_root if plan.single else src_root.join(f.rel)
-        return adopting.compare(src_store, src_store.info(src), dst_store, there, f.rel, deep=mode == "deep")
-
+    deep = mode == "deep"
     kept, adopted = FileList(where=plan.files.where), Entries(where=plan.files.where)
-    window: list[tuple[FilePlan, cf.Future | None]] = []
+    window: list[tuple[FilePlan, Any]] = []   # (file, None | its Adoption | a future of it)
 
     def settle(limit: int) -> None:
         while len(window) > limit:
             f, judged = window.pop(0)
-            found = judged.result() if judged is not None else None
+            found = judged.result() if isinstance(judged, cf.Future) else judged
             if found is not None and found.equal:
                 adopted.append(found.entry.to_dict())
             else:
                 kept.append(f)
 
+    # The source's listing again, beside the plan's files, for what each reports (its checksums):
+    # one request a thousand objects, where asking each object would cost a request of its own.
+    sources = iter(src_store.walk(src_root)) if plan.single is None else iter(())
     present = iter(dst_store.walk(dst_root))
-    there = next(present, None)
+    src, there = next(sources, None), next(present, None)
     with Pool(settings.transfer.concurrency) as pool:
-        for f in plan.files:   # in path order, as the listing is
+        for f in plan.files:   # in path order, as the listings are
             while there is not None and there[0] < f.rel:
                 there = next(present, None)
-            window.append((f, pool.submit(one, f, there[1]) if there is not None and there[0] == f.rel else None))
+            while src is not None and src[0] < f.rel:
+                src = next(sources, None)
+            if there is None or there[0] != f.rel:
+                window.append((f, None))
+            else:
+                info = src[1] if src is not None and src[0] == f.rel else None
+                if info is None:   # a single object, or one the listing no longer shows
+                    info = src_store.info(src_root if plan.single else src_root.join(f.rel))
+                if info.size != f.size:   # changed since it was planned: sent as planned
+                    window.append((f, None))
+                elif adopting.offline(info, there[1]):   # decided here: no request, a small local file
+                    window.append((f, adopting.compare(src_store, info, dst_store, there[1], f.rel, deep=deep)))
+                else:
+                    window.append((f, pool.submit(adopting.compare, src_store, info, dst_store, there[1], f.rel,
+                                                  deep=deep)))
             settle(4 * settings.transfer.concurrency)
         settle(0)
     plan.files.close()
@@ -505,7 +518,8 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     def settle(limit: int) -> None:
         while len(window) > limit:
             rel, info, verdict = window.pop(0)
-            verdict = verdict if isinstance(verdict, str) else verdict.result()
+            if isinstance(verdict, cf.Future):
+                verdict = verdict.result()
             if isinstance(verdict, tuple):    # adopted: its entry is committed, nothing sent
                 verdict, entry = verdict
                 adopted.append(entry)
@@ -516,15 +530,23 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
                 files.append(file_plan(rel, info, dst_store, chunk_size, carrier))
 
     with Pool(settings.transfer.concurrency) as pool:
-        for rel, info, entry, there in _merged(iter(objects), record.entries() if record else iter(()),
-                                               filtering.walk(dst_store, dst_root, filters,
-                                                              progress.saw if progress else None), listed):
+        # each stream read by a thread of its own, ahead of the merge: a listing page is fetched
+        # (and the record read) while the objects of the last are judged, not between
+        for rel, info, entry, there in _merged(meter.ahead(objects),
+                                               meter.ahead(record.entries()) if record else iter(()),
+                                               meter.ahead(filtering.walk(dst_store, dst_root, filters,
+                                                                          progress.saw if progress else None)),
+                                               listed):
             if info is None:
                 if delete and single is None and there is not None:
                     deletions.append(rel)
                 continue
             if entry is None and there is not None and adopt != "off":
-                window.append((rel, info, pool.submit(adoption, rel, info, there)))
+                from bridge import adopt as adopting
+                if adopting.offline(info, there):   # decided here: no request, a small file
+                    window.append((rel, info, adoption(rel, info, there)))
+                else:
+                    window.append((rel, info, pool.submit(adoption, rel, info, there)))
             elif entry is None or there is None:
                 window.append((rel, info, "new"))
             elif (entry.size == info.size and entry.source_id and info.identity
