@@ -834,7 +834,7 @@ def jobs_audit(job: Annotated[Optional[str], typer.Option("--job", help="Only th
             line += f" {e['source']} -> {', '.join(json.loads(e['destinations'])) if e.get('destinations') else '-'}"
         if e["decision"] == "ended":
             line += f" {e.get('state')}: {human_bytes(int(e.get('bytes', 0)))}, route {e.get('route') or '-'}"
-            line += f", ${usd_text(float(e['spent_usd']))}" if e.get("spent_usd") else ""
+            line += f", {usd(float(e['spent_usd']))}" if e.get("spent_usd") else ""
         if e.get("digest"):
             line += f" digest {e['digest'][:16]}"
         if e.get("reason"):
