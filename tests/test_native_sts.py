@@ -92,13 +92,14 @@ def test_a_prefix_arrives_exact_and_verifies_deep(scheme, make_root, settings, d
     assert SECRET not in shown and "sig=" not in shown and "sasToken" not in shown
 
 
-def test_one_object_is_named_by_an_include_prefix(make_root, settings, double):
+def test_one_object_is_named_by_a_transfer_manifest(make_root, settings, double):
     src, dst = make_root("s3"), make_root("gs") + "x/"
-    fill(src, settings, FILES)
+    fill(src, settings, {**FILES, "sub/b.txt.1": b"not me"})
     sts.copy(src + "sub/b.txt", dst, settings)
     assert read_tree(dst, settings) == {"b.txt": FILES["sub/b.txt"]}
     spec = double.server.bodies("/v1/transferJobs")[0]["transferSpec"]
-    assert spec["awsS3DataSource"]["path"] == "sub/" and spec["objectConditions"]["includePrefixes"] == ["b.txt"]
+    assert spec["awsS3DataSource"]["path"] == "sub/" and "objectConditions" not in spec
+    assert spec["transferManifest"]["location"].startswith(f"gs://{parse(dst).bucket}/x/_bridge/sts/")
     with pytest.raises(RouteUnavailable, match="keeps object names"):
         sts.copy(src + "sub/b.txt", dst + "renamed.txt", settings)
 
@@ -246,10 +247,10 @@ def test_an_unreachable_service_and_one_lost_mid_run(make_root, settings, double
     assert read_manifest(get_store(parse(dst), settings), parse(dst)) is None
 
 
-def test_names_that_begin_other_names_go_as_prefixes_the_service_takes(make_root, settings, double):
+def test_names_that_begin_other_names_are_each_named_exactly(make_root, settings, double):
     """Storage Transfer refuses include prefixes that are prefixes of one another ("a.bin" and
     "a.bin.1"; "shard-1" and "shard-10"), as the double does; a sync of some of the source's files
-    sends each such group as its shortest name, and the copy is exact."""
+    names each in the job's transfer manifest instead, and copies exactly those."""
     from google.api_core import exceptions
     from google.cloud import storage_transfer
     client = sts.client_for(settings)
@@ -264,11 +265,33 @@ def test_names_that_begin_other_names_go_as_prefixes_the_service_takes(make_root
              "shard-2": b"3" * 50, "z.txt": b"z"}
     fill(src, settings, files)
     ops.sync(src, dst, settings, route="sts")
-    changed = {"a.bin": b"A" * 120, "a.bin.1": b"B" * 120, "shard-1": b"!" * 60, "shard-10": b"?" * 60}
+    changed = {"a.bin": b"A" * 120, "shard-1": b"!" * 60}
     fill(src, settings, changed)
     summary = ops.sync(src, dst, settings, route="sts")
     assert summary["route"]["name"] == "sts" and summary["route"]["fallbacks"] == {}
-    spec = [b for b in double.server.bodies("/v1/transferJobs") if "transferSpec" in b][-1]["transferSpec"]
-    assert spec["objectConditions"]["includePrefixes"] == ["a.bin", "shard-1"]
+    assert sorted(summary["sent"]) == ["a.bin", "shard-1"]
+    ((_meta, run),) = [op for op in double.operations.values()][-1:]
+    assert run.objects_copied == 2          # not a.bin.1 nor shard-10 again
     assert read_tree(dst, settings) == {**files, **changed}
     assert ops.verify(dst, settings, deep=True)["ok"]
+
+
+def test_exclude_copies_exactly_the_planned_objects_by_a_transfer_manifest(make_root, settings, double):
+    """``--exclude shard-10`` beside ``shard-1``: the job names exactly the planned objects in a
+    transfer manifest (a CSV in the destination bucket), never a prefix that takes shard-10 too;
+    the manifest object is gone afterwards and ``verify`` finds nothing extra."""
+    from bridge.filters import Filters
+    src, dst = make_root("s3"), make_root("gs") + "x/"
+    files = {"shard-1": b"1" * 50, "shard-10": b"2" * 50, "shard-2": b"3" * 50, "a,b \"q\".bin": b"q" * 9}
+    fill(src, settings, files)
+    summary = ops.copy(src, dst, settings, route="sts", filters=Filters(exclude=("shard-10",)))
+    assert summary["route"]["name"] == "sts" and summary["route"]["fallbacks"] == {}
+    wanted = {k: v for k, v in files.items() if k != "shard-10"}
+    assert read_tree(dst, settings) == wanted
+    spec = [b for b in double.server.bodies("/v1/transferJobs") if "transferSpec" in b][-1]["transferSpec"]
+    assert "objectConditions" not in spec and spec["transferManifest"]["location"].startswith(
+        f"gs://{parse(dst).bucket}/x/_bridge/")
+    report = ops.verify(dst, settings)
+    assert report["ok"] and report["counts"]["extra"] == 0, report
+    store = get_store(parse(dst), settings)
+    assert [i.location.key for i in store.list(parse(dst).join("_bridge/sts/"))] == []   # removed after the job

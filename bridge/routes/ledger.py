@@ -4,8 +4,8 @@ a lost machine) leaves a record its re-run finds.
 
 One JSON file per job, ``<state_dir>/native/<key>.json``, keyed by route, source and destination;
 each write replaces the whole file atomically (a temporary, fsync, rename), so a kill leaves the
-previous record or the next, never half of one. It holds names only (a transfer job's name, task,
-location and execution ARNs), never a credential, and the ``fingerprint`` of the objects the
+previous record or the next, never half of one. It holds names only (a transfer job's name and its
+transfer manifest's location, task, location and execution ARNs), never a credential, and the ``fingerprint`` of the objects the
 remote job was made for: a re-run adopts a remote job only when it was made for the same objects
 (names, sizes and source versions), and otherwise cancels it and deletes what bridge created.
 The record is removed once what it names is gone.
@@ -48,6 +48,10 @@ class Ledger:
 
     def matches(self, record: dict[str, Any]) -> bool:
         return record.get("fingerprint") == self.fingerprint
+
+    def get(self, field: str) -> Any:
+        """A field of the record held ("" when it has none)."""
+        return (self._record or {}).get(field, "")
 
     def begin(self, **fields: Any) -> None:
         """A new record: what is about to be created."""

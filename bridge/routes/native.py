@@ -4,7 +4,8 @@ plan's files, committed by the engine from what the stores report.
 ``serves`` says, without a request, whether the pair and the settings allow the route; it is
 taken by itself only when enabled (``native.enabled``), and ``--route`` forces it. A job the
 service refuses before any byte moved (permission, quota, a bad location), and one the route
-cannot express (a renamed object, more files than one job can name), falls back to ``direct``
+cannot express (a renamed object, more files than one job can name, a name its filter cannot
+hold), falls back to ``direct``
 as a whole, with the reason recorded; a remote run that fails after moving data fails the job.
 """
 
@@ -30,10 +31,6 @@ class NativeRoute(Route):
 
     remote = True            # the bytes move in the cloud: cancel the remote job with the bridge job
     module: Any = None
-
-    def can_name(self, rels: list[str]) -> bool:
-        """Whether one remote job can name these files one by one."""
-        raise NotImplementedError
 
     def serves(self, src: Location, dst: Location, settings: Settings) -> str | None:
         try:
@@ -71,9 +68,9 @@ class NativeRoute(Route):
                 raise IntegrityError(f"{ctx.src_loc(f.rel)}: changed since the copy was planned; run it again")
             objects.append((f.rel, info))
         named = ctx.plan.single is not None or set(listed) != {f.rel for f in files}
-        if named and not self.can_name([f.rel for f in files]):
-            raise RouteUnavailable(f"route {self.name} cannot name {len(files)} of the source's {len(listed)} "
-                                   f"files one by one in one job")
+        why = self.module.unnamable([f.rel for f in files]) if named else None
+        if why:
+            raise RouteUnavailable(why)
         return native.Transfer(self.name, ctx.src_root, ctx.dst_root, objects, ctx.plan.single, filtered=named)
 
     def run(self, ctx: JobContext, files: list[FilePlan]) -> Iterator[tuple[str, FileEntry | Fallback]]:
@@ -111,9 +108,6 @@ class NativeRoute(Route):
 class StsRoute(NativeRoute):
     name = "sts"
 
-    def can_name(self, rels: list[str]) -> bool:
-        return len(rels) <= self.module.MAX_INCLUDES
-
     @property
     def module(self):
         from bridge.routes import sts
@@ -122,9 +116,6 @@ class StsRoute(NativeRoute):
 
 class DataSyncRoute(NativeRoute):
     name = "datasync"
-
-    def can_name(self, rels: list[str]) -> bool:
-        return sum(len(rel) + 2 for rel in rels) <= self.module.MAX_FILTER
 
     @property
     def module(self):

@@ -4,8 +4,12 @@ the URLs of a TsvHttpData-1.0 list, through ``google-cloud-storage-transfer`` (R
 One bridge copy is one transfer job with no schedule (``transferJobs.create`` then
 ``transferJobs.run``, which starts one operation), followed with ``transferOperations.get``,
 cancelled with ``transferOperations.cancel``, and deleted once it has ended. Object names are
-kept: the sink path is the destination prefix, the source path the source prefix, and a single
-object is named by ``objectConditions.includePrefixes``.
+kept: the sink path is the destination prefix, the source path the source prefix. A job for some
+of a prefix's objects (one object, a sync's changes, a filtered copy) names exactly those in a
+transfer manifest (``transferSpec.transferManifest``): a CSV of names relative to the source path,
+written under the destination's ``_bridge/sts/`` before the job is created and deleted once it has
+ended. Include prefixes were not exact: "shard-1" also takes "shard-10", which a filter had left
+out, and the service refuses prefixes nested in one another.
 
 What the service needs, besides a project (``native.sts_project``, else ``gcs.project``) whose
 Storage Transfer service agent may write the destination bucket:
@@ -24,27 +28,30 @@ points the client at another endpoint (a test double) with anonymous credentials
 from __future__ import annotations
 
 import base64
+import csv
 import datetime as dt
 import functools
 import os
 import threading
 import urllib.parse
+import io
 import urllib.request
 import uuid
 
 from bridge.routes import delegated as native
 from bridge.config import Settings
-from bridge.errors import (InvalidOption, JobCancelled, MissingBackend, PermissionDenied, RouteFailed,
-                           RouteUnavailable)
+from bridge.errors import (InvalidOption, JobCancelled, MissingBackend, ObjectNotFound, PermissionDenied,
+                           RouteFailed, RouteUnavailable)
 from bridge.routes.ledger import Ledger
 from bridge.progress import Progress
 from bridge.redact import redact
 from bridge.stores import get_store
-from bridge.stores.base import ObjectInfo
+from bridge.hashing import crc32c, crc_hex
+from bridge.stores.base import RESERVED, ObjectInfo
 from bridge.urls import Location, parse
 
 ROUTE = "sts"
-MAX_INCLUDES = 1000     # objectConditions.includePrefixes holds at most this many
+MAX_NAMED = 1_000_000   # rows of one transfer manifest (the service takes a CSV of up to 1 GiB, ~1M rows)
 PAIRS = {("s3", "gs"), ("az", "gs"), ("gs", "gs")}
 SAS_DAYS = 7
 LIST_HEADER = "TsvHttpData-1.0"
@@ -145,7 +152,9 @@ def _azure_source(loc: Location, settings: Settings) -> dict:
             "azure_credentials": {"sas_token": sas}}
 
 
-def transfer_spec(transfer: native.Transfer, settings: Settings, list_url: str | None = None) -> dict:
+def transfer_spec(transfer: native.Transfer, settings: Settings, list_url: str | None = None,
+                  manifest: Location | None = None) -> dict:
+    """The job's transferSpec; ``manifest``: where the CSV naming a filtered job's objects is."""
     sink = {"gcs_data_sink": {"bucket_name": transfer.dst_root.bucket, "path": _dir(transfer.dst_root)}}
     if list_url:
         return {"http_data_source": {"list_url": list_url}, **sink}
@@ -156,22 +165,53 @@ def transfer_spec(transfer: native.Transfer, settings: Settings, list_url: str |
         source = {"azure_blob_storage_data_source": _azure_source(src, settings)}
     else:   # the project's transfer service agent reads it: no credential travels
         source = {"gcs_data_source": {"bucket_name": src.bucket, "path": _dir(src)}}
-    if transfer.filtered:
-        # Prefixes, so "a.bin" also takes "a.bin.1": what else it takes is another file of the
-        # same source prefix, copied with its own bytes and left out of this job's manifest.
-        source["object_conditions"] = {"include_prefixes": include_prefixes(rel for rel, _ in transfer.objects)}
+    if transfer.filtered and manifest is not None:
+        source["transfer_manifest"] = {"location": f"gs://{manifest.bucket}/{manifest.key}"}
     return {**source, **sink}
 
 
-def include_prefixes(rels) -> list[str]:
-    """The names as Storage Transfer Service takes them: no include prefix may be a prefix of
-    another (it refuses "a.bin" beside "a.bin.1", "shard-1" beside "shard-10"), so a name another
-    starts with stands for both; sorted, each kept one is compared with the last kept."""
-    kept: list[str] = []
-    for rel in sorted(set(rels)):
-        if not (kept and rel.startswith(kept[-1])):
-            kept.append(rel)
-    return kept
+def unnamable(rels: list[str]) -> str | None:
+    """Why one job's transfer manifest cannot name exactly these objects, or None when it can."""
+    if len(rels) > MAX_NAMED:
+        return f"route sts names at most {MAX_NAMED:,} objects in one job's transfer manifest, not {len(rels):,}"
+    odd = next((rel for rel in rels if "\n" in rel or "\r" in rel), None)
+    if odd is not None:
+        return f"route sts cannot name {odd!r} in a transfer manifest: the name holds a line break"
+    return None
+
+
+def manifest_csv(rels) -> bytes:
+    """The transfer manifest: one name a row, relative to the source path, quoted as CSV quotes
+    (a name with a comma or a double quote), UTF-8."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for rel in rels:
+        writer.writerow([rel])
+    return out.getvalue().encode()
+
+
+def _manifest_location(transfer: native.Transfer, token: str) -> Location:
+    # Beside the destination's record, whose folder listings and verify leave out: the service
+    # agent already reads and writes the destination bucket, so it may read this object too.
+    return transfer.dst_root.as_prefix().join(f"{RESERVED}/sts/{token}.csv")
+
+
+def _write_manifest(transfer: native.Transfer, settings: Settings, token: str) -> Location:
+    loc = _manifest_location(transfer, token)
+    data = manifest_csv(rel for rel, _ in transfer.objects)
+    get_store(loc, settings).put(loc, data, crc32c=crc_hex(crc32c(data)), metadata={})
+    return loc
+
+
+def _drop_manifest(settings: Settings, where: str) -> None:
+    """Delete a transfer manifest bridge wrote (a name from the ledger); one already gone is."""
+    if not where:
+        return
+    loc = parse(where)
+    try:
+        get_store(loc, settings).delete(loc)
+    except ObjectNotFound:
+        pass
 
 
 def check(src: Location, dst: Location, settings: Settings) -> None:
@@ -272,10 +312,11 @@ def _delete_job(client, job_name: str, project: str) -> bool:
     return True
 
 
-def _adopt(client, ledger: Ledger, interval: float) -> tuple[str, str, str] | None:
+def _adopt(client, ledger: Ledger, interval: float, settings: Settings) -> tuple[str, str, str] | None:
     """What a killed run of this job left at the service: its (job, operation, project) when that
     operation runs or succeeded for the same objects (the re-run follows it instead of copying
-    everything again); otherwise the operation is cancelled, the job deleted and None returned."""
+    everything again); otherwise the operation is cancelled, the job and its transfer manifest
+    deleted, and None returned."""
     from google.api_core import exceptions as gexc
     record = ledger.load()
     if not record:
@@ -308,6 +349,7 @@ def _adopt(client, ledger: Ledger, interval: float) -> tuple[str, str, str] | No
     if job_name and not _delete_job(client, job_name, project):
         raise RouteFailed(f"a killed run of this job left {job_name} at Storage Transfer Service and bridge "
                           f"cannot delete it; run the copy again", moved_data=True)
+    _drop_manifest(settings, record.get("manifest", ""))
     ledger.drop()
     return None
 
@@ -325,23 +367,31 @@ def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, st
     from google.cloud import storage_transfer
 
     project = _project(settings)
+    why = unnamable([rel for rel, _ in transfer.objects]) if transfer.filtered and not list_url else None
+    if why:
+        raise RouteUnavailable(why)
     client = client or client_for(settings)
     ledger = Ledger(settings, transfer)
     interval = settings.native.poll_interval
-    adopted = _adopt(client, ledger, interval)
+    adopted = _adopt(client, ledger, interval, settings)
     if adopted:
         job_name, op_name, project = adopted
         before_start()
     else:
-        job_name = f"transferJobs/mcbridge-{uuid.uuid4().hex}"
+        token = uuid.uuid4().hex
+        job_name = f"transferJobs/mcbridge-{token}"
+        manifest = _manifest_location(transfer, token) if transfer.filtered and not list_url else None
         job = {"name": job_name, "project_id": project, "status": storage_transfer.TransferJob.Status.ENABLED,
                "description": f"mcbridge copy to {transfer.dst_root}"[:1024],
-               "transfer_spec": transfer_spec(transfer, settings, list_url)}
-        ledger.begin(route=ROUTE, project=project, job=job_name)
+               "transfer_spec": transfer_spec(transfer, settings, list_url, manifest)}
+        ledger.begin(route=ROUTE, project=project, job=job_name, manifest=str(manifest or ""))
+        if manifest is not None:   # named in the record first: a run killed now leaves no orphan
+            _write_manifest(transfer, settings, token)
         try:
             client.create_transfer_job({"transfer_job": job})
         except (gexc.GoogleAPICallError, gexc.RetryError, OSError) as exc:
             if _delete_job(client, job_name, project):   # a create that timed out may have happened
+                _drop_manifest(settings, ledger.get("manifest"))
                 ledger.drop()
             raise _failure("to create the transfer job", exc) from None
         del job
@@ -365,6 +415,7 @@ def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, st
         # A one-time job without a schedule never runs again; deleting it leaves nothing behind.
         # The record goes with it, unless the operation may still run (the service unreachable).
         if _delete_job(client, job_name, project) and final.state != "running":
+            _drop_manifest(settings, ledger.get("manifest"))
             ledger.drop()
     if final.state != "done":
         raise RouteFailed(native.one_line(f"Storage Transfer Service operation {op_name} {final.state}: "

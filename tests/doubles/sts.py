@@ -29,7 +29,7 @@ leading "/" or a line break, and none a prefix of another).
 
 Not emulated: authentication (any caller is accepted), IAM (a roleArn is checked for form only,
 and S3 is then read with moto's test keys), schedules and event-driven jobs, agent pools and
-POSIX/HDFS sources, the service agent's access to GCS buckets, transferOptions (overwrite, delete, metadata), manifests,
+POSIX/HDFS sources, the service agent's access to GCS buckets, transferOptions (overwrite, delete, metadata), a manifest's generation column,
 logging and notifications, pagination of list calls, the
 service's own retries and parallelism, the minutes a real job takes to be scheduled.
 """
@@ -37,7 +37,9 @@ service's own retries and parallelism, the minutes a real job takes to be schedu
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
+import io
 import json
 import re
 import threading
@@ -100,6 +102,25 @@ class HttpListSide(Side):
         if len(data) != size or (md5 and base64.b64encode(hashlib.md5(data).digest()).decode() != md5):
             raise ValueError(f"{url}: size or MD5 differs from the URL list")
         return data
+
+
+class Named(Side):
+    """The objects a transfer manifest names, and only those; a named object the source lacks
+    fails the run, as the service reports it."""
+
+    def __init__(self, side: Side, names: set[str]):
+        self.side, self.names = side, names
+
+    def list(self) -> list[tuple[str, int]]:
+        listed = [(rel, size) for rel, size in self.side.list() if rel in self.names]
+        missing = self.names - {rel for rel, _ in listed}
+        if missing:
+            raise FileNotFoundError(f"404 NotFound: {sorted(missing)[0]!r} from the transfer manifest is not in "
+                                    f"the source")
+        return listed
+
+    def read(self, rel: str) -> bytes:
+        return self.side.read(rel)
 
 
 class StorageTransferDouble:
@@ -207,6 +228,11 @@ class StorageTransferDouble:
             _path_ok(az, "path", "azureBlobStorageDataSource")
         if "httpDataSource" in spec:
             _need(spec, "httpDataSource.listUrl")
+            if "transferManifest" in spec:
+                raise ApiError(400, "INVALID_ARGUMENT", "a URL list is its own manifest: transferManifest is not "
+                                                        "supported with httpDataSource")
+        if "transferManifest" in spec and not str(spec["transferManifest"].get("location", "")).startswith("gs://"):
+            raise ApiError(400, "INVALID_ARGUMENT", "transferManifest.location must be a gs:// object")
         if "gcsDataSource" in spec:
             _need(spec, "gcsDataSource.bucketName")
             _path_ok(spec["gcsDataSource"], "path", "gcsDataSource")
@@ -244,7 +270,10 @@ class StorageTransferDouble:
         spec = job["transferSpec"]
         sink = spec["gcsDataSink"]
         prefixes = spec.get("objectConditions", {}).get("includePrefixes", [])
-        run = Run(self._source(spec), lambda: GCSSide(self.gcs_endpoint, sink["bucketName"], sink.get("path", "")),
+        source = self._source(spec)
+        if "transferManifest" in spec:
+            source = self._named(source, spec["transferManifest"]["location"])
+        run = Run(source, lambda: GCSSide(self.gcs_endpoint, sink["bucketName"], sink.get("path", "")),
                   include=lambda rel: not prefixes or any(rel.startswith(p) for p in prefixes), delay=self.delay)
         op_name = f"transferOperations/{name.replace('/', '-')}-{time.time_ns()}"
         meta = {"@type": "type.googleapis.com/google.storagetransfer.v1.TransferOperation", "name": op_name,
@@ -269,6 +298,15 @@ class StorageTransferDouble:
             gcs = spec["gcsDataSource"]
             return lambda: GCSSide(self.gcs_endpoint, gcs["bucketName"], gcs.get("path", ""))
         return lambda: HttpListSide(spec["httpDataSource"]["listUrl"])
+
+    def _named(self, source, location: str):
+        """The source as a transfer manifest narrows it, read when the run starts."""
+        def build() -> Side:
+            bucket, _, key = location[len("gs://"):].partition("/")
+            text = GCSSide(self.gcs_endpoint, bucket, "").read(key).decode()
+            names = {row[0] for row in csv.reader(io.StringIO(text)) if row and row[0]}
+            return Named(source(), names)
+        return build
 
     # -- transferOperations -------------------------------------------------------------------
     def _find(self, name: str) -> tuple[dict, Run]:
