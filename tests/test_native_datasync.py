@@ -171,3 +171,26 @@ def test_an_enhanced_task_the_caller_may_not_create_falls_back_to_direct(make_ro
     assert all("iam:CreateServiceLinkedRole" in why for why in summary["route"]["fallbacks"].values())
     assert double.calls("StartTaskExecution") == []
     assert read_tree(dst, settings) == FILES and ops.verify(dst, settings, deep=True)["ok"]
+
+
+def test_a_name_with_a_pipe_or_a_star_is_never_a_wider_copy(make_root, settings, double):
+    """DataSync's include filter separates patterns with '|' and reads '*' as a wildcard, with no
+    escape: a job that must name "a|b.bin" or "star*" goes direct (saying why), and creates no task
+    whose filter would take "a", "starry" and the rest; one such object alone is refused."""
+    src, dst = make_root("gs"), make_root("s3")
+    files = {"a": b"a" * 10, "b.bin": b"b" * 10, "a|b.bin": b"p" * 10, "star*": b"s" * 10, "starry": b"r" * 10}
+    fill(src, settings, files)
+    ops.sync(src, dst, settings, route="datasync")      # the whole prefix: no filter, every name fits
+    tasks = len(double.calls("CreateTask"))
+    changed = {"a|b.bin": b"P" * 12, "star*": b"S" * 12}
+    fill(src, settings, changed)
+    summary = ops.sync(src, dst, settings, route="datasync")
+    assert sorted(summary["sent"]) == sorted(changed)
+    fallbacks = summary["route"]["fallbacks"]
+    assert set(fallbacks) == set(changed) and all("escapes neither" in why for why in fallbacks.values()), fallbacks
+    assert len(double.calls("CreateTask")) == tasks       # no task with a filter wider than the plan
+    assert read_tree(dst, settings) == {**files, **changed}
+    assert ops.verify(dst, settings, deep=True)["ok"]
+    with pytest.raises(RouteUnavailable, match="'star\\*'"):
+        datasync.copy(src + "star*", make_root("s3"), settings)
+    assert len(double.calls("CreateTask")) == tasks

@@ -7,7 +7,9 @@ for GCS through its S3-compatible XML API (an HMAC key, ``native.gcs_hmac_access
 ``native.gcs_hmac_secret``, at ``native.gcs_xml_endpoint``), ``CreateLocationAzureBlob`` with a
 SAS (``azure.sas_token``, else one bridge signs with the account key for the container);
 ``CreateTask`` with ``VerifyMode`` ONLY_FILES_TRANSFERRED (DataSync checks what it wrote) and, for
-one object, an include filter naming it; ``StartTaskExecution``; ``DescribeTaskExecution`` until
+some of a prefix's objects, an include filter naming each (``include_filter``: ``|`` separates its
+patterns and ``*`` is a wildcard, with no escape for either, so a name holding one cannot be named
+exactly: such a job is refused before any request and goes ``direct`` on the route seam); ``StartTaskExecution``; ``DescribeTaskExecution`` until
 it ends; ``CancelTaskExecution`` when the bridge job is cancelled. Task and locations are deleted
 afterwards; their ARNs are recorded in the state dir meanwhile, so that the re-run of a killed
 copy adopts its execution or deletes them (``run``).
@@ -116,6 +118,25 @@ def location_request(loc: Location, settings: Settings, writing: bool) -> tuple[
     return "create_location_azure_blob", {"ContainerUrl": url, "AuthenticationType": "SAS",
                                           "SasConfiguration": {"Token": sas}, "BlobType": "BLOCK",
                                           "Subdirectory": _sub(loc), **agents}
+
+
+def unnamable(rels: list[str]) -> str | None:
+    """Why one task's include filter cannot name exactly these objects, or None when it can."""
+    odd = next((rel for rel in rels if "|" in rel or "*" in rel), None)
+    if odd is not None:
+        return (f"route datasync cannot name {odd!r} in an include filter: DataSync reads '|' as the "
+                f"separator of its patterns and '*' as a wildcard, and escapes neither")
+    if sum(len(rel) + 2 for rel in rels) > MAX_FILTER:
+        return f"route datasync cannot name {len(rels):,} objects in one include filter ({MAX_FILTER:,} characters)"
+    return None
+
+
+def include_filter(rels: list[str]) -> list[dict]:
+    """The task's Includes naming exactly ``rels`` (relative to the source's Subdirectory)."""
+    why = unnamable(rels)
+    if why:
+        raise RouteUnavailable(why)
+    return [{"FilterType": "SIMPLE_PATTERN", "Value": "|".join("/" + rel for rel in rels)}]
 
 
 def check(src: Location, dst: Location, settings: Settings) -> None:
@@ -291,6 +312,7 @@ def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, st
     service creating a location and bridge reading its answer leaves that location unrecorded.)"""
     from botocore.exceptions import BotoCoreError, ClientError
 
+    includes = include_filter([rel for rel, _ in transfer.objects]) if transfer.filtered else None
     requests = [location_request(transfer.src_root, settings, False),
                 location_request(transfer.dst_root, settings, True)]
     client = client or client_for(settings)
@@ -318,9 +340,8 @@ def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, st
                         "Name": f"mcbridge-{uuid.uuid4().hex[:12]}", "TaskMode": settings.native.datasync_task_mode,
                         "Options": {"VerifyMode": "ONLY_FILES_TRANSFERRED", "OverwriteMode": "ALWAYS",
                                     "PreserveDeletedFiles": "PRESERVE", "TransferMode": "ALL"}}
-                if transfer.filtered:
-                    task["Includes"] = [{"FilterType": "SIMPLE_PATTERN",
-                                         "Value": "|".join("/" + rel for rel, _ in transfer.objects)}]
+                if includes:
+                    task["Includes"] = includes
                 task_arn = client.create_task(**task)["TaskArn"]
                 made.append(("delete_task", task_arn))
                 ledger.note(task=task_arn)
