@@ -2,12 +2,14 @@
 without sending it?
 
 Two objects are equal for adoption when their sizes agree and so does the strongest checksum both
-stores report of them, in this order: MD5 (S3's ETag of a one-request upload, GCS md5Hash, Azure
-Content-MD5), CRC64NVME (S3), CRC32C (S3 full-object checksum, GCS crc32c, the CRC32C bridge keeps
-in an object's metadata), CRC32 (S3). A local file reports nothing but costs no egress to read, so
-whatever the other side reports is computed from its bytes. Where no checksum is common, ``deep``
-reads both sides and compares CRC32C and SHA-256; otherwise the object counts as different and is
-sent again. An S3 ETag is an MD5 only for an unencrypted (or SSE-S3) one-request upload: under
+stores computed and report of them, in this order: MD5 (S3's ETag of a one-request upload, GCS
+md5Hash), CRC64NVME (S3), CRC32C (S3 full-object checksum, GCS crc32c), CRC32 (S3). A value a
+client could have written is no evidence: neither the CRC32C bridge keeps in an object's metadata
+(any client can write the same) nor an Azure blob's Content-MD5 (stored unchecked for a Put Block
+List, settable by Set Blob Properties): an Azure blob reports nothing here. A local file reports
+nothing but costs no egress to read, so whatever the other side reports is computed from its
+bytes. Where no checksum is common, ``deep`` reads both sides and compares CRC32C and SHA-256;
+otherwise the object counts as different and is sent again (``check``: unproven). An S3 ETag is an MD5 only for an unencrypted (or SSE-S3) one-request upload: under
 SSE-KMS it is not, and such an object merely fails to match (it is sent again, never taken wrongly).
 
 ``compare`` answers with an ``Adoption``: ``equal`` and by which checksum, and the manifest entry
@@ -40,18 +42,26 @@ class Adoption:
     entry: FileEntry | None = None   # when equal: the manifest entry of the adopted object
 
 
+# Stores whose every reported checksum a client can write: Azure keeps a Put Block List's
+# Content-MD5 unchecked, and Set Blob Properties sets one on any blob, while nothing in the data
+# plane tells how a blob was written.
+CLIENT_WRITTEN = frozenset({"az"})
+
+
 def reported(store: Store | None, info: ObjectInfo, ask: bool = False) -> dict[str, str]:
-    """The whole-object checksums a store reports of an object, lower-case hex, by ``ORDER``'s
-    names; with ``ask``, an S3 object whose listing gives none (no MD5 ETag: a multipart upload) is
-    asked for them (S3's checksums come with HEAD only)."""
+    """The whole-object checksums a store computed of an object and reports, lower-case hex, by
+    ``ORDER``'s names; with ``ask``, an S3 object whose listing gives none (no MD5 ETag: a
+    multipart upload) is asked for them (S3's checksums come with HEAD only). Never a value a
+    client could have written: not an object's metadata (``bridge_crc32c``), not an Azure blob's
+    Content-MD5, so an Azure blob reports none."""
+    if info.location.scheme in CLIENT_WRITTEN:
+        return {}
     sums = dict(info.checksums)
     etag = info.identity.get("etag", "").lower()
     if info.location.scheme == "s3" and _MD5.match(etag):
         sums.setdefault("md5", etag)          # a one-request upload's ETag is its MD5
     elif ask and info.location.scheme == "s3" and not sums:
         sums = dict(store.info(info.location).checksums)
-    if "crc32c" not in sums and info.metadata.get("bridge_crc32c"):
-        sums["crc32c"] = info.metadata["bridge_crc32c"]
     return {k: v.lower() for k, v in sums.items() if k in ORDER and v}
 
 
@@ -122,7 +132,7 @@ def compare(src_store: Store, src: ObjectInfo, dst_store: Store, dst: ObjectInfo
     name = common(src_sums, dst_sums, src_local, dst_local)
     read: dict[str, str] = {}
     if name is None and not deep:
-        return Adoption(False, "", "no checksum both stores report (--adopt deep reads both)")
+        return Adoption(False, "", _none_common(src, dst))
     if name is None:
         read = digest(src_store, src, ("sha256",))
         theirs = digest(dst_store, dst, ("sha256",))
@@ -140,6 +150,16 @@ def compare(src_store: Store, src: ObjectInfo, dst_store: Store, dst: ObjectInfo
     if src_sums[name] != dst_sums[name]:
         return Adoption(False, name, f"{name.upper()} {dst_sums[name]}, source {src_sums[name]}")
     return Adoption(True, name, f"{name.upper()} equal", _entry(rel, src, dst, dst_sums, {**src_sums, **read}, name))
+
+
+def _none_common(src: ObjectInfo, dst: ObjectInfo) -> str:
+    """Why no checksum decides, naming a side whose every checksum is a client's claim."""
+    azure = [side for side, info in (("destination", dst), ("source", src))
+             if info.location.scheme in CLIENT_WRITTEN]
+    if azure:
+        return (f"the {azure[0]} is an Azure blob: Azure computes no checksum of a block blob, and its "
+                f"Content-MD5 and metadata are what a client wrote (--adopt deep reads both)")
+    return "no checksum both stores report (--adopt deep reads both)"
 
 
 def _entry(rel: str, src: ObjectInfo, dst: ObjectInfo, dst_sums: dict[str, str], src_sums: dict[str, str],

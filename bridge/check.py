@@ -11,9 +11,10 @@ asked (``verify --deep --sha256``) or when the entry has no part SHA-256s.
 An object store's object whose listing shows the version committed (its ETag, generation or
 version id as recorded, for an entry holding what the store reported then) needs no request at
 all. Where the store reports no CRC32C (an object committed with ``--store-checksums skip``, or one
-adopted from another tool's copy), another checksum recorded at commit (``reported``: an S3
-one-request ETag's MD5, GCS md5, Azure Content-MD5) is compared, or else the object is re-read and
-hashed: listed as ``rehashed`` when equal, never passed on trust.
+adopted from another tool's copy), another checksum the store computed and reported at commit
+(``reported``: an S3 one-request ETag's MD5, GCS md5; never an Azure Content-MD5, which a client
+can write) is compared, or else the object is re-read and hashed: listed as ``rehashed`` when
+equal, never passed on trust.
 
 All of that vouches only for the object version bridge committed. The manifest records that
 version's identity (ETag, generation, version id, last-modified, inode and times); an object

@@ -3,9 +3,11 @@
 Both listings are walked in sorted order side by side, a merge join (rclone's ``fs/march``), so
 memory stays constant whatever the trees' size: a name only the source has is ``missing`` at the
 destination, one only the destination has is ``extra``, and a pair is compared by size and the
-strongest checksum both stores report (bridge/adopt.py), or with ``download`` by reading both and
-comparing CRC32C and SHA-256. A pair with no checksum in common is ``unproven`` unless read: it
-is never counted equal on its size alone. Pairs are compared ``concurrency`` at a time, a bounded
+strongest checksum both stores computed and report (bridge/adopt.py), or with ``download`` by
+reading both and comparing CRC32C and SHA-256. A pair with no such checksum in common is
+``unproven`` unless read: it is never counted equal on its size alone, nor on a value a client
+could have written (an object's ``bridge_crc32c`` metadata, an Azure blob's Content-MD5), so a
+pair with an Azure side is proven only by ``--download``. Pairs are compared ``concurrency`` at a time, a bounded
 window in listing order. Object stores list in key order (UTF-8 byte order, which is Python's
 code point order for the names bridge handles); a local tree is walked so that it comes out in
 the same order (a folder ``a`` sorts as ``a/``). A listing found out of order is an error, not a
