@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 from bridge import manifest as manifests
-from bridge import bwlimit, jobs, meter, ops, routes
+from bridge import bwlimit, evidence, jobs, meter, ops, routes
 from bridge.config import Settings
 from bridge.engine import FileList, JobContext, Plan
 from bridge.errors import BridgeError, ObjectNotFound, TransferFailed
@@ -32,7 +32,7 @@ from bridge.filters import Filters
 from bridge.journal import job_key
 from bridge.progress import Progress
 from bridge.stores import get_store
-from bridge.stores.base import ObjectInfo, identity_changed, merged
+from bridge.stores.base import ObjectInfo, identity_changed, is_reserved, merged
 from bridge.urls import parse
 from bridge.policies import replication as rules
 from bridge.policies.replication import NamedPolicy
@@ -65,33 +65,30 @@ def listing(url: str, settings: Settings) -> dict[str, dict[str, ObjectInfo]]:
     return out
 
 
-_INDEXES: dict[tuple, str] = {}   # a safetensors index's text, by its identity: read once per version
+POSIX_QUIET_S = 2.0   # a local file that moved within this is still being written
 
 
-def survey(policy: rules.Policy, settings: Settings, now: float | None = None) -> dict[str, rules.Readiness]:
+def survey(policy: rules.Policy, settings: Settings, now: float | None = None,
+           found: dict[str, dict[str, ObjectInfo]] | None = None) -> dict[str, rules.Readiness]:
     """Each checkpoint at the source, committed or waiting and why (policies/replication.py
-    ``assess``). Lists the source once; reads only safetensors indexes not read before."""
+    ``assess``), from the source listed once (or ``found``, that listing) and what its files say
+    of themselves (bridge/evidence.py: DCP ``.metadata``, safetensors headers, Orbax metadata,
+    bridge records at the folder or above, each read once per version). On a local source, files
+    written within the quiet period are looked at again once it has passed."""
     root = parse(policy.source).as_prefix()
-    found = listing(policy.source, settings)
-    files = {name: {rel: rules.SourceFile(i.size, rules.modified_at(i.identity)) for rel, i in inner.items()}
-             for name, inner in found.items()}
-    indexes: dict[str, str] = {}
-    if policy.ready.marker is None:
-        store = get_store(root, settings)
-        if len(_INDEXES) > 4096:
-            _INDEXES.clear()
-        for name in rules.checkpoints(policy, found):
-            for rel in rules.index_files(found[name]):
-                info = found[name][rel]
-                key = (str(info.location), info.size, tuple(sorted(info.identity.items())))
-                if key not in _INDEXES:
-                    try:
-                        _INDEXES[key] = store.read(info.location).decode("utf-8", "replace")
-                    except ObjectNotFound:
-                        _INDEXES[key] = ""
-                indexes[f"{name}/{rel}"] = _INDEXES[key]
+    if found is None:
+        found = listing(policy.source, settings)
+    store = get_store(root, settings)
+    names = rules.checkpoints(policy, found)
+    above = evidence.records_above(store, root)
+    facts = {name: evidence.gather(store, root, name, found[name], above) for name in names}
+    if root.is_local:
+        moved = evidence.unsettled(store, root, {n: found[n] for n in names}, POSIX_QUIET_S)
+        facts = {n: replace(ev, unsettled=moved.get(n, {})) for n, ev in facts.items()}
+    files = {name: {rel: rules.SourceFile(i.size, rules.modified_at(i.identity)) for rel, i in found[name].items()}
+             for name in names}
     return rules.assess(policy, files, time.time() if now is None else now, atomic_rename=root.is_local,
-                        indexes=indexes)
+                        evidence=facts)
 
 
 class SourceChanged(TransferFailed):
@@ -99,9 +96,17 @@ class SourceChanged(TransferFailed):
 
 
 class ConsistentCopy(JobContext):
-    """A checkpoint's copy that commits only what was listed: right before the manifest, every
-    source file sent is looked at again, and one that is gone or another version than the
-    listing's fails the copy, nothing committed (the destination's old manifest stays set aside)."""
+    """A checkpoint's copy that commits only what was listed: right before the manifest, the
+    source is listed again and compared with the plan's files and, given ``listed`` (the listing
+    its readiness was decided on), with the whole checkpoint: a file sent that is gone or another
+    version, or any file of the checkpoint added, removed, resized or rewritten since, fails the
+    copy, nothing committed (the destination's old manifest stays set aside). ``selects``: the
+    files of the checkpoint the policy replicates (others may come and go)."""
+
+    def __init__(self, *args, listed: Mapping[str, ObjectInfo] | None = None,
+                 selects: Callable[[str], bool] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.listed, self.selects = listed, selects or (lambda _rel: True)
 
     def run_unit(self, unit: dict) -> dict:
         if unit["op"] == "finalize":
@@ -113,16 +118,16 @@ class ConsistentCopy(JobContext):
         return super().run_unit(unit)
 
     def changed_sources(self) -> list[str]:
-        """The files sent that are gone or another version now: one listing of the source
-        merged in path order with the plan's files, no request per file (one HEAD for a plan of
-        a single object)."""
+        """The files sent that are gone or another version now, then the checkpoint's other
+        changes since it was listed (``changed_around``): one listing of the source, no request
+        per file (one HEAD for a plan of a single object)."""
         if self.plan.single:
             try:
                 seen = [(f.rel, self.src.info(self.src_loc(f.rel))) for f in self.plan.files]
             except ObjectNotFound:
                 seen = []
         else:
-            seen = self.src.walk(self.src_root)
+            seen = list(self.src.walk(self.src_root))
         sent = ((f.rel, f) for f in self.plan.files)
         changed = []
         for rel, now, f in merged(seen, sent):
@@ -134,19 +139,44 @@ class ConsistentCopy(JobContext):
                 changed.append(f"{rel} (size {f.size} -> {now.size})")
             elif identity_changed(f.source_id, now.identity):
                 changed.append(f"{rel} (rewritten)")
+        if self.listed is not None and not self.plan.single:
+            named = {c.split(" ", 1)[0] for c in changed}
+            changed += [c for c in self.changed_around(dict(seen)) if c.split(" ", 1)[0] not in named]
         return changed
 
+    def changed_around(self, now: Mapping[str, ObjectInfo]) -> list[str]:
+        """The checkpoint's files (those the policy replicates) added, removed, resized or
+        rewritten between the listing readiness was decided on and now: a writer that put its
+        marker first and its shards after, or one still at work on a file already sent."""
+        was = {rel: info for rel, info in (self.listed or {}).items() if not is_reserved(rel) and self.selects(rel)}
+        now = {rel: info for rel, info in now.items() if self.selects(rel)}
+        out = []
+        for rel in sorted(was.keys() | now.keys()):
+            before, after = was.get(rel), now.get(rel)
+            if before is None:
+                out.append(f"{rel} (added)")
+            elif after is None:
+                out.append(f"{rel} (gone)")
+            elif before.size != after.size:
+                out.append(f"{rel} (size {before.size} -> {after.size})")
+            elif identity_changed(before.identity, after.identity):
+                out.append(f"{rel} (rewritten)")
+        return out
 
-def copy_checkpoint(plan: Plan, settings: Settings, progress: Progress | None = None) -> dict:
-    """``ops.execute`` for one checkpoint, with ``ConsistentCopy``'s check before the commit.
-    ``progress``: the run's, whose total already counts this plan's bytes."""
+
+def copy_checkpoint(plan: Plan, settings: Settings, progress: Progress | None = None, *,
+                    listed: Mapping[str, ObjectInfo] | None = None,
+                    selects: Callable[[str], bool] | None = None) -> dict:
+    """``ops.execute`` for one checkpoint, with ``ConsistentCopy``'s check before the commit
+    (``listed``, ``selects``: see there). ``progress``: the run's, whose total already counts
+    this plan's bytes."""
     if progress is None:
         progress = Progress()
         progress.plan(plan.bytes, 0)
     if progress.limiter is None and settings.transfer.bwlimit:
         progress.limiter = bwlimit.local(settings.transfer.bwlimit)
     journal = ops.journal_for(plan, settings)
-    ctx = ConsistentCopy(plan, settings, journal, progress)
+    ctx = ConsistentCopy(plan, settings, journal, progress, listed=listed, selects=selects)
     progress.plan(0, plan.unit_count())
     return jobs.run(ctx, plan.units(), journal, settings.transfer.concurrency, "copy")
 
@@ -221,8 +251,10 @@ def prepare(policy: rules.Policy, settings: Settings, readiness: dict[str, rules
 
 
 def retain(policy: rules.Policy, kept: list[str], verified: dict[str, dict[str, bool]],
-           settings: Settings) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """Apply retention (policies/replication.py decides what goes); (removed per destination,
+           settings: Settings, readiness: dict[str, rules.Readiness] | None = None,
+           ) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Apply retention (policies/replication.py decides what goes: with ``readiness``, only
+    checkpoints committed by evidence count as good copies); (removed per destination,
     destinations that could not be listed)."""
     present, errors = {}, {}
     for dst in policy.destinations:
@@ -230,7 +262,7 @@ def retain(policy: rules.Policy, kept: list[str], verified: dict[str, dict[str, 
             present[dst] = folders(dst, settings)
         except BridgeError as exc:
             errors[dst] = str(exc)
-    removed = rules.removals(policy, kept, present, verified) if not errors else {}
+    removed = rules.removals(policy, kept, present, verified, readiness) if not errors else {}
     for dst, old in removed.items():
         for ckpt in old:
             remove_checkpoint(f"{dst}{ckpt}/", settings)
@@ -241,23 +273,40 @@ def iso(when: float | None) -> str | None:
     return None if when is None else datetime.fromtimestamp(when, timezone.utc).isoformat(timespec="seconds")
 
 
+def fingerprint(files: Mapping[str, ObjectInfo]) -> str:
+    """One checkpoint's source as listed (each file's path, size and version): another value
+    means the source changed."""
+    import hashlib
+    text = "\n".join(f"{rel}\t{info.size}\t{sorted(info.identity.items())}"
+                     for rel, info in sorted(files.items()) if not is_reserved(rel))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
 def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None = None,
              readiness: dict[str, rules.Readiness] | None = None, filters: Filters | None = None,
-             progress: Progress | None = None) -> dict[str, Any]:
+             progress: Progress | None = None, found: dict[str, dict[str, ObjectInfo]] | None = None,
+             ) -> dict[str, Any]:
     """Replicate the policy's window of committed checkpoints to every destination, verify,
     apply retention. ``commit_to_verified_s``: from a checkpoint's commit to its verify here.
-    ``filters`` narrow the policy's include/exclude further; ``progress`` follows the run."""
+    ``filters`` narrow the policy's include/exclude further; ``progress`` follows the run.
+    ``readiness`` and ``found``: the survey and the source listing it was made from, when the
+    caller has them (``watch``). ``revisited``: checkpoints this machine had verified whose
+    source changed since, copied and verified again."""
     policy = named.policy
     started = time.monotonic()
-    if readiness is None:
+    if found is None or readiness is None:
         if progress is not None:
             progress.begin(f"listing {policy.source}")
-        readiness = survey(policy, settings)
+        found = listing(policy.source, settings)
+        readiness = survey(policy, settings, found=found)
     kept, plans, unreachable = prepare(policy, settings, readiness, filters, progress)
     if progress is not None:
         progress.plan(sum(plan.bytes for plan in plans.values()), 0)
+    prints = {c: fingerprint(found.get(c, {})) for c in kept}
     report: dict[str, Any] = {"policy": named.name, "source": policy.source, "checkpoints": kept,
-                              "waiting": rules.waiting(readiness),
+                              "waiting": rules.waiting(readiness), "trusted": rules.trusted(readiness),
+                              "held_back": rules.held_back(policy, kept, readiness),
+                              "revisited": revisited(named.name, settings, prints),
                               "committed_at": {c: iso(readiness[c].committed_at) for c in kept},
                               "destinations": {}, "removed": {}}
     for dst in policy.destinations:
@@ -281,7 +330,8 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
             if progress is not None:
                 progress.begin(f"copying {ckpt}" + (f" to {dst}" if len(policy.destinations) > 1 else ""))
             with meter.metering(meters[dst]):
-                copy_checkpoint(plan, placed(policy, dst, settings), progress)
+                copy_checkpoint(plan, placed(policy, dst, settings), progress, listed=found.get(ckpt),
+                                selects=lambda rel: rules.wants(policy, rel))
                 check = ops.verify(f"{dst}{ckpt}/", settings, deep=policy.verify == "deep",
                                    sha256=policy.sha256 and policy.verify == "deep", filters=filters,
                                    progress=progress) if policy.verify != "none" else None
@@ -304,7 +354,7 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
         if kept and all(verified[dst].get(c) for c in kept):
             state["last_proven_equal"] = now
 
-    removed, unlisted = retain(policy, kept, verified, settings)
+    removed, unlisted = retain(policy, kept, verified, settings, readiness)
     report["removed"] = removed
     for dst, problem in unlisted.items():
         report["destinations"][dst]["error"] = report["destinations"][dst]["error"] or problem
@@ -329,7 +379,7 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
     for dst, state in report["destinations"].items():
         state["metered"] = meters[dst].to_dict()
         state["spent_usd"] = _priced(meters[dst], policy.source, dst, settings)
-    record(named, report, readiness, settings)
+    record(named, report, readiness, settings, prints)
     return report
 
 
@@ -359,8 +409,19 @@ def recorded(name: str, settings: Settings) -> dict[str, dict[str, Any]]:
         return {}
 
 
+def revisited(name: str, settings: Settings, prints: Mapping[str, str]) -> dict[str, str]:
+    """The checkpoints of ``prints`` that this machine's last run verified somewhere from a
+    source listed otherwise than now: each with where it had been verified."""
+    out = {}
+    for dst, row in recorded(name, settings).items():
+        for ckpt, was in (row.get("sources") or {}).items():
+            if ckpt in prints and was != prints[ckpt] and row.get("checkpoints", {}).get(ckpt):
+                out.setdefault(ckpt, f"changed at the source after it was verified at {dst}: copied and verified again")
+    return out
+
+
 def record(named: NamedPolicy, report: dict[str, Any], readiness: dict[str, rules.Readiness],
-           settings: Settings) -> None:
+           settings: Settings, prints: Mapping[str, str] | None = None) -> None:
     """Write what this run proved per destination beside the journals, in the service's shape
     (workers/replicas.py), so that ``policy status`` tells an in-process run from none."""
     import json
@@ -390,7 +451,8 @@ def record(named: NamedPolicy, report: dict[str, Any], readiness: dict[str, rule
                      "newest_source": lag["newest_source"], "lag_checkpoints": lag["lag_checkpoints"],
                      "commit_to_verified_s": state.get("commit_to_verified_s") or prev.get("commit_to_verified_s"),
                      "removed": report["removed"].get(dst, []), "spent_usd": spent, "month": month,
-                     "month_usd": month_usd, "errors": [redact(e) for e in errors][:5]}
+                     "month_usd": month_usd, "errors": [redact(e) for e in errors][:5],
+                     "sources": {c: (prints or {}).get(c) for c in kept if verified.get(c)}}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -402,11 +464,12 @@ def record(named: NamedPolicy, report: dict[str, Any], readiness: dict[str, rule
 
 def watch(chosen: list[NamedPolicy], settings: Settings, emit: Callable[[dict[str, Any]], None],
           stop: threading.Event, *, max_cost: float | None = None, filters: Filters | None = None) -> None:
-    """Until ``stop``: list each policy's source every ``watch.interval`` (one listing; markers
-    and names decide readiness, no file is read but safetensors indexes) and run the policy
-    when its window of committed checkpoints moved or its last run did not prove it. ``emit``
-    gets each run's report (``event: run``) and each change of what waits (``event: waiting``)."""
-    done: dict[str, tuple[tuple[str, ...], bool]] = {}
+    """Until ``stop``: list each policy's source every ``watch.interval`` (one listing; what each
+    checkpoint's own files say, read once per version) and run the policy when its window of
+    committed checkpoints moved, its last run did not prove it, or the source of a checkpoint
+    it proved changed since (said first, as ``event: changed``). ``emit`` gets each run's report
+    (``event: run``) and each change of what waits (``event: waiting``)."""
+    done: dict[str, tuple[tuple[str, ...], bool, dict[str, str]]] = {}
     waited: dict[str, dict[str, str]] = {}
     due = dict.fromkeys((p.name for p in chosen), 0.0)
     while not stop.is_set():
@@ -415,22 +478,31 @@ def watch(chosen: list[NamedPolicy], settings: Settings, emit: Callable[[dict[st
                 continue
             due[named.name] = time.monotonic() + named.policy.watch.interval_s
             try:
-                readiness = survey(named.policy, settings)
+                found = listing(named.policy.source, settings)
+                readiness = survey(named.policy, settings, found=found)
             except BridgeError as exc:
                 emit({"event": "error", "policy": named.name, "error": f"source not listed: {exc}"})
                 continue
             kept = tuple(rules.window(named.policy, rules.committed(readiness)))
+            prints = {c: fingerprint(found.get(c, {})) for c in kept}
             pending = rules.waiting(readiness)
             if pending != waited.get(named.name):
                 waited[named.name] = pending
                 emit({"event": "waiting", "policy": named.name, "waiting": pending})
-            if kept and done.get(named.name) != (kept, True):
-                try:
-                    report = run_once(named, settings, max_cost=max_cost, readiness=readiness, filters=filters)
-                except BridgeError as exc:   # refused (over budget): said, and tried again next tick
-                    done[named.name] = (kept, False)
-                    emit({"event": "error", "policy": named.name, "error": str(exc)})
-                    continue
-                done[named.name] = (kept, report["ok"])
-                emit({"event": "run", **report})
+            last = done.get(named.name)
+            if not kept or (last is not None and last[:2] == (kept, True) and last[2] == prints):
+                continue
+            if last is not None and last[:2] == (kept, True):
+                moved = sorted((c for c in kept if last[2].get(c) != prints[c]), key=rules.natural_key)
+                emit({"event": "changed", "policy": named.name, "checkpoints": moved,
+                      "why": "changed at the source after it was verified: verifying again"})
+            try:
+                report = run_once(named, settings, max_cost=max_cost, readiness=readiness, filters=filters,
+                                  found=found)
+            except BridgeError as exc:   # refused (over budget): said, and tried again next tick
+                done[named.name] = (kept, False, prints)
+                emit({"event": "error", "policy": named.name, "error": str(exc)})
+                continue
+            done[named.name] = (kept, report["ok"], prints)
+            emit({"event": "run", **report})
         stop.wait(max(0.05, min(due.values()) - time.monotonic()))

@@ -46,7 +46,7 @@ import json
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -405,13 +405,29 @@ class Readiness:
     why: str                        # how it is known to be committed, or what it waits for
     committed_at: float | None = None   # the marker's time (else the newest file's)
     marker: str | None = None       # the file that committed it, when one did
+    trusted: bool = False           # committed on a name's word alone: nothing read confirms it
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What bridge/evidence.py read of one checkpoint's own files, each by its path inside it:
+    the facts ``assess`` checks against the listing. A ``str`` in place of a fact says why the
+    fact could not be had (a file cut short, not of its format)."""
+    indexes: Mapping[str, str] = field(default_factory=dict)      # a safetensors index's text
+    safetensors: Mapping[str, int | str] = field(default_factory=dict)   # exact size its header declares
+    dcp: Mapping[str, int] | str | None = None   # .metadata: storage file -> bytes it must hold; None: not read, no pickle
+    orbax_items: tuple[str, ...] | str | None = None   # the items _CHECKPOINT_METADATA names
+    recorded: Mapping[str, str] = field(default_factory=dict)   # file -> the bridge record holding this version
+    unsettled: Mapping[str, str] = field(default_factory=dict)  # POSIX: file -> how it moved in the quiet period
+
+
+NO_EVIDENCE = Evidence()
 DCP_METADATA = ".metadata"
 ORBAX_COMMIT = "commit_success.txt"
+ORBAX_METADATA = "_CHECKPOINT_METADATA"
 BRIDGE_MANIFEST = "_bridge/manifest.json"   # a record of bridge before its commit log
 BRIDGE_LOG = "_bridge/log/"                  # a commit of bridge's: c-<seq>-<ms>-<rand>.json
-_ORBAX_SIGNS = ("_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt")
+_ORBAX_SIGNS = (ORBAX_METADATA, "_METADATA", "manifest.ocdbt")
 _SHARD_OF = re.compile(r"-\d+-of-\d+\.safetensors$")
 
 
@@ -433,80 +449,193 @@ def index_files(files: Iterable[str]) -> list[str]:
     return sorted(f for f in files if f.endswith(".safetensors.index.json"))
 
 
-def _safetensors(files: Mapping[str, SourceFile], indexes: Mapping[str, str]) -> Readiness | None:
-    found = index_files(files)
-    if not found:
-        shards = [f for f in files if _SHARD_OF.search(f)]
-        return Readiness(False, f"{len(shards)} safetensors shards and no *.safetensors.index.json yet") \
-            if shards else None
-    named: set[str] = set()
-    for rel in found:
-        folder = rel.rpartition("/")[0]
-        try:
-            weight_map = json.loads(indexes[rel])["weight_map"]
-            named |= {f"{folder}/{s}" if folder else s for s in weight_map.values()}
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return Readiness(False, f"{rel} is not a safetensors index (no weight_map) yet")
-    missing = sorted(named - set(files), key=natural_key)
-    if missing:
-        return Readiness(False, f"{rel} names {len(named)} shards, {len(missing)} not there yet: "
-                                f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
-    return Readiness(True, f"{rel}: all {len(named)} shards present", marker=rel)
+def _few(names: Iterable[str], limit: int = 3) -> str:
+    names = sorted(names, key=natural_key)
+    return ", ".join(names[:limit]) + (" ..." if len(names) > limit else "")
 
 
-def _layout(files: Mapping[str, SourceFile], indexes: Mapping[str, str], atomic_rename: bool) -> Readiness | None:
-    """What a known layout says of a checkpoint; None when the layout is not known."""
-    by_index = _safetensors(files, indexes)
-    if by_index is not None:
-        return by_index
-    commits = sorted(f for f in files if f.startswith(BRIDGE_LOG) and f.endswith(".json")
-                     and "/" not in f[len(BRIDGE_LOG):])
-    if commits:
-        return Readiness(True, f"bridge commit {commits[-1]} present", marker=commits[-1])
-    for marker, what in ((BRIDGE_MANIFEST, "bridge manifest"), (DCP_METADATA, "PyTorch DCP"),
-                         (ORBAX_COMMIT, "Orbax")):
-        if marker in files:
-            return Readiness(True, f"{what} {marker} present", marker=marker)
-    if any(f.rsplit("/", 1)[-1] in _ORBAX_SIGNS for f in files):
-        if atomic_rename:
-            return Readiness(True, "Orbax checkpoint renamed into place")
-        return Readiness(False, f"Orbax checkpoint without {ORBAX_COMMIT} yet")
-    if any(f.endswith(".distcp") for f in files):
-        return Readiness(False, f"PyTorch DCP shards without {DCP_METADATA} yet")
+def _data(files: Iterable[str]) -> list[str]:
+    """A checkpoint's own files: not bridge's record of it."""
+    return [f for f in files if not (f.startswith("_bridge/") or "/_bridge/" in f)]
+
+
+def _short(rel: str, size: int, declared: int | str | None) -> str | None:
+    """Why a safetensors file is not whole by its own header, or None when it is."""
+    if declared is None:
+        return f"{rel} (header not read)"
+    if isinstance(declared, str):
+        return f"{rel} ({declared})"
+    if size != declared:
+        return f"{rel} ({size} bytes of the {declared} its header declares)"
     return None
 
 
+def _safetensors(files: Mapping[str, SourceFile], ev: Evidence) -> Readiness | None:
+    """Sharded safetensors: every shard its index names there, each exactly as long as its own
+    header says; a lone ``*.safetensors`` (no index) too."""
+    found = index_files(files)
+    lone = [f for f in files if f.endswith(".safetensors") and not _SHARD_OF.search(f)]
+    named: set[str] = set(lone)
+    what = "safetensors"
+    if not found:
+        shards = [f for f in files if _SHARD_OF.search(f)]
+        if shards:
+            return Readiness(False, f"{len(shards)} safetensors shards and no *.safetensors.index.json yet")
+        if not lone:
+            return None
+    for rel in found:
+        folder = rel.rpartition("/")[0]
+        try:
+            weight_map = json.loads(ev.indexes[rel])["weight_map"]
+            named |= {f"{folder}/{s}" if folder else s for s in weight_map.values()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return Readiness(False, f"{rel} is not a safetensors index (no weight_map) yet")
+        what = rel
+    missing = set(named) - set(files)
+    if missing:
+        return Readiness(False, f"{what} names {len(named)} shards, {len(missing)} not there yet: {_few(missing)}")
+    short = [why for f in sorted(named, key=natural_key) if (why := _short(f, files[f].size, ev.safetensors.get(f)))]
+    if short:
+        return Readiness(False, f"{what}: not whole yet by its header: {'; '.join(short[:3])}"
+                                f"{' ...' if len(short) > 3 else ''}")
+    if found:
+        return Readiness(True, f"{what}: all {len(named)} shards present, each as long as its header declares",
+                         marker=what)
+    return Readiness(True, f"{_few(named)}: as long as its header declares")
+
+
+def _dcp(files: Mapping[str, SourceFile], ev: Evidence) -> Readiness | None:
+    """PyTorch DCP: its ``.metadata`` read, every storage file it names there and long enough."""
+    if DCP_METADATA not in files:
+        if any(f.endswith(".distcp") for f in files):
+            return Readiness(False, f"PyTorch DCP shards without {DCP_METADATA} yet")
+        return None
+    if isinstance(ev.dcp, str):
+        return Readiness(False, f"{DCP_METADATA} {ev.dcp}")
+    if ev.dcp is None:
+        return Readiness(True, f"{DCP_METADATA} present, not read as a DCP pickle (taken on trust)",
+                         marker=DCP_METADATA, trusted=True)
+    missing = [p for p in ev.dcp if p not in files]
+    if missing:
+        return Readiness(False, f"{DCP_METADATA} names {len(ev.dcp)} storage files, {len(missing)} not there yet: "
+                                f"{_few(missing)}")
+    short = [f"{p} ({files[p].size} of {n} bytes)" for p, n in ev.dcp.items() if files[p].size < n]
+    if short:
+        return Readiness(False, f"{DCP_METADATA} needs more bytes than are there: {'; '.join(sorted(short)[:3])}")
+    return Readiness(True, f"PyTorch DCP {DCP_METADATA}: all {len(ev.dcp)} storage files present and long enough",
+                     marker=DCP_METADATA)
+
+
+def _orbax(files: Mapping[str, SourceFile], ev: Evidence, atomic_rename: bool) -> Readiness | None:
+    """Orbax: ``commit_success.txt`` beside its checkpoint metadata (object stores) or the folder
+    renamed into place (file systems), and every item ``_CHECKPOINT_METADATA`` names there."""
+    signs = any(f.rsplit("/", 1)[-1] in _ORBAX_SIGNS for f in files)
+    if ORBAX_COMMIT not in files and not signs:
+        return None
+    if not signs:
+        return Readiness(False, f"{ORBAX_COMMIT} with no Orbax checkpoint metadata beside it "
+                                f"({', '.join(_ORBAX_SIGNS)}) yet")
+    if isinstance(ev.orbax_items, str):
+        return Readiness(False, f"{ORBAX_METADATA} {ev.orbax_items}")
+    absent = [i for i in ev.orbax_items or () if not any(f.startswith(f"{i}/") for f in files)]
+    if absent:
+        return Readiness(False, f"{ORBAX_METADATA} names items not there yet: {_few(absent)}")
+    if ORBAX_COMMIT in files:
+        return Readiness(True, f"Orbax {ORBAX_COMMIT} beside its checkpoint metadata", marker=ORBAX_COMMIT)
+    if atomic_rename:
+        return Readiness(True, "Orbax checkpoint renamed into place")
+    return Readiness(False, f"Orbax checkpoint without {ORBAX_COMMIT} yet")
+
+
+def _records(files: Mapping[str, SourceFile], ev: Evidence) -> Readiness | None:
+    """bridge's own records, at the folder or any folder above it: each of the checkpoint's
+    files held by one, with the size and version listed now."""
+    data = _data(files)
+    held = [f for f in data if f in ev.recorded]
+    if not held:
+        return None
+    where = ", ".join(sorted(set(ev.recorded.values())))
+    if len(held) < len(data):
+        return Readiness(False, f"bridge record at {where} holds {len(held)} of its {len(data)} files; not: "
+                                f"{_few(set(data) - set(held))}")
+    return Readiness(True, f"bridge record at {where} holds all {len(data)} files as listed", marker=BRIDGE_LOG)
+
+
+def _layout(files: Mapping[str, SourceFile], ev: Evidence, atomic_rename: bool) -> Readiness | None:
+    """What the checkpoint's own files say of it; None when no layout known here is there.
+    A record of bridge's that holds every file wins; one that holds only some is said when no
+    framework's layout is there either."""
+    by_record = _records(files, ev)
+    if by_record is not None and by_record.committed:
+        return by_record
+    for read in (lambda: _safetensors(files, ev), lambda: _dcp(files, ev),
+                 lambda: _orbax(files, ev, atomic_rename)):
+        verdict = read()
+        if verdict is not None:
+            return verdict
+    if by_record is not None:
+        return by_record
+    for marker, what in ((BRIDGE_MANIFEST, "bridge manifest"),):
+        if marker in files:
+            return Readiness(True, f"{what} {marker} present (taken on trust: its entries were not read)",
+                             marker=marker, trusted=True)
+    return None
+
+
+def _with_marker(marker: str, files: Mapping[str, SourceFile], layout: Readiness | None) -> Readiness:
+    """A policy's marker must be there; what the layout says may still hold the checkpoint back,
+    and where no layout says anything the marker is taken on trust."""
+    if marker not in files:
+        return Readiness(False, f"no {marker} yet")
+    if layout is None or layout.trusted:
+        return Readiness(True, f"{marker} present (taken on trust: no layout read here confirms it)",
+                         marker=marker, trusted=True)
+    if not layout.committed:
+        return Readiness(False, f"{marker} present, but {layout.why}")
+    return Readiness(True, f"{marker} present; {layout.why}", marker=marker)
+
+
+def _settled(verdict: Readiness, name: str, files: Mapping[str, SourceFile], ev: Evidence) -> Readiness:
+    """On a file system a name can be a file still being written: a file that moved within the
+    quiet period holds the checkpoint back unless the layout proved its length (DCP's
+    storage files, safetensors' headers, a bridge record)."""
+    proven = set(ev.recorded) | {f for f, n in ev.safetensors.items() if isinstance(n, int)}
+    if verdict.marker == DCP_METADATA and isinstance(ev.dcp, Mapping) and not verdict.trusted:
+        proven |= set(ev.dcp) | {DCP_METADATA}
+    moving = {f: how for f, how in ev.unsettled.items() if f not in proven}
+    if not verdict.committed or not moving:
+        return verdict
+    return Readiness(False, f"still being written: {'; '.join(f'{f} ({h})' for f, h in sorted(moving.items())[:3])}")
+
+
 def assess(policy: Policy, listing: Mapping[str, Mapping[str, SourceFile]], now: float, *,
-           atomic_rename: bool = False, indexes: Mapping[str, str] | None = None) -> dict[str, Readiness]:
+           atomic_rename: bool = False, evidence: Mapping[str, Evidence] | None = None) -> dict[str, Readiness]:
     """Whether each checkpoint of ``listing`` (folder -> its files by path inside it) is committed,
     and why. ``atomic_rename``: the source is a file system, where a folder renamed into place is
-    complete; ``indexes``: the text of the safetensors indexes (``index_files``), by
-    ``folder/path``. A folder of no known layout is committed as listed, unless sibling
-    checkpoints were committed by a marker it lacks."""
-    ready, indexes = policy.ready, indexes or {}
-    out: dict[str, Readiness] = {}
+    complete; ``evidence``: what bridge/evidence.py read of each checkpoint's files (none read:
+    names alone decide, and say so). A folder of no known layout is committed as listed, on
+    trust, unless sibling checkpoints were committed by a marker it lacks."""
+    ready, evidence = policy.ready, evidence or {}
+    out: dict[str, Readiness | None] = {}
     for name in checkpoints(policy, listing):
-        files = listing[name]
-        if ready.marker is not None:
-            verdict = Readiness(True, f"{ready.marker} present", marker=ready.marker) if ready.marker in files \
-                else Readiness(False, f"no {ready.marker} yet")
-        else:
-            mine = {rel[len(name) + 1:]: text for rel, text in indexes.items() if rel.startswith(f"{name}/")}
-            verdict = _layout(files, mine, atomic_rename)
-        out[name] = verdict
+        files, ev = listing[name], evidence.get(name, NO_EVIDENCE)
+        layout = _layout(files, ev, atomic_rename)
+        out[name] = _with_marker(ready.marker, files, layout) if ready.marker is not None else layout
     markers = {BRIDGE_LOG if v.marker.startswith(BRIDGE_LOG) else v.marker
                for v in out.values() if v and v.committed and v.marker}
     for name, verdict in out.items():
         if verdict is None:
             lacking = sorted(markers, key=natural_key)
             out[name] = Readiness(False, f"no {' or '.join(lacking)} yet, which its siblings have") if lacking \
-                else Readiness(True, "no commit marker known for its layout: committed as listed")
+                else Readiness(True, "no commit marker known for its layout: committed as listed (taken on trust)",
+                               trusted=True)
     for name, verdict in out.items():
         files = listing[name]
+        verdict = _settled(verdict, name, files, evidence.get(name, NO_EVIDENCE))
         times = [f.modified for f in files.values()]
         newest = max(times) if times and None not in times else None
         at = (files[verdict.marker].modified if verdict.marker in files else newest) if verdict.committed else None
-        verdict = Readiness(verdict.committed, verdict.why, at, verdict.marker)
+        verdict = replace(verdict, committed_at=at)
         if verdict.committed and ready.min_age:
             if newest is None:
                 verdict = Readiness(False, f"min_age {ready.min_age}: the store does not say when its files "
@@ -514,10 +643,16 @@ def assess(policy: Policy, listing: Mapping[str, Mapping[str, SourceFile]], now:
             elif now - newest < ready.min_age_s:
                 verdict = Readiness(False, f"quiet for {max(0.0, now - newest):.0f}s of min_age {ready.min_age}")
             else:
-                verdict = Readiness(True, verdict.why, max(newest + ready.min_age_s, at or newest),
-                                    verdict.marker)
+                verdict = replace(verdict, committed_at=max(newest + ready.min_age_s, at or newest))
         out[name] = verdict
     return out
+
+
+def trusted(readiness: Mapping[str, Readiness]) -> dict[str, str]:
+    """The committed checkpoints whose commit is taken on a name's word, each with that word:
+    replicated, but never counted by retention as a good copy."""
+    return {n: r.why for n, r in sorted(readiness.items(), key=lambda i: natural_key(i[0]))
+            if r.committed and r.trusted}
 
 
 def committed(readiness: Mapping[str, Readiness]) -> list[str]:
@@ -557,22 +692,41 @@ def wants(policy: Policy, rel: str) -> bool:
 
 
 def removals(policy: Policy, kept: list[str], present: Mapping[str, Iterable[str]],
-             verified: Mapping[str, Mapping[str, bool]]) -> dict[str, list[str]]:
-    """Checkpoints retention removes, per destination: those older than the window's newest,
-    present there and outside the window, and only when the newest is verified at every
-    destination. Nothing at all otherwise, and never in append-only mode."""
+             verified: Mapping[str, Mapping[str, bool]],
+             readiness: Mapping[str, Readiness] | None = None) -> dict[str, list[str]]:
+    """Checkpoints retention removes, per destination: those present there, outside the window
+    and older than its newest, each only once ``keep_last`` (at least one) newer checkpoints are
+    verified at that destination and committed by evidence at the source (``readiness``: one
+    taken on trust, or no longer at the source, is no good copy), and only when the newest is
+    verified at *every* destination. Nothing at all otherwise, and never in append-only mode."""
     if policy.mode == "append-only" or not kept:
         return {}
     newest = kept[-1]
     if not all(verified.get(dst, {}).get(newest) for dst in policy.destinations):
         return {}
+
+    def good(ckpt: str, dst: str) -> bool:
+        proven = readiness is None or (ckpt in readiness and readiness[ckpt].committed
+                                       and not readiness[ckpt].trusted)
+        return bool(verified.get(dst, {}).get(ckpt)) and proven
+
     out = {}
     for dst in policy.destinations:
+        copies = [c for c in kept if good(c, dst)]
         old = [c for c in checkpoints(policy, present.get(dst, ()))
-               if c not in kept and natural_key(c) < natural_key(newest)]
+               if c not in kept and natural_key(c) < natural_key(newest)
+               and sum(1 for g in copies if natural_key(g) > natural_key(c)) >= (policy.keep_last or 1)]
         if old:
             out[dst] = old
     return out
+
+
+def held_back(policy: Policy, kept: list[str], readiness: Mapping[str, Readiness]) -> dict[str, str]:
+    """Checkpoints of the window retention does not count as good copies, with why."""
+    if policy.mode == "append-only":
+        return {}
+    return {c: f"committed on trust only ({readiness[c].why})" for c in kept
+            if c in readiness and readiness[c].trusted}
 
 
 def lag(policy: Policy, source_folders: Iterable[str], verified: Iterable[str]) -> dict[str, object]:

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("plan", ("bridge.engine", "bridge.estimate", "bridge.jobs", "bridge.routes")),
     ("policies", ("bridge.policies",)),
     ("executor", ("bridge.costing", "bridge.ops", "bridge.compare", "bridge.objects", "bridge.packing.job", "bridge.packing.unpack",
-                  "bridge.replication", "bridge.cache", "bridge.routes.server", "bridge.routes.fromurl",
+                  "bridge.replication", "bridge.evidence", "bridge.cache", "bridge.routes.server", "bridge.routes.fromurl",
                   "bridge.routes.delegated", "bridge.routes.sts", "bridge.routes.datasync",
                   "bridge.routes.native", "bridge.routes.ledger")),
     ("cli", ("bridge.cli", "bridge.__main__")),

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bridge.policies import replication as rules
+from tests import dcpfake
 from tests.emulators import unique_name
 from tests.helpers import MCBRIDGE, NO_CONFIG, mcbridge, settings_for
 
@@ -93,10 +94,11 @@ def test_dcp_layout_waits_for_its_metadata(moto, fake_gcs, emulator_env, tmp_pat
     moto.create_bucket(src)
     fake_gcs.create_bucket(gbucket)
     s3 = moto.client()
+    two_ranks = {"__0_0.distcp": [3000], "__1_0.distcp": [3000]}
     for step, ranks in (("step-100", 2), ("step-200", 1)):
         for rank in range(ranks):
             s3.put_object(Bucket=src, Key=f"golden/{step}/__{rank}_0.distcp", Body=os.urandom(3000))
-    s3.put_object(Bucket=src, Key="golden/step-100/.metadata", Body=b"dcp-metadata")
+    s3.put_object(Bucket=src, Key="golden/step-100/.metadata", Body=dcpfake.metadata(two_ranks))
     dst = f"gs://{gbucket}/dr/"
     policy_file = _write_policy(tmp_path, f"s3://{src}/golden/", dst)
     code, run, stderr = _once(policy_file, emulator_env, tmp_path)
@@ -107,7 +109,7 @@ def test_dcp_layout_waits_for_its_metadata(moto, fake_gcs, emulator_env, tmp_pat
     r = mcbridge("replicate", "--policy", str(policy_file), "--once", env=emulator_env, state_dir=tmp_path)
     assert "golden: step-200 waiting: PyTorch DCP shards without .metadata yet" in r.stdout, r.stdout
     s3.put_object(Bucket=src, Key="golden/step-200/__1_0.distcp", Body=os.urandom(3000))
-    s3.put_object(Bucket=src, Key="golden/step-200/.metadata", Body=b"dcp-metadata")
+    s3.put_object(Bucket=src, Key="golden/step-200/.metadata", Body=dcpfake.metadata(two_ranks))
     code, run, stderr = _once(policy_file, emulator_env, tmp_path)
     assert code == 0 and run["checkpoints"] == ["step-100", "step-200"] and run["waiting"] == {}, stderr
     row = run["destinations"][dst]["checkpoints"]["step-200"]
@@ -257,15 +259,23 @@ def test_a_shard_rewritten_mid_copy_commits_nothing_and_is_right_next_run(moto, 
 
 WRITER = """
 import sys, time, boto3
-endpoint, bucket, prefix, pause = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+endpoint, bucket, prefix, pause, metadata = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
+marker_first = len(sys.argv) > 6 and sys.argv[6] == "marker-first"
 s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+def marker():
+    s3.put_object(Bucket=bucket, Key=f"{prefix}.metadata", Body=open(metadata, "rb").read())
+    print(f"marker {time.time()}", flush=True)
+if marker_first:
+    marker()
 for i in range(4):
     s3.put_object(Bucket=bucket, Key=f"{prefix}__{i}_0.distcp", Body=bytes([i]) * 200000)
-    print(f"shard {i}", flush=True)
+    print(f"shard {i} {time.time()}", flush=True)
     time.sleep(pause)   # a trainer between shards, not a synchronisation
-s3.put_object(Bucket=bucket, Key=f"{prefix}.metadata", Body=b"dcp-metadata")
-print(f"marker {time.time()}", flush=True)
+if not marker_first:
+    marker()
 """
+FOUR_SHARDS = {f"__{i}_0.distcp": [200000] for i in range(4)}
+SMALL_SHARDS = {f"__{i}_0.distcp": [20000] for i in range(4)}
 
 
 def test_watch_replicates_a_checkpoint_soon_after_its_marker_and_never_before(moto, fake_gcs, azurite,
@@ -278,8 +288,9 @@ def test_watch_replicates_a_checkpoint_soon_after_its_marker_and_never_before(mo
     for step in ("step-100", "step-200"):
         for i in range(4):
             s3.put_object(Bucket=src, Key=f"golden/{step}/__{i}_0.distcp", Body=os.urandom(20000))
-        s3.put_object(Bucket=src, Key=f"golden/{step}/.metadata", Body=b"dcp-metadata")
+        s3.put_object(Bucket=src, Key=f"golden/{step}/.metadata", Body=dcpfake.metadata(SMALL_SHARDS))
     gs, az = f"gs://{gbucket}/dr/", f"az://{container}/dr/"
+    (tmp_path / "step-300.metadata").write_bytes(dcpfake.metadata(FOUR_SHARDS))
     policy_file = tmp_path / "policies.yaml"
     policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{gs}, {az}]\n"
                            f"    checkpoints: \"step-*\"\n    keep_last: 2\n    mode: mirror\n    ready: {{marker: .metadata}}\n"
@@ -302,8 +313,8 @@ def test_watch_replicates_a_checkpoint_soon_after_its_marker_and_never_before(mo
         while verified_in_output("step-200") != {gs, az}:
             assert watcher.poll() is None and time.monotonic() < deadline, watcher.stderr.read() if watcher.poll() else ""
             time.sleep(0.1)
-        writer = subprocess.Popen([sys.executable, "-c", WRITER, moto.endpoint, src, "golden/step-300/", "5"],
-                                  env=env, stdout=subprocess.PIPE, text=True)
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, moto.endpoint, src, "golden/step-300/", "5",
+                                   str(tmp_path / "step-300.metadata")], env=env, stdout=subprocess.PIPE, text=True)
         polls_before_marker = 0
         deadline = time.monotonic() + 90   # a hang guard, not a timing
         while verified_in_output("step-300") != {gs, az}:
