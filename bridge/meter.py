@@ -19,6 +19,12 @@ the store would bill it, with bridge's names (bridge/estimate.py): GET HEAD LIST
 COMPLETE COPY DELETE. So the meter of a copy through a proxy that answers some requests 503 is
 the emulator's own request log plus those 503s. bridge/estimate.py ``metered`` turns a meter's
 rows into the usage that policies/ price: spend is priced from this, estimates from the plan.
+
+A meter kept in this process dies with it. A meter given ``ahead`` (a worker's: the job's meter
+in Redis, workers/metering.py) hands each count to it as it is made, a request's before the
+request leaves, and ``drain`` then gives only what ``ahead`` could not take: a worker killed with
+SIGKILL mid-task has had every request it sent counted, those in flight included, so the spend
+of a job whose task ran twice is priced from both runs' requests (what crossed the wire).
 """
 
 from __future__ import annotations
@@ -54,12 +60,19 @@ class StoreMeter:
                 "bytes_received": self.bytes_received, "bytes_read": self.bytes_read, "errors": self.errors}
 
 
+# Where a meter's counts go as they are made (``Meter(ahead=...)``): given the flat fields of one
+# count (``to_fields``' names), True once they are kept somewhere that outlives this process.
+Ahead = Callable[[dict[str, int]], bool]
+
+
 class Meter:
     """Requests and bytes per store, from any number of threads."""
 
-    def __init__(self) -> None:
+    def __init__(self, ahead: Ahead | None = None) -> None:
         self.stores: dict[str, StoreMeter] = {}
         self._lock = threading.Lock()
+        self.ahead = ahead
+        self._handed: Counter = Counter()   # fields ``ahead`` has kept: ``drain`` leaves them out
 
     def _row(self, store: str) -> StoreMeter:
         row = self.stores.get(store)
@@ -67,24 +80,42 @@ class Meter:
             row = self.stores[store] = StoreMeter()
         return row
 
+    def _hand(self, fields: dict[str, int]) -> bool:
+        """``fields`` to ``ahead``, before this meter counts them (so that a ``drain`` meanwhile
+        sees them both counted and handed, or neither)."""
+        fields = {name: n for name, n in fields.items() if n}
+        return bool(fields) and self.ahead is not None and self.ahead(fields)
+
     def request(self, store: str, kind: str, sent: int = 0) -> None:
+        fields = {f"{store}|req.{kind}": 1, f"{store}|bytes_sent": sent}
+        handed = self._hand(fields)
         with self._lock:
             row = self._row(store)
             row.requests[kind] += 1
             row.bytes_sent += sent
+            if handed:
+                self._handed.update(fields)
 
     def answer(self, store: str, kind: str, status: int | None, received: int = 0) -> None:
+        read = received if kind == "GET" and (status or 200) < 300 else 0
+        error = 1 if status is not None and status >= 400 else 0
+        fields = {f"{store}|bytes_received": received, f"{store}|bytes_read": read, f"{store}|errors": error}
+        handed = self._hand(fields)
         with self._lock:
             row = self._row(store)
             row.bytes_received += received
-            if kind == "GET" and (status or 200) < 300:
-                row.bytes_read += received
-            if status is not None and status >= 400:
-                row.errors += 1
+            row.bytes_read += read
+            row.errors += error
+            if handed:
+                self._handed.update(fields)
 
     def sent(self, store: str, nbytes: int) -> None:
+        fields = {f"{store}|bytes_sent": nbytes}
+        handed = self._hand(fields)
         with self._lock:
             self._row(store).bytes_sent += nbytes
+            if handed:
+                self._handed.update(fields)
 
     def received(self, store: str, kind: str, nbytes: int) -> None:
         self.answer(store, kind, None, nbytes)
@@ -100,20 +131,24 @@ class Meter:
 
     def to_fields(self) -> dict[str, int]:
         """Flat counters (``store|req.KIND``, ``store|bytes_sent`` ...) for a Redis hash; ``from_fields`` reads them."""
-        out: dict[str, int] = {}
         with self._lock:
-            for store, row in self.stores.items():
-                out.update({f"{store}|req.{k}": n for k, n in row.requests.items()})
-                for name in ("bytes_sent", "bytes_received", "bytes_read", "errors"):
-                    out[f"{store}|{name}"] = getattr(row, name)
+            return self._fields()
+
+    def _fields(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for store, row in self.stores.items():
+            out.update({f"{store}|req.{k}": n for k, n in row.requests.items()})
+            for name in ("bytes_sent", "bytes_received", "bytes_read", "errors"):
+                out[f"{store}|{name}"] = getattr(row, name)
         return {k: v for k, v in out.items() if v}
 
     def drain(self) -> dict[str, int]:
-        """``to_fields``, and the meter from zero: for counts handed over as they go."""
-        fields = self.to_fields()
+        """``to_fields`` less what ``ahead`` already kept, and the meter from zero: for counts
+        handed over as they go."""
         with self._lock:
-            self.stores = {}
-        return fields
+            fields = {name: n - self._handed[name] for name, n in self._fields().items()}
+            self.stores, self._handed = {}, Counter()
+        return {name: n for name, n in fields.items() if n}
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> Meter:

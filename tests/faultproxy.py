@@ -15,7 +15,9 @@ XAmzContentSHA256Mismatch without reaching the emulator (counted as ``payload_mi
 Decisions come from ``random.Random(seed)`` drawn in the order requests arrive, so a run with the
 same seed injects the same sequence of faults (which request receives which one depends on the
 client's concurrency). ``rules`` act before the random faults, to aim at one request ("cut the
-first answer to a multipart completion"). ``counts`` says what was done (with ``bytes_up`` and ``bytes_down``, the request and
+first answer to a multipart completion"); a rule's "hold" keeps the requests it matches (their
+bodies read, counted in ``counts["hold"]``) until ``release()``, then forwards them, so that a
+test can act while they are in flight ("kill the worker whose parts are held"). ``counts`` says what was done (with ``bytes_up`` and ``bytes_down``, the request and
 response body bytes); ``sent`` counts the
 body bytes answered per "METHOD path" (query left out), e.g. to prove an object was read once.
 
@@ -44,7 +46,7 @@ _HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgra
 
 @dataclass
 class Rule:
-    """Do ``action`` ("error", "cut" or "reply") to ``times`` requests whose "METHOD path?query"
+    """Do ``action`` ("error", "cut", "reply" or "hold") to ``times`` requests whose "METHOD path?query"
     matches ``pattern`` (a regular expression, searched), after letting ``after`` of them pass."""
 
     pattern: str
@@ -131,7 +133,12 @@ class FaultProxy(LoopbackServer):
         self.sent: Counter[str] = Counter()
         self.log: list[tuple[str, str]] = []   # (request line, what was done)
         self._lock = threading.Lock()
+        self._released = threading.Event()
         self.configure(error_rate=error_rate, cut_rate=cut_rate, seed=seed)
+
+    def release(self) -> None:
+        """Forward the requests held by a "hold" rule (and any it holds later)."""
+        self._released.set()
 
     @property
     def endpoint(self) -> str:
@@ -191,6 +198,9 @@ class FaultProxy(LoopbackServer):
         if action == "reply":
             status, headers, payload = rule.reply
             return web.Response(status=status, headers=headers, body=payload)
+        if action == "hold":
+            while not self._released.is_set():
+                await asyncio.sleep(0.02)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
         async with self._session.request(
                 request.method, self.upstream + str(request.rel_url), headers=headers, data=body,

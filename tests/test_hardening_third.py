@@ -62,3 +62,56 @@ def test_the_audit_text_shows_what_an_ended_job_spent(service, emulator_for, mak
     line = next(line for line in text.stdout.splitlines() if " ended " in line)
     assert "succeeded: " in line and f", {usd(float(ended['spent_usd']))}" in line, line
     assert usd(float(ended["spent_usd"])) == usd(record.spent_usd)
+
+
+# -- a worker killed with SIGKILL: what it sent is still counted ---------------------------------------
+
+def test_the_part_puts_of_a_sigkilled_worker_are_metered(service, emulator_for, make_root, tmp_path):  # noqa: F811
+    """A file of 32 parts of 5 MiB through a proxy that holds the 7th and 8th part PUTs (their
+    bodies whole at the proxy): w1 is killed with both in flight, the proxy then forwards them,
+    w2 runs the task again and sends the parts w1 did not finish. The job's meter counts every
+    part PUT the proxy saw (w1's finished ones, its two in flight, w2's), and spend is priced
+    from that; before, w1's requests died with it."""
+    from bridge import meter
+    from tests.faultproxy import FaultProxy, Rule
+    moto = emulator_for("s3")
+    dst = make_root("s3")
+    bucket = dst[len("s3://"):].rstrip("/")
+    src = tmp_path / "src"
+    src.mkdir()
+    parts = 32
+    with open(src / "model.bin", "wb") as f:
+        for _ in range(parts):
+            f.write(os.urandom(5 * MiB))
+    part_put = rf"^PUT /{re.escape(bucket)}/[^?]*\?.*partNumber="
+    with FaultProxy(moto.endpoint) as proxy:
+        proxy.configure(rules=[Rule(part_put, "hold", times=2, after=6)])
+        service.env["AWS_ENDPOINT_URL"] = proxy.endpoint
+        w1 = service.worker("w1", concurrency=1, threads=2).wait_ready()   # two parts in flight at most
+        job_id = service.submit("cp", f"{src}/", dst, "--chunk-size", "5MiB")
+        deadline = time.monotonic() + 120
+        while proxy.counts["hold"] < 2:
+            assert time.monotonic() < deadline, f"the proxy held {proxy.counts['hold']} part PUTs\n{w1.log_tail()}"
+            assert service.jobs.state(job_id) not in ("succeeded", "failed"), service.jobs.get(job_id).errors
+            time.sleep(0.02)
+        w1.kill()   # both of its part PUTs wait at the proxy: none is half sent
+        proxy.release()
+        service.worker("w2", concurrency=1, threads=2).wait_ready()
+        record = service.wait(job_id, timeout=180)
+        seen = [line for line, action in proxy.log if action != "error"]
+
+    assert record.state == "succeeded", record.errors
+    assert record.counters.get("requeued", 0) >= 1
+    part_puts = [line for line in seen if re.search(part_put, line)]
+    assert len(part_puts) > parts, "no part was sent twice: the kill did not land mid-file"
+    store = f"s3://{bucket}"
+    metered = meter.Meter.from_fields(service.redis.hgetall(service.keys.job(job_id, "meter"))).to_dict()
+    assert metered[store]["requests"]["PART"] == len(part_puts)
+    # and every other request the proxy carried to the bucket, kind by kind
+    from collections import Counter
+    kinds = Counter(meter.classify("s3", line.split(" ", 1)[0], line.split(" ", 1)[1])[1] for line in seen
+                    if meter.classify("s3", line.split(" ", 1)[0], line.split(" ", 1)[1])[0] == store)
+    assert Counter(metered[store]["requests"]) == kinds
+    assert record.spent_usd and record.spent_usd > 0
+    print(f"SIGKILL with 2 part PUTs held: {len(part_puts)} part PUTs at the proxy for {parts} parts, "
+          f"{metered[store]['requests']['PART']} metered")

@@ -151,3 +151,31 @@ def _is_write(scheme: str, method: str, target: str) -> bool:
 def test_an_s3_request_is_counted_against_the_bucket_its_host_or_its_path_names(host, path, bucket):
     from bridge.meter import classify
     assert classify("s3", "GET", path, {}, host=host) == (f"s3://{bucket}", "GET")
+
+
+def test_a_meter_hands_each_count_ahead_and_drains_only_what_was_not_kept():
+    """A worker's meter (workers/metering.py) hands each count to Redis as it is made; what Redis
+    did not take stays in the meter and is handed over when the task ends, never twice."""
+    kept: Counter = Counter()
+    down = []
+
+    def ahead(fields: dict[str, int]) -> bool:
+        if down:
+            return False
+        kept.update(fields)
+        return True
+
+    m = meter.Meter(ahead=ahead)
+    m.request("s3://b", "PART", 5 * MiB)
+    m.answer("s3://b", "PART", 200, 0)
+    m.request("s3://b", "GET")
+    m.answer("s3://b", "GET", 200, 100)
+    assert dict(kept) == {"s3://b|req.PART": 1, "s3://b|bytes_sent": 5 * MiB, "s3://b|req.GET": 1,
+                          "s3://b|bytes_received": 100, "s3://b|bytes_read": 100}
+    down.append(True)   # Redis stops answering
+    m.request("s3://b", "PUT", 3)
+    m.answer("s3://b", "PUT", 503, 20)
+    assert m.to_dict()["s3://b"]["requests"] == {"GET": 1, "PART": 1, "PUT": 1}   # the meter has it all
+    assert m.drain() == {"s3://b|req.PUT": 1, "s3://b|bytes_sent": 3, "s3://b|bytes_received": 20,
+                         "s3://b|errors": 1}
+    assert m.drain() == {} and m.to_dict() == {}

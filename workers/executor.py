@@ -52,6 +52,7 @@ from bridge.workers.jobs import ACTIVE, Jobs, JobRecord
 from bridge.workers.journal import RedisJournal
 from bridge.workers.keys import Keys
 from bridge.workers.leases import Lease, Leases, TaskRef
+from bridge.workers.metering import JobMeterLog
 from bridge.redact import redact
 from bridge.workers.settings import WorkerSettings
 from bridge.workers.specs import JobSpec, parse_spec
@@ -368,7 +369,8 @@ class Service:
         step = {PLAN: self._plan, TRANSFER: self._transfer, FINALIZE: self._finalize}[ref.task]
         outcome: dict[str, Any]
         attempts = self.r.hincrby(self.keys.job(ref.job, "attempts"), ref.id, 1)
-        metered = meter.Meter()   # every request this task sends, added to the job's (_metered)
+        # every request this task sends, counted in the job's meter as it leaves (workers/metering.py)
+        metered = meter.Meter(ahead=JobMeterLog(self.r, self.keys.job(ref.job, "meter")))
         started = time.perf_counter()
         with lease.heartbeat(), meter.metering(metered):
             try:
