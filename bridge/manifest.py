@@ -78,6 +78,15 @@ another one, the object was rewritten since, and the cheap ``verify`` and ``sync
 ``source_id`` is the identity the source object had when it was copied: ``sync`` compares it with
 the source's listing, so an unchanged source costs no request.
 
+Proof. A value in ``reported`` is one the store computed of the object it holds (S3's CRC32C,
+CRC64NVME and CRC32 additional checksums and a one-request upload's ETag, GCS crc32c and md5Hash),
+never one a client could have written (``bridge_crc32c`` metadata, an Azure Content-MD5). An entry
+bridge committed without the bytes passing through it (``computed`` empty: a server-side copy,
+Storage Transfer, DataSync) is proven when a checksum its source's store computed equals the one the
+destination's store computed; where none is common, or a side computes none (an Azure blob), its
+``note`` begins ``unproven:`` (UNPROVEN) and says why: the default ``verify`` reports such an object
+as unproven, never as verified, and ``verify --deep`` reads it back against the entry.
+
 ``adopted`` (optional: an entry without it reads as "", and an older reader ignores it) marks an object bridge did not write but found
 already at the destination, equal to its source (bridge/adopt.py): it names the checksum that
 proved it (``md5``, ``crc64nvme``, ``crc32c``, ``crc32``, or ``deep`` when both sides were read).
@@ -111,6 +120,7 @@ VERSION = 3          # the newest this bridge reads, and what it writes
 SHARD_ENTRIES = 5_000
 COMPACT_AFTER = 32   # commits on top of a checkpoint before a commit folds them
 COMPUTED = ("crc32c", "sha256")   # what bridge hashes every byte it moves with
+UNPROVEN = "unproven:"   # how an entry's note begins when nothing proves the object equal to its source
 LOG = f"{RESERVED}/log/"
 SEGMENTS = f"{RESERVED}/seg/"
 MANIFEST = f"{RESERVED}/manifest.json"              # versions 1 and 2: read, never written
@@ -152,6 +162,11 @@ class FileEntry:
                 "reported": dict(self.reported), "identity": dict(self.identity),
                 "part_sha256": list(self.part_sha256), "note": self.note, "source_id": dict(self.source_id),
                 "adopted": self.adopted, "sha256_tree": self.sha256_tree, "carried": dict(self.carried)}
+
+    @property
+    def unproven(self) -> bool:
+        """Committed with no store's checksum nor bridge's reading proving it equal to its source."""
+        return self.note.startswith(UNPROVEN)
 
     @property
     def reported_only(self) -> bool:

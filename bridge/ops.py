@@ -258,7 +258,9 @@ def verify(url: str, settings: Settings, *, deep: bool = False, sha256: bool = F
     checksums, or with ``deep`` a full re-read. ``url`` may be a copy's root, or any prefix above
     copies (a bucket, a replication policy's destination): each committed prefix beneath it is
     checked against its own record, and an object under none of them is extra. Lists missing,
-    extra and mismatched files, paths relative to ``url``; streams both sides in path order.
+    extra, mismatched and unproven files (an entry whose note begins manifest.UNPROVEN, which a
+    cheap check does not pass: only ``deep`` reads it), paths relative to ``url``; streams both
+    sides in path order.
     ``filters``: only the files they select (a record's entry by its recorded size). ``sha256``
     (with ``deep``): the plain whole-file SHA-256 is computed too, and checked where recorded."""
     if sha256 and not deep:
@@ -275,8 +277,9 @@ def verify(url: str, settings: Settings, *, deep: bool = False, sha256: bool = F
         raise ManifestError(f"no manifest at or under {root}{kept}: the copy there is incomplete, or was not made "
                             f"by mcbridge")
     report: dict[str, Any] = {"url": str(root), "ok": True, "deep": deep, "checked": 0, "bytes": 0,
-                              "missing": [], "extra": [], "mismatched": [], "rehashed": [], "shard_sets": [],
-                              "counts": {"missing": 0, "extra": 0, "mismatched": 0, "rehashed": 0}, "copies": []}
+                              "missing": [], "extra": [], "mismatched": [], "rehashed": [], "unproven": [],
+                              "shard_sets": [], "counts": {"missing": 0, "extra": 0, "mismatched": 0, "rehashed": 0,
+                                                           "unproven": 0}, "copies": []}
     active = filters if filters is not None and filters.active else None
     if progress is not None:
         progress.begin("verifying")
@@ -289,7 +292,7 @@ def verify(url: str, settings: Settings, *, deep: bool = False, sha256: bool = F
             for rel, info in tree.walk(""):
                 if not any(rel.startswith(p) for p in prefixes) and (active is None or active.selects(rel, info)):
                     _note(report, "extra", rel)
-    report["ok"] = not any(report["counts"][k] for k in ("missing", "extra", "mismatched")) \
+    report["ok"] = not any(report["counts"][k] for k in ("missing", "extra", "mismatched", "unproven")) \
         and all(s["ok"] for s in report["shard_sets"])
     return _filtered(report, filters)
 
@@ -366,6 +369,8 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
                     _note(report, "mismatched", {"path": prefix + path, "reason": verdict.problem})
                 elif verdict.rehashed:
                     _note(report, "rehashed", {"path": prefix + path, "reason": verdict.rehashed})
+                elif getattr(verdict, "unproven", ""):
+                    _note(report, "unproven", {"path": prefix + path, "reason": verdict.unproven})
 
     def send_batch() -> None:
         nonlocal batch, batch_bytes
@@ -403,7 +408,7 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
             checked, size = checked + 1, size + entry.size
             if progress is not None:
                 progress.plan_checks(1, entry.size)
-            if not deep and check.proven_by_listing(obj[1], entry):
+            if not deep and check.proven_by_listing(obj[1], entry) and not entry.unproven:
                 # Most objects: passed here, where a pool's hand-off cost more than the check
                 # (about half of a 10,000-object verify's time went to futures and wake-ups).
                 if progress is not None:
@@ -416,7 +421,7 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
                     send_batch()
             else:
                 send_batch()   # what is waiting goes first: the report keeps path order
-                fut = pool.submit(check.judge, store, obj[1], entry, deep, sha256)
+                fut = pool.submit(_judge, store, obj[1], entry, deep, sha256)
                 if progress is not None:
                     fut.add_done_callback(lambda _f, n=entry.size: progress.checked(n))
                 window.append(([entry.path], fut))
@@ -435,8 +440,25 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
     report["bytes"] += size
     found = {k: report["counts"][k] - before[k] for k in before}
     return {"prefix": prefix, "url": str(at), "files": checked, "bytes": size,
-            "ok": not (found["missing"] or found["extra"] or found["mismatched"]) and all(s["ok"] for s in shard_sets),
-            **found}
+            "ok": not (found["missing"] or found["extra"] or found["mismatched"] or found["unproven"])
+            and all(s["ok"] for s in shard_sets), **found}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unproven:
+    """A verdict that finds nothing wrong with an object whose entry nothing proved (its note
+    begins manifest.UNPROVEN): a copy the clouds made that no checksum both stores computed
+    vouches for. Only reading it proves it: ``verify --deep``."""
+    unproven: str
+    problem: None = None
+    rehashed: None = None
+
+
+def _judge(store, info, entry, deep: bool, sha256: bool):
+    verdict = check.judge(store, info, entry, deep, sha256)
+    if deep or verdict.problem or verdict.rehashed or not entry.unproven:
+        return verdict   # a problem, or bytes read and found equal, says more than the note
+    return _Unproven(entry.note[len(manifests.UNPROVEN):].strip() + " (verify --deep reads it)")
 
 
 def _source_differs(store, info, entry) -> bool:

@@ -104,7 +104,8 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
                                                 "whole-file SHA-256 (one stream per file) and check it where "
                                                 "the record has one.")] = False) -> None:
     """Check every committed copy at or under URL (the files the filters select) against its
-    record; exit 1 naming each missing, extra or mismatched file."""
+    record; exit 1 naming each missing, extra, mismatched or unproven file (one a cloud copied that
+    no checksum both stores computed proves: --deep reads it)."""
     from bridge import ops
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency)
@@ -119,6 +120,8 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
             out.print(f"extra       {shown(path)}", markup=False)
         for row in report["mismatched"]:
             out.print(f"mismatched  {shown(row['path'])}: {row['reason']}", markup=False)
+        for row in report.get("unproven", []):
+            out.print(f"unproven    {shown(row['path'])}: {row['reason']}", markup=False)
         if not quiet:
             for row in report["rehashed"]:
                 out.print(f"rehashed    {shown(row['path'])}: {row['reason']}", markup=False)
@@ -140,6 +143,7 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
                       f"({'deep' if deep else 'store checksums'}) at {report['url']}"
                       + (f" in {copies} committed copies" if copies > 1 else "") + "; "
                       f"{counts['missing']} missing, {counts['extra']} extra, {counts['mismatched']} mismatched"
+                      + (f", {counts['unproven']} unproven" if counts.get("unproven") else "")
                       + (f", {counts['rehashed']} rewritten with equal bytes" if counts["rehashed"] else ""),
                       markup=False)
     if not report["ok"]:
