@@ -108,3 +108,128 @@ def test_adopt_deep_still_takes_an_azure_copy_whose_bytes_are_equal(make_root, e
     r = mcbridge("cp", src, dst, "--adopt", "deep", "--json", env=emulator_env, state_dir=tmp_path)
     assert r.returncode == 0 and json.loads(r.stdout)["files"] == 0, r.stdout + r.stderr
     assert mcbridge("verify", dst, "--deep", env=emulator_env, state_dir=tmp_path).returncode == 0
+
+
+# -- Put Block From URL ------------------------------------------------------------------------
+
+MiB = 1024 * 1024
+
+
+def test_a_source_rewritten_during_a_from_url_copy_is_refused_not_mixed(moto, azure_from_url, make_root,
+                                                                        emulator_env, tmp_path):
+    """A 12 MiB S3 object (a multipart upload: no MD5 to check) pulled in three 4 MiB blocks one at
+    a time; the double rewrites the source with other bytes of its size once the first block is
+    fetched. The next block's fetch no longer matches the ETag planned: the copy is refused and
+    nothing is committed (before, the blob was committed from two versions and the default
+    verify passed it by the CRC32C bridge wrote into its metadata)."""
+    from bridge import ops
+    from bridge.errors import BridgeError
+    from tests.helpers import settings_for
+    env = {**emulator_env, "AZURE_STORAGE_CONNECTION_STRING": azure_from_url.connection_string()}
+    settings = settings_for(env, chunk_size=4 * MiB, concurrency=1)
+    src, dst = make_root("s3"), make_root("az")
+    first, second = os.urandom(12 * MiB), os.urandom(12 * MiB)
+    (tmp_path / "w.bin").write_bytes(first)
+    ops.copy(str(tmp_path / "w.bin"), src, settings, state_dir=tmp_path / "s1")
+    rewritten = []
+
+    def rewrite(fetches: int) -> None:
+        if not rewritten:
+            rewritten.append(fetches)
+            moto.client().put_object(Bucket=parse(src).bucket, Key="w.bin", Body=second)
+
+    azure_from_url.on_fetched = rewrite
+    try:
+        with pytest.raises(BridgeError) as failed:
+            ops.copy(src, dst, settings, route="from-url", state_dir=tmp_path / "s2")
+    finally:
+        azure_from_url.on_fetched = None
+    assert rewritten and "changed since the copy was planned" in str(failed.value), failed.value
+    container = _client(azure_from_url).get_container_client(parse(dst).bucket)
+    assert [b.name for b in container.list_blobs(include=["uncommittedblobs"])] == []   # nothing committed or staged
+
+
+def _client(double):
+    from azure.storage.blob import BlobServiceClient
+    return BlobServiceClient.from_connection_string(double.connection_string(), retry_total=0)
+
+
+class _Source:
+    """A loopback HTTP source for Azure to fetch: ``/data`` serves ranges with an ETag, ``/moved``
+    redirects to it, ``/whole`` ignores Range and answers 200 with every byte."""
+
+    def __init__(self, data: bytes):
+        import http.server
+        import threading
+        body, etag = data, '"v1"'
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path == "/moved":
+                    self.send_response(302)
+                    self.send_header("Location", "/data")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if self.headers.get("If-Match") not in (None, etag):
+                    self.send_response(412)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                rng = self.headers.get("Range")
+                part, status = body, 200
+                if rng and self.path == "/data":
+                    start, end = (int(x) for x in rng.removeprefix("bytes=").split("-"))
+                    part, status = body[start:end + 1], 206
+                self.send_response(status)
+                self.send_header("ETag", etag)
+                self.send_header("Content-Length", str(len(part)))
+                self.end_headers()
+                self.wfile.write(part)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_from_url_double_checks_what_azure_checks(azure_from_url, make_root):
+    """The double refuses what Azure refuses: a redirect, a source that ignores Range, a source
+    ETag other than the one pinned, an MD5 or a CRC64 unlike the bytes; and stages the block when
+    all hold."""
+    from azure.core.exceptions import HttpResponseError
+    from azure.storage.blob._generated.models import SourceModifiedAccessConditions
+    from azure.storage.blob._shared.validation import calculate_crc64_bytes
+    data = os.urandom(3000)
+    source = _Source(data)
+    blob = _client(azure_from_url).get_blob_client(parse(make_root("az")).bucket, "b.bin")
+
+    def refused(url: str, **kw) -> str:
+        with pytest.raises(HttpResponseError) as err:
+            blob.stage_block_from_url("YmxvY2sx", url, source_offset=1000, source_length=1000, **kw)
+        return err.value.error_code
+
+    try:
+        assert refused(source.url + "/moved") == "CannotVerifyCopySource"
+        assert refused(source.url + "/whole") == "InvalidSourceBlobRange"
+        assert refused(source.url + "/data", source_modified_access_conditions=SourceModifiedAccessConditions(
+            source_if_match='"v0"')) == "SourceConditionNotMet"
+        assert refused(source.url + "/data", source_content_md5=hashlib.md5(data).digest()) == "Md5Mismatch"
+        assert refused(source.url + "/data", source_contentcrc64=calculate_crc64_bytes(data)) == "Crc64Mismatch"
+        part = data[1000:2000]
+        blob.stage_block_from_url("YmxvY2sx", source.url + "/data", source_offset=1000, source_length=1000,
+                                  source_content_md5=hashlib.md5(part).digest(),
+                                  source_contentcrc64=calculate_crc64_bytes(part),
+                                  source_modified_access_conditions=SourceModifiedAccessConditions(
+                                      source_if_match='"v1"'))
+        from azure.storage.blob import BlobBlock
+        blob.commit_block_list([BlobBlock("YmxvY2sx")])
+        assert blob.download_blob().readall() == part
+    finally:
+        source.close()

@@ -110,6 +110,9 @@ def _from_code(loc: Location, status: int, code: str, message: str = "") -> Brid
         return Unsupported(f"{loc}: the Azure endpoint does not implement this request ({code or status})")
     if code in ("Md5Mismatch", "Crc64Mismatch", "InvalidMd5"):
         return IntegrityError(f"{loc}: Azure rejected the bytes as not matching their checksum")
+    if code == "SourceConditionNotMet":
+        return IntegrityError(f"{loc}: the copy source changed since the copy was planned (its ETag is "
+                              f"another); run the copy again")
     if status in (401, 403):
         return PermissionDenied(f"{loc}: access denied ({code or status})")
     if status == 429 or status >= 500:
@@ -549,12 +552,24 @@ class AzureStore(DirectReads, Store):
         return self.upload_part_from_url(loc, upload_id, number, offset, self.signed_url(src), src_offset, length)
 
     def upload_part_from_url(self, loc: Location, upload_id: str, number: int, offset: int, url: str,
-                             src_offset: int, length: int) -> PartRecord:
+                             src_offset: int, length: int, *, source_etag: str | None = None,
+                             source_md5: str | None = None) -> PartRecord:
         """Put Block From URL: Azure fetches the range itself; the block is staged as upload_part
-        stages one, so list_parts, complete_upload and abort_upload treat it alike."""
+        stages one, so list_parts, complete_upload and abort_upload treat it alike.
+
+        ``source_etag`` (as the source answers it, quotes included) pins the source version:
+        Azure refuses the block when the source's ETag is another (x-ms-source-if-match), which
+        is raised as an IntegrityError. ``source_md5`` (hex, the range's MD5 as the source's store
+        computed it) is checked by Azure against the bytes it fetched (x-ms-source-content-md5)."""
         block_id = _block_id(upload_id, number)
+        conditions = {}
+        if source_etag:
+            from azure.storage.blob._generated.models import SourceModifiedAccessConditions
+            conditions["source_modified_access_conditions"] = SourceModifiedAccessConditions(
+                source_if_match=source_etag)
+        md5 = bytes.fromhex(source_md5) if source_md5 else None
         self._request(loc, lambda: self._blob(loc).stage_block_from_url(
-            block_id, url, source_offset=src_offset, source_length=length))
+            block_id, url, source_offset=src_offset, source_length=length, source_content_md5=md5, **conditions))
         return PartRecord(number, length, "", block_id)
 
     def signed_url(self, loc: Location, expires: int = 3600) -> str:

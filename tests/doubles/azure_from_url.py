@@ -12,30 +12,44 @@ Azurite checks it) except Put Block From URL:
 
 which the double serves as the service documents it: it checks the request's SharedKey
 signature with the account key (403 AuthenticationFailed otherwise), requires ``blockid`` and
-``x-ms-copy-source`` (400 MissingRequiredHeader / MissingRequiredQueryParameter), fetches the
-range from the source URL itself (a source answering other than 200/206 gives
-CannotVerifyCopySource with the source's status in ``x-ms-copy-source-status-code``; a range
-of another length, 400), checks the MD5 when one is given (400 Md5Mismatch), and stages the bytes
-into Azurite with an ordinary Put Block that it signs with the account key. Azurite then holds
-an uncommitted block exactly as if the client had sent the bytes: Get Block List, Put Block
-List and the rest behave as on Azure. ``counts`` tells how many blocks were staged this way and
-how many bytes the double fetched from sources (none of them passed through the client).
+``x-ms-copy-source`` (400 MissingRequiredHeader / MissingRequiredQueryParameter), and fetches the
+range from the source URL itself, as Azure does:
+
+- a redirect is not followed (Azure refuses one): CannotVerifyCopySource with the source's status
+  in ``x-ms-copy-source-status-code``, as for any answer other than 200/206;
+- ``x-ms-source-if-match`` goes to the source as ``If-Match`` and is checked against the ETag the
+  source answers with: a source that answers 412, or another ETag, gives 412
+  SourceConditionNotMet (a source rewritten since the ETag was read);
+- a source that ignores ``Range`` (200 with the whole object for a part of it) is refused, 400
+  InvalidSourceBlobRange, as is a range of another length;
+- ``x-ms-source-content-md5`` (400 Md5Mismatch) and ``x-ms-source-content-crc64`` (Azure's CRC64,
+  400 Crc64Mismatch) are checked against the bytes fetched;
+
+and then stages the bytes into Azurite with an ordinary Put Block that it signs with the account
+key. Azurite then holds an uncommitted block exactly as if the client had sent the bytes: Get
+Block List, Put Block List and the rest behave as on Azure. ``counts`` tells how many blocks were
+staged this way and how many bytes the double fetched from sources (none of them passed through
+the client). ``on_fetched`` (a test's hook) is called with the number of sources fetched so far
+after each fetch, before the block is checked and staged: a test rewrites a source there, between
+two blocks.
 
 Not emulated: authorizing Put Block From URL by SAS or OAuth (only SharedKey is checked),
 ``x-ms-copy-source-authorization`` (the source URL must carry its own authorization, as a
-presigned S3 URL or a SAS does), ``x-ms-source-content-crc64``, ``x-ms-source-if-*`` conditions,
-encryption scopes and customer-provided keys, lease conditions, and the service's limits (4000
-MiB per block, request rates). Put Blob From URL and Append/Put Page From URL are not served
-(they go to Azurite, which refuses them).
+presigned S3 URL or a SAS does), the other ``x-ms-source-if-*`` conditions, encryption scopes and
+customer-provided keys, lease conditions, and the service's limits (4000 MiB per block, request
+rates). Put Blob From URL and Append/Put Page From URL are not served (they go to Azurite, which
+refuses them).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
 import threading
 from collections import Counter
+from collections.abc import Callable
 from email.utils import formatdate
 from urllib.parse import unquote
 
@@ -61,6 +75,12 @@ def shared_key_signature(method: str, raw_path: str, query: dict[str, str], head
     return base64.b64encode(digest).decode()
 
 
+def _crc64(data: bytes) -> bytes:
+    """Azure's CRC64 of ``data``, as the service computes it (the SDK's native extension)."""
+    from azure.storage.blob._shared.validation import calculate_crc64_bytes
+    return calculate_crc64_bytes(data)
+
+
 def _error(status: int, code: str, message: str, **headers: str) -> web.Response:
     body = (f'<?xml version="1.0" encoding="utf-8"?><Error><Code>{code}</Code>'
             f"<Message>{message}</Message></Error>").encode()
@@ -77,6 +97,7 @@ class AzureFromUrl(LoopbackServer):
         self.account, self.key = account, key
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self.on_fetched: Callable[[int], None] | None = None
 
     @property
     def endpoint(self) -> str:
@@ -145,19 +166,31 @@ class AzureFromUrl(LoopbackServer):
                 return _error(400, "InvalidHeaderValue", f"x-ms-source-range {rng!r} is not bytes=start-end.")
             fetch_headers["Range"] = f"bytes={start}-{end}"
             expected = end - start + 1
-        async with self._session.get(source, headers=fetch_headers, allow_redirects=True) as got:
+        pinned = request.headers.get("x-ms-source-if-match")
+        if pinned:
+            fetch_headers["If-Match"] = pinned
+        async with self._session.get(source, headers=fetch_headers, allow_redirects=False) as got:
             data = await got.read()
-            status = got.status
-        if status not in (200, 206):
-            return _error(status if 400 <= status < 500 else 502, "CannotVerifyCopySource",
+            status, etag = got.status, got.headers.get("ETag")
+        self._count("fetches")
+        if self.on_fetched is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.on_fetched, self.counts["fetches"])
+        if pinned and (status == 412 or (status in (200, 206) and etag != pinned)):
+            return _error(412, "SourceConditionNotMet",
+                          "The source condition specified using HTTP conditional header(s) is not met.")
+        if status not in (200, 206):   # a redirect included: Azure follows none
+            return _error(status if 400 <= status < 500 else 400 if status < 400 else 502, "CannotVerifyCopySource",
                           f"The source answered HTTP {status}.", **{"x-ms-copy-source-status-code": str(status)})
-        if expected is not None and status == 200 and len(data) > expected:
-            data = data[start:start + expected]   # a source that ignored Range
+        if expected is not None and status == 200 and not (start == 0 and len(data) == expected):
+            return _error(400, "InvalidSourceBlobRange", "The source ignored the range asked of it.")
         if expected is not None and len(data) != expected:
             return _error(400, "InvalidSourceBlobRange", f"The source gave {len(data)} bytes for a range of {expected}.")
         md5 = request.headers.get("x-ms-source-content-md5")
         if md5 and base64.b64decode(md5) != hashlib.md5(data).digest():
             return _error(400, "Md5Mismatch", "The MD5 of the source range differs from x-ms-source-content-md5.")
+        crc64 = request.headers.get("x-ms-source-content-crc64")
+        if crc64 and base64.b64decode(crc64) != _crc64(data):
+            return _error(400, "Crc64Mismatch", "The CRC64 of the source range differs from x-ms-source-content-crc64.")
         self._count("fetched_bytes", len(data))
         return await self._stage(request, block_id, data)
 
