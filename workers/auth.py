@@ -4,11 +4,22 @@ Each tenant has a secret key (32 random bytes, HMAC-SHA256). Submitters and beat
 tenant's key; workers hold every tenant's. What is signed is canonical JSON (sorted keys, no
 spaces) of plain data, so the signer and the checker hash the same bytes:
 
-    job      {"v", "tenant", "job", "spec", "budget", "expires"}   kept in the job record (``auth``)
+    job      {"v", "tenant", "job", "spec", "budget", "expires",   kept in the job record (``auth``)
+              "estimate", "record"}
     task     {"v", "job", "digest", "task", "sub"}                  a transfer task's slice of the plan,
                                                                    signed by the planner (workers/executor.py)
     message  {"v", "tenant", "task", "name", "payload", "nonce", "expires"}
                                                                    beat's scheduled and policy messages
+
+A job's signature covers every field of its record that steers what a worker reads, writes,
+deletes or spends, not only the spec: ``estimate`` is the USD its budget admitted it for (a job
+charged to a budget holds a reservation of exactly that, workers/budgets.py), and ``record`` the
+text of the record's other steering fields as they were written (a policy run's ``policy``,
+``policy_spec``: its mode, retention and checkpoints glob, and ``checkpoints``: the window it
+keeps; workers/replicas.py), their names listed in the block's ``fields``. A record holding one
+of ``STEERING`` that its signature does not name is refused as one whose signature does not
+match. Both keys are in the signed document only when the block has them, so a job signed
+without them checks as before.
 
 A job's signature is checked by the worker on every task of the job; its ``expires`` bounds when
 it may be admitted (its first plan), and its job id is admitted once (SET NX in Redis). A
@@ -41,6 +52,9 @@ from bridge import redact
 from bridge.errors import BridgeError, InvalidOption
 
 VERSION = 1
+# Record fields that steer a worker besides the spec (see the module's docstring): a record that
+# holds one is run only when its signature covers it.
+STEERING = ("policy", "policy_spec", "checkpoints")
 _KEY_RE = re.compile(r"^[0-9a-fA-F]{64}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")
 
@@ -153,22 +167,40 @@ class Keyring:
 
     # -- jobs ----------------------------------------------------------------------------------
     def sign_job(self, tenant: str, job_id: str, spec: Mapping[str, Any], *, budget: str | None,
-                 ttl: float, now: float | None = None) -> dict[str, Any]:
-        auth = {"v": VERSION, "tenant": tenant, "job": job_id, "budget": budget,
-                "expires": round((now or time.time()) + ttl, 3)}
-        return {**auth, "sig": self.mac(tenant, job_document(auth, json.loads(json.dumps(spec))))}
+                 ttl: float, now: float | None = None, estimate: float | None = None,
+                 fields: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The signature block of a job: ``estimate``, the USD its budget admits it for (a job
+        charged to a budget); ``fields``, the record's other fields that steer its workers, as
+        ``Jobs.update`` writes them."""
+        auth: dict[str, Any] = {"v": VERSION, "tenant": tenant, "job": job_id, "budget": budget,
+                                "expires": round((now or time.time()) + ttl, 3)}
+        if estimate is not None:
+            auth["estimate"] = float(estimate)
+        record = {name: field_text(value) for name, value in (fields or {}).items()}
+        if record:
+            auth["fields"] = sorted(record)
+        return {**auth, "sig": self.mac(tenant, job_document(auth, json.loads(json.dumps(spec)), record))}
 
-    def check_job(self, job_id: str, spec: Mapping[str, Any], auth: Any) -> str:
-        """The job's digest when ``auth`` signs ``spec`` as job ``job_id``; Refused otherwise."""
+    def check_job(self, job_id: str, spec: Mapping[str, Any], auth: Any,
+                  record: Mapping[str, str | None] | None = None) -> str:
+        """The job's digest when ``auth`` signs ``spec`` as job ``job_id``, with ``record``: the
+        text of the record's steering fields as a worker read them (those of ``STEERING`` it
+        holds, and those the block names); Refused otherwise."""
         if not isinstance(auth, dict):
             raise Refused(f"job {job_id} is not signed (a job needs a tenant's signature: mcbridge submit "
                           f"signs with BRIDGE_KEYS_FILE)")
         tenant = auth.get("tenant")
-        if not isinstance(tenant, str) or auth.get("v") != VERSION or not isinstance(auth.get("expires"), (int, float)):
+        if not isinstance(tenant, str) or auth.get("v") != VERSION or not _well_formed(auth):
             raise Refused(f"job {job_id}: its signature block is malformed")
         if auth.get("job") != job_id:
             raise Refused(f"job {job_id}: signed for job {auth.get('job')!r}, not this one")
-        doc = job_document(auth, spec)
+        record = dict(record or {})
+        named = auth.get("fields", [])
+        for name in STEERING:
+            if record.get(name) is not None and name not in named:
+                raise Refused(f"job {job_id}: its record holds {name}, which its signature does not cover "
+                              f"(the signature does not match what the record holds)")
+        doc = job_document(auth, spec, {name: record.get(name) for name in named})
         self.check(tenant, doc, auth.get("sig"), f"job {job_id}")
         return digest(doc)
 
@@ -231,9 +263,33 @@ class Keyring:
         return auth
 
 
-def job_document(auth: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
-    return {"v": VERSION, "tenant": auth.get("tenant"), "job": auth.get("job"), "budget": auth.get("budget"),
-            "expires": auth.get("expires"), "spec": dict(spec)}
+def job_document(auth: Mapping[str, Any], spec: Mapping[str, Any],
+                 record: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    doc = {"v": VERSION, "tenant": auth.get("tenant"), "job": auth.get("job"), "budget": auth.get("budget"),
+           "expires": auth.get("expires"), "spec": dict(spec)}
+    if "estimate" in auth:
+        doc["estimate"] = auth["estimate"]
+    if "fields" in auth:
+        doc["record"] = {name: (record or {}).get(name) for name in auth["fields"]}
+    return doc
+
+
+def field_text(value: Any) -> str:
+    """A record field's value as the job record keeps it (``Jobs.update``): text as it is, a
+    list or mapping as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    raise TypeError(f"a signed record field is text, a list or a mapping, not {type(value).__name__}")
+
+
+def _well_formed(auth: Mapping[str, Any]) -> bool:
+    """The block's own shape: a numeric expiry; an estimate, if any, a number; the fields it
+    covers, if any, a list of names."""
+    estimate, fields = auth.get("estimate", 0.0), auth.get("fields", [])
+    return isinstance(auth.get("expires"), (int, float)) and isinstance(estimate, (int, float)) and \
+        not isinstance(estimate, bool) and isinstance(fields, list) and all(isinstance(f, str) for f in fields)
 
 
 def message_document(auth: Mapping[str, Any], task: str, name: str, payload: Any) -> dict[str, Any]:

@@ -136,3 +136,16 @@ class Budgets:
 
     def holds(self, job_id: str) -> bool:
         return self.r.hexists(self._reservations, job_id)
+
+    def reservation(self, job_id: str) -> tuple[str, float] | None:
+        """(budget, USD) that job ``job_id`` holds since its admission, or None. What is in Redis,
+        taken on trust: a worker checks it against the job's signed budget and estimate
+        (workers/gate.py), not that the admission that wrote it was not written by hand too."""
+        held = self.r.hget(self._reservations, job_id)
+        if held is None:
+            return None
+        name, _, usd = held.rpartition("\t")
+        try:
+            return name, float(usd)
+        except ValueError:
+            return name, float("nan")

@@ -245,12 +245,14 @@ class Service:
         it waits there. ``tenant``: whom it is signed for (default: this process's BRIDGE_TENANT;
         workers sign the jobs they start for the tenant that asked); ``scope_budget``: the budget
         signed into it when not ``budget`` (a replication's children, charged through their parent).
-        ``extra``: more fields of the record, written before anything runs."""
+        ``extra``: more fields of the record, written before anything runs. The signature covers
+        them and the estimate admitted (workers/auth.py), and a worker checks both (workers/gate.py)."""
         queue = self.route(spec)
         keyring = self.gate.keyring
         job_id = job_id or Jobs.new_id()
         auth = keyring.sign_job(tenant or keyring.signer(), job_id, spec.to_dict(), budget=budget or scope_budget,
-                                ttl=self.ws.signature_ttl)
+                                ttl=self.ws.signature_ttl, fields=extra,
+                                estimate=None if budget is None else float(estimate or 0.0))
         job_id = self.jobs.create(spec, queue=queue, job_id=job_id, schedule=schedule, parent=parent,
                                   state="queued" if budget is None else "awaiting-approval", auth=auth)
         if budget is not None:

@@ -1,13 +1,19 @@
 """What a worker checks before it touches anything for a job, and the audit log of what it decided.
 
-    plan       the job's signature (workers/auth.py), its expiry, its id admitted once (SET NX
-               ``<ns>:admitted:<job>``), then its source and destinations against its tenant's
-               scope (policies/tenants.py) and this worker's local roots; after listing, before
-               anything is written, every file the plan reads or writes, and the route chosen
+    plan       the job's signature (workers/auth.py: over its spec and every record field that
+               steers it, a policy run's policy and window among them), its expiry, its id
+               admitted once (SET NX ``<ns>:admitted:<job>``); a job charged to a budget, the
+               reservation its admission made (that budget, its signed estimate: one moved to
+               queued by hand holds none); then its source and destinations against its
+               tenant's scope (policies/tenants.py) and this worker's local roots; after
+               listing, before anything is written, every file the plan reads or writes, and
+               the route chosen
     transfer   the job's signature and admission, the planner's signature over the task's slice
                of the plan, and every file in that slice (a slice its planner runs itself, from
                memory, was checked with the plan)
     finalize   the job's signature and admission, and what the manifest and verify touch
+    a policy run's end   its signature and admission again, before retention deletes anything
+               (workers/replicas.py), and the tenant's scope over the policy's places
     scheduled, policy   beat's signature over the message, its expiry, its nonce used once
 
 Local paths are resolved before the check: links and '..' (``os.path.realpath``, which resolves
@@ -236,7 +242,8 @@ class Gate:
     def admit(self, record, now: float | None = None) -> Admitted:
         """The first plan of a job (and a plan run again after its worker died)."""
         auth = record.auth
-        digest = self.keyring.check_job(record.id, record.spec, auth)
+        digest = self.keyring.check_job(record.id, record.spec, auth, record.steering)
+        self.budget_admitted(record)
         key = self.keys.admitted(record.id)
         before = self.r.get(key)
         if before is not None:
@@ -262,10 +269,28 @@ class Gate:
     def check(self, record) -> Admitted:
         """Every later task of a job: signed, and admitted as that same signed job."""
         auth = record.auth
-        digest = self.keyring.check_job(record.id, record.spec, auth)
+        digest = self.keyring.check_job(record.id, record.spec, auth, record.steering)
         if self.r.get(self.keys.admitted(record.id)) != digest:
             raise Refused(f"job {record.id} was never admitted by a worker; its tasks run nothing")
         return Admitted(auth["tenant"], digest, auth.get("budget"))
+
+    def budget_admitted(self, record) -> None:
+        """Refused unless a job signed with an estimate (one charged to a budget) holds the
+        reservation its admission makes (workers/budgets.py): that budget, that estimate. A job
+        moved past its admission by hand holds none; one whose record's estimate was changed
+        before it was approved holds another amount. The reservation itself is Redis's word."""
+        from bridge.workers.budgets import Budgets
+        auth = record.auth
+        if "estimate" not in auth:   # not charged to a budget of its own (a policy run's child)
+            return
+        budget, estimate = auth.get("budget"), float(auth["estimate"])
+        held = Budgets(self.r, self.keys).reservation(record.id)
+        if held is None:
+            raise Refused(f"job {record.id} was never admitted against budget {budget!r}: it holds no reservation "
+                          f"(its state was moved past awaiting-approval by hand?)")
+        if held[0] != budget or held[1] != estimate:
+            raise Refused(f"job {record.id}: the reservation it holds ({held[1]!r} USD of budget {held[0]!r}) is "
+                          f"not the estimate it was signed with ({estimate!r} USD of budget {budget!r})")
 
     def scope(self, who: Admitted, *, reads: Iterable[str] = (), writes: Iterable[str] = (),
               route: str | None = None, budget: str | None = None, job: bool = True) -> None:

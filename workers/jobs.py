@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridge.money import usd_number
+from bridge.workers.auth import STEERING
 from bridge.workers.keys import Keys
 from bridge.redact import redact, redact_data
 from bridge.workers.specs import JobSpec
@@ -93,6 +94,9 @@ class JobRecord:
     estimate_requests: int | None = None    # the requests the estimate counts
     metered: dict[str, Any] | None = None   # what its tasks sent, per store (bridge/meter.py)
     auth: dict[str, Any] | None = None      # the tenant's signature over the spec (workers/auth.py)
+    # the text of the record's fields that steer its workers (auth.STEERING, and those its
+    # signature names), as read: what the signature is checked over and what runs
+    steering: dict[str, str] = field(default_factory=dict)
 
     @property
     def tenant(self) -> str | None:
@@ -154,6 +158,14 @@ def _json_or_none(text: str | None) -> Any:
         return None
 
 
+def _steering(raw: dict[str, str], auth: Any) -> dict[str, str]:
+    """The fields of a raw record that steer its workers (workers/auth.py ``STEERING``) and those
+    its signature block names, as they are in Redis."""
+    named = auth.get("fields") if isinstance(auth, dict) else None
+    names = set(STEERING) | ({n for n in named if isinstance(n, str)} if isinstance(named, list) else set())
+    return {name: raw[name] for name in names if name in raw}
+
+
 class Jobs:
     """Job records of one deployment."""
 
@@ -207,6 +219,8 @@ class Jobs:
         def num(name: str) -> float | None:
             return float(raw[name]) if raw.get(name) else None
 
+        auth = _json_or_none(raw.get("auth"))
+
         return JobRecord(
             id=raw["id"], kind=raw["kind"], state=raw["state"], spec=json.loads(raw["spec"]),
             queue=raw.get("queue", ""), created=float(raw["created"]), updated=float(raw["updated"]),
@@ -219,7 +233,7 @@ class Jobs:
             policy=raw.get("policy"), replicas=json.loads(raw["replicas"]) if raw.get("replicas") else None,
             route=json.loads(raw["route"]) if raw.get("route") else None,
             estimate_requests=int(raw["estimate_requests"]) if raw.get("estimate_requests") else None,
-            auth=_json_or_none(raw.get("auth")))
+            auth=auth, steering=_steering(raw, auth))
 
     def state(self, job_id: str) -> str | None:
         return self.r.hget(self.keys.job(job_id), "state")

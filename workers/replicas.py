@@ -179,15 +179,20 @@ def start(svc, name: str, policy: Policy, tenant: str) -> str:
     return svc.submit(spec, schedule=name, budget=name, estimate=usd, extra=policy_fields, tenant=tenant)
 
 
-def _loaded(svc, job_id: str, spec: JobSpec | None = None) -> tuple[str, Policy, list[str]]:
-    """The policy a run was started for, as its record keeps it; with ``spec`` (the run's signed
-    spec), refused unless its places are the spec's."""
-    raw = svc.r.hmget(svc.keys.job(job_id), ["policy", "policy_spec", "checkpoints"])
-    policy = Policy.model_validate(json.loads(raw[1]))
-    if spec is not None and (policy.source != spec.source or policy.destinations != list(spec.destinations)):
-        from bridge.workers.auth import Refused
-        raise Refused(f"job {job_id}: its policy's places are not those of its signed spec")
-    return raw[0], policy, json.loads(raw[2])
+def _loaded(record, spec: JobSpec) -> tuple[str | None, Policy, list[str]]:
+    """The policy a run was started for and the window it keeps, from the record the gate
+    checked: the very text its signature covers (workers/auth.py), not read from Redis again.
+    Refused unless its places are those of the run's signed spec."""
+    from bridge.workers.auth import Refused
+    fields = record.steering
+    try:
+        policy = Policy.model_validate(json.loads(fields["policy_spec"]))
+        kept = json.loads(fields["checkpoints"])
+    except (KeyError, TypeError, ValueError):   # pydantic's ValidationError is a ValueError
+        raise Refused(f"job {record.id}: its record holds no policy that can be run") from None
+    if policy.source != spec.source or policy.destinations != list(spec.destinations):
+        raise Refused(f"job {record.id}: its policy's places are not those of its signed spec")
+    return fields.get("policy"), policy, kept
 
 
 def pairs(policy: Policy, kept: list[str]) -> list[tuple[str, str]]:
@@ -198,7 +203,7 @@ def pairs(policy: Policy, kept: list[str]) -> list[tuple[str, str]]:
 def start_children(svc, record, spec: JobSpec, who) -> dict:
     """One sync per destination and checkpoint of the window, each verified as the policy says,
     each signed for the run's tenant."""
-    name, policy, kept = _loaded(svc, record.id, spec)
+    name, policy, kept = _loaded(record, spec)
     wanted = pairs(policy, kept)
     children = [f"{record.id}-{n}" for n in range(1, len(wanted) + 1)]
     if not svc.r.hsetnx(svc.keys.job(record.id), "children", json.dumps(children)):
@@ -215,10 +220,17 @@ def start_children(svc, record, spec: JobSpec, who) -> dict:
 
 
 def ended(svc, parent) -> None:
-    """The last child of a policy run ended: retention, per-destination state, the run's verdict."""
+    """The last child of a policy run ended: retention, per-destination state, the run's verdict.
+    The run's signature is checked again first, over the policy and window its record holds now:
+    a record changed since it was signed deletes nothing, and the run fails, refused."""
     from bridge import replication as run
     from bridge.workers.auth import Refused
-    name, policy, kept = _loaded(svc, parent.id, JobSpec.from_dict(parent.spec))
+    try:
+        who = svc.gate.check(parent)
+        name, policy, kept = _loaded(parent, JobSpec.from_dict(parent.spec))
+    except Refused as exc:
+        _refused(svc, parent, str(exc))
+        return
     verified: dict[str, dict[str, bool]] = {dst: {} for dst in policy.destinations}
     spent: dict[str, float] = dict.fromkeys(policy.destinations, 0.0)
     problems: dict[str, list[str]] = {dst: [] for dst in policy.destinations}
@@ -233,7 +245,6 @@ def ended(svc, parent) -> None:
             problems[dst].append(f"{dst}{ckpt}/: {why}")
     settings = svc.settings_for(_spec(policy))
     try:   # retention deletes at the destinations: the run's tenant must still be allowed to write there
-        who = svc.gate.check(parent)
         svc.gate.scope(who, reads=[policy.source], writes=policy.destinations, budget=who.budget)
         removed, unlisted = run.retain(policy, kept, verified, settings)
     except Refused as exc:
@@ -248,7 +259,7 @@ def ended(svc, parent) -> None:
 
     state = PolicyState(svc.r, svc.keys)
     before = state.destinations(name)
-    commits = json.loads(svc.r.hget(svc.keys.job(parent.id), "committed_at") or "{}")
+    commits = json.loads(parent.steering.get("committed_at") or "{}")
     now = time.time()
     replicas = {}
     for dst in policy.destinations:
@@ -281,6 +292,15 @@ def ended(svc, parent) -> None:
         errors.insert(0, f"policy {name}: {kept[-1]} verified at {copies} of {len(policy.destinations)} "
                          f"destinations, {policy.copies_needed} needed")
     svc._end(parent.id, "succeeded" if enough else "failed", errors or None)
+
+
+def _refused(svc, parent, reason: str) -> None:
+    """A run whose record its signature does not cover: audited, failed, nothing removed."""
+    spec = parent.spec if isinstance(parent.spec, dict) else {}
+    svc.gate.audit.record("refused", job=parent.id, tenant=parent.tenant, task=f"{parent.id}.ended",
+                          kind=parent.kind, policy=parent.policy, source=spec.get("source"),
+                          destinations=spec.get("destinations"), reason=reason)
+    svc._end(parent.id, "failed", [f"refused: {reason}; retention removed nothing"])
 
 
 def _ts(text: str | None) -> float | None:

@@ -1,0 +1,190 @@
+"""Broker state that steers a worker is signed: a real Redis, real `mcbridge worker` processes, moto.
+
+Every field of a job record that decides what a worker reads, writes, deletes or spends is
+covered by the job's signature: the spec, the policy a run was started for (its mode,
+retention, checkpoints glob) and the window it keeps, the budget and the estimate admitted
+against it. Each test changes one of them in Redis by hand, as anyone who can reach the broker
+can, and finds the worker refusing it before a byte moves or anything is deleted, with the
+refusal in the audit stream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+
+from bridge.workers.auth import Keyring, Refused
+from bridge.workers.budgets import Budgets
+from bridge.workers.testing import purge_namespace, tenant_env
+from tests.emulators import unique_name
+from tests.test_service_policies import Clock, _beat, _put_checkpoint
+from tests.test_service_security import Secured, bucket_requests, keys_of
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def signed(redis_url, moto, tmp_path, tmp_path_factory):
+    """One tenant allowed every bucket, a source and a destination bucket; no worker yet (each
+    test starts the workers it needs, on the queues it needs)."""
+    src, dst = unique_name(), unique_name()
+    moto.create_bucket(src)
+    moto.create_bucket(dst)
+    for i in range(3):
+        moto.client().put_object(Bucket=src, Key=f"team-a/in/{i}.bin", Body=os.urandom(3000 + i))
+    namespace = f"mcbt-{uuid.uuid4().hex[:10]}"
+    env = {**os.environ, **moto.env(), "BRIDGE_BROKER_URL": redis_url, "BRIDGE_NAMESPACE": namespace,
+           "BRIDGE_LEASE": "3s", "BRIDGE_SWEEP": "0.5s", "BRIDGE_METRICS_PORT": "0",
+           "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "AWS_EC2_METADATA_DISABLED": "true",
+           **tenant_env(tmp_path_factory.mktemp("keys"), tenant="team-a")}
+    env.pop("MCBRIDGE_CONFIG", None)
+    harness = Secured(env, tmp_path, moto, src, dst, tmp_path, tmp_path)
+    yield harness
+    harness.close()
+    purge_namespace(redis_url, namespace)
+
+
+def _wait_for(what, check, harness, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"--- {p.name}\n{p.log_tail(25)}" for p in harness.processes)
+            raise AssertionError(f"{what}: not seen in {timeout}s\n{logs}")
+        time.sleep(0.2)
+
+
+def _over_budget(s, dst_prefix: str) -> str:
+    """A copy submitted against a budget it does not fit: its id, held awaiting approval."""
+    assert s.cli("budgets", "set", "team", "0.0000001").returncode == 0
+    r = s.cli("submit", "cp", f"s3://{s.src}/team-a/in/", f"s3://{s.dst}/{dst_prefix}", "--budget", "team")
+    assert r.returncode == 3, r.stdout + r.stderr
+    job_id = r.stdout.strip()
+    assert s.jobs.get(job_id).state == "awaiting-approval"
+    return job_id
+
+
+def test_a_policy_spec_rewritten_in_redis_is_refused_and_nothing_at_the_destination_is_deleted(signed, tmp_path):
+    s = signed
+    for name in ("step-300", "step-400"):
+        _put_checkpoint(s.moto, s.src, name)
+    # what the destination holds beside the policy's checkpoints: none of it is the policy's to remove
+    others = ("datasets", "eval-results", "step-100", "step-200")
+    for folder in others:
+        s.moto.client().put_object(Bucket=s.dst, Key=f"dr/{folder}/part-0.bin", Body=b"not the policy's")
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"""\
+policies:
+  golden:
+    source: s3://{s.src}/golden/
+    destinations: [s3://{s.dst}/dr/]
+    checkpoints: "step-*"
+    mode: append-only
+    verify: store
+    schedule: {{cron: "0 2 * * *"}}
+""")
+    # The control queue only: the run is planned and its children queued, and none of them runs
+    # until the record has been rewritten below.
+    s.worker("control", concurrency=1, queues=["bridge"]).wait_ready()
+    clock = Clock(datetime(2026, 3, 1, 2, 0, 5, tzinfo=timezone.utc))
+    beat = _beat(s.env, policy_file, clock)
+    beat.schedule["mcbridge-policy:golden"].last_run_at = datetime(2026, 2, 28, 2, 0, 30, tzinfo=timezone.utc)
+    assert beat.tick() == 0, "the policy was not due"
+
+    def running_run():
+        runs = [r for r in s.jobs.list(50) if r.policy and not r.parent]
+        return runs[0] if runs and runs[0].state == "running" and len(runs[0].children) == 2 else None
+    run = _wait_for("a policy run with its children queued", running_run, s)
+    key = s.keys.job(run.id)
+    spec = json.loads(s.redis.hget(key, "policy_spec"))
+    assert spec["mode"] == "append-only"
+    s.redis.hset(key, "policy_spec", json.dumps({**spec, "mode": "mirror", "checkpoints": "*", "keep_last": 1}))
+
+    s.worker("data", concurrency=2).wait_ready()
+    ended = _wait_for("the run's end", lambda: (r := s.jobs.get(run.id)) and r.state in ("succeeded", "failed") and r, s)
+    # nothing removed: the children, signed for what the policy asked, copied; the run's retention was refused
+    present = {k.split("/")[1] for k in keys_of(s.moto, s.dst, "dr/")}
+    assert present >= {*others, "step-300", "step-400"}, present
+    assert all(s.jobs.get(c).state == "succeeded" for c in run.children)
+    assert ended.state == "failed" and ended.errors[0].startswith("refused: "), ended.errors
+    refused = s.audit(decision="refused", job=run.id)
+    assert "signature does not match" in refused["reason"], refused
+
+
+def test_a_job_set_to_queued_by_hand_is_refused_before_any_byte_or_spend(signed):
+    s = signed
+    s.worker("w1", concurrency=2).wait_ready()
+    job_id = _over_budget(s, "team-a/held/")
+    mark = s.moto.log_path.stat().st_size
+    # past its budget's admission: queued by hand, and its plan task pushed by hand
+    s.redis.hset(s.keys.job(job_id), "state", "queued")
+    s.push("bridge.plan", [job_id], queue=s.jobs.get(job_id).queue)
+    refused = s.audit(decision="refused", job=job_id)
+    assert "never admitted against budget 'team'" in refused["reason"], refused
+    record = _wait_for("the job's end", lambda: (r := s.jobs.get(job_id)) and r.state == "failed" and r, s)
+    assert record.errors[0].startswith("refused: ")
+    assert bucket_requests(s.moto, {s.src, s.dst}, mark) == []
+    budgets = Budgets(s.redis, s.keys)
+    assert budgets.spent("team") == 0 and budgets.reserved("team") == 0
+    assert keys_of(s.moto, s.dst) == []
+
+
+def test_a_forged_admission_estimate_is_detected_and_nothing_runs(signed):
+    s = signed
+    s.worker("w1", concurrency=2).wait_ready()
+    job_id = _over_budget(s, "team-a/forged/")
+    signed_estimate = s.jobs.get(job_id).auth["estimate"]
+    assert signed_estimate == pytest.approx(s.jobs.get(job_id).estimate_usd) and signed_estimate > 0
+    # the record's estimate rewritten to nothing, then approved: the approval reserves what the record says
+    s.redis.hset(s.keys.job(job_id), "estimate_usd", "0.0")
+    mark = s.moto.log_path.stat().st_size
+    r = s.cli("jobs", "approve", job_id)
+    assert r.returncode == 0, r.stdout + r.stderr
+    refused = s.audit(decision="refused", job=job_id)
+    assert "not the estimate it was signed with" in refused["reason"], refused
+    record = _wait_for("the job's end", lambda: (r := s.jobs.get(job_id)) and r.state == "failed" and r, s)
+    assert record.errors[0].startswith("refused: ")
+    assert bucket_requests(s.moto, {s.src, s.dst}, mark) == []
+    assert keys_of(s.moto, s.dst) == []
+    assert Budgets(s.redis, s.keys).spent("team") == 0
+
+    # the same job, its estimate left alone: approved, it runs and is charged
+    job_id = _over_budget(s, "team-a/approved/")
+    r = s.cli("jobs", "approve", job_id)
+    assert r.returncode == 0, r.stdout + r.stderr
+    record = _wait_for("the job's end", lambda: (r := s.jobs.get(job_id)) and r.state in ("succeeded", "failed") and r, s)
+    assert record.state == "succeeded", record.errors
+    assert len(keys_of(s.moto, s.dst, "team-a/approved/")) == 4   # three files and the manifest
+
+
+def test_the_job_signature_covers_the_estimate_and_the_fields_that_steer_it():
+    ring = Keyring({"a": bytes(range(32))}, "a")
+    spec = {"kind": "replicate", "source": "s3://corpus/golden/", "destinations": ["gs://dr/golden/"]}
+    policy = json.dumps({"source": "s3://corpus/golden/", "destinations": ["gs://dr/golden/"], "mode": "append-only"})
+    fields = {"policy": "golden", "policy_spec": policy, "checkpoints": '["step-1"]'}
+    auth = ring.sign_job("a", "j1", spec, budget="golden", ttl=60, estimate=0.25, fields=fields)
+    assert auth["estimate"] == 0.25 and sorted(auth["fields"]) == sorted(fields)
+    assert len(ring.check_job("j1", spec, auth, fields)) == 64
+    # a field as a worker reads it from the record: changed, missing, or one the signature does not name
+    for changed in ({**fields, "policy_spec": policy.replace("append-only", "mirror")},
+                    {**fields, "checkpoints": '["step-1","step-0"]'}, {"policy": "golden", "policy_spec": policy}):
+        with pytest.raises(Refused, match="signature does not match"):
+            ring.check_job("j1", spec, auth, changed)
+    for forged in ({**auth, "estimate": 0.0}, {k: v for k, v in auth.items() if k != "estimate"},
+                   {**auth, "fields": ["policy"]}):
+        with pytest.raises(Refused, match="signature does not match"):
+            ring.check_job("j1", spec, forged, fields)
+    # a job signed without a policy, given one in its record by hand
+    plain = ring.sign_job("a", "j2", spec, budget=None, ttl=60)
+    ring.check_job("j2", spec, plain, {})
+    with pytest.raises(Refused, match="holds policy_spec, which its signature does not cover"):
+        ring.check_job("j2", spec, plain, {"policy_spec": policy})
+    with pytest.raises(Refused, match="malformed"):
+        ring.check_job("j1", spec, {**auth, "estimate": "0.25"}, fields)
