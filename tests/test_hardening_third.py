@@ -115,3 +115,56 @@ def test_the_part_puts_of_a_sigkilled_worker_are_metered(service, emulator_for, 
     assert record.spent_usd and record.spent_usd > 0
     print(f"SIGKILL with 2 part PUTs held: {len(part_puts)} part PUTs at the proxy for {parts} parts, "
           f"{metered[store]['requests']['PART']} metered")
+
+
+# -- submit checks its own environment, as cp does -------------------------------------------------------
+
+BAD_ENVIRONMENT = [
+    ("AWS_ENDPOINT_URL", "not a url"),
+    ("MCBRIDGE_CONCURRENCY", "nan"),
+    ("MCBRIDGE_CHUNK_SIZE", "abc"),
+    ("MCBRIDGE_BWLIMIT", "-5"),
+    ("MCBRIDGE_SMALL_FILES_IN_FLIGHT", "0"),
+    ("BRIDGE_SERVICE_POLICY", "/etc/passwd"),
+]
+
+
+@pytest.fixture
+def submitter(redis_url, tmp_path, tmp_path_factory):
+    """A submitter's environment (a tenant's key, a broker, a namespace of its own) that queues a
+    job when nothing is wrong with it; and a look at what the namespace holds in Redis."""
+    import uuid
+
+    from bridge.workers.keys import redis_client
+    from bridge.workers.testing import purge_namespace, tenant_env
+    namespace = f"mcbt-{uuid.uuid4().hex[:10]}"
+    env = {**os.environ, "BRIDGE_BROKER_URL": redis_url, "BRIDGE_NAMESPACE": namespace,
+           "MCBRIDGE_STATE_DIR": str(tmp_path / "state"),
+           **tenant_env(tmp_path_factory.mktemp("tenant"), local_roots=[str(tmp_path)])}
+    env.pop("MCBRIDGE_CONFIG", None)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("a\n")
+    client = redis_client(redis_url)
+    yield env, lambda: sorted(client.scan_iter(match=f"{namespace}:*"))
+    purge_namespace(redis_url, namespace)
+
+
+def test_submit_queues_a_job_when_its_environment_is_sound(submitter, tmp_path):
+    env, keys = submitter
+    result = mcbridge("submit", "cp", f"{tmp_path}/src/", "s3://some-bucket/in/", env=env)
+    assert result.returncode == 0, result.stderr
+    assert keys() != []   # the control: the refusals below are the environment's
+
+
+@pytest.mark.parametrize("variable,value", BAD_ENVIRONMENT, ids=[v for v, _ in BAD_ENVIRONMENT])
+def test_submit_refuses_a_bad_environment_before_queueing(submitter, tmp_path, variable, value):
+    env, keys = submitter
+    env = {**env, variable: value}
+    submitted = mcbridge("submit", "cp", f"{tmp_path}/src/", "s3://some-bucket/in/", env=env)
+    line = one_error_line(submitted)
+    assert keys() == [], "the job reached Redis"
+    assert value in line or variable in line, line
+    if variable.startswith("BRIDGE_"):
+        return   # the service's own setting: cp runs no service
+    copied = mcbridge("cp", f"{tmp_path}/src/", f"{tmp_path}/out/", env=env)
+    assert one_error_line(copied) == line   # in cp's words: the same function said it

@@ -288,8 +288,11 @@ def _scheduled_policies(path: str):
 def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, dry_run: bool,
             broker: str | None, max_cost: float | None = None, budget: str | None = None) -> None:
     from bridge.workers.specs import parse_spec
-    # The flags mcbridge cp shares, by the function cp checks them with: refused here, in the
-    # same words, rather than by a worker after the job was queued.
+    # The flags mcbridge cp shares, and this process's settings (its environment, its settings
+    # file), by the function cp checks them with: refused here, in the same words, rather than
+    # by a worker after the job was queued. The profile is the workers' to resolve.
+    settings_from_flags(None, None, fields.get("concurrency"), fields.get("chunk_size"), fields.get("store_checksums"),
+                        bwlimit=fields.get("bwlimit"), route=fields.get("route"), local_dirs=False)
     fields.update(transfer_flags(chunk_size=fields.get("chunk_size"), store_checksums=fields.get("store_checksums"),
                                  bwlimit=fields.get("bwlimit"), route=fields.get("route"),
                                  profile=fields.get("profile")))
@@ -303,6 +306,9 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
     spec = parse_spec({k: v for k, v in fields.items() if v is not None})
     estimate = _within_budget(spec, max_cost) if max_cost is not None or budget is not None else None
     ws = _ws(broker)
+    if ws.service_policy:   # a worker on this machine would refuse every job; say so before one is queued
+        from bridge.cli.policy import load_service_policy
+        load_service_policy(Path(ws.service_policy))
     if dry_run:
         from bridge.workers.executor import route
         summary = {"spec": spec.to_dict(), "queue": route(ws, spec)}

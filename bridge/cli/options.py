@@ -185,7 +185,11 @@ def _read_rate_file(path: Path) -> str:
 def settings_from_flags(profile: str | None, config: str | Path | None, concurrency: int | None = None,
                         chunk_size: str | None = None, store_checksums: str | None = None, *,
                         bwlimit: str | None = None, bwlimit_file: Path | None = None,
-                        route: str | None = None, cache_dir: bool = False, sha256: bool = False) -> Settings:
+                        route: str | None = None, cache_dir: bool = False, sha256: bool = False,
+                        local_dirs: bool = True) -> Settings:
+    """The settings of a command run here: defaults < settings file < environment < these flags,
+    each bad value one line naming where it came from (exit 2). ``local_dirs``: also the
+    directories this process will write (state, cache, manifests); a submitter writes none."""
     if bwlimit_file is not None:
         bwlimit = _read_rate_file(bwlimit_file)
         if not bwlimit.strip():
@@ -208,7 +212,13 @@ def settings_from_flags(profile: str | None, config: str | Path | None, concurre
             raise
         # every mistake, each named as the user wrote it (bridge.cli.fail joins the lines with '; ')
         raise InvalidOption("\n".join(f"{line} (from {var})" if var else line for line, var in named)) from None
-    # Found here, not as an OSError from deep in the first job that writes its journal.
+    if local_dirs:
+        usable_dirs(settings, cache_dir)
+    return settings
+
+
+def usable_dirs(settings: Settings, cache_dir: bool) -> None:
+    """Found here, not as an OSError from deep in the first job that writes its journal."""
     dirs = [("state directory", settings.transfer.state_dir, "transfer.state_dir, MCBRIDGE_STATE_DIR")]
     if cache_dir:
         dirs.append(("cache directory", settings.cache.dir, "cache.dir, MCBRIDGE_CACHE_DIR"))
@@ -219,7 +229,6 @@ def settings_from_flags(profile: str | None, config: str | Path | None, concurre
         problem = dir_problem(Path(path))
         if problem:
             raise InvalidOption(f"{what} {path} ({where}): {problem}")
-    return settings
 
 
 def dir_problem(path: Path) -> str | None:
