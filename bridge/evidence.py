@@ -117,14 +117,16 @@ def dcp_storage(data: bytes) -> dict[str, int] | str | None:
 
 # -- safetensors headers ------------------------------------------------------------------------------
 
-def safetensors_size(store: Store, info: ObjectInfo) -> int | str:
-    """The exact size a safetensors file declares in its header, or why it cannot be known."""
+def safetensors_size(store: Store, info: ObjectInfo) -> int | str | None:
+    """The exact size a safetensors file declares in its header; why it cannot be known yet
+    (too short to hold its header); None when its first bytes are no safetensors header at all
+    (a header length over safetensors' own limit, or not JSON): not a file of this format."""
     if info.size < 8:
         return f"{info.size} bytes, under the 8-byte header length"
     head = store.read(info.location, 0, min(info.size, _HEAD))
     (length,) = struct.unpack("<Q", head[:8])
     if length > SAFETENSORS_HEADER_MAX:
-        return f"declares a {length}-byte header, over safetensors' limit"
+        return None
     if 8 + length > info.size:
         return f"{info.size} bytes, shorter than its own {length}-byte header"
     header = head[8:8 + length] if len(head) >= 8 + length else store.read(info.location, 8, length)
@@ -132,7 +134,7 @@ def safetensors_size(store: Store, info: ObjectInfo) -> int | str:
         tensors = json.loads(header)
         ends = [int(t["data_offsets"][1]) for k, t in tensors.items() if k != "__metadata__"]
     except (ValueError, TypeError, KeyError, IndexError, AttributeError):
-        return "has no readable safetensors header"
+        return None
     return 8 + length + max(ends, default=0)
 
 

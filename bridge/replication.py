@@ -253,9 +253,11 @@ def prepare(policy: rules.Policy, settings: Settings, readiness: dict[str, rules
 def retain(policy: rules.Policy, kept: list[str], verified: dict[str, dict[str, bool]],
            settings: Settings, readiness: dict[str, rules.Readiness] | None = None,
            ) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """Apply retention (policies/replication.py decides what goes: with ``readiness``, only
-    checkpoints committed by evidence count as good copies); (removed per destination,
-    destinations that could not be listed)."""
+    """Apply retention (policies/replication.py decides what goes: only checkpoints committed
+    by evidence at the source count as good copies, by ``readiness`` or, without it, by the
+    source surveyed now); (removed per destination, destinations that could not be listed)."""
+    if readiness is None and policy.mode == "mirror":
+        readiness = survey(policy, settings)
     present, errors = {}, {}
     for dst in policy.destinations:
         try:

@@ -414,7 +414,8 @@ class Evidence:
     the facts ``assess`` checks against the listing. A ``str`` in place of a fact says why the
     fact could not be had (a file cut short, not of its format)."""
     indexes: Mapping[str, str] = field(default_factory=dict)      # a safetensors index's text
-    safetensors: Mapping[str, int | str] = field(default_factory=dict)   # exact size its header declares
+    safetensors: Mapping[str, int | str | None] = field(default_factory=dict)   # exact size its header
+    #                                                   declares; None: its head is no safetensors header
     dcp: Mapping[str, int] | str | None = None   # .metadata: storage file -> bytes it must hold; None: not read, no pickle
     orbax_items: tuple[str, ...] | str | None = None   # the items _CHECKPOINT_METADATA names
     recorded: Mapping[str, str] = field(default_factory=dict)   # file -> the bridge record holding this version
@@ -462,7 +463,7 @@ def _data(files: Iterable[str]) -> list[str]:
 def _short(rel: str, size: int, declared: int | str | None) -> str | None:
     """Why a safetensors file is not whole by its own header, or None when it is."""
     if declared is None:
-        return f"{rel} (header not read)"
+        return f"{rel} (no safetensors header)"
     if isinstance(declared, str):
         return f"{rel} ({declared})"
     if size != declared:
@@ -474,7 +475,8 @@ def _safetensors(files: Mapping[str, SourceFile], ev: Evidence) -> Readiness | N
     """Sharded safetensors: every shard its index names there, each exactly as long as its own
     header says; a lone ``*.safetensors`` (no index) too."""
     found = index_files(files)
-    lone = [f for f in files if f.endswith(".safetensors") and not _SHARD_OF.search(f)]
+    lone = [f for f in files if f.endswith(".safetensors") and not _SHARD_OF.search(f)
+            and (f not in ev.safetensors or ev.safetensors[f] is not None)]   # else: only its name says so
     named: set[str] = set(lone)
     what = "safetensors"
     if not found:
@@ -556,9 +558,9 @@ def _records(files: Mapping[str, SourceFile], ev: Evidence) -> Readiness | None:
         return None
     where = ", ".join(sorted(set(ev.recorded.values())))
     if len(held) < len(data):
-        return Readiness(False, f"bridge record at {where} holds {len(held)} of its {len(data)} files; not: "
+        return Readiness(False, f"bridge commit at {where} holds {len(held)} of its {len(data)} files; not: "
                                 f"{_few(set(data) - set(held))}")
-    return Readiness(True, f"bridge record at {where} holds all {len(data)} files as listed", marker=BRIDGE_LOG)
+    return Readiness(True, f"bridge commit at {where} holds all {len(data)} files as listed", marker=BRIDGE_LOG)
 
 
 def _layout(files: Mapping[str, SourceFile], ev: Evidence, atomic_rename: bool) -> Readiness | None:

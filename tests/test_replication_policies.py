@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bridge.policies import replication as rules
+from tests import dcpfake
 from tests.emulators import unique_name
 from tests.helpers import mcbridge, settings_for
 
@@ -121,10 +122,15 @@ def test_policy_check_command(tmp_path):
 # -- in-process runs against the emulators ------------------------------------------------------
 
 def _put_checkpoint(moto, bucket: str, name: str) -> None:
+    """Shards and the DCP .metadata that names them, written last: committed by evidence."""
     client = moto.client()
+    shards = {}
     for i in range(3):
-        client.put_object(Bucket=bucket, Key=f"golden/{name}/shard-{i}.bin", Body=f"{name}:{i}".encode() * 500)
+        body = f"{name}:{i}".encode() * 500
+        client.put_object(Bucket=bucket, Key=f"golden/{name}/shard-{i}.bin", Body=body)
+        shards[f"shard-{i}.bin"] = [len(body)]
     client.put_object(Bucket=bucket, Key=f"golden/{name}/config.json", Body=b'{"step": "%s"}' % name.encode())
+    client.put_object(Bucket=bucket, Key=f"golden/{name}/.metadata", Body=dcpfake.metadata(shards))
 
 
 def _checkpoints_at(url: str, settings) -> set[str]:
@@ -276,7 +282,7 @@ def test_append_only_never_deletes_at_a_destination(moto, fake_gcs, emulator_env
     assert code == 0, stderr
     # a file gone from a checkpoint in the window stays at the destination, and so does the
     # checkpoint the window left
-    moto.client().delete_object(Bucket=src, Key="golden/step-2/shard-0.bin")
+    moto.client().delete_object(Bucket=src, Key="golden/step-2/config.json")   # not one its .metadata names
     _put_checkpoint(moto, src, "step-3")
     code, report, stderr = _replicate(policy_file, emulator_env, tmp_path)
     assert code == 0, stderr
@@ -286,4 +292,4 @@ def test_append_only_never_deletes_at_a_destination(moto, fake_gcs, emulator_env
     assert _checkpoints_at(gs, settings) == {"step-1", "step-2", "step-3"}
     from bridge.stores import get_store
     from bridge.urls import parse
-    assert get_store(parse(gs), settings).info(parse(f"{gs}step-2/shard-0.bin")).size > 0
+    assert get_store(parse(gs), settings).info(parse(f"{gs}step-2/config.json")).size > 0

@@ -14,6 +14,7 @@ from celery import Celery
 from celery.beat import Scheduler
 
 from bridge.policies.replication import load
+from tests import dcpfake
 from tests.emulators import free_port, unique_name
 from tests.test_workers_service import metric_total, service  # noqa: F401  (the fixture)
 from bridge.workers import replicas
@@ -45,9 +46,14 @@ def _beat(env: dict[str, str], policy_file, clock: Clock) -> Scheduler:
 
 
 def _put_checkpoint(moto, bucket: str, name: str) -> None:
+    """Shards and a DCP .metadata naming them: committed by evidence, which retention counts."""
+    shards = {}
     for i in range(2):
-        moto.client().put_object(Bucket=bucket, Key=f"golden/{name}/shard-{i}.bin", Body=f"{name}:{i}".encode() * 700)
+        body = f"{name}:{i}".encode() * 700
+        moto.client().put_object(Bucket=bucket, Key=f"golden/{name}/shard-{i}.bin", Body=body)
+        shards[f"shard-{i}.bin"] = [len(body)]
     moto.client().put_object(Bucket=bucket, Key=f"golden/{name}/notes.tmp", Body=b"scratch")
+    moto.client().put_object(Bucket=bucket, Key=f"golden/{name}/.metadata", Body=dcpfake.metadata(shards))
 
 
 def _checkpoints(service, url: str) -> set[str]:
@@ -230,7 +236,8 @@ def test_mcbridge_beat_reads_the_policy_file_and_its_runs_land(service, moto, tm
     while not [r for r in service.jobs.list() if r.policy == "golden" and not r.parent and r.state == "succeeded"]:
         assert time.monotonic() < deadline, f"{beat.log_tail()}\n{service.processes[0].log_tail()}"
         time.sleep(0.2)
-    assert sorted(p.name for p in (site / "step-7").iterdir()) == ["_bridge", "notes.tmp", "shard-0.bin", "shard-1.bin"]
+    assert sorted(p.name for p in (site / "step-7").iterdir()) == [".metadata", "_bridge", "notes.tmp", "shard-0.bin",
+                                                                    "shard-1.bin"]
     assert "policy golden: every 2s" in beat.log_path.read_text()
 
 
