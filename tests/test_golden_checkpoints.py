@@ -353,3 +353,74 @@ def test_watch_replicates_a_checkpoint_soon_after_its_marker_and_never_before(mo
             if watcher.poll() is None:
                 watcher.kill()
     assert watcher.returncode == 0, watcher.stderr.read()
+
+
+def test_a_marker_first_writer_never_costs_the_older_complete_checkpoint(moto, fake_gcs, emulator_env, tmp_path):
+    """A writer that puts its .metadata first and its shards after, under --watch with mode
+    mirror: the new checkpoint waits for the shards its .metadata names, and the older complete
+    one stays at the destination until the new one is whole and verified."""
+    src, gbucket = unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    s3 = moto.client()
+    for step in ("step-100", "step-200"):
+        for i in range(4):
+            s3.put_object(Bucket=src, Key=f"golden/{step}/__{i}_0.distcp", Body=os.urandom(20000))
+        s3.put_object(Bucket=src, Key=f"golden/{step}/.metadata", Body=dcpfake.metadata(SMALL_SHARDS))
+    gs = f"gs://{gbucket}/dr/"
+    (tmp_path / "step-300.metadata").write_bytes(dcpfake.metadata(FOUR_SHARDS))
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{gs}]\n"
+                           f"    checkpoints: \"step-*\"\n    keep_last: 2\n    mode: mirror\n"
+                           f"    ready: {{marker: .metadata}}\n    watch: {{interval: 1s}}\n")
+    env = dict(emulator_env, MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
+    watcher = subprocess.Popen([*MCBRIDGE, "replicate", "--policy", str(policy_file), "--watch", "--json"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    events: list[dict] = []
+    threading.Thread(target=lambda: events.extend(json.loads(line) for line in watcher.stdout), daemon=True).start()
+
+    def verified(step: str) -> bool:
+        return any(e["event"] == "run" and e["destinations"][gs]["checkpoints"].get(step, {}).get("verified")
+                   for e in list(events))
+
+    def shards_written() -> int:
+        return s3.list_objects_v2(Bucket=src, Prefix="golden/step-300/__").get("KeyCount", 0)
+
+    try:
+        deadline = time.monotonic() + 60
+        while not verified("step-200"):
+            assert watcher.poll() is None and time.monotonic() < deadline, watcher.stderr.read() if watcher.poll() else ""
+            time.sleep(0.1)
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, moto.endpoint, src, "golden/step-300/", "2",
+                                   str(tmp_path / "step-300.metadata"), "marker-first"],
+                                  env=env, stdout=subprocess.PIPE, text=True)
+        polls_while_incomplete = 0
+        deadline = time.monotonic() + 90   # a hang guard, not a timing
+        while not verified("step-300"):
+            assert time.monotonic() < deadline, f"step-300 not verified; events: {events[-3:]}"
+            # what the destination and the watch show first, then the source: seen before the
+            # fourth shard was there, it was so while the checkpoint was incomplete
+            present, said = _folders(gs, emulator_env), verified("step-300")
+            older_whole = _manifest_at(f"{gs}step-100/", emulator_env)
+            if shards_written() < 4:
+                polls_while_incomplete += 1
+                assert not said, "the watch said step-300 verified while shards were missing"
+                assert {"step-100", "step-200"} <= present and older_whole, \
+                    f"the older complete checkpoint left while step-300 was incomplete: {present}"
+            time.sleep(0.2)
+        assert writer.wait(timeout=30) == 0 and polls_while_incomplete > 5
+        waits = [e["waiting"].get("step-300", "") for e in list(events) if e["event"] == "waiting"]
+        assert any(w.startswith(".metadata present, but .metadata names 4 storage files") for w in waits), waits
+        deadline = time.monotonic() + 60
+        while _folders(gs, emulator_env) != {"step-200", "step-300"}:
+            assert time.monotonic() < deadline, _folders(gs, emulator_env)
+            time.sleep(0.2)
+        assert mcbridge("verify", f"{gs}step-300/", "--deep", env=emulator_env, state_dir=tmp_path).returncode == 0
+    finally:
+        watcher.send_signal(signal.SIGTERM)
+        try:
+            watcher.wait(timeout=60)
+        finally:
+            if watcher.poll() is None:
+                watcher.kill()
+    assert watcher.returncode == 0, watcher.stderr.read()
