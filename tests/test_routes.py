@@ -187,19 +187,32 @@ def test_route_table_refuses_what_a_cloud_cannot_pull(make_root, emulator_env, t
     assert summary["route"]["name"] == "direct" and "from-url" in summary["route"]["why"]
 
 
-def test_azure_copy_above_the_synchronous_limit_runs_as_a_polled_copy(make_root, emulator_env, tmp_path,
-                                                                       monkeypatch):
+def test_azure_copy_above_the_synchronous_limit_goes_in_blocks_committed_at_once(azure_from_url, make_root,
+                                                                                  emulator_env, tmp_path,
+                                                                                  monkeypatch):
+    """Above 256 MiB (lowered here to 1 MiB, the blocks to 1 MiB) a same-account copy stages its
+    blocks from the source's URL (Put Block From URL, the double in front of Azurite) and commits
+    them in one Put Block List, the source's metadata kept. Plain Azurite has no Put Block From
+    URL: the store says so (Unsupported), which sends a server route's job direct."""
     import bridge.stores.azure as azure
-    settings = settings_for(emulator_env)
+    from bridge.errors import Unsupported
+    settings = settings_for({**emulator_env, "AZURE_STORAGE_CONNECTION_STRING": azure_from_url.connection_string()})
     src, dst = make_root("az"), make_root("az")
     data = os.urandom(3 * 1024 * 1024 + 1)
     (tmp_path / "big.bin").write_bytes(data)
     ops.copy(str(tmp_path / "big.bin"), src, settings, state_dir=tmp_path / "s1")
-    monkeypatch.setattr(azure, "SYNC_COPY_MAX", 1024 * 1024)   # Azure's is 256 MiB: copy 3 MiB instead
+    monkeypatch.setattr(azure, "SYNC_COPY_MAX", 1024 * 1024)
+    monkeypatch.setattr(azure, "COPY_BLOCK", 1024 * 1024)
     store = get_store(parse(src), settings)
+    staged = azure_from_url.counts["blocks_from_url"]
     info = store.copy_object(parse(src).join("big.bin"), parse(dst).join("big.bin"), size=len(data))
+    assert azure_from_url.counts["blocks_from_url"] - staged == 4
     assert info.size == len(data) and store.read(parse(dst).join("big.bin")) == data
     assert info.metadata["bridge_crc32c"] == store.info(parse(src).join("big.bin")).metadata["bridge_crc32c"]
+    plain = get_store(parse(src), settings_for(emulator_env))
+    with pytest.raises(Unsupported):
+        plain.copy_object(parse(src).join("big.bin"), parse(dst).join("again.bin"), size=len(data))
+    assert [i.location.key for i in plain.list(parse(dst))] == ["big.bin"]   # nothing left by the refused copy
 
 
 def test_sync_by_server_sends_only_what_changed_and_deletes(make_root, emulator_env, tmp_path):

@@ -30,7 +30,7 @@ from bridge.attributes import Attrs
 from bridge import meter
 from bridge.config import Settings
 from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, EndpointUnreachable, InvalidOption,
-                           IntegrityError, JobCancelled, ObjectNotFound, PermissionDenied, TransientError,
+                           IntegrityError, ObjectNotFound, PermissionDenied, TransientError,
                            Unsupported, CopySourceUnreadable)
 from bridge.retry import call_with_retries
 from bridge.stores.base import (put_args, GiB, MiB, DirectReads, Features, ObjectInfo, PartRecord, Store, in_code_point_order, is_reserved,
@@ -168,7 +168,15 @@ def _put_info(loc: Location, size: int, metadata: dict[str, str], resp: dict) ->
 
 SYNC_COPY_MAX = 256 * MiB      # Copy Blob From URL (synchronous) takes up to this
 FROM_URL_MAX = 4000 * MiB      # Put Block From URL: bytes per block
-COPY_POLL = 0.2                # seconds between looks at an asynchronous copy
+COPY_BLOCK = 64 * MiB          # a copy in blocks: its blocks' size, unless 50,000 of them are too few
+MAX_BLOCKS = 50_000
+
+
+def _copy_block(size: int) -> int:
+    """The block size of a copy in blocks: COPY_BLOCK, or larger (whole MiB) so that the blob
+    fits in Azure's 50,000 blocks."""
+    least = -(-size // MAX_BLOCKS)
+    return max(COPY_BLOCK, -(-least // MiB) * MiB)
 
 
 def _block_id(upload_id: str, number: int) -> str:
@@ -499,45 +507,73 @@ class AzureStore(DirectReads, Store):
 
     # -- server-side copy, blocks from a URL, signed URLs, location ------------------------------
     def copy_object(self, src: Location, dst: Location, *, size: int, attrs: Attrs | None = None) -> ObjectInfo:
-        """Copy Blob From URL (synchronous) up to 256 MiB; larger blobs by Copy Blob, which
-        Azure runs in the background inside the account, polled until it ends. Metadata and
-        content headers go with the bytes, or ``attrs`` replace them (bridge's keys kept); the
-        tier and encryption scope are this store's."""
-        import time
+        """Copy Blob From URL (synchronous, one atomic write) up to 256 MiB; larger blobs in
+        blocks pulled from the source's URL and committed by one Put Block List. Both are pinned
+        to the source's ETag as read here. Metadata and content headers go with the bytes, or
+        ``attrs`` replace them (bridge's keys kept); the tier and encryption scope are this store's.
+
+        Not Copy Blob above 256 MiB: Azure runs it in the background and the destination stands
+        as a pending copy from its start, so a cancel (Abort Copy), a failure or a kill left a
+        zero-length blob with full metadata where a verified one stood. Staged blocks change
+        nothing that readers see until the commit. An endpoint without Put Block From URL
+        (Azurite 3.35) answers Unsupported, and the copy goes another way (the server route
+        sends the job ``direct``)."""
+        source = self.info(src)
+        if size > SYNC_COPY_MAX:
+            return self._copy_in_blocks(src, dst, source, size, attrs)
         blob = self._blob(dst)
         kw = {k: v for k, v in self.written(dst, {}, None).items() if k != "metadata"}
         if attrs is not None:
-            kept = attributes.bridge_metadata(self.info(src).metadata)
-            kw["metadata"] = self.written(dst, kept, attrs)["metadata"]
-        if size <= SYNC_COPY_MAX:
-            url = self.signed_url(src)   # Copy Blob From URL reads its source through a SAS
-            self._request(dst, lambda: blob.start_copy_from_url(url, requires_sync=True, **kw))
-            self._set_headers(dst, attrs)
-            return self.info(dst)
-        # Copy Blob: a source in the same account is authorized by the request's own Shared Key.
-        source = self._blob(src).url
-        answer = self._request(dst, lambda: blob.start_copy_from_url(source, **kw))
-        copy_id = answer.get("copy_id")
-        while True:
+            kw["metadata"] = self.written(dst, attributes.bridge_metadata(source.metadata), attrs)["metadata"]
+        if source.identity.get("etag"):
+            kw.update(source_etag=f'"{source.identity["etag"]}"',
+                      source_match_condition=_sdk().MatchConditions.IfNotModified)
+        url = self.signed_url(src)   # Copy Blob From URL reads its source through a SAS
+        self._request(dst, lambda: blob.start_copy_from_url(url, requires_sync=True, **kw))
+        self._set_headers(dst, attrs)
+        return self.info(dst)
+
+    def _copy_in_blocks(self, src: Location, dst: Location, source: ObjectInfo, size: int,
+                        attrs: Attrs | None) -> ObjectInfo:
+        """Put Block From URL for each range of the source (pinned to its ETag), several at once,
+        then Put Block List with the source's headers and metadata (or ``attrs``). A failure or a
+        cancel before the commit leaves the blob that stood at ``dst`` as it was."""
+        from bridge.meter import Pool
+        url, etag = self.signed_url(src), source.identity.get("etag")
+        block = _copy_block(size)
+        ranges = [(n, off, min(block, size - off)) for n, off in enumerate(range(0, size, block), 1)]
+        upload_id = self.begin_upload(dst, size)
+        try:
+            with Pool(max(1, min(len(ranges), self.settings.transfer.concurrency)),
+                      thread_name_prefix="az-copy") as pool:
+                parts = list(pool.map(lambda r: self.upload_part_from_url(
+                    dst, upload_id, r[0], r[1], url, r[1], r[2], source_etag=f'"{etag}"' if etag else None), ranges))
+            if attrs is None:   # the source's own: its metadata as Azure holds it, its headers
+                metadata, attrs = dict(source.metadata), Attrs(**(source.attrs.headers() if source.attrs else {}))
+            else:
+                metadata = attributes.bridge_metadata(source.metadata)
+            return self.complete_upload(dst, upload_id, parts, crc32c=source.metadata.get("bridge_crc32c", ""),
+                                        metadata=metadata, attrs=attrs)
+        except BaseException:
+            self._drop_staged(dst)
+            raise
+
+    def _drop_staged(self, loc: Location) -> None:
+        """After a copy in blocks that did not commit: a blob with nothing committed is deleted
+        (which discards its staged blocks); one that stands is left untouched, its ETag and
+        bytes as they were: Azure discards the staged blocks at its next commit, or after seven
+        days (``mcbridge uploads`` lists them meanwhile)."""
+        from bridge.retry import stopping
+        with stopping(None):   # sent after a cancel too: it is the cancel's clean-up
             try:
-                props = self._request(dst, blob.get_blob_properties)
-            except JobCancelled:   # the copy runs at Azure until aborted: nothing is left committed
-                with _translate(dst, self.endpoint):
-                    blob.abort_copy(copy_id)
-                raise
-            status = props.copy.status
-            if props.copy.id != copy_id:
-                raise BridgeError(f"{dst}: another copy to this blob started while ours ran")
-            if status == "success":
-                if attrs is not None:
-                    self._set_headers(dst, attrs)
-                    return self.info(dst)
-                return self._info(dst.bucket, dst.key, props.size, props.content_settings, props.metadata,
-                                  props.etag, props.last_modified, props.blob_tier)
-            if status in ("failed", "aborted"):
-                raise BridgeError(f"{dst}: Azure's copy from {src} ended {status}: "
-                                  f"{props.copy.status_description or ''}".rstrip(": "))
-            time.sleep(COPY_POLL)
+                self.info(loc)
+            except ObjectNotFound:
+                try:
+                    self.delete(loc)
+                except ObjectNotFound:
+                    pass
+            except BridgeError:
+                pass   # the failure that brought us here is the one to report
 
     def _set_headers(self, loc: Location, attrs: Attrs | None) -> None:
         """A copy takes its source's content headers: ``attrs`` replace them after it."""

@@ -29,7 +29,7 @@ and then stages the bytes into Azurite with an ordinary Put Block that it signs 
 key. Azurite then holds an uncommitted block exactly as if the client had sent the bytes: Get
 Block List, Put Block List and the rest behave as on Azure. ``counts`` tells how many blocks were
 staged this way and how many bytes the double fetched from sources (none of them passed through
-the client). ``on_fetched`` (a test's hook) is called with the number of sources fetched so far
+the client), and how many Copy Blob requests went on to Azurite. ``on_fetched`` (a test's hook) is called with the number of sources fetched so far
 after each fetch, before the block is checked and staged: a test rewrites a source there, between
 two blocks.
 
@@ -121,6 +121,8 @@ class AzureFromUrl(LoopbackServer):
 
     async def _forward(self, request: web.Request) -> web.Response:
         self._count("forwarded")
+        if "x-ms-copy-source" in request.headers:
+            self._count("copies_forwarded")   # Copy Blob (From URL), which Azurite serves itself
         body = await request.read()
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP]
         async with self._session.request(request.method, self.upstream + str(request.rel_url), headers=headers,
