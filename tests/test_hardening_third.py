@@ -168,3 +168,71 @@ def test_submit_refuses_a_bad_environment_before_queueing(submitter, tmp_path, v
         return   # the service's own setting: cp runs no service
     copied = mcbridge("cp", f"{tmp_path}/src/", f"{tmp_path}/out/", env=env)
     assert one_error_line(copied) == line   # in cp's words: the same function said it
+
+
+# -- the residue: each refused with exit 2 and one line ------------------------------------------------
+
+@pytest.fixture
+def local_env(tmp_path):
+    env = {**os.environ, "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("MCBRIDGE_CONFIG", None)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("a\n")
+    return env
+
+
+@pytest.mark.parametrize("ttl", ["", "nan", "inf", "1e999", "1" * 40, "-5", "0", "3651d"])
+def test_cache_pin_refuses_a_ttl_that_is_no_duration(local_env, tmp_path, ttl):
+    line = one_error_line(mcbridge("cache", "pin", str(tmp_path / "src" / "a.txt"), "--ttl", ttl, env=local_env))
+    assert "--ttl" in line or repr(ttl) in line, line
+    assert not list((tmp_path / "cache").glob("pins/*.json")), "pinned all the same"
+
+
+def test_cache_pin_keeps_a_ttl_that_is_one(local_env, tmp_path):
+    result = mcbridge("cache", "pin", str(tmp_path / "src" / "a.txt"), "--ttl", "12h", env=local_env)
+    assert result.returncode == 0, result.stderr
+    until = json.loads(next((tmp_path / "cache").glob("pins/*.json")).read_text())["until"]
+    assert 12 * 3600 - 60 < until - time.time() <= 12 * 3600
+
+
+@pytest.mark.parametrize("args,flag", [
+    (["pack", "{src}/", "{out}/", "-f", "tar", "--memory", "0"], "--memory"),
+    (["pack", "{src}/", "{out}/", "-f", "tar", "--shard-size", "0"], "--shard-size"),
+    (["plan", "{src}/", "{out}/", "--pack", "tar", "--shard-size", "0"], "--shard-size"),
+    (["migrate", "{src}/", "{out}/", "--pack", "tar", "--shard-size", "0"], "--shard-size"),
+], ids=["pack --memory 0", "pack --shard-size 0", "plan --pack tar --shard-size 0", "migrate --shard-size 0"])
+def test_a_size_of_nothing_is_refused_by_pack_and_plan_alike(local_env, tmp_path, args, flag):
+    argv = [a.format(src=tmp_path / "src", out=tmp_path / "out") for a in args]
+    line = one_error_line(mcbridge(*argv, env=local_env))
+    assert line == f"mcbridge: error: {flag} '0' must be at least 1 byte"
+    assert not (tmp_path / "out").exists()
+
+
+def test_submit_pack_refuses_a_shard_size_of_nothing_before_queueing(submitter, tmp_path):
+    env, keys = submitter
+    for args in (["pack", "--shard-size", "0"], ["migrate", "--pack", "tar", "--shard-size", "0"]):
+        line = one_error_line(mcbridge("submit", args[0], f"{tmp_path}/src/", "s3://some-bucket/shards/", *args[1:],
+                                       env=env))
+        assert line == "mcbridge: error: --shard-size '0' must be at least 1 byte"
+    assert keys() == []
+
+
+def test_a_budget_of_1e40_dollars_is_refused_not_printed_in_41_digits(submitter):
+    env, keys = submitter
+    line = one_error_line(mcbridge("budgets", "set", "team", "1e40", env=env))
+    assert line == "mcbridge: error: USD 1e+40: give at most 1000000000000 US dollars"
+    assert keys() == []
+    line = one_error_line(mcbridge("cp", "--max-cost", "1e40", "/nonexistent/", "/nonexistent-too/", env=env))
+    assert "--max-cost 1e+40" in line
+    done = mcbridge("budgets", "set", "team", "1e12", env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "budget team: $1000000000000.00 a month", done
+
+
+@pytest.mark.parametrize("state_dir", ["/proc/self/fdinfo", "/proc/self/fdinfo/state"])
+def test_a_state_directory_where_nothing_can_be_made_is_bad_input(local_env, tmp_path, state_dir):
+    if not Path("/proc/self/fdinfo").is_dir():
+        pytest.skip("no /proc here")
+    env = {**local_env, "MCBRIDGE_STATE_DIR": state_dir}
+    line = one_error_line(mcbridge("cp", f"{tmp_path}/src/", f"{tmp_path}/out/", env=env))
+    assert line.startswith(f"mcbridge: error: state directory {state_dir} (transfer.state_dir, MCBRIDGE_STATE_DIR): ")
+    assert not (tmp_path / "out").exists()

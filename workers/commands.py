@@ -23,7 +23,7 @@ from bridge.cli.options import ProfileOpt as LocalProfileOpt
 from bridge.cli.options import (DeleteOpt, ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxSizeOpt,
                                 MinAgeOpt, MinSizeOpt, QuietOpt, ShardFormat, VerifyMode, bwlimit_opt, chunk_size_opt,
                                 concurrency_opt, dry_run_opt, err, filters_from_flags, given, max_cost_opt, out,
-                                profile_opt, refuse_unused, route_opt, store_checksums_opt, transfer_flags,
+                                profile_opt, refuse_unused, route_opt, size_flag, store_checksums_opt, transfer_flags,
                                 usd_amount)
 from bridge.cli.options import Sha256Opt
 from bridge.cli.placement import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
@@ -299,6 +299,9 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
     for flag, name in (("--queue", "queue"), ("--prefix", "shard_prefix"), ("--shard-size", "shard_size"),
                        ("--row-group-size", "row_group_size")):
         given(flag, fields.get(name))
+    for flag, name in (("--shard-size", "shard_size"), ("--row-group-size", "row_group_size")):
+        if fields.get(name) is not None:   # as mcbridge pack checks them: a shard of nothing cannot be cut
+            size_flag(flag, fields[name])
     given("--budget", budget)
     usd_amount("--max-cost", max_cost)
     if RUN.get("manifest_dir"):   # the global --manifest-dir: the workers keep local records there too
@@ -921,6 +924,7 @@ def budgets_set(name: Annotated[str, typer.Argument(help="Budget name, e.g. a po
     from bridge.workers.budgets import Budgets, check
     from bridge.workers.keys import Keys
     check(name, usd)
+    usd_amount("USD", usd)
     ws = _ws(broker)
     Budgets(_connect(ws), Keys(ws.namespace)).set(name, usd)
     out.print(f"budget {name}: {money.usd(usd)} a month", markup=False)

@@ -9,13 +9,15 @@ warm on that node's queue (``<prefix>.cache.NAME``) for a worker running there
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Annotated, Optional
 
 import typer
 
 from bridge.cli.options import (ConfigOpt, ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxSizeOpt,
-                                MinAgeOpt, MinSizeOpt, ProfileOpt, err, filters_from_flags, out, settings_from_flags)
+                                MinAgeOpt, MinSizeOpt, ProfileOpt, err, filters_from_flags, given, out,
+                                settings_from_flags)
 from bridge.progress import human_bytes, plural
 
 LookaheadOpt = Annotated[Optional[int], typer.Option(
@@ -27,19 +29,22 @@ def _cache(profile, config):
     return Cache(settings_from_flags(profile, config, cache_dir=True))
 
 
+_TTL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.IGNORECASE)   # no nan, inf or 1e999
+_TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+TTL_MAX_DAYS = 3650   # a pin meant to outlive ten years is a pin without --ttl
+
+
 def _duration(text: str) -> float:
+    """--ttl in seconds: a number with an optional unit, more than 0 and at most TTL_MAX_DAYS."""
     from bridge.errors import InvalidOption
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    raw = text.strip().lower()
-    try:
-        if raw and raw[-1] in units:
-            value = float(raw[:-1]) * units[raw[-1]]
-        else:
-            value = float(raw)
-    except ValueError:
-        value = -1
-    if value <= 0:
+    given("--ttl", text)
+    m = _TTL.match(text)
+    if not m:
         raise InvalidOption(f"invalid TTL {text!r}: use seconds or a number with s, m, h or d, e.g. 12h")
+    value = float(m.group(1)) * _TTL_UNITS[m.group(2).lower()]
+    if not 0 < value <= TTL_MAX_DAYS * 86400:
+        raise InvalidOption(f"invalid TTL {text!r}: give more than 0 and at most {TTL_MAX_DAYS}d, or leave "
+                            f"--ttl out to pin until unpinned")
     return value
 
 
@@ -130,7 +135,7 @@ def pin(url: str, ttl: Annotated[Optional[str], typer.Option(
             "--ttl", help="Unpin by itself after this long, e.g. 12h (default: until unpinned).")] = None,
         profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Fill URL if needed and keep it: eviction never removes a pinned object."""
-    seconds = _duration(ttl) if ttl else None
+    seconds = _duration(ttl) if ttl is not None else None
     local = _cache(profile, config).pin(url, seconds)
     out.print(f"pinned {url}" + (f" for {ttl}" if ttl else ""), markup=False)
     out.print(str(local), markup=False)

@@ -13,6 +13,7 @@ import collections.abc
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 from enum import StrEnum
 from typing import Annotated, Any, Optional
@@ -77,11 +78,17 @@ def dry_run_opt(help: str = "Print the plan; move nothing."):
     return Annotated[bool, typer.Option("--dry-run", help=help)]
 
 
+MAX_USD = 1e12   # a float keeps cents exact to about $9e13; an amount above a trillion is a slip
+
+
 def usd_amount(flag: str, usd: float | None) -> float | None:
     """A dollar amount: finite and not negative (nan compares false with every limit, so a guard
-    given nan, like one given inf, would never refuse anything)."""
+    given nan, like one given inf, would never refuse anything), and at most MAX_USD (1e40 would
+    be shown as 41 digits of a float's noise)."""
     if usd is not None and not (math.isfinite(usd) and usd >= 0):
         raise InvalidOption(f"{flag} {usd}: give a finite number of US dollars, 0 or more")
+    if usd is not None and usd > MAX_USD:
+        raise InvalidOption(f"{flag} {usd:g}: give at most {MAX_USD:.0f} US dollars")
     return usd
 
 
@@ -151,10 +158,7 @@ def transfer_flags(*, chunk_size: str | None = None, store_checksums: str | None
         given(flag, value)
     parsed: dict[str, Any] = {}
     if chunk_size is not None:
-        size = parse_size(chunk_size)
-        if size < 1:
-            raise InvalidOption(f"--chunk-size {chunk_size!r} must be at least 1 byte")
-        parsed["chunk_size"] = size
+        parsed["chunk_size"] = size_flag("--chunk-size", chunk_size)
     if store_checksums is not None:
         store_checksums = str(store_checksums)
         if store_checksums not in STORE_CHECKSUMS:
@@ -167,6 +171,14 @@ def transfer_flags(*, chunk_size: str | None = None, store_checksums: str | None
         if route != routes.DIRECT:   # direct is no registered route: it is the engine itself
             routes.get(route)        # an unknown name: InvalidOption listing the routes
     return parsed
+
+
+def size_flag(flag: str, text: str) -> int:
+    """A size option's bytes, at least one: a part, a shard or a memory budget of nothing cannot work."""
+    size = parse_size(text)
+    if size < 1:
+        raise InvalidOption(f"{flag} {text!r} must be at least 1 byte")
+    return size
 
 
 def _read_rate_file(path: Path) -> str:
@@ -233,7 +245,8 @@ def usable_dirs(settings: Settings, cache_dir: bool) -> None:
 
 def dir_problem(path: Path) -> str | None:
     """Why a directory cannot be used or made at ``path``, or None; checked without making it:
-    the nearest path up that exists must be a directory this user may write."""
+    the nearest path up that exists must be a directory this user may write, and one in which a
+    directory can be made (tried, and removed: a mode says nothing of /proc or a full disk)."""
     at = path
     while not os.path.lexists(at):
         if at.parent == at:
@@ -243,6 +256,11 @@ def dir_problem(path: Path) -> str | None:
         return "is not a directory" if at == path else f"{at} is not a directory"
     if not os.access(at, os.W_OK | os.X_OK):
         return "cannot be written" if at == path else f"cannot be created: {at} is not writable"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".mcbridge-check-", dir=at))
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        return f"a directory cannot be made in it: {why}" if at == path else f"cannot be created in {at}: {why}"
     return None
 
 

@@ -12,8 +12,7 @@ from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, C
                                 FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt, MaxSizeOpt, MinAgeOpt,
                                 MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, Sha256Opt, ShardFormat,
                                 StoreSumOpt, emit, filters_from_flags, given, moved_line, out, print_plan, print_usage,
-                                refuse_unused, route_line, settings_from_flags)
-from bridge.config import parse_size
+                                refuse_unused, route_line, settings_from_flags, size_flag)
 from bridge.progress import human_bytes, plural
 
 FormatOpt = Annotated[ShardFormat, typer.Option("--format", "-f", help="Shard format: tar (WebDataset) or parquet.")]
@@ -52,9 +51,9 @@ def _pack(src: str, dst: str, fmt: str, shard_size: str | None, max_count: int |
     prefix = DEFAULT_PREFIX if prefix is None else prefix
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
                                    bwlimit_file=bwlimit_file)
-    options = {"row_group_size": parse_size(row_group_size)} if row_group_size else {}
-    kwargs = dict(fmt=fmt, prefix=prefix, shard_size=parse_size(shard_size), max_count=max_count,
-                  options=options, memory=parse_size(memory))
+    options = {"row_group_size": size_flag("--row-group-size", row_group_size)} if row_group_size else {}
+    kwargs = dict(fmt=fmt, prefix=prefix, shard_size=size_flag("--shard-size", shard_size), max_count=max_count,
+                  options=options, memory=size_flag("--memory", memory))
     if filters is not None:
         kwargs["filters"] = filters
     if dry_run:

@@ -169,12 +169,6 @@ def _print_run(r: dict, quiet: bool = False) -> None:
         out.print(f"{r['policy']}: {dst}: {rows or state['error']}", markup=False)
     for ckpt, why in r.get("waiting", {}).items():
         out.print(f"{r['policy']}: {ckpt} waiting: {why}", markup=False)
-    for ckpt, why in r.get("trusted", {}).items():
-        out.print(f"{r['policy']}: {ckpt} committed on trust: {why}", markup=False)
-    for ckpt, why in r.get("held_back", {}).items():
-        out.print(f"{r['policy']}: {ckpt} not counted by retention: {why}", markup=False)
-    for ckpt, why in r.get("revisited", {}).items():
-        out.print(f"{r['policy']}: {ckpt} {why}", markup=False)
     for dst, old in r["removed"].items():
         out.print(f"{r['policy']}: {dst}: removed {', '.join(old)}", markup=False)
     verdict = "OK" if r["ok"] else "FAILED"
@@ -205,8 +199,6 @@ def _watch(chosen, settings, max_cost, as_json: bool, filters=None) -> None:
         elif event["event"] == "waiting":
             waiting = "; ".join(f"{c}: {why}" for c, why in event["waiting"].items())
             out.print(f"{event['policy']}: waiting: {waiting or 'nothing'}", markup=False)
-        elif event["event"] == "changed":
-            out.print(f"{event['policy']}: {', '.join(event['checkpoints'])} {event['why']}", markup=False)
         else:
             err.print(f"mcbridge: {event['policy']}: {event['error']}", markup=False, soft_wrap=True)
 
