@@ -1,8 +1,9 @@
 """The ``server`` route: inside one store account the store copies each object itself.
 
 S3 CopyObject (UploadPartCopy parts above 5 GiB), GCS objects.rewrite (looping on its token),
-Azure Copy Blob From URL (Copy Blob, polled, above 256 MiB), local copy_file_range: see each
-store's ``copy_object``. A Settings object names one account per scheme, so two roots of one
+Azure Copy Blob From URL up to 256 MiB and above it blocks pulled by Put Block From URL and put
+in place by one Put Block List (an Azure endpoint without it sends the job ``direct``), local
+copy_file_range: see each store's ``copy_object``. A Settings object names one account per scheme, so two roots of one
 scheme are in one account.
 
 The manifest entry is committed from what the stores report, not from bytes bridge read: the
