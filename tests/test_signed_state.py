@@ -164,6 +164,39 @@ def test_a_forged_admission_estimate_is_detected_and_nothing_runs(signed):
     assert len(keys_of(s.moto, s.dst, "team-a/approved/")) == 4   # three files and the manifest
 
 
+def test_an_estimate_its_submitter_signed_too_low_is_priced_again_by_the_worker_before_any_byte(signed):
+    """The submitter's own key signs whatever estimate it made: a tenant that signs a tiny one is
+    admitted against its budget, and the worker, pricing the plan itself, refuses it once the
+    difference does not fit the budget, before a single task is sent."""
+    s = signed
+    s.worker("w1", concurrency=2).wait_ready()
+    assert s.cli("budgets", "set", "team", "0.0000001").returncode == 0
+    spec = {"kind": "copy", "source": f"s3://{s.src}/team-a/in/", "destinations": [f"s3://{s.dst}/team-a/cheap/"],
+            "verify": "store"}
+    auth = s.keyring.sign_job("team-a", "cheap1", spec, budget="team", ttl=3600, estimate=1e-12)
+    s.write_record("cheap1", spec, auth=auth, state="awaiting-approval")
+    s.redis.hset(s.keys.job("cheap1"), mapping={"budget": "team", "estimate_usd": "1e-12", "queue": "bridge.s3"})
+    budgets = Budgets(s.redis, s.keys)
+    assert budgets.admit("cheap1", s.keys.job("cheap1"), "team", 1e-12) == (True, "awaiting-approval")
+    mark = s.moto.log_path.stat().st_size
+    s.push("bridge.plan", ["cheap1"], queue="bridge.s3")
+    refused = s.audit(decision="refused", job="cheap1")
+    assert "not the 0.000000000 USD it was admitted for, and budget 'team' has no room" in refused["reason"], refused
+    record = _wait_for("the job's end", lambda: (r := s.jobs.get("cheap1")) and r.state == "failed" and r, s)
+    assert record.errors[0].startswith("refused: ")
+    # its source was listed to be planned; no object was read or written
+    sent = bucket_requests(s.moto, {s.src, s.dst}, mark)
+    assert not [line for line in sent if "/team-a/in/" in line.split("?")[0] or '"PUT ' in line], sent
+    assert keys_of(s.moto, s.dst) == []
+    assert budgets.spent("team") < 0.0000001
+
+    # the same tenant's honest estimate of a job that fits: priced alike, it runs
+    assert s.cli("budgets", "set", "team", "1").returncode == 0
+    r = s.cli("submit", "cp", f"s3://{s.src}/team-a/in/", f"s3://{s.dst}/team-a/fair/", "--budget", "team", "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(keys_of(s.moto, s.dst, "team-a/fair/")) == 4
+
+
 def test_the_job_signature_covers_the_estimate_and_the_fields_that_steer_it():
     ring = Keyring({"a": bytes(range(32))}, "a")
     spec = {"kind": "replicate", "source": "s3://corpus/golden/", "destinations": ["gs://dr/golden/"]}

@@ -16,6 +16,14 @@ it spent, once: the worker prices the requests and bytes that job's stores were 
 at the client, bridge/meter.py), so a job that found files already there, or failed half-way,
 spends less than its estimate. A replication policy's runs are charged to the budget of the
 policy's name (workers/replicas.py).
+
+The estimate is the submitter's, signed with the job (workers/auth.py). A worker checks, before
+the job's first plan, that it holds the reservation of that budget and at least that estimate
+(workers/gate.py: a job moved to queued by hand holds none), and prices the plan itself before
+any task is sent: a plan priced well above what the job holds must fit the rest of the budget
+(``cover`` reserves the difference, atomically) or the job is refused. The limits, spend and
+reservations here are Redis's, taken on trust: what checks them is that only admission and
+``cover`` write a reservation, not a signature.
 """
 
 from __future__ import annotations
@@ -74,12 +82,34 @@ return 1
 """
 
 
+# KEYS: limits, spend (this month), reserved, reservations; ARGV: job id, budget, USD the job
+# should hold now. Raises what the job holds to that when it fits the budget (or already holds it).
+_COVER = """
+local held = redis.call('HGET', KEYS[4], ARGV[1])
+if not held then return 0 end
+local tab = string.find(held, '\t', 1, true)
+if string.sub(held, 1, tab - 1) ~= ARGV[2] then return 0 end
+local more = tonumber(ARGV[3]) - tonumber(string.sub(held, tab + 1))
+if more <= 0 then return 1 end
+local cap = redis.call('HGET', KEYS[1], ARGV[2])
+if cap then
+  local spent = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
+  local reserved = tonumber(redis.call('HGET', KEYS[3], ARGV[2]) or '0')
+  if spent + reserved + more > tonumber(cap) + 1e-12 then return 0 end
+end
+redis.call('HINCRBYFLOAT', KEYS[3], ARGV[2], tostring(more))
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[2] .. '\t' .. ARGV[3])
+return 1
+"""
+
+
 class Budgets:
     def __init__(self, client, keys: Keys):
         self.r = client
         self.keys = keys
         self._admit = client.register_script(_ADMIT)
         self._settle = client.register_script(_SETTLE)
+        self._cover = client.register_script(_COVER)
 
     @property
     def _reserved(self) -> str:
@@ -127,6 +157,14 @@ class Budgets:
         moved, state = self._admit(keys=[self._limits, self._spend(month()), self._reserved, self._reservations, job_key],
                                    args=[name, repr(float(estimate)), "1" if force else "0", time.time(), job_id])
         return bool(moved), state
+
+    def cover(self, job_id: str, name: str, usd: float) -> bool:
+        """Atomically: a job admitted against budget ``name`` now holds ``usd`` (its worker priced
+        its plan above what it was admitted for), when the difference fits the rest of the budget
+        as admission counts it, or it holds that much already. False: it does not fit (or the job
+        holds no reservation of that budget); nothing changed."""
+        return bool(self._cover(keys=[self._limits, self._spend(month()), self._reserved, self._reservations],
+                                args=[job_id, name, repr(float(usd))]))
 
     def settle(self, job_id: str, spent: float) -> bool:
         """The job has ended: its reservation is released and ``spent`` charged to its budget

@@ -597,7 +597,7 @@ class Service:
                                                   **({"route": json.dumps(route)} if route else {})})
         pipe.execute()
         self._used(job_id, planned.usage)
-        self._estimate(job_id, spec, planned)
+        self.gate.priced(who, job_id, self._estimate(job_id, spec, planned))   # before any task is sent
         return count, kept
 
     def _removed(self, record: JobRecord, who: Admitted) -> Iterator[str]:
@@ -608,19 +608,20 @@ class Service:
                 self.gate.keyring.check_task(who.tenant, who.digest, task_id, sub, sig)
                 yield from sub["deletions"]
 
-    def _estimate(self, job_id: str, spec: JobSpec, planned) -> None:
+    def _estimate(self, job_id: str, spec: JobSpec, planned) -> float | None:
         """The job's estimate, priced here, where it runs (its spend is priced here too): shown
-        beside the meter. Budgets keep what they reserved at admission."""
+        beside the meter, and held against its budget (``Gate.priced``). None: not priced."""
         if not planned.estimate:
-            return
+            return None
         from bridge import costing
         try:
             usd = costing.total_cost(planned.estimate, self.settings_for(spec))
         except (BridgeError, ValueError) as exc:
             log.warning("job %s: estimate not priced: %s", job_id, exc)
-            return
+            return None
         requests = sum(u.request_count for u in planned.estimate)
         self.jobs.update(job_id, estimate_usd=repr(usd), estimate_requests=requests)
+        return usd
 
     def _metered(self, job_id: str, metered: meter.Meter | None) -> None:
         """Move what a task sent so far (bridge/meter.py) into the job's meter, ``<job>:meter``."""

@@ -51,6 +51,18 @@ class Admitted:
     tenant: str
     digest: str
     budget: str | None
+    estimate: float | None = None   # the USD a job charged to a budget was admitted for (signed)
+
+    @classmethod
+    def of(cls, auth: dict[str, Any], digest: str) -> Admitted:
+        estimate = auth.get("estimate")
+        return cls(auth["tenant"], digest, auth.get("budget"), None if estimate is None else float(estimate))
+
+
+# How far above the USD a job was admitted for its worker's own price of the plan may be before
+# the difference must fit the budget too: the submitter priced the job from a listing made
+# before, and a few files more since then are no forgery.
+REPRICE_SLACK = 0.25
 
 
 def resolve(url: str, folders: dict[str, str] | None = None) -> str:
@@ -248,7 +260,7 @@ class Gate:
         before = self.r.get(key)
         if before is not None:
             if before == digest and record.state in ("planning", "running"):
-                return Admitted(auth["tenant"], digest, auth.get("budget"))   # its planner died: still once
+                return Admitted.of(auth, digest)   # its planner died: still once
             raise Refused(f"job {record.id} was admitted before: a job id runs once (a replay of a signed job?)")
         if (now or time.time()) > auth["expires"]:
             from bridge.workers.auth import iso
@@ -257,7 +269,7 @@ class Gate:
         ttl = int(max(self.ws.job_ttl, auth["expires"] - time.time() + 86400))
         if not self.r.set(key, digest, nx=True, ex=ttl):
             raise Refused(f"job {record.id} was admitted before: a job id runs once (a replay of a signed job?)")
-        admitted = Admitted(auth["tenant"], digest, auth.get("budget"))
+        admitted = Admitted.of(auth, digest)
         spec = record.spec
         destinations = spec.get("destinations") or []
         # the records of local destinations are written in the manifest folder: a place the tenant writes too
@@ -272,7 +284,7 @@ class Gate:
         digest = self.keyring.check_job(record.id, record.spec, auth, record.steering)
         if self.r.get(self.keys.admitted(record.id)) != digest:
             raise Refused(f"job {record.id} was never admitted by a worker; its tasks run nothing")
-        return Admitted(auth["tenant"], digest, auth.get("budget"))
+        return Admitted.of(auth, digest)
 
     def budget_admitted(self, record) -> None:
         """Refused unless a job signed with an estimate (one charged to a budget) holds the
@@ -288,9 +300,24 @@ class Gate:
         if held is None:
             raise Refused(f"job {record.id} was never admitted against budget {budget!r}: it holds no reservation "
                           f"(its state was moved past awaiting-approval by hand?)")
-        if held[0] != budget or held[1] != estimate:
+        # more than the estimate is what cover() reserves when this job's plan was priced higher
+        if held[0] != budget or not held[1] >= estimate:
             raise Refused(f"job {record.id}: the reservation it holds ({held[1]!r} USD of budget {held[0]!r}) is "
                           f"not the estimate it was signed with ({estimate!r} USD of budget {budget!r})")
+
+    def priced(self, who: Admitted, job_id: str, usd: float | None) -> None:
+        """The worker's own price of a job's plan, before any of its tasks is sent: a job charged to
+        a budget and priced well above the estimate it was admitted for (its submitter's, which
+        the submitter's own key signs, true or not) holds the difference too when it fits the
+        budget; Refused when it does not."""
+        if who.estimate is None or usd is None or usd <= who.estimate * (1 + REPRICE_SLACK) + 1e-9:
+            return
+        from bridge.workers.budgets import Budgets
+        if not Budgets(self.r, self.keys).cover(job_id, who.budget, usd):
+            raise Refused(f"job {job_id}: its plan is priced at {usd:.9f} USD here, not the {who.estimate:.9f} USD "
+                          f"it was admitted for, and budget {who.budget!r} has no room for the difference")
+        self.audit.record("repriced", job=job_id, tenant=who.tenant, budget=who.budget,
+                          estimate_usd=f"{who.estimate:.9f}", priced_usd=f"{usd:.9f}")
 
     def scope(self, who: Admitted, *, reads: Iterable[str] = (), writes: Iterable[str] = (),
               route: str | None = None, budget: str | None = None, job: bool = True) -> None:
