@@ -3,15 +3,20 @@
 For each checkpoint in the policy's window and each destination: a sync (only what is new or
 changed; in mirror mode files the source no longer has are removed), then a verify. The runs
 are planned and priced first, all of them, so that ``max_cost_usd`` refuses before any data
-request. Then retention asks the policy what may be removed, which is nothing unless the newest
-checkpoint was verified at every destination; a removed checkpoint loses its manifest first, so
-a removal cut short never leaves a prefix that looks complete.
+request. Then retention asks the policy what may be removed: nothing unless the newest
+checkpoint was verified at every destination, and an older one only once ``keep_last`` newer
+ones are verified at its destination and committed by evidence; a removed checkpoint loses its
+manifest first, so a removal cut short never leaves a prefix that looks complete.
 
-Only committed checkpoints are in the window (``survey``: the source listed once, each folder's
-readiness decided by policies/replication.py). A checkpoint's copy commits only what the listing
-named (``copy_checkpoint``): a source file rewritten while it is copied fails that checkpoint for
-this run, with no manifest written, and the next run sends it again. ``watch`` lists the source
-every ``watch.interval`` and runs the policy when a checkpoint commits.
+Only committed checkpoints are in the window (``survey``: the source listed once, what each
+checkpoint's files say of it read by bridge/evidence.py, each folder's readiness decided by
+policies/replication.py). A checkpoint's copy commits only what was listed (``copy_checkpoint``):
+right before its manifest the source is listed again, and a file sent that was rewritten, or any
+file of the checkpoint added, removed, resized or rewritten since readiness was decided on it
+(a writer that put its marker first), fails that checkpoint for this run, with no manifest
+written; the next run sends it again. ``watch`` lists the source every ``watch.interval`` and
+runs the policy when a checkpoint commits, or when the source of one it verified changed since
+(said as ``event: changed``; a run's ``revisited`` says the same from this machine's record).
 """
 
 from __future__ import annotations

@@ -22,18 +22,27 @@
           az://dr-models/golden/: {storage_class: Cool, encryption_scope: dr}
           gs://dr-models/golden/: {storage_class: ARCHIVE, kms_key: projects/p/locations/l/keyRings/r/cryptoKeys/k}
 
-Readiness (``assess``): a checkpoint enters the window only once committed. With ``ready.marker``
-that file (written last by the trainer) must be there. Without one, known layouts say it: a
-PyTorch DCP ``.metadata``, Orbax's ``commit_success.txt`` (object stores) or its rename into place
-(``<step>.orbax-checkpoint-tmp-<n>`` folders are never checkpoints), a ``*.safetensors.index.json``
-whose every shard is present, bridge's own commit under ``_bridge/log/``; a folder of no known layout
-waits when its siblings were committed by a marker it lacks. ``ready.min_age`` adds a quiet period:
-no file of the checkpoint newer than that.
+Readiness (``assess``): a checkpoint enters the window only once committed, by evidence where
+there is some: what its own files say (read by bridge/evidence.py, handed here as ``Evidence``)
+checked against the listing. A PyTorch DCP ``.metadata`` names every storage file and the bytes
+each must hold; a ``*.safetensors.index.json`` names every shard, and each safetensors file's
+header its exact size (a lone ``model.safetensors`` too); Orbax's ``commit_success.txt`` counts
+beside its checkpoint metadata, with every item ``_CHECKPOINT_METADATA`` names there (on a file
+system, the rename into place: ``<step>.orbax-checkpoint-tmp-<n>`` folders are never
+checkpoints); a record of bridge's (``_bridge/log/``) at the folder or at any folder above it
+counts when it holds every file with the size and version listed. With ``ready.marker`` that
+file must be there, and a layout that disagrees still holds the checkpoint back; where nothing
+read confirms it, the marker is taken on trust and says so (``trusted``), as is a folder of no
+known layout (committed as listed, unless its siblings were committed by a marker it lacks). On
+a file system a file that moved within the quiet period is still being written, unless the
+layout proved its length. ``ready.min_age`` adds a quiet period: no file newer than that.
 
 What is decided here, as pure functions: which checkpoints a policy keeps (``window``), which
 files of one it sends (``wants``), and what retention may remove (``removals``): an older
-checkpoint leaves a destination only after the newest one is verified at *every* destination,
-so one failing destination keeps every checkpoint everywhere. bridge/replication.py does the I/O.
+checkpoint leaves a destination only once ``keep_last`` newer ones are verified there and
+committed by evidence (one taken on trust is no good copy), and only after the newest one is
+verified at *every* destination, so one failing destination keeps every checkpoint everywhere.
+bridge/replication.py does the I/O.
 A file with mistakes is refused whole, one line per mistake: ``FILE:LINE: FIELD: what is wrong``.
 """
 
