@@ -250,20 +250,13 @@ class _CancelOnceStarted:
         return counts["copies_forwarded"] > self.copies or counts["blocks_from_url"] >= self.blocks + 2
 
 
-def test_a_cancelled_azure_copy_above_256_mib_leaves_the_verified_blob_as_it_was(azurite, azure_from_url,
-                                                                                 emulator_env, make_root, tmp_path):
-    """A 257 MiB blob copied inside one account over a verified copy of an older version, the job
-    cancelled once the copy has begun at Azure. Before, Copy Blob (asynchronous above 256 MiB)
-    then Abort Copy left a zero-length blob with full metadata under the name; now the blocks are
-    staged uncommitted and only a Put Block List puts them in place, so the cancel leaves the old
-    blob, its ETag and its record as they were."""
+@pytest.fixture
+def big_over_verified(azurite, emulator_env, make_root, tmp_path):
+    """A 257 MiB blob at ``src`` (written a MiB at a time), and at ``dst`` a verified copy of an
+    older version of it: (src, dst, the destination's blob client, its bytes, its ETag)."""
     from bridge import ops
-    from bridge.errors import BridgeError
-    from bridge.retry import stopping
     from tests.helpers import settings_for
     direct = settings_for(emulator_env)
-    through = settings_for({**emulator_env, "AZURE_STORAGE_CONNECTION_STRING": azure_from_url.connection_string()},
-                           concurrency=2)
     src, dst = make_root("az"), make_root("az")
     old = os.urandom(MiB)
     (tmp_path / "old").mkdir()
@@ -272,19 +265,99 @@ def test_a_cancelled_azure_copy_above_256_mib_leaves_the_verified_blob_as_it_was
     assert ops.verify(dst, direct)["ok"]
     chunk = os.urandom(MiB)
     (tmp_path / "new").mkdir()
-    with open(tmp_path / "new" / "model.bin", "wb") as out:   # 257 MiB, written a MiB at a time
+    with open(tmp_path / "new" / "model.bin", "wb") as out:
         for i in range(257):
             out.write(i.to_bytes(4, "big") + chunk[4:])
     ops.copy(f"{tmp_path / 'new'}/", src, direct, state_dir=tmp_path / "s1")
     blob = azurite.client().get_blob_client(parse(dst).bucket, "model.bin")
-    before = blob.get_blob_properties().etag
+    return src, dst, blob, old, blob.get_blob_properties().etag
 
+
+def _as_it_was(blob, old: bytes, etag: str, dst: str, env: dict) -> None:
+    from bridge import ops
+    from tests.helpers import settings_for
+    props = blob.get_blob_properties()
+    assert (props.size, props.etag) == (len(old), etag), (props.size, props.etag, etag)
+    assert blob.download_blob().readall() == old
+    assert ops.verify(dst, settings_for(env))["ok"]
+
+
+def test_a_cancelled_azure_copy_above_256_mib_leaves_the_verified_blob_as_it_was(big_over_verified, azure_from_url,
+                                                                                 emulator_env, tmp_path):
+    """The 257 MiB blob copied inside one account over the verified older version, the job
+    cancelled once the copy has begun at Azure. Before, Copy Blob (asynchronous above 256 MiB)
+    then Abort Copy left a zero-length blob with full metadata under the name; now the blocks are
+    staged uncommitted and only a Put Block List puts them in place, so the cancel leaves the old
+    blob, its ETag and its record as they were."""
+    from bridge import ops
+    from bridge.errors import BridgeError
+    from bridge.retry import stopping
+    from tests.helpers import settings_for
+    src, dst, blob, old, etag = big_over_verified
+    through = settings_for({**emulator_env, "AZURE_STORAGE_CONNECTION_STRING": azure_from_url.connection_string()},
+                           concurrency=2)
     # (Azurite ends a same-account Copy Blob at once, so there the Abort Copy came too late and the
     # new bytes stood unrecorded where the verified ones were; on Azure it finds the copy pending.)
     with stopping(_CancelOnceStarted(azure_from_url)), pytest.raises(BridgeError) as cancelled:
         ops.copy(src, dst, through, route="server", state_dir=tmp_path / "s2")
     assert "cancelled" in str(cancelled.value), cancelled.value
-    props = blob.get_blob_properties()
-    assert (props.size, props.etag) == (len(old), before), (props.size, props.etag, before)
-    assert blob.download_blob().readall() == old
+    _as_it_was(blob, old, etag, dst, emulator_env)
+
+
+def test_a_killed_azure_copy_above_256_mib_leaves_the_verified_blob_as_it_was(big_over_verified, azure_from_url,
+                                                                              emulator_env, tmp_path):
+    """``mcbridge cp`` of the same copy killed with SIGKILL once its first block is staged: the
+    blocks staged stay uncommitted, invisible to readers, and the old blob stands as it was."""
+    import signal
+    import subprocess
+    import time
+    from tests.helpers import MCBRIDGE, NO_CONFIG
+    src, dst, blob, old, etag = big_over_verified
+    env = {**{k: v for k, v in emulator_env.items() if k != "MCBRIDGE_CONFIG"},
+           "AZURE_STORAGE_CONNECTION_STRING": azure_from_url.connection_string(),
+           "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "XDG_CONFIG_HOME": NO_CONFIG}
+    started = _CancelOnceStarted(azure_from_url)
+    run = subprocess.Popen([*MCBRIDGE, "cp", src, dst, "--route", "server", "-q"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.is_set() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert run.poll() is None, run.stderr.read()   # killed mid-copy, not after it
+        run.send_signal(signal.SIGKILL)
+    finally:
+        run.wait(30)
+    _as_it_was(blob, old, etag, dst, emulator_env)
+
+
+def test_an_azure_copy_in_blocks_whose_source_is_rewritten_fails_and_leaves_the_old_blob(
+        azure_from_url, azurite, emulator_env, make_root, tmp_path, monkeypatch):
+    """The same copy in blocks (its threshold and block size lowered to 1 MiB), the source blob
+    rewritten once its first block is fetched: the next block no longer matches the source's ETag
+    as read, the copy fails, and the blob that stood at the destination is left as it was."""
+    import bridge.stores.azure as azure
+    from bridge import ops
+    from bridge.errors import IntegrityError
+    from bridge.stores import get_store
+    from tests.helpers import settings_for
+    monkeypatch.setattr(azure, "SYNC_COPY_MAX", MiB)
+    monkeypatch.setattr(azure, "COPY_BLOCK", MiB)
+    direct = settings_for(emulator_env)
+    src, dst = make_root("az"), make_root("az")
+    store = get_store(parse(src), settings_for(
+        {**emulator_env, "AZURE_STORAGE_CONNECTION_STRING": azure_from_url.connection_string()}, concurrency=1))
+    old, first = os.urandom(MiB // 2), os.urandom(4 * MiB)
+    for root, data in ((dst, old), (src, first)):
+        (tmp_path / "f.bin").write_bytes(data)
+        ops.copy(str(tmp_path / "f.bin"), root, direct, state_dir=tmp_path / "s")
+    src_blob = azurite.client().get_blob_client(parse(src).bucket, "f.bin")
+    dst_blob = azurite.client().get_blob_client(parse(dst).bucket, "f.bin")
+    before = dst_blob.get_blob_properties().etag
+    azure_from_url.on_fetched = lambda _n: src_blob.upload_blob(os.urandom(4 * MiB), overwrite=True)
+    try:
+        with pytest.raises(IntegrityError, match="changed since the copy was planned"):
+            store.copy_object(parse(src + "f.bin"), parse(dst + "f.bin"), size=4 * MiB)
+    finally:
+        azure_from_url.on_fetched = None
+    assert dst_blob.get_blob_properties().etag == before and dst_blob.download_blob().readall() == old
     assert ops.verify(dst, direct)["ok"]
