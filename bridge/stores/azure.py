@@ -4,7 +4,14 @@ adlfs hides block staging and the uncommitted block list, which resume needs, so
 talks to the SDK directly. Every block is sent with a transactional CRC64 (MD5 without the SDK's
 native extension) that the service checks;
 a committed blob carries bridge's CRC32C and SHA-256 in its metadata, and its block list records
-each block's size, which ``mcbridge verify`` compares with the manifest.
+each block's size, which ``mcbridge verify`` compares with the manifest. That metadata, like a
+block list's Content-MD5 (stored unchecked), is what a client wrote: Azure computes no checksum
+of a block blob, so this store reports none it computed (bridge/adopt.py ``reported``).
+
+Copies inside the account (``copy_object``) and blocks pulled from a URL
+(``upload_part_from_url``) are pinned to the source's ETag as read. Above 256 MiB a copy is
+staged in blocks and put in place by one Put Block List, never by Copy Blob, whose pending
+destination a cancel (Abort Copy) leaves as a zero-length blob.
 
 With the account's shared key on a plain endpoint, reads (Get Blob, Get Blob Properties, List
 Blobs, Get Container Properties) skip the SDK: bridge/stores/azuredirect.py. The SDK is imported,
