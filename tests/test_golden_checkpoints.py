@@ -255,6 +255,40 @@ def test_a_shard_rewritten_mid_copy_commits_nothing_and_is_right_next_run(moto, 
     assert mcbridge("verify", f"{dst}step-1/", "--deep", env=emulator_env, state_dir=tmp_path).returncode == 0
 
 
+def test_a_shard_added_after_planning_commits_nothing(moto, fake_gcs, emulator_env, tmp_path):
+    """A writer that puts its marker first: the copy runs on what was listed, and a shard that
+    appears before the commit fails it (the re-check compares the whole checkpoint, not only
+    the files planned)."""
+    src, gbucket = unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    s3 = moto.client()
+    s3.put_object(Bucket=src, Key="golden/step-1/DONE", Body=b"")
+    for i in range(3):
+        s3.put_object(Bucket=src, Key=f"golden/step-1/shard-{i}.bin", Body=bytes([i]) * (512 * 1024))
+    dst = f"gs://{gbucket}/dr/"
+    policy_file = _write_policy(tmp_path, f"s3://{src}/golden/", dst, "    ready: {marker: DONE}\n")
+    slow = dict(emulator_env, MCBRIDGE_BWLIMIT="512KiB", MCBRIDGE_CONCURRENCY="1", MCBRIDGE_SMALL_FILES_IN_FLIGHT="1",
+                MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
+    proc = subprocess.Popen([*MCBRIDGE, "replicate", "--policy", str(policy_file), "--once", "--json"],
+                            env=slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    bucket = fake_gcs.client().bucket(gbucket)
+    deadline = time.monotonic() + 60
+    while not any(b.name.endswith(".bin") for b in bucket.list_blobs(prefix="dr/step-1/")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the copy ended before any shard arrived"
+        time.sleep(0.05)
+    assert proc.poll() is None, "the copy ended before the writer's next shard"
+    s3.put_object(Bucket=src, Key="golden/step-1/shard-3.bin", Body=b"\x03" * 1000)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stdout + stderr
+    row = json.loads(stdout)["policies"][0]["destinations"][dst]["checkpoints"]["step-1"]
+    assert not row["verified"] and "source changed while it was copied: shard-3.bin (added)" in row["error"], row
+    assert not _manifest_at(f"{dst}step-1/", emulator_env)
+    code, run, stderr = _once(policy_file, emulator_env, tmp_path)
+    assert code == 0 and run["destinations"][dst]["checkpoints"]["step-1"]["verified"], stderr
+    assert bucket.blob("dr/step-1/shard-3.bin").download_as_bytes() == b"\x03" * 1000
+
+
 # -- replicate --watch while a slow writer is at work --------------------------------------------
 
 WRITER = """
@@ -416,6 +450,53 @@ def test_a_marker_first_writer_never_costs_the_older_complete_checkpoint(moto, f
             assert time.monotonic() < deadline, _folders(gs, emulator_env)
             time.sleep(0.2)
         assert mcbridge("verify", f"{gs}step-300/", "--deep", env=emulator_env, state_dir=tmp_path).returncode == 0
+    finally:
+        watcher.send_signal(signal.SIGTERM)
+        try:
+            watcher.wait(timeout=60)
+        finally:
+            if watcher.poll() is None:
+                watcher.kill()
+    assert watcher.returncode == 0, watcher.stderr.read()
+
+
+def test_watch_verifies_again_a_checkpoint_whose_source_changed_after_it_was_verified(moto, fake_gcs, emulator_env,
+                                                                                     tmp_path):
+    src, gbucket = unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    s3 = moto.client()
+    for i in range(4):
+        s3.put_object(Bucket=src, Key=f"golden/step-1/__{i}_0.distcp", Body=os.urandom(20000))
+    s3.put_object(Bucket=src, Key="golden/step-1/.metadata", Body=dcpfake.metadata(SMALL_SHARDS))
+    gs = f"gs://{gbucket}/dr/"
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{gs}]\n"
+                           f"    checkpoints: \"step-*\"\n    watch: {{interval: 1s}}\n")
+    env = dict(emulator_env, MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
+    watcher = subprocess.Popen([*MCBRIDGE, "replicate", "--policy", str(policy_file), "--watch", "--json"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    events: list[dict] = []
+    threading.Thread(target=lambda: events.extend(json.loads(line) for line in watcher.stdout), daemon=True).start()
+    runs = lambda: [e for e in list(events) if e["event"] == "run"]   # noqa: E731
+    blob = fake_gcs.client().bucket(gbucket).blob("dr/step-1/__2_0.distcp")
+    try:
+        deadline = time.monotonic() + 60
+        while not any(r["destinations"][gs]["checkpoints"].get("step-1", {}).get("verified") for r in runs()):
+            assert watcher.poll() is None and time.monotonic() < deadline, watcher.stderr.read() if watcher.poll() else ""
+            time.sleep(0.1)
+        rewritten = os.urandom(20000)   # same size, new bytes: a trainer that saved the step again
+        s3.put_object(Bucket=src, Key="golden/step-1/__2_0.distcp", Body=rewritten)
+        deadline = time.monotonic() + 60
+        while len(runs()) < 2 or not runs()[-1]["destinations"][gs]["checkpoints"]["step-1"]["verified"]:
+            assert watcher.poll() is None and time.monotonic() < deadline, f"not verified again: {events[-3:]}"
+            time.sleep(0.1)
+        changed = [e for e in list(events) if e["event"] == "changed"]
+        assert changed and changed[0]["checkpoints"] == ["step-1"], events
+        assert changed[0]["why"] == "changed at the source after it was verified: verifying again"
+        assert runs()[-1]["revisited"] == {"step-1": f"changed at the source after it was verified at {gs}: "
+                                                     f"copied and verified again"}
+        assert blob.download_as_bytes() == rewritten
     finally:
         watcher.send_signal(signal.SIGTERM)
         try:

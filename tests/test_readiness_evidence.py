@@ -234,3 +234,41 @@ def test_steps_seeded_by_one_cp_of_their_parent_are_committed_and_the_window_mov
     # good copy newer than it (step-2000) is not keep_last of them
     assert run["checkpoints"] == ["step-300", "step-2000"] and run["removed"] == {}, stderr
     assert folders(dst, settings_for(emulator_env)) == {"step-300", "step-1000", "step-2000"}
+
+
+# -- a file system: a present name can be a file still being written ----------------------------------
+
+def test_on_a_file_system_a_file_still_growing_holds_its_checkpoint_back(tmp_path):
+    import threading
+    import time
+    from bridge.policies import replication as rules
+    from bridge.replication import survey
+    ckpts = tmp_path / "ckpts"
+    for step in ("step-1", "step-2", "step-3"):
+        (ckpts / step).mkdir(parents=True)
+    (ckpts / "step-1" / "weights.bin").write_bytes(b"w" * 4096)
+    (ckpts / "step-2" / "weights.bin").write_bytes(b"w" * 1024)
+    (ckpts / "step-3" / "model.safetensors").write_bytes(tensors_file(3))
+    old = time.time() - 3600
+    os.utime(ckpts / "step-1" / "weights.bin", (old, old))
+    stop = threading.Event()
+
+    def writer() -> None:   # a trainer still appending to step-2, and one touching a whole step-3 file
+        while not stop.is_set():
+            with open(ckpts / "step-2" / "weights.bin", "ab") as f:
+                f.write(b"w" * 1024)
+            os.utime(ckpts / "step-3" / "model.safetensors")
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        policy = rules.Policy(source=f"{ckpts}/", destinations=["s3://dr-models/golden/"], checkpoints="step-*")
+        seen = survey(policy, settings_for(dict(os.environ), state_dir=str(tmp_path / "state")))
+    finally:
+        stop.set()
+        thread.join()
+    assert not seen["step-2"].committed and seen["step-2"].why.startswith("still being written: weights.bin (size "), \
+        seen["step-2"]
+    assert seen["step-1"].committed and seen["step-1"].trusted, seen["step-1"]
+    assert seen["step-3"].committed and not seen["step-3"].trusted, seen["step-3"]   # its header proves its length

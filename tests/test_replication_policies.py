@@ -293,3 +293,58 @@ def test_append_only_never_deletes_at_a_destination(moto, fake_gcs, emulator_env
     from bridge.stores import get_store
     from bridge.urls import parse
     assert get_store(parse(gs), settings).info(parse(f"{gs}step-2/config.json")).size > 0
+
+
+
+
+_DCP = {"__0_0.distcp": 1000, "__1_0.distcp": 1000}
+_INDEX = json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}})
+_ST = {"model-00001-of-00002.safetensors": 500, "model-00002-of-00002.safetensors": 500}
+_CASES = {   # what step-2 holds at the source, and what its files say: (files, evidence, ready)
+    "DCP .metadata without a shard": ({".metadata": 300, "__0_0.distcp": 1000}, rules.Evidence(dcp=_DCP), {}),
+    "DCP .metadata with a short shard": ({".metadata": 300, "__0_0.distcp": 1000, "__1_0.distcp": 10},
+                                         rules.Evidence(dcp=_DCP), {}),
+    "safetensors index naming a 0-byte shard": (
+        {"model.safetensors.index.json": 90, "model-00001-of-00002.safetensors": 500,
+         "model-00002-of-00002.safetensors": 0},
+        rules.Evidence(indexes={"model.safetensors.index.json": _INDEX},
+                       safetensors={**_ST, "model-00002-of-00002.safetensors": "0 bytes, under the 8-byte header"}), {}),
+    "safetensors index naming a short shard": (
+        {"model.safetensors.index.json": 90, "model-00001-of-00002.safetensors": 500,
+         "model-00002-of-00002.safetensors": 200},
+        rules.Evidence(indexes={"model.safetensors.index.json": _INDEX}, safetensors=_ST), {}),
+    "commit_success.txt alone": ({"commit_success.txt": 30}, rules.Evidence(), {}),
+    "lone model.safetensors cut short": ({"model.safetensors": 100},
+                                         rules.Evidence(safetensors={"model.safetensors": 500}), {}),
+    "a marker-first writer, its .metadata naming shards not there yet": (
+        {".metadata": 300}, rules.Evidence(dcp=_DCP), {"marker": ".metadata"}),
+    "a marker-first writer of no known layout (taken on trust)": ({"DONE": 0, "shard-0.bin": 10}, rules.Evidence(),
+                                                                  {"marker": "DONE"}),
+    "a bridge record that holds only some files": ({"a.bin": 10, "b.bin": 10},
+                                                   rules.Evidence(recorded={"a.bin": "s3://src/golden/"}), {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CASES))
+def test_retention_never_removes_the_last_good_copy(case):
+    """Whatever the newer checkpoint's state, even copied and verified as it was listed, the
+    older complete one leaves a destination only when the newer one is committed by evidence."""
+    files, ev, ready = _CASES[case]
+    p = policy(checkpoints="step-*", keep_last=1, mode="mirror", destinations=["gs://dra/x/"], ready=ready)
+    dst = p.destinations[0]
+    whole = rules.Evidence(dcp=_DCP)
+    listing = {"step-1": {".metadata": rules.SourceFile(300, 50.0), **{n: rules.SourceFile(s, 50.0)
+                                                                     for n, s in _DCP.items()}},
+               "step-2": {n: rules.SourceFile(s, 100.0) for n, s in files.items()}}
+    if ready:   # the older one was written by the same writer: its marker is there too
+        listing["step-1"][ready["marker"]] = rules.SourceFile(0, 50.0)
+    readiness = rules.assess(p, listing, now=1000, evidence={"step-1": whole, "step-2": ev})
+    assert readiness["step-1"].committed and not readiness["step-1"].trusted
+    assert not readiness["step-2"].committed or readiness["step-2"].trusted, readiness["step-2"]
+    verified = {dst: {"step-2": True}}
+    assert rules.removals(p, ["step-2"], {dst: {"step-1", "step-2"}}, verified, readiness) == {}
+    # the control: the same step-2 once whole by its own files is a good copy, and step-1 goes
+    done = {"step-2": {**listing["step-1"]}}
+    proven = rules.assess(p.model_copy(update={"ready": rules.Ready()}), {**listing, **done}, now=1000,
+                          evidence={"step-1": whole, "step-2": whole})
+    assert rules.removals(p, ["step-2"], {dst: {"step-1", "step-2"}}, verified, proven) == {dst: ["step-1"]}
