@@ -239,7 +239,7 @@ def _cheap_problem(store: Store, info: ObjectInfo, entry: FileEntry) -> str | No
         return _UNREPORTED
     if crc != entry.crc32c:
         return f"CRC32C {crc} reported by the store, manifest says {entry.crc32c}"
-    if "bridge_sha256" in info.metadata and info.metadata["bridge_sha256"] != entry.sha256:
+    if entry.sha256 and "bridge_sha256" in info.metadata and info.metadata["bridge_sha256"] != entry.sha256:
         return "SHA-256 in the object's metadata differs from the manifest"
     block_sizes = getattr(store, "block_sizes", None)
     if block_sizes and entry.part_size:

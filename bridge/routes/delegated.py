@@ -10,8 +10,10 @@ Each route runs the same steps: ``plan`` checks that the route serves the job (R
 before any request otherwise, so another route can take it), the route creates the remote job
 (a refusal there is RouteFailed with ``moved_data=False``), the route starts the job and ``follow`` polls it, feeding
 bridge's Progress and cancelling the remote job when the bridge job is cancelled (Ctrl-C,
-SIGTERM, or ``stop``); ``commit`` then writes the manifest from what the stores report of each
-object (the bytes never passed through bridge: ``computed`` is empty, see bridge/manifest.py).
+SIGTERM, or ``stop``); ``commit`` then writes the manifest from what the stores computed of each
+object (the bytes never passed through bridge: ``computed`` is empty, see bridge/manifest.py): an
+object is proven when a checksum the source's store computed equals the destination store's
+(``store_proof``), else its entry is marked unproven and says why.
 
 What a route creates at the service is recorded in the state dir before it is created
 (bridge/routes/ledger.py): a re-run of a copy killed mid-job adopts the remote job it left (or
@@ -31,11 +33,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from bridge import jobs
-from bridge.check import reported_crc32c
 from bridge.config import Settings
 from bridge.engine import check_route, resolve
 from bridge.errors import IntegrityError, JobCancelled, ObjectNotFound, RouteUnavailable
-from bridge.manifest import FileEntry
+from bridge.manifest import UNPROVEN, FileEntry
 from bridge.progress import Progress
 from bridge.stores import get_store
 from bridge.stores.base import ObjectInfo, Store
@@ -156,31 +157,85 @@ def _advance(progress: Progress, before: Remote, now: Remote, count_files: bool)
 
 # -- committing ---------------------------------------------------------------------------------
 
+def store_proof(where: Location, src_sums: dict[str, str], dst_sums: dict[str, str]) -> str:
+    """The checksum both stores computed (``adopt.reported``'s names) that proves the copy at
+    ``where`` equal to its source, strongest first; "" when none is common. IntegrityError when a
+    common one differs, except an S3 ETag's MD5, which is an MD5 only for a one-request upload
+    without SSE-KMS or SSE-C (an object encrypted so merely proves nothing)."""
+    from bridge.adopt import ORDER
+    s3 = "s3" in (where.scheme, src_sums.get("_scheme", ""))
+    agreed = ""
+    for name in ORDER:
+        if name not in src_sums or name not in dst_sums:
+            continue
+        if src_sums[name] == dst_sums[name]:
+            agreed = agreed or name
+        elif not (name == "md5" and s3):
+            raise IntegrityError(f"{where}: {name.upper()} {dst_sums[name]} computed by the destination's store, "
+                                 f"{src_sums[name]} by the source's")
+    return agreed
+
+
+def store_sums(store: Store | None, info: ObjectInfo) -> dict[str, str]:
+    """The checksums a store computed of an object (never its metadata, nor an Azure blob's
+    Content-MD5: see bridge/adopt.py; ``store`` None: ``info`` is a HEAD's, none to ask); a URL
+    list's object: the MD5 the list names, which Storage Transfer checks each download against.
+    ``_scheme`` marks an S3 side."""
+    from bridge.adopt import reported
+    if info.location.scheme in ("http", "https"):
+        return dict(info.checksums)
+    sums = reported(store, info, ask=store is not None)
+    return {**sums, "_scheme": info.location.scheme} if info.location.scheme == "s3" else sums
+
+
+def as_stored(store: Store | None, info: ObjectInfo) -> ObjectInfo:
+    """``info`` with what a HEAD tells of the object where a listing leaves its checksums and
+    metadata out (S3's listings do)."""
+    if store is None or "crc32c" not in store.features.checksums or "crc32c" in info.checksums:
+        return info
+    return store.info(info.location)
+
+
+def why_unproven(src_sums: dict[str, str], dst_sums: dict[str, str]) -> str:
+    def names(sums: dict[str, str]) -> str:
+        return ", ".join(k for k in sums if not k.startswith("_")) or "none"
+    if names(src_sums) == "none":
+        return "the source's store computed no checksum of it (an Azure blob's Content-MD5 and metadata are a client's)"
+    if names(dst_sums) == "none":
+        return "the destination's store computed no checksum of it (Azure computes none for a block blob)"
+    return f"no checksum is computed by both stores (source: {names(src_sums)}; destination: {names(dst_sums)})"
+
+
 def reported_entry(transfer: Transfer, rel: str, src_store: Store | None, src_info: ObjectInfo,
                    written: ObjectInfo) -> FileEntry:
-    """The manifest entry of an object the service wrote, from what both stores report of it.
-    Hashes both stores report with one algorithm must agree; the CRC32C comes from the
-    destination when it reports one, else from the source."""
+    """The manifest entry of an object the service wrote, from what both stores computed of it.
+    Proven when a checksum both stores computed agrees (one that differs fails the copy);
+    otherwise the note begins ``unproven:`` and says why (verify reports it so). ``reported``
+    holds only what the destination's store computed. The CRC32C is the destination's, else the
+    source store's, else, for an unproven entry, the one bridge keeps in the source's metadata
+    (a claim: ``verify --deep`` then reads the copy against it)."""
     where = transfer.dst_root.join(rel)
     if written.size != src_info.size:
         raise IntegrityError(f"{where}: {written.size} bytes, the source has {src_info.size}")
-    src_crc = reported_crc32c(src_store, src_info) if src_store else src_info.checksums.get("crc32c")
-    dst_crc = written.checksums.get("crc32c")
-    if src_crc and dst_crc and src_crc != dst_crc:
-        raise IntegrityError(f"{where}: CRC32C {dst_crc}, the source reports {src_crc}")
-    src_md5, dst_md5 = src_info.checksums.get("md5"), written.checksums.get("md5")
-    if src_md5 and dst_md5 and src_md5 != dst_md5:
-        raise IntegrityError(f"{where}: MD5 {dst_md5}, the source reports {src_md5}")
-    crc = dst_crc or src_crc
+    src_info = as_stored(src_store, src_info)
+    src_sums, dst_sums = store_sums(src_store, src_info), store_sums(None, written)
+    proven_by = store_proof(where, src_sums, dst_sums)
+    claimed = src_info.metadata.get("bridge_crc32c", "")
+    crc = dst_sums.get("crc32c") or src_sums.get("crc32c") or ("" if proven_by else claimed)
+    if not proven_by and claimed and dst_sums.get("crc32c") not in (None, claimed):
+        raise IntegrityError(f"{where}: CRC32C {dst_sums['crc32c']} computed by the destination's store, "
+                             f"{claimed} recorded by bridge in the source's metadata")
     if not crc:
         raise IntegrityError(f"{where}: neither store reports a CRC32C of it, so bridge cannot commit it "
                              f"without reading it; copy it with --route direct")
-    reported = dict(written.checksums)
-    if not dst_crc:
-        reported["source_crc32c"] = src_crc
+    moved = f"copied by the {transfer.route} route: its bytes never passed through bridge"
+    if proven_by:
+        note = f"{moved}; {proven_by.upper()} computed by both stores is equal (verify --deep reads them)"
+    else:
+        note = f"{UNPROVEN} {moved}, and {why_unproven(src_sums, dst_sums)}"
+    reported = {k: v for k, v in dst_sums.items() if not k.startswith("_")}
     return FileEntry(rel, written.size, crc, "", computed=[], reported=reported, identity=dict(written.identity),
-                     source_id=dict(src_info.identity), note=f"copied by the {transfer.route} route: its bytes never passed through bridge "
-                          f"(verify --deep reads them)")
+                     source_id=dict(src_info.identity), note=note)
 
 
 def commit(transfer: Transfer, settings: Settings,

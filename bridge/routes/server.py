@@ -6,15 +6,16 @@ in place by one Put Block List (an Azure endpoint without it sends the job ``dir
 copy_file_range: see each store's ``copy_object``. A Settings object names one account per scheme, so two roots of one
 scheme are in one account.
 
-The manifest entry is committed from what the stores report, not from bytes bridge read: the
-CRC32C the destination reports for the copy (S3 computes it for CopyObject, GCS keeps one for
-every object), checked against the one the source reports or the one bridge stored in the
-source's metadata when it wrote it; the SHA-256 bridge stored there, when there is one.
-``computed`` is then empty and ``note`` says where the hashes come from; ``verify --deep``
-reads the bytes. Where no CRC32C is known before the copy and the destination keeps none (an
-Azure blob bridge did not write), the file goes ``direct``; where neither store reports one
-after the copy (an S3 endpoint without checksums), the copy is read back and hashed. A local
-copy is hashed by reading it back (no egress).
+The manifest entry is committed from what the stores computed, not from bytes bridge read: a
+checksum the source's store computed equal to the destination store's for the copy proves it
+(S3 computes the copy's CRC32C for CopyObject and a one-request copy's ETag is its MD5; GCS's
+crc32c and md5Hash are the service's). Metadata a client can write (``bridge_crc32c``,
+``bridge_sha256`` in the source's metadata) is never recorded as a hash: a claim the copy
+contradicts fails it, and with no common checksum the entry is ``unproven:`` (bridge/manifest.py)
+and says why. ``computed`` is then empty; ``verify --deep`` reads the bytes. Where no CRC32C is
+known before the copy and the destination keeps none (an Azure blob bridge did not write), the
+file goes ``direct``; where neither store reports one after the copy (an S3 endpoint without
+checksums), the copy is read back and hashed. A local copy is hashed by reading it back (no egress).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from bridge.check import rehash
 from bridge.config import Settings
 from bridge.errors import IntegrityError, ObjectNotFound, Unsupported
 from bridge.routes import Route, Fallback, register
+from bridge.routes.delegated import store_proof, store_sums, why_unproven
 from bridge.stores import get_store
 from bridge.stores.base import ObjectInfo, identity_changed
 from bridge.urls import Location
@@ -72,8 +74,10 @@ class ServerRoute(Route):
         from bridge.manifest import FileEntry
         src_loc, info = checked_source(ctx, f)
         dst_loc = ctx.dst_loc(f.rel)
-        known_crc, sha, origin = source_hashes(info)
-        if known_crc is None and "crc32c" not in ctx.dst.features.checksums and not dst_loc.is_local:
+        src_sums = store_sums(None, info)   # checked_source's HEAD: what the source's store computed
+        claimed = info.metadata.get("bridge_crc32c")
+        if not (src_sums.get("crc32c") or claimed) and "crc32c" not in ctx.dst.features.checksums \
+                and not dst_loc.is_local:
             raise Fallback(f"{src_loc} has no CRC32C its store reports or bridge recorded: "
                                    f"its bytes pass through bridge to be hashed")
         objects = ctx.settings.objects
@@ -84,35 +88,48 @@ class ServerRoute(Route):
             copied = ctx.dst.copy_object(src_loc, dst_loc, size=f.size, attrs=attrs)
         except Unsupported as exc:
             raise Fallback(str(exc), job_wide=True) from exc
-        through, computed, note = 0, [], ""
-        crc = copied.checksums.get("crc32c")
         if dst_loc.is_local:
             crc, sha = rehash(ctx.dst, dst_loc, f.size)
-            through, computed = f.size, ["crc32c", "sha256"]
-            note = "copied by the kernel (copy_file_range); hashed by reading the copy"
-        elif crc is None and known_crc is None:
+            ctx.progress.moved(f.size, through=f.size)
+            return FileEntry(f.rel, f.size, crc, sha, computed=["crc32c", "sha256"], identity=dict(copied.identity),
+                             note="copied by the kernel (copy_file_range); hashed by reading the copy")
+        dst_sums = store_sums(None, copied)
+        try:
+            entry = self._entry(ctx, f, dst_loc, src_sums, dst_sums, claimed)
+        except IntegrityError:
+            _remove(ctx, dst_loc)
+            raise
+        entry.identity = dict(copied.identity)
+        ctx.progress.moved(f.size, through=f.size if entry.computed else 0)
+        return entry
+
+    @staticmethod
+    def _entry(ctx: JobContext, f: FilePlan, dst_loc: Location, src_sums: dict[str, str], dst_sums: dict[str, str],
+               claimed: str | None) -> FileEntry:
+        """The copy's entry from what both stores computed: proven when a checksum of both agrees
+        (S3's CRC32C of the copy, computed by S3 for CopyObject, or a one-request ETag's MD5; GCS's
+        crc32c and md5Hash, which a rewrite carries over), else unproven, saying why. Metadata the
+        source carries (bridge_crc32c, bridge_sha256) is what a client wrote: never recorded as a
+        hash, only compared (a claim the copy contradicts fails it)."""
+        from bridge.manifest import UNPROVEN, FileEntry
+        proven_by = store_proof(dst_loc, src_sums, dst_sums)
+        crc = dst_sums.get("crc32c") or src_sums.get("crc32c")
+        reported = {k: v for k, v in dst_sums.items() if not k.startswith("_")}
+        if proven_by and crc:
+            return FileEntry(f.rel, f.size, crc, "", computed=[], reported=reported,
+                             note=f"copied inside the store; {proven_by.upper()} computed by both stores is equal")
+        if crc is None and (proven_by or claimed is None):
             # Neither store reports a CRC32C (an endpoint that keeps no checksums): the copy is
             # read back to be hashed, and those bytes count as passing through bridge.
             crc, sha = rehash(ctx.dst, dst_loc, f.size)
-            through, computed = f.size, ["crc32c", "sha256"]
-            note = "copied inside the store, which reports no CRC32C; hashed by reading the copy"
-        elif crc is None:
-            crc = known_crc
-            note = f"copied inside the store; CRC32C {origin}"
-        else:
-            note = "copied inside the store; CRC32C reported by the destination store"
-        if known_crc is not None and crc != known_crc:
-            _remove(ctx, dst_loc)
-            raise IntegrityError(f"{dst_loc}: the copy has CRC32C {crc}, its source {known_crc}; "
+            return FileEntry(f.rel, f.size, crc, sha, computed=["crc32c", "sha256"], reported=reported,
+                             note="copied inside the store, which reports no CRC32C; hashed by reading the copy")
+        if crc is not None and claimed and crc != claimed:
+            raise IntegrityError(f"{dst_loc}: the copy has CRC32C {crc}, its source's metadata says {claimed}; "
                                  f"the copy was removed")
-        if sha and not computed:
-            note += "; SHA-256 stored by bridge in the source's metadata"
-        ctx.progress.moved(f.size, through=through)
-        reported = dict(copied.checksums)
-        if not computed:
-            reported.setdefault("crc32c", crc)
-        return FileEntry(f.rel, f.size, crc, sha, computed=computed, reported=reported,
-                         identity=dict(copied.identity), note=note)
+        return FileEntry(f.rel, f.size, crc or claimed, "", computed=[], reported=reported,
+                         note=f"{UNPROVEN} copied inside the store, and {why_unproven(src_sums, dst_sums)}"
+                              + ("" if crc else "; its CRC32C is the one in the source's metadata"))
 
 
 def _remove(ctx: JobContext, loc: Location) -> None:

@@ -3,8 +3,9 @@ as a source or sink of objects, and a background run that moves the bytes with c
 
 A run copies whole objects one at a time (each read into memory: test objects are small),
 updating its counters after each, and checks its cancel flag between objects; ``delay`` seconds
-between objects lets a test cancel it half-way. Listing happens before any byte moves, as the
-services do, so ``found`` counters are known from the start.
+between objects lets a test cancel it half-way; ``after_write`` lets a test act as a third party on
+each object right after the service wrote it, before bridge commits it. Listing happens before any
+byte moves, as the services do, so ``found`` counters are known from the start.
 """
 
 from __future__ import annotations
@@ -194,6 +195,7 @@ class Run:
     include: Callable[[str], bool] = lambda rel: True
     rename: Callable[[str], str] = lambda rel: rel
     delay: float = 0.0
+    after_write: Callable[[str], None] | None = None   # a third party acting on each object just written
     state: str = "queued"                # queued, running, success, failed, cancelled
     error: str = ""
     objects_found: int = 0
@@ -230,6 +232,8 @@ class Run:
                     return
                 data = source.read(rel)
                 sink.write(self.rename(rel), data)
+                if self.after_write is not None:
+                    self.after_write(self.rename(rel))
                 self.objects_copied += 1
                 self.bytes_copied += len(data)
                 if self.delay:

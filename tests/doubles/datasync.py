@@ -81,6 +81,7 @@ class DataSyncDouble:
     def __init__(self, *, s3_endpoint: str, delay: float = 0.0):
         self.s3_endpoint, self.delay = s3_endpoint, delay
         self.deny_role: str | None = None
+        self.after_write = None   # called with each destination name once written (a third party's turn)
         # The caller may not create DataSync's service-linked role, which an Enhanced mode task needs
         # (iam:CreateServiceLinkedRole): CreateTask in Enhanced mode is refused, as the service does.
         self.no_service_linked_role = False
@@ -246,7 +247,8 @@ class DataSyncDouble:
             patterns = [p for rule in includes for p in rule["Value"].split("|") if p]
             run = Run(self._side(self.locations[task["SourceLocationArn"]]),
                       self._side(self.locations[task["DestinationLocationArn"]]),
-                      include=lambda rel: not patterns or _matches(rel, patterns), delay=self.delay)
+                      include=lambda rel: not patterns or _matches(rel, patterns), delay=self.delay,
+                      after_write=self.after_write)
             arn = f"{task_arn}/execution/exec-{uuid.uuid4().hex[:17]}"
             self.executions[arn] = (task, run.pausable(self.paused).start())
         return {"TaskExecutionArn": arn}

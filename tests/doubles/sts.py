@@ -134,6 +134,7 @@ class StorageTransferDouble:
         self.delay = delay
         self.deny_projects: set[str] = set()
         self.quota_exhausted = False
+        self.after_write = None   # called with each destination name once written (a third party's turn)
         self.paused = threading.Event()     # set: operations hold before their next object
         self.jobs: dict[str, dict] = {}
         self.operations: dict[str, tuple[dict, Run]] = {}
@@ -274,7 +275,8 @@ class StorageTransferDouble:
         if "transferManifest" in spec:
             source = self._named(source, spec["transferManifest"]["location"])
         run = Run(source, lambda: GCSSide(self.gcs_endpoint, sink["bucketName"], sink.get("path", "")),
-                  include=lambda rel: not prefixes or any(rel.startswith(p) for p in prefixes), delay=self.delay)
+                  include=lambda rel: not prefixes or any(rel.startswith(p) for p in prefixes), delay=self.delay,
+                  after_write=self.after_write)
         op_name = f"transferOperations/{name.replace('/', '-')}-{time.time_ns()}"
         meta = {"@type": "type.googleapis.com/google.storagetransfer.v1.TransferOperation", "name": op_name,
                 "projectId": job["projectId"], "transferSpec": self._public(job)["transferSpec"],
