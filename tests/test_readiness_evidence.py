@@ -19,6 +19,7 @@ from bridge import evidence
 from tests import dcpfake
 from tests.emulators import unique_name
 from tests.helpers import mcbridge, settings_for
+from tests.test_workers_service import service  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -272,3 +273,22 @@ def test_on_a_file_system_a_file_still_growing_holds_its_checkpoint_back(tmp_pat
         seen["step-2"]
     assert seen["step-1"].committed and seen["step-1"].trusted, seen["step-1"]
     assert seen["step-3"].committed and not seen["step-3"].trusted, seen["step-3"]   # its header proves its length
+
+
+def test_policy_status_says_a_marker_is_taken_on_trust(service, moto, tmp_path):  # noqa: F811
+    src = unique_name()
+    moto.create_bucket(src)
+    s3 = moto.client()
+    s3.put_object(Bucket=src, Key="golden/step-1/weights.bin", Body=os.urandom(300))
+    s3.put_object(Bucket=src, Key="golden/step-1/DONE", Body=b"")
+    s3.put_object(Bucket=src, Key="golden/step-2/weights.bin", Body=os.urandom(300))
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [gs://dr-models/x/]\n"
+                           f"    checkpoints: \"step-*\"\n    ready: {{marker: DONE}}\n")
+    text = service.cli("policy", "status", str(policy_file))
+    assert text.returncode == 0, text.stderr
+    assert "  step-1 committed on trust: DONE present (taken on trust: no layout read here confirms it)" \
+        in text.stdout, text.stdout
+    assert "  step-2 waiting: no DONE yet" in text.stdout
+    status = json.loads(service.cli("policy", "status", str(policy_file), "--json").stdout)
+    assert list(status["policies"][0]["trusted"]) == ["step-1"]

@@ -1020,8 +1020,9 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
             from bridge.replication import survey
             readiness = survey(p.policy, settings)
             source_now, listed, waiting = rules.committed(readiness), None, rules.waiting(readiness)
+            trusted = rules.trusted(readiness)   # committed on a name's word: said, never called verified
         except BridgeError as exc:
-            source_now, listed, waiting = None, str(exc), {}
+            source_now, listed, waiting, trusted = None, str(exc), {}, {}
         rows = []
         for dst in p.policy.destinations:
             row = recorded.get(dst, {})
@@ -1037,7 +1038,8 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
                          "spent_usd": money.usd_number(spend.get(dst, 0.0)), "errors": row.get("errors", [])})
         report.append({"name": p.name, "source": p.policy.source, "source_error": listed,
                        "budget_usd": budgets.limit(p.name), "spent_usd": money.usd_number(budgets.spent(p.name)),
-                       "max_cost_usd": p.policy.max_cost_usd, "waiting": waiting, "destinations": rows})
+                       "max_cost_usd": p.policy.max_cost_usd, "waiting": waiting, "trusted": trusted,
+                       "destinations": rows})
     if as_json:
         out.print_json(json.dumps({"month": month(), "policies": report}))
         return
@@ -1048,6 +1050,8 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
             err.print(f"mcbridge: {p['name']}: source not listed: {p['source_error']}", markup=False, soft_wrap=True)
         for ckpt, why in p["waiting"].items():
             out.print(f"  {ckpt} waiting: {why}", markup=False)
+        for ckpt, why in p["trusted"].items():
+            out.print(f"  {ckpt} committed on trust: {why}", markup=False)
         for row in p["destinations"]:
             if row["last_run"] is None:
                 out.print(f"  {row['destination']}: never run (by the service, or in-process here)", markup=False)
