@@ -9,8 +9,9 @@ client could have written is no evidence: neither the CRC32C bridge keeps in an 
 List, settable by Set Blob Properties): an Azure blob reports nothing here. A local file reports
 nothing but costs no egress to read, so whatever the other side reports is computed from its
 bytes. Where no checksum is common, ``deep`` reads both sides and compares CRC32C and SHA-256;
-otherwise the object counts as different and is sent again (``check``: unproven). An S3 ETag is an MD5 only for an unencrypted (or SSE-S3) one-request upload: under
-SSE-KMS it is not, and such an object merely fails to match (it is sent again, never taken wrongly).
+otherwise the object counts as different and is sent again (``check``: unproven). An S3 ETag is
+an MD5 only for an unencrypted (or SSE-S3) one-request upload: under SSE-KMS it is not, and such
+an object merely fails to match (it is sent again, never taken wrongly).
 
 ``compare`` answers with an ``Adoption``: ``equal`` and by which checksum, and the manifest entry
 that records the object as adopted (``FileEntry.adopted`` names the checksum; ``computed`` the

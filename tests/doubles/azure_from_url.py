@@ -29,9 +29,9 @@ and then stages the bytes into Azurite with an ordinary Put Block that it signs 
 key. Azurite then holds an uncommitted block exactly as if the client had sent the bytes: Get
 Block List, Put Block List and the rest behave as on Azure. ``counts`` tells how many blocks were
 staged this way and how many bytes the double fetched from sources (none of them passed through
-the client), and how many Copy Blob requests went on to Azurite. ``on_fetched`` (a test's hook) is called with the number of sources fetched so far
-after each fetch, before the block is checked and staged: a test rewrites a source there, between
-two blocks.
+the client), and how many Copy Blob requests went on to Azurite. ``on_fetched`` (a test's hook)
+is called with the number of sources fetched so far after each fetch, before the block is
+checked and staged: a test rewrites a source there, between two blocks.
 
 Not emulated: authorizing Put Block From URL by SAS or OAuth (only SharedKey is checked),
 ``x-ms-copy-source-authorization`` (the source URL must carry its own authorization, as a
@@ -186,7 +186,8 @@ class AzureFromUrl(LoopbackServer):
         if expected is not None and status == 200 and not (start == 0 and len(data) == expected):
             return _error(400, "InvalidSourceBlobRange", "The source ignored the range asked of it.")
         if expected is not None and len(data) != expected:
-            return _error(400, "InvalidSourceBlobRange", f"The source gave {len(data)} bytes for a range of {expected}.")
+            return _error(400, "InvalidSourceBlobRange",
+                          f"The source gave {len(data)} bytes for a range of {expected}.")
         md5 = request.headers.get("x-ms-source-content-md5")
         if md5 and base64.b64decode(md5) != hashlib.md5(data).digest():
             return _error(400, "Md5Mismatch", "The MD5 of the source range differs from x-ms-source-content-md5.")
