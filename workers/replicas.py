@@ -205,15 +205,14 @@ def start_children(svc, record, spec: JobSpec, who) -> dict:
     each signed for the run's tenant."""
     name, policy, kept = _loaded(record, spec)
     wanted = pairs(policy, kept)
-    children = [f"{record.id}-{n}" for n in range(1, len(wanted) + 1)]
-    if not svc.r.hsetnx(svc.keys.job(record.id), "children", json.dumps(children)):
-        children = json.loads(svc.r.hget(svc.keys.job(record.id), "children"))
+    children = children_of(record.id, len(wanted))
+    svc.r.hsetnx(svc.keys.job(record.id), "children", json.dumps(children))   # for people and the parent's spend
     svc.r.hsetnx(svc.keys.job(record.id), "children_pending", len(children))
     svc.jobs.update(record.id, tasks_total=len(children))
     svc.jobs.transition(record.id, "running", ("planning",))
     for child_id, (dst, ckpt) in zip(children, wanted):
         if svc.jobs.state(child_id) in (None, "queued"):
-            child = spec.for_destination(f"{dst}{ckpt}/", source=f"{spec.source}{ckpt}/")
+            child = child_spec(spec, dst, ckpt)
             svc.submit(child, parent=record.id, job_id=child_id, schedule=record.schedule, extra={"policy": name},
                        tenant=who.tenant, scope_budget=who.budget)
     return {"children": children}
@@ -222,26 +221,29 @@ def start_children(svc, record, spec: JobSpec, who) -> dict:
 def ended(svc, parent) -> None:
     """The last child of a policy run ended: retention, per-destination state, the run's verdict.
     The run's signature is checked again first, over the policy and window its record holds now:
-    a record changed since it was signed deletes nothing, and the run fails, refused."""
+    a record changed since it was signed deletes nothing, and the run fails, refused. A child
+    counts only as the signed sync of its checkpoint to its destination (``_child``)."""
     from bridge import replication as run
     from bridge.workers.auth import Refused
     try:
         who = svc.gate.check(parent)
-        name, policy, kept = _loaded(parent, JobSpec.from_dict(parent.spec))
+        run_spec = JobSpec.from_dict(parent.spec)
+        name, policy, kept = _loaded(parent, run_spec)
     except Refused as exc:
         _refused(svc, parent, str(exc))
         return
     verified: dict[str, dict[str, bool]] = {dst: {} for dst in policy.destinations}
     spent: dict[str, float] = dict.fromkeys(policy.destinations, 0.0)
     problems: dict[str, list[str]] = {dst: [] for dst in policy.destinations}
-    for child_id, (dst, ckpt) in zip(parent.children, pairs(policy, kept)):
-        child = svc.jobs.get(child_id)
-        ok = child is not None and child.state == "succeeded" and \
+    wanted = pairs(policy, kept)
+    for child_id, (dst, ckpt) in zip(children_of(parent.id, len(wanted)), wanted):
+        child, refused = _child(svc, child_id, child_spec(run_spec, dst, ckpt))
+        ok = refused is None and child.state == "succeeded" and \
             (policy.verify == "none" or bool((child.verify or {}).get("ok")))
         verified[dst][ckpt] = ok
-        spent[dst] += (child.spent_usd or 0.0) if child else 0.0
+        spent[dst] += (child.spent_usd or 0.0) if refused is None else 0.0
         if not ok:
-            why = (child.errors[0] if child and child.errors else child.state if child else "never started")
+            why = refused or (child.errors[0] if child.errors else child.state)
             problems[dst].append(f"{dst}{ckpt}/: {why}")
     settings = svc.settings_for(_spec(policy))
     try:   # retention deletes at the destinations: the run's tenant must still be allowed to write there
@@ -292,6 +294,34 @@ def ended(svc, parent) -> None:
         errors.insert(0, f"policy {name}: {kept[-1]} verified at {copies} of {len(policy.destinations)} "
                          f"destinations, {policy.copies_needed} needed")
     svc._end(parent.id, "succeeded" if enough else "failed", errors or None)
+
+
+def children_of(run_id: str, count: int) -> list[str]:
+    """The ids of a run's children, in the order of ``pairs``: made from the run's id, so that
+    its end does not take the record's list of them (Redis's word) for which jobs to look at."""
+    return [f"{run_id}-{n}" for n in range(1, count + 1)]
+
+
+def child_spec(spec: JobSpec, dst: str, ckpt: str) -> JobSpec:
+    """The sync of checkpoint ``ckpt`` of a run (its spec ``spec``) to destination ``dst``."""
+    return spec.for_destination(f"{dst}{ckpt}/", source=f"{spec.source}{ckpt}/")
+
+
+def _child(svc, child_id: str, expected: JobSpec) -> tuple[Any, str | None]:
+    """(the child's record, None) when it is the signed, admitted job ``expected``; else (the
+    record or None, why not). Its state and verify summary are its record's, taken on trust: no
+    signature covers what a job did, only what it was asked."""
+    from bridge.workers.auth import Refused
+    child = svc.jobs.get(child_id)
+    if child is None:
+        return None, "never started"
+    try:
+        svc.gate.check(child)
+    except Refused as exc:
+        return child, f"refused: {exc}"
+    if child.spec != expected.to_dict():
+        return child, f"refused: job {child_id} is not the sync of {expected.source} to {expected.destination}"
+    return child, None
 
 
 def _refused(svc, parent, reason: str) -> None:
