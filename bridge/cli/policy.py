@@ -12,8 +12,7 @@ import typer
 from bridge.cli.placement import StorageClassOpt, with_object_flags
 from bridge.cli.options import (ConfigOpt, ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt,
                                 MaxSizeOpt, MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, ShardFormat, err,
-                                filters_from_flags, out, settings_from_flags)
-from bridge.config import parse_size
+                                filters_from_flags, out, settings_from_flags, size_flag)
 from bridge.progress import human_bytes, plural
 from bridge.money import usd
 
@@ -36,7 +35,7 @@ def plan(src: str, dst: str,
     one bridge would take and why. Lists the source; moves nothing."""
     from bridge.costing import route_plan
     settings = with_object_flags(settings_from_flags(profile, config), dst, storage_class=storage_class)
-    report = route_plan(src, dst, settings, pack=str(pack) if pack else None, shard_size=parse_size(shard_size), forced=route,
+    report = route_plan(src, dst, settings, pack=str(pack) if pack else None, shard_size=size_flag("--shard-size", shard_size), forced=route,
                         source_class=source_class, available=available)
     if as_json:
         out.print_json(json.dumps(report))
@@ -169,6 +168,12 @@ def _print_run(r: dict, quiet: bool = False) -> None:
         out.print(f"{r['policy']}: {dst}: {rows or state['error']}", markup=False)
     for ckpt, why in r.get("waiting", {}).items():
         out.print(f"{r['policy']}: {ckpt} waiting: {why}", markup=False)
+    for ckpt, why in r.get("trusted", {}).items():
+        out.print(f"{r['policy']}: {ckpt} committed on trust: {why}", markup=False)
+    for ckpt, why in r.get("held_back", {}).items():
+        out.print(f"{r['policy']}: {ckpt} not counted by retention: {why}", markup=False)
+    for ckpt, why in r.get("revisited", {}).items():
+        out.print(f"{r['policy']}: {ckpt} {why}", markup=False)
     for dst, old in r["removed"].items():
         out.print(f"{r['policy']}: {dst}: removed {', '.join(old)}", markup=False)
     verdict = "OK" if r["ok"] else "FAILED"
@@ -199,6 +204,8 @@ def _watch(chosen, settings, max_cost, as_json: bool, filters=None) -> None:
         elif event["event"] == "waiting":
             waiting = "; ".join(f"{c}: {why}" for c, why in event["waiting"].items())
             out.print(f"{event['policy']}: waiting: {waiting or 'nothing'}", markup=False)
+        elif event["event"] == "changed":
+            out.print(f"{event['policy']}: {', '.join(event['checkpoints'])} {event['why']}", markup=False)
         else:
             err.print(f"mcbridge: {event['policy']}: {event['error']}", markup=False, soft_wrap=True)
 
