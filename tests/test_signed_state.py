@@ -189,6 +189,7 @@ def test_an_estimate_its_submitter_signed_too_low_is_priced_again_by_the_worker_
     assert not [line for line in sent if "/team-a/in/" in line.split("?")[0] or '"PUT ' in line], sent
     assert keys_of(s.moto, s.dst) == []
     assert budgets.spent("team") < 0.0000001
+    assert not budgets.holds("cheap1") and budgets.reserved("team") == 0   # what it held is free again
 
     # the same tenant's honest estimate of a job that fits: priced alike, it runs
     assert s.cli("budgets", "set", "team", "1").returncode == 0

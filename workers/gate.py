@@ -309,11 +309,15 @@ class Gate:
         """The worker's own price of a job's plan, before any of its tasks is sent: a job charged to
         a budget and priced well above the estimate it was admitted for (its submitter's, which
         the submitter's own key signs, true or not) holds the difference too when it fits the
-        budget; Refused when it does not."""
+        budget; Refused when it does not (and what it held is freed)."""
         if who.estimate is None or usd is None or usd <= who.estimate * (1 + REPRICE_SLACK) + 1e-9:
             return
         from bridge.workers.budgets import Budgets
-        if not Budgets(self.r, self.keys).cover(job_id, who.budget, usd):
+        budgets = Budgets(self.r, self.keys)
+        if not budgets.cover(job_id, who.budget, usd):
+            # refused before any task is sent: what it held is freed (its listing, like any refused
+            # job's requests, is not charged)
+            budgets.settle(job_id, 0.0)
             raise Refused(f"job {job_id}: its plan is priced at {usd:.9f} USD here, not the {who.estimate:.9f} USD "
                           f"it was admitted for, and budget {who.budget!r} has no room for the difference")
         self.audit.record("repriced", job=job_id, tenant=who.tenant, budget=who.budget,

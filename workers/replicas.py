@@ -9,6 +9,9 @@
 
 The policy file is read by beat (``mcbridge beat --policies FILE``) and travels in the task, as
 schedules' specs do; the decisions are policies/replication.py's, the I/O bridge/replication.py's.
+The run's record keeps the policy and the window it was started for (``policy_spec``,
+``checkpoints``), both covered by the run's signature (workers/auth.py): its children are started
+from them and its end checks them again before retention deletes anything.
 
 Per destination, in ``<ns>:policy:<name>`` (field: the destination URL; JSON): when the policy
 last ran there (``last_run``, ``job``, ``ok``), the newest checkpoint verified there and when
