@@ -355,9 +355,12 @@ def test_an_azure_copy_in_blocks_whose_source_is_rewritten_fails_and_leaves_the_
     before = dst_blob.get_blob_properties().etag
     azure_from_url.on_fetched = lambda _n: src_blob.upload_blob(os.urandom(4 * MiB), overwrite=True)
     try:
-        with pytest.raises(IntegrityError, match="changed since the copy was planned"):
-            store.copy_object(parse(src + "f.bin"), parse(dst + "f.bin"), size=4 * MiB)
+        for name in ("f.bin", "new.bin"):   # over a standing blob, and to a name with none
+            with pytest.raises(IntegrityError, match="changed since the copy was planned"):
+                store.copy_object(parse(src + "f.bin"), parse(dst + name), size=4 * MiB)
     finally:
         azure_from_url.on_fetched = None
     assert dst_blob.get_blob_properties().etag == before and dst_blob.download_blob().readall() == old
     assert ops.verify(dst, direct)["ok"]
+    container = azurite.client().get_container_client(parse(dst).bucket)
+    assert "new.bin" not in [b.name for b in container.list_blobs(include=["uncommittedblobs"])]
