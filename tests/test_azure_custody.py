@@ -108,6 +108,11 @@ def test_adopt_deep_still_takes_an_azure_copy_whose_bytes_are_equal(make_root, e
     r = mcbridge("cp", src, dst, "--adopt", "deep", "--json", env=emulator_env, state_dir=tmp_path)
     assert r.returncode == 0 and json.loads(r.stdout)["files"] == 0, r.stdout + r.stderr
     assert mcbridge("verify", dst, "--deep", env=emulator_env, state_dir=tmp_path).returncode == 0
+    # Read when adopted, its version recorded: while the listing shows that version, the default
+    # verify passes it on the listing, neither reading it again nor calling it rewritten.
+    r = mcbridge("verify", dst, "--json", env=emulator_env, state_dir=tmp_path)
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["counts"]["rehashed"] == 0 and not report["unproven"], report
 
 
 # -- Put Block From URL ------------------------------------------------------------------------
