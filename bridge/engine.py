@@ -640,6 +640,7 @@ class JobContext(jobs.Context):
         self._settler: cf.ThreadPoolExecutor | None = None
         self._behind: collections.deque[cf.Future] = collections.deque()
         self.fallbacks: dict[str, str] = {}      # file -> why its route could not carry it
+        self.unproven: dict[str, str] = {}       # file -> why nothing proved the copy its route made
         self.route_down: str | None = None       # why the job's route is not tried again
         self.cancelled = threading.Event()       # set when the job is interrupted: remote routes cancel
         self.remote: dict | None = None          # what a remote route's service calls its job
@@ -1187,7 +1188,7 @@ def _route(ctx: JobContext, unit: dict) -> dict:
             ctx.progress.skipped(f.size)
         else:
             todo.append(f)
-    fallen = {}
+    fallen, unproven = {}, {}
     ids = {f.rel: f.source_id for f in todo}
     results = iter(()) if ctx.route_down else routes.get(ctx.plan.route).run(ctx, todo)
     for rel, result in results:
@@ -1197,6 +1198,8 @@ def _route(ctx: JobContext, unit: dict) -> dict:
                 ctx.route_down = str(result)
             continue
         ctx.journal.put(f"file:{rel}", ctx.journaled({"rel": rel, "source_id": ids.get(rel, {})}, result.to_dict()))
+        if result.unproven:
+            unproven[rel] = result.note
         ctx.progress.file_finished()
     for f in todo:
         if f.rel not in fallen and ctx.route_down and not ctx.matches(
@@ -1204,9 +1207,10 @@ def _route(ctx: JobContext, unit: dict) -> dict:
             fallen[f.rel] = ctx.route_down
     with ctx._lock:
         ctx.fallbacks.update(fallen)
+        ctx.unproven.update(unproven)
     if fallen:
         ctx.progress.fell_back(len(fallen))
-    return {"route": ctx.plan.route, "fallback": sorted(fallen)}
+    return {"route": ctx.plan.route, "fallback": sorted(fallen), "unproven": sorted(unproven)}
 
 
 def _delete(ctx: JobContext, unit: dict) -> dict:

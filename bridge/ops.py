@@ -98,7 +98,7 @@ def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
         if not ctx.cancel_note:
             raise
         raise JobCancelled(f"{str(exc) or 'interrupted'}; {ctx.cancel_note}") from None
-    route = routes.report(plan, ctx.fallbacks, progress.bytes_through)
+    route = routes.report(plan, ctx.fallbacks, progress.bytes_through, ctx.unproven)
     if ctx.remote:
         route["remote"] = ctx.remote
     return {"source": plan.source, "destination": plan.destination, "files": len(plan.files),

@@ -87,6 +87,7 @@ def test_storage_transfer_from_azure_is_unproven_until_read(make_root, env, tmp_
     fill(src, settings, FILES)
     summary = sts.copy(src, dst, settings)
     assert summary["ok"] and read_tree(dst, settings) == FILES
+    assert sorted(summary["route"]["unproven"]) == sorted(FILES)     # said in the output too
     manifest = read_manifest(get_store(parse(dst), settings), parse(dst))
     assert all(e.note.startswith("unproven:") for e in manifest.files.values())
     assert all(set(e.reported) == {"crc32c", "md5"} for e in manifest.files.values())   # GCS's own
@@ -96,6 +97,8 @@ def test_storage_transfer_from_azure_is_unproven_until_read(make_root, env, tmp_
     assert r.returncode == 1 and r.stdout.count("unproven    ") == len(FILES), r.stdout + r.stderr
     assert "3 unproven" in r.stdout
     assert ops.verify(dst, settings, deep=True)["ok"]
+    again = mcbridge("cp", src, make_root("gs"), "--route", "sts", env=env, state_dir=tmp_path)
+    assert again.returncode == 0 and "3 files unproven: copied by the sts route" in again.stdout, again.stdout
 
 
 def test_storage_transfer_from_s3_is_proven_by_the_checksum_both_stores_computed(make_root, env):

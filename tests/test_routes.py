@@ -60,6 +60,7 @@ def test_same_account_copy_moves_no_data_through_bridge(scheme, counting, make_r
     assert all(e.computed == [] and e.sha256 == "" for e in entries.values())
     if scheme == "az":   # Azure computes no checksum of a blob: nothing proves the copy unread
         assert all(e.unproven and e.reported == {} for e in entries.values())
+        assert sorted(summary["route"]["unproven"]) == sorted(files)
         cheap = ops.verify(dst, settings)
         assert not cheap["ok"] and cheap["counts"]["unproven"] == len(files), (cheap["counts"], cheap["unproven"][:3], cheap["mismatched"][:3], cheap["rehashed"][:3])
     else:

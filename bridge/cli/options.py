@@ -364,6 +364,9 @@ def route_line(summary: dict) -> str:
         return ""
     fell = route.get("fallbacks") or {}
     tail = f"; {plural(len(fell), 'file')} direct: {next(iter(fell.values()))}" if fell else ""
+    unproven = route.get("unproven") or {}
+    if unproven:
+        tail += f"; {plural(len(unproven), 'file')} {next(iter(unproven.values()))} (verify --deep reads them)"
     return f", by {route['name']} ({human_bytes(route['bytes_through_bridge'])} through bridge{tail})"
 
 

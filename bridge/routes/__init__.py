@@ -239,8 +239,13 @@ def _why(name: str) -> str:
             "datasync": "enabled in the settings: DataSync copies to or from S3"}.get(name, f"{name} serves the pair")
 
 
-def report(plan: Plan, fallbacks: dict[str, str], through: int) -> dict[str, Any]:
-    """What ``--json``, the job record and the metrics say of a job's route."""
-    return {"name": plan.route, "why": plan.route_why, "fallbacks": dict(sorted(fallbacks.items())),
-            "bytes_through_bridge": through}
+def report(plan: Plan, fallbacks: dict[str, str], through: int,
+           unproven: dict[str, str] | None = None) -> dict[str, Any]:
+    """What ``--json``, the job record and the metrics say of a job's route; ``unproven``: the
+    files it copied that nothing proved equal to their source (manifest.UNPROVEN), with why."""
+    out = {"name": plan.route, "why": plan.route_why, "fallbacks": dict(sorted(fallbacks.items())),
+           "bytes_through_bridge": through}
+    if unproven:
+        out["unproven"] = dict(sorted(unproven.items()))
+    return out
 

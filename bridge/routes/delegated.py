@@ -30,7 +30,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bridge import jobs
 from bridge.config import Settings
@@ -58,6 +58,7 @@ class Transfer:
     single: str | None
     origin: str = ""      # what the user named, when the source is no store (a URL list)
     filtered: bool = False  # name each object in the remote job (one object, or some of a prefix)
+    unproven: dict[str, str] = field(default_factory=dict)   # once committed: entries nothing proved, why
 
     @property
     def source(self) -> str:
@@ -255,6 +256,7 @@ def commit(transfer: Transfer, settings: Settings,
             raise IntegrityError(f"{root.join(rel)}: the {transfer.route} route reported success but the "
                                  f"object is not there") from None
         entries.append(reported_entry(transfer, rel, src_store, src_info, info))
+    transfer.unproven = {e.path: e.note for e in entries if e.unproven}
     return jobs.commit(dst_store, root, transfer.source, str(root), entries)
 
 
@@ -270,6 +272,7 @@ def summary(transfer: Transfer, progress: Progress, manifest: str, remote: dict)
     return {"source": transfer.source, "destination": str(transfer.dst_root), "files": len(transfer.objects),
             "bytes": transfer.bytes, "ok": True, "errors": [], "manifest": manifest, **progress.snapshot(),
             "route": {"name": transfer.route, "why": "called directly", "fallbacks": {},
-                      "bytes_through_bridge": progress.bytes_through, "remote": remote}}
+                      "bytes_through_bridge": progress.bytes_through, "remote": remote,
+                      **({"unproven": dict(sorted(transfer.unproven.items()))} if transfer.unproven else {})}}
 
 
