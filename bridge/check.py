@@ -9,8 +9,8 @@ part by part in parallel and checked by its part SHA-256s, their ``sha256-tree``
 combined from the parts; its plain whole-file SHA-256, one stream that cannot be split, only when
 asked (``verify --deep --sha256``) or when the entry has no part SHA-256s.
 An object store's object whose listing shows the version committed (its ETag, generation or
-version id as recorded, for an entry holding what the store reported then) needs no request at
-all. Where the store reports no CRC32C (an object committed with ``--store-checksums skip``, or one
+version id as recorded, for an entry holding what the store reported then, or one adopted by
+reading both sides) needs no request at all. Where the store reports no CRC32C (an object committed with ``--store-checksums skip``, or one
 adopted from another tool's copy), another checksum the store computed and reported at commit
 (``reported``: an S3 one-request ETag's MD5, GCS md5; never an Azure Content-MD5, which a client
 can write) is compared, or else the object is re-read and hashed: listed as ``rehashed`` when
