@@ -423,9 +423,10 @@ class Evidence:
     the facts ``assess`` checks against the listing. A ``str`` in place of a fact says why the
     fact could not be had (a file cut short, not of its format)."""
     indexes: Mapping[str, str] = field(default_factory=dict)      # a safetensors index's text
-    safetensors: Mapping[str, int | str | None] = field(default_factory=dict)   # exact size its header
-    #                                                   declares; None: its head is no safetensors header
-    dcp: Mapping[str, int] | str | None = None   # .metadata: storage file -> bytes it must hold; None: not read, no pickle
+    # the exact size a safetensors file's header declares; None: its head is no safetensors header
+    safetensors: Mapping[str, int | str | None] = field(default_factory=dict)
+    # .metadata: each storage file it names -> the bytes it must hold; None: not read, or no pickle
+    dcp: Mapping[str, int] | str | None = None
     orbax_items: tuple[str, ...] | str | None = None   # the items _CHECKPOINT_METADATA names
     recorded: Mapping[str, str] = field(default_factory=dict)   # file -> the bridge record holding this version
     unsettled: Mapping[str, str] = field(default_factory=dict)  # POSIX: file -> how it moved in the quiet period
@@ -606,13 +607,14 @@ def _with_marker(marker: str, files: Mapping[str, SourceFile], layout: Readiness
     return Readiness(True, f"{marker} present; {layout.why}", marker=marker)
 
 
-def _settled(verdict: Readiness, name: str, files: Mapping[str, SourceFile], ev: Evidence) -> Readiness:
+def _settled(verdict: Readiness, files: Mapping[str, SourceFile], ev: Evidence) -> Readiness:
     """On a file system a name can be a file still being written: a file that moved within the
     quiet period holds the checkpoint back unless the layout proved its length (DCP's
     storage files, safetensors' headers, a bridge record)."""
-    proven = set(ev.recorded) | {f for f, n in ev.safetensors.items() if isinstance(n, int)}
-    if verdict.marker == DCP_METADATA and isinstance(ev.dcp, Mapping) and not verdict.trusted:
-        proven |= set(ev.dcp) | {DCP_METADATA}
+    proven = set(ev.recorded) | {f for f, n in ev.safetensors.items() if isinstance(n, int)
+                                 and f in files and files[f].size == n}
+    if isinstance(ev.dcp, Mapping):   # a whole pickle, and every storage file as long as it says
+        proven |= {DCP_METADATA} | {f for f, n in ev.dcp.items() if f in files and files[f].size >= n}
     moving = {f: how for f, how in ev.unsettled.items() if f not in proven}
     if not verdict.committed or not moving:
         return verdict
@@ -642,7 +644,7 @@ def assess(policy: Policy, listing: Mapping[str, Mapping[str, SourceFile]], now:
                                trusted=True)
     for name, verdict in out.items():
         files = listing[name]
-        verdict = _settled(verdict, name, files, evidence.get(name, NO_EVIDENCE))
+        verdict = _settled(verdict, files, evidence.get(name, NO_EVIDENCE))
         times = [f.modified for f in files.values()]
         newest = max(times) if times and None not in times else None
         at = (files[verdict.marker].modified if verdict.marker in files else newest) if verdict.committed else None

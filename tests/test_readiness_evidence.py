@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import pickletools
+import struct
 import sys
 from pathlib import Path
 
@@ -23,13 +24,21 @@ from tests.test_workers_service import service  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.timeout(240)
 
-np = pytest.importorskip("numpy")
-from safetensors.numpy import save  # noqa: E402  (after numpy is known to be there)
-
 
 def tensors_file(n: int, values: int = 64) -> bytes:
-    """A real safetensors file of one float32 tensor of ``values`` values."""
-    return save({f"layers.{n}.weight": np.full((values,), n, dtype=np.float32)}, metadata={"format": "np"})
+    """A safetensors file of one float32 tensor of ``values`` values, as the format lays it out:
+    the header's length (8 bytes, little-endian), the JSON header padded to 8 bytes, the data."""
+    data = struct.pack(f"<{values}f", *[float(n)] * values)
+    header = json.dumps({"__metadata__": {"format": "pt"},
+                         f"layers.{n}.weight": {"dtype": "F32", "shape": [values], "data_offsets": [0, len(data)]}})
+    padded = header.encode() + b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(padded)) + padded + data
+
+
+def test_the_safetensors_fixture_is_what_safetensors_itself_reads():
+    from safetensors import deserialize
+    [(name, tensor)] = deserialize(tensors_file(3))
+    assert name == "layers.3.weight" and tensor["shape"] == [64] and bytes(tensor["data"]) == tensors_file(3)[-256:]
 
 
 # -- the readers, with no store -----------------------------------------------------------------------
