@@ -61,6 +61,15 @@ def _wait_for(what, check, harness, timeout: float = 120):
         time.sleep(0.2)
 
 
+def _queued_children(s, count: int):
+    """The policy run, once it is running and its ``count`` children are queued."""
+    runs = [r for r in s.jobs.list(50) if r.policy and not r.parent]
+    if runs and runs[0].state == "running" and len(runs[0].children) == count and \
+            all(s.jobs.state(child) == "queued" for child in runs[0].children):
+        return runs[0]
+    return None
+
+
 def _over_budget(s, dst_prefix: str) -> str:
     """A copy submitted against a budget it does not fit: its id, held awaiting approval."""
     assert s.cli("budgets", "set", "team", "0.0000001").returncode == 0
@@ -98,10 +107,7 @@ policies:
     beat.schedule["mcbridge-policy:golden"].last_run_at = datetime(2026, 2, 28, 2, 0, 30, tzinfo=timezone.utc)
     assert beat.tick() == 0, "the policy was not due"
 
-    def running_run():
-        runs = [r for r in s.jobs.list(50) if r.policy and not r.parent]
-        return runs[0] if runs and runs[0].state == "running" and len(runs[0].children) == 2 else None
-    run = _wait_for("a policy run with its children queued", running_run, s)
+    run = _wait_for("a policy run with its children queued", lambda: _queued_children(s, 2), s)
     key = s.keys.job(run.id)
     spec = json.loads(s.redis.hget(key, "policy_spec"))
     assert spec["mode"] == "append-only"
@@ -116,6 +122,54 @@ policies:
     assert ended.state == "failed" and ended.errors[0].startswith("refused: "), ended.errors
     refused = s.audit(decision="refused", job=run.id)
     assert "signature does not match" in refused["reason"], refused
+
+
+def test_a_child_marked_verified_by_hand_removes_nothing_where_its_checkpoint_never_landed(signed, tmp_path):
+    """A child's state and verify summary are its record's word. One that never ran, made to look
+    admitted, succeeded and verified in Redis (its admission mark is a digest anyone can compute
+    from its record), does not let retention remove a destination's older checkpoint: the newest
+    must have bridge's commit record at every destination."""
+    s = signed
+    other = unique_name()
+    s.moto.create_bucket(other)
+    _put_checkpoint(s.moto, s.src, "step-400")
+    for bucket in (s.dst, other):
+        s.moto.client().put_object(Bucket=bucket, Key="dr/step-100/part-0.bin", Body=b"the last good copy")
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"""\
+policies:
+  golden:
+    source: s3://{s.src}/golden/
+    destinations: [s3://{s.dst}/dr/, s3://{other}/dr/]
+    checkpoints: "step-*"
+    keep_last: 1
+    mode: mirror
+    verify: store
+    schedule: {{cron: "0 2 * * *"}}
+""")
+    s.worker("control", concurrency=1, queues=["bridge"]).wait_ready()
+    clock = Clock(datetime(2026, 3, 1, 2, 0, 5, tzinfo=timezone.utc))
+    beat = _beat(s.env, policy_file, clock)
+    beat.schedule["mcbridge-policy:golden"].last_run_at = datetime(2026, 2, 28, 2, 0, 30, tzinfo=timezone.utc)
+    assert beat.tick() == 0, "the policy was not due"
+
+    run = _wait_for("a policy run with its children queued", lambda: _queued_children(s, 2), s)
+    first, second = run.children
+    forged = s.jobs.get(second)
+    assert forged.spec["destinations"] == [f"s3://{other}/dr/step-400/"]
+    from bridge.workers.auth import digest, job_document
+    s.redis.set(s.keys.admitted(second), digest(job_document(forged.auth, forged.spec, forged.steering)))
+    s.redis.hset(s.keys.job(second), mapping={"state": "succeeded", "verify": json.dumps({"ok": True}),
+                                              "finished": time.time()})
+    s.redis.hset(s.keys.job(run.id), "children_pending", 1)
+
+    s.worker("data", concurrency=2).wait_ready()
+    ended = _wait_for("the run's end", lambda: (r := s.jobs.get(run.id)) and r.state in ("succeeded", "failed") and r, s)
+    assert s.jobs.get(first).state == "succeeded"
+    assert keys_of(s.moto, other, "dr/") == ["dr/step-100/part-0.bin"]    # the only copy there, kept
+    assert "dr/step-100/part-0.bin" in keys_of(s.moto, s.dst, "dr/")
+    assert ended.state == "failed"
+    assert any("no commit record" in e for e in ended.errors), ended.errors
 
 
 def test_a_job_set_to_queued_by_hand_is_refused_before_any_byte_or_spend(signed):

@@ -249,6 +249,7 @@ def ended(svc, parent) -> None:
             why = refused or (child.errors[0] if child.errors else child.state)
             problems[dst].append(f"{dst}{ckpt}/: {why}")
     settings = svc.settings_for(_spec(policy))
+    _landed(policy, kept, verified, problems, settings)
     try:   # retention deletes at the destinations: the run's tenant must still be allowed to write there
         svc.gate.scope(who, reads=[policy.source], writes=policy.destinations, budget=who.budget)
         removed, unlisted = run.retain(policy, kept, verified, settings)
@@ -297,6 +298,30 @@ def ended(svc, parent) -> None:
         errors.insert(0, f"policy {name}: {kept[-1]} verified at {copies} of {len(policy.destinations)} "
                          f"destinations, {policy.copies_needed} needed")
     svc._end(parent.id, "succeeded" if enough else "failed", errors or None)
+
+
+def _landed(policy: Policy, kept: list[str], verified: dict[str, dict[str, bool]],
+            problems: dict[str, list[str]], settings) -> None:
+    """The newest checkpoint of the window counts as verified at a destination (what lets
+    retention remove older ones everywhere) only where the destination holds bridge's commit
+    record of it: a child's state and verify summary are its record's word, in Redis; the record
+    at the destination is the copy's own, written when it committed. One listing per destination."""
+    from bridge import manifest
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    newest = kept[-1] if kept else None
+    for dst in policy.destinations:
+        if not verified[dst].get(newest):
+            continue
+        root = parse(f"{dst}{newest}/").as_prefix()
+        try:
+            there, why = manifest.committed(get_store(root, settings), root), ""
+        except BridgeError as exc:
+            there, why = False, f": {exc}"
+        if not there:
+            verified[dst][newest] = False
+            problems[dst].append(f"{dst}{newest}/: its job says it was verified, but no commit record of bridge's "
+                                 f"is there{why}")
 
 
 def children_of(run_id: str, count: int) -> list[str]:
