@@ -195,3 +195,24 @@ def test_a_name_with_a_pipe_or_a_star_is_never_a_wider_copy(make_root, settings,
     with pytest.raises(RouteUnavailable, match="'star\\*'"):
         datasync.copy(src + "star*", make_root("s3"), settings)
     assert len(double.calls("CreateTask")) == tasks
+
+
+def test_a_name_that_is_a_folder_of_other_names_is_never_a_wider_copy(make_root, settings, double):
+    """DataSync reads the include pattern "/x" as the folder x too, so naming the object "x" would
+    copy "x/y" with it, which the plan left out: such a job goes direct, saying why."""
+    src, dst = make_root("gs"), make_root("s3")
+    files = {"x": b"x" * 10, "x/y": b"y" * 10, "z": b"z" * 10}
+    fill(src, settings, files)
+    ops.sync(src, dst, settings, route="datasync")
+    tasks = len(double.calls("CreateTask"))
+    fill(src, settings, {"x": b"X" * 12})
+    summary = ops.sync(src, dst, settings, route="datasync")
+    assert summary["sent"] == ["x"] and "folder" in summary["route"]["fallbacks"]["x"], summary["route"]
+    assert len(double.calls("CreateTask")) == tasks
+    assert read_tree(dst, settings) == {**files, "x": b"X" * 12}
+    assert ops.verify(dst, settings)["ok"]
+    with pytest.raises(RouteUnavailable, match="folder x/"):
+        datasync.copy(src + "x", make_root("s3"), settings)
+    assert len(double.calls("CreateTask")) == tasks
+    datasync.copy(src + "z", make_root("s3"), settings)     # one object with nothing under it: filtered
+    assert double.calls("CreateTask")[-1]["Includes"][0]["Value"] == "/z"

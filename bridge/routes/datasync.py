@@ -120,23 +120,54 @@ def location_request(loc: Location, settings: Settings, writing: bool) -> tuple[
                                           "Subdirectory": _sub(loc), **agents}
 
 
-def unnamable(rels: list[str]) -> str | None:
-    """Why one task's include filter cannot name exactly these objects, or None when it can."""
+def unnamable(rels: list[str], listed=()) -> str | None:
+    """Why one task's include filter cannot name exactly these objects among the source's
+    ``listed`` names, or None when it can."""
     odd = next((rel for rel in rels if "|" in rel or "*" in rel), None)
     if odd is not None:
         return (f"route datasync cannot name {odd!r} in an include filter: DataSync reads '|' as the "
                 f"separator of its patterns and '*' as a wildcard, and escapes neither")
     if sum(len(rel) + 2 for rel in rels) > MAX_FILTER:
         return f"route datasync cannot name {len(rels):,} objects in one include filter ({MAX_FILTER:,} characters)"
+    folder = _folder_named(rels, listed)
+    if folder is not None:
+        return (f"route datasync cannot name {folder!r} alone in an include filter: DataSync reads the pattern "
+                f"'/{folder}' as the folder {folder}/ too, and other objects of the source are under it")
     return None
 
 
-def include_filter(rels: list[str]) -> list[dict]:
-    """The task's Includes naming exactly ``rels`` (relative to the source's Subdirectory)."""
-    why = unnamable(rels)
+def _folder_named(rels: list[str], listed) -> str | None:
+    """A name of ``rels`` that is a folder of a ``listed`` name outside ``rels``: a pattern for it
+    would take that object too."""
+    named = set(rels)
+    for name in listed:
+        if name in named:
+            continue
+        parts = name.split("/")
+        head = next(("/".join(parts[:i]) for i in range(1, len(parts)) if "/".join(parts[:i]) in named), None)
+        if head is not None:
+            return head
+    return None
+
+
+def include_filter(rels: list[str], listed=()) -> list[dict]:
+    """The task's Includes naming exactly ``rels`` (relative to the source's Subdirectory), among
+    the source's ``listed`` names."""
+    why = unnamable(rels, listed)
     if why:
         raise RouteUnavailable(why)
     return [{"FilterType": "SIMPLE_PATTERN", "Value": "|".join("/" + rel for rel in rels)}]
+
+
+def _under(transfer: native.Transfer, settings: Settings) -> list[str]:
+    """For one object: the names under it as a folder (its pattern would take them); a filtered
+    prefix was listed whole when planned (bridge/routes/native.py passes that listing)."""
+    if transfer.single is None or len(transfer.objects) != 1:
+        return []
+    rel = transfer.objects[0][0]
+    folder = transfer.src_root.join(rel).as_prefix()
+    first = next(iter(get_store(folder, settings).list(folder)), None)
+    return [first.location.relative_to(transfer.src_root)] if first is not None else []
 
 
 def check(src: Location, dst: Location, settings: Settings) -> None:
@@ -312,7 +343,8 @@ def run(transfer: native.Transfer, settings: Settings, *, progress: Progress, st
     service creating a location and bridge reading its answer leaves that location unrecorded.)"""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    includes = include_filter([rel for rel, _ in transfer.objects]) if transfer.filtered else None
+    includes = include_filter([rel for rel, _ in transfer.objects], _under(transfer, settings)) \
+        if transfer.filtered else None
     requests = [location_request(transfer.src_root, settings, False),
                 location_request(transfer.dst_root, settings, True)]
     client = client or client_for(settings)

@@ -68,7 +68,7 @@ class NativeRoute(Route):
                 raise IntegrityError(f"{ctx.src_loc(f.rel)}: changed since the copy was planned; run it again")
             objects.append((f.rel, info))
         named = ctx.plan.single is not None or set(listed) != {f.rel for f in files}
-        why = self.module.unnamable([f.rel for f in files]) if named else None
+        why = self.module.unnamable([f.rel for f in files], listed) if named else None
         if why:
             raise RouteUnavailable(why)
         return native.Transfer(self.name, ctx.src_root, ctx.dst_root, objects, ctx.plan.single, filtered=named)

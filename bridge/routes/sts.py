@@ -170,8 +170,9 @@ def transfer_spec(transfer: native.Transfer, settings: Settings, list_url: str |
     return {**source, **sink}
 
 
-def unnamable(rels: list[str]) -> str | None:
-    """Why one job's transfer manifest cannot name exactly these objects, or None when it can."""
+def unnamable(rels: list[str], listed=()) -> str | None:
+    """Why one job's transfer manifest cannot name exactly these objects, or None when it can
+    (a manifest names objects, never folders: what else is ``listed`` does not matter)."""
     if len(rels) > MAX_NAMED:
         return f"route sts names at most {MAX_NAMED:,} objects in one job's transfer manifest, not {len(rels):,}"
     odd = next((rel for rel in rels if "\n" in rel or "\r" in rel), None)
