@@ -33,7 +33,7 @@ from typing import Any
 from bridge import manifest as manifests
 from bridge.errors import BridgeError, ObjectNotFound
 from bridge.policies import replication as rules
-from bridge.stores.base import ObjectInfo, Store, identity_changed, is_reserved
+from bridge.stores.base import RESERVED, ObjectInfo, Store, identity_changed, is_reserved
 from bridge.urls import Location
 
 DCP_METADATA_MAX = 64 * 1024 * 1024      # a .metadata larger than this is not read (taken on its name)
@@ -161,18 +161,29 @@ def _ancestors(root: Location) -> list[Location]:
             for n in range(len(parts), -1, -1)]
 
 
+def _record_version(store: Store, at: Location) -> tuple:
+    """What names the record at ``at`` as it is now: its files under ``_bridge/``, each with
+    its size and version (one listing); () when there is none."""
+    home = manifests.record_home(store, at).join(RESERVED).as_prefix()
+    return tuple(sorted((info.location.key, info.size, tuple(sorted(info.identity.items())))
+                        for info in store.list(home)))
+
+
 def _record_entries(store: Store, at: Location, under: str = "") -> dict[str, tuple[int, dict]]:
     """The entries of the record at ``at`` whose paths start with ``under`` (path -> size,
-    identity), read once per version of the record; {} when there is none."""
+    identity); {} when there is none. Read once per version of the record: a watch that lists
+    every few seconds pays one listing of ``_bridge/`` per tick, not a read of every commit."""
     try:
-        record = manifests.open_record(store, at)
-    except BridgeError:
+        version = _record_version(store, at)
+        if not version:
+            return {}
+        key = ("record", str(at), under, version)
+        if key not in _CACHE:
+            record = manifests.open_record(store, at)
+            _remember(key, {} if record is None else
+                      {e.path: (e.size, e.identity) for e in record.entries() if e.path.startswith(under)})
+    except BridgeError:   # a folder above the source we may not list, a record being compacted
         return {}
-    if record is None:
-        return {}
-    key = ("record", str(at), under, tuple(str(s.loc) for s in record.sources))
-    if key not in _CACHE:
-        _remember(key, {e.path: (e.size, e.identity) for e in record.entries() if e.path.startswith(under)})
     return _CACHE[key]
 
 
