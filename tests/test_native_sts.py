@@ -296,3 +296,36 @@ def test_exclude_copies_exactly_the_planned_objects_by_a_transfer_manifest(make_
     assert report["ok"] and report["counts"]["extra"] == 0, report
     store = get_store(parse(dst), settings)
     assert [i.location.key for i in store.list(parse(dst).join("_bridge/sts/"))] == []   # removed after the job
+
+
+def test_a_killed_filtered_copy_leaves_its_transfer_manifest_to_the_rerun_which_removes_it(make_root, tmp_path,
+                                                                                           moto, fake_gcs, azurite,
+                                                                                           env_for):
+    """SIGKILL while the job runs: the transfer manifest stays (the adopted operation still reads
+    it) and is named in the ledger; the re-run follows that operation and removes the manifest."""
+    import subprocess
+    from tests.helpers import MCBRIDGE, NO_CONFIG
+    from tests.test_native_orphans import FILES as FIVE, kill, nothing_recorded, sts_running, wait_for
+    with StorageTransferDouble(gcs_endpoint=fake_gcs.endpoint, s3_endpoint=moto.endpoint) as double:
+        env = env_for("s3", "gs")
+        env.update(MCBRIDGE_STS_ENDPOINT=double.endpoint, MCBRIDGE_POLL_INTERVAL="0.05",
+                   MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
+        env.pop("MCBRIDGE_CONFIG", None)
+        settings = settings_for(env)
+        src, dst = make_root("s3"), make_root("gs")
+        fill(src, settings, FIVE)
+        command = [*MCBRIDGE, "cp", src, dst, "--route", "sts", "--exclude", "f0", "-q"]
+        double.paused.set()
+        first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: sts_running(double), "the remote job to run")
+        kill(first)
+        store, manifests = get_store(parse(dst), settings), parse(dst).join("_bridge/sts/")
+        assert len(list(store.list(manifests))) == 1 and not nothing_recorded(tmp_path)
+        rerun = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: len(double.server.calls("")) > 6, "the re-run to poll")
+        double.paused.clear()
+        _out, err = rerun.communicate(timeout=120)
+        assert rerun.returncode == 0, err
+        assert len(double.server.calls(":run")) == 1     # adopted, not run again
+        assert read_tree(dst, settings) == {k: v for k, v in FIVE.items() if k != "f0"}
+        assert list(store.list(manifests)) == [] and nothing_recorded(tmp_path)

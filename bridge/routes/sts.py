@@ -51,7 +51,9 @@ from bridge.stores.base import RESERVED, ObjectInfo
 from bridge.urls import Location, parse
 
 ROUTE = "sts"
-MAX_NAMED = 1_000_000   # rows of one transfer manifest (the service takes a CSV of up to 1 GiB, ~1M rows)
+# Objects one job names in its transfer manifest: the service takes a manifest of any size from an
+# agentless source (S3, Azure, GCS), but bridge builds it in memory and writes it in one request.
+MAX_NAMED = 1_000_000
 PAIRS = {("s3", "gs"), ("az", "gs"), ("gs", "gs")}
 SAS_DAYS = 7
 LIST_HEADER = "TsvHttpData-1.0"
