@@ -347,3 +347,61 @@ def test_a_job_cancelled_while_queued_is_dropped_by_its_plan_task(service, make_
     assert service.jobs.get(job_id).state == "cancelled"
     log = worker.log_tail(400)
     assert "Traceback" not in log and "ERROR/" not in log, log   # no task failed
+
+
+# -- a task busy inside one call ---------------------------------------------------------------------
+
+def _busy_tree(root, files: int) -> None:
+    """``files`` files, each under three folders of its own, every name 240 random a's and b's
+    ending with an a: 963-character paths no two of which share a folder."""
+    import random
+    rng = random.Random(46)
+    for _ in range(files):
+        parts = ["".join(rng.choice("ab") for _ in range(239)) + "a" for _ in range(4)]
+        path = root.joinpath(*parts)
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"x")
+
+
+def test_a_cancel_ends_a_task_busy_inside_one_call(service, tmp_path):  # noqa: F811
+    """A job's plan busy in one long call, which never looks at the cancel: its listing goes
+    through two globs, one that Python's `re` backtracks on for ever (five '**' runs against
+    names ending without their b) and one within the limits that still costs the automaton tens
+    of milliseconds a name (bridge/filters.py: a position for every a in the last 250
+    characters), over 2,000 such names: a minute or more of matching either way. ``jobs cancel``
+    returns within seconds: the pool process that was busy is ended (after the grace its watcher
+    gives it) with the job's finalize handed over, which ends the record cancelled, nothing at
+    the destination; the worker's new pool process runs the next job. Without the ending, the
+    plan goes on matching and the cancel waits out its timeout."""
+    import psutil
+    from bridge.workers.executor import Service
+    src, small = tmp_path / "src", tmp_path / "small"
+    _busy_tree(src, 2000)
+    small.mkdir()
+    (small / "f").write_bytes(b"after")
+    worker = service.worker("w1", concurrency=1, threads=1)
+    worker.wait_ready()
+    pool = psutil.Process(worker.pid).children(recursive=True)
+    job_id = service.submit("cp", f"{src}/", f"{tmp_path}/out/", "--include", "**a**a**a**a**a**b",
+                            "--include", "{**a,x}" + "[^c]" * 250)
+    service.wait(job_id, timeout=60, states=("planning",))
+    (busy,) = pool   # its one pool process, planning
+    spent = busy.cpu_times().user
+    time.sleep(2)   # well inside the listing
+    assert service.jobs.get(job_id).state == "planning" and busy.cpu_times().user > spent + 0.1
+
+    asked = time.monotonic()
+    r = service.cli("jobs", "cancel", job_id, "--timeout", "40")
+    took = time.monotonic() - asked
+    assert r.returncode == 0 and "workers stopped" in r.stdout, (r.stdout + r.stderr, worker.log_tail(30))
+    print(f"busy plan: the cancel returned in {took:.1f}s (the watcher's grace: {Service.CANCEL_GRACE:.0f}s)")
+    assert took < 30, took
+    assert not busy.is_running() or busy.status() == psutil.STATUS_ZOMBIE, "the busy process goes on"
+    assert "ending its pool process" in worker.log_tail(200)
+    record = service.jobs.get(job_id)
+    assert record.state == "cancelled" and record.finished is not None, record.to_dict()
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("*")), "left at the destination"
+
+    later = service.submit("cp", f"{small}/", f"{tmp_path}/later/")
+    assert service.wait(later, timeout=60).state == "succeeded"
+    assert (tmp_path / "later" / "f").read_bytes() == b"after"

@@ -36,6 +36,8 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -374,12 +376,18 @@ class Service:
         # every request this task sends, counted in the job's meter as it leaves (workers/metering.py)
         metered = meter.Meter(ahead=JobMeterLog(self.r, self.keys.job(ref.job, "meter")))
         started = time.perf_counter()
+        cancelled, returned = threading.Event(), threading.Event()
+        extra = {"cancelled": cancelled} if ref.task == TRANSFER else {}
+        if ref.task in (PLAN, TRANSFER):   # a finalize of a cancelled job is its discard: never ended
+            threading.Thread(target=self._watch_cancel, args=(lease, cancelled, returned), daemon=True,
+                             name=f"cancel-watch-{ref.id}").start()
         with lease.heartbeat(), meter.metering(metered):
             try:
                 if attempts > self.ws.max_attempts:
                     raise BridgeError(f"task {ref.id} was started {attempts - 1} times without finishing (its "
                                       f"worker died each time: out of memory?); giving up on it")
-                outcome = step(lease, *ref.args) if planned is None else step(lease, ref.job, planned=planned)
+                outcome = step(lease, *ref.args, **extra) if planned is None else \
+                    step(lease, ref.job, planned=planned, **extra)
             except Exception as exc:
                 log.exception("task %s (%s of job %s) failed", ref.id, ref.task, ref.job)
                 outcome = {"error": _describe(exc)}
@@ -388,6 +396,7 @@ class Service:
                 else:
                     self._end(ref.job, "failed", [outcome["error"]])
             finally:
+                returned.set()
                 self._metered(ref.job, metered)
         here = outcome.pop("here", None)   # the plan's first transfer, its lease held, and the rest held (_plan)
         if lease.lost.is_set():   # a first transfer leased here runs again once its lease expires
@@ -697,9 +706,10 @@ class Service:
         return header
 
     def _transfer(self, lease: Lease, job_id: str, sub: dict | str | None = None, sig: str | None = None, *,
-                  planned: Planned | None = None) -> dict:
+                  planned: Planned | None = None, cancelled: threading.Event | None = None) -> dict:
         """A slice of the plan: from a message, checked against its planner's signature and the
-        tenant's scope; or ``planned`` by this process, whose plan was checked as it was made."""
+        tenant's scope; or ``planned`` by this process, whose plan was checked as it was made.
+        ``cancelled``: set by the step's watcher (``_watch_cancel``) when the job is cancelled."""
         from bridge.progress import Progress
         record = self.jobs.get(job_id)
         if record is None or record.state in ("cancelled", "failed", "succeeded"):
@@ -727,10 +737,7 @@ class Service:
         if hasattr(kind, "marks"):
             before, start = self._marks(job_id, lease.ref.id, kind, sub, journal)
         recorded = Recorded(journal)   # what this attempt finishes: its journal after it is start (or before) and that
-        cancelled = threading.Event()   # set by the watcher: no request is sent after it (bridge.retry.stopping)
-        watcher = threading.Thread(target=self._watch_cancel, args=(job_id, cancelled, lease), daemon=True,
-                                   name=f"cancel-watch-{job_id}")
-        watcher.start()
+        cancelled = cancelled or threading.Event()   # once set, no request is sent (bridge.retry.stopping)
         try:
             from bridge.retry import stopping
             moving = time.perf_counter()
@@ -738,7 +745,6 @@ class Service:
                 ran = kind.run(sub, self.settings_for(spec), recorded, progress, stop.units)
             moving = time.perf_counter() - moving
         finally:
-            watcher.done = True
             if before is not None:  # what finished in this run, whatever happened next
                 self._used(job_id, kind.used(sub, before, (before if start is None else start) | recorded.keys))
         sink.close(progress, max_units=ran.units)
@@ -751,20 +757,62 @@ class Service:
         return {"ok": not ran.errors, "errors": len(ran.errors), "stopped": stop(),
                 "bytes": progress.bytes_done - progress.bytes_skipped, "moving_ms": int(moving * 1000)}
 
-    CANCEL_POLL = 0.2   # seconds between looks at a running task's job state
+    CANCEL_POLL = 0.2    # seconds between looks at a running task's job state
+    CANCEL_GRACE = 5.0   # seconds a step has, once its job is cancelled, before its process is ended
 
-    def _watch_cancel(self, job_id: str, cancelled: threading.Event, lease: Lease) -> None:
-        """While a task runs: set ``cancelled`` as soon as its job is cancelled (or its lease lost)."""
-        me = threading.current_thread()
+    def _watch_cancel(self, lease: Lease, cancelled: threading.Event, returned: threading.Event) -> None:
+        """While a plan or transfer step runs: set ``cancelled`` as soon as its job is cancelled
+        (or its lease lost); the step stops at its next unit, its requests at their next piece.
+        A step busy inside one long call (a listing through a costly glob, any CPU-bound step)
+        never looks: if it has not returned ``CANCEL_GRACE`` seconds after its job's cancel, its
+        process is ended (``_end_busy``)."""
         from redis.exceptions import RedisError
-        while not getattr(me, "done", False):
+        job_id = lease.ref.job
+        while not returned.is_set():
             try:
-                if lease.lost.is_set() or self.jobs.state(job_id) in ("cancelled", None):
+                if lease.lost.is_set():
                     cancelled.set()
-                    return
+                    return   # another delivery runs it: this one stops at its next unit
+                if self.jobs.state(job_id) in ("cancelled", None):
+                    cancelled.set()
+                    break
             except RedisError as exc:
                 log.warning("job %s: state not read: %s", job_id, exc)
-            time.sleep(self.CANCEL_POLL)
+            returned.wait(self.CANCEL_POLL)
+        else:
+            return
+        if not returned.wait(self.CANCEL_GRACE):
+            self._end_busy(lease)
+
+    def _end_busy(self, lease: Lease) -> None:
+        """End this pool process, whose step did not stop after its job's cancel, once it has
+        handed over what the step would have: a transfer counts as done, and when it was its
+        job's last the finalize is sent (a cancelled job's finalize aborts its uploads and ends
+        its record, so nothing partial is committed); a plan is marked done, and when it had not
+        written its plan yet (so no task of it was sent) its finalize is sent too. Celery's pool
+        starts a new process, and the task's message, given back when this one dies, finds the
+        task done. A pool without child processes (threads, solo) cannot end one task alone: it
+        is only logged."""
+        from billiard.process import current_process
+        ref = lease.ref
+        if not current_process().name.startswith("ForkPoolWorker"):
+            log.warning("job %s: task %s is still busy %.0fs after the job was cancelled; a %s pool cannot end "
+                        "it alone", ref.job, ref.id, self.CANCEL_GRACE, current_process().name)
+            return
+        log.warning("job %s: task %s did not stop within %.0fs of the job's cancel (busy inside one call): "
+                    "ending its pool process %d", ref.job, ref.id, self.CANCEL_GRACE, os.getpid())
+        finalize = TaskRef(f"{ref.job}.finalize", FINALIZE, [ref.job], ref.queue, ref.job)
+        try:
+            if ref.task == TRANSFER:
+                if lease.complete(True, finalize) == 0:
+                    self.send(finalize)
+            else:
+                planned = self.r.hexists(self.keys.job(ref.job), "plan")
+                lease.complete(False)
+                if not planned:
+                    self.send(finalize)
+        finally:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def _recount(self, job_id: str, task: str, progress, earlier: dict[str, int]) -> None:
         """A task run again after its worker died found that worker's finished units in the
