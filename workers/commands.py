@@ -309,9 +309,8 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
     spec = parse_spec({k: v for k, v in fields.items() if v is not None})
     estimate = _within_budget(spec, max_cost) if max_cost is not None or budget is not None else None
     ws = _ws(broker)
-    if ws.service_policy:   # a worker on this machine would refuse every job; say so before one is queued
-        from bridge.cli.policy import load_service_policy
-        load_service_policy(Path(ws.service_policy))
+    if ws.service_policy:
+        _looks_like_a_service_policy(Path(ws.service_policy))
     if dry_run:
         from bridge.workers.executor import route
         summary = {"spec": spec.to_dict(), "queue": route(ws, spec)}
@@ -349,6 +348,22 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
         err.print(f"queued {spec.kind} job {job_id} on {queue}", markup=False)
     if wait:
         raise typer.Exit(_follow(svc.jobs, job_id, quiet=quiet, as_json=as_json))
+
+
+def _looks_like_a_service_policy(path: Path) -> None:
+    """The service policy workers on this machine would read (BRIDGE_SERVICE_POLICY, else the
+    service directory's): a worker given one that is no policy refuses every job, so a submit is
+    refused first. Only a look (readable text, with tenants:), not a load: a policy is checked by
+    pydantic, which a submit does not import (~0.15 s of its start); each worker loads it, and
+    mcbridge policy check names every mistake."""
+    import re
+
+    from bridge.config import read_text_file
+    from bridge.errors import InvalidOption
+    text = read_text_file(path, "service policy (BRIDGE_SERVICE_POLICY)")
+    if not re.search(r"^tenants\s*:", text, re.MULTILINE):   # as bridge.policies.tenants.is_service_policy
+        raise InvalidOption(f"service policy (BRIDGE_SERVICE_POLICY) {path}: no tenants: in it, so it is no service "
+                            f"policy; see mcbridge policy check")
 
 
 def _submitter(ws, client):
