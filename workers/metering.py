@@ -4,8 +4,9 @@ A task's ``bridge.meter.Meter`` is given a ``JobMeterLog`` as its ``ahead``: eac
 (and its body's bytes) is added to the job's hash before the request is sent, each answer's bytes
 when it comes. So a worker killed with SIGKILL has had every request it sent counted, those in
 flight included, and the job's spend is priced from every run of its tasks: what crossed the
-wire, not what the runs that lived to report sent. One round trip per request and per answer
-that carries bytes (about 50 us on loopback); a part is MiBs against it, a small file a few ms.
+wire, not what the runs that lived to report sent. A request the kill cut half-way is counted
+whole: it left, and a store may bill it. One round trip per request and per answer that carries
+bytes (50-150 us to a Redis on loopback): a part is MiBs against it, a small file's PUT some ms.
 
 When Redis does not take a count, the meter keeps it and the task hands it over when it ends
 (workers/executor.py ``_metered``), as it did before counts went ahead; a worker killed then
