@@ -24,6 +24,7 @@ import pytest
 from bridge.errors import InvalidOption
 from bridge.filters import MAX_GLOB_CHARS, MAX_GLOBS, Automaton, Filters, dir_matcher, glob_regex, parse_glob
 from tests.helpers import mcbridge
+from tests.test_service_security import secured  # noqa: F401  (the fixture)
 from tests.test_workers_service import service  # noqa: F401  (the fixture)
 
 RCLONE = shutil.which("rclone") or str(Path(sys.executable).parent / "rclone")
@@ -114,6 +115,29 @@ def test_a_worker_runs_a_signed_job_carrying_a_brace_glob(service, tmp_path):  #
     copied = sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*")
                     if p.is_file() and "_bridge" not in p.parts)
     assert copied == ["ab" * (n // 2) + "/x"]
+
+
+def test_a_worker_answers_the_globs_of_signed_jobs_written_by_hand_at_once(secured):  # noqa: F811
+    """Jobs signed with the tenant's key and written to Redis by hand, as anyone holding that
+    key can, past every check of the command line: the worker admits the one whose glob has 22
+    braces and runs it at once (it hung a pool process before, its memory rising); it refuses
+    the one whose glob is past the length limit, in one line, before listing anything."""
+    s = secured
+    n = 22
+    s.moto.client().put_object(Bucket=s.src, Key="team-a/in/" + "ab" * (n // 2) + "/x", Body=b"selected")
+    jobs = {"braces": brace_glob(n), "toolong": "a/" * (MAX_GLOB_CHARS // 2) + "x"}
+    for job_id, glob in jobs.items():
+        spec = {"kind": "copy", "source": f"s3://{s.src}/team-a/in/",
+                "destinations": [f"s3://{s.dst}/team-a/{job_id}/"], "verify": "store", "filters": {"include": [glob]}}
+        s.write_record(job_id, spec, auth=s.keyring.sign_job("team-a", job_id, spec, budget=None, ttl=3600))
+        s.push("bridge.plan", [job_id])
+    record = s.wait("braces", timeout=HANG)
+    assert record.state == "succeeded", (record.errors, s.processes[0].log_tail(30))
+    copied = s.moto.client().list_objects_v2(Bucket=s.dst, Prefix="team-a/braces/").get("Contents", [])
+    assert [o["Key"] for o in copied if "/_bridge/" not in o["Key"]] == ["team-a/braces/" + "ab" * (n // 2) + "/x"]
+    record = s.wait("toolong", timeout=HANG)
+    assert record.state == "failed" and len(record.errors) == 1, record.errors
+    assert f"at most {MAX_GLOB_CHARS} are taken" in record.errors[0] and "\n" not in record.errors[0], record.errors
 
 
 # -- the limits ------------------------------------------------------------------------------------
