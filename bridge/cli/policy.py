@@ -127,9 +127,10 @@ def replicate(policy_file: Annotated[Path, typer.Option("--policy", help="YAML f
               max_cost: MaxCostOpt = None, as_json: JsonOpt = False, quiet: QuietOpt = False,
               profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Replicate checkpoints by the rules of a policy file: the newest keep_last committed ones
-    to every destination, each verified; with mode mirror, older ones removed only once the
-    newest is proven everywhere. The filters narrow each checkpoint's files further (paths
-    inside a checkpoint)."""
+    to every destination, each verified; with mode mirror, an older one removed only once the
+    newest is proven everywhere and keep_last newer ones, committed by evidence, are proven
+    where it is. A checkpoint committed on trust (a marker nothing read confirms) is said so.
+    The filters narrow each checkpoint's files further (paths inside a checkpoint)."""
     from bridge.errors import InvalidOption
     from bridge.replication import run_once
     from bridge.policies.replication import select
