@@ -23,6 +23,10 @@ The plan's sub-plans go to Redis a few MiB at a time as they are made, and out a
 time; the commit streams the journal's file records in key order (workers/journal.py). What a unit is depends on the kind of job (workers/kinds.py);
 the units themselves are bridge's own, the same ones its in-process executors run.
 
+A cancelled job's tasks stop at their next unit (their requests at their next piece); a plan or
+transfer busy inside one call that never looks is ended with its pool process a few seconds after
+the cancel, what it would have handed over handed over first (``Service._watch_cancel``).
+
 A task carries its job id and its slice of the plan; the worker loads settings (and the
 credentials in them) for the job's profile from its own environment. The planner runs the first
 slice itself, unsent, then each slice it still holds (up to ``HOLD_BYTES`` of them) that no other
@@ -782,9 +786,9 @@ class Service:
         else:
             return
         if not returned.wait(self.CANCEL_GRACE):
-            self._end_busy(lease)
+            self._end_busy(lease, returned)
 
-    def _end_busy(self, lease: Lease) -> None:
+    def _end_busy(self, lease: Lease, returned: threading.Event) -> None:
         """End this pool process, whose step did not stop after its job's cancel, once it has
         handed over what the step would have: a transfer counts as done, and when it was its
         job's last the finalize is sent (a cancelled job's finalize aborts its uploads and ends
@@ -799,6 +803,8 @@ class Service:
             log.warning("job %s: task %s is still busy %.0fs after the job was cancelled; a %s pool cannot end "
                         "it alone", ref.job, ref.id, self.CANCEL_GRACE, current_process().name)
             return
+        if returned.is_set():
+            return   # it returned as the grace ran out: its own hand-over is under way
         log.warning("job %s: task %s did not stop within %.0fs of the job's cancel (busy inside one call): "
                     "ending its pool process %d", ref.job, ref.id, self.CANCEL_GRACE, os.getpid())
         finalize = TaskRef(f"{ref.job}.finalize", FINALIZE, [ref.job], ref.queue, ref.job)
