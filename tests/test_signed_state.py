@@ -126,9 +126,9 @@ policies:
 
 def test_a_child_marked_verified_by_hand_removes_nothing_where_its_checkpoint_never_landed(signed, tmp_path):
     """A child's state and verify summary are its record's word. One that never ran, made to look
-    admitted, succeeded and verified in Redis (its admission mark is a digest anyone can compute
-    from its record), does not let retention remove a destination's older checkpoint: the newest
-    must have bridge's commit record at every destination."""
+    succeeded and verified in Redis (and admitted, as a child that ran and failed is: its mark
+    made here with the tenant's key), does not let retention remove a destination's older
+    checkpoint: the newest must have bridge's commit record at every destination."""
     s = signed
     other = unique_name()
     s.moto.create_bucket(other)
@@ -158,7 +158,11 @@ policies:
     forged = s.jobs.get(second)
     assert forged.spec["destinations"] == [f"s3://{other}/dr/step-400/"]
     from bridge.workers.auth import digest, job_document
-    s.redis.set(s.keys.admitted(second), digest(job_document(forged.auth, forged.spec, forged.steering)))
+    from bridge.workers.gate import Gate
+    from bridge.workers.settings import WorkerSettings
+    gate = Gate(WorkerSettings.from_env(s.env), s.redis, s.keys)
+    s.redis.set(s.keys.admitted(second), gate.mark("team-a", digest(job_document(forged.auth, forged.spec,
+                                                                                  forged.steering))))
     s.redis.hset(s.keys.job(second), mapping={"state": "succeeded", "verify": json.dumps({"ok": True}),
                                               "finished": time.time()})
     s.redis.hset(s.keys.job(run.id), "children_pending", 1)
@@ -250,6 +254,37 @@ def test_an_estimate_its_submitter_signed_too_low_is_priced_again_by_the_worker_
     r = s.cli("submit", "cp", f"s3://{s.src}/team-a/in/", f"s3://{s.dst}/team-a/fair/", "--budget", "team", "--wait")
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(keys_of(s.moto, s.dst, "team-a/fair/")) == 4
+
+
+def test_an_admission_mark_written_by_hand_admits_nothing(redis_url, tmp_path):
+    """``<ns>:admitted:<job>`` says a worker admitted the job. The job's digest is no secret (anyone
+    can hash the record's signed document), so the mark is a MAC of it with the tenant's key."""
+    from bridge.workers.auth import digest, job_document
+    from bridge.workers.gate import Gate
+    from bridge.workers.jobs import Jobs
+    from bridge.workers.keys import Keys
+    from bridge.workers.settings import WorkerSettings
+    from bridge.workers.specs import JobSpec
+    from bridge.workers.keys import redis_client
+    namespace = f"mcbt-{uuid.uuid4().hex[:10]}"
+    ws = WorkerSettings.from_env({"BRIDGE_BROKER_URL": redis_url, "BRIDGE_NAMESPACE": namespace,
+                                  **tenant_env(tmp_path / "keys", tenant="team-a")})
+    client, keys = redis_client(redis_url), Keys(namespace)
+    gate, jobs = Gate(ws, client, keys), Jobs(client, keys, 3600)
+    try:
+        spec = JobSpec(kind="copy", source="s3://corpus/a/", destinations=["s3://out/a/"])
+        job_id = Jobs.new_id()
+        jobs.create(spec, queue="bridge.s3", job_id=job_id,
+                    auth=gate.keyring.sign_job("team-a", job_id, spec.to_dict(), budget=None, ttl=600))
+        record = jobs.get(job_id)
+        client.set(keys.admitted(job_id), digest(job_document(record.auth, record.spec)))
+        with pytest.raises(Refused, match="was never admitted by a worker"):
+            gate.check(record)
+        client.delete(keys.admitted(job_id))
+        who = gate.admit(record)
+        assert gate.check(record) == who and client.get(keys.admitted(job_id)) != who.digest
+    finally:
+        purge_namespace(redis_url, namespace)
 
 
 def test_the_job_signature_covers_the_estimate_and_the_fields_that_steer_it():

@@ -2,7 +2,8 @@
 
     plan       the job's signature (workers/auth.py: over its spec and every record field that
                steers it, a policy run's policy and window among them), its expiry, its id
-               admitted once (SET NX ``<ns>:admitted:<job>``); a job charged to a budget, the
+               admitted once (SET NX ``<ns>:admitted:<job>``, a MAC of the job's digest with
+               its tenant's key, so a mark written by hand admits nothing); a job charged to a budget, the
                reservation its admission made (that budget, its signed estimate: one moved to
                queued by hand holds none); then its source and destinations against its
                tenant's scope (policies/tenants.py) and this worker's local roots; after
@@ -39,7 +40,7 @@ from typing import Any
 
 from bridge.errors import BridgeError
 from bridge.redact import redact
-from bridge.workers.auth import Keyring, Refused
+from bridge.workers.auth import VERSION, Keyring, Refused
 from bridge.workers.keys import Keys
 from bridge.workers.settings import WorkerSettings
 
@@ -256,10 +257,10 @@ class Gate:
         auth = record.auth
         digest = self.keyring.check_job(record.id, record.spec, auth, record.steering)
         self.budget_admitted(record)
-        key = self.keys.admitted(record.id)
+        key, mark = self.keys.admitted(record.id), self.mark(auth["tenant"], digest)
         before = self.r.get(key)
         if before is not None:
-            if before == digest and record.state in ("planning", "running"):
+            if before == mark and record.state in ("planning", "running"):
                 return Admitted.of(auth, digest)   # its planner died: still once
             raise Refused(f"job {record.id} was admitted before: a job id runs once (a replay of a signed job?)")
         if (now or time.time()) > auth["expires"]:
@@ -267,7 +268,7 @@ class Gate:
             raise Refused(f"job {record.id}: its signature expired at {iso(auth['expires'])} before a worker "
                           f"admitted it (BRIDGE_SIGNATURE_TTL); submit it again")
         ttl = int(max(self.ws.job_ttl, auth["expires"] - time.time() + 86400))
-        if not self.r.set(key, digest, nx=True, ex=ttl):
+        if not self.r.set(key, mark, nx=True, ex=ttl):
             raise Refused(f"job {record.id} was admitted before: a job id runs once (a replay of a signed job?)")
         admitted = Admitted.of(auth, digest)
         spec = record.spec
@@ -282,9 +283,15 @@ class Gate:
         """Every later task of a job: signed, and admitted as that same signed job."""
         auth = record.auth
         digest = self.keyring.check_job(record.id, record.spec, auth, record.steering)
-        if self.r.get(self.keys.admitted(record.id)) != digest:
+        if self.r.get(self.keys.admitted(record.id)) != self.mark(auth["tenant"], digest):
             raise Refused(f"job {record.id} was never admitted by a worker; its tasks run nothing")
         return Admitted.of(auth, digest)
+
+    def mark(self, tenant: str, digest: str) -> str:
+        """What ``<ns>:admitted:<job>`` holds once a worker admitted the job: a MAC of its digest
+        with its tenant's key. The digest alone is no evidence: anyone can hash the record's
+        signed document, and so write a mark by hand."""
+        return self.keyring.mac(tenant, {"v": VERSION, "admitted": digest})
 
     def budget_admitted(self, record) -> None:
         """Refused unless a job signed with an estimate (one charged to a budget) holds the
