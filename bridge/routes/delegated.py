@@ -158,13 +158,13 @@ def _advance(progress: Progress, before: Remote, now: Remote, count_files: bool)
 
 # -- committing ---------------------------------------------------------------------------------
 
-def store_proof(where: Location, src_sums: dict[str, str], dst_sums: dict[str, str]) -> str:
+def store_proof(where: Location, src: Location, src_sums: dict[str, str], dst_sums: dict[str, str]) -> str:
     """The checksum both stores computed (``adopt.reported``'s names) that proves the copy at
     ``where`` equal to its source, strongest first; "" when none is common. IntegrityError when a
     common one differs, except an S3 ETag's MD5, which is an MD5 only for a one-request upload
     without SSE-KMS or SSE-C (an object encrypted so merely proves nothing)."""
     from bridge.adopt import ORDER
-    s3 = "s3" in (where.scheme, src_sums.get("_scheme", ""))
+    s3 = "s3" in (where.scheme, src.scheme)
     agreed = ""
     for name in ORDER:
         if name not in src_sums or name not in dst_sums:
@@ -180,13 +180,11 @@ def store_proof(where: Location, src_sums: dict[str, str], dst_sums: dict[str, s
 def store_sums(store: Store | None, info: ObjectInfo) -> dict[str, str]:
     """The checksums a store computed of an object (never its metadata, nor an Azure blob's
     Content-MD5: see bridge/adopt.py; ``store`` None: ``info`` is a HEAD's, none to ask); a URL
-    list's object: the MD5 the list names, which Storage Transfer checks each download against.
-    ``_scheme`` marks an S3 side."""
+    list's object: the MD5 the list names, which Storage Transfer checks each download against."""
     from bridge.adopt import reported
     if info.location.scheme in ("http", "https"):
         return dict(info.checksums)
-    sums = reported(store, info, ask=store is not None)
-    return {**sums, "_scheme": info.location.scheme} if info.location.scheme == "s3" else sums
+    return reported(store, info, ask=store is not None)
 
 
 def as_stored(store: Store | None, info: ObjectInfo) -> ObjectInfo:
@@ -199,7 +197,7 @@ def as_stored(store: Store | None, info: ObjectInfo) -> ObjectInfo:
 
 def why_unproven(src_sums: dict[str, str], dst_sums: dict[str, str]) -> str:
     def names(sums: dict[str, str]) -> str:
-        return ", ".join(k for k in sums if not k.startswith("_")) or "none"
+        return ", ".join(sums) or "none"
     if names(src_sums) == "none":
         return "the source's store computed no checksum of it (an Azure blob's Content-MD5 and metadata are a client's)"
     if names(dst_sums) == "none":
@@ -218,10 +216,10 @@ def reported_entry(transfer: Transfer, rel: str, src_store: Store | None, src_in
     where = transfer.dst_root.join(rel)
     if written.size != src_info.size:
         raise IntegrityError(f"{where}: {written.size} bytes, the source has {src_info.size}")
-    src_info = as_stored(src_store, src_info)
-    src_sums, dst_sums = store_sums(src_store, src_info), store_sums(None, written)
-    proven_by = store_proof(where, src_sums, dst_sums)
-    claimed = src_info.metadata.get("bridge_crc32c", "")
+    stored = as_stored(src_store, src_info)   # source_id stays the listing's, as sync compares it
+    src_sums, dst_sums = store_sums(src_store, stored), store_sums(None, written)
+    proven_by = store_proof(where, src_info.location, src_sums, dst_sums)
+    claimed = stored.metadata.get("bridge_crc32c", "")
     crc = dst_sums.get("crc32c") or src_sums.get("crc32c") or ("" if proven_by else claimed)
     if not proven_by and claimed and dst_sums.get("crc32c") not in (None, claimed):
         raise IntegrityError(f"{where}: CRC32C {dst_sums['crc32c']} computed by the destination's store, "
@@ -234,8 +232,7 @@ def reported_entry(transfer: Transfer, rel: str, src_store: Store | None, src_in
         note = f"{moved}; {proven_by.upper()} computed by both stores is equal (verify --deep reads them)"
     else:
         note = f"{UNPROVEN} {moved}, and {why_unproven(src_sums, dst_sums)}"
-    reported = {k: v for k, v in dst_sums.items() if not k.startswith("_")}
-    return FileEntry(rel, written.size, crc, "", computed=[], reported=reported, identity=dict(written.identity),
+    return FileEntry(rel, written.size, crc, "", computed=[], reported=dict(dst_sums), identity=dict(written.identity),
                      source_id=dict(src_info.identity), note=note)
 
 

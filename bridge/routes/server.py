@@ -95,7 +95,7 @@ class ServerRoute(Route):
                              note="copied by the kernel (copy_file_range); hashed by reading the copy")
         dst_sums = store_sums(None, copied)
         try:
-            entry = self._entry(ctx, f, dst_loc, src_sums, dst_sums, claimed)
+            entry = self._entry(ctx, f, src_loc, dst_loc, src_sums, dst_sums, claimed)
         except IntegrityError:
             _remove(ctx, dst_loc)
             raise
@@ -104,17 +104,17 @@ class ServerRoute(Route):
         return entry
 
     @staticmethod
-    def _entry(ctx: JobContext, f: FilePlan, dst_loc: Location, src_sums: dict[str, str], dst_sums: dict[str, str],
-               claimed: str | None) -> FileEntry:
+    def _entry(ctx: JobContext, f: FilePlan, src_loc: Location, dst_loc: Location, src_sums: dict[str, str],
+               dst_sums: dict[str, str], claimed: str | None) -> FileEntry:
         """The copy's entry from what both stores computed: proven when a checksum of both agrees
         (S3's CRC32C of the copy, computed by S3 for CopyObject, or a one-request ETag's MD5; GCS's
         crc32c and md5Hash, which a rewrite carries over), else unproven, saying why. Metadata the
         source carries (bridge_crc32c, bridge_sha256) is what a client wrote: never recorded as a
         hash, only compared (a claim the copy contradicts fails it)."""
         from bridge.manifest import UNPROVEN, FileEntry
-        proven_by = store_proof(dst_loc, src_sums, dst_sums)
+        proven_by = store_proof(dst_loc, src_loc, src_sums, dst_sums)
         crc = dst_sums.get("crc32c") or src_sums.get("crc32c")
-        reported = {k: v for k, v in dst_sums.items() if not k.startswith("_")}
+        reported = dict(dst_sums)
         if proven_by and crc:
             return FileEntry(f.rel, f.size, crc, "", computed=[], reported=reported,
                              note=f"copied inside the store; {proven_by.upper()} computed by both stores is equal")
