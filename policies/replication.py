@@ -587,10 +587,12 @@ def _layout(files: Mapping[str, SourceFile], ev: Evidence, atomic_rename: bool) 
             return verdict
     if by_record is not None:
         return by_record
-    for marker, what in ((BRIDGE_MANIFEST, "bridge manifest"),):
-        if marker in files:
-            return Readiness(True, f"{what} {marker} present (taken on trust: its entries were not read)",
-                             marker=marker, trusted=True)
+    if any(f.startswith(BRIDGE_LOG) for f in files):   # its own record, holding none of it as listed now
+        return Readiness(False, f"its bridge commit ({BRIDGE_LOG}) holds none of its {len(_data(files))} files "
+                                f"as listed", marker=BRIDGE_LOG)
+    if BRIDGE_MANIFEST in files:
+        return Readiness(True, f"bridge manifest {BRIDGE_MANIFEST} present (taken on trust: its entries were not "
+                               f"read)", marker=BRIDGE_MANIFEST, trusted=True)
     return None
 
 

@@ -348,3 +348,20 @@ def test_retention_never_removes_the_last_good_copy(case):
     proven = rules.assess(p.model_copy(update={"ready": rules.Ready()}), {**listing, **done}, now=1000,
                           evidence={"step-1": whole, "step-2": whole})
     assert rules.removals(p, ["step-2"], {dst: {"step-1", "step-2"}}, verified, proven) == {dst: ["step-1"]}
+
+
+def test_a_bridge_commit_counts_only_for_the_files_it_holds_as_listed():
+    """A commit under _bridge/log/ is bridge's claim about the files it wrote: it commits the
+    checkpoint only where its entries hold every file with the size and version listed now."""
+    p = policy(checkpoints="step-*")
+    listing = {"step-1": {"a.bin": rules.SourceFile(10, 1.0), "b.bin": rules.SourceFile(10, 1.0),
+                          "_bridge/log/c-000000000001-1733065200000-0f3c9a1b2d4e.json": rules.SourceFile(900, 2.0)}}
+    held = rules.assess(p, listing, now=100, evidence={"step-1": rules.Evidence(
+        recorded={"a.bin": "s3://src/golden/step-1/", "b.bin": "s3://src/golden/step-1/"})})
+    assert held["step-1"].committed and not held["step-1"].trusted
+    rewritten = rules.assess(p, listing, now=100, evidence={"step-1": rules.Evidence(
+        recorded={"a.bin": "s3://src/golden/step-1/"})})
+    assert rules.waiting(rewritten) == {"step-1": "bridge commit at s3://src/golden/step-1/ holds 1 of its 2 files; "
+                                                  "not: b.bin"}
+    none = rules.assess(p, listing, now=100)
+    assert rules.waiting(none) == {"step-1": "its bridge commit (_bridge/log/) holds none of its 2 files as listed"}
