@@ -250,17 +250,18 @@ def ended(svc, parent) -> None:
             problems[dst].append(f"{dst}{ckpt}/: {why}")
     settings = svc.settings_for(_spec(policy))
     _landed(policy, kept, verified, problems, settings)
+    try:   # the source now: retention counts only checkpoints still committed there by evidence
+        readiness = run.survey(policy, settings)
+        source_now = rules.committed(readiness)
+    except BridgeError:   # not listed: no checkpoint is proven, so retention removes nothing
+        readiness, source_now = {}, set(kept)
     try:   # retention deletes at the destinations: the run's tenant must still be allowed to write there
         svc.gate.scope(who, reads=[policy.source], writes=policy.destinations, budget=who.budget)
-        removed, unlisted = run.retain(policy, kept, verified, settings)
+        removed, unlisted = run.retain(policy, kept, verified, settings, readiness)
     except Refused as exc:
         removed, unlisted = {}, {dst: f"retention refused: {exc}" for dst in policy.destinations}
     except BridgeError as exc:
         removed, unlisted = {}, {dst: str(exc) for dst in policy.destinations}
-    try:
-        source_now = rules.committed(run.survey(policy, settings))
-    except BridgeError:
-        source_now = set(kept)
     copies, enough = rules.outcome(policy, kept, verified)
 
     state = PolicyState(svc.r, svc.keys)
