@@ -83,7 +83,8 @@ def parse_age(text: str, flag: str = "age") -> float:
 MAX_GLOB_CHARS = 1024   # a glob longer than this is refused (an S3 key's own limit is 1,024 bytes)
 MAX_GLOBS = 256         # --include and --exclude globs of one selection, together
 _SIMPLE_STARS = 1       # star runs a glob without braces may have and still be matched by `re`
-_MAX_DFA_STATES = 4096  # sets of positions an automaton keeps before it starts a fresh table
+_MAX_DFA_STATES = 4096  # sets of positions an automaton keeps before it starts a fresh table,
+_MAX_DFA_POSITIONS = 1 << 20   # or positions in them all (some 30 MB at most)
 
 _NOT_SLASH, _ANY = object(), object()   # what a star consumes: '*' anything but '/', '**' anything
 
@@ -253,7 +254,8 @@ class Automaton:
     and its move on a character is computed once, from the positions in it, then looked up. A
     path of n characters costs at most n such moves of at most m positions each (m: the glob's
     tokens), however its stars and braces could have backtracked. The table of moves is dropped
-    and started again past ``_MAX_DFA_STATES`` states, so it stays bounded too.
+    and started again past ``_MAX_DFA_STATES`` states or ``_MAX_DFA_POSITIONS`` positions in
+    them, so its memory stays bounded too.
 
     ``at_cuts``: a path is accepted where the glob could be cut (after a '/', inside a '**': the
     folders it can select something in) rather than at its end. An unanchored glob also starts
@@ -335,7 +337,7 @@ class Automaton:
             if nxt is None:
                 with self._lock:
                     nxt = table.move(state, c)
-                    if len(table.sets) > _MAX_DFA_STATES:
+                    if table.full() and table is self._table:
                         self._table = _Table(self)   # later searches start afresh; this one ends on its own
             state = nxt
         return table.accepts[state]
@@ -350,13 +352,18 @@ class _Table:
         self.sets: list[frozenset[int]] = []
         self.moves: list[dict[str, int]] = []
         self.accepts: list[bool] = []
+        self.positions = 0
         self.state(automaton.closure([automaton.start]))
+
+    def full(self) -> bool:
+        return len(self.sets) > _MAX_DFA_STATES or self.positions > _MAX_DFA_POSITIONS
 
     def state(self, positions: frozenset[int]) -> int:
         found = self.ids.get(positions)
         if found is None:
             found = self.ids[positions] = len(self.sets)
             self.sets.append(positions)
+            self.positions += len(positions)
             self.moves.append({})
             self.accepts.append(not positions.isdisjoint(self.automaton.accepting))
         return found
