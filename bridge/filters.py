@@ -24,12 +24,13 @@ bounds included; ``--min-age``/``--max-age`` compare with the object's modified 
 Cost and limits. A glob is read once, when the Filters is made, in time linear in its length:
 braces are never spelled out (``{a,b}`` sixteen times over is one glob of 82 characters, not
 65,536). A glob with no braces and at most one star run (``*.jpg``, ``train/**``,
-``/a/*/x.bin``) is matched by ``re``, whose backtracking stays within a square of the name's
-length there; any other is matched by an automaton (``Automaton``: a Thompson NFA run as a DFA
+``/a/*/x.bin``) is matched by ``re``, whose backtracking there stays within the name's length
+squared times the glob's (0.13 s at worst, seen with ``**`` and 254 classes against 1,024
+characters); any other is matched by an automaton (``Automaton``: a Thompson NFA run as a DFA
 built lazily) whose time is at most the name's length times the glob's: ``**a**a**a**a**a**b``
-reads a 200-character name once (through ``re`` it backtracked for 108 s). The folders a glob can select something in (rclone's directory
-globs: the glob cut at each '/' and '**') are one more automaton over the same glob. Refused,
-with one line, before anything is listed:
+reads a 200-character name once (through ``re`` it backtracked for 108 s). The folders a glob
+can select something in (rclone's directory globs: the glob cut at each '/' and '**') are one
+more automaton over the same glob. Refused, with one line, before anything is listed:
 
     a glob longer than MAX_GLOB_CHARS (1,024) characters
     more than MAX_GLOBS (256) --include and --exclude globs in one selection (--files-from
@@ -220,9 +221,8 @@ def glob_regex(glob: str | _Glob) -> re.Pattern:
 
 def compile_glob(glob: str | _Glob):
     """A matcher (``.search(path)``: true when the glob matches the relative path) whose time is
-    bounded by the lengths of the glob and the path: `re` where it does not backtrack beyond a
-    square of the path's length (no braces, at most one star run: ``*.jpg``, ``train/**``), else
-    an automaton."""
+    bounded by the lengths of the glob and the path: `re` where its backtracking is (no braces,
+    at most one star run: ``*.jpg``, ``train/**``; C-fast on the common path), else an automaton."""
     parsed = glob if isinstance(glob, _Glob) else parse_glob(glob)
     if not parsed.braces and parsed.stars <= _SIMPLE_STARS:
         return glob_regex(parsed)
