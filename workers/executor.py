@@ -24,8 +24,9 @@ time; the commit streams the journal's file records in key order (workers/journa
 the units themselves are bridge's own, the same ones its in-process executors run.
 
 A cancelled job's tasks stop at their next unit (their requests at their next piece); a plan or
-transfer busy inside one call that never looks is ended with its pool process a few seconds after
-the cancel, what it would have handed over handed over first (``Service._watch_cancel``).
+transfer busy inside one call that never looks (and sends no request) is ended with its pool
+process a few seconds after the cancel, what it would have handed over handed over first
+(``Service._watch_cancel``).
 
 A task carries its job id and its slice of the plan; the worker loads settings (and the
 credentials in them) for the job's profile from its own environment. The planner runs the first
@@ -383,7 +384,7 @@ class Service:
         cancelled, returned = threading.Event(), threading.Event()
         extra = {"cancelled": cancelled} if ref.task == TRANSFER else {}
         if ref.task in (PLAN, TRANSFER):   # a finalize of a cancelled job is its discard: never ended
-            threading.Thread(target=self._watch_cancel, args=(lease, cancelled, returned), daemon=True,
+            threading.Thread(target=self._watch_cancel, args=(lease, cancelled, returned, metered), daemon=True,
                              name=f"cancel-watch-{ref.id}").start()
         with lease.heartbeat(), meter.metering(metered):
             try:
@@ -762,14 +763,17 @@ class Service:
                 "bytes": progress.bytes_done - progress.bytes_skipped, "moving_ms": int(moving * 1000)}
 
     CANCEL_POLL = 0.2    # seconds between looks at a running task's job state
-    CANCEL_GRACE = 5.0   # seconds a step has, once its job is cancelled, before its process is ended
+    CANCEL_GRACE = 5.0   # seconds a cancelled job's step may go on without a request before its process is ended
 
-    def _watch_cancel(self, lease: Lease, cancelled: threading.Event, returned: threading.Event) -> None:
+    def _watch_cancel(self, lease: Lease, cancelled: threading.Event, returned: threading.Event,
+                      metered: meter.Meter) -> None:
         """While a plan or transfer step runs: set ``cancelled`` as soon as its job is cancelled
         (or its lease lost); the step stops at its next unit, its requests at their next piece.
         A step busy inside one long call (a listing through a costly glob, any CPU-bound step)
-        never looks: if it has not returned ``CANCEL_GRACE`` seconds after its job's cancel, its
-        process is ended (``_end_busy``)."""
+        never looks: if, after its job's cancel, it has neither returned nor sent a request
+        (``metered``) for ``CANCEL_GRACE`` seconds, its process is ended (``_end_busy``). One
+        still sending is stopping: a remote transfer cancelled and polled until it stops, its
+        uploads aborted."""
         from redis.exceptions import RedisError
         job_id = lease.ref.job
         while not returned.is_set():
@@ -785,8 +789,13 @@ class Service:
             returned.wait(self.CANCEL_POLL)
         else:
             return
-        if not returned.wait(self.CANCEL_GRACE):
-            self._end_busy(lease, returned)
+        quiet_since, sent = time.monotonic(), metered.request_count
+        while not returned.wait(self.CANCEL_POLL):
+            if metered.request_count != sent:
+                quiet_since, sent = time.monotonic(), metered.request_count
+            elif time.monotonic() - quiet_since >= self.CANCEL_GRACE:
+                self._end_busy(lease, returned)
+                return
 
     def _end_busy(self, lease: Lease, returned: threading.Event) -> None:
         """End this pool process, whose step did not stop after its job's cancel, once it has
@@ -800,14 +809,14 @@ class Service:
         from billiard.process import current_process
         ref = lease.ref
         if not current_process().name.startswith("ForkPoolWorker"):
-            log.warning("job %s: task %s is still busy %.0fs after the job was cancelled; a %s pool cannot end "
-                        "it alone", ref.job, ref.id, self.CANCEL_GRACE, current_process().name)
+            log.warning("job %s: task %s is still busy (no request for %.0fs) after the job was cancelled; a %s "
+                        "pool cannot end it alone", ref.job, ref.id, self.CANCEL_GRACE, current_process().name)
             return
         if returned.is_set():
             return   # it returned as the grace ran out: its own hand-over is under way
-        log.warning("job %s: task %s did not stop within %.0fs of the job's cancel (busy inside one call): "
-                    "ending its pool process %d", ref.job, ref.id, self.CANCEL_GRACE, os.getpid())
-        finalize = TaskRef(f"{ref.job}.finalize", FINALIZE, [ref.job], ref.queue, ref.job)
+        log.warning("job %s: task %s has not stopped since the job's cancel and sent no request for %.0fs (busy "
+                    "inside one call): ending its pool process %d", ref.job, ref.id, self.CANCEL_GRACE, os.getpid())
+        finalize = TaskRef(f"{ref.job}.finalize", FINALIZE, [ref.job], ref.queue, ref.job, worker=ref.worker)
         try:
             if ref.task == TRANSFER:
                 if lease.complete(True, finalize) == 0:
