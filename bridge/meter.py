@@ -412,6 +412,14 @@ def answered(noted: tuple[Meter, str, str] | None, status: int | None, received:
         meter.answer(store, kind, status, received)
 
 
+def body_length(method: str, content_length: Any) -> int:
+    """The bytes an answer's body carries, by its Content-Length: none for a HEAD, whose
+    Content-Length is the object's size, not bytes on the wire."""
+    if str(method).upper() == "HEAD" or content_length is None or not str(content_length).isdigit():
+        return 0
+    return int(content_length)
+
+
 # -- the hooks, one per client ---------------------------------------------------------------------
 
 class _Metered:
@@ -425,6 +433,7 @@ class _Metered:
         size = len(body) if isinstance(body, (bytes, bytearray, memoryview)) else int(
             next((v for k, v in headers.items() if k.lower() == "content-length"), 0) or 0)
         self._noted = note(self.meter_scheme, method, url, headers, base=self.meter_base, sent=size, host=self.host)
+        self._noted_method = method
         return super().request(method, url, body=body, headers=headers, **kwargs)
 
     def send(self, data):
@@ -442,8 +451,7 @@ class _Metered:
         resp = super().getresponse()
         noted, self._noted = getattr(self, "_noted", None), None
         if noted is not None:
-            length = resp.getheader("Content-Length")
-            answered(noted, resp.status, int(length) if length and length.isdigit() else 0)
+            answered(noted, resp.status, body_length(self._noted_method, resp.getheader("Content-Length")))
         return resp
 
 
@@ -474,21 +482,23 @@ def botocore_hooks(events: Any) -> None:
         size = len(body) if isinstance(body, (bytes, bytearray)) else int(request.headers.get("Content-Length") or 0)
         noted = note("s3", request.method, request.url, dict(request.headers), sent=size)
         if noted is not None:
-            _last_s3.set(noted)
+            _last_s3.set((noted, request.method))
         return None
 
     def after_call(http_response=None, **_kwargs):
-        noted = _last_s3.get()
-        if noted is not None and http_response is not None:
+        last = _last_s3.get()
+        if last is not None and http_response is not None:
             _last_s3.set(None)
-            length = http_response.headers.get("content-length")
-            answered(noted, http_response.status_code, int(length) if length and str(length).isdigit() else 0)
+            noted, method = last
+            answered(noted, http_response.status_code, body_length(method, http_response.headers.get("content-length")))
 
     events.register("before-send.s3", before_send)
     events.register("after-call.s3", after_call)
 
 
-_last_s3: contextvars.ContextVar[tuple[Meter, str, str] | None] = contextvars.ContextVar("bridge_meter_s3", default=None)
+# (what before-send noted, the request's method) of the S3 request this context sent last
+_last_s3: contextvars.ContextVar[tuple[tuple[Meter, str, str], str] | None] = contextvars.ContextVar(
+    "bridge_meter_s3", default=None)
 
 
 def aiohttp_trace(scheme: str, base: str = "") -> Any:
@@ -506,8 +516,7 @@ def aiohttp_trace(scheme: str, base: str = "") -> Any:
     async def end(_session, ctx, params):
         noted = getattr(ctx, "noted", None)
         if noted is not None:
-            length = params.response.content_length
-            answered(noted, params.response.status, int(length or 0))
+            answered(noted, params.response.status, body_length(params.method, params.response.content_length))
 
     trace = aiohttp.TraceConfig()
     trace.on_request_start.append(start)
@@ -530,7 +539,7 @@ def azure_hooks(base: str = "") -> dict[str, Callable[[Any], None]]:
         noted = pipeline_response.context.get("bridge_meter")
         if noted is not None:
             resp = pipeline_response.http_response
-            length = resp.headers.get("Content-Length")
-            answered(noted, resp.status_code, int(length) if length and length.isdigit() else 0)
+            answered(noted, resp.status_code,
+                     body_length(pipeline_response.http_request.method, resp.headers.get("Content-Length")))
 
     return {"raw_request_hook": on_request, "raw_response_hook": on_response}

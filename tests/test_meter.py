@@ -97,6 +97,10 @@ def test_metered_requests_are_the_emulators_own_log_with_503s_retried(scheme, tm
             assert sent == len(logged) + errors, (sent, len(logged), errors)
             for m in (up, down):
                 assert set(m.stores) == {f"{scheme}://{bucket}"}
+            # the answers' bodies, as the proxy sent them on (a HEAD's Content-Length is the
+            # object's size, not a body: no byte of it crossed the wire)
+            received = sum(r.bytes_received for m in (up, down) for r in m.stores.values())
+            assert received == proxy.counts["bytes_down"], (received, proxy.counts["bytes_down"])
 
             # uploads of data (parts; on GCS every object write, parts included, is one upload):
             # as many as the emulator logged plus the ones answered 503
