@@ -14,11 +14,15 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from bridge import meter
 from bridge.money import usd
+from tests.faultproxy import FaultProxy, Rule
+from tests.test_meter import request_usd
 from tests.test_workers_service import service  # noqa: F401  (the fixture: a namespace, workers, the CLI)
 
 pytestmark = pytest.mark.timeout(300)
@@ -72,8 +76,6 @@ def test_the_part_puts_of_a_sigkilled_worker_are_metered(service, emulator_for, 
     w2 runs the task again and sends the parts w1 did not finish. The job's meter counts every
     part PUT the proxy saw (w1's finished ones, its two in flight, w2's), and spend is priced
     from that; before, w1's requests died with it."""
-    from bridge import meter
-    from tests.faultproxy import FaultProxy, Rule
     moto = emulator_for("s3")
     dst = make_root("s3")
     bucket = dst[len("s3://"):].rstrip("/")
@@ -99,22 +101,25 @@ def test_the_part_puts_of_a_sigkilled_worker_are_metered(service, emulator_for, 
         service.worker("w2", concurrency=1, threads=2).wait_ready()
         record = service.wait(job_id, timeout=180)
         seen = [line for line, action in proxy.log if action != "error"]
+        bytes_up = proxy.counts["bytes_up"]
 
     assert record.state == "succeeded", record.errors
     assert record.counters.get("requeued", 0) >= 1
     part_puts = [line for line in seen if re.search(part_put, line)]
     assert len(part_puts) > parts, "no part was sent twice: the kill did not land mid-file"
     store = f"s3://{bucket}"
-    metered = meter.Meter.from_fields(service.redis.hgetall(service.keys.job(job_id, "meter"))).to_dict()
+    metered = record.metered   # as jobs status shows it
     assert metered[store]["requests"]["PART"] == len(part_puts)
+    assert sum(row["bytes_sent"] for row in metered.values()) == bytes_up   # every body the proxy read
+    assert bytes_up >= len(part_puts) * 5 * MiB
     # and every other request the proxy carried to the bucket, kind by kind
-    from collections import Counter
-    kinds = Counter(meter.classify("s3", line.split(" ", 1)[0], line.split(" ", 1)[1])[1] for line in seen
-                    if meter.classify("s3", line.split(" ", 1)[0], line.split(" ", 1)[1])[0] == store)
-    assert Counter(metered[store]["requests"]) == kinds
-    assert record.spent_usd and record.spent_usd > 0
+    classified = [meter.classify("s3", *line.split(" ", 1)) for line in seen]
+    assert Counter(metered[store]["requests"]) == Counter(kind for at, kind in classified if at == store)
+    # spend is priced from them: at least the price table's price of every part PUT the proxy saw
+    assert record.spent_usd >= request_usd("s3", Counter(PART=len(part_puts)))
     print(f"SIGKILL with 2 part PUTs held: {len(part_puts)} part PUTs at the proxy for {parts} parts, "
-          f"{metered[store]['requests']['PART']} metered")
+          f"{metered[store]['requests']['PART']} metered; {bytes_up / MiB:.1f} MiB on the wire for a "
+          f"{parts * 5} MiB file, {sum(row['bytes_sent'] for row in metered.values()) / MiB:.1f} MiB metered")
 
 
 # -- submit checks its own environment, as cp does -------------------------------------------------------
