@@ -45,27 +45,46 @@ def test_same_account_copy_moves_no_data_through_bridge(scheme, counting, make_r
     proxy = proxies[scheme]
     proxy.configure()                      # counts from zero
     summary = ops.copy(src, dst, settings, state_dir=tmp_path / "s2")
+    counts = dict(proxy.counts)            # the copy's own requests, before the checks below read
     payload = sum(len(d) for d in files.values())
-    moved = _data_bytes(proxy)
     assert summary["route"]["name"] == "server", summary["route"]
     assert summary["route"]["fallbacks"] == {}
-    assert summary["route"]["bytes_through_bridge"] == 0
-    # Requests, answers and the manifest: a few KiB per file, never the files' bytes.
-    assert moved < payload / 10, (moved, payload)
     assert read_tree(dst, settings) == files
-    report = ops.verify(dst, settings, deep=True)
-    assert report["ok"], report
+    assert ops.verify(dst, settings, deep=True)["ok"]
     entries = read_manifest(get_store(parse(dst), settings), parse(dst)).files
-    # Only what a store computed is recorded: never the SHA-256 in the source's metadata (a claim).
-    assert all(e.computed == [] and e.sha256 == "" for e in entries.values())
-    if scheme == "az":   # Azure computes no checksum of a blob: nothing proves the copy unread
-        assert all(e.unproven and e.reported == {} for e in entries.values())
-        assert sorted(summary["route"]["unproven"]) == sorted(files)
-        cheap = ops.verify(dst, settings)
-        assert not cheap["ok"] and cheap["counts"]["unproven"] == len(files), (cheap["counts"], cheap["unproven"][:3], cheap["mismatched"][:3], cheap["rehashed"][:3])
+    if scheme == "az":
+        # Azure computes no checksum of a blob: nothing proves the copy unread, so it is read back
+        # inside the account and hashed. Nothing is sent through bridge; each byte is read once.
+        assert summary["route"]["bytes_through_bridge"] == payload
+        assert counts["bytes_up"] < payload / 10, (counts, payload)
+        assert payload <= counts["bytes_down"] < payload * 1.1, (counts, payload)
+        assert all(e.computed == ["crc32c", "sha256"] and e.sha256 and not e.unproven for e in entries.values())
+        assert "unproven" not in summary["route"]
     else:
+        # Requests, answers and the manifest: a few KiB per file, never the files' bytes.
+        assert summary["route"]["bytes_through_bridge"] == 0
+        assert counts["bytes_up"] + counts["bytes_down"] < payload / 10, (counts, payload)
+        # Only what a store computed is recorded: never the SHA-256 in the source's metadata (a claim).
+        assert all(e.computed == [] and e.sha256 == "" for e in entries.values())
         assert all(e.reported["crc32c"] == e.crc32c and not e.unproven for e in entries.values())
-        assert ops.verify(dst, settings)["ok"]
+    assert ops.verify(dst, settings)["ok"]
+
+
+def test_a_same_account_azure_copy_trusted_unread_is_unproven(counting, make_root, tmp_path):
+    """store_checksums 'skip' trusts the store's copy instead of reading it back: the record and
+    the cheap verify then say nothing proved it, until verify --deep reads it."""
+    _proxies, env = counting
+    settings = settings_for({**env, "MCBRIDGE_STORE_CHECKSUMS": "skip"})
+    files = make_tree(tmp_path / "src")
+    src, dst = make_root("az"), make_root("az")
+    ops.copy(f"{tmp_path / 'src'}/", src, settings, state_dir=tmp_path / "s1")
+    summary = ops.copy(src, dst, settings, state_dir=tmp_path / "s2")
+    assert summary["route"]["bytes_through_bridge"] == 0
+    entries = read_manifest(get_store(parse(dst), settings), parse(dst)).files
+    assert all(e.unproven and e.reported == {} and e.computed == [] for e in entries.values())
+    assert sorted(summary["route"]["unproven"]) == sorted(files)
+    cheap = ops.verify(dst, settings)
+    assert not cheap["ok"] and cheap["counts"]["unproven"] == len(files), cheap["counts"]
 
 
 def test_local_server_copy_uses_the_kernel_and_hashes_the_copy(tmp_path, emulator_env):
@@ -148,23 +167,33 @@ def test_from_url_into_azure_moves_no_data_through_bridge(scheme, pulled, make_r
     fetched = double.counts["fetched_bytes"]
     summary = ops.copy(src, dst, settings, state_dir=tmp_path / "s2")
     payload = sum(len(d) for d in files.values())
-    assert summary["route"]["name"] == "from-url" and summary["route"]["fallbacks"] == {}, summary["route"]
-    assert summary["route"]["bytes_through_bridge"] == 0
-    assert double.counts["fetched_bytes"] - fetched == payload           # Azure read every byte once ...
+    # An S3 multipart upload has no MD5 its store computed: Azure could check nothing of a pull,
+    # so bridge, choosing the route itself, sends that file direct and hashes it as it passes.
+    direct = ["big/weights.bin"] if scheme == "s3" else []
+    through = sum(len(files[rel]) for rel in direct)
+    route = summary["route"]
+    assert route["name"] == "from-url" and sorted(route["fallbacks"]) == direct, route
+    assert all("computed no MD5 of it" in why for why in route["fallbacks"].values()), route
+    assert route["bytes_through_bridge"] == through
+    assert double.counts["fetched_bytes"] - fetched == payload - through  # Azure read the rest once ...
     source_side = _data_bytes(proxies[scheme])
-    assert payload <= source_side < payload + 200_000                    # ... from the source, and bridge none
-    assert _data_bytes(proxies["az"]) < payload / 10                     # bridge sent Azure requests only
+    assert payload <= source_side < payload + 200_000                    # ... each byte read once in all
+    assert _data_bytes(proxies["az"]) < through + payload / 10           # bridge sent Azure requests only
     assert read_tree(dst, settings) == files
-    report = ops.verify(dst, settings)
-    assert not (report["missing"] or report["extra"] or report["mismatched"]), report
-    assert [row["path"] for row in report["unproven"]] == (["big/weights.bin"] if scheme == "s3" else []), report
+    assert ops.verify(dst, settings)["ok"]                               # every file proven
     assert ops.verify(dst, settings, deep=True)["ok"]
     entries = read_manifest(get_store(parse(dst), settings), parse(dst)).files
-    assert all(e.computed == [] and "Put Block From URL" in e.note for rel, e in entries.items() if e.size)
-    # Azure checked each one-request object's bytes against the MD5 its store computed (one block);
-    # an S3 multipart upload has none, so its blob is unproven until verify --deep reads it.
-    unproven = sorted(rel for rel, e in entries.items() if e.note.startswith("unproven:"))
-    assert unproven == (["big/weights.bin"] if scheme == "s3" else []), {r: e.note for r, e in entries.items()}
+    assert all(e.computed == [] and "Put Block From URL" in e.note and not e.unproven
+               for rel, e in entries.items() if e.size and rel not in direct)
+    assert all(entries[rel].computed for rel in direct)
+    if scheme == "s3":
+        # Forced, the route pulls it anyway, and its record and verify say nothing proved it.
+        dst2 = make_root("az")
+        forced = ops.copy(src, dst2, settings, route="from-url", state_dir=tmp_path / "s3")
+        assert forced["route"]["fallbacks"] == {} and sorted(forced["route"]["unproven"]) == direct
+        report = ops.verify(dst2, settings)
+        assert [row["path"] for row in report["unproven"]] == direct and not report["ok"], report
+        assert ops.verify(dst2, settings, deep=True)["ok"]
 
 
 def test_from_url_falls_back_to_direct_where_azure_cannot_pull(make_root, emulator_env, tmp_path):
@@ -178,7 +207,10 @@ def test_from_url_falls_back_to_direct_where_azure_cannot_pull(make_root, emulat
     route = summary["route"]
     # an empty file needs no block: it may be written before the first refusal
     assert route["name"] == "from-url" and set(files) - {"empty.txt"} <= set(route["fallbacks"])
-    assert all("does not implement Put Block From URL" in why for why in route["fallbacks"].values())
+    # (a multipart source is sent direct before any pull: Azure could check nothing of it)
+    assert all("does not implement Put Block From URL" in why or "computed no MD5 of it" in why
+               for why in route["fallbacks"].values()), route["fallbacks"]
+    assert any("does not implement Put Block From URL" in why for why in route["fallbacks"].values())
     assert route["bytes_through_bridge"] == sum(len(d) for d in files.values())
     assert read_tree(dst, settings) == files
     assert ops.verify(dst, settings, deep=True)["ok"]

@@ -54,6 +54,15 @@ DIRECT = "direct"
 AUTOMATIC = ("server", "from-url")
 
 
+FORCED = "forced with --route"   # a plan's route_why when the user chose its route
+
+
+def forced(plan: Plan) -> bool:
+    """Whether the user chose the plan's route (it then runs as asked, where bridge alone would
+    prefer another way for some files)."""
+    return plan.route_why == FORCED
+
+
 class Fallback(BridgeError):
     """The route cannot carry a file and has moved none of its bytes: the file goes ``direct``.
     ``job_wide``: no other file of the job will fare better (the store does not do this at all)."""
@@ -206,10 +215,10 @@ def choose(plan: Plan, settings: Settings, forced: str | None = None) -> Plan:
         reason = pair_reason(forced, src, dst) or route.serves(src, dst, settings)
         if reason:
             raise InvalidOption(f"--route {forced} cannot copy {src} to {dst}: {reason}")
-        plan.route, plan.route_why = forced, "forced with --route"
+        plan.route, plan.route_why = forced, FORCED
         return plan
     if forced == DIRECT:
-        plan.route, plan.route_why = DIRECT, "forced with --route"
+        plan.route, plan.route_why = DIRECT, FORCED
         return plan
     can, why_not = runnable(plan, settings)
     if len(can) == 1:

@@ -23,7 +23,10 @@ CRC32C, GCS's crc32c) or, for an object bridge wrote, from its metadata; it is w
 blob's metadata, since Azure keeps no checksum of a block blob. The entry is proven only where
 Azure checked the source's MD5 and the CRC32C is one the source's store computed; otherwise its
 note begins "unproven:" and says why (no MD5 to check: a multipart or composite source; a CRC32C
-from metadata, which any client can write), and ``verify --deep`` reads the bytes to prove it. A
+from metadata, which any client can write), and ``verify --deep`` reads the bytes to prove it.
+Only a forced ``--route from-url`` commits such a pull: where bridge chose the route itself, a
+file Azure could not check goes ``direct`` (its bytes hashed as they pass, the source's egress
+paid once either way), with the reason in ``route.fallbacks``. A
 source object with no CRC32C known goes ``direct``, as does one whose store's MD5 Azure finds
 unlike its bytes while its version is unchanged (an S3 ETag under SSE-KMS is no MD5). An
 endpoint that does not implement Put Block From URL (Azurite), or that cannot fetch the source
@@ -39,7 +42,7 @@ from typing import TYPE_CHECKING
 from bridge.meter import Pool
 from bridge.config import Settings
 from bridge.errors import AuthError, BridgeError, CopySourceUnreadable, IntegrityError, Unsupported
-from bridge.routes import Fallback, Route, register
+from bridge.routes import Fallback, Route, forced, register
 from bridge.routes.server import checked_source, source_hashes
 from bridge.stores import get_store
 from bridge.stores.base import ObjectInfo, PartRecord
@@ -76,6 +79,11 @@ class FromUrlRoute(Route):
         metadata = {"bridge_crc32c": crc, **({"bridge_sha256": sha} if sha else {})}
         attrs = ctx.attrs(f.rel, info.attrs)
         pull = Pull(url, _pinned_etag(info), _source_md5(ctx, info))
+        unprovable = _unprovable(ctx, f, info, crc, pull)
+        if unprovable and not forced(ctx.plan):
+            # Azure could check nothing of what it fetched: bytes through bridge are hashed as
+            # they pass, where a pull would be committed unproven (--route from-url takes that).
+            raise Fallback(f"{src_loc}: {unprovable}: its bytes pass through bridge to be hashed")
         if f.size == 0:
             committed = ctx.dst.put(dst_loc, b"", crc32c=crc, metadata=metadata, attrs=attrs)
             checked = False   # no byte for Azure to fetch: the empty blob is what bridge wrote
@@ -130,6 +138,18 @@ class Pull:
     url: str
     etag: str | None
     md5: str | None
+
+
+def _unprovable(ctx: JobContext, f: FilePlan, info: ObjectInfo, crc: str, pull: Pull) -> str:
+    """Why a pull of this file would be committed unproven ("" when Azure can prove it): the
+    checks ``_entry`` makes, made before any request."""
+    if f.size == 0:
+        return ""
+    if pull.md5 is None or f.size > ctx.dst.features.max_part_size:
+        return "its store computed no MD5 of it (a multipart or composite object) for Azure to check"
+    if info.checksums.get("crc32c") != crc:
+        return "its CRC32C is one a client wrote in its metadata"
+    return ""
 
 
 def _pinned_etag(info: ObjectInfo) -> str | None:

@@ -11,11 +11,14 @@ checksum the source's store computed equal to the destination store's for the co
 (S3 computes the copy's CRC32C for CopyObject and a one-request copy's ETag is its MD5; GCS's
 crc32c and md5Hash are the service's). Metadata a client can write (``bridge_crc32c``,
 ``bridge_sha256`` in the source's metadata) is never recorded as a hash: a claim the copy
-contradicts fails it, and with no common checksum the entry is ``unproven:`` (bridge/manifest.py)
-and says why. ``computed`` is then empty; ``verify --deep`` reads the bytes. Where no CRC32C is
-known before the copy and the destination keeps none (an Azure blob bridge did not write), the
-file goes ``direct``; where neither store reports one after the copy (an S3 endpoint without
-checksums), the copy is read back and hashed. A local copy is hashed by reading it back (no egress).
+contradicts fails it. ``computed`` is then empty. With no checksum both stores computed (Azure
+computes none for a block blob; an S3 source with only CRC64NVME and a multipart ETag), the copy
+is read back inside its account (no egress within a region) and hashed, and the record holds
+those hashes (``computed``); with ``transfer.store_checksums: skip`` it is not read, and the entry
+is ``unproven:`` (bridge/manifest.py) and says why, which ``verify`` reports until ``verify
+--deep`` reads it. Where no CRC32C is known before the copy and the destination keeps none (an
+Azure blob bridge did not write), the file goes ``direct``. A local copy is hashed by reading it
+back (no egress).
 """
 
 from __future__ import annotations
@@ -108,7 +111,8 @@ class ServerRoute(Route):
                dst_sums: dict[str, str], claimed: str | None) -> FileEntry:
         """The copy's entry from what both stores computed: proven when a checksum of both agrees
         (S3's CRC32C of the copy, computed by S3 for CopyObject, or a one-request ETag's MD5; GCS's
-        crc32c and md5Hash, which a rewrite carries over), else unproven, saying why. Metadata the
+        crc32c and md5Hash, which a rewrite carries over), else read back and hashed (or, with
+        store_checksums "skip", unproven, saying why). Metadata the
         source carries (bridge_crc32c, bridge_sha256) is what a client wrote: never recorded as a
         hash, only compared (a claim the copy contradicts fails it)."""
         from bridge.manifest import UNPROVEN, FileEntry
@@ -118,15 +122,22 @@ class ServerRoute(Route):
         if proven_by and crc:
             return FileEntry(f.rel, f.size, crc, "", computed=[], reported=reported,
                              note=f"copied inside the store; {proven_by.upper()} computed by both stores is equal")
-        if crc is None and (proven_by or claimed is None):
-            # Neither store reports a CRC32C (an endpoint that keeps no checksums): the copy is
-            # read back to be hashed, and those bytes count as passing through bridge.
-            crc, sha = rehash(ctx.dst, dst_loc, f.size)
-            return FileEntry(f.rel, f.size, crc, sha, computed=["crc32c", "sha256"], reported=reported,
-                             note="copied inside the store, which reports no CRC32C; hashed by reading the copy")
         if crc is not None and claimed and crc != claimed:
             raise IntegrityError(f"{dst_loc}: the copy has CRC32C {crc}, its source's metadata says {claimed}; "
                                  f"the copy was removed")
+        if proven_by or (crc is None and claimed is None) or ctx.settings.transfer.store_checksums != "skip":
+            # Nothing both stores computed proves the copy, or gives its CRC32C (an Azure blob, an
+            # endpoint that keeps no checksums): it is read back inside its account (no egress
+            # within a region) and hashed, and those hashes are the record's. store_checksums
+            # "skip" trusts the store's copy instead, and the entry says it is unproven.
+            read_crc, sha = rehash(ctx.dst, dst_loc, f.size)
+            known = crc or claimed
+            if known and read_crc != known:
+                raise IntegrityError(f"{dst_loc}: read back, the copy has CRC32C {read_crc}, its source "
+                                     f"{known}; the copy was removed")
+            why = "the store reports no CRC32C" if proven_by else why_unproven(src_sums, dst_sums)
+            return FileEntry(f.rel, f.size, read_crc, sha, computed=["crc32c", "sha256"], reported=reported,
+                             note=f"copied inside the store, and {why}; hashed by reading the copy")
         return FileEntry(f.rel, f.size, crc or claimed, "", computed=[], reported=reported,
                          note=f"{UNPROVEN} copied inside the store, and {why_unproven(src_sums, dst_sums)}"
                               + ("" if crc else "; its CRC32C is the one in the source's metadata"))
