@@ -45,6 +45,27 @@ def test_a_job_on_the_workers_by_sts_keeps_no_secret(service, make_root, moto, f
             assert SECRET not in shown and "secretAccessKey" not in shown
 
 
+def test_a_copy_on_the_workers_that_nothing_proved_is_not_called_verified(service, make_root, moto, fake_gcs,  # noqa: F811
+                                                                        azurite):
+    """Azure computes no checksum of a blob: an az -> gs copy by Storage Transfer has nothing
+    both stores computed to prove it. The job copies, and its record says the copy is unproven,
+    not verified, so nothing downstream (retention, a replica's lag) counts it."""
+    with StorageTransferDouble(gcs_endpoint=fake_gcs.endpoint, s3_endpoint=moto.endpoint,
+                               azure_endpoint=f"{azurite.endpoint}/{{account}}") as double:
+        service.env.update(MCBRIDGE_STS_ENDPOINT=double.endpoint, MCBRIDGE_POLL_INTERVAL="0.05")
+        settings = settings_for(service.env)
+        src, dst = make_root("az"), make_root("gs")
+        fill(src, settings, FILES)
+        service.worker("w1").wait_ready()
+        result = service.cli("submit", "cp", src, dst, "--route", "sts", "--wait", "--json")
+        status = json.loads(result.stdout)
+        assert status["state"] == "succeeded" and read_tree(dst, settings) == FILES, status
+        assert status["verify"]["unproven"] == len(FILES) and not status["verify"]["ok"], status["verify"]
+        text = service.cli("jobs", "status", status["id"]).stdout
+        assert f"verified     NOT PROVEN (store): {len(FILES)} files" in text, text
+        assert f"{len(FILES)} unproven (verify --deep reads them)" in text
+
+
 def test_jobs_cancel_cancels_the_remote_job(service, make_root, moto, fake_gcs, azurite):  # noqa: F811
     import os
     import time

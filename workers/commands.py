@@ -735,9 +735,11 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
         lines.append(f"  manifest     {record.manifest}")
     if record.verify and record.verify.get("mode") != "none":
         v = record.verify
-        verdict = "OK" if v.get("ok") else "FAILED"
+        verdict = "OK" if v.get("ok") else "NOT PROVEN" if v.get("unproven") and v.get("mismatched") == 0 \
+            and v.get("missing") == 0 else "FAILED"
+        unproven = f", {v['unproven']} unproven (verify --deep reads them)" if v.get("unproven") else ""
         lines.append(f"  verified     {verdict} ({v['mode']}): {v['checked']} files, {v['missing']} missing, "
-                     f"{v['mismatched']} mismatched, {v['extra']} extra, at {v['at']}")
+                     f"{v['mismatched']} mismatched, {v['extra']} extra{unproven}, at {v['at']}")
     if record.spent_usd is not None or record.estimate_usd is not None or record.metered:
         lines.append(f"  cost         {metered_text(record.spent_usd, record.metered)}; "
                      f"{estimated_text(record.estimate_usd, record.estimate_requests)}"

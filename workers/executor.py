@@ -898,9 +898,12 @@ class Service:
         problems += [f"does not match its manifest: {m['path']}: {m['reason']}" for m in report["mismatched"]]
         if spec.deletes:
             problems += [f"at the destination but not in the source: {p}" for p in report["extra"]]
+        # A copy the clouds made that nothing proved is no failure of the job, and no proof
+        # either: the summary is not ok, so nothing (retention, a replica's lag) counts it verified.
+        unproven = report["counts"]["unproven"]
         summary = {"mode": spec.verify, "checked": report["checked"], "bytes": report["bytes"],
                    "missing": len(report["missing"]), "extra": len(report["extra"]),
-                   "mismatched": len(report["mismatched"]), "ok": not problems,
+                   "mismatched": len(report["mismatched"]), "unproven": unproven, "ok": not problems and not unproven,
                    "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         return problems, summary
 
