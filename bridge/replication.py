@@ -136,14 +136,8 @@ class ConsistentCopy(JobContext):
         sent = ((f.rel, f) for f in self.plan.files)
         changed = []
         for rel, now, f in merged(seen, sent):
-            if f is None:
-                continue
-            if now is None:
-                changed.append(f"{rel} (gone)")
-            elif now.size != f.size:
-                changed.append(f"{rel} (size {f.size} -> {now.size})")
-            elif identity_changed(f.source_id, now.identity):
-                changed.append(f"{rel} (rewritten)")
+            if f is not None:
+                changed += _change(rel, f.size, f.source_id, now)
         if self.listed is not None and not self.plan.single:
             named = {c.split(" ", 1)[0] for c in changed}
             changed += [c for c in self.changed_around(dict(seen)) if c.split(" ", 1)[0] not in named]
@@ -157,16 +151,18 @@ class ConsistentCopy(JobContext):
         now = {rel: info for rel, info in now.items() if self.selects(rel)}
         out = []
         for rel in sorted(was.keys() | now.keys()):
-            before, after = was.get(rel), now.get(rel)
-            if before is None:
-                out.append(f"{rel} (added)")
-            elif after is None:
-                out.append(f"{rel} (gone)")
-            elif before.size != after.size:
-                out.append(f"{rel} (size {before.size} -> {after.size})")
-            elif identity_changed(before.identity, after.identity):
-                out.append(f"{rel} (rewritten)")
+            before = was.get(rel)
+            out += [f"{rel} (added)"] if before is None else _change(rel, before.size, before.identity, now.get(rel))
         return out
+
+
+def _change(rel: str, size: int, identity: Mapping[str, str], now: ObjectInfo | None) -> list[str]:
+    """How the file ``rel``, once of ``size`` and ``identity``, changed by ``now`` ([] : not)."""
+    if now is None:
+        return [f"{rel} (gone)"]
+    if now.size != size:
+        return [f"{rel} (size {size} -> {now.size})"]
+    return [f"{rel} (rewritten)"] if identity_changed(identity, now.identity) else []
 
 
 def copy_checkpoint(plan: Plan, settings: Settings, progress: Progress | None = None, *,

@@ -21,20 +21,8 @@ from bridge.urls import parse
 from tests.doubles.datasync import DataSyncDouble
 from tests.doubles.sts import StorageTransferDouble
 from tests.helpers import mcbridge, read_tree, settings_for
+from tests.test_native_cli import datasync_double, sts_double  # noqa: F401  (fixtures)
 from tests.test_native_sts import FILES, fill
-
-
-@pytest.fixture
-def sts_double(moto, fake_gcs, azurite):
-    with StorageTransferDouble(gcs_endpoint=fake_gcs.endpoint, s3_endpoint=moto.endpoint,
-                               azure_endpoint=f"{azurite.endpoint}/{{account}}") as d:
-        yield d
-
-
-@pytest.fixture
-def datasync_double(moto):
-    with DataSyncDouble(s3_endpoint=moto.endpoint) as d:
-        yield d
 
 
 @pytest.fixture
