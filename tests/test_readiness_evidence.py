@@ -58,6 +58,37 @@ def test_the_dcp_fixture_pickles_torch_own_names_and_loads_without_torch():
     assert "torch" not in sys.modules
 
 
+REAL_DCP = Path(__file__).parent / "fixtures" / "dcp-torch-2.13.0"
+
+
+@pytest.mark.parametrize("ranks, shards", [("one-rank", {"__0_0.distcp": 22316}),
+                                           ("two-ranks", {"__0_0.distcp": 3625, "__1_0.distcp": 8511})])
+def test_a_metadata_torch_itself_wrote_is_read_without_torch(ranks, shards):
+    """The shard sizes torch wrote beside these .metadata files (fixtures/dcp-torch-2.13.0/README.md)
+    are what the torch-free reader says each shard must hold."""
+    assert evidence.dcp_storage((REAL_DCP / ranks / ".metadata").read_bytes()) == shards
+    assert "torch" not in sys.modules
+
+
+def test_a_checkpoint_torch_saved_is_committed_by_its_own_metadata(emulator_env, tmp_path):
+    """Two ranks' .metadata as torch wrote it, on a file system: committed once both shards hold
+    the bytes it names, waiting while one is short."""
+    meta = (REAL_DCP / "two-ranks" / ".metadata").read_bytes()
+    for step, second in (("step-100", 8511), ("step-200", 8000)):
+        folder = tmp_path / "src" / step
+        folder.mkdir(parents=True)
+        (folder / ".metadata").write_bytes(meta)
+        (folder / "__0_0.distcp").write_bytes(os.urandom(3625))
+        (folder / "__1_0.distcp").write_bytes(os.urandom(second))
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: {tmp_path / 'src'}/\n"
+                           f"    destinations: [{tmp_path / 'dst'}/]\n")
+    code, run, stderr = _once(policy_file, emulator_env, tmp_path / "state")
+    assert code == 0, stderr
+    assert run["checkpoints"] == ["step-100"], run
+    assert run["waiting"] == {"step-200": ".metadata needs more bytes than are there: __1_0.distcp (8000 of 8511 bytes)"}
+
+
 def test_a_dcp_metadata_cut_short_or_hostile_is_no_evidence(tmp_path):
     data = dcpfake.metadata({"__0_0.distcp": [100]})
     assert "is not a whole DCP metadata pickle" in evidence.dcp_storage(data[:len(data) // 2])
