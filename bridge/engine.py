@@ -471,7 +471,7 @@ def _local_dir_exists(loc: Location) -> bool:
     return os.path.isdir(loc.local_path)
 
 
-def check_route(src_root: Location, dst_root: Location, objects: Iterable[tuple[str, ObjectInfo]],
+def checked_listing(src_root: Location, dst_root: Location, objects: Iterable[tuple[str, ObjectInfo]],
                 single: str | None, archived_ok: bool = False) -> Iterator[tuple[str, ObjectInfo]]:
     """``objects`` checked as they pass, before any byte moves: a destination inside its source
     would copy into itself (one level deeper each run), an object copied onto itself would be
@@ -526,7 +526,7 @@ def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int
     """``archived_ok``: plan sources that need a restore too (to price them: mcbridge plan)."""
     early = _early_carrier(source, settings)
     src_root, dst_root, objects, single = resolve(source, destination, settings, filters, listed)
-    checked = check_route(src_root, dst_root, objects, single, archived_ok)
+    checked = checked_listing(src_root, dst_root, objects, single, archived_ok)
     dst_store = get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     files = FileList(where=spill_dir(settings))

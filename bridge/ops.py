@@ -27,7 +27,7 @@ from bridge.stores.base import ObjectInfo, identity_changed, is_reserved
 from bridge.hashing import rehash
 from bridge import jobs
 from bridge.engine import (BATCH_BYTES, BATCH_FILES, BATCH_IN_FLIGHT, Entries, FileList, FilePlan, JobContext, Plan,
-                           batch_connections, batching, carrier_for, check_chunk_size, check_route, file_plan,
+                           batch_connections, batching, carrier_for, check_chunk_size, checked_listing, file_plan,
                            part_size_for, plan_copy, resolve, spill_dir)
 from bridge.errors import InvalidOption, JobCancelled, ManifestError, ObjectNotFound
 from bridge.journal import job_key
@@ -279,7 +279,7 @@ def verify(url: str, settings: Settings, *, deep: bool = False, sha256: bool = F
     report: dict[str, Any] = {"url": str(root), "ok": True, "deep": deep, "checked": 0, "bytes": 0,
                               "missing": [], "extra": [], "mismatched": [], "rehashed": [], "unproven": [],
                               "shard_sets": [], "counts": {"missing": 0, "extra": 0, "mismatched": 0, "rehashed": 0,
-                                                           "unproven": 0}, "copies": []}
+                                                           "unproven": 0, "proven": 0}, "copies": []}
     active = filters if filters is not None and filters.active else None
     if progress is not None:
         progress.begin("verifying")
@@ -360,11 +360,18 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
     batch_bytes = 0
     last_batch: list[cf.Future] = []
 
+    reading: dict[str, FileEntry] = {}   # unproven entries a deep check reads: proven when equal
+    proven: list[FileEntry] = []
+
     def drain(limit: int) -> None:
         while len(window) > limit:
             paths, fut = window.pop(0)
             verdicts = fut.result()
             for path, verdict in zip(paths, verdicts if isinstance(verdicts, list) else [verdicts]):
+                if path in reading:
+                    entry = reading.pop(path)
+                    if not verdict.problem:
+                        proven.append(entry)
                 if verdict.problem:
                     _note(report, "mismatched", {"path": prefix + path, "reason": verdict.problem})
                 elif verdict.rehashed:
@@ -408,6 +415,8 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
             checked, size = checked + 1, size + entry.size
             if progress is not None:
                 progress.plan_checks(1, entry.size)
+            if deep and entry.unproven:
+                reading[entry.path] = proven_by_reading(entry, obj[1])
             if not deep and check.proven_by_listing(obj[1], entry) and not entry.unproven:
                 # Most objects: passed here, where a pool's hand-off cost more than the check
                 # (about half of a 10,000-object verify's time went to futures and wake-ups).
@@ -429,6 +438,11 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
             entry, obj = next(entries, None), next(listing, None)
     send_batch()
     drain(0)
+    if proven:
+        # What a deep read proved is recorded, so that the cheap verify of that version passes
+        # from then on instead of reading it at every run.
+        manifests.append(store, at, record.source, record.destination, proven)
+        report["counts"]["proven"] += len(proven)
     shard_sets = []
     for shard_prefix, index_entry in sorted((record.extra if record else {}).get("shard_sets", {}).items()):
         from bridge.packing import index  # only records of packed corpora name shard sets
@@ -442,6 +456,15 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
     return {"prefix": prefix, "url": str(at), "files": checked, "bytes": size,
             "ok": not (found["missing"] or found["extra"] or found["mismatched"] or found["unproven"])
             and all(s["ok"] for s in shard_sets), **found}
+
+
+def proven_by_reading(entry: FileEntry, info: ObjectInfo) -> FileEntry:
+    """``entry``, once a deep read found the object listed as ``info`` equal to it: the version
+    read is the one recorded, and its note says how it was proven (manifest.READ_BACK)."""
+    how = entry.note[len(manifests.UNPROVEN):].strip()
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dataclasses.replace(entry, identity=dict(info.identity),
+                               note=f"{manifests.READ_BACK} by verify --deep at {when}; {how}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -504,7 +527,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     to its source (bridge/adopt.py; ``adopt``: checksum, deep or off). ``filters`` apply to both
     sides, as in rclone: a file they leave out is neither sent nor deleted."""
     src_root, dst_root, objects, single = resolve(source, destination, settings, filters, listing_to(progress))
-    objects = check_route(src_root, dst_root, objects, single)   # checked as the merge reads it
+    objects = checked_listing(src_root, dst_root, objects, single)   # checked as the merge reads it
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     record = manifests.open_record(dst_store, dst_root)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from bridge import jobs
 from bridge.config import Settings
-from bridge.engine import check_route, resolve
+from bridge.engine import checked_listing, resolve
 from bridge.errors import IntegrityError, JobCancelled, ObjectNotFound, RouteUnavailable
 from bridge.manifest import UNPROVEN, FileEntry
 from bridge.progress import Progress
@@ -76,7 +76,7 @@ def plan(route: str, source: str, destination: str, settings: Settings, pairs: s
         served = ", ".join(f"{a}->{b}" for a, b in sorted(pairs))
         raise RouteUnavailable(f"route {route} does not serve {src.scheme}->{dst.scheme} (it serves {served})")
     src_root, dst_root, objects, single = resolve(source, destination, settings)
-    objects = list(check_route(src_root, dst_root, objects, single))   # one remote job names them all
+    objects = list(checked_listing(src_root, dst_root, objects, single))   # one remote job names them all
     if single is not None and objects[0][0] != objects[0][1].location.name:
         raise RouteUnavailable(f"route {route} keeps object names: it cannot write {single} as {destination}")
     return Transfer(route, src_root, dst_root, objects, single, filtered=single is not None)
