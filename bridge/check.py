@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from bridge.errors import IntegrityError, ObjectNotFound
 from bridge.hashing import TREE, FileHash, rehash, rehash_parts, sha256_tree
-from bridge.manifest import FileEntry
+from bridge.manifest import READ_BACK, FileEntry
 from bridge.stores.base import ObjectInfo, Store, identity_changed
 from bridge.urls import Location
 
@@ -155,11 +155,11 @@ def _listed_as_committed(info: ObjectInfo, entry: FileEntry) -> bool:
     """Whether the listing alone shows the committed version of an object-store object: its
     size and a version field equal to the recorded ones, for an entry holding what the store
     reported of that version at commit (the checksums checked then against ours), or one adopted
-    by reading both sides (that version's bytes hashed then: an Azure blob reports nothing), so
-    no request of its own is needed. Files on a local path have no such field: their bytes are
-    checked."""
+    by reading both sides, or proven by a deep read (that version's bytes hashed then: an Azure
+    blob reports nothing), so no request of its own is needed. Files on a local path have no such
+    field: their bytes are checked."""
     if info.location.is_local or not entry.identity or not info.identity \
-            or not (entry.reported or entry.adopted == "deep"):
+            or not (entry.reported or entry.adopted == "deep" or entry.note.startswith(READ_BACK)):
         return False
     common = [k for k in _VERSION_FIELDS if k in entry.identity and k in info.identity]
     return bool(common) and all(entry.identity[k] == info.identity[k] for k in common)

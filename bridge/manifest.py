@@ -121,6 +121,7 @@ SHARD_ENTRIES = 5_000
 COMPACT_AFTER = 32   # commits on top of a checkpoint before a commit folds them
 COMPUTED = ("crc32c", "sha256")   # what bridge hashes every byte it moves with
 UNPROVEN = "unproven:"   # how an entry's note begins when nothing proves the object equal to its source
+READ_BACK = "proven by reading it"   # how it begins once a deep read found the object equal to the entry
 LOG = f"{RESERVED}/log/"
 SEGMENTS = f"{RESERVED}/seg/"
 MANIFEST = f"{RESERVED}/manifest.json"              # versions 1 and 2: read, never written

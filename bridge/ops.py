@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 import concurrent.futures as cf
 import contextlib
 import dataclasses
+from datetime import datetime, timezone
 import gc
 
 from bridge import bwlimit
@@ -29,7 +30,8 @@ from bridge import jobs
 from bridge.engine import (BATCH_BYTES, BATCH_FILES, BATCH_IN_FLIGHT, Entries, FileList, FilePlan, JobContext, Plan,
                            batch_connections, batching, carrier_for, check_chunk_size, checked_listing, file_plan,
                            part_size_for, plan_copy, resolve, spill_dir)
-from bridge.errors import InvalidOption, JobCancelled, ManifestError, ObjectNotFound
+from bridge.errors import BridgeError, InvalidOption, JobCancelled, ManifestError, ObjectNotFound
+from bridge.manifest import FileEntry
 from bridge.journal import job_key
 from bridge.journal import FileJournal, journal_at
 from bridge.progress import Progress
@@ -441,8 +443,11 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
     if proven:
         # What a deep read proved is recorded, so that the cheap verify of that version passes
         # from then on instead of reading it at every run.
-        manifests.append(store, at, record.source, record.destination, proven)
-        report["counts"]["proven"] += len(proven)
+        try:
+            manifests.append(store, at, record.source, record.destination, proven)
+            report["counts"]["proven"] += len(proven)
+        except BridgeError as exc:   # read-only credentials: the objects are proven, not recorded so
+            report["not_recorded"] = f"{len(proven)} files proven by reading, not recorded at {at}: {exc}"
     shard_sets = []
     for shard_prefix, index_entry in sorted((record.extra if record else {}).get("shard_sets", {}).items()):
         from bridge.packing import index  # only records of packed corpora name shard sets

@@ -85,6 +85,14 @@ def test_a_same_account_azure_copy_trusted_unread_is_unproven(counting, make_roo
     assert sorted(summary["route"]["unproven"]) == sorted(files)
     cheap = ops.verify(dst, settings)
     assert not cheap["ok"] and cheap["counts"]["unproven"] == len(files), cheap["counts"]
+    # A deep read proves them and records so: the cheap verify of those versions then passes.
+    r = mcbridge("verify", dst, "--deep", env=env, state_dir=tmp_path / "s3")
+    assert r.returncode == 0 and f"{len(files)} unproven before, proven by reading and recorded so" in r.stdout, \
+        r.stdout + r.stderr
+    entries = read_manifest(get_store(parse(dst), settings), parse(dst)).files
+    assert all(not e.unproven and e.note.startswith("proven by reading it") for e in entries.values())
+    again = ops.verify(dst, settings)
+    assert again["ok"] and again["counts"]["proven"] == 0, again["counts"]
 
 
 def test_local_server_copy_uses_the_kernel_and_hashes_the_copy(tmp_path, emulator_env):

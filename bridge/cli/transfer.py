@@ -12,7 +12,7 @@ from bridge import __version__
 from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DeleteOpt, DryOpt,
                                 ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt, MaxSizeOpt,
                                 MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, Sha256Opt,
-                                StoreSumOpt, emit, filters_from_flags, moved_line, out, print_plan, route_line,
+                                StoreSumOpt, emit, err, filters_from_flags, moved_line, out, print_plan, route_line,
                                 settings_from_flags, shown)
 from bridge.progress import human_bytes, plural
 from bridge.cli.placement import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
@@ -135,6 +135,8 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
                 if not (quiet and copy["ok"]):
                     out.print(f"{'intact' if copy['ok'] else 'FAILED':<11} {shown(copy['url'])}: "
                               f"{plural(copy['files'], 'file')}, {human_bytes(copy['bytes'])}", markup=False)
+        if report.get("not_recorded"):
+            err.print(f"warning: {report['not_recorded']}", markup=False)
         if not (quiet and report["ok"]):
             counts = report["counts"]
             verdict = "OK" if report["ok"] else "FAILED"
@@ -144,6 +146,8 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
                       + (f" in {copies} committed copies" if copies > 1 else "") + "; "
                       f"{counts['missing']} missing, {counts['extra']} extra, {counts['mismatched']} mismatched"
                       + (f", {counts['unproven']} unproven" if counts.get("unproven") else "")
+                      + (f", {counts['proven']} unproven before, proven by reading and recorded so"
+                         if counts.get("proven") else "")
                       + (f", {counts['rehashed']} rewritten with equal bytes" if counts["rehashed"] else ""),
                       markup=False)
     if not report["ok"]:
