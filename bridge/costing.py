@@ -80,16 +80,12 @@ def _speeds(settings: Settings) -> dict[str, dict[str, float | None]]:
     return {route: speed.model_dump() for route, speed in settings.pricing.speeds.items()}
 
 
-NATIVE = frozenset({"sts", "datasync"})
-
-
 def available_routes(settings: Settings, extra: list[str] | None = None) -> set[str]:
     """The routes this bridge can run: those registered with bridge/routes (built and importable;
     the native ones only once enabled in the settings, since they start jobs in the user's
     accounts), packing, plus those the settings or ``extra`` mark available for planning."""
     from bridge import routes as runnable
-    registered = set(runnable.available())
-    names = (set(routes.BUILT) | (registered - NATIVE) | set(settings.native.enabled)
+    names = ((set(runnable.built()) - set(runnable.NATIVE)) | set(settings.native.enabled)
              | set(settings.pricing.available_routes) | set(extra or []))
     unknown = sorted(n for n in names if n not in routes.ORDER)
     if unknown:
@@ -124,6 +120,7 @@ def route_plan(source: str, destination: str, settings: Settings, *, pack: str |
               for route in routes.ORDER}
     try:
         choices = routes.plan_routes(usages, src, dst, where, builtin(), available=available_routes(settings, available),
+                                     built=runnable_routes.built(),
                                      pack_allowed=pack is not None, forced=forced,
                                      overrides=Overrides.from_settings(settings.pricing, settings.native), speeds=_speeds(settings),
                                      source_class=source_class, source_classes=classes,

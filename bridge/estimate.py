@@ -32,9 +32,8 @@ from typing import Any
 
 from bridge.engine import Plan
 from bridge.manifest import SHARD_ENTRIES
+from bridge.routes import NAMES as ROUTES
 from bridge.urls import Location, parse
-
-ROUTES = ("direct", "server", "from-url", "sts", "datasync", "pack")
 
 LIST_PAGE = {"s3": 1000, "gs": 1000, "az": 5000, "file": 10**9}
 GCS_COMPOSE_FAN_IN = 32

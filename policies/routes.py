@@ -1,21 +1,21 @@
 """The route planner: which way to move a plan's bytes, priced, timed and chosen.
 
-Routes (the native ones are the native-routes issue's):
+Routes (their names are bridge.routes.NAMES, the route registry's, in this order):
 
-    direct     through this process (today's path); serves every pair
+    direct     through this process; serves every pair
     server     inside one store account: S3 CopyObject/UploadPartCopy, GCS rewrite, Azure Copy Blob
     from-url   into Azure from S3 or GCS: Put Block From URL on a signed source URL
     sts        into GCS: Storage Transfer Service (from S3, Azure Blob or GCS)
     datasync   AWS DataSync between S3 and S3, GCS or Azure Blob (agentless: no local paths)
     pack       through this process, packed into shards first: many small files become few objects
 
-``plan_routes`` takes everything as data (usages, places, tables, which routes this bridge can
-run, whether shards are acceptable) and returns one ``RouteChoice`` per route with exactly one
+``plan_routes`` takes everything as data (usages, places, tables, which routes this bridge has
+built and which of them it may run here, whether shards are acceptable) and returns one ``RouteChoice`` per route with exactly one
 chosen: the route decided for the run (``decided``: what bridge.routes.choose picks, so that
 ``mcbridge plan`` marks the route cp takes), else the forced route, else the cheapest valid one,
 ties (to the cent) broken by time, then by the order above (a what-if: ``--pack`` or routes
-assumed available). Which routes are available is an argument, so that when a route is built
-only the caller's set changes.
+assumed available). Which routes are built and available are arguments: the caller reads them
+from the route registry and the settings.
 
 Time is an assumption, settable per route in the settings file (``pricing.speeds``):
 startup + the longer of payload / bytes_per_s and cloud requests / requests_per_s. The defaults below come from
@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bridge.money import usd, usd_number
+from bridge.routes import DIRECT, NAMES, PACK
 
 if TYPE_CHECKING:   # the price tables (pydantic, YAML) load when a route is priced, not when one is checked
     from bridge.policies.cost import Cost, Overrides, Place
     from bridge.policies.prices import ProviderPrices
 
-ORDER = ("direct", "server", "from-url", "sts", "datasync", "pack")
-BUILT = frozenset({"direct", "pack", "server", "from-url"})   # what this bridge runs (bridge/routes)
+ORDER = NAMES
 MiB = 1024 * 1024
 
 # route -> (bytes per second, cloud requests per second, startup seconds)
@@ -65,9 +65,10 @@ class RouteChoice:
     seconds: float
     why: str
     usage: Any = None
+    built: bool = True
 
     def to_dict(self, detail: bool = True) -> dict[str, Any]:
-        row = {"route": self.route, "valid": self.valid, "chosen": self.chosen, "bytes": self.bytes,
+        row = {"route": self.route, "built": self.built, "valid": self.valid, "chosen": self.chosen, "bytes": self.bytes,
                "requests": self.requests, "usd": usd_number(self.cost.total), "seconds": round(self.seconds, 3),
                "why": self.why}
         if detail:
@@ -80,13 +81,13 @@ class RouteChoice:
 def serves(route: str, src_scheme: str, dst_scheme: str, *, pack_allowed: bool) -> str | None:
     """Why ``route`` cannot carry a src -> dst copy, or None when it can."""
     from bridge.routes import scheme_reason
-    if route == "direct":
+    if route not in ORDER:
+        raise RouteError(f"unknown route {route!r}; routes: {', '.join(ORDER)}")
+    if route == DIRECT:
         return None
-    if route in ("server", "from-url", "sts", "datasync"):
-        return scheme_reason(route, src_scheme, dst_scheme)
-    if route == "pack":
+    if route == PACK:
         return None if pack_allowed else "changes the destination to shards: allowed with --pack tar|parquet"
-    raise RouteError(f"unknown route {route!r}; routes: {', '.join(ORDER)}")
+    return scheme_reason(route, src_scheme, dst_scheme)
 
 
 def seconds(route: str, usage: Any, speeds: Mapping[str, Mapping[str, float | None]] | None = None) -> float:
@@ -102,16 +103,18 @@ def seconds(route: str, usage: Any, speeds: Mapping[str, Mapping[str, float | No
 
 
 def plan_routes(usages: Mapping[str, Any], src: Place, dst: Place, host: Place,
-                tables: dict[str, ProviderPrices], *, available: Iterable[str] = BUILT,
+                tables: dict[str, ProviderPrices], *, available: Iterable[str], built: Iterable[str] | None = None,
                 pack_allowed: bool = False, forced: str | None = None, overrides: Overrides | None = None,
                 speeds: Mapping[str, Mapping[str, float | None]] | None = None,
                 source_class: str | None = None, decided: tuple[str, str] | None = None,
                 destination_class: str | None = None, source_classes: Mapping[str, int] | None = None
                 ) -> list[RouteChoice]:
     """Every route priced and timed, exactly one chosen (see the module docstring); with
-    ``decided`` (route, why), that route is the chosen one: the route a copy takes here."""
+    ``decided`` (route, why), that route is the chosen one: the route a copy takes here.
+    ``built`` (default: ``available``): the routes this bridge has, run here or not."""
     from bridge.policies.cost import price
     available = set(available)
+    built = available if built is None else set(built) | available
     if forced is not None and forced not in ORDER:
         raise RouteError(f"unknown route {forced!r}; routes: {', '.join(ORDER)}")
     choices = []
@@ -120,11 +123,12 @@ def plan_routes(usages: Mapping[str, Any], src: Place, dst: Place, host: Place,
         src_scheme, dst_scheme = usage.source.scheme, usage.destination.scheme
         reason = serves(route, src_scheme, dst_scheme, pack_allowed=pack_allowed)
         if reason is None and route not in available:
-            reason = "not available in this bridge yet"
+            reason = "built, not enabled in these settings" if route in built else "not built in this bridge"
         cost = price(usage, src, dst, host, tables, overrides, source_class, destination_class,
                      dict(source_classes or {}))
         choices.append(RouteChoice(route, reason is None, False, usage.destination.bytes_written,
-                                   usage.request_count, cost, seconds(route, usage, speeds), reason or "", usage))
+                                   usage.request_count, cost, seconds(route, usage, speeds), reason or "", usage,
+                                   route in built))
     valid = [c for c in choices if c.valid]
     if decided is not None and any(c.route == decided[0] and c.valid for c in choices):
         pick = next(c for c in choices if c.route == decided[0])

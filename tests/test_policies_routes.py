@@ -8,6 +8,7 @@ from importlib import resources
 import pytest
 
 from bridge import estimate
+from bridge import routes as registry
 from bridge.engine import FilePlan, Plan
 from bridge.policies import routes
 from bridge.policies.cost import Overrides, Place, price
@@ -15,6 +16,7 @@ from bridge.policies.prices import GB, PriceError, builtin, parse
 
 MiB, GiB, TiB = 1 << 20, 1 << 30, 1 << 40
 ALL = set(routes.ORDER)
+UNENABLED = ALL - set(registry.NATIVE)   # what bridge runs here before the native routes are enabled
 SITE = Place("site", "local")
 
 
@@ -24,9 +26,10 @@ def plan_of(src: str, dst: str, files: list[tuple[int, int]], count: int = 1) ->
     return Plan(src, dst, None, out)
 
 
-def choose(plan: Plan, src: Place, dst: Place, host: Place = SITE, **kw) -> list[routes.RouteChoice]:
+def choose(plan: Plan, src: Place, dst: Place, host: Place = SITE, available=UNENABLED, built=ALL,
+           **kw) -> list[routes.RouteChoice]:
     usages = {r: estimate.usage(plan, r) for r in routes.ORDER}
-    return routes.plan_routes(usages, src, dst, host, builtin(), **kw)
+    return routes.plan_routes(usages, src, dst, host, builtin(), available=available, built=built, **kw)
 
 
 def chosen(choices: list[routes.RouteChoice]) -> routes.RouteChoice:
@@ -45,7 +48,7 @@ SCENARIOS = [
     ("same account, same region", "s3://src-a/x/", "s3://dst-b/y/", S3E, S3E, SITE, BIG, 10, ALL, False, "server"),
     ("same account, server not available", "s3://src-a/x/", "s3://dst-b/y/", S3E, S3E, SITE, BIG, 10,
      frozenset({"direct", "pack"}), False, "direct"),
-    ("same account, built routes", "s3://src-a/x/", "s3://dst-b/y/", S3E, S3E, SITE, BIG, 10, routes.BUILT, False, "server"),
+    ("same account, native routes not enabled", "s3://src-a/x/", "s3://dst-b/y/", S3E, S3E, SITE, BIG, 10, UNENABLED, False, "server"),
     ("same cloud, other region", "s3://src-a/x/", "s3://dst-b/y/", S3E, S3W, SITE, BIG, 10, ALL, False, "server"),
     # 100 GiB: DataSync's $0.55 per Enhanced mode execution is small beside what it saves per GB
     ("other region, server unavailable: datasync next", "s3://src-a/x/", "s3://dst-b/y/", S3E, S3W, SITE, BIG, 100,
@@ -59,11 +62,11 @@ SCENARIOS = [
     ("az -> s3", "az://src-a/x/", "s3://dst-b/y/", AZ, S3E, SITE, BIG, 10, ALL, False, "direct"),
     ("az -> gs", "az://src-a/x/", "gs://dst-b/y/", AZ, GCS, SITE, BIG, 10, ALL, False, "sts"),
     ("small files local -> s3, packing allowed", "/data/x/", "s3://dst-b/y/", SITE, S3E, SITE, SMALL, 100_000,
-     routes.BUILT, True, "pack"),
+     UNENABLED, True, "pack"),
     ("small files local -> s3, packing not asked for", "/data/x/", "s3://dst-b/y/", SITE, S3E, SITE, SMALL, 100_000,
-     routes.BUILT, False, "direct"),
-    ("small files s3 -> az through a host in GCP, only built routes", "s3://src-a/x/", "az://dst-b/y/", S3E, AZ,
-     Place("gcp", "us-central1"), SMALL, 100_000, routes.BUILT, True, "pack"),
+     UNENABLED, False, "direct"),
+    ("small files s3 -> az through a host in GCP, native routes not enabled", "s3://src-a/x/", "az://dst-b/y/", S3E, AZ,
+     Place("gcp", "us-central1"), SMALL, 100_000, UNENABLED, True, "pack"),
     ("big files s3 -> az through a host in GCP: from-url skips the double egress", "s3://src-a/x/", "az://dst-b/y/", S3E,
      AZ, Place("gcp", "us-central1"), BIG, 10, ALL, True, "from-url"),
 ]
@@ -92,10 +95,23 @@ def test_every_route_is_chosen_by_some_scenario():
 def test_unavailable_routes_are_priced_but_invalid():
     choices = choose(plan_of("s3://src-a/x/", "gs://dst-b/y/", BIG, 10), S3E, GCS)
     by = {c.route: c for c in choices}
-    assert not by["sts"].valid and by["sts"].why == "not available in this bridge yet"
+    assert not by["sts"].valid and by["sts"].why == "built, not enabled in these settings" and by["sts"].built
     assert by["sts"].cost.total > 0 and by["sts"].seconds > 0
     assert not by["server"].valid and "one store account" in by["server"].why
     assert by["direct"].chosen
+
+
+def test_a_route_the_registry_lacks_is_priced_as_not_built():
+    choices = choose(plan_of("s3://src-a/x/", "gs://dst-b/y/", BIG, 10), S3E, GCS, built=ALL - {"sts"})
+    by = {c.route: c for c in choices}
+    assert not by["sts"].valid and not by["sts"].built and by["sts"].why == "not built in this bridge"
+    assert by["sts"].to_dict()["built"] is False and by["datasync"].to_dict()["built"] is True
+
+
+def test_the_planner_lists_the_registry_routes_and_refuses_any_other_name():
+    assert routes.ORDER == registry.NAMES
+    with pytest.raises(routes.RouteError, match="unknown route 'rsync'"):
+        routes.serves("rsync", "s3", "gs", pack_allowed=True)
 
 
 def test_ties_in_dollars_go_to_the_faster_route():
@@ -113,7 +129,7 @@ def test_forced_route_wins_and_an_invalid_one_is_refused():
     assert pick.route == "datasync" and pick.why.startswith("forced")
     with pytest.raises(routes.RouteError, match="route from-url cannot be used.*Azure"):
         choose(plan, GCS, S3E, available=ALL, forced="from-url")
-    with pytest.raises(routes.RouteError, match="route sts cannot be used.*not available"):
+    with pytest.raises(routes.RouteError, match="route sts cannot be used.*not enabled"):
         choose(plan_of("s3://src-a/x/", "gs://dst-b/y/", BIG, 1), S3E, GCS, forced="sts")
     with pytest.raises(routes.RouteError, match="unknown route"):
         choose(plan, GCS, S3E, forced="teleport")

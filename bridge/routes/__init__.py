@@ -8,7 +8,7 @@
 
 The seam. A route is an object in ``REGISTRY`` (``register(route)``) with:
 
-    name                        its name, as in --route and bridge.policies.routes.ORDER
+    name                        its name, one of ``NAMES`` (``register`` refuses any other)
     serves(src, dst, settings)  why it cannot carry this pair of roots (None: it can); asked at
                                 planning, before any data request, from the URLs and the stores'
                                 declared abilities (``Store.features``)
@@ -50,6 +50,13 @@ if TYPE_CHECKING:
     from bridge.manifest import FileEntry
 
 DIRECT = "direct"
+PACK = "pack"   # not a Route here: bridge/packing writes shards through this process
+# Every route's name, the one list --route, mcbridge plan and the price estimates read; in the
+# order mcbridge plan lists them and breaks ties by.
+NAMES = (DIRECT, "server", "from-url", "sts", "datasync", PACK)
+# The clouds' transfer services: they start jobs in the user's accounts, so bridge takes them by
+# itself only where the settings enable them (bridge.config's native.enabled).
+NATIVE = ("sts", "datasync")
 # Tried in this order when no route is forced; the first that serves the pair is chosen.
 AUTOMATIC = ("server", "from-url")
 
@@ -109,6 +116,8 @@ REGISTRY: dict[str, Route] = {}
 
 
 def register(route: Route) -> Route:
+    if route.name not in NAMES:   # a name planned and priced nowhere would be a second list of routes
+        raise ValueError(f"route {route.name!r} is not in bridge.routes.NAMES")
     REGISTRY[route.name] = route
     return route
 
@@ -129,6 +138,13 @@ def names() -> list[str]:
 def available() -> set[str]:
     """Routes this bridge can run (for bridge.policies.routes.plan_routes)."""
     return set(names())
+
+
+def built() -> list[str]:
+    """The routes this bridge has, in ``NAMES`` order: direct, packing, and every route
+    registered (a route module that is not installed is not built)."""
+    _load_builtin()
+    return [name for name in NAMES if name in (DIRECT, PACK) or name in REGISTRY]
 
 
 _loaded = False
