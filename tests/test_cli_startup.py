@@ -42,7 +42,7 @@ def test_a_quiet_copy_loads_no_rich_and_no_other_group(tmp_path):
     assert (tmp_path / "out" / "f.txt").read_text() == "x"
     # typer 0.29 and later convert every parameter through pydantic (pyproject keeps it below 0.29)
     for heavy in ("rich", "yaml", "pydantic", "pydantic_core", "bridge.cli.packing", "bridge.cli.policy", "bridge.cache",
-                  "bridge.cli.cache", "bridge.workers.commands", "fsspec"):
+                  "bridge.cli.cache", "bridge.workers", "bridge.workers.commands", "fsspec"):
         assert heavy not in loaded, heavy
 
 
@@ -56,8 +56,15 @@ def test_each_group_registers_the_names_listed_for_it():
         assert tuple(cli.registered_names(app)) == names, module_name
 
 
+def _plugin_names() -> list[str]:
+    app = typer.Typer()
+    cli.add_plugin_commands(app)
+    return cli.registered_names(app)
+
+
 @pytest.mark.parametrize("args", [["cp", "a"], ["cp", "--help"], ["policy", "check", "--help"], ["cache"],
-                                  ["version", "extra"], ["ls", "--bogus", "x"]])
+                                  ["version", "extra"], ["ls", "--bogus", "x"], ["jobs", "--help"],
+                                  ["worker", "--bogus"], ["policy", "status", "--help"]])
 def test_the_app_for_one_command_parses_as_the_whole_app(args, capsys):
     """Same output, same exit, whichever app parses a command's arguments."""
     def run(app_or_group):
@@ -76,8 +83,9 @@ def test_the_app_for_one_command_parses_as_the_whole_app(args, capsys):
 
 
 def test_no_name_is_in_two_groups():
-    names = [name for group in cli.GROUPS.values() for name in group]
+    names = [name for group in cli.GROUPS.values() for name in group] + _plugin_names()
     assert len(names) == len(set(names))
+    assert "worker" in names   # the service's, added by its plugin (bridge.workers is installed here)
 
 
 def test_a_name_no_group_has_gets_the_whole_app():

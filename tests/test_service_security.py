@@ -318,7 +318,7 @@ def _own_network_namespace() -> list[str]:
 
 
 def test_a_worker_warns_of_a_broker_without_a_password_off_this_machine(tmp_path):
-    from bridge.workers.commands import broker_warning
+    from bridge.workers.commands.daemons import broker_warning
     assert broker_warning("redis://10.1.2.3:6379/0")
     assert broker_warning("redis://redis:6379/0")
     for quiet in ("redis://127.0.0.1:6379/0", "redis://localhost/0", "redis://[::1]:6379/0",

@@ -350,7 +350,7 @@ def test_submit_wait_reports_a_job_once_its_worker_has_announced_its_end(client,
     """A job is ended, then priced, then announced: a follower that looks in between waits for
     the announcement (the record complete, spent_usd in it) instead of reporting the bare end;
     one whose worker never announces is reported after END_GRACE."""
-    from bridge.workers import commands
+    from bridge.workers.commands import job_control as commands
     from bridge.workers.jobs import Jobs
     from bridge.workers.keys import Keys
     jobs = Jobs(client, Keys(ws.namespace), ttl=3600)
@@ -365,7 +365,7 @@ def test_submit_wait_reports_a_job_once_its_worker_has_announced_its_end(client,
 
     threading.Thread(target=price_then_announce, daemon=True).start()
     started = time.monotonic()
-    assert commands._follow(jobs, job_id, quiet=True, interval=0.1) == 0
+    assert commands.follow(jobs, job_id, quiet=True, interval=0.1) == 0
     assert 0.6 < time.monotonic() - started < commands.END_GRACE
     assert jobs.get(job_id).spent_usd == 0.25 and jobs.announced(job_id)
 
@@ -374,7 +374,7 @@ def test_submit_wait_reports_a_job_once_its_worker_has_announced_its_end(client,
     commands.END_GRACE, grace = 0.5, commands.END_GRACE
     try:
         started = time.monotonic()
-        assert commands._follow(jobs, silent, quiet=True, interval=0.1) == 1
+        assert commands.follow(jobs, silent, quiet=True, interval=0.1) == 1
         assert 0.5 <= time.monotonic() - started < 3
     finally:
         commands.END_GRACE = grace

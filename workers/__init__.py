@@ -11,7 +11,8 @@
     metrics.py    Prometheus (secrets are kept out by bridge.redact)
     auth.py       tenant keys and signatures: jobs, task slices, beat's messages
     gate.py       what a worker checks before it touches anything, and the audit stream
-    commands.py   mcbridge worker|beat|submit|jobs|service;  testing.py  real processes for tests
+    commands/     mcbridge worker|beat|submit|jobs|service|budgets and policy status: a plugin of
+                  the CLI, one module per command group;  testing.py  real processes for tests
 
 Nothing under ``bridge/`` imports this package or Celery.
 """

@@ -4,12 +4,16 @@ input, 1 for failures at run time), never a traceback.
 The CLI is a package of command groups: ``options`` holds what they share (flags, consoles,
 settings from flags, progress bar), each group is a module with ``register(app)``, and
 ``GROUPS`` below lists them in the order ``--help`` shows them, each with the names it registers.
-A new group is one module and one line in ``GROUPS``; its heavy imports (Celery, pyarrow) happen
-inside its commands, so ``mcbridge --help`` stays fast. ``bridge.cli:main`` is the console script.
+A new group is one module and one line in ``GROUPS``; its heavy imports (pyarrow) happen
+inside its commands, so ``mcbridge --help`` stays fast. Another package adds commands as a plugin
+(bridge.registry): the service's (``mcbridge worker``, ``submit``, ``jobs``...) fill the hooks of
+its "mcbridge.service" entry point, and this package names none of them. ``bridge.cli:main`` is
+the console script.
 
 A run of one command imports only the group that has it and builds only that command: typer
 reads every command's signature to build it (~1.5 ms each, ~40 commands), and a copy of a few
-small files should not pay for the rest. ``--help`` and a name no group has get the whole app.
+small files should not pay for the rest; the plugins are asked only for a name bridge's own
+groups do not have. ``--help`` and a name nothing has get the whole app.
 """
 
 from __future__ import annotations
@@ -50,41 +54,37 @@ _APP = dict(add_completion=False, no_args_is_help=True, pretty_exceptions_enable
                  "instead of a _bridge/ folder inside the data; --version. Shell completion: mcbridge completion bash|zsh|fish.")
 app = typer.Typer(**_APP)
 
-# Command groups, each a module exposing ``register(app)``, and the names of the commands and
-# sub-groups it registers (tests/test_cli_startup.py checks them). A group whose package is not
-# installed here is left out. The service's commands are the service's (bridge/workers/commands.py):
-# bridge/ never imports bridge.workers, it finds them through the "mcbridge.service" entry point.
-SERVICE = "mcbridge.service"
+# bridge's own command groups, each a module exposing ``register(app)``, and the names of the
+# commands and sub-groups it registers (tests/test_cli_startup.py checks them). A group whose
+# package is not installed here is left out. Plugins add theirs through the "commands" hook
+# (bridge.registry): the service's (worker, submit, jobs...) are bridge.workers', which bridge/
+# never imports and this module never names.
 GROUPS: dict[str, tuple[str, ...]] = {
     "bridge.cli.transfer": ("cp", "sync", "verify", "uploads", "version", "completion"),
     "bridge.cli.objects": ("ls", "du", "cat", "rm", "mv", "hashsum", "mb"),
     "bridge.cli.compare": ("check",),
     "bridge.cli.packing": ("pack", "unpack", "migrate"),
-    SERVICE: ("worker", "beat", "submit", "service", "budgets", "jobs"),
     "bridge.cli.policy": ("plan", "replicate", "policy"),
     "bridge.cli.cache": ("cache",),
 }
 _registered = False
 
 
-def service_commands():
-    """The service's command module, as the installed package registers it (pyproject.toml's
-    "mcbridge.service" entry point); None when this installation has no service."""
-    from importlib.metadata import entry_points
-    found = entry_points(group=SERVICE, name="commands")
-    return next(iter(found)).load() if found else None
-
-
 def _import_group(name: str):
     """The group's module; None when that part of bridge is not installed here."""
-    if name == SERVICE:
-        return service_commands()
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name and name.startswith(exc.name):
             return None
         raise
+
+
+def add_plugin_commands(cli: typer.Typer) -> None:
+    """The commands and groups of every installed plugin, added to ``cli``."""
+    from bridge.registry import plugins
+    for add in plugins().each("commands"):
+        add(cli)
 
 
 def _register_extensions() -> None:
@@ -96,6 +96,7 @@ def _register_extensions() -> None:
         module = _import_group(name)
         if module is not None:
             module.register(app)
+    add_plugin_commands(app)
 
 
 def registered_names(cli: typer.Typer) -> list[str]:
@@ -106,13 +107,16 @@ def registered_names(cli: typer.Typer) -> list[str]:
 
 def _only(args: list[str]) -> typer.Typer | None:
     """An app like ``app`` holding just the command (or sub-group) that ``args`` start with, or
-    None when they start with no name a group registers."""
+    None when they start with no name a group or a plugin registers."""
     name = args[0] if args else None
-    module = next((_import_group(m) for m, names in GROUPS.items() if name in names), None)
-    if module is None:
+    if name is None or name.startswith("-"):
         return None
+    module = next((_import_group(m) for m, names in GROUPS.items() if name in names), None)
     view = typer.Typer(**_APP)
-    module.register(view)
+    if module is not None:
+        module.register(view)
+    else:   # none of bridge's own: a plugin's, or no command at all
+        add_plugin_commands(view)
     view.registered_commands = [c for c in view.registered_commands
                                 if (c.name or typer.main.get_command_name(c.callback.__name__)) == name]
     view.registered_groups = [g for g in view.registered_groups if g.name == name]

@@ -3,7 +3,8 @@
 The cache directory and quota come from the settings (``MCBRIDGE_CACHE_DIR``,
 ``MCBRIDGE_CACHE_QUOTA``, ``cache:`` in the settings file). ``cache warm --node NAME`` queues the
 warm on that node's queue (``<prefix>.cache.NAME``) for a worker running there
-(``mcbridge worker -Q bridge.cache.NAME``) instead of running it here.
+(``mcbridge worker -Q bridge.cache.NAME``) instead of running it here: the plugin that fills the
+"warm on a node" hook (bridge.registry; the service) queues it.
 """
 
 from __future__ import annotations
@@ -72,12 +73,12 @@ def warm(items: Annotated[list[str], typer.Argument(help="Objects, prefixes (tra
             from bridge.errors import InvalidOption
             raise InvalidOption("--node queues the targets as given: list the objects to warm there, or warm "
                                 "here with the filters")
-        from bridge.cli import service_commands
         from bridge.errors import MissingBackend
-        service = service_commands()
-        if service is None:
+        from bridge.registry import plugins
+        warm_on_node = plugins().first("warm on a node")
+        if warm_on_node is None:
             raise MissingBackend("cache warm --node needs the service: pip install 'cloud-artifact-bridge[service]'")
-        summary = service.submit_warm(node, items, profile=profile, lookahead=lookahead, wait=wait, broker=broker)
+        summary = warm_on_node(node, items, profile=profile, lookahead=lookahead, wait=wait, broker=broker)
         if as_json:
             out.print_json(json.dumps(summary))
         elif wait:

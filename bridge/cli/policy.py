@@ -1,5 +1,6 @@
 """``mcbridge plan``, ``mcbridge policy check`` and ``mcbridge replicate --policy``. Registered by
-bridge.cli at start; the decisions they print are policies/'s, the facts bridge's."""
+bridge.cli at start; the decisions they print are policies/'s, the facts bridge's. Plugins add
+commands to ``mcbridge policy`` through the "policy commands" hook (the service its ``status``)."""
 
 from __future__ import annotations
 
@@ -221,8 +222,7 @@ def register(app: typer.Typer) -> None:
     app.command()(replicate)
     group = typer.Typer(no_args_is_help=True, help="Replication policies: check a policy file, see their state.")
     group.command("check")(policy_check)
-    from bridge.cli import service_commands
-    service = service_commands()   # the service's state: its command, registered by bridge.workers
-    if service is not None:
-        group.command("status")(service.policy_status)
+    from bridge.registry import plugins
+    for add in plugins().each("policy commands"):   # the service adds its view of the policies' state
+        add(group)
     app.add_typer(group, name="policy")

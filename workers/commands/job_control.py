@@ -1,0 +1,324 @@
+"""``mcbridge jobs list|status|watch|cancel|limit|approve|audit``, and following a job to its end
+(``jobs watch``, ``submit --wait``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Any, Optional
+
+import typer
+
+from bridge.cli.options import JsonOpt, QuietOpt, err, given, out
+from bridge.money import usd
+from bridge.progress import human_bytes
+from bridge.workers.commands.connection import BrokerOpt, connect, job_records, service_settings
+
+
+def _totals(jobs, record) -> dict[str, int]:
+    """Progress of a job, or the sum of its children's for a replication."""
+    records = [c for c in (jobs.get(child) for child in record.children) if c] if record.children else [record]
+    keys = ("bytes_total", "bytes_done", "bytes_skipped", "files_total", "files_done", "tasks_total", "tasks_done")
+    return {k: sum(r.counters.get(k, 0) for r in records) for k in keys}
+
+
+def _summary_line(jobs, record) -> str:
+    t = _totals(jobs, record)
+    if record.state == "succeeded":
+        moved = t["bytes_done"] - t["bytes_skipped"]
+        line = (f"job {record.id} succeeded: {t['files_total']} files, {human_bytes(t['bytes_total'])} "
+                f"({human_bytes(moved)} sent) in {record.elapsed:.1f}s")
+        return line + (f"; manifest {record.manifest}" if record.manifest else "")
+    if record.state == "failed":
+        first = record.errors[0] if record.errors else "see mcbridge jobs status"
+        more = record.counters.get("error_count", 0) - 1
+        return f"job {record.id} failed: {first}" + (f" (and {more} more)" if more > 0 else "")
+    return f"job {record.id} {record.state}"
+
+
+END_GRACE = 5.0   # seconds a follower waits, after a job's end, for its worker to announce it
+
+
+def follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, interval: float = 0.5) -> int:
+    """Follow a job to its end with a progress bar (or state lines); 0 only if it succeeded.
+    The record is read every ``interval`` seconds for the bar, and at once when the job's end is
+    announced (``Jobs.following``)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+    from bridge.workers.jobs import TERMINAL
+    bar_on = not quiet and not as_json and err.is_terminal
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                   console=err, disable=not bar_on)
+    task = bar.add_task("queued", total=None)
+    last_state = None
+    ended_at: float | None = None
+    with bar, jobs.following(job_id) as wait:
+        while True:
+            record = jobs.get(job_id)
+            if record is None:
+                raise _no_job(job_id)
+            t = _totals(jobs, record)
+            bar.update(task, total=t["bytes_total"] or None, completed=min(t["bytes_done"], t["bytes_total"]),
+                       description=f"{record.state} {t['files_done']}/{t['files_total']} files")
+            if record.state != last_state and not bar_on and not quiet and not as_json:
+                err.print(f"job {job_id}: {record.state}", markup=False)
+            last_state = record.state
+            if record.state in TERMINAL:
+                # ended; its worker announces it once it is priced (what it spent is then in the
+                # record): a short wait for that, whose timeout covers a worker that died between
+                if jobs.announced(job_id):
+                    record = jobs.get(job_id) or record   # read again: complete now
+                    break
+                if ended_at is None:
+                    ended_at = time.monotonic()
+                elif time.monotonic() - ended_at > END_GRACE:
+                    break
+                wait(min(interval, END_GRACE))
+                continue
+            wait(interval)
+    if as_json:
+        out.print_json(json.dumps(_status_doc(jobs, record)))
+    else:
+        out.print(_summary_line(jobs, record), markup=False)
+    return 0 if record.state == "succeeded" else 1
+
+
+def metered_text(spent: float | None, metered: dict[str, Any] | None) -> str:
+    """What ran, side by side with the estimate: metered requests per store and kind, retried
+    answers included, and their price."""
+    price = f"{usd(spent)} spent" if spent is not None else "not priced yet"
+    if not metered:
+        return f"{price} (nothing metered)"
+    stores = []
+    for store, row in metered.items():
+        kinds = ", ".join(f"{n} {kind}" for kind, n in row["requests"].items())
+        failed = f"; {row['errors']} answered with an error" if row.get("errors") else ""
+        stores.append(f"{store}: {kinds}{failed}")
+    total = sum(sum(row["requests"].values()) for row in metered.values())
+    return f"{price}, metered {total} requests ({'; '.join(stores)})"
+
+
+def estimated_text(estimate: float | None, requests: int | None) -> str:
+    if estimate is None:
+        return "no estimate"
+    return f"estimated {usd(estimate)}" + (f" for {requests} requests" if requests is not None else "")
+
+
+def _no_job(job_id: str):
+    from bridge.errors import InvalidOption
+    return InvalidOption(f"no job {job_id!r} (it never existed, or its record expired)")
+
+
+def _status_doc(jobs, record) -> dict[str, Any]:
+    doc = record.to_dict()
+    if record.children:
+        doc["children"] = [c.to_dict() for c in (jobs.get(child) for child in record.children) if c]
+    # A policy run proves each checkpoint on its own (doc["replicas"]), not the source root.
+    if (record.kind == "replicate" and not record.policy) or (record.kind == "sync" and record.spec.get("delete")):
+        doc["proven_equal"] = jobs.proven(record.spec["source"], record.spec["destinations"])
+    return doc
+
+
+def jobs_list(state: Annotated[Optional[str], typer.Option("--state", help="Only jobs in this state "
+                                                            "(or 'active').")] = None,
+              limit: Annotated[int, typer.Option("--limit", min=1)] = 30, as_json: JsonOpt = False,
+              broker: BrokerOpt = None) -> None:
+    """The most recent jobs, newest first."""
+    from bridge.errors import InvalidOption
+    from bridge.workers.jobs import ACTIVE, STATES
+    if state and state != "active" and state not in STATES:
+        raise InvalidOption(f"--state {state!r}: use one of {', '.join(STATES)} or active")
+    jobs = job_records(service_settings(broker))
+    records = jobs.list(limit, ACTIVE if state == "active" else ((state,) if state else None))
+    if as_json:
+        out.print_json(json.dumps([r.to_dict() for r in records]))
+        return
+    if not records:
+        out.print("no jobs", markup=False)
+        return
+    out.print(f"{'ID':<14} {'KIND':<9} {'STATE':<10} {'PROGRESS':>22} {'USD':>9} {'CREATED':<20} ROUTE", markup=False)
+    for r in records:
+        t = _totals(jobs, r)
+        pct = f"{100 * min(t['bytes_done'], t['bytes_total']) / t['bytes_total']:.0f}%" if t["bytes_total"] else "-"
+        progress = f"{human_bytes(min(t['bytes_done'], t['bytes_total']))} {pct}"
+        route = f"{r.spec['source']} -> {', '.join(r.spec['destinations'])}"
+        tag = f" [{r.schedule}]" if r.schedule else ""
+        cost = usd(r.spent_usd) if r.spent_usd is not None else f"~{usd(r.estimate_usd)}" if r.estimate_usd else "-"
+        out.print(f"{r.id:<14} {r.kind:<9} {r.state:<10} {progress:>22} {cost:>9} {r.to_dict()['created']:<20} "
+                  f"{route}{tag}", markup=False)
+        for dst, row in (r.replicas or {}).items():
+            out.print(f"{'':<14} {dst}: lag {row['lag_checkpoints']}, newest verified "
+                      f"{row.get('newest_verified') or '-'}, {usd(row['spent_usd'])}", markup=False)
+
+
+def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
+    """Everything about one job: spec, state, progress, errors, verification."""
+    jobs = job_records(service_settings(broker))
+    record = jobs.get(job_id)
+    if record is None:
+        raise _no_job(job_id)
+    doc = _status_doc(jobs, record)
+    if as_json:
+        out.print_json(json.dumps(doc))
+        return
+    t = _totals(jobs, record)
+    p = doc["progress"]
+    lines = [f"job {record.id}  {record.kind}  {record.state}" + (f"  (schedule {record.schedule})" if record.schedule else ""),
+             f"  source       {record.spec['source']}",
+             f"  destination  {', '.join(record.spec['destinations'])}",
+             f"  queue        {record.queue}" + (f"  profile {record.spec['profile']}" if record.spec.get("profile") else "")
+             + (f"  tenant {record.tenant}" if record.tenant else ""),
+             f"  created      {doc['created']}  started {doc['started'] or '-'}  finished {doc['finished'] or '-'}"]
+    pct = f" ({100 * min(t['bytes_done'], t['bytes_total']) / t['bytes_total']:.0f}%)" if t["bytes_total"] else ""
+    lines.append(f"  progress     {human_bytes(min(t['bytes_done'], t['bytes_total']))} of {human_bytes(t['bytes_total'])}{pct}, "
+                 f"{t['files_done']}/{t['files_total']} files, {t['tasks_done']}/{t['tasks_total']} tasks, "
+                 f"{human_bytes(p['rate_bytes_per_s'])}/s")
+    lines.append(f"  recovery     {p['retries']} retried requests, {p['requeued']} tasks requeued from lost workers")
+    if doc.get("route"):
+        r = doc["route"]
+        fell = f", {r['fallbacks']} files sent direct" if r["fallbacks"] else ""
+        lines.append(f"  route        {r['name']}: {r['why']}; {human_bytes(r['bytes_through_bridge'])} through "
+                     f"bridge{fell}")
+    if record.manifest:
+        lines.append(f"  manifest     {record.manifest}")
+    if record.verify and record.verify.get("mode") != "none":
+        v = record.verify
+        verdict = "OK" if v.get("ok") else "NOT PROVEN" if v.get("unproven") and v.get("mismatched") == 0 \
+            and v.get("missing") == 0 else "FAILED"
+        unproven = f", {v['unproven']} unproven (verify --deep reads them)" if v.get("unproven") else ""
+        lines.append(f"  verified     {verdict} ({v['mode']}): {v['checked']} files, {v['missing']} missing, "
+                     f"{v['mismatched']} mismatched, {v['extra']} extra{unproven}, at {v['at']}")
+    if record.spent_usd is not None or record.estimate_usd is not None or record.metered:
+        lines.append(f"  cost         {metered_text(record.spent_usd, record.metered)}; "
+                     f"{estimated_text(record.estimate_usd, record.estimate_requests)}"
+                     + (f"; budget {record.budget}" if record.budget else ""))
+    for child in doc.get("children", []):
+        spent = f", {usd(child['spent_usd'])}" if child.get("spent_usd") is not None else ""
+        lines.append(f"  -> {child['spec']['destinations'][0]}  {child['state']}  (job {child['id']}{spent})")
+    for dst, row in (record.replicas or {}).items():
+        verified = f"{row['newest_verified']} verified {row['verified_at']}" if row.get("newest_verified") else "nothing verified"
+        lines.append(f"  replica      {dst}: {verified}; lag {row['lag_checkpoints']} checkpoints; "
+                     f"{usd(row['spent_usd'])}" + (f"; removed {', '.join(row['removed'])}" if row.get("removed") else ""))
+    for dst, proof in (doc.get("proven_equal") or {}).items():
+        proof = proof or {}
+        when = f"{proof['proven_at']} (job {proof['job']})" if proof.get("proven_at") else "never"
+        if proof.get("synced_at"):
+            how = f"verify {proof['verify']}" + (", extra files kept" if proof.get("keeps_extra") else "")
+            when += f"; last synced {proof['synced_at']} (job {proof['synced_job']}, {how})"
+        lines.append(f"  proven equal {dst}: {when}")
+    if record.errors:
+        lines.append(f"  errors ({doc['error_count']}):")
+        lines += [f"    {e}" for e in record.errors[:10]]
+    for line in lines:
+        out.print(line, markup=False)
+
+
+def jobs_watch(job_id: str, quiet: QuietOpt = False, as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
+    """Follow a job to its end; exit 0 only if it succeeded."""
+    raise typer.Exit(follow(job_records(service_settings(broker)), job_id, quiet=quiet, as_json=as_json))
+
+
+def jobs_cancel(job_id: str, timeout: Annotated[float, typer.Option(
+                    "--timeout", min=0, help="Seconds to wait for the job's workers to stop (0: do not wait).")] = 60.0,
+                broker: BrokerOpt = None) -> None:
+    """Stop a job: no request is sent after its workers see the cancel (they look every 0.2 s,
+    also inside a part), its remote transfer is cancelled, its unfinished uploads are aborted, no
+    manifest is written. Waits until its workers have stopped."""
+    jobs = job_records(service_settings(broker))
+    cancelled, state = jobs.cancel(job_id)
+    if state is None:
+        raise _no_job(job_id)
+    if not cancelled:
+        err.print(f"mcbridge: job {job_id} is {state}; it can no longer be cancelled", markup=False)
+        raise typer.Exit(1)
+    deadline = time.monotonic() + timeout
+    with jobs.following(job_id) as wait:
+        stopped = jobs.get(job_id)
+        while stopped is not None and stopped.finished is None and time.monotonic() < deadline:
+            wait(min(0.5, max(0.0, deadline - time.monotonic())))
+            stopped = jobs.get(job_id)
+    if stopped is not None and stopped.finished is not None:
+        out.print(f"cancelled job {job_id} (it was {state}); its workers stopped at "
+                  f"{stopped.to_dict()['finished']}, nothing committed", markup=False)
+    else:
+        out.print(f"cancelled job {job_id} (it was {state}); its workers are still stopping", markup=False)
+
+
+def jobs_limit(job_id: str, rate: Annotated[str, typer.Argument(help="Bytes per second, e.g. 50MiB; 0 or off: none.")],
+               broker: BrokerOpt = None) -> None:
+    """Change a job's bandwidth limit while it runs; all of its workers follow within seconds."""
+    from bridge.config import parse_rate
+    from bridge.workers.jobs import TERMINAL
+    from bridge.workers.limits import set_limit
+    if not rate.strip():
+        from bridge.errors import InvalidOption
+        raise InvalidOption("RATE is empty: give bytes per second (e.g. 50MiB), or 0 or off for no limit")
+    value = parse_rate(rate)
+    jobs = job_records(service_settings(broker))
+    record = jobs.get(job_id)
+    if record is None:
+        raise _no_job(job_id)
+    if record.state in TERMINAL:
+        err.print(f"mcbridge: job {job_id} is {record.state}; there is nothing left to limit", markup=False)
+        raise typer.Exit(1)
+    for target in (job_id, *record.children):  # a replication's destinations run as jobs of their own
+        set_limit(jobs.r, jobs.keys, target, value)
+    out.print(f"job {job_id}: bandwidth limit {human_bytes(value) + '/s' if value else 'off'}", markup=False)
+
+
+def jobs_approve(job_id: str, broker: BrokerOpt = None) -> None:
+    """Queue a job that waits for approval because it would pass its monthly budget."""
+    ws = service_settings(broker)
+    connect(ws)
+    from bridge.workers.app import configure, service
+    configure(ws)
+    approved, state = service().approve(job_id)
+    if state is None:
+        raise _no_job(job_id)
+    if not approved:
+        err.print(f"mcbridge: job {job_id} is {state}, not awaiting approval", markup=False)
+        raise typer.Exit(1)
+    out.print(f"approved job {job_id}: queued", markup=False)
+
+
+def jobs_audit(job: Annotated[Optional[str], typer.Option("--job", help="Only this job (and its children).")] = None,
+               tenant: Annotated[Optional[str], typer.Option("--tenant", help="Only this tenant's.")] = None,
+               limit: Annotated[int, typer.Option("--limit", min=1)] = 50, as_json: JsonOpt = False,
+               broker: BrokerOpt = None) -> None:
+    """What the workers decided, newest first: each job's tenant, digest, admitted or refused and
+    why, and when it ended its route, bytes and spend (the audit stream)."""
+    from bridge.workers.gate import Audit
+    from bridge.workers.keys import Keys
+    given("--job", job)
+    given("--tenant", tenant)
+    ws = service_settings(broker)
+    entries = list(Audit(connect(ws), Keys(ws.namespace)).read(limit, job=job, tenant=tenant))
+    if as_json:
+        out.print_json(json.dumps(entries))
+        return
+    if not entries:
+        out.print("no audit entries", markup=False)
+        return
+    for e in entries:
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(e.get("at", 0))))
+        what = e.get("job") or (f"schedule {e['schedule']}" if e.get("schedule") else
+                                f"policy {e['policy']}" if e.get("policy") else e.get("task", "-"))
+        line = f"{when} {e['decision']:<8} {what} tenant {e.get('tenant', '-')}"
+        if e.get("source"):
+            line += f" {e['source']} -> {', '.join(json.loads(e['destinations'])) if e.get('destinations') else '-'}"
+        if e["decision"] == "ended":
+            line += f" {e.get('state')}: {human_bytes(int(e.get('bytes', 0)))}, route {e.get('route') or '-'}"
+            line += f", {usd(float(e['spent_usd']))}" if e.get("spent_usd") else ""
+        if e.get("digest"):
+            line += f" digest {e['digest'][:16]}"
+        if e.get("reason"):
+            line += f": {e['reason']}"
+        out.print(line, markup=False, soft_wrap=True)
+
+
+def register(app: typer.Typer) -> None:
+    jobs = typer.Typer(no_args_is_help=True, help="Jobs queued for the workers: list, status, watch, cancel.")
+    for name, command in (("list", jobs_list), ("status", jobs_status), ("watch", jobs_watch),
+                          ("cancel", jobs_cancel), ("limit", jobs_limit), ("approve", jobs_approve),
+                          ("audit", jobs_audit)):
+        jobs.command(name)(command)
+    app.add_typer(jobs, name="jobs")
