@@ -277,3 +277,35 @@ policies:
     [row] = status["policies"][0]["destinations"]
     assert row["job"] == "in-process" and row["lag_checkpoints"] == 0 and row["newest_verified"] == "step-2"
     assert row["spent_usd"] == pytest.approx(ran["spent_usd"], rel=1e-3)
+
+
+def test_a_policy_run_says_it_verified_again_a_checkpoint_whose_source_changed(service, moto, fake_gcs,  # noqa: F811
+                                                                                 tmp_path):
+    """A shard rewritten at the source after its checkpoint was verified at a destination: the
+    next run copies and verifies it again, and its record says so, as --watch does in process."""
+    src, gbucket = unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    _put_checkpoint(moto, src, "step-1")
+    gs = f"gs://{gbucket}/dr/"
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{gs}]\n"
+                           f"    checkpoints: \"step-*\"\n    schedule: {{cron: \"0 2 * * *\"}}\n")
+    service.worker("w1").wait_ready()
+    clock = Clock(datetime(2026, 3, 1, 1, 59, tzinfo=timezone.utc))
+    beat = _beat(service.env, policy_file, clock)
+    beat.schedule["mcbridge-policy:golden"].last_run_at = datetime(2026, 2, 28, 2, 0, 30, tzinfo=timezone.utc)
+    beat.tick()
+    first = _run(service, beat, clock, datetime(2026, 3, 1, 2, 0, 5, tzinfo=timezone.utc))
+    assert first.state == "succeeded" and first.replicas[gs]["revisited"] == {}, first.errors
+    body = b"rewritten after it was verified" * 50
+    moto.client().put_object(Bucket=src, Key="golden/step-1/shard-0.bin", Body=body)   # the same length
+    shards = {"shard-0.bin": [len(body)], "shard-1.bin": [len("step-1:1".encode() * 700)]}
+    moto.client().put_object(Bucket=src, Key="golden/step-1/.metadata", Body=dcpfake.metadata(shards))
+    second = _run(service, beat, clock, datetime(2026, 3, 2, 2, 0, 5, tzinfo=timezone.utc))
+    assert second.state == "succeeded", second.errors
+    assert second.replicas[gs]["revisited"] == {
+        "step-1": f"changed at the source after it was verified at {gs}: copied and verified again"}
+    assert service.cli("cat", f"{gs}step-1/shard-0.bin").stdout.encode() == body
+    third = _run(service, beat, clock, datetime(2026, 3, 3, 2, 0, 5, tzinfo=timezone.utc))
+    assert third.replicas[gs]["revisited"] == {}      # unchanged since: nothing to say

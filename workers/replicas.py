@@ -251,10 +251,12 @@ def ended(svc, parent) -> None:
     settings = svc.settings_for(_spec(policy))
     _landed(policy, kept, verified, problems, settings)
     try:   # the source now: retention counts only checkpoints still committed there by evidence
-        readiness = run.survey(policy, settings)
+        found = run.listing(policy.source, settings)
+        readiness = run.survey(policy, settings, found=found)
         source_now = rules.committed(readiness)
     except BridgeError:   # not listed: no checkpoint is proven, so retention removes nothing
-        readiness, source_now = {}, set(kept)
+        found, readiness, source_now = {}, {}, set(kept)
+    prints = {c: run.fingerprint(found[c]) for c in kept if c in found}
     try:   # retention deletes at the destinations: the run's tenant must still be allowed to write there
         svc.gate.scope(who, reads=[policy.source], writes=policy.destinations, budget=who.budget)
         removed, unlisted = run.retain(policy, kept, verified, settings, readiness)
@@ -278,7 +280,15 @@ def ended(svc, parent) -> None:
         renewed = newest is not None and verified[dst].get(newest)
         lag = rules.lag(policy, source_now, [newest] if newest else [])
         commit = commits.get(newest) if renewed and newest in kept and not prev.get("newest_verified") == newest else None
+        # A checkpoint verified here before from a source listed otherwise than now was copied and
+        # verified again by this run: said so, as the in-process --watch says it.
+        was = prev.get("sources") or {}
+        again = {c: f"changed at the source after it was verified at {dst}: copied and verified again"
+                 for c in kept if verified[dst].get(c) and c in was and c in prints and was[c] != prints[c]}
         row = {"last_run": iso(now), "job": parent.id, "ok": all(verified[dst].get(c) for c in kept),
+               "sources": {**{c: v for c, v in was.items() if c in kept and not verified[dst].get(c)},
+                           **{c: prints[c] for c in kept if verified[dst].get(c) and c in prints}},
+               "revisited": again,
                "checkpoints": verified[dst], "newest_verified": newest,
                "verified_at": iso(now) if renewed else prev.get("verified_at"),
                "newest_source": lag["newest_source"], "lag_checkpoints": lag["lag_checkpoints"],
