@@ -7,10 +7,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from bridge.bwlimit import Limiter
+
+class Throttle(Protocol):
+    """A job's bandwidth limit as progress uses it (``bridge.bwlimit.Limiter`` is the one):
+    named here because bwlimit, above, prints with this module's ``human_bytes``."""
+
+    def take(self, nbytes: int) -> None: ...
 
 
 @dataclass
@@ -35,7 +39,7 @@ class Progress:
     check_bytes_done: int = 0
     started: float = field(default_factory=time.monotonic)
     listeners: list[Callable[[Progress], None]] = field(default_factory=list)
-    limiter: Limiter | None = None   # the job's bandwidth limit (bridge/bwlimit.py)
+    limiter: Throttle | None = None   # the job's bandwidth limit (bridge/bwlimit.py)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def _changed(self) -> None:
