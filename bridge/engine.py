@@ -22,7 +22,6 @@ import collections
 import concurrent.futures as cf
 import copy
 import hashlib
-import itertools
 import json
 import math
 import threading
@@ -34,24 +33,24 @@ from typing import Any
 from bridge import attributes
 from bridge import carry as carrying
 from bridge import check
-from bridge import filters as filtering
 from bridge import jobs
 from bridge import manifest as manifests
-from bridge import names
 from bridge import routes
 from bridge.config import Settings
-from bridge.errors import Archived, BridgeError, IntegrityError, InvalidOption, ObjectNotFound
+from bridge.contracts import FilePlan
+from bridge.errors import BridgeError, IntegrityError, InvalidOption, ObjectNotFound
 from bridge.filters import Filters
 from bridge.hashing import (NO_WHOLE_SHA256, FileHash, OrderedSha256, combine_parts, crc32c, crc_hex, rehash_parts,
                             sha256_tree)
 from bridge.journal import Journal, job_key, key_bytes
+from bridge.listing import checked_listing, parent as _parent, resolve  # noqa: F401  (ops and packing import them from here)
 from bridge.jobs import FATAL, Outcome, ThreadExecutor, describe  # noqa: F401  (their old home)
 from bridge.manifest import FileEntry, RawEntry
 from bridge.progress import Progress
 from bridge.spill import Rows
 from bridge.stores import Store, get_store
 from bridge.stores.base import MiB, ObjectInfo
-from bridge.urls import Location, canonical, parse
+from bridge.urls import Location, parse
 
 DEFAULT_PART_SIZE = 8 * MiB  # x concurrency 8: ~64 MiB of parts in flight
 # To a local destination a part is only a range read in one request and written as it arrives
@@ -77,41 +76,6 @@ PIECE = 256 * 1024
 
 
 # -- planning ------------------------------------------------------------------------------
-
-@dataclass
-class FilePlan:
-    rel: str
-    size: int
-    part_size: int = 0   # 0: one request
-    # What names this version of the source object (its ObjectInfo.identity): journaled with the file's upload and records, so a source rewritten between a kill
-    # and the re-run, even at the same size, is sent again rather than finished from old parts.
-    source_id: dict[str, str] = field(default_factory=dict)
-
-    # A task of the Celery executor may send only some of a large file's parts: first_part to
-    # last_part (1-based, inclusive; 0: to the end). The file's ``complete`` then runs at commit.
-    first_part: int = 1
-    last_part: int = 0
-    # The source's headers and user metadata when its listing carried them (bridge.attributes);
-    # None: asked of the source when the file is written.
-    attrs: dict | None = None
-    storage_class: str = ""   # the source's, when its listing names one (for retrieval prices)
-    # Hashes the source's record holds for this version of the file (bridge.carry): checked by
-    # CRC32C as the bytes pass, carried into the destination's entry instead of recomputed.
-    carry: dict | None = None
-
-    @property
-    def parts(self) -> int:
-        return math.ceil(self.size / self.part_size) if self.part_size else 1
-
-    def part_numbers(self) -> range:
-        """The parts this plan sends."""
-        return range(self.first_part, (self.last_part or self.parts) + 1)
-
-    @property
-    def whole(self) -> bool:
-        """Whether this plan sends every part (and so completes the file itself)."""
-        return len(self.part_numbers()) == self.parts
-
 
 # A plan's files past this many are kept on disk (bridge.spill), not in memory.
 SPILL_FILES = 10_000
@@ -423,94 +387,6 @@ def part_size_for(size: int, store: Store, requested: int | None) -> int:
         raise InvalidOption(f"{size} bytes cannot be split into at most {f.max_parts} parts of at most "
                             f"{f.max_part_size} bytes on {store.scheme}://")
     return chosen
-
-
-def _parent(loc: Location) -> Location:
-    head = loc.key.rstrip("/").rpartition("/")[0]
-    return Location(loc.scheme, loc.bucket, head + "/" if head else "")
-
-
-def resolve(source: str, destination: str, settings: Settings, filters: Filters | None = None,
-            listed: Callable[[int], None] | None = None,
-            ) -> tuple[Location, Location, Iterator[tuple[str, ObjectInfo]], str | None]:
-    """Where the objects come from and go: (source root, destination root, (rel, info) in
-    sorted rel order as the source lists them, single). The listing is read as it is consumed;
-    its first page is read here, to say at once when there is nothing there. ``filters`` select
-    among the objects under a prefix (bridge/filters.py); ``listed(n)`` hears of the listing's
-    progress."""
-    src, dst = parse(source), parse(destination)
-    src_store, dst_store = get_store(src, settings), get_store(dst, settings)
-    src_store.check_bucket(src)
-    dst_store.check_bucket(dst)
-    if not src.is_prefix:
-        try:
-            info = src_store.info(src)
-        except ObjectNotFound:
-            info = None
-        if info is not None:
-            if filters is not None and filters.active:
-                raise InvalidOption(f"{source} is one object: filters (--include, --min-size ...) select among "
-                                    f"the objects under a prefix; end SRC with / to copy a folder")
-            root = dst if dst.is_prefix else _parent(dst)
-            rel = src.name if dst.is_prefix else dst.key[len(root.key):]
-            return _parent(src), root, iter([(rel, info)]), str(src)
-        src = src.as_prefix()
-    listing = filtering.walk(src_store, src, filters, listed)
-    first = next(listing, None)
-    if first is None:
-        if filters is not None and filters.active and next(iter(src_store.walk(src)), None) is not None:
-            return src, dst.as_prefix(), iter(()), None   # there are objects; the filters select none
-        if not (src.is_local and _local_dir_exists(src)):
-            raise ObjectNotFound(f"{source}: no such object, prefix or directory")
-        return src, dst.as_prefix(), iter(()), None
-    return src, dst.as_prefix(), itertools.chain([first], listing), None
-
-
-def _local_dir_exists(loc: Location) -> bool:
-    import os
-    return os.path.isdir(loc.local_path)
-
-
-def checked_listing(src_root: Location, dst_root: Location, objects: Iterable[tuple[str, ObjectInfo]],
-                single: str | None, archived_ok: bool = False) -> Iterator[tuple[str, ObjectInfo]]:
-    """``objects`` checked as they pass, before any byte moves: a destination inside its source
-    would copy into itself (one level deeper each run), an object copied onto itself would be
-    rewritten from itself (and its folder's manifest set aside), and every name must be one the
-    destination holds as written (judged one by one as the listing streams; the names it cannot
-    hold are refused together once the listing ends, as are sources archived in a class that
-    must be restored before it can be read, unless ``archived_ok``). Links and other spellings are resolved
-    first (``canonical``): ``b/`` where ``b`` is a link to ``a`` is ``a/``."""
-    if single is None and canonical(dst_root).is_within(canonical(src_root)):
-        raise InvalidOption(f"the destination {dst_root} is the source {src_root} or inside it: "
-                            f"each run would copy the last one's copy again")
-    objects = iter(objects)
-    if single is not None:
-        first = next(objects)
-        target = Location(dst_root.scheme, dst_root.bucket, dst_root.as_prefix().key + first[0])
-        if target.same_as(parse(single)):
-            raise InvalidOption(f"the destination {target} is the source object {single} itself: "
-                                f"a copy onto itself would rewrite it from itself; nothing was copied")
-        objects = itertools.chain([first], objects)
-    return _named(objects, names.NameCheck(dst_root.scheme, dst_root.key), f"cannot copy to {dst_root}", src_root,
-                  archived_ok)
-
-
-def _named(objects: Iterator[tuple[str, ObjectInfo]], check: names.NameCheck, what: str, src_root: Location,
-           archived_ok: bool) -> Iterator[tuple[str, ObjectInfo]]:
-    archived: list[str] = []
-    count, cls = 0, ""
-    for item in objects:
-        check.see(item[0])
-        if item[1].needs_restore and not archived_ok:
-            count, cls = count + 1, cls or item[1].storage_class
-            if len(archived) < 5:
-                archived.append(item[0])
-        yield item
-    check.refuse(what)
-    if count:
-        shown = ", ".join(repr(rel) for rel in archived) + (" ..." if count > 5 else "")
-        raise Archived(f"{count} source objects are archived ({src_root.scheme}:// {cls}) and "
-                       f"need a restore before they can be read: {shown}")
 
 
 def check_chunk_size(chunk_size: int | None, store: Store) -> None:

@@ -15,8 +15,8 @@ The seam. A route is an object in ``REGISTRY`` (``register(route)``) with:
     units(plan)                 the plan's units: by default one {"op": "route", "files": [rel]}
                                 per file, and the deletions; a route that runs one remote job for
                                 many files yields one unit naming all of them
-    run(ctx, files)             carry those files (engine.FilePlan) with the job's JobContext
-                                (stores, journal, progress, settings); yields, per file, either
+    run(ctx, files)             carry those files (bridge.contracts: FilePlan, RouteContext: the
+                                stores, progress, settings); yields, per file, either
                                 (rel, FileEntry) once the file is committed at the destination, or
                                 (rel, Fallback) when the route cannot carry it and has
                                 moved none of its bytes
@@ -46,7 +46,7 @@ from bridge.errors import BridgeError, InvalidOption
 from bridge.urls import Location, parse
 
 if TYPE_CHECKING:
-    from bridge.engine import FilePlan, JobContext, Plan
+    from bridge.contracts import FilePlan, RouteContext, RoutedPlan
     from bridge.manifest import FileEntry
 
 DIRECT = "direct"
@@ -64,7 +64,7 @@ AUTOMATIC = ("server", "from-url")
 FORCED = "forced with --route"   # a plan's route_why when the user chose its route
 
 
-def forced(plan: Plan) -> bool:
+def forced(plan: RoutedPlan) -> bool:
     """Whether the user chose the plan's route (it then runs as asked, where bridge alone would
     prefer another way for some files)."""
     return plan.route_why == FORCED
@@ -92,23 +92,23 @@ class Route:
         """Whether ``choose`` takes this route without --route when it serves the pair."""
         return True
 
-    def units(self, plan: Plan) -> Iterator[dict[str, Any]]:
+    def units(self, plan: RoutedPlan) -> Iterator[dict[str, Any]]:
         for rel in plan.deletions:
             yield {"op": "delete", "rel": rel}
         for f in plan.files:
             yield {"op": "route", "files": [f.rel]}
 
-    def unit_count(self, plan: Plan) -> int:
+    def unit_count(self, plan: RoutedPlan) -> int:
         return sum(1 for _ in self.units(plan)) + 1
 
-    def run(self, ctx: JobContext, files: list[FilePlan]) -> Iterator[tuple[str, FileEntry | Fallback]]:
+    def run(self, ctx: RouteContext, files: list[FilePlan]) -> Iterator[tuple[str, FileEntry | Fallback]]:
         for f in files:
             try:
                 yield f.rel, self.copy_file(ctx, f)
             except Fallback as exc:
                 yield f.rel, exc
 
-    def copy_file(self, ctx: JobContext, f: FilePlan) -> FileEntry:
+    def copy_file(self, ctx: RouteContext, f: FilePlan) -> FileEntry:
         raise NotImplementedError
 
 
@@ -194,12 +194,12 @@ def pair_reason(name: str, src: Location, dst: Location) -> str | None:
     return scheme_reason(name, src.scheme, dst.scheme)
 
 
-def roots(plan: Plan) -> tuple[Location, Location]:
+def roots(plan: RoutedPlan) -> tuple[Location, Location]:
     src = parse(plan.single) if plan.single else parse(plan.source)
     return src, parse(plan.destination)
 
 
-def runnable(plan: Plan, settings: Settings) -> tuple[list[str], list[str]]:
+def runnable(plan: RoutedPlan, settings: Settings) -> tuple[list[str], list[str]]:
     """The routes that may carry ``plan`` without --route, ``direct`` first: each of ``AUTOMATIC``
     and of the enabled native routes that serves the pair and is ``preferred`` for it; and why
     each other one may not."""
@@ -220,7 +220,7 @@ def runnable(plan: Plan, settings: Settings) -> tuple[list[str], list[str]]:
     return can, why_not
 
 
-def choose(plan: Plan, settings: Settings, forced: str | None = None) -> Plan:
+def choose(plan: RoutedPlan, settings: Settings, forced: str | None = None) -> RoutedPlan:
     """Set ``plan.route`` and ``plan.route_why``: the forced route (bad input, exit 2, when it
     cannot serve the pair), else the first ``runnable`` route that is not direct. The one route decision: ``mcbridge plan`` (which
     marks it chosen among the priced routes), cp, sync, migrate, submit, replicate and the
@@ -264,7 +264,7 @@ def _why(name: str) -> str:
             "datasync": "enabled in the settings: DataSync copies to or from S3"}.get(name, f"{name} serves the pair")
 
 
-def report(plan: Plan, fallbacks: dict[str, str], through: int,
+def report(plan: RoutedPlan, fallbacks: dict[str, str], through: int,
            unproven: dict[str, str] | None = None) -> dict[str, Any]:
     """What ``--json``, the job record and the metrics say of a job's route; ``unproven``: the
     files it copied that nothing proved equal to their source (manifest.UNPROVEN), with why."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from bridge import jobs
 from bridge.config import Settings
-from bridge.engine import checked_listing, resolve
+from bridge.listing import checked_listing, resolve
 from bridge.errors import IntegrityError, JobCancelled, ObjectNotFound, RouteUnavailable
 from bridge.manifest import UNPROVEN, FileEntry
 from bridge.progress import Progress

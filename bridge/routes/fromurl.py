@@ -49,7 +49,7 @@ from bridge.stores.base import ObjectInfo, PartRecord
 from bridge.urls import Location
 
 if TYPE_CHECKING:
-    from bridge.engine import FilePlan, JobContext
+    from bridge.contracts import FilePlan, RouteContext
     from bridge.manifest import FileEntry
 
 URL_LIFETIME = 6 * 3600   # seconds a source URL stays valid: longer than any one file's blocks take
@@ -65,7 +65,7 @@ class FromUrlRoute(Route):
             return f"{src.scheme}:// stores cannot sign a URL for another cloud to read"
         return None
 
-    def copy_file(self, ctx: JobContext, f: FilePlan) -> FileEntry:
+    def copy_file(self, ctx: RouteContext, f: FilePlan) -> FileEntry:
         src_loc, info = checked_source(ctx, f)
         dst_loc = ctx.dst_loc(f.rel)
         crc, sha, origin = source_hashes(info)
@@ -93,7 +93,7 @@ class FromUrlRoute(Route):
         store_crc = info.checksums.get("crc32c") == crc   # the source's store computed it
         return _entry(f, crc, sha, origin, store_crc, pull, checked, committed)
 
-    def _blocks(self, ctx: JobContext, f: FilePlan, src_loc: Location, dst_loc: Location, pull: Pull, crc: str,
+    def _blocks(self, ctx: RouteContext, f: FilePlan, src_loc: Location, dst_loc: Location, pull: Pull, crc: str,
                 metadata: dict, attrs=None) -> tuple[ObjectInfo, bool]:
         """Stage the blocks, check that the source is still the version planned, commit them.
         Returns what the destination reports and whether Azure checked the source's MD5."""
@@ -140,7 +140,7 @@ class Pull:
     md5: str | None
 
 
-def _unprovable(ctx: JobContext, f: FilePlan, info: ObjectInfo, crc: str, pull: Pull) -> str:
+def _unprovable(ctx: RouteContext, f: FilePlan, info: ObjectInfo, crc: str, pull: Pull) -> str:
     """Why a pull of this file would be committed unproven ("" when Azure can prove it): the
     checks ``_entry`` makes, made before any request."""
     if f.size == 0:
@@ -157,14 +157,14 @@ def _pinned_etag(info: ObjectInfo) -> str | None:
     return f'"{etag}"' if etag else None
 
 
-def _source_md5(ctx: JobContext, info: ObjectInfo) -> str | None:
+def _source_md5(ctx: RouteContext, info: ObjectInfo) -> str | None:
     """The source's whole-object MD5 its store computed (S3's ETag of a one-request upload, GCS
     md5Hash): bridge.adopt.reported takes no client-written value."""
     from bridge.adopt import reported
     return reported(ctx.src, info).get("md5")
 
 
-def _refused(ctx: JobContext, f: FilePlan, src_loc: Location, md5: str | None, exc: IntegrityError) -> BridgeError:
+def _refused(ctx: RouteContext, f: FilePlan, src_loc: Location, md5: str | None, exc: IntegrityError) -> BridgeError:
     """A block Azure refused as not the source's: the source changed (the error says so), or the
     MD5 its store reported is no MD5 of its bytes (an S3 ETag under SSE-KMS), which only this
     file's bytes passing through bridge can settle."""
@@ -209,7 +209,7 @@ def _entry(f: FilePlan, crc: str, sha: str, origin: str, store_crc: bool, pull: 
                      source_id=dict(f.source_id), note=note)
 
 
-def _abort(ctx: JobContext, loc: Location, upload_id: str) -> None:
+def _abort(ctx: RouteContext, loc: Location, upload_id: str) -> None:
     from bridge.retry import stopping
     try:
         with stopping(None):   # a cancelled copy's clean-up is sent after the cancel

@@ -22,7 +22,7 @@ from bridge.stores.base import identity_changed
 from bridge.urls import Location, parse
 
 if TYPE_CHECKING:
-    from bridge.engine import FilePlan, JobContext, Plan
+    from bridge.contracts import FilePlan, RouteContext, RoutedPlan
     from bridge.manifest import FileEntry
 
 
@@ -42,16 +42,16 @@ class NativeRoute(Route):
     def enabled(self, settings: Settings) -> bool:
         return self.name in settings.native.enabled
 
-    def units(self, plan: Plan) -> Iterator[dict[str, Any]]:
+    def units(self, plan: RoutedPlan) -> Iterator[dict[str, Any]]:
         for rel in plan.deletions:
             yield {"op": "delete", "rel": rel}
         if plan.files:
             yield {"op": "route", "files": [f.rel for f in plan.files]}
 
-    def unit_count(self, plan: Plan) -> int:
+    def unit_count(self, plan: RoutedPlan) -> int:
         return len(plan.deletions) + (1 if plan.files else 0) + 1
 
-    def transfer(self, ctx: JobContext, files: list[FilePlan]) -> native.Transfer:
+    def transfer(self, ctx: RouteContext, files: list[FilePlan]) -> native.Transfer:
         """The remote job's files, each checked to be the version planned; named one by one
         unless they are every object under the source root."""
         if ctx.plan.single is not None and files[0].rel != parse(ctx.plan.single).name:
@@ -73,7 +73,7 @@ class NativeRoute(Route):
             raise RouteUnavailable(why)
         return native.Transfer(self.name, ctx.src_root, ctx.dst_root, objects, ctx.plan.single, filtered=named)
 
-    def run(self, ctx: JobContext, files: list[FilePlan]) -> Iterator[tuple[str, FileEntry | Fallback]]:
+    def run(self, ctx: RouteContext, files: list[FilePlan]) -> Iterator[tuple[str, FileEntry | Fallback]]:
         if not files:
             return
         try:

@@ -36,7 +36,7 @@ from bridge.stores.base import ObjectInfo, identity_changed
 from bridge.urls import Location
 
 if TYPE_CHECKING:
-    from bridge.engine import FilePlan, JobContext
+    from bridge.contracts import FilePlan, RouteContext
     from bridge.manifest import FileEntry
 
 
@@ -50,7 +50,7 @@ def source_hashes(info: ObjectInfo) -> tuple[str | None, str, str]:
     return crc, sha, "stored by bridge in the source's metadata"
 
 
-def checked_source(ctx: JobContext, f: FilePlan) -> tuple[Location, ObjectInfo]:
+def checked_source(ctx: RouteContext, f: FilePlan) -> tuple[Location, ObjectInfo]:
     """The source object as it is now, refused when it is not the version planned."""
     loc = ctx.src_loc(f.rel)
     info = ctx.src.info(loc)
@@ -73,7 +73,7 @@ class ServerRoute(Route):
         # A local copy is hashed by reading it back: little is saved unless asked for.
         return not dst.is_local
 
-    def copy_file(self, ctx: JobContext, f: FilePlan) -> FileEntry:
+    def copy_file(self, ctx: RouteContext, f: FilePlan) -> FileEntry:
         from bridge.manifest import FileEntry
         src_loc, info = checked_source(ctx, f)
         dst_loc = ctx.dst_loc(f.rel)
@@ -107,7 +107,7 @@ class ServerRoute(Route):
         return entry
 
     @staticmethod
-    def _entry(ctx: JobContext, f: FilePlan, src_loc: Location, dst_loc: Location, src_sums: dict[str, str],
+    def _entry(ctx: RouteContext, f: FilePlan, src_loc: Location, dst_loc: Location, src_sums: dict[str, str],
                dst_sums: dict[str, str], claimed: str | None) -> FileEntry:
         """The copy's entry from what both stores computed: proven when a checksum of both agrees
         (S3's CRC32C of the copy, computed by S3 for CopyObject, or a one-request ETag's MD5; GCS's
@@ -143,7 +143,7 @@ class ServerRoute(Route):
                               + ("" if crc else "; its CRC32C is the one in the source's metadata"))
 
 
-def _remove(ctx: JobContext, loc: Location) -> None:
+def _remove(ctx: RouteContext, loc: Location) -> None:
     try:
         ctx.dst.delete(loc)
     except ObjectNotFound:
