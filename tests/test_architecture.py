@@ -1,9 +1,22 @@
 """The import graph keeps one direction: no circles, and no module imports a layer above its own.
 
-Read from the source with ``ast`` (every import, at module level or inside a function, except
-those under ``if TYPE_CHECKING:``), the repository's folders named as they install:
-``workers/`` is ``bridge.workers`` and ``policies/`` is ``bridge.policies``. The layers, lowest
-first, are the README's "Architecture" section; a new module must be given its layer here.
+Read from the source with ``ast``, the repository's folders named as they install (``workers/``
+is ``bridge.workers`` and ``policies/`` is ``bridge.policies``). Every way of importing counts:
+at module level, inside a function, under ``if TYPE_CHECKING:`` (a type a module names is a
+dependency on its definer, even if it is loaded only by the type checker),
+``importlib.import_module("...")`` and ``__import__("...")``, and a string that names one of our
+modules (``"bridge.routes.server"``, ``"bridge.stores.s3:S3Store"``): a registry that names a
+module loads it later, so it depends on it. What is not seen: a name computed at run time (an
+entry point, a variable built from parts); a plugin found that way is outside this graph.
+
+The one circle allowed is a registry (named in ``REGISTRIES``, with why) naming a plugin of its
+own package by string while the plugin imports it to register; layers still hold for that pair.
+
+The layers, lowest first, are the README's "Architecture" section, with an order inside the
+foundation. A module gets its layer from its exact name, or from a package prefix ending in "."
+(``"bridge.stores."`` is every module inside ``bridge/stores/``, not the package itself); a new
+module without either fails ``test_every_module_has_a_layer``. The self-tests at the end build
+small trees in a temporary folder and check that each rule reports what it is meant to.
 """
 
 from __future__ import annotations
@@ -16,40 +29,58 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"bridge": "bridge", "workers": "bridge.workers", "policies": "bridge.policies"}
 
-# Lowest first. A module belongs to the layer of the longest prefix that names it.
+# Lowest first. Names are exact module names; a name ending in "." covers the modules inside that
+# package (the package itself is named on its own). The longest matching entry wins.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("foundation", ("bridge", "bridge.errors", "bridge.urls", "bridge.names", "bridge.config", "bridge.redact",
-                    "bridge.retry", "bridge.registry", "bridge.journal", "bridge.spill", "bridge.progress",
-                    "bridge.bwlimit", "bridge.attributes", "bridge.logs", "bridge.meter", "bridge.money", "bridge.filters")),
-    ("stores", ("bridge.stores", "bridge.hashing", "bridge.check", "bridge.manifest", "bridge.carry", "bridge.adopt",
-                "bridge.packing",
-                "bridge.packing.index", "bridge.packing.layout", "bridge.packing.rangefile",
-                "bridge.packing.reading", "bridge.packing.writer", "bridge.packing.sink",
+    # The foundation, in the order its modules import each other.
+    ("errors", ("bridge", "bridge.errors")),
+    ("values", ("bridge.names", "bridge.urls", "bridge.money", "bridge.redact", "bridge.filters")),
+    ("settings", ("bridge.config", "bridge.registry", "bridge.retry", "bridge.logs", "bridge.attributes")),
+    ("accounting", ("bridge.progress", "bridge.bwlimit", "bridge.meter", "bridge.journal", "bridge.spill")),
+    ("stores", ("bridge.stores", "bridge.stores.", "bridge.hashing", "bridge.check", "bridge.manifest", "bridge.carry",
+                "bridge.adopt", "bridge.packing", "bridge.packing.index", "bridge.packing.layout",
+                "bridge.packing.rangefile", "bridge.packing.reading", "bridge.packing.writer", "bridge.packing.sink",
                 "bridge.packing.tarfmt", "bridge.packing.parquetfmt")),
-    ("plan", ("bridge.engine", "bridge.estimate", "bridge.jobs", "bridge.routes")),
-    ("policies", ("bridge.policies",)),
-    ("executor", ("bridge.costing", "bridge.ops", "bridge.compare", "bridge.objects", "bridge.packing.job", "bridge.packing.unpack",
-                  "bridge.replication", "bridge.evidence", "bridge.cache", "bridge.routes.server", "bridge.routes.fromurl",
-                  "bridge.routes.delegated", "bridge.routes.sts", "bridge.routes.datasync",
-                  "bridge.routes.native", "bridge.routes.ledger")),
-    ("cli", ("bridge.cli", "bridge.__main__")),
-    ("workers", ("bridge.workers",)),
+    # What the route seam and the engine share: one file's plan, and what a route reads of a
+    # plan and of a job (Protocols the engine's classes meet).
+    ("contracts", ("bridge.contracts",)),
+    ("listing", ("bridge.listing",)),
+    ("units", ("bridge.jobs",)),
+    ("routes", ("bridge.routes", "bridge.routes.")),
+    ("plan", ("bridge.engine", "bridge.estimate")),
+    ("policies", ("bridge.policies", "bridge.policies.")),
+    ("executor", ("bridge.costing", "bridge.ops", "bridge.compare", "bridge.objects", "bridge.packing.job",
+                  "bridge.packing.unpack", "bridge.replication", "bridge.evidence", "bridge.cache", "bridge.cache.")),
+    ("cli", ("bridge.cli", "bridge.cli.", "bridge.__main__")),
+    ("workers", ("bridge.workers", "bridge.workers.")),
 ]
 OUTSIDE_SERVICE = ("celery", "kombu", "redis", "bridge.workers")
+# Registries: modules that name their plugins (modules of their own package) by string and load
+# them on first use, while each plugin imports its registry to register with it. Those strings
+# are "plugin" edges, left out of the circle rule (see without_plugin_loads); nowhere else.
+REGISTRIES = {
+    "bridge.stores": "one adapter per scheme, loaded when a URL of its scheme is first used",
+    "bridge.routes": "the route modules register themselves; the seam loads them when a route is looked up",
+    "bridge.cli": "each command group registers its commands with the CLI's group",
+    "bridge.packing.writer": "the shard formats subclass the writer's base; it loads the one a pack asks for",
+    "bridge.workers.app": "the task modules register their tasks with the Celery app it includes",
+    "bridge.workers.settings": "Celery beat's scheduler class, named as Celery takes it",
+}
+IMPORTERS = {"import_module", "__import__"}
 
 
-def modules() -> dict[str, Path]:
+def modules(root: Path = ROOT, folders: dict[str, str] = FOLDERS) -> dict[str, Path]:
     found = {}
-    for folder, package in FOLDERS.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+    for folder, package in folders.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = path.relative_to(root / folder).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             found[".".join((package, *parts))] = path
     return found
 
 
-def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+def _under_type_checking(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
     while node in parents:
         node = parents[node]
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
@@ -57,75 +88,128 @@ def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
     return False
 
 
-def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The modules ``name`` imports: ours resolved to the deepest known module, others by their
-    top-level name."""
+def _absolute(target: str, level: int, package: str) -> str:
+    if not level:
+        return target
+    anchor = package.split(".")[:len(package.split(".")) - (level - 1)]
+    return ".".join(anchor + ([target] if target else []))
+
+
+def _statement_targets(node: ast.Import | ast.ImportFrom, package: str, known: dict[str, Path]) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = _absolute(node.module or "", node.level, package)
+    return [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+
+
+def _call_target(node: ast.Call, package: str) -> str | None:
+    """The module an ``importlib.import_module("...")`` or ``__import__("...")`` call names."""
+    called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+    if called not in IMPORTERS or not node.args:
+        return None
+    first = node.args[0]
+    if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+        return None
+    name = first.value
+    level = len(name) - len(name.lstrip("."))
+    return _absolute(name[level:], level, package)
+
+
+def _named_module(node: ast.Constant, known: dict[str, Path]) -> str | None:
+    """The module a string such as ``"bridge.routes.server"`` or ``"bridge.stores.s3:S3Store"``
+    names (a registry's entry); the bare package name is a logger's or a thread's name."""
+    if not isinstance(node.value, str):
+        return None
+    name = node.value.partition(":")[0]
+    return name if "." in name and name in known else None
+
+
+def _resolve(target: str, known: dict[str, Path]) -> str:
+    """Ours to the deepest known module; others by their top-level name."""
+    while target not in known and "." in target and target.split(".")[0] == "bridge":
+        target = target.rpartition(".")[0]
+    return target if target in known else target.split(".")[0]
+
+
+def imports(name: str, path: Path, known: dict[str, Path], registries=REGISTRIES) -> dict[str, str]:
+    """Each module ``name`` imports, with how: "import", "TYPE_CHECKING", "importlib", "string",
+    or "plugin" (a string in one of the ``registries`` naming a module of its own package). One
+    way is kept per imported module: the first ``ast.walk`` meets."""
     tree = ast.parse(path.read_text(), str(path))
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
+    found: dict[str, str] = {}
     for node in ast.walk(tree):
-        if not isinstance(node, (ast.Import, ast.ImportFrom)) or _type_checking_only(node, parents):
-            continue
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            how = "TYPE_CHECKING" if _under_type_checking(node, parents) else "import"
+            targets = _statement_targets(node, package, known)
+        elif isinstance(node, ast.Call) and (target := _call_target(node, package)):
+            how, targets = "importlib", [target]
+        elif isinstance(node, ast.Constant) and (target := _named_module(node, known)):
+            plugin = name in registries and target.rpartition(".")[0] == package
+            how, targets = ("plugin" if plugin else "string"), [target]
         else:
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
-                base = ".".join(anchor + ([node.module] if node.module else []))
-            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            continue
         for target in targets:
-            while target not in known and "." in target and target.split(".")[0] == "bridge":
-                target = target.rpartition(".")[0]
-            if target != name:
-                found.add(target if target in known else target.split(".")[0])
+            resolved = _resolve(target, known)
+            if resolved != name:
+                found.setdefault(resolved, how)
     return found
 
 
-def layer_of(name: str) -> int:
+def layer_of(name: str, layers: list[tuple[str, tuple[str, ...]]] = LAYERS) -> int | None:
+    """The index of the layer whose longest entry names ``name``: an exact name, or a prefix
+    ending in "." that the name continues; None when no entry names it."""
     best, level = -1, None
-    for index, (_, prefixes) in enumerate(LAYERS):
-        for prefix in prefixes:
-            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best:
-                best, level = len(prefix), index
-    assert level is not None, f"{name} has no layer: give it one in tests/test_architecture.py"
+    for index, (_, entries) in enumerate(layers):
+        for entry in entries:
+            names_it = name.startswith(entry) if entry.endswith(".") else name == entry
+            if names_it and len(entry) > best:
+                best, level = len(entry), index
     return level
 
 
-@pytest.fixture(scope="module")
-def graph() -> dict[str, set[str]]:
-    known = modules()
-    return {name: imports(name, path, known) for name, path in known.items()}
+def read_graph(root: Path = ROOT, folders: dict[str, str] = FOLDERS, registries=REGISTRIES) -> dict[str, dict[str, str]]:
+    known = modules(root, folders)
+    return {name: imports(name, path, known, registries) for name, path in known.items()}
 
 
-def test_every_module_has_a_layer(graph):
-    for name in graph:
-        layer_of(name)
+def without_layer(graph, layers=LAYERS) -> list[str]:
+    return sorted(name for name in graph if layer_of(name, layers) is None)
 
 
-def test_no_import_runs_upward(graph):
-    upward = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {d} ({LAYERS[layer_of(d)][0]})"
-              for m, deps in sorted(graph.items()) for d in sorted(deps)
-              if d in graph and layer_of(d) > layer_of(m)]
-    assert upward == []
+def upward(graph, layers=LAYERS) -> list[str]:
+    found = []
+    for module, deps in sorted(graph.items()):
+        own = layer_of(module, layers)
+        for dep, how in sorted(deps.items()):
+            theirs = layer_of(dep, layers) if dep in graph else None
+            if own is not None and theirs is not None and theirs > own:
+                found.append(f"{module} ({layers[own][0]}) imports {dep} ({layers[theirs][0]}) by {how}")
+    return found
 
 
-def test_bridge_never_imports_the_service(graph):
-    wrong = [f"{m} imports {d}" for m, deps in sorted(graph.items()) if not m.startswith("bridge.workers")
-             for d in sorted(deps) if any(d == s or d.startswith(s + ".") for s in OUTSIDE_SERVICE)]
-    assert wrong == []
+def service_imports(graph) -> list[str]:
+    return [f"{m} imports {d} by {how}" for m, deps in sorted(graph.items()) if not m.startswith("bridge.workers")
+            for d, how in sorted(deps.items()) if any(d == s or d.startswith(s + ".") for s in OUTSIDE_SERVICE)]
 
 
-def test_policies_do_no_io(graph):
-    """Decisions are pure functions over data: no store, no engine, no network below them."""
-    wrong = [f"{m} imports {d}" for m, deps in sorted(graph.items()) if m.startswith("bridge.policies")
-             for d in sorted(deps)
-             if d.startswith(("bridge.stores", "bridge.engine", "bridge.ops")) or d in ("requests", "urllib3", "socket")]
-    assert wrong == []
+def policy_io(graph) -> list[str]:
+    return [f"{m} imports {d} by {how}" for m, deps in sorted(graph.items()) if m.startswith("bridge.policies")
+            for d, how in sorted(deps.items())
+            if d.startswith(("bridge.stores", "bridge.engine", "bridge.ops")) or d in ("requests", "urllib3", "socket")]
 
 
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+def without_plugin_loads(graph) -> dict[str, dict[str, str]]:
+    """The graph less each registry's string naming a plugin of its own package ("plugin"):
+    the plugin imports the registry to register with it, and the registry loads it by name on
+    first use. That pair is the one circle allowed, and only by a string: an ``import`` or
+    ``importlib`` of the plugin still closes a circle, as does such a string in a module that is
+    no registry. Layers still count it: a registry's plugins may not sit above it."""
+    return {module: {dep: how for dep, how in deps.items() if how != "plugin"} for module, deps in graph.items()}
+
+
+def cycles(graph) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -170,12 +254,115 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+@pytest.fixture(scope="module")
+def graph() -> dict[str, dict[str, str]]:
+    return read_graph()
+
+
+def test_every_module_has_a_layer(graph):
+    assert without_layer(graph) == [], "give each a layer in tests/test_architecture.py"
+
+
+def test_no_import_runs_upward(graph):
+    assert upward(graph) == []
+
+
+def test_bridge_never_imports_the_service(graph):
+    assert service_imports(graph) == []
+
+
+def test_policies_do_no_io(graph):
+    """Decisions are pure functions over data: no store, no engine, no network below them."""
+    assert policy_io(graph) == []
+
+
 def test_no_import_circles(graph):
+    assert cycles(without_plugin_loads(graph)) == []
+
+
+# The rules' own tests: each builds a tree that breaks one rule in one way, and the rule says so.
+
+FAKE_LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("low", ("pkg", "pkg.low")),
+    ("mid", ("pkg.mid", "pkg.mid.")),
+    ("high", ("pkg.high",)),
+]
+
+
+def fake_graph(tmp_path: Path, files: dict[str, str]) -> dict[str, dict[str, str]]:
+    for relative, text in {"pkg/__init__.py": "", **files}.items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(text)
+    return read_graph(tmp_path, {"pkg": "pkg"}, {"pkg.mid": "a registry of the fake tree"})
+
+
+CLEAN = {"pkg/low.py": "import os\n", "pkg/mid/__init__.py": "from pkg import low\n",
+         "pkg/mid/part.py": "from . import low_helper\nfrom ..low import x\n", "pkg/mid/low_helper.py": "",
+         "pkg/high.py": "import importlib\nfrom pkg.mid import part\nimportlib.import_module('pkg.low')\n"}
+
+
+def test_the_rules_pass_a_tree_that_keeps_them(tmp_path):
+    graph = fake_graph(tmp_path, CLEAN)
+    assert graph["pkg.mid.part"] == {"pkg.mid.low_helper": "import", "pkg.low": "import"}
+    assert without_layer(graph, FAKE_LAYERS) == []
+    assert upward(graph, FAKE_LAYERS) == []
     assert cycles(graph) == []
 
 
-def test_the_checks_can_fail():
-    """The cycle finder and the layer rule see what they are meant to see."""
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert layer_of("bridge.routes.sts") > layer_of("bridge.routes") > layer_of("bridge.stores.s3")
+UPWARD_WAYS = {
+    "import": "from pkg.high import thing\n",
+    "function": "def later():\n    from pkg import high\n    return high\n",
+    "TYPE_CHECKING": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.high import Thing\n",
+    "importlib": "import importlib\ndef load():\n    return importlib.import_module('pkg.high')\n",
+    "relative importlib": "from importlib import import_module\nimport_module('..high', __package__)\n",
+    "__import__": "def load():\n    return __import__('pkg.high')\n",
+    "string": "PLUGINS = ('pkg.high:Thing',)\n",
+}
+
+
+@pytest.mark.parametrize("way", sorted(UPWARD_WAYS))
+def test_an_upward_import_is_seen_whichever_way_it_is_written(tmp_path, way):
+    graph = fake_graph(tmp_path, {**CLEAN, "pkg/mid/part.py": UPWARD_WAYS[way]})
+    assert len(upward(graph, FAKE_LAYERS)) == 1
+    assert upward(graph, FAKE_LAYERS)[0].startswith("pkg.mid.part (mid) imports pkg.high (high)")
+
+
+@pytest.mark.parametrize("way", ["TYPE_CHECKING", "function", "importlib"])
+def test_a_circle_is_seen_whichever_way_it_is_closed(tmp_path, way):
+    closing = UPWARD_WAYS[way].replace("pkg.high", "pkg.mid.part").replace("from pkg import high", "import pkg.mid.part")
+    graph = fake_graph(tmp_path, {**CLEAN, "pkg/mid/low_helper.py": closing})
+    assert cycles(without_plugin_loads(graph)) == [["pkg.mid.low_helper", "pkg.mid.part"]]
+
+
+def test_only_a_registry_naming_its_own_plugin_by_string_is_no_circle(tmp_path):
+    registry = {"pkg/mid/__init__.py": "PLUGINS = ('pkg.mid.part:Thing',)\n",
+                "pkg/mid/part.py": "from pkg.mid import PLUGINS\n"}
+    graph = fake_graph(tmp_path, {**CLEAN, **registry})
+    assert graph["pkg.mid"]["pkg.mid.part"] == "plugin" and cycles(without_plugin_loads(graph)) == []
+    loaded = {**registry, "pkg/mid/__init__.py": "import importlib\nimportlib.import_module('pkg.mid.part')\n"}
+    assert cycles(without_plugin_loads(fake_graph(tmp_path, {**CLEAN, **loaded}))) == [["pkg.mid", "pkg.mid.part"]]
+    not_a_registry = {"pkg/mid/part.py": "PLUGINS = ('pkg.mid.low_helper',)\n",
+                      "pkg/mid/low_helper.py": "from pkg.mid.part import PLUGINS\n"}
+    graph = fake_graph(tmp_path, {**CLEAN, **not_a_registry})
+    assert cycles(without_plugin_loads(graph)) == [["pkg.mid.low_helper", "pkg.mid.part"]]
+
+
+def test_a_module_no_entry_names_has_no_layer(tmp_path):
+    """No catch-all: the package's own name does not cover its modules, nor a prefix a sibling's
+    name happens to start with."""
+    graph = fake_graph(tmp_path, {**CLEAN, "pkg/stray.py": "", "pkg/lowest.py": "", "pkg/mid_extra.py": ""})
+    assert without_layer(graph, FAKE_LAYERS) == ["pkg.lowest", "pkg.mid_extra", "pkg.stray"]
+
+
+def test_the_foundation_keeps_its_order():
+    order = [layer_of(name) for name in ("bridge.errors", "bridge.urls", "bridge.config", "bridge.progress",
+                                          "bridge.stores.s3", "bridge.contracts", "bridge.listing", "bridge.jobs",
+                                          "bridge.routes.sts", "bridge.engine")]
+    assert order == sorted(order) and len(set(order)) == len(order)
+    assert layer_of("bridge.routes.sts") == layer_of("bridge.routes")
     assert layer_of("bridge.workers.app") > layer_of("bridge.cli.transfer") > layer_of("bridge.policies.cost")
+
+
+def test_the_service_rule_and_the_policy_rule_can_fail():
+    assert service_imports({"bridge.ops": {"celery": "TYPE_CHECKING"}}) == ["bridge.ops imports celery by TYPE_CHECKING"]
+    assert policy_io({"bridge.policies.cost": {"bridge.stores.s3": "importlib"}}) != []
