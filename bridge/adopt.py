@@ -21,12 +21,10 @@ hashes bridge took from bytes it read: a local source's, or both sides' under ``
 
 from __future__ import annotations
 
-import hashlib
 import re
-import zlib
 from dataclasses import dataclass
 
-from bridge.hashing import READ_SIZE, crc32c, crc_hex
+from bridge import hashing
 from bridge.manifest import FileEntry
 from bridge.stores.base import ObjectInfo, Store
 
@@ -67,31 +65,10 @@ def reported(store: Store | None, info: ObjectInfo, ask: bool = False) -> dict[s
 
 
 def digest(store: Store, info: ObjectInfo, names: tuple[str, ...]) -> dict[str, str]:
-    """``names`` (of ``md5``, ``crc32c``, ``crc32``, ``sha256``) of the object's bytes, read in
-    bounded ranges."""
-    md5 = hashlib.md5() if "md5" in names else None
-    sha = hashlib.sha256() if "sha256" in names else None
-    crc_c, crc, offset = 0, 0, 0
-    while offset < info.size:
-        data = store.read(info.location, offset, min(READ_SIZE, info.size - offset))
-        if not data:
-            break
-        crc_c = crc32c(data, crc_c)
-        if "crc32" in names:
-            crc = zlib.crc32(data, crc)
-        if md5:
-            md5.update(data)
-        if sha:
-            sha.update(data)
-        offset += len(data)
-    out = {"crc32c": crc_hex(crc_c)}
-    if "crc32" in names:
-        out["crc32"] = f"{crc:08x}"
-    if md5:
-        out["md5"] = md5.hexdigest()
-    if sha:
-        out["sha256"] = sha.hexdigest()
-    return out
+    """``names`` (of ``md5``, ``crc32c``, ``crc32``, ``sha256``) and the CRC32C of the object's
+    bytes, read in bounded ranges."""
+    return hashing.digest(hashing.reader(store, info.location), info.size, ("crc32c", *names),
+                          name=str(info.location))
 
 
 # A local file up to this size is hashed for a comparison in the thread that asks (a pool's

@@ -1,5 +1,7 @@
 """Hashes as small values, CRC32C that combines across parts, the tree digest over part SHA-256s,
-and SHA-256 fed in part order (the plain whole-file digest, when asked for)."""
+SHA-256 fed in part order (the plain whole-file digest, when asked for), and ``digest``: the one
+loop that reads bytes in bounded pieces and feeds every hash asked for (adoption, hashsum, the
+cache, the local store and re-reading a stored object all use it)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import hashlib
 import mmap
 import os
 import threading
+import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -324,22 +328,69 @@ class OrderedSha256:
 # read-back check, so it lives below both the stores and check.
 READ_SIZE = 16 * 1024 * 1024
 
+Read = Callable[[int, int], "bytes | bytearray | memoryview"]   # (offset, length) -> those bytes
 
-def rehash(store: Store, loc: Location, size: int, sha: bool = True) -> tuple[str, str]:
-    """(crc32c, sha256) of an object, read in bounded ranges."""
-    crc, digest = 0, hashlib.sha256() if sha else None
+
+class ShortRead(ObjectNotFound):
+    """The bytes ended before the size they were listed with: the object was removed, cut short
+    or rewritten while it was being read."""
+
+
+class _Crc:
+    """CRC32C or CRC32 behind hashlib's ``update`` / ``hexdigest``, so that ``digest`` feeds
+    every algorithm the same way."""
+
+    def __init__(self, step: Callable[[bytes | bytearray | memoryview, int], int]):
+        self._step, self._value = step, 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        self._value = self._step(data, self._value)
+
+    def hexdigest(self) -> str:
+        return crc_hex(self._value)
+
+
+def _hasher(name: str):
+    if name == "crc32c":
+        return _Crc(crc32c)
+    if name == "crc32":
+        return _Crc(zlib.crc32)
+    return hashlib.new(name)   # md5, sha256, ...: hashlib's names
+
+
+def digest(read: Read, size: int, algorithms: Iterable[str], *, name: str = "",
+           piece: int = READ_SIZE) -> dict[str, str]:
+    """``{algorithm: hex}`` of the ``size`` bytes ``read(offset, length)`` gives, in one pass of
+    reads of at most ``piece`` bytes (memory stays bounded, however big the object); an
+    algorithm is ``crc32c``, ``crc32`` or one of hashlib's names. A read that comes back empty
+    before ``size`` raises ShortRead (``name`` says what was read): a hash of fewer bytes would
+    be the hash of another object."""
+    hashers = {algorithm: _hasher(algorithm) for algorithm in dict.fromkeys(algorithms)}
     offset = 0
     while offset < size:
-        data = store.read(loc, offset, min(READ_SIZE, size - offset))
+        data = read(offset, min(piece, size - offset))
         if not data:
-            break
-        crc = crc32c(data, crc)
-        if digest:
-            digest.update(data)
+            raise ShortRead(f"{name or 'the object'}: read {offset} bytes of {size}")
+        for hasher in hashers.values():
+            hasher.update(data)
         offset += len(data)
-    if offset != size:
-        raise ObjectNotFound(f"{loc}: read {offset} bytes of {size}")
-    return crc_hex(crc), digest.hexdigest() if digest else ""
+    return {algorithm: hasher.hexdigest() for algorithm, hasher in hashers.items()}
+
+
+def reader(store: Store, loc: Location) -> Read:
+    """``digest``'s ``read`` for an object in a store: ranged reads of ``loc``."""
+    return lambda offset, length: store.read(loc, offset, length)
+
+
+def file_reader(fd: int) -> Read:
+    """``digest``'s ``read`` for an open local file: positional reads (the file offset unused)."""
+    return lambda offset, length: os.pread(fd, length, offset)
+
+
+def rehash(store: Store, loc: Location, size: int, sha: bool = True) -> tuple[str, str]:
+    """(crc32c, sha256) of an object, read in bounded ranges; sha256 is "" without ``sha``."""
+    sums = digest(reader(store, loc), size, ("crc32c", "sha256") if sha else ("crc32c",), name=str(loc))
+    return sums["crc32c"], sums.get("sha256", "")
 
 
 def _rehash_range(store: Store, loc: Location, offset: int, length: int, size: int, whole=None) -> tuple[int, str]:

@@ -9,20 +9,18 @@ here as in cp, sync and verify.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bridge import check, routes
+from bridge import check, hashing, routes
 from bridge import filters as filtering
 from bridge import manifest as manifests
 from bridge.config import Settings
 from bridge.engine import plan_copy
 from bridge.errors import BridgeError, IntegrityError, InvalidOption, ObjectNotFound
 from bridge.filters import Filters
-from bridge.hashing import crc32c, crc_hex
 from bridge.progress import Progress
 from bridge.stores import get_store
 from bridge.stores.base import MiB, identity_changed
@@ -292,24 +290,6 @@ def _recorded(algorithm: str, entry, info) -> tuple[str | None, str]:
 
 
 def _computed(algorithm: str, store, info) -> str:
-    digest = hashlib.new(algorithm) if algorithm != "crc32c" else None
-    crc, pos = 0, 0
-    for piece in _pieces(store, info):
-        if digest is not None:
-            digest.update(piece)
-        else:
-            crc = crc32c(piece, crc)
-        pos += len(piece)
-    return digest.hexdigest() if digest is not None else crc_hex(crc)
-
-
-def _pieces(store, info) -> Iterator[bytes]:
-    pos = 0
-    while pos < info.size:
-        n = min(READ_PIECE, info.size - pos)
-        data = store.read(info.location, pos, n)
-        if len(data) != n:
-            raise IntegrityError(f"{info.location}: asked for {n} bytes at {pos}, got {len(data)}")
-        yield data
-        pos += n
+    return hashing.digest(hashing.reader(store, info.location), info.size, (algorithm,), name=str(info.location),
+                          piece=READ_PIECE)[algorithm]
 

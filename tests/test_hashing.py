@@ -1,4 +1,5 @@
-"""The whole-file SHA-256 of parts that finish out of order on several threads."""
+"""The whole-file SHA-256 of parts that finish out of order on several threads, and ``digest``,
+the one loop that reads bytes in bounded pieces and hashes them."""
 
 from __future__ import annotations
 
@@ -6,11 +7,16 @@ import hashlib
 import os
 import random
 import threading
+import zlib
 
 import pytest
 
-from bridge.errors import TransferFailed
-from bridge.hashing import FileRegion, OrderedSha256
+from bridge.config import load_settings
+from bridge.errors import ObjectNotFound, TransferFailed
+from bridge.hashing import (FileRegion, OrderedSha256, ShortRead, crc32c, crc_hex, digest, file_reader, reader,
+                            rehash)
+from bridge.stores import get_store
+from bridge.urls import parse
 
 
 def _parts(data: bytes, size: int) -> list[bytes]:
@@ -111,3 +117,43 @@ def test_a_failed_part_stops_the_digest():
     with pytest.raises(TransferFailed):
         hasher.feed(3, b"y")
     assert hasher.whole(3) is None
+
+
+# -- digest: the one read-in-pieces-and-hash loop ---------------------------------------------
+
+def test_digest_feeds_every_algorithm_in_one_pass_of_bounded_reads(tmp_path):
+    """Every algorithm asked for, over reads no larger than ``piece`` (the last one shorter),
+    equals the hash of the whole bytes; a store object (the local store, ranged reads) and an
+    open file give the same answers."""
+    data = os.urandom(3 * 4096 + 123)
+    reads: list[tuple[int, int]] = []
+
+    def read(offset: int, length: int) -> bytes:
+        reads.append((offset, length))
+        return data[offset:offset + length]
+
+    sums = digest(read, len(data), ("crc32c", "crc32", "md5", "sha256"), piece=4096)
+    assert sums == {"crc32c": crc_hex(crc32c(data)), "crc32": f"{zlib.crc32(data):08x}",
+                    "md5": hashlib.md5(data).hexdigest(), "sha256": hashlib.sha256(data).hexdigest()}
+    assert reads == [(0, 4096), (4096, 4096), (8192, 4096), (12288, 123)]
+
+    path = tmp_path / "object.bin"
+    path.write_bytes(data)
+    store, loc = get_store(parse(str(path)), load_settings({})), parse(str(path))
+    assert digest(reader(store, loc), len(data), ("sha256", "crc32c")) == {k: sums[k] for k in ("sha256", "crc32c")}
+    assert rehash(store, loc, len(data)) == (sums["crc32c"], sums["sha256"])
+    with open(path, "rb") as f:
+        assert digest(file_reader(f.fileno()), len(data), ("md5",), piece=1000) == {"md5": sums["md5"]}
+
+
+def test_digest_refuses_bytes_that_end_before_their_size(tmp_path):
+    """An object cut short while read (or listed with a size its bytes do not have) has no
+    digest: a hash of fewer bytes would be another object's."""
+    path = tmp_path / "short.bin"
+    path.write_bytes(b"x" * 5000)
+    store, loc = get_store(parse(str(path)), load_settings({})), parse(str(path))
+    with pytest.raises(ShortRead, match=r"short\.bin: read 5000 bytes of 6000"):
+        digest(reader(store, loc), 6000, ("sha256",), name=str(loc), piece=1024)
+    with pytest.raises(ObjectNotFound):   # what verify and sync's repair catch
+        rehash(store, loc, 6000)
+    assert digest(reader(store, loc), 0, ("crc32c",)) == {"crc32c": "00000000"}

@@ -49,7 +49,7 @@ from bridge.config import Settings
 from bridge import manifest as manifests
 from bridge.engine import FilePlan, Plan, part_size_for
 from bridge.errors import BridgeError, IntegrityError, InvalidOption, ObjectNotFound, TransferFailed
-from bridge.hashing import crc32c, crc_hex
+from bridge import hashing
 from bridge.manifest import FileEntry
 from bridge.progress import Progress
 from bridge.stores import get_store
@@ -105,17 +105,12 @@ def source_location(url: str | Location) -> Location:
 
 def file_hashes(path: Path | int, sha: bool = True) -> tuple[int, str, str]:
     """(size, crc32c, sha256) of a local file (a path, or an fd this call closes), read in
-    bounded chunks."""
-    value, digest, size = 0, hashlib.sha256() if sha else None, 0
+    bounded chunks; sha256 is "" without ``sha``."""
     with open(path, "rb", buffering=0) as f:
-        buf = bytearray(READ_SIZE)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            value = crc32c(view[:n], value)
-            if digest:
-                digest.update(view[:n])
-            size += n
-    return size, crc_hex(value), digest.hexdigest() if digest else ""
+        size = os.fstat(f.fileno()).st_size
+        sums = hashing.digest(hashing.file_reader(f.fileno()), size,
+                              ("crc32c", "sha256") if sha else ("crc32c",), name=f"cached file {path}", piece=READ_SIZE)
+    return size, sums["crc32c"], sums.get("sha256", "")
 
 
 class Cache:

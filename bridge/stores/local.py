@@ -23,7 +23,7 @@ from bridge import attributes
 from bridge.attributes import Attrs, MetadataError
 from bridge.config import Settings
 from bridge.errors import BridgeError, ObjectNotFound, PermissionDenied
-from bridge.hashing import FileRegion, crc32c, crc_hex
+from bridge.hashing import FileRegion, ShortRead, digest, file_reader
 from bridge.names import NAME_MAX, PARTIAL, TEMPORARY, check_local_path
 from bridge.stores.base import GiB, Features, ObjectInfo, PartRecord, Store
 from bridge.urls import Location
@@ -585,15 +585,12 @@ def _identity(st: os.stat_result) -> dict[str, str]:
 
 def _holds(path: str, size: int, crc: str) -> bool:
     try:
-        if os.path.getsize(path) != size:
-            return False
-        value = 0
-        with open(path, "rb") as f:
-            while chunk := f.read(8 * 1024 * 1024):
-                value = crc32c(chunk, value)
-    except FileNotFoundError:
+        with open(path, "rb", buffering=0) as f:
+            if os.fstat(f.fileno()).st_size != size:
+                return False
+            return digest(file_reader(f.fileno()), size, ("crc32c",), name=path)["crc32c"] == crc
+    except (FileNotFoundError, ShortRead):   # gone, or cut short while read: not the upload's file
         return False
-    return crc_hex(value) == crc
 
 
 def _unlink_quietly(path: str) -> None:
