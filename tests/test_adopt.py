@@ -273,3 +273,18 @@ def test_adopting_more_objects_than_a_plan_holds_in_memory_commits_every_one(tmp
     entries = manifests.read(get_store(parse(f"{tmp_path / 'copied'}/"), settings),
                              parse(f"{tmp_path / 'copied'}/")).files
     assert len(entries) == count and all(e.adopted == "md5" for e in entries.values())
+
+
+def test_an_object_shorter_than_listed_has_no_digest(tmp_path, emulator_env):
+    """Adoption hashes what it reads: bytes that end before the listed size (cut short or
+    rewritten between the listing and the read) are refused, not hashed as if they were it."""
+    from bridge.adopt import digest
+    from bridge.errors import ObjectNotFound
+    path = tmp_path / "listed.bin"
+    path.write_bytes(b"y" * 4096)
+    store = get_store(parse(str(path)), settings_for(emulator_env))
+    info = store.info(parse(str(path)))
+    assert digest(store, info, ("sha256",))["crc32c"]   # the bytes as listed: a digest
+    path.write_bytes(b"y" * 1000)                       # cut short after it was listed
+    with pytest.raises(ObjectNotFound, match="read 1000 bytes of 4096"):
+        digest(store, info, ("sha256",))
