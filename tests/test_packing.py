@@ -569,7 +569,7 @@ def test_a_failed_part_stops_the_shard_and_drops_its_upload(settings, tmp_path, 
 
     monkeypatch.setattr(type(store), "upload_part", refuse_second)
     loc = parse(f"{tmp_path}/obj.bin")
-    sink = StreamingUpload(store, loc, part_size=1000, retries=3)
+    sink = StreamingUpload(store, loc, part_size=1000)
     with pytest.raises(PermissionDenied):
         for _ in range(10):
             sink.write(os.urandom(700))
@@ -647,3 +647,19 @@ def test_verify_checks_the_shard_set_through_its_index(tree, settings, tmp_path)
     report = json.loads(bad.stdout)
     assert [m["path"] for m in report["mismatched"]] == ["shard-000001.tar"]
     assert any("shard-000001.tar" in p for p in report["shard_sets"][0]["problems"])
+
+
+def test_no_packing_signature_takes_a_retries_argument():
+    """Each store request retries on its own (bridge.retry, the stores' direct paths): a
+    ``retries`` threaded through packing was never read, and a reader would take it for a
+    knob that does something."""
+    import inspect
+
+    from bridge.packing import index, job, rangefile, sink, unpack, writer
+    taking = [f"{module.__name__}.{name}" for module in (index, job, rangefile, sink, unpack, writer)
+              for name, thing in vars(module).items()
+              if getattr(thing, "__module__", None) == module.__name__
+              for fn in ([thing] if inspect.isfunction(thing) else
+                         [m for m in vars(thing).values() if inspect.isfunction(m)] if inspect.isclass(thing) else [])
+              if "retries" in inspect.signature(fn).parameters]
+    assert taking == []

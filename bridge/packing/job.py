@@ -290,10 +290,6 @@ class PackContext(jobs.Context):
         self._read_pool: cf.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    @property
-    def retries(self) -> int:
-        return self.settings.transfer.retries
-
     def read_pool(self) -> cf.ThreadPoolExecutor:
         """Reads (and per-file hashes) run ahead of the shard writers on one shared pool."""
         with self._lock:
@@ -334,7 +330,7 @@ def _shard(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
             ctx.progress.file_finished()
         return done
     writer = ShardWriter(ctx.fmt, src=ctx.src, src_root=ctx.src_root, dst=ctx.dst, dst_root=ctx.dst_root,
-                         prefix=ctx.plan.prefix, part_size=ctx.plan.part_size, retries=ctx.retries,
+                         prefix=ctx.plan.prefix, part_size=ctx.plan.part_size,
                          progress=ctx.progress, read_pool=ctx.read_pool(),
                          read_connections=pool_batch_connections(ctx.settings))
     record = writer.write(name, unit["files"])   # [rel, size] pairs, not copied
@@ -369,7 +365,7 @@ def _index(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
                         shard_size=plan.shard_size, max_count=plan.max_count, records=_records(ctx))
     body = indexes.dumps(doc)
     name = layout.index_name(plan.prefix)
-    written = put_whole(ctx.dst, ctx.dst_root.join(name), body, retries=ctx.retries)
+    written = put_whole(ctx.dst, ctx.dst_root.join(name), body)
     stale = _remove_stale(ctx)
     pointer = indexes.pointer(name, body, doc)
     ctx.journal.put("index", {"name": name, "size": written.size, "crc32c": written.crc32c,

@@ -18,10 +18,10 @@ class RangeFile(io.RawIOBase):
     ``window`` bytes. When reads go front to back, it also hashes the whole object on the way
     (``sha256`` is then set once the last byte has been fetched)."""
 
-    def __init__(self, store: Store, loc: Location, size: int, *, window: int = 8 * MiB, retries: int = 5,
+    def __init__(self, store: Store, loc: Location, size: int, *, window: int = 8 * MiB,
                  progress: Progress | None = None):
         super().__init__()
-        self.store, self.loc, self.size, self.window, self.retries = store, loc, size, window, retries
+        self.store, self.loc, self.size, self.window = store, loc, size, window
         self.progress = progress
         self.requests = 0
         self._pos = 0

@@ -56,10 +56,8 @@ class StreamingUpload:
     """A write-only file that becomes the object at ``loc`` when closed. Not thread-safe: one
     writer per object."""
 
-    def __init__(self, store: Store, loc: Location, *, part_size: int, retries: int,
-                 progress: Progress | None = None):
+    def __init__(self, store: Store, loc: Location, *, part_size: int, progress: Progress | None = None):
         self.store, self.loc, self.part_size = store, loc, part_size
-        self.retries = retries
         self.progress = progress or Progress()
         self._chunks: list[bytes] = []   # written, not yet sent
         self._buffered = 0
@@ -175,7 +173,7 @@ def _metadata(crc: str, sha: str) -> dict[str, str]:
     return {"bridge_crc32c": crc, "bridge_sha256": sha}
 
 
-def put_whole(store: Store, loc: Location, data: bytes, *, retries: int, progress: Progress | None = None,
+def put_whole(store: Store, loc: Location, data: bytes, *, progress: Progress | None = None,
               sha256: str | None = None, durable: bool = True) -> Written:
     """One small object in one request, with the same metadata as streamed ones. ``durable=False``
     (a local store only) leaves its fsyncs to the caller's ``store.settle``."""

@@ -243,11 +243,11 @@ def _from_index(store: Store, shard_set: indexes.ShardSet, problems: _Problems) 
         yield Shard(s["name"], shard_set.root.join(s["name"]), shard_set.shard_format, s["size"], s["sha256"], members)
 
 
-def _tar_members(store: Store, loc: Location, size: int, name: str, retries: int,
+def _tar_members(store: Store, loc: Location, size: int, name: str,
                  problems: _Problems) -> Iterator[Member]:
     """Member headers only, as they are read: tarfile seeks over the data on a ranged view of
     the shard (and forgets each header: members are not kept)."""
-    view = RangeFile(store, loc, size, window=_window(loc), retries=retries)
+    view = RangeFile(store, loc, size, window=_window(loc))
     try:
         with tarfile.open(fileobj=view, mode="r:") as archive:
             while (info := archive.next()) is not None:
@@ -274,21 +274,21 @@ def _unsafe_kind(info: tarfile.TarInfo) -> str | None:
     return None
 
 
-def _parquet_file(store: Store, loc: Location, size: int, retries: int):
+def _parquet_file(store: Store, loc: Location, size: int):
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:
         raise MissingBackend("Parquet shards need the 'pack' extra: pip install 'cloud-artifact-bridge[pack]'") from exc
-    source = loc.local_path if loc.is_local else RangeFile(store, loc, size, window=256 * 1024, retries=retries)
+    source = loc.local_path if loc.is_local else RangeFile(store, loc, size, window=256 * 1024)
     try:
         return pq.ParquetFile(source)
     except Exception as exc:   # pyarrow raises ArrowInvalid and OSError subclasses alike
         raise IntegrityError(f"{loc}: not a readable Parquet file ({exc})") from exc
 
 
-def _parquet_members(store: Store, loc: Location, size: int, name: str, retries: int,
+def _parquet_members(store: Store, loc: Location, size: int, name: str,
                      problems: _Problems) -> Iterator[Member]:
-    pf = _parquet_file(store, loc, size, retries)
+    pf = _parquet_file(store, loc, size)
     if not {"path", "data"} <= set(pf.schema_arrow.names):
         raise IntegrityError(f"{loc}: a Parquet shard needs 'path' and 'data' columns")
     for group in range(pf.num_row_groups):
@@ -300,7 +300,7 @@ def _parquet_members(store: Store, loc: Location, size: int, name: str, retries:
             yield Member(path, -1, None, None, group, row)
 
 
-def _without_index(store: Store, src: Location, retries: int, problems: _Problems) -> Iterator[Shard]:
+def _without_index(store: Store, src: Location, problems: _Problems) -> Iterator[Shard]:
     if src.is_prefix:
         found = [(rel, info.size) for rel, info in store.walk(src) if format_for_shard(rel)]
         root = src
@@ -313,7 +313,7 @@ def _without_index(store: Store, src: Location, retries: int, problems: _Problem
         fmt = format_for_shard(rel)
         reader = _tar_members if fmt == "tar" else _parquet_members
         yield Shard(rel, root.join(rel), fmt, size, None,
-                    lambda reader=reader, rel=rel, size=size: reader(store, root.join(rel), size, rel, retries, problems))
+                    lambda reader=reader, rel=rel, size=size: reader(store, root.join(rel), size, rel, problems))
 
 
 def _tree_key(path: str) -> bytes:
@@ -379,7 +379,6 @@ class _Extractor:
                  journal: Journal):
         self.src, self.dst, self.dst_root, self.progress = src, dst, dst_root, progress
         self.journal = journal
-        self.retries = settings.transfer.retries
         self.part_size = stream_part_size(dst, STREAM_OVER, settings.transfer.chunk_size)
         concurrency = settings.transfer.concurrency
         # remote targets take one request per file: keep several in flight for each shard reader
@@ -453,7 +452,7 @@ class _Extractor:
             return count
         in_order = all(a.offset <= b.offset for a, b in _pairs(shard.each()))
         members = shard.each() if in_order else iter(sorted(shard.each(), key=lambda m: m.offset))
-        view = RangeFile(self.src, shard.loc, shard.size, window=_window(shard.loc), retries=self.retries,
+        view = RangeFile(self.src, shard.loc, shard.size, window=_window(shard.loc),
                          progress=self.progress)
         pending: collections.deque[cf.Future] = collections.deque()
         batch = _Batch()
@@ -535,7 +534,7 @@ class _Extractor:
         return future
 
     def _put_now(self, shard: Shard, m: Member, data: bytes, sha: str) -> FileEntry:
-        w = put_whole(self.dst, self.dst_root.join(m.path), data, retries=self.retries, progress=self.progress,
+        w = put_whole(self.dst, self.dst_root.join(m.path), data, progress=self.progress,
                       sha256=sha, durable=not self.defer_sync)
         self.progress.file_finished()
         return self.restored(shard, m, FileEntry(m.path, w.size, w.crc32c, w.sha256, **w.committed),
@@ -543,7 +542,7 @@ class _Extractor:
 
     def _stream(self, view: RangeFile, shard: Shard, m: Member) -> FileEntry:
         sink = StreamingUpload(self.dst, self.dst_root.join(m.path), part_size=self.part_size,
-                               retries=self.retries, progress=self.progress)
+                               progress=self.progress)
         try:
             left = m.size
             while left:
@@ -561,7 +560,7 @@ class _Extractor:
                                           **w.committed))
 
     def _parquet_rows(self, shard: Shard) -> int:
-        pf = _parquet_file(self.src, shard.loc, shard.size, self.retries)
+        pf = _parquet_file(self.src, shard.loc, shard.size)
         where = {(m.row_group, m.row): m for m in shard.each()}
         has_sha = "sha256" in pf.schema_arrow.names
         pending: list[cf.Future] = []
@@ -629,8 +628,7 @@ def plan_unpack(source: str, destination: str, settings: Settings, prefix: str |
         _store, shard_set = open_set(source, settings, prefix)
     elif src.is_prefix or not format_for_shard(src.key):
         shard_set = indexes.find(store, src.as_prefix(), prefix)
-    retries = settings.transfer.retries
-    found = _from_index(store, shard_set, problems) if shard_set else _without_index(store, src, retries, problems)
+    found = _from_index(store, shard_set, problems) if shard_set else _without_index(store, src, problems)
     where = spill_dir(settings)
     plan = UnpackPlan(source, str(dst_root), prefix, str(shard_set.root.join(shard_set.name)) if shard_set else None,
                       key=job_key("unpack", source, str(dst_root), prefix), table=MemberTable(where))

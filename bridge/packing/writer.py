@@ -105,7 +105,7 @@ def format_for_shard(name: str) -> str | None:
 
 # -- reading the files of one shard -------------------------------------------------------------
 
-def read_checked(store: Store, loc: Location, size: int, retries: int, progress: Progress) -> bytes:
+def read_checked(store: Store, loc: Location, size: int, progress: Progress) -> bytes:
     data = reported(lambda: store.read(loc), lambda _e: progress.retried())
     if len(data) != size:
         raise IntegrityError(f"{loc}: read {len(data)} bytes, listed {size}: the source changed "
@@ -116,7 +116,7 @@ def read_checked(store: Store, loc: Location, size: int, retries: int, progress:
 Batch = list[tuple[str, int]]
 
 
-def _read_batch(store: Store, root: Location, batch: Batch, retries: int, progress: Progress,
+def _read_batch(store: Store, root: Location, batch: Batch, progress: Progress,
                 connections: int) -> list[tuple[bytes, str]]:
     """Read and hash a run of small files; hashing and I/O release the GIL, so batches on a pool
     overlap with the encoder of the same shard. A store that keeps several requests in flight
@@ -125,7 +125,7 @@ def _read_batch(store: Store, root: Location, batch: Batch, retries: int, progre
     if not store.reads_many:
         out = []
         for rel, size in batch:
-            data = read_checked(store, root.join(rel), size, retries, progress)
+            data = read_checked(store, root.join(rel), size, progress)
             out.append((data, hashlib.sha256(data).hexdigest()))
         return out
     got: list[tuple[bytes, str] | None] = [None] * len(batch)
@@ -165,7 +165,7 @@ def _batches(files: list[tuple[str, int]], stream_over: int) -> Iterator[tuple[B
 
 
 def source_files(store: Store, root: Location, files: list[tuple[str, int]], *, stream_over: int,
-                 pool: cf.Executor, retries: int, progress: Progress, connections: int
+                 pool: cf.Executor, progress: Progress, connections: int
                  ) -> Iterator[tuple[str, int, bytes | None, str | None]]:
     """(rel, size, bytes, sha256) in order, read ahead on ``pool`` within a bounded window of
     READ_AHEAD_BYTES; bytes and sha256 are None for files over ``stream_over``, which the writer
@@ -180,7 +180,7 @@ def source_files(store: Store, root: Location, files: list[tuple[str, int]], *, 
                 if item is None:
                     break
                 batch, stream = item
-                future = None if stream else pool.submit(_read_batch, store, root, batch, retries, progress,
+                future = None if stream else pool.submit(_read_batch, store, root, batch, progress,
                                                           connections)
                 nbytes = 0 if stream else sum(size for _rel, size in batch)
                 window.append((batch, future, nbytes))
@@ -201,7 +201,7 @@ def source_files(store: Store, root: Location, files: list[tuple[str, int]], *, 
                 future.cancel()
 
 
-def ranged_chunks(store: Store, loc: Location, size: int, chunk: int, retries: int, progress: Progress,
+def ranged_chunks(store: Store, loc: Location, size: int, chunk: int, progress: Progress,
                   hasher) -> Iterator[bytes]:
     for offset in range(0, size, chunk):
         length = min(chunk, size - offset)
@@ -219,10 +219,10 @@ class ShardWriter:
     """Writes one planned shard and its file list; returns the shard's index record."""
 
     def __init__(self, fmt: ShardFormat, *, src: Store, src_root: Location, dst: Store, dst_root: Location,
-                 prefix: str, part_size: int, retries: int, progress: Progress, read_pool: cf.Executor,
+                 prefix: str, part_size: int, progress: Progress, read_pool: cf.Executor,
                  read_connections: int):
         self.fmt, self.src, self.src_root, self.dst, self.dst_root = fmt, src, src_root, dst, dst_root
-        self.prefix, self.part_size, self.retries = prefix, part_size, retries
+        self.prefix, self.part_size = prefix, part_size
         self.progress, self.read_pool, self.read_connections = progress, read_pool, read_connections
 
     def write(self, name: str, files: Iterable[tuple[str, int]]) -> dict[str, Any]:
@@ -239,10 +239,9 @@ class ShardWriter:
             first = first or rel
             last, count, nbytes = rel, count + 1, nbytes + size
         sink = StreamingUpload(self.dst, self.dst_root.join(name), part_size=self.part_size,
-                               retries=self.retries, progress=self.progress)
+                               progress=self.progress)
         list_rel = layout.list_name(self.prefix, name)
-        listing = StreamingUpload(self.dst, self.dst_root.join(list_rel), part_size=self.part_size,
-                                  retries=self.retries)
+        listing = StreamingUpload(self.dst, self.dst_root.join(list_rel), part_size=self.part_size)
         try:
             encoder = self.fmt.encoder(sink)
             self._encode(encoder, files, listing)
@@ -272,12 +271,12 @@ class ShardWriter:
             encoder.placements.clear()
 
         for rel, size, data, sha in source_files(self.src, self.src_root, files, stream_over=stream_over,
-                                                 pool=self.read_pool, retries=self.retries, progress=self.progress,
+                                                 pool=self.read_pool, progress=self.progress,
                                                  connections=self.read_connections):
             if data is None:
                 hasher = hashlib.sha256()
                 encoder.add_stream(rel, size, ranged_chunks(self.src, self.src_root.join(rel), size,
-                                                            self.part_size, self.retries, self.progress, hasher))
+                                                            self.part_size, self.progress, hasher))
                 placed.append((rel, hasher.hexdigest()))
             else:
                 encoder.add(rel, data, sha)
