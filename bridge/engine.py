@@ -65,7 +65,7 @@ SETTLE_FILES = 512
 SETTLE_BYTES = 256 * MiB
 # Small whole files go in batches where each side sends many requests from one thread
 # (Store.reads_many, Store.writes_many) or is local: one event loop keeps many requests in
-# flight, where a thread per request spends its time passing the GIL around (issue 13).
+# flight, where a thread per request spends its time passing the GIL around.
 BATCH_FILES = 256
 BATCH_BYTES = 64 * MiB
 BATCH_IN_FLIGHT = 64 * MiB   # a batch's bytes in flight at once, at most (batch_connections)

@@ -1,6 +1,6 @@
 """What a plan will read, write and request at each store, before anything runs.
 
-``usage(plan, route)`` turns today's copy plan (files, sizes, part sizes) into a ``Usage``: per
+``usage(plan, route)`` turns a copy plan (files, sizes, part sizes) into a ``Usage``: per
 store (source and destination) the bytes read and written and the requests by kind, plus the
 bytes that pass through bridge itself. policies/ prices it; nothing here knows a price.
 
@@ -16,10 +16,9 @@ Request kinds are bridge's, mapped to each provider's price classes by the price
     COPY      a server-side copy of an object or part (CopyObject, rewrite, Copy Blob/Put Block From URL)
     DELETE    a removal
 
-The counts follow what the stores' code sends today (bridge/stores/*.py) for ``direct`` and
-``pack``; for the routes of the native-routes issue (server, from-url, sts, datasync) they follow
-what those services are documented to send. Issue 9's job model is meant to take this over: a
-plan will then report its own usage.
+The counts follow what the stores' code sends (bridge/stores/*.py) for ``direct`` and ``pack``;
+for the other routes (server, from-url, sts, datasync) they follow what those services are
+documented to send.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def test_verify_without_manifest(tmp_path):
     one_line_error(mcbridge("verify", str(tmp_path / "d"), env=BARE, state_dir=tmp_path), 1, "no manifest")
 
 
-# -- malformed input (issue 8) ------------------------------------------------------------------
+# -- malformed input ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("url", ["s3:/bucket/x", "s3:bucket/x", "gs:/bucket/x", "gs:bucket", "az:/cont/x",
                                  "AZ:cont/x", "file:/tmp/x"])

@@ -1,4 +1,4 @@
-"""The transfer engine's second hardening round (issue 26), over the real stores:
+"""The transfer engine against what hardening found, over the real stores:
 
 - an object copied onto itself, however spelt, is refused before any request that writes;
 - names of up to NAME_MAX bytes (ASCII and multi-byte) round-trip through every store, their

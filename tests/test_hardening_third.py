@@ -1,4 +1,4 @@
-"""Issue 46, the rest: the audit's text view of a job that spent money, metering that survives a
+"""The audit's text view of a job that spent money, metering that survives a
 SIGKILLed worker, submit refusing a bad environment as cp does, and the residue of bad inputs.
 
 Jobs run on real `mcbridge worker` processes over a real Redis and moto (the ``service`` fixture

@@ -1,7 +1,7 @@
 """Azure Blob reads without the SDK's pipeline: one keep-alive http.client connection per thread,
 requests signed with Shared Key here, the body read straight into the buffer that is returned.
 
-Why: a download through azure-storage-blob (issue 13) runs each request through azure-core's
+Why: a download through azure-storage-blob runs each request through azure-core's
 pipeline of policies (request ids, user agent, signing, response hooks, deserialisation) and
 then joins the body out of the transport's chunks, a copy per chunk and another for the join.
 Here Get Blob costs one signature and one request, and each thread of the engine reads its

@@ -2,7 +2,7 @@
 API's media GET read straight into the buffer that is returned, object metadata, bucket metadata
 and listing pages as plain JSON GETs.
 
-Why (issue 13): gcsfs runs every request of the engine's threads on one aiohttp event loop, and
+Why: gcsfs runs every request of the engine's threads on one aiohttp event loop, and
 each small GET paid gcsfs's and aiohttp's Python there, one request at a time; a big object's
 bytes were copied out of the parser, joined, then copied again. Here each thread sends its own
 request and reads the body with ``readinto`` (one copy, from the socket into the buffer) while

@@ -1,7 +1,7 @@
 """S3 GETs and PUTs without the event loop: one keep-alive http.client connection per thread, requests
 signed with botocore's own SigV4 signer, the body read straight into the buffer that is returned.
 
-Why: a profile of a 1 GiB download (issue 13) had aiobotocore's single event-loop thread do
+Why: a profile of a 1 GiB download had aiobotocore's single event-loop thread do
 everything for every request at once: parse HTTP, copy each chunk out of the parser, copy it
 again into the part's buffer, zero-fill new buffers. Here each thread of the engine reads its own
 response with ``readinto`` (one copy, from the socket into the buffer) while the GIL is free, and

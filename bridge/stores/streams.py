@@ -1,7 +1,7 @@
 """Many small requests from one thread: HTTP/1.1 over asyncio streams, a few keep-alive
 connections on one event loop (one of the process's: ``_Home``), kept from one batch to the next.
 
-Why (issue 13): 2,000 objects of 16 KiB fetched by eight threads, each with its own blocking
+Why: 2,000 objects of 16 KiB fetched by eight threads, each with its own blocking
 http.client connection, spent most of their time handing the GIL to one another (strace: ~84
 futex calls per object) and used ~0.7 s of CPU for the HTTP alone; the same requests sent over
 eight connections of one event loop in one thread used ~0.25 s (measured on ``rclone serve s3``,
