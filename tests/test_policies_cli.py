@@ -13,6 +13,7 @@ from bridge import routes as registry
 from bridge.config import NativeSettings, load_settings
 from bridge.costing import locate
 from bridge.policies import routes as planner
+from bridge.policies.cost import SERVICE_OF_ROUTE
 from tests.emulators import unique_name
 from tests.helpers import NO_CONFIG, mcbridge
 
@@ -86,6 +87,8 @@ def test_route_names_have_one_source():
     native routes out of what plan called built)."""
     assert list(registry.NAMES) == ROUTES
     assert planner.ORDER == estimate.ROUTES == registry.NAMES
+    assert set(planner.DEFAULT_SPEEDS) == set(registry.NAMES)
+    assert set(SERVICE_OF_ROUTE) == set(registry.NATIVE)   # the native routes' services, priced per job
     enabled = get_args(get_type_hints(NativeSettings)["enabled"])[0]
     assert set(get_args(enabled)) == set(registry.NATIVE)
     assert registry.built() == ROUTES   # loads the registered routes

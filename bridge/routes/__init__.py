@@ -135,11 +135,6 @@ def names() -> list[str]:
     return [DIRECT, *sorted(REGISTRY)]
 
 
-def available() -> set[str]:
-    """Routes this bridge can run (for bridge.policies.routes.plan_routes)."""
-    return set(names())
-
-
 def built() -> list[str]:
     """The routes this bridge has, in ``NAMES`` order: direct, packing, and every route
     registered (a route module that is not installed is not built)."""
