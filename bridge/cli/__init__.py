@@ -7,8 +7,8 @@ settings from flags, progress bar), each group is a module with ``register(app)`
 A new group is one module and one line in ``GROUPS``; its heavy imports (pyarrow) happen
 inside its commands, so ``mcbridge --help`` stays fast. Another package adds commands as a plugin
 (bridge.registry): the service's (``mcbridge worker``, ``submit``, ``jobs``...) fill the hooks of
-its "mcbridge.service" entry point, and this package names none of them. ``bridge.cli:main`` is
-the console script.
+its "mcbridge.service" entry point, and this package names none of them; --help lists them after
+bridge's own. ``bridge.cli:main`` is the console script.
 
 A run of one command imports only the group that has it and builds only that command: typer
 reads every command's signature to build it (~1.5 ms each, ~40 commands), and a copy of a few
