@@ -383,8 +383,17 @@ def reader(store: Store, loc: Location) -> Read:
 
 
 def file_reader(fd: int) -> Read:
-    """``digest``'s ``read`` for an open local file: positional reads (the file offset unused)."""
-    return lambda offset, length: os.pread(fd, length, offset)
+    """``digest``'s ``read`` for an open local file: positional reads into one buffer, reused
+    from read to read (``digest`` is done with a piece before it asks for the next; a new
+    buffer per piece cost a 256 MiB file's CRC32C a third more time)."""
+    buf = bytearray()
+
+    def read(offset: int, length: int) -> memoryview:
+        if len(buf) < length:
+            buf.extend(bytes(length - len(buf)))
+        n = os.preadv(fd, [memoryview(buf)[:length]], offset)
+        return memoryview(buf)[:n]
+    return read
 
 
 def rehash(store: Store, loc: Location, size: int, sha: bool = True) -> tuple[str, str]:

@@ -156,4 +156,6 @@ def test_digest_refuses_bytes_that_end_before_their_size(tmp_path):
         digest(reader(store, loc), 6000, ("sha256",), name=str(loc), piece=1024)
     with pytest.raises(ObjectNotFound):   # what verify and sync's repair catch
         rehash(store, loc, 6000)
+    with open(path, "rb") as f, pytest.raises(ShortRead, match="read 5000 bytes of 6000"):
+        digest(file_reader(f.fileno()), 6000, ("crc32c",), piece=4096)
     assert digest(reader(store, loc), 0, ("crc32c",)) == {"crc32c": "00000000"}
