@@ -170,7 +170,7 @@ def new_loop() -> asyncio.AbstractEventLoop:
     asyncio's; ``$MCBRIDGE_EVENT_LOOP`` (``uvloop`` or ``asyncio``) chooses. Why: its transports
     and its TLS layer are C, not Python: 2,000 objects of 16 KiB took 6-7% less CPU with it over
     HTTPS, up and down, 6% up and 2% down over HTTP (``rclone serve s3``, medians of eight
-    interleaved rounds each; see bench/README.md), the same requests on the same links."""
+    interleaved rounds each; see bench/notes/speed.md), the same requests on the same links."""
     choice = os.environ.get("MCBRIDGE_EVENT_LOOP", "").strip().lower()
     if choice not in ("", "uvloop", "asyncio"):
         raise BridgeError(f"MCBRIDGE_EVENT_LOOP={choice!r}: use uvloop or asyncio")
