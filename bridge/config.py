@@ -474,7 +474,7 @@ class TransferSettings(_Model):
     # connection each): a small object's time is mostly the endpoint's latency, so eight in flight
     # left a copy waiting on the network (2,000 x 16 KiB over a 20 ms round trip: 6.6 s at 8,
     # 1.9 s at 64; bench/README.md). At most BATCH_IN_FLIGHT bytes of them are in flight, and never fewer
-    # requests than ``concurrency`` (bridge.engine.batch_connections).
+    # requests than ``concurrency`` (bridge.pipeline.units.batch_connections).
     small_files_in_flight: int = Field(64, ge=1, le=1024)
     # None: derived per store from its limits
     chunk_size: int | None = Field(None, before=_size_at_least_1("chunk size"))

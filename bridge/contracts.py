@@ -1,10 +1,10 @@
-"""What the route seam and the engine share, kept below both so that neither imports the other
-for it: one file's plan (``FilePlan``), and what a route reads of the plan it carries
+"""What the route seam and the pipeline (bridge.pipeline) share, kept below both so that neither
+imports the other for it: one file's plan (``FilePlan``), and what a route reads of the plan it carries
 (``RoutedPlan``) and of the job it runs in (``RouteContext``).
 
 ``FilePlan`` is a value both build and read. The two others are Protocols naming only what
-``bridge.routes`` uses: ``bridge.engine.Plan`` and ``bridge.engine.JobContext`` are the classes
-that have it, and a route never needs the engine's other parts.
+``bridge.routes`` uses: ``bridge.pipeline.plan.Plan`` and ``bridge.pipeline.execute.JobContext``
+are the classes that have it, and a route never needs the pipeline's other parts.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 
 from bridge import estimate, money
 from bridge.config import Settings
-from bridge.engine import Plan, plan_copy
+from bridge.pipeline.plan import Plan, plan_copy
 from bridge.errors import InvalidOption, OverBudget
 from bridge.progress import human_bytes
 from bridge.stores import get_store

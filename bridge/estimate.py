@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.engine import Plan
+from bridge.pipeline.plan import Plan
 from bridge.manifest import SHARD_ENTRIES
 from bridge.routes import NAMES as ROUTES
 from bridge.urls import Location, parse
@@ -92,7 +92,7 @@ def _source_listing(plan: Plan, side: StoreUsage) -> None:
 
 def _sync_reads(plan: Plan, side: StoreUsage) -> None:
     """What planning a sync asked of the destination: its listing's pages, its record's listing
-    and documents (``bridge.ops.plan_sync`` notes the counts on the plan)."""
+    and documents (``bridge.pipeline.syncplan.plan_sync`` notes the counts on the plan)."""
     listed = getattr(plan, "listed", None)
     if listed:
         side.requests["LIST"] += _pages(side.scheme, listed["destination"]) + 1
@@ -216,7 +216,7 @@ def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_form
 
 
 def _shapes(plan: Plan):
-    """The plan's files as counting needs them (sizes and parts; bridge.engine.FileList.shapes)."""
+    """The plan's files as counting needs them (sizes and parts; bridge.pipeline.plan.FileList.shapes)."""
     shapes = getattr(plan.files, "shapes", None)
     return shapes() if shapes is not None else iter(plan.files)
 

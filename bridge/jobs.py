@@ -1,6 +1,6 @@
 """One job model for every kind of transfer: units, one executor here, one commit path.
 
-A job of any kind (copy and sync in ``bridge.engine``, pack in ``bridge.packing.job``, unpack in
+A job of any kind (copy and sync in ``bridge.pipeline``, pack in ``bridge.packing.job``, unpack in
 ``bridge.packing.unpack``) is planned into small JSON units, and gets a ``Context``: what its
 units share in one process (stores, journal, progress). Then, the same for every kind:
 

@@ -1,20 +1,23 @@
 """Where a copy's objects come from and go: the source and destination roots of two URLs, and
 the source's listing, read as it is consumed and checked as it passes (a destination inside its
 source, a copy onto itself, names the destination cannot hold, archived sources) before any byte
-moves. The first stage of a transfer: the engine plans from it, sync merges it with the
-destination's, and a remote route names its objects from it."""
+moves. The first stage of a transfer: the plan is made from it (bridge.pipeline.plan), sync
+merges it with the destination's (bridge.pipeline.syncplan), and a remote route names its
+objects from it."""
 
 from __future__ import annotations
 
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from bridge import filters as filtering
 from bridge import names
 from bridge.config import Settings
 from bridge.errors import Archived, InvalidOption, ObjectNotFound
 from bridge.filters import Filters
+from bridge.progress import Progress
 from bridge.stores import get_store
 from bridge.stores.base import ObjectInfo
 from bridge.urls import Location, canonical, parse
@@ -24,6 +27,21 @@ def parent(loc: Location) -> Location:
     """The folder ``loc`` is in, as a prefix."""
     head = loc.key.rstrip("/").rpartition("/")[0]
     return Location(loc.scheme, loc.bucket, head + "/" if head else "")
+
+
+def listing_to(progress: Progress | None):
+    """The ``listed`` callback of a listing that ``progress`` follows (None: nobody does)."""
+    if progress is None:
+        return None
+    progress.begin("listing")
+    return progress.saw
+
+
+def with_filters(summary: dict[str, Any], filters: Filters | None) -> dict[str, Any]:
+    """A command's summary naming the filters its listing applied, when any did."""
+    if filters is not None and filters.active:
+        summary["filters"] = filters.to_dict()
+    return summary
 
 
 def resolve(source: str, destination: str, settings: Settings, filters: Filters | None = None,

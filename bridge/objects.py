@@ -18,7 +18,9 @@ from bridge import check, hashing, routes
 from bridge import filters as filtering
 from bridge import manifest as manifests
 from bridge.config import Settings
-from bridge.engine import plan_copy
+from bridge.listing import listing_to
+from bridge.pipeline import execute as executor
+from bridge.pipeline.plan import plan_copy
 from bridge.errors import BridgeError, IntegrityError, InvalidOption, ObjectNotFound
 from bridge.filters import Filters
 from bridge.progress import Progress
@@ -200,11 +202,11 @@ def move(source: str, destination: str, settings: Settings, *, filters: Filters 
     store's checksum), and only then remove the sources. A source whose copy is not proven stays."""
     from bridge import ops
     plan = routes.choose(plan_copy(source, destination, settings, chunk_size, filters=filters,
-                                   listed=ops.listing_to(progress)), settings, route)
+                                   listed=listing_to(progress)), settings, route)
     ops._within_budget(plan, settings, max_cost, "move")
     if dry_run:
         return {"dry_run": True, **ops.plan_summary(plan), "remove_from_source": [f.rel for f in plan.files]}
-    summary = ops.execute(plan, settings, progress)
+    summary = executor.execute(plan, settings, progress)
     dst_root = parse(plan.destination).as_prefix()
     dst = get_store(dst_root, settings)
     manifest = manifests.read(dst, dst_root)

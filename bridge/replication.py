@@ -29,9 +29,11 @@ from datetime import datetime, timezone
 from typing import Any
 
 from bridge import manifest as manifests
-from bridge import bwlimit, evidence, jobs, meter, ops, routes
+from bridge import bwlimit, evidence, jobs, meter, routes
 from bridge.config import Settings
-from bridge.engine import FileList, JobContext, Plan
+from bridge.pipeline import syncplan
+from bridge.pipeline.execute import JobContext, journal_for
+from bridge.pipeline.plan import FileList, Plan
 from bridge.errors import BridgeError, ObjectNotFound, TransferFailed
 from bridge.filters import Filters
 from bridge.journal import job_key
@@ -41,6 +43,7 @@ from bridge.stores.base import ObjectInfo, identity_changed, is_reserved, merged
 from bridge.urls import parse
 from bridge.policies import replication as rules
 from bridge.policies.replication import NamedPolicy
+from bridge.pipeline import verify as verifying
 
 
 def folders(url: str, settings: Settings) -> set[str]:
@@ -168,7 +171,7 @@ def _change(rel: str, size: int, identity: Mapping[str, str], now: ObjectInfo | 
 def copy_checkpoint(plan: Plan, settings: Settings, progress: Progress | None = None, *,
                     listed: Mapping[str, ObjectInfo] | None = None,
                     selects: Callable[[str], bool] | None = None) -> dict:
-    """``ops.execute`` for one checkpoint, with ``ConsistentCopy``'s check before the commit
+    """``bridge.pipeline.execute.execute`` for one checkpoint, with ``ConsistentCopy``'s check before the commit
     (``listed``, ``selects``: see there). ``progress``: the run's, whose total already counts
     this plan's bytes."""
     if progress is None:
@@ -176,7 +179,7 @@ def copy_checkpoint(plan: Plan, settings: Settings, progress: Progress | None = 
         progress.plan(plan.bytes, 0)
     if progress.limiter is None and settings.transfer.bwlimit:
         progress.limiter = bwlimit.local(settings.transfer.bwlimit)
-    journal = ops.journal_for(plan, settings)
+    journal = journal_for(plan, settings)
     ctx = ConsistentCopy(plan, settings, journal, progress, listed=listed, selects=selects)
     progress.plan(0, plan.unit_count())
     return jobs.run(ctx, plan.units(), journal, settings.transfer.concurrency, "copy")
@@ -207,7 +210,7 @@ def placed(policy: rules.Policy, dst: str, settings: Settings) -> Settings:
 def plan_checkpoint(policy: rules.Policy, src: str, dst: str, settings: Settings,
                     filters: Filters | None = None) -> Plan:
     settings = placed(policy, dst, settings)
-    plan, _reasons = ops.plan_sync(src, dst, settings, delete=policy.mode == "mirror",
+    plan, _reasons = syncplan.plan_sync(src, dst, settings, delete=policy.mode == "mirror",
                                    chunk_size=settings.transfer.chunk_size, filters=filters)
     # The route the service's workers would take for the same sync: one decision for both.
     return routes.choose(filtered(plan, policy.include, policy.exclude), settings)
@@ -335,7 +338,7 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
             with meter.metering(meters[dst]):
                 copy_checkpoint(plan, placed(policy, dst, settings), progress, listed=found.get(ckpt),
                                 selects=lambda rel: rules.wants(policy, rel))
-                check = ops.verify(f"{dst}{ckpt}/", settings, deep=policy.verify == "deep",
+                check = verifying.verify(f"{dst}{ckpt}/", settings, deep=policy.verify == "deep",
                                    sha256=policy.sha256 and policy.verify == "deep", filters=filters,
                                    progress=progress) if policy.verify != "none" else None
             if check is not None:

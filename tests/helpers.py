@@ -82,17 +82,17 @@ def read_tree(url: str, settings: Settings) -> dict[str, bytes]:
 def small_files_go_in_batches_and_verify(env: dict[str, str], target: str, tmp_path, monkeypatch) -> None:
     """20 small files local -> ``target`` (a store that ``writes_many``): planned in batches of
     8, 8 and 4 (BATCH_FILES set to 8), copied, and verified deep."""
-    from bridge import engine, ops
-    monkeypatch.setattr(engine, "BATCH_FILES", 8)
+    from bridge.pipeline import execute as executor, plan as planning, verify as verifying
+    monkeypatch.setattr(planning, "BATCH_FILES", 8)
     src = tmp_path / "src"
     for i in range(20):
         (src / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
         (src / f"d{i % 3}" / f"{i}.bin").write_bytes(os.urandom(i * 300))
     settings = settings_for({**env, "MCBRIDGE_STATE_DIR": str(tmp_path / "state")})
-    plan = engine.plan_copy(f"{src}/", target, settings)
+    plan = planning.plan_copy(f"{src}/", target, settings)
     assert [len(u["files"]) for u in plan.units()] == [8, 8, 4]
-    ops.execute(plan, settings)
-    report = ops.verify(target, settings, deep=True)
+    executor.execute(plan, settings)
+    report = verifying.verify(target, settings, deep=True)
     assert report["ok"] and report["checked"] == 20, report
 
 

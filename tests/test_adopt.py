@@ -23,6 +23,10 @@ from bridge.stores import get_store
 from bridge.urls import parse
 from tests.faultproxy import FaultProxy, proxied_environment
 from tests.helpers import mcbridge, settings_for
+from bridge.pipeline import execute as executor
+from bridge.pipeline import plan as planning
+from bridge.pipeline import syncplan
+from bridge.pipeline import verify as verifying
 
 FILES = 1000
 RCLONE = Path(sys.executable).parent / "rclone"
@@ -242,12 +246,12 @@ def test_a_sync_after_adopting_from_a_cloud_source_reads_no_object(moto, tmp_pat
 
 def test_adopting_more_objects_than_a_plan_holds_in_memory_commits_every_one(tmp_path, monkeypatch):
     """A sync (and a ``cp --skip-existing``) onto another tool's copy of more files than a plan
-    keeps in memory (``engine.SPILL_FILES``, lowered here): the adopted entries go to disk as they are found,
+    keeps in memory (``bridge.pipeline.plan.SPILL_FILES``, lowered here): the adopted entries go to disk as they are found,
     the plan's files and the destination's listing are merged rather than held, and the commit
     names every file, adopted or sent. (Before, each adopted entry was a dict in a list, and the
     service's planner dropped them all: tests/test_service_objects.py.)"""
-    from bridge import engine, ops
-    monkeypatch.setattr(engine, "SPILL_FILES", 400)   # (10,000: the same path, slower to show)
+    from bridge import ops
+    monkeypatch.setattr(planning, "SPILL_FILES", 400)   # (10,000: the same path, slower to show)
     count = 1100
     src = tmp_path / "src"
     for i in range(count):
@@ -260,12 +264,12 @@ def test_adopting_more_objects_than_a_plan_holds_in_memory_commits_every_one(tmp
         shutil.copytree(src, tmp_path / name)
     (tmp_path / "synced" / "d03" / "00803.txt").write_text("xyz\n")   # the same size, other bytes
 
-    plan, counts = ops.plan_sync(f"{src}/", f"{tmp_path / 'synced'}/", settings)
+    plan, counts = syncplan.plan_sync(f"{src}/", f"{tmp_path / 'synced'}/", settings)
     assert counts["adopted"] == count - 1 and counts["changed"] == 1
     assert len(plan.adopted) == count - 1 and plan.adopted._rows is not None   # on disk, not a list
     assert [f.rel for f in plan.files] == ["d03/00803.txt"]
-    assert ops.execute(plan, settings)["ok"]
-    report = ops.verify(f"{tmp_path / 'synced'}/", settings, deep=True)
+    assert executor.execute(plan, settings)["ok"]
+    report = verifying.verify(f"{tmp_path / 'synced'}/", settings, deep=True)
     assert report["ok"] and report["checked"] == count, report["counts"]
 
     summary = ops.copy(f"{src}/", f"{tmp_path / 'copied'}/", settings, adopt="checksum")

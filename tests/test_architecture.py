@@ -41,16 +41,25 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "bridge.adopt", "bridge.packing", "bridge.packing.index", "bridge.packing.layout",
                 "bridge.packing.rangefile", "bridge.packing.reading", "bridge.packing.writer", "bridge.packing.sink",
                 "bridge.packing.tarfmt", "bridge.packing.parquetfmt")),
-    # What the route seam and the engine share: one file's plan, and what a route reads of a
-    # plan and of a job (Protocols the engine's classes meet).
+    # Above it, a transfer's stages (README "Architecture"), in the order they import each other:
+    # what the routes and the pipeline share; the listing; the job model the units, the executor
+    # and the commit share with the remote routes; the routes and the one route decision
+    # (routes.decide: it reads only the roots, and a plan asks its route for its units, so the
+    # routes sit below the plan); the plan; its price; the units; the commit the last unit
+    # makes; the executor that runs units and ends in the commit; verify; then the commands
+    # built on the pipeline.
     ("contracts", ("bridge.contracts",)),
     ("listing", ("bridge.listing",)),
-    ("units", ("bridge.jobs",)),
-    ("routes", ("bridge.routes", "bridge.routes.")),
-    ("plan", ("bridge.engine", "bridge.estimate")),
-    ("policies", ("bridge.policies", "bridge.policies.")),
-    ("executor", ("bridge.costing", "bridge.ops", "bridge.compare", "bridge.objects", "bridge.packing.job",
-                  "bridge.packing.unpack", "bridge.replication", "bridge.evidence", "bridge.cache", "bridge.cache.")),
+    ("job model", ("bridge.jobs",)),
+    ("choose", ("bridge.routes", "bridge.routes.")),
+    ("plan", ("bridge.pipeline", "bridge.pipeline.plan", "bridge.pipeline.syncplan")),
+    ("price", ("bridge.estimate", "bridge.costing", "bridge.policies", "bridge.policies.")),
+    ("units", ("bridge.pipeline.units",)),
+    ("commit", ("bridge.pipeline.commit",)),
+    ("executor", ("bridge.pipeline.execute",)),
+    ("verify", ("bridge.pipeline.verify",)),
+    ("commands", ("bridge.ops", "bridge.compare", "bridge.objects", "bridge.packing.job", "bridge.packing.unpack",
+                  "bridge.replication", "bridge.evidence", "bridge.cache", "bridge.cache.")),
     ("cli", ("bridge.cli", "bridge.cli.", "bridge.__main__")),
     ("workers", ("bridge.workers", "bridge.workers.")),
 ]
@@ -197,7 +206,7 @@ def service_imports(graph) -> list[str]:
 def policy_io(graph) -> list[str]:
     return [f"{m} imports {d} by {how}" for m, deps in sorted(graph.items()) if m.startswith("bridge.policies")
             for d, how in sorted(deps.items())
-            if d.startswith(("bridge.stores", "bridge.engine", "bridge.ops")) or d in ("requests", "urllib3", "socket")]
+            if d.startswith(("bridge.stores", "bridge.pipeline", "bridge.ops")) or d in ("requests", "urllib3", "socket")]
 
 
 def without_plugin_loads(graph) -> dict[str, dict[str, str]]:
@@ -359,7 +368,9 @@ def test_a_module_no_entry_names_has_no_layer(tmp_path):
 def test_the_foundation_keeps_its_order():
     order = [layer_of(name) for name in ("bridge.errors", "bridge.urls", "bridge.config", "bridge.progress",
                                           "bridge.stores.s3", "bridge.contracts", "bridge.listing", "bridge.jobs",
-                                          "bridge.routes.sts", "bridge.engine")]
+                                          "bridge.routes.sts", "bridge.pipeline.plan", "bridge.estimate",
+                                          "bridge.pipeline.units", "bridge.pipeline.commit",
+                                          "bridge.pipeline.execute", "bridge.pipeline.verify", "bridge.ops")]
     assert order == sorted(order) and len(set(order)) == len(order)
     assert layer_of("bridge.routes.sts") == layer_of("bridge.routes")
     assert layer_of("bridge.workers.app") > layer_of("bridge.cli.transfer") > layer_of("bridge.policies.cost")

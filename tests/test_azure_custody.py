@@ -26,6 +26,7 @@ import pytest
 from bridge.hashing import crc32c, crc_hex
 from bridge.urls import parse
 from tests.helpers import mcbridge
+from bridge.pipeline import verify as verifying
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -267,7 +268,7 @@ def big_over_verified(azurite, emulator_env, make_root, tmp_path):
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "model.bin").write_bytes(old)
     ops.copy(f"{tmp_path / 'old'}/", dst, direct, state_dir=tmp_path / "s0")
-    assert ops.verify(dst, direct)["ok"]
+    assert verifying.verify(dst, direct)["ok"]
     chunk = os.urandom(MiB)
     (tmp_path / "new").mkdir()
     with open(tmp_path / "new" / "model.bin", "wb") as out:
@@ -284,7 +285,7 @@ def _as_it_was(blob, old: bytes, etag: str, dst: str, env: dict) -> None:
     props = blob.get_blob_properties()
     assert (props.size, props.etag) == (len(old), etag), (props.size, props.etag, etag)
     assert blob.download_blob().readall() == old
-    assert ops.verify(dst, settings_for(env))["ok"]
+    assert verifying.verify(dst, settings_for(env))["ok"]
 
 
 def test_a_cancelled_azure_copy_above_256_mib_leaves_the_verified_blob_as_it_was(big_over_verified, azure_from_url,
@@ -366,6 +367,6 @@ def test_an_azure_copy_in_blocks_whose_source_is_rewritten_fails_and_leaves_the_
     finally:
         azure_from_url.on_fetched = None
     assert dst_blob.get_blob_properties().etag == before and dst_blob.download_blob().readall() == old
-    assert ops.verify(dst, direct)["ok"]
+    assert verifying.verify(dst, direct)["ok"]
     container = azurite.client().get_container_client(parse(dst).bucket)
     assert "new.bin" not in [b.name for b in container.list_blobs(include=["uncommittedblobs"])]

@@ -234,7 +234,8 @@ def test_local_files_are_durable_before_the_journal_and_the_manifest_name_them(t
     """Whole files written to a local destination skip their own fsyncs and are settled in
     batches: each is settled before it is journaled, all before the manifest is written, and a
     failed settle journals nothing and leaves no manifest."""
-    from bridge import engine, ops
+    from bridge import ops
+    from bridge.pipeline import execute as executor
     from bridge.errors import BridgeError, TransferFailed
     from bridge.stores.local import LocalStore
 
@@ -252,7 +253,7 @@ def test_local_files_are_durable_before_the_journal_and_the_manifest_name_them(t
         settle(self, locations)
         events.append(("settled", sorted(loc.name for loc in locations)))
 
-    monkeypatch.setattr(engine, "SETTLE_FILES", 3)
+    monkeypatch.setattr(executor, "SETTLE_FILES", 3)
     monkeypatch.setattr(LocalStore, "settle", settling)
     monkeypatch.setattr(manifests, "append", lambda *a, **k: (events.append(("manifest", None)), write(*a, **k))[1])
     from bridge.journal import FileJournal
@@ -303,7 +304,8 @@ def test_a_plan_as_a_dict_is_asdicts_and_reads_back():
     """Plan.to_dict (a service job's plan goes to Redis as JSON) keeps every field asdict keeps:
     a field left out (the adopted entries once) is lost on the service, silently."""
     from dataclasses import asdict, fields
-    from bridge.engine import FilePlan, Plan
+    from bridge.contracts import FilePlan
+    from bridge.pipeline.plan import Plan
     plan = Plan("s3://a/", "s3://b/", None, [FilePlan("x", 3, source_id={"etag": "e"}, attrs={"h": 1},
                                                       carry={"crc32c": "c"})],
                 ["gone"], "key", "direct", "why", [{"rel": "x"}], 64, 4, [{"path": "y", "size": 1}])

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from bridge import ops
 from bridge.errors import TransientError
 from bridge.stores import get_store
 from bridge.urls import parse
 from tests.emulators import unique_name
 from tests.faultproxy import FaultProxy, Rule, proxied_environment
 from tests.helpers import has_record, mcbridge, settings_for
+from bridge.pipeline import verify as verifying
 
 KINDS = ("local", "s3", "gs", "az")
 CLOUDS = ("s3", "gs", "az")
@@ -92,7 +92,7 @@ def has_manifest(url: str, env: dict[str, str]) -> bool:
 
 def verify_deep(url: str, env, tmp_path: Path) -> None:
     """`mcbridge verify --deep`, in this process (the CLI's start-up would double the file's time)."""
-    report = ops.verify(url, settings_for(env), deep=True)
+    report = verifying.verify(url, settings_for(env), deep=True)
     assert report["ok"] and report["checked"] > 0, report
 
 

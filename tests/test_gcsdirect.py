@@ -21,6 +21,7 @@ from bridge.urls import parse
 from tests.emulators import free_port, unique_name
 from tests.faultproxy import FaultProxy, Rule
 from tests.helpers import imported_by, settings_for, small_files_go_in_batches_and_verify
+from bridge.pipeline import verify as verifying
 
 MiB = 1024 * 1024
 NAME = "a dir/ckpt #1 ü?&=+.bin"
@@ -379,4 +380,4 @@ def test_an_upload_never_imports_gcsfs(fake_gcs, bucket, tmp_path):
     blob = fake_gcs.client().bucket(bucket).get_blob("up/ckpt.bin")
     assert blob.download_as_bytes() == (src / "ckpt.bin").read_bytes()
     settings = settings_for({**fake_gcs.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")})
-    assert ops.verify(f"gs://{bucket}/up/", settings, deep=True)["ok"]
+    assert verifying.verify(f"gs://{bucket}/up/", settings, deep=True)["ok"]

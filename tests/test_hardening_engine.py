@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from bridge import ops, retry
+from bridge import retry
 from bridge.errors import EndpointUnreachable, StoreDown, TransientError
 from bridge.names import NAME_MAX
 from bridge.stores import get_store
@@ -25,6 +25,7 @@ from bridge.stores.local import LocalStore
 from bridge.urls import canonical, parse
 from tests.faultproxy import FaultProxy, proxied_environment
 from tests.helpers import has_record, mcbridge, settings_for
+from bridge.pipeline import verify as verifying
 
 SCHEMES = ("local", "s3", "gs", "az")
 CLOUDS = ("s3", "gs", "az")
@@ -69,7 +70,7 @@ def test_an_object_copied_onto_itself_is_refused_and_nothing_changes(scheme, mak
     assert store.info(target).identity == before
     assert store.read(target) == b"the only copy\n" * 100
     assert sorted(info.location.relative_to(parse(root)) for info in store.list(parse(root))) == listed
-    report = ops.verify(root, settings)
+    report = verifying.verify(root, settings)
     assert report["ok"] and report["checked"] == 2, report
 
 
@@ -157,7 +158,7 @@ def test_names_of_up_to_name_max_bytes_round_trip(via, make_root, env_for, tmp_p
     assert local_tree(back) == files
     settings = settings_for(env_with_state(env, tmp_path))
     for url in (middle, f"{back}/"):
-        report = ops.verify(url, settings, deep=True)
+        report = verifying.verify(url, settings, deep=True)
         assert report["ok"] and report["checked"] == len(files), report
     # No temporary or partial file left behind, in either local folder.
     assert not [p for p in back.rglob("*") if ".bridge-" in p.name]

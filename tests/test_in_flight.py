@@ -10,12 +10,16 @@ import os
 
 import pytest
 
-from bridge import engine, ops
+from bridge import ops
 from bridge.config import load_settings
-from bridge.engine import BATCH_IN_FLIGHT, batch_connections
+from bridge.pipeline.units import BATCH_IN_FLIGHT, batch_connections
 from tests.emulators import unique_name
 from tests.helpers import settings_for
 from tests.latencyproxy import LatencyProxy
+from bridge.pipeline import execute as executor
+from bridge.pipeline import plan as planning
+from bridge.pipeline import units
+from bridge.pipeline import verify as verifying
 
 MiB = 1024 * 1024
 FILES = 120
@@ -39,10 +43,10 @@ def test_small_files_far_away_go_with_many_requests_in_flight_both_ways(moto, tm
         extra = {"small_files_in_flight": in_flight} if in_flight else {}
         settings = settings_for(env, **extra)
         assert settings.transfer.small_files_in_flight == (in_flight or 64)
-        plan = engine.plan_copy(f"{src}/", f"s3://{bucket}/far/", settings)
+        plan = planning.plan_copy(f"{src}/", f"s3://{bucket}/far/", settings)
         assert [len(u["files"]) for u in plan.units() if u["op"] == "batch"] == [FILES]
         proxy.most = proxy.open   # from what the plan left open
-        ops.execute(plan, settings)
+        executor.execute(plan, settings)
         up = proxy.most
         proxy.most = proxy.open
         ops.copy(f"s3://{bucket}/far/", f"{tmp_path / 'back'}/", settings)
@@ -84,7 +88,7 @@ def test_a_deep_verify_of_small_files_far_away_reads_them_in_batches_and_names_t
         moto.client().put_object(Bucket=bucket, Key=f"far/{rel}", Body=os.urandom(2048))
     with LatencyProxy(moto.port, 0.005) as proxy:
         far = settings_for({**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"})
-        report = ops.verify(f"s3://{bucket}/far/", far, deep=True)
+        report = verifying.verify(f"s3://{bucket}/far/", far, deep=True)
     assert not report["ok"] and report["checked"] == FILES
     assert [row["path"] for row in report["mismatched"]] == sorted(damaged)
     assert all(row["reason"].startswith("CRC32C ") for row in report["mismatched"])
@@ -146,7 +150,7 @@ def test_unpacking_to_an_object_store_far_away_puts_each_batch_with_requests_in_
         assert proxy.most >= 32, proxy.most
         assert proxy.connections <= 96, proxy.connections
         near = settings_for(env, store_checksums="skip")
-        assert ops.verify("s3://corpus/out/", near, deep=True)["ok"]
+        assert verifying.verify("s3://corpus/out/", near, deep=True)["ok"]
         assert ops.copy("s3://corpus/out/", f"{tmp_path / 'back'}/", near)["ok"]
     for i in range(count):
         rel = f"d{i % 4}/{i:04d}.bin"
@@ -184,7 +188,7 @@ def test_batches_of_members_ride_out_503s_and_cut_answers(moto, tmp_path, way):
     if way == "pack from":
         unpack(f"{tmp_path / 'shards'}/", f"{tmp_path / 'back'}/", near)
     else:
-        assert ops.verify(f"s3://{bucket}/out/", near, deep=True)["ok"]
+        assert verifying.verify(f"s3://{bucket}/out/", near, deep=True)["ok"]
         assert ops.copy(f"s3://{bucket}/out/", f"{tmp_path / 'back'}/", near)["ok"]
     for i in range(count):
         rel = f"d{i % 4}/{i:04d}.bin"
@@ -193,7 +197,7 @@ def test_batches_of_members_ride_out_503s_and_cut_answers(moto, tmp_path, way):
 
 def test_small_files_between_two_stores_go_in_batches_read_then_sent(moto, fake_gcs, tmp_path):
     """S3 -> GCS: a batch's objects are read with many requests in flight, then sent with many
-    (engine._batch between two stores), their headers kept, and the copy verifies deep."""
+    (units._batch between two stores), their headers kept, and the copy verifies deep."""
     bucket, target = unique_name(), unique_name()
     moto.create_bucket(bucket)
     fake_gcs.create_bucket(target)
@@ -204,14 +208,14 @@ def test_small_files_between_two_stores_go_in_batches_read_then_sent(moto, fake_
     env = {**moto.env(), **fake_gcs.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
     with LatencyProxy(moto.port, 0.005) as proxy:
         far = settings_for({**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"})
-        plan = engine.plan_copy(f"s3://{bucket}/in/", f"gs://{target}/out/", far)
+        plan = planning.plan_copy(f"s3://{bucket}/in/", f"gs://{target}/out/", far)
         assert [len(u["files"]) for u in plan.units() if u["op"] == "batch"] == [FILES]
         proxy.most = proxy.open
-        summary = ops.execute(plan, far)
+        summary = executor.execute(plan, far)
     assert summary["ok"], summary
     assert proxy.most >= 32, proxy.most   # the batch's reads in flight (a thread per file: 8 and a few)
     near = settings_for(env)
-    assert ops.verify(f"gs://{target}/out/", near, deep=True)["ok"]
+    assert verifying.verify(f"gs://{target}/out/", near, deep=True)["ok"]
     blobs = {b.name[len("out/"):]: b for b in fake_gcs.client().list_blobs(target, prefix="out/")
              if not b.name.startswith("out/_bridge/")}   # the record
     assert {name: blob.download_as_bytes() for name, blob in blobs.items()} == data

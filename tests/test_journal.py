@@ -65,7 +65,8 @@ def test_items_stream_in_key_order_a_page_at_a_time_and_past_unicode(tmp_path):
 def test_a_name_that_is_not_utf8_is_a_key_like_any_other(tmp_path):
     """A local file name with bytes that are not UTF-8 arrives as lone surrogates (surrogateescape):
     journaled, found and listed in str order like the rest, and kept in a long plan's file list."""
-    from bridge.engine import SPILL_FILES, FileList, FilePlan
+    from bridge.contracts import FilePlan
+    from bridge.pipeline.plan import SPILL_FILES, FileList
     odd = b"caf\xe9.txt".decode("utf-8", "surrogateescape")
     journal = FileJournal(tmp_path / "j.db")
     names = ["a", odd, "caf\u00e9.txt", "caf\ue000", "z"]

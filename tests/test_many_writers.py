@@ -18,6 +18,7 @@ from bridge.packing import job as packing
 from bridge.stores import get_store
 from bridge.urls import parse
 from tests.helpers import settings_for
+from bridge.pipeline import verify as verifying
 
 WRITERS = 8
 ROUNDS = 20
@@ -80,7 +81,7 @@ def test_eight_writers_commit_into_one_prefix_and_lose_nothing(scheme, writers, 
         missing = expected - set(record.files)
         assert not missing, f"round {rnd}: entries lost: {sorted(missing)[:5]}"
         assert f"pack{rnd:02d}" in record.extra["shard_sets"], f"round {rnd}: the pack's shard set is lost"
-        report = ops.verify(root, settings)
+        report = verifying.verify(root, settings)
         assert report["ok"], (rnd, report["counts"], report["missing"][:3], report["extra"][:3],
                               report["mismatched"][:3])
         assert report["checked"] == len(record.files)
@@ -107,7 +108,7 @@ def test_concurrent_single_file_copies_into_one_prefix_all_verify(writers, make_
                for n, f in enumerate(files)]
     for fut in futures:
         fut.result(timeout=120)
-    report = ops.verify(root, settings_for(emulator_env))
+    report = verifying.verify(root, settings_for(emulator_env))
     assert report["ok"] and report["checked"] == 6, report
 
 
@@ -159,7 +160,7 @@ def test_a_journal_commits_its_records_as_their_text_and_decodes_any_other(tmp_p
     decoded, so nothing but a one-line entry reaches a shard's line."""
     import json
 
-    from bridge.engine import journaled_entries
+    from bridge.pipeline.commit import journaled_entries
     from bridge.journal import FileJournal
 
     def record(path: str, size: int) -> dict:

@@ -23,6 +23,7 @@ from tests.doubles.sts import StorageTransferDouble
 from tests.helpers import mcbridge, read_tree, settings_for
 from tests.test_native_cli import datasync_double, sts_double  # noqa: F401  (fixtures)
 from tests.test_native_sts import FILES, fill
+from bridge.pipeline import verify as verifying
 
 
 @pytest.fixture
@@ -59,10 +60,10 @@ def test_a_datasync_copy_into_azure_rewritten_before_commit_is_not_called_verifi
 
     manifest = read_manifest(get_store(dst_root, settings), dst_root)
     assert all(e.unproven and "Azure" in e.note and e.reported == {} for e in manifest.files.values()), [(e.note, e.reported) for e in manifest.files.values()]
-    report = ops.verify(dst, settings)
+    report = verifying.verify(dst, settings)
     assert not report["ok"] and report["counts"]["unproven"] + report["counts"]["mismatched"] == len(FILES), report
     changed = [p for p, data in FILES.items() if data]      # the empty object cannot be other bytes
-    deep = ops.verify(dst, settings, deep=True)
+    deep = verifying.verify(dst, settings, deep=True)
     assert sorted(row["path"] for row in deep["mismatched"]) == sorted(changed), deep
 
 
@@ -79,12 +80,12 @@ def test_storage_transfer_from_azure_is_unproven_until_read(make_root, env, tmp_
     manifest = read_manifest(get_store(parse(dst), settings), parse(dst))
     assert all(e.note.startswith("unproven:") for e in manifest.files.values())
     assert all(set(e.reported) == {"crc32c", "md5"} for e in manifest.files.values())   # GCS's own
-    report = ops.verify(dst, settings)
+    report = verifying.verify(dst, settings)
     assert not report["ok"] and sorted(r["path"] for r in report["unproven"]) == sorted(FILES), report
     r = mcbridge("verify", dst, env=env, state_dir=tmp_path)
     assert r.returncode == 1 and r.stdout.count("unproven    ") == len(FILES), r.stdout + r.stderr
     assert "3 unproven" in r.stdout
-    assert ops.verify(dst, settings, deep=True)["ok"]
+    assert verifying.verify(dst, settings, deep=True)["ok"]
     again = mcbridge("cp", src, make_root("gs"), "--route", "sts", env=env, state_dir=tmp_path)
     assert again.returncode == 0 and "3 files unproven: copied by the sts route" in again.stdout, again.stdout
 
@@ -97,7 +98,7 @@ def test_storage_transfer_from_s3_is_proven_by_the_checksum_both_stores_computed
     manifest = read_manifest(get_store(parse(dst), settings), parse(dst))
     assert not any(e.unproven for e in manifest.files.values())
     assert all("computed by both stores is equal" in e.note for e in manifest.files.values())
-    assert ops.verify(dst, settings)["ok"]
+    assert verifying.verify(dst, settings)["ok"]
 
 
 @pytest.mark.parametrize("scheme", ["s3", "gs"])
@@ -126,5 +127,5 @@ def test_a_server_copy_records_what_the_stores_computed_not_forged_metadata(sche
     (entry,) = read_manifest(get_store(parse(dst), settings), parse(dst)).files.values()
     assert entry.crc32c == crc(data) and entry.sha256 == "" and not entry.unproven, entry
     assert forged["bridge_crc32c"] not in entry.reported.values() and "computed by both stores" in entry.note
-    assert ops.verify(dst, settings)["ok"]
-    assert ops.verify(dst, settings, deep=True)["ok"]
+    assert verifying.verify(dst, settings)["ok"]
+    assert verifying.verify(dst, settings, deep=True)["ok"]

@@ -23,6 +23,7 @@ from bridge.urls import parse
 from tests.doubles.datasync import DataSyncDouble
 from tests.helpers import read_tree, settings_for
 from tests.test_native_sts import FILES, fill
+from bridge.pipeline import verify as verifying
 
 HMAC_SECRET = "hmac-Secret-Never-Shown-42"
 ROLE = "arn:aws:iam::111122223333:role/mcbridge-datasync"
@@ -56,8 +57,8 @@ def test_a_prefix_into_s3_arrives_exact_and_verifies_deep(scheme, make_root, set
     for entry in manifest.files.values():   # S3 computed each CRC32C itself, equal to the source's
         assert entry.computed == [] and entry.reported["crc32c"] == entry.crc32c and "datasync" in entry.note
         assert entry.unproven == (scheme == "az")   # an Azure blob's checksums are a client's claim
-    assert ops.verify(dst, settings)["ok"] == (scheme != "az")
-    assert ops.verify(dst, settings, deep=True)["ok"]
+    assert verifying.verify(dst, settings)["ok"] == (scheme != "az")
+    assert verifying.verify(dst, settings, deep=True)["ok"]
     (task,) = double.calls("CreateTask")
     assert task["Options"]["VerifyMode"] == "ONLY_FILES_TRANSFERRED" and task["TaskMode"] == "ENHANCED"
     (s3_location,) = double.calls("CreateLocationS3")
@@ -79,7 +80,7 @@ def test_one_object_out_of_s3_by_an_include_filter(make_root, settings, double):
     datasync.copy(src + "sub/b.txt", dst, settings)
     assert read_tree(dst, settings) == {"b.txt": FILES["sub/b.txt"]}
     assert double.calls("CreateTask")[0]["Includes"] == [{"FilterType": "SIMPLE_PATTERN", "Value": "/b.txt"}]
-    assert ops.verify(dst, settings, deep=True)["ok"]
+    assert verifying.verify(dst, settings, deep=True)["ok"]
 
 
 def test_cancel_mid_way_cancels_the_execution(make_root, settings, double):
@@ -171,7 +172,7 @@ def test_an_enhanced_task_the_caller_may_not_create_falls_back_to_direct(make_ro
     assert set(summary["route"]["fallbacks"]) == set(FILES)
     assert all("iam:CreateServiceLinkedRole" in why for why in summary["route"]["fallbacks"].values())
     assert double.calls("StartTaskExecution") == []
-    assert read_tree(dst, settings) == FILES and ops.verify(dst, settings, deep=True)["ok"]
+    assert read_tree(dst, settings) == FILES and verifying.verify(dst, settings, deep=True)["ok"]
 
 
 def test_a_name_with_a_pipe_or_a_star_is_never_a_wider_copy(make_root, settings, double):
@@ -191,7 +192,7 @@ def test_a_name_with_a_pipe_or_a_star_is_never_a_wider_copy(make_root, settings,
     assert set(fallbacks) == set(changed) and all("escapes neither" in why for why in fallbacks.values()), fallbacks
     assert len(double.calls("CreateTask")) == tasks       # no task with a filter wider than the plan
     assert read_tree(dst, settings) == {**files, **changed}
-    assert ops.verify(dst, settings, deep=True)["ok"]
+    assert verifying.verify(dst, settings, deep=True)["ok"]
     with pytest.raises(RouteUnavailable, match="'star\\*'"):
         datasync.copy(src + "star*", make_root("s3"), settings)
     assert len(double.calls("CreateTask")) == tasks
@@ -210,7 +211,7 @@ def test_a_name_that_is_a_folder_of_other_names_is_never_a_wider_copy(make_root,
     assert summary["sent"] == ["x"] and "folder" in summary["route"]["fallbacks"]["x"], summary["route"]
     assert len(double.calls("CreateTask")) == tasks
     assert read_tree(dst, settings) == {**files, "x": b"X" * 12}
-    assert ops.verify(dst, settings)["ok"]
+    assert verifying.verify(dst, settings)["ok"]
     with pytest.raises(RouteUnavailable, match="folder x/"):
         datasync.copy(src + "x", make_root("s3"), settings)
     assert len(double.calls("CreateTask")) == tasks

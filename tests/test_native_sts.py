@@ -25,6 +25,7 @@ from bridge.stores import get_store
 from bridge.urls import parse
 from tests.doubles.sts import StorageTransferDouble
 from tests.helpers import read_tree, settings_for
+from bridge.pipeline import verify as verifying
 
 SECRET = "s3cr3t-Never-Shown-0123456789"
 
@@ -63,9 +64,9 @@ def assert_committed(dst: str, settings, files: dict[str, bytes]) -> None:
     for entry in manifest.files.values():
         assert entry.computed == [] and entry.sha256 == "" and entry.reported["crc32c"] == entry.crc32c
         assert "sts" in entry.note and entry.unproven == azure   # an Azure source's checksums are a client's
-    report = ops.verify(dst, settings)
+    report = verifying.verify(dst, settings)
     assert report["ok"] != azure and report["counts"]["unproven"] == (len(files) if azure else 0), report
-    assert ops.verify(dst, settings, deep=True)["ok"]
+    assert verifying.verify(dst, settings, deep=True)["ok"]
 
 
 @pytest.mark.parametrize("scheme", ["s3", "az", "gs"])
@@ -199,7 +200,7 @@ def test_an_http_url_list(make_root, settings, double, tmp_path):
         sts.copy(f"http://{host}/list.tsv", dst, settings)
         expected = {f"{host}/{rel}": data for rel, data in files.items()}
         assert read_tree(dst, settings) == expected
-        assert ops.verify(dst, settings, deep=True)["ok"]
+        assert verifying.verify(dst, settings, deep=True)["ok"]
     finally:
         server.shutdown()
         server.server_close()
@@ -274,7 +275,7 @@ def test_names_that_begin_other_names_are_each_named_exactly(make_root, settings
     ((_meta, run),) = [op for op in double.operations.values()][-1:]
     assert run.objects_copied == 2          # not a.bin.1 nor shard-10 again
     assert read_tree(dst, settings) == {**files, **changed}
-    assert ops.verify(dst, settings, deep=True)["ok"]
+    assert verifying.verify(dst, settings, deep=True)["ok"]
 
 
 def test_exclude_copies_exactly_the_planned_objects_by_a_transfer_manifest(make_root, settings, double):
@@ -292,7 +293,7 @@ def test_exclude_copies_exactly_the_planned_objects_by_a_transfer_manifest(make_
     spec = [b for b in double.server.bodies("/v1/transferJobs") if "transferSpec" in b][-1]["transferSpec"]
     assert "objectConditions" not in spec and spec["transferManifest"]["location"].startswith(
         f"gs://{parse(dst).bucket}/x/_bridge/")
-    report = ops.verify(dst, settings)
+    report = verifying.verify(dst, settings)
     assert report["ok"] and report["counts"]["extra"] == 0, report
     store = get_store(parse(dst), settings)
     assert [i.location.key for i in store.list(parse(dst).join("_bridge/sts/"))] == []   # removed after the job

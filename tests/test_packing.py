@@ -24,6 +24,7 @@ from bridge.packing.unpack import unpack
 from bridge.stores import get_store
 from bridge.urls import parse
 from tests.helpers import mcbridge, settings_for
+from bridge.pipeline import verify as verifying
 
 SAMPLES = 1000   # two files each: a few thousand small files in all
 
@@ -432,7 +433,6 @@ def test_big_files_stream_through_tar_in_parts(settings, tmp_path):
 def test_a_file_list_longer_than_a_part_is_streamed_in_parts_and_verifies(settings, tmp_path):
     """A shard's file list is written as its files are placed, not built in memory first: one
     longer than a part goes up in parts, is recorded with them, and verify and unpack read it."""
-    from bridge import ops
     small_parts = settings_for({**os.environ, "MCBRIDGE_STATE_DIR": str(tmp_path / "st")}, chunk_size=64 * 1024)
     files = {f"many/{i:05d}-{'x' * 60}.txt": str(i).encode() for i in range(1500)}   # ~150 KiB of list
     write_tree(tmp_path / "src", files)
@@ -440,7 +440,7 @@ def test_a_file_list_longer_than_a_part_is_streamed_in_parts_and_verifies(settin
     manifest = read_manifest(get_store(parse("/"), small_parts), parse(f"{tmp_path / 'set'}/"))
     listed = manifest.files["shard.index.d/shard-000000.tar.jsonl"]
     assert listed.part_size == 64 * 1024 and len(listed.parts) == -(-listed.size // (64 * 1024)) > 1
-    assert ops.verify(f"{tmp_path / 'set'}/", small_parts, deep=True)["ok"]
+    assert verifying.verify(f"{tmp_path / 'set'}/", small_parts, deep=True)["ok"]
     unpack(f"{tmp_path / 'set'}/", f"{tmp_path / 'out'}/", small_parts)
     assert read_back(tmp_path / "out") == files
 

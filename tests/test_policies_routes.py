@@ -9,7 +9,8 @@ import pytest
 
 from bridge import estimate
 from bridge import routes as registry
-from bridge.engine import FilePlan, Plan
+from bridge.contracts import FilePlan
+from bridge.pipeline.plan import Plan
 from bridge.policies import routes
 from bridge.policies.cost import Overrides, Place, price
 from bridge.policies.prices import GB, PriceError, builtin, parse

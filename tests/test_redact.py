@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from bridge.engine import describe
+from bridge.jobs import describe
 from bridge.errors import EndpointUnreachable
 from bridge.redact import MASK, redact
 from tests.emulators import AZURITE_ACCOUNT, AZURITE_KEY, free_port

@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 from bridge import manifest as manifests
-from bridge.engine import JobContext, ThreadExecutor, plan_copy, run_unit
+from bridge.jobs import ThreadExecutor
+from bridge.pipeline.execute import JobContext, run_unit
+from bridge.pipeline.plan import plan_copy
 from bridge.journal import FileJournal
 from bridge.stores import get_store
 from bridge.urls import parse

@@ -15,6 +15,7 @@ from bridge.stores import get_store
 from bridge.urls import parse
 from tests.faultproxy import FaultProxy, proxied_environment
 from tests.helpers import make_tree, mcbridge, read_tree, settings_for
+from bridge.pipeline import verify as verifying
 
 CLOUDS = ("s3", "gs", "az")
 
@@ -50,7 +51,7 @@ def test_same_account_copy_moves_no_data_through_bridge(scheme, counting, make_r
     assert summary["route"]["name"] == "server", summary["route"]
     assert summary["route"]["fallbacks"] == {}
     assert read_tree(dst, settings) == files
-    assert ops.verify(dst, settings, deep=True)["ok"]
+    assert verifying.verify(dst, settings, deep=True)["ok"]
     entries = read_manifest(get_store(parse(dst), settings), parse(dst)).files
     if scheme == "az":
         # Azure computes no checksum of a blob: nothing proves the copy unread, so it is read back
@@ -67,7 +68,7 @@ def test_same_account_copy_moves_no_data_through_bridge(scheme, counting, make_r
         # Only what a store computed is recorded: never the SHA-256 in the source's metadata (a claim).
         assert all(e.computed == [] and e.sha256 == "" for e in entries.values())
         assert all(e.reported["crc32c"] == e.crc32c and not e.unproven for e in entries.values())
-    assert ops.verify(dst, settings)["ok"]
+    assert verifying.verify(dst, settings)["ok"]
 
 
 def test_a_same_account_azure_copy_trusted_unread_is_unproven(counting, make_root, tmp_path):
@@ -83,7 +84,7 @@ def test_a_same_account_azure_copy_trusted_unread_is_unproven(counting, make_roo
     entries = read_manifest(get_store(parse(dst), settings), parse(dst)).files
     assert all(e.unproven and e.reported == {} and e.computed == [] for e in entries.values())
     assert sorted(summary["route"]["unproven"]) == sorted(files)
-    cheap = ops.verify(dst, settings)
+    cheap = verifying.verify(dst, settings)
     assert not cheap["ok"] and cheap["counts"]["unproven"] == len(files), cheap["counts"]
     # A deep read proves them and records so: the cheap verify of those versions then passes.
     r = mcbridge("verify", dst, "--deep", env=env, state_dir=tmp_path / "s3")
@@ -91,7 +92,7 @@ def test_a_same_account_azure_copy_trusted_unread_is_unproven(counting, make_roo
         r.stdout + r.stderr
     entries = read_manifest(get_store(parse(dst), settings), parse(dst)).files
     assert all(not e.unproven and e.note.startswith("proven by reading it") for e in entries.values())
-    again = ops.verify(dst, settings)
+    again = verifying.verify(dst, settings)
     assert again["ok"] and again["counts"]["proven"] == 0, again["counts"]
 
 
@@ -103,7 +104,7 @@ def test_local_server_copy_uses_the_kernel_and_hashes_the_copy(tmp_path, emulato
     assert summary["route"]["name"] == "server"
     assert summary["route"]["bytes_through_bridge"] == sum(len(d) for d in files.values())  # the hash read
     assert read_tree(f"{tmp_path / 'dst'}/", settings) == files
-    assert ops.verify(f"{tmp_path / 'dst'}/", settings, deep=True)["ok"]
+    assert verifying.verify(f"{tmp_path / 'dst'}/", settings, deep=True)["ok"]
     # between local paths the kernel's copy saves little: direct, unless asked
     again = ops.copy(f"{tmp_path / 'src'}/", f"{tmp_path / 'dst2'}/", settings, state_dir=tmp_path / "s2")
     assert again["route"]["name"] == "direct"
@@ -188,8 +189,8 @@ def test_from_url_into_azure_moves_no_data_through_bridge(scheme, pulled, make_r
     assert payload <= source_side < payload + 200_000                    # ... each byte read once in all
     assert _data_bytes(proxies["az"]) < through + payload / 10           # bridge sent Azure requests only
     assert read_tree(dst, settings) == files
-    assert ops.verify(dst, settings)["ok"]                               # every file proven
-    assert ops.verify(dst, settings, deep=True)["ok"]
+    assert verifying.verify(dst, settings)["ok"]                               # every file proven
+    assert verifying.verify(dst, settings, deep=True)["ok"]
     entries = read_manifest(get_store(parse(dst), settings), parse(dst)).files
     assert all(e.computed == [] and "Put Block From URL" in e.note and not e.unproven
                for rel, e in entries.items() if e.size and rel not in direct)
@@ -199,9 +200,9 @@ def test_from_url_into_azure_moves_no_data_through_bridge(scheme, pulled, make_r
         dst2 = make_root("az")
         forced = ops.copy(src, dst2, settings, route="from-url", state_dir=tmp_path / "s3")
         assert forced["route"]["fallbacks"] == {} and sorted(forced["route"]["unproven"]) == direct
-        report = ops.verify(dst2, settings)
+        report = verifying.verify(dst2, settings)
         assert [row["path"] for row in report["unproven"]] == direct and not report["ok"], report
-        assert ops.verify(dst2, settings, deep=True)["ok"]
+        assert verifying.verify(dst2, settings, deep=True)["ok"]
 
 
 def test_from_url_falls_back_to_direct_where_azure_cannot_pull(make_root, emulator_env, tmp_path):
@@ -221,7 +222,7 @@ def test_from_url_falls_back_to_direct_where_azure_cannot_pull(make_root, emulat
     assert any("does not implement Put Block From URL" in why for why in route["fallbacks"].values())
     assert route["bytes_through_bridge"] == sum(len(d) for d in files.values())
     assert read_tree(dst, settings) == files
-    assert ops.verify(dst, settings, deep=True)["ok"]
+    assert verifying.verify(dst, settings, deep=True)["ok"]
 
 
 def test_route_table_refuses_what_a_cloud_cannot_pull(make_root, emulator_env, tmp_path):
@@ -278,7 +279,7 @@ def test_sync_by_server_sends_only_what_changed_and_deletes(make_root, emulator_
     assert again["sent"] == ["b.txt"] and again["deleted"] == ["c.txt"]
     assert again["route"]["bytes_through_bridge"] == 0
     assert read_tree(dst, settings) == {"a.txt": b"one", "b.txt": b"TWO!"}
-    assert ops.verify(dst, settings, deep=True)["ok"]
+    assert verifying.verify(dst, settings, deep=True)["ok"]
 
 
 def test_dry_run_names_the_route(make_root, emulator_env, tmp_path):
@@ -308,7 +309,7 @@ def test_server_copy_on_an_endpoint_without_checksums_hashes_the_copy(tmp_path):
         entry = read_manifest(store, parse("s3://dst-bkt/")).files["f.bin"]
         assert entry.computed == ["crc32c", "sha256"] and "reports no CRC32C" in entry.note
         assert store.read(parse("s3://dst-bkt/f.bin")) == data
-        assert ops.verify("s3://dst-bkt/", settings, deep=True)["ok"]
+        assert verifying.verify("s3://dst-bkt/", settings, deep=True)["ok"]
 
 
 def test_from_url_whose_source_azure_cannot_read_falls_back_with_the_reason(pulled, make_root, tmp_path):
@@ -329,5 +330,5 @@ def test_from_url_whose_source_azure_cannot_read_falls_back_with_the_reason(pull
     assert route["name"] == "from-url" and set(files) - {"empty.txt"} <= set(route["fallbacks"])
     assert any("Azure could not read the source URL" in why for why in route["fallbacks"].values())
     assert read_tree(dst, settings) == files
-    assert ops.verify(dst, settings, deep=True)["ok"]
+    assert verifying.verify(dst, settings, deep=True)["ok"]
     assert not list(get_store(parse(dst), settings).list_uploads(parse(dst))), "staged blocks were discarded"

@@ -19,6 +19,9 @@ from bridge.urls import parse
 from tests.emulators import RcloneS3
 from tests.faultproxy import FaultProxy
 from tests.helpers import imported_by, settings_for, small_files_go_in_batches_and_verify
+from bridge.pipeline import execute as executor
+from bridge.pipeline import plan as planning
+from bridge.pipeline import verify as verifying
 
 MiB = 1024 * 1024
 
@@ -268,23 +271,22 @@ def test_a_batch_of_small_files_is_written_and_resumed_per_file(s3, tmp_path, mo
     """S3 -> local copies small files in batch units (several per unit, one unit at a time);
     a file whose object vanished after planning fails the job in one line, the others are
     journaled, and the re-run fetches only what is missing."""
-    from bridge import engine
     from bridge.errors import TransferFailed
-    monkeypatch.setattr(engine, "BATCH_FILES", 4)
+    monkeypatch.setattr(planning, "BATCH_FILES", 4)
     client = s3.client()
     prefix = f"batch-{os.urandom(3).hex()}/"
     blobs = {f"f{i:02d}.txt": os.urandom(100 + i) for i in range(10)}
     for rel, data in blobs.items():
         client.put_object(Bucket="direct", Key=prefix + rel, Body=data)
     settings = settings_for({**s3.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")})
-    plan = engine.plan_copy(f"s3://direct/{prefix}", f"{tmp_path}/out/", settings)
+    plan = planning.plan_copy(f"s3://direct/{prefix}", f"{tmp_path}/out/", settings)
     units = list(plan.units())
     assert [len(u["files"]) for u in units] == [4, 4, 2]
     assert {u["slots"] for u in units} == {settings.transfer.concurrency}
     assert plan.unit_count() == len(units) + 1
     client.delete_object(Bucket="direct", Key=prefix + "f05.txt")
     with pytest.raises(TransferFailed, match="f05.txt"):
-        ops.execute(plan, settings)
+        executor.execute(plan, settings)
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir() if p.is_file()) == sorted(set(blobs) - {"f05.txt"})
     assert not (out / "_bridge" / "log").exists()
@@ -380,7 +382,7 @@ def test_a_part_cut_half_way_is_written_again_from_its_start(moto, tmp_path):
         assert proxy.counts["cut"] == 1, proxy.log
     assert result["files"] == 1
     assert (tmp_path / "out" / "ckpt.bin").read_bytes() == data
-    assert ops.verify(f"{tmp_path}/out/", settings, deep=True)["ok"]
+    assert verifying.verify(f"{tmp_path}/out/", settings, deep=True)["ok"]
 
 
 def test_a_multipart_upload_goes_without_the_sdk_and_s3_checks_the_whole(moto, tmp_path):
@@ -472,7 +474,7 @@ def test_a_completed_upload_is_asked_about_only_when_a_checksum_is_to_be_checked
                                  "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}, store_checksums=mode)
         ops.copy(str(tmp_path / "ckpt.bin"), f"s3://direct/{mode}/", settings, chunk_size=5 * MiB)
         lines = [line for line, _ in proxy.log]
-        verified = ops.verify(f"s3://direct/{mode}/", settings)
+        verified = verifying.verify(f"s3://direct/{mode}/", settings)
     done = next(i for i, line in enumerate(lines) if line.startswith(f"POST /direct/{mode}/ckpt.bin?uploadId="))
     assert sum(1 for line in lines[done:] if line == f"HEAD /direct/{mode}/ckpt.bin") == heads, lines
     assert rclone_s3.client().get_object(Bucket="direct", Key=f"{mode}/ckpt.bin")["Body"].read() == data

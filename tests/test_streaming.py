@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bridge import manifest as manifests
-from bridge import engine, ops, stores
+from bridge import ops, stores
 from bridge.errors import ObjectNotFound
 from bridge.journal import journal_at
 from bridge.packing import job as packing
@@ -21,6 +21,9 @@ from bridge.packing import unpack
 from bridge.stores.base import Features, ObjectInfo, Store
 from bridge.urls import Location, parse
 from tests.helpers import settings_for
+from bridge import listing
+from bridge.pipeline import plan as planning
+from bridge.pipeline import verify as verifying
 
 ENV = dict(os.environ, XDG_CONFIG_HOME="/nonexistent")
 
@@ -56,14 +59,14 @@ def test_a_copy_and_a_pack_whose_plans_live_on_disk_run_resume_and_verify(tmp_pa
     files = _tree(tmp_path / "src", 120)
     (tmp_path / "src" / "big.bin").write_bytes(os.urandom(3 * 1024 * 1024 + 5))
     settings = settings_for(ENV, state_dir=str(tmp_path / "state"))
-    monkeypatch.setattr(engine, "SPILL_FILES", 10)
+    monkeypatch.setattr(planning, "SPILL_FILES", 10)
     monkeypatch.setattr(packing, "SPILL_FILES", 10)
-    plan = engine.plan_copy(f"{tmp_path}/src/", f"{tmp_path}/out/", settings, 1024 * 1024)
+    plan = planning.plan_copy(f"{tmp_path}/src/", f"{tmp_path}/out/", settings, 1024 * 1024)
     assert plan.files._rows is not None and plan.files.multipart == 1
     assert plan.unit_count() == sum(1 for _ in plan.units()) + 1 + 1   # the big file's complete, finalize
     summary = ops.copy(f"{tmp_path}/src/", f"{tmp_path}/out/", settings, chunk_size=1024 * 1024)
     assert summary["files"] == 121
-    assert ops.verify(f"{tmp_path}/out/", settings, deep=True)["ok"]
+    assert verifying.verify(f"{tmp_path}/out/", settings, deep=True)["ok"]
     for rel, data in files.items():
         assert (tmp_path / "out" / rel).read_bytes() == data
     again = ops.copy(f"{tmp_path}/src/", f"{tmp_path}/out/", settings, chunk_size=1024 * 1024)
@@ -122,7 +125,7 @@ def _planning_peak(tmp_path: Path, count: int) -> int:
 def test_planning_a_listing_ten_times_longer_takes_about_the_same_memory(tmp_path, monkeypatch):
     monkeypatch.setitem(stores.REGISTRY, "s3", stores.Backend("tests.test_streaming:Generated", ""))
     monkeypatch.setattr(stores, "_cache", type(stores._cache)())
-    monkeypatch.setattr(engine, "SPILL_FILES", 500)
+    monkeypatch.setattr(planning, "SPILL_FILES", 500)
     (tmp_path / "dst").mkdir()
     short, long = _planning_peak(tmp_path, 4_000), _planning_peak(tmp_path, 40_000)
     assert long < short * 1.5, f"planning 40,000 objects peaked at {long} bytes, 4,000 at {short}"
@@ -135,7 +138,7 @@ def test_a_listing_read_once_as_it_is_planned(tmp_path, monkeypatch):
     monkeypatch.setattr(stores, "_cache", type(stores._cache)())
     stores.store_class("s3").COUNT = 5
     settings = settings_for(ENV)
-    src, dst, objects, single = engine.resolve("s3://gen/", f"{tmp_path}/", settings)
+    src, dst, objects, single = listing.resolve("s3://gen/", f"{tmp_path}/", settings)
     assert single is None and not isinstance(objects, list)
     assert [rel for rel, _ in objects] == [f"d0000/f{i:07d}.bin" for i in range(5)]
     assert parse(str(src)) == parse("s3://gen/")

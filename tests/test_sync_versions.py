@@ -1,4 +1,4 @@
-"""sync and a new version of a remote source object (ops._source_differs): the same bytes
+"""sync and a new version of a remote source object (syncplan._source_differs): the same bytes
 written again (S3 keeps their ETag, the MD5) are not read at all; other bytes of the same size are
 read once, to be copied, not once to be hashed and again to be copied."""
 
@@ -11,6 +11,8 @@ from bridge import ops
 from tests.emulators import unique_name
 from tests.faultproxy import FaultProxy
 from tests.helpers import settings_for
+from bridge.pipeline import syncplan
+from bridge.pipeline import verify as verifying
 
 
 def test_a_rewritten_s3_source_is_read_once_when_changed_and_not_at_all_when_the_same(moto, tmp_path):
@@ -41,7 +43,7 @@ def test_a_rewritten_s3_source_is_read_once_when_changed_and_not_at_all_when_the
         again = ops.sync(f"s3://{bucket}/src/", dst, settings_for({**env, "AWS_ENDPOINT_URL": proxy.endpoint}))
     assert again["ok"] and again["sent"] == [] and again["reasons"]["unchanged"] == 12, again
     assert not [k for k in proxy.sent if k.startswith("GET ") and "/src/" in k], proxy.sent
-    assert ops.verify(dst, settings_for(env))["ok"]
+    assert verifying.verify(dst, settings_for(env))["ok"]
 
 
 def test_a_touched_local_source_of_the_same_bytes_is_hashed_not_sent(moto, tmp_path):

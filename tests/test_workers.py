@@ -610,7 +610,8 @@ def test_a_first_attempt_reads_the_journal_only_when_it_held_files_of_the_plan_b
     journal held none of its plan's files when it was planned: the first attempt at a slice of
     small files reads nothing before, and nothing after (it knows what it put). A journal left by
     an earlier job with the same plan is read, and what that job finished is not charged again."""
-    from bridge.engine import FilePlan, Plan
+    from bridge.contracts import FilePlan
+    from bridge.pipeline.plan import Plan
     from bridge.workers.executor import Recorded, Service
     from bridge.workers.kinds import Files
     svc = Service(ws, client, lambda ref: None)
@@ -650,7 +651,8 @@ def test_a_first_attempt_reads_the_journal_only_when_it_held_files_of_the_plan_b
 # -- fan-out -------------------------------------------------------------------------------
 
 def test_fan_out_keeps_each_multipart_file_whole_and_batches_small_ones():
-    from bridge.engine import FilePlan, Plan
+    from bridge.contracts import FilePlan
+    from bridge.pipeline.plan import Plan
     from bridge.workers.kinds import fan_out
     files = [FilePlan(f"s/{i:03d}", 1000) for i in range(130)] + [FilePlan("big1", 100, 10), FilePlan("big2", 300, 10)]
     plan = Plan("s3://a-a/", "gs://b-b/", None, files, [f"old/{i}" for i in range(3)], "key1")
@@ -664,7 +666,8 @@ def test_fan_out_keeps_each_multipart_file_whole_and_batches_small_ones():
 
 
 def test_small_files_go_in_tasks_sized_by_time_that_batch_as_an_in_process_copy_does():
-    from bridge.engine import FilePlan, Plan
+    from bridge.contracts import FilePlan
+    from bridge.pipeline.plan import Plan
     from bridge.workers.kinds import MIN_TASK_SECONDS, expected_seconds, fan_out, task_seconds
     plan = Plan("/src/", "s3://b-b/", None, [FilePlan(f"s/{i:05d}", 16384) for i in range(4000)], [], "k")
     plan.batch, plan.slots = 256, 8
@@ -685,7 +688,8 @@ def test_small_files_go_in_tasks_sized_by_time_that_batch_as_an_in_process_copy_
 
 
 def test_fan_out_spreads_the_parts_of_a_file_bigger_than_file_task_bytes_over_tasks():
-    from bridge.engine import FilePlan, Plan
+    from bridge.contracts import FilePlan
+    from bridge.pipeline.plan import Plan
     from bridge.workers.kinds import fan_out, split
     files = [FilePlan("big", 95, 10), FilePlan("mid", 30, 10), FilePlan("s", 5)]
     plan = Plan("s3://a-a/", "gs://b-b/", None, files, [], "key1")

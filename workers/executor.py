@@ -892,8 +892,8 @@ class Service:
         the job deletes them), and a summary for the record."""
         if spec.verify == "none":
             return [], {"mode": "none"}
-        from bridge import ops
-        report = ops.verify(destination, settings, deep=spec.verify == "deep")
+        from bridge.pipeline import verify as verifying
+        report = verifying.verify(destination, settings, deep=spec.verify == "deep")
         problems = [f"missing at the destination: {p}" for p in report["missing"]]
         problems += [f"does not match its manifest: {m['path']}: {m['reason']}" for m in report["mismatched"]]
         if spec.deletes:

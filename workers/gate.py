@@ -107,7 +107,7 @@ def resolve(url: str, folders: dict[str, str] | None = None) -> str:
 
 @dataclass(frozen=True)
 class Names:
-    """What a scope check reads of a copy's or sync's plan that its planner holds (bridge.engine
+    """What a scope check reads of a copy's or sync's plan that its planner holds (bridge.pipeline.plan
     ``Plan``): roots, route, and the names of its files, deletions and completions, read from the
     plan's rows without a dict made for each file. Only the planner makes one; a task's slice
     arrives as the plain dict it was signed as."""

@@ -1,6 +1,6 @@
 """What each kind of job plans, runs and commits, in terms of bridge's own units.
 
-    Files   copy and sync (bridge.engine): put / part / complete / delete units; a task is one
+    Files   copy and sync (bridge.pipeline): put / part / complete / delete units; a task is one
             multipart file, a run of a large file's parts (the file completed at commit), or a
             batch of small files and deletions
     Shards  pack (bridge.packing.job): one task per shard; the index, then the manifest, last
@@ -80,7 +80,7 @@ def fan_out(plan, batch_files: int, batch_bytes: int, file_task_bytes: int | Non
     tasks of about ``seconds`` each (``expected_seconds``; a task ends with the file that reaches it), at most ``batch_files`` files and
     ``batch_bytes`` bytes; then deletions in batches. Each keeps the plan's batching
     (``Plan.batch``), so a task sends its small files as an in-process copy does."""
-    from bridge.engine import Plan
+    from bridge.pipeline.plan import Plan
 
     def sub(files=(), deletions=()) -> Plan:
         return Plan(plan.source, plan.destination, plan.single, list(files), list(deletions), plan.key,
@@ -210,14 +210,17 @@ class Files:
         """``slots``: the pool processes that will run the job's tasks (they size its tasks);
         ``check`` is given the plan's names (workers/gate.py ``Names``), before anything is written."""
         from bridge import ops
-        from bridge.engine import JobContext, Plan, journal_adopted, plan_copy, prepare
+        from bridge.pipeline import syncplan
+        from bridge.pipeline.commit import journal_adopted
+        from bridge.pipeline.execute import JobContext, prepare
+        from bridge.pipeline.plan import Plan, plan_copy
         chunk = settings.transfer.chunk_size
         filters = spec.selection()
         if spec.kind == "copy":
             plan = plan_copy(spec.source, spec.destination, settings, chunk, filters=filters)
             ops.adopt_existing(plan, settings, spec.adopt or "off")   # (cp --skip-existing)
         else:
-            plan, _reasons = ops.plan_sync(spec.source, spec.destination, settings, delete=spec.deletes,
+            plan, _reasons = syncplan.plan_sync(spec.source, spec.destination, settings, delete=spec.deletes,
                                            chunk_size=chunk, filters=filters, adopt=spec.adopt or "checksum")
             if spec.include or spec.exclude:
                 from bridge.replication import filtered
@@ -250,20 +253,20 @@ class Files:
     def marks(self, sub: dict, journal) -> set[str]:
         """What the journal holds of a sub-plan's files (compared before and after a run)."""
         from bridge import estimate
-        from bridge.engine import Plan
+        from bridge.pipeline.plan import Plan
         return estimate.journal_marks(_parsed(sub, Plan.from_dict), journal)
 
     def fresh(self, sub: dict) -> bool:
         """Whether a sub-plan's files have no record in a journal that held none of its plan's
         files when the plan was made: a slice without multipart files (the planner begins the
         uploads of the files whose parts it spreads over tasks, and journals them)."""
-        from bridge.engine import Plan
+        from bridge.pipeline.plan import Plan
         return not _parsed(sub, Plan.from_dict).files.multipart
 
     def used(self, sub: dict, before: set[str], after: set[str]) -> dict[str, int]:
         """The requests and bytes of the units that finished in one run of a sub-plan."""
         from bridge import estimate
-        from bridge.engine import Plan
+        from bridge.pipeline.plan import Plan
         plan = _parsed(sub, Plan.from_dict)
         fields = estimate.to_fields(estimate.ran(plan, before, after, deletions=len(plan.deletions)))
         routed = estimate.ran_routed(plan, before, after)
@@ -271,12 +274,13 @@ class Files:
 
     def committed(self, header: dict) -> dict[str, int]:
         from bridge import estimate
-        from bridge.engine import Plan
+        from bridge.pipeline.plan import Plan
         header_plan = Plan.from_dict(header)
         return estimate.to_fields(estimate.add(estimate.commit(header_plan), estimate.completions(header_plan)))
 
     def run(self, sub: dict, settings, journal, progress, units: Callable[[Iterator[dict]], Iterator[dict]]) -> Ran:
-        from bridge.engine import JobContext, Plan
+        from bridge.pipeline.execute import JobContext
+        from bridge.pipeline.plan import Plan
         plan = _parsed(sub, Plan.from_dict)
         ctx = JobContext(plan, settings, journal, progress)
         with _cancels_remote(ctx, units):
@@ -284,7 +288,8 @@ class Files:
 
     def commit(self, header: dict, settings, journal, progress=None, removed: Iterable[str] = ()) -> str:
         """``removed``: the paths the job's tasks deleted (from their sub-plans), in order."""
-        from bridge.engine import JobContext, Plan
+        from bridge.pipeline.execute import JobContext
+        from bridge.pipeline.plan import Plan
         plan = Plan.from_dict(header)
         plan.deletions = removed   # read once, by the commit
         return _commit(JobContext(plan, settings, journal, progress))

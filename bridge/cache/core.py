@@ -14,7 +14,7 @@
 last-modified, inode and times: bridge.stores.base.ObjectInfo.identity) as the store reports it
 now: a rewritten object has a new key, and the old entry is never served for it.
 
-A fill is one copy job of the engine (bridge/engine.py: the same parallel ranged reads and
+A fill is one copy job of the engine (bridge/pipeline/: the same parallel ranged reads and
 part files as ``mcbridge cp`` to a local path) into ``fills/<key>/``, then checked (size, the
 CRC32C of the bytes on disk against the CRC32C the engine computed while reading, and against
 the CRC32C the store reports where it reports one) and renamed into ``objects/``.
@@ -47,7 +47,8 @@ from bridge.cache import locks, safedir, striping
 from bridge.cache.safedir import UnsafeCache
 from bridge.config import Settings
 from bridge import manifest as manifests
-from bridge.engine import FilePlan, Plan, part_size_for
+from bridge.contracts import FilePlan
+from bridge.pipeline.plan import Plan, part_size_for
 from bridge.errors import BridgeError, IntegrityError, InvalidOption, ObjectNotFound, TransferFailed
 from bridge import hashing
 from bridge.manifest import FileEntry
@@ -248,10 +249,10 @@ class Cache:
 
     # -- filling --------------------------------------------------------------------------
     def _fill(self, key: str, loc: Location, info: ObjectInfo, progress: Progress | None) -> None:
-        """Called holding the entry's lock. The copy is ``mcbridge cp``'s own (ops.execute: the
+        """Called holding the entry's lock. The copy is ``mcbridge cp``'s own (bridge.pipeline.execute: the
         engine's parallel ranged reads, journal and manifest), into the fill's directory, with
         the journal kept there: a filler killed mid-way leaves it, and the next one resumes it."""
-        from bridge import ops
+        from bridge.pipeline import execute as executor
         started = time.monotonic()
         shown = self.fill_dir(key)
         fresh = self.safe.lstat(self._dirs["fills"], key, shown, want_dir=True) is None
@@ -269,7 +270,7 @@ class Cache:
                         [FilePlan(DATA, info.size, part_size_for(info.size, local, self.settings.transfer.chunk_size),
                                   dict(info.identity))], key=f"cache-{key[:20]}")
             try:
-                ops.execute(plan, self.settings, progress, state_dir=work)
+                executor.execute(plan, self.settings, progress, state_dir=work)
             except TransferFailed as exc:
                 raise TransferFailed(f"filling the cache from {loc} failed: {exc}") from exc
             manifest = manifests.read(local, target)

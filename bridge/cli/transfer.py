@@ -106,11 +106,11 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
     """Check every committed copy at or under URL (the files the filters select) against its
     record; exit 1 naming each missing, extra, mismatched or unproven file (one a cloud copied that
     no checksum both stores computed proves: --deep reads it)."""
-    from bridge import ops
+    from bridge.pipeline import verify as verifying
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency)
     with ProgressBar(not as_json, quiet=quiet) as progress:
-        report = ops.verify(url, settings, deep=deep, sha256=sha256, filters=filters, progress=progress)
+        report = verifying.verify(url, settings, deep=deep, sha256=sha256, filters=filters, progress=progress)
     if as_json:
         out.print_json(json.dumps(report))
     else:

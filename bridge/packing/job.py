@@ -24,7 +24,9 @@ from bridge.meter import Pool
 from bridge.filters import Filters
 from bridge import jobs
 from bridge.config import Settings
-from bridge.engine import pool_batch_connections, resolve, spill_dir
+from bridge.listing import resolve
+from bridge.pipeline.plan import spill_dir
+from bridge.pipeline.units import pool_batch_connections
 from bridge.errors import BridgeError, InvalidOption, ObjectNotFound
 from bridge.journal import Journal, job_key, journal_at
 from bridge.manifest import FileEntry

@@ -38,7 +38,7 @@ from bridge.meter import Pool
 from bridge import jobs
 from bridge import names
 from bridge.config import Settings
-from bridge.engine import pool_batch_connections
+from bridge.pipeline.units import pool_batch_connections
 from bridge.errors import IntegrityError, MissingBackend, ObjectNotFound
 from bridge.journal import Journal, job_key, journal_at
 from bridge.manifest import FileEntry
@@ -391,7 +391,7 @@ class _Extractor:
         self._batched = self._puts is not None and dst.writes_many
         self._connections = pool_batch_connections(settings)
         # A local target's small members skip their two fsyncs each (file, folder): they are made
-        # durable together (one syncfs, as a copy's are: bridge.engine), and journaled only then,
+        # durable together (one syncfs, as a copy's are: bridge.pipeline.execute), and journaled only then,
         # so the journal never names a file a power loss could take back.
         self.defer_sync = dst_root.is_local
         self._unsettled: list[tuple[Location, str, dict]] = []
@@ -616,7 +616,7 @@ def _pairs(items: Iterator[Member]) -> Iterator[tuple[Member, Member]]:
 def plan_unpack(source: str, destination: str, settings: Settings, prefix: str | None = None) -> UnpackPlan:
     """Phase 1: every member of every shard, each one checked; one error naming the unsafe ones.
     The members go to a table on disk as each shard's list is read."""
-    from bridge.engine import spill_dir
+    from bridge.pipeline.plan import spill_dir
     src = parse(source)
     store = get_store(src, settings)
     store.check_bucket(src)

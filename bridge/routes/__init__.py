@@ -1,6 +1,6 @@
 """Routes: which way a copy's bytes go, chosen once per job, run file by file or as one remote job.
 
-    direct     through this process (bridge.engine's put / part / complete units); serves every
+    direct     through this process (bridge.pipeline.units: put / part / complete); serves every
                pair, and is where every other route falls back to
     server     inside one store account: the store copies (bridge/routes/server.py)
     from-url   into Azure from S3 or GCS: Azure pulls blocks from a signed URL (bridge/routes/fromurl.py)
@@ -21,7 +21,7 @@ The seam. A route is an object in ``REGISTRY`` (``register(route)``) with:
                                 (rel, Fallback) when the route cannot carry it and has
                                 moved none of its bytes
 
-The engine's ``route`` unit journals each FileEntry as the file's record (so a re-run finds it
+The ``route`` unit (bridge.pipeline.units) journals each FileEntry as the file's record (so a re-run finds it
 done) and turns each Fallback into the file's ``direct`` units, recording the reason; a
 route whose failure says so (``Fallback(job_wide=True)``: the store answers that it
 cannot do this at all) is not tried again by the job. Any other error fails the unit as usual.
@@ -30,8 +30,8 @@ bridge took from bytes it read, ``reported`` what a store said, and ``note`` why
 out (bridge/manifest.py). Bytes the route moved count as ``Progress.moved(n, through=...)`` with
 only those that passed through this process as ``through``.
 
-``choose(plan, settings, forced)`` fills ``plan.route`` and ``plan.route_why``: the forced route
-(bad input, exit 2, when it cannot serve the pair), else the first of ``AUTOMATIC`` that serves
+``decide(src, dst, settings, forced)`` is the one route decision, ``choose(plan, settings, forced)``
+the same for a plan's roots: the forced route (bad input, exit 2, when it cannot serve the pair), else the first of ``AUTOMATIC`` that serves
 it and is ``preferred`` for it (``server`` is not, between local paths: it only saves the copy's
 writes there, and is taken with --route server), else ``direct``. ``bridge.policies.routes`` prices the same routes for ``mcbridge plan``.
 """
@@ -194,11 +194,10 @@ def roots(plan: RoutedPlan) -> tuple[Location, Location]:
     return src, parse(plan.destination)
 
 
-def runnable(plan: RoutedPlan, settings: Settings) -> tuple[list[str], list[str]]:
-    """The routes that may carry ``plan`` without --route, ``direct`` first: each of ``AUTOMATIC``
-    and of the enabled native routes that serves the pair and is ``preferred`` for it; and why
-    each other one may not."""
-    src, dst = roots(plan)
+def runnable(src: Location, dst: Location, settings: Settings) -> tuple[list[str], list[str]]:
+    """The routes that may carry a copy between these roots without --route, ``direct`` first:
+    each of ``AUTOMATIC`` and of the enabled native routes that serves the pair and is
+    ``preferred`` for it; and why each other one may not."""
     known = names()
     can, why_not = [DIRECT], []
     for name in (*AUTOMATIC, *settings.native.enabled):   # native routes only where enabled
@@ -215,41 +214,31 @@ def runnable(plan: RoutedPlan, settings: Settings) -> tuple[list[str], list[str]
     return can, why_not
 
 
-def choose(plan: RoutedPlan, settings: Settings, forced: str | None = None) -> RoutedPlan:
-    """Set ``plan.route`` and ``plan.route_why``: the forced route (bad input, exit 2, when it
-    cannot serve the pair), else the first ``runnable`` route that is not direct. The one route decision: ``mcbridge plan`` (which
-    marks it chosen among the priced routes), cp, sync, migrate, submit, replicate and the
-    service's policies all ask it."""
-    src, dst = roots(plan)
+def decide(src: Location, dst: Location, settings: Settings, forced: str | None = None) -> tuple[str, str]:
+    """The one route decision, (route, why), for a copy between these roots: the forced route
+    (bad input, exit 2, when it cannot serve the pair or lacks what its settings must give, its
+    credentials among them), else the first ``runnable`` route that is not direct. It reads only
+    the roots and the settings, so cp and sync take it before any request of their planning (a
+    bad --route is refused before the stores' own checks); ``choose`` takes it for a plan."""
     if forced is not None and forced != DIRECT:
-        route = get(forced)
-        reason = pair_reason(forced, src, dst) or route.serves(src, dst, settings)
+        reason = pair_reason(forced, src, dst) or get(forced).serves(src, dst, settings)
         if reason:
             raise InvalidOption(f"--route {forced} cannot copy {src} to {dst}: {reason}")
-        plan.route, plan.route_why = forced, FORCED
-        return plan
+        return forced, FORCED
     if forced == DIRECT:
-        plan.route, plan.route_why = DIRECT, FORCED
-        return plan
-    can, why_not = runnable(plan, settings)
+        return DIRECT, FORCED
+    can, why_not = runnable(src, dst, settings)
     if len(can) == 1:
-        plan.route = DIRECT
-        plan.route_why = "no other route serves the pair (" + "; ".join(why_not) + ")" if why_not else "the only route"
-        return plan
-    plan.route, plan.route_why = can[1], _why(can[1])
+        return DIRECT, "no other route serves the pair (" + "; ".join(why_not) + ")" if why_not else "the only route"
+    return can[1], _why(can[1])
+
+
+def choose(plan: RoutedPlan, settings: Settings, forced: str | None = None) -> RoutedPlan:
+    """``decide`` for a plan's roots, set as ``plan.route`` and ``plan.route_why``: ``mcbridge
+    plan`` (which marks it chosen among the priced routes), migrate, submit, replicate and the
+    service's policies ask it."""
+    plan.route, plan.route_why = decide(*roots(plan), settings, forced)
     return plan
-
-
-def refuse_forced(source: str, destination: str, settings: Settings, forced: str | None) -> None:
-    """Before any request: a forced route that cannot serve the pair, or lacks what its settings
-    must give (its credentials among them), is bad input (exit 2), as ``choose`` would say once
-    the copy had been planned, where the stores' own checks (their credentials) would come first."""
-    if forced is None or forced == DIRECT:
-        return
-    src, dst = parse(source), parse(destination)
-    reason = pair_reason(forced, src, dst) or get(forced).serves(src, dst, settings)
-    if reason:
-        raise InvalidOption(f"--route {forced} cannot copy {src} to {dst}: {reason}")
 
 
 def _why(name: str) -> str:

@@ -237,7 +237,7 @@ class Store(abc.ABC):
         return hand_over(self.read(loc, offset, length), len(buf), each)
 
     # True where read_many keeps several requests in flight from one thread: the engine then
-    # hands it batches of small whole files (bridge.engine, "batch" units) instead of one per unit.
+    # hands it batches of small whole files (bridge.pipeline.units, "batch" units) instead of one per unit.
     reads_many: bool = False
 
     def read_many(self, locs: list[Location], each: Callable[[int, bytes], None], *,

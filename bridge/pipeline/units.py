@@ -1,0 +1,387 @@
+"""Stage 4, units: what one unit of a copy does (bridge.pipeline.plan lists the kinds): a whole
+file, a batch of small files, one part, a file's completion, the files a route carries, a
+deletion. Each takes the job's context (bridge.pipeline.execute.JobContext) and is idempotent:
+finished work is found in the journal (and, for parts, in the store's own list of an unfinished
+upload) and is not sent again."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import math
+
+from bridge import carry as carrying
+from bridge import check
+from bridge import jobs
+from bridge import manifest as manifests
+from bridge import routes
+from bridge.config import Settings
+from bridge.errors import BridgeError, IntegrityError, ObjectNotFound
+from bridge.hashing import FileHash, combine_parts, crc32c, crc_hex, rehash_parts, sha256_tree
+from bridge.stores.base import MiB, ObjectInfo
+
+
+BATCH_IN_FLIGHT = 64 * MiB   # a batch's bytes in flight at once, at most (batch_connections)
+# Parts bound for a local destination are received and written this much at a time: the piece is
+# still in the CPU's cache (L2) when it is written. Receiving a whole 8 MiB part first and writing
+# it then cost 2-3x the system time in a probe (bench/README.md).
+PIECE = 256 * 1024
+
+
+def _metadata(h: FileHash) -> dict[str, str]:
+    return {"bridge_crc32c": h.crc32c, **({"bridge_sha256": h.sha256} if h.sha256 else {})}
+
+
+def _put(ctx: jobs.Context, unit: dict) -> dict:
+    done = ctx.journal.get(f"file:{unit['rel']}")
+    if ctx.matches(done, unit):
+        ctx.progress.skipped(unit["size"])
+        return done
+    ctx.progress.throttle(unit["size"])
+    return _write(ctx, unit, ctx.dst.body(ctx.src.read(ctx.src_loc(unit["rel"]))))
+
+
+def _batch(ctx: jobs.Context, unit: dict) -> dict:
+    """Small whole files through ``Store.read_many`` (to a local destination), ``Store.put_many``
+    (from a local source), or both (between two stores: the batch's bytes read first, at most
+    BATCH_BYTES, then sent): each written and journaled as it arrives, as ``_put`` does one.
+    Files already journaled are skipped; those that fail are the unit's error (the first, and
+    how many more), the rest of the batch written all the same."""
+    todo = []
+    keys = [f"file:{rel}" for rel, *_rest in unit["files"]]
+    records = ctx.journal.get_many(keys)   # the whole batch in one query (one round trip for the service's)
+    for (rel, size, *more), done in zip(unit["files"], records):   # more: its source_id, then what it carries
+        one = {"rel": rel, "size": size, **({"source_id": more[0]} if more else {}),
+               **({"carry": more[1]} if len(more) > 1 else {})}
+        if ctx.matches(done, one):
+            ctx.progress.skipped(size)
+        else:
+            todo.append(one)
+    connections = batch_connections(ctx.settings, max((one["size"] for one in todo), default=0))
+    if ctx.src.reads_many and ctx.dst_root.is_local:
+        def each(i: int, data: bytes) -> None:
+            _write(ctx, todo[i], ctx.dst.body(data))
+
+        # a bandwidth limit is taken before each request goes, so that the answers, not only
+        # the writes, follow it (bridge.bwlimit: in the batch's event loop it waits without blocking)
+        failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], each, connections=connections,
+                                     pace=lambda i: ctx.progress.throttle(todo[i]["size"]))
+    else:
+        read: dict[int, bytes] = {}
+        failures = {}
+        if not ctx.src_root.is_local:   # from a store to a store: the batch's bytes first
+            failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], read.__setitem__,
+                                         connections=connections)
+        going = [i for i in range(len(todo)) if i not in failures]
+        hashes: dict[int, FileHash] = {}
+        md5s: dict[int, str | None] = {}
+
+        def body(k: int) -> tuple:
+            i = going[k]
+            rel = todo[i]["rel"]
+            ctx.progress.throttle(todo[i]["size"])   # a bandwidth limit paces what goes out
+            data = ctx.dst.body(read.pop(i) if i in read else ctx.src.read(ctx.src_loc(rel)))
+            hashes[i] = _hashed(ctx, todo[i], data)
+            md5s[i] = _md5(ctx, data)
+            return (ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i]), ctx.attrs(rel),
+                    None if "carry" in todo[i] else hashes[i].sha256)
+
+        # What was sent is journaled in one transaction when the batch is done (one per file
+        # cost a SQLite commit each); a kill before that only sends those files again.
+        journaled: list[tuple[str, dict]] = []
+
+        def sent(k: int, committed: ObjectInfo) -> None:
+            i = going[k]
+            _record(ctx, todo[i], hashes.pop(i), check.md5_evidence(committed, md5s.pop(i)), journaled)
+
+        try:
+            unsent = ctx.dst.put_many(len(going), body, sent, connections=connections)
+        finally:
+            ctx.journal.put_many(journaled)
+        failures.update((going[k], exc) for k, exc in unsent.items())
+    if failures:
+        first = failures[min(failures)]
+        if len(failures) == 1:
+            raise first
+        error = copy.copy(first)   # its type kept: a fatal error still stops the job
+        error.args = (f"{first} (and {len(failures) - 1} more files of its batch of {len(unit['files'])})",)
+        raise error
+    return {}
+
+
+def batch_connections(settings: Settings, biggest: int) -> int:
+    """Requests a batch keeps in flight: ``transfer.small_files_in_flight``, as many as keep at
+    most ``BATCH_IN_FLIGHT`` bytes of files of up to ``biggest`` bytes in flight, and never fewer
+    than ``transfer.concurrency`` (a batch takes the job's whole concurrency: it runs alone)."""
+    t = settings.transfer
+    return max(t.concurrency, min(t.small_files_in_flight, BATCH_IN_FLIGHT // max(biggest, 1)))
+
+
+def pool_batch_connections(settings: Settings) -> int:
+    """Requests in flight per batch where batches run on every thread of a pool at once (a
+    pack's reads, an unpack's puts): ``transfer.small_files_in_flight`` in all."""
+    t = settings.transfer
+    return max(1, t.small_files_in_flight // t.concurrency)
+
+
+def _write(ctx: jobs.Context, unit: dict, data) -> dict:
+    h = _hashed(ctx, unit, data)
+    durability = {"durable": False} if ctx.defer_sync else {}
+    # a SHA-256 taken of these bytes (not carried) is the one a store that signs its payload signs
+    committed = ctx.dst.put(ctx.dst_loc(unit["rel"]), data, crc32c=h.crc32c, metadata=_metadata(h),
+                            attrs=ctx.attrs(unit["rel"]), sha256=None if "carry" in unit else h.sha256 or None,
+                            **durability)
+    return _record(ctx, unit, h, check.md5_evidence(committed, _md5(ctx, data)))
+
+
+def _md5(ctx: jobs.Context, data) -> str | None:
+    """The MD5 of a one-request upload's bytes where the destination's ETag is the only proof
+    it may give that it stored them (check.wants_md5)."""
+    if not check.wants_md5(ctx.dst_root, ctx.settings.transfer.store_checksums):
+        return None
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
+def _hashed(ctx: jobs.Context, unit: dict, data) -> FileHash:
+    if len(data) != unit["size"]:
+        raise IntegrityError(f"{ctx.src_loc(unit['rel'])}: read {len(data)} bytes, planned {unit['size']}: "
+                             f"the source changed during the copy")
+    carried = unit.get("carry")
+    if carried is None:
+        return FileHash.of(data)
+    crc = crc_hex(crc32c(data))
+    _check_carried(ctx, unit, crc, carried["crc32c"])
+    return FileHash(len(data), crc, carried["sha256"])
+
+
+def _check_carried(ctx: jobs.Context, unit: dict, crc: str, recorded: str, part: int = 0) -> None:
+    """The bytes read are the ones the source's record hashed (bridge.carry), by CRC32C."""
+    if crc != recorded:
+        what = f"part {part}" if part else "its bytes"
+        raise IntegrityError(f"{ctx.src_loc(unit['rel'])}: {what} read with CRC32C {crc}, the source's manifest "
+                             f"says {recorded}: the source is damaged or changed since it was recorded")
+
+
+def _record(ctx: jobs.Context, unit: dict, h: FileHash, committed: ObjectInfo, batch: list | None = None) -> dict:
+    entry = manifests.entry_from_hash(unit["rel"], h, committed=committed)
+    if "carry" in unit:
+        entry.computed, entry.carried = ["crc32c"], carrying.provenance(unit["carry"])
+    entry = entry.to_dict()
+    ctx.written(unit, entry, h.size, batch)
+    ctx.progress.moved(h.size)
+    ctx.progress.file_finished()
+    return entry
+
+
+def _part(ctx: jobs.Context, unit: dict) -> dict:
+    rel, number, part_size = unit["rel"], unit["number"], unit["part_size"]
+    if ctx.matches(ctx.journal.get(f"file:{rel}"), unit):
+        length = min(part_size, unit["size"] - (number - 1) * part_size)
+        ctx.progress.skipped(length)
+        return {"skipped": True}
+    hasher = ctx.hasher(rel, "carry" in unit)
+    try:
+        upload_id, held = ctx.upload(unit)
+        offset = (number - 1) * part_size
+        length = min(part_size, unit["size"] - offset)
+        known = ctx.journal.get(f"part:{rel}:{number}")
+        stored = held.get(number)
+        # A part journaled without its own SHA-256 was hashed into its file's (a local
+        # destination, below): finished all the same, the file is hashed again from disk then.
+        finished = bool(known and (known.get("sha256") or ctx.dst_root.is_local) and known["size"] == length
+                        and stored and stored.size == length and stored.crc32c in ("", known["crc32c"]))
+        if finished and not ctx.src_root.is_local:
+            # Reading it again from a cloud source would pay its egress twice: the journal has
+            # its CRC32C and SHA-256, and the file's whole SHA-256 comes from elsewhere (_complete).
+            hasher.feed(number, None)
+            ctx.progress.skipped(length)
+            return known
+        ctx.progress.throttle(length)
+        dst = ctx.dst_loc(rel)
+        if ctx.dst_root.is_local:
+            # Written piece by piece as it arrives, then hashed into the file's SHA-256 from the
+            # page cache when its turn comes: a part that finished before the parts ahead of it
+            # holds no memory, and its thread goes on to the next. The part's own SHA-256 is
+            # taken as it arrives when the whole file's is not asked for (the default) or carried;
+            # with it, not: when the file's does not come about (a resume, parts in other
+            # processes), _complete hashes the file and its parts from disk.
+            carried = unit.get("carry")
+            crc, sha = _receive_part(ctx, rel, upload_id, offset, length,
+                                     not ctx.settings.transfer.sha256 and carried is None)
+            if carried is not None:
+                _check_carried(ctx, unit, crc, carried["crc32c"], number)
+                sha = carried["sha256"]
+            region = ctx.dst.written_region(dst, upload_id, offset, length)
+            if finished and known["crc32c"] == crc:
+                hasher.feed(number, region)
+                ctx.progress.skipped(length)
+                if sha and not known.get("sha256"):
+                    known = {**known, "sha256": sha}
+                    ctx.journal.put(f"part:{rel}:{number}", known)
+                return known
+            record = ctx.dst.record_part(dst, upload_id, number, offset, length, crc)
+            hasher.feed(number, region)
+        else:
+            data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel), offset, length))
+            if len(data) != length:
+                raise IntegrityError(f"{ctx.src_loc(rel)}: short read at {offset}: the source changed")
+            crc = crc_hex(crc32c(data))
+            if finished and known["crc32c"] == crc:
+                hasher.feed(number, data)
+                ctx.progress.skipped(length)
+                return known
+            # Each part's own SHA-256 lets a cloud destination's resume and verify go without the
+            # whole file's.
+            hasher.feed(number, data)
+            if "carry" in unit:
+                _check_carried(ctx, unit, crc, unit["carry"]["crc32c"], number)
+                sha, taken = unit["carry"]["sha256"], None
+            else:   # taken from these bytes: a store that signs the payload's hash signs this one
+                sha = taken = hashlib.sha256(data).hexdigest()
+            record = ctx.dst.upload_part(dst, upload_id, number, offset, data, crc, sha256=taken)
+        if record.crc32c != crc:
+            raise IntegrityError(f"{dst}: part {number} stored with CRC32C {record.crc32c}, "
+                                 f"sent {crc}")
+        done = {**record.to_dict(), "sha256": sha}
+        ctx.journal.put(f"part:{rel}:{number}", done)
+        ctx.progress.moved(length)
+        return done
+    except BaseException as exc:
+        hasher.fail(exc)
+        raise
+
+
+def _receive_part(ctx: jobs.Context, rel: str, upload_id: str, offset: int, length: int,
+                  sha: bool) -> tuple[str, str]:
+    """Bytes [offset, offset+length) of ``rel`` from the source into the local destination's
+    partial file, a piece at a time through this thread's buffer; their CRC32C, and with ``sha``
+    their SHA-256 ("" without)."""
+    src = ctx.src_loc(rel)
+    short = f"{src}: short read at {offset}: the source changed"
+
+    def fill(write) -> tuple[str, str]:
+        crc, at, digest = 0, 0, None
+
+        def each(pos: int, view: memoryview) -> None:
+            nonlocal crc, at, digest
+            if pos == 0:      # a retried request hands its pieces over again
+                crc, at, digest = 0, 0, hashlib.sha256() if sha else None
+            if pos != at or pos + len(view) > length:
+                raise IntegrityError(short)
+            write(pos, view)
+            crc, at = crc32c(view, crc), pos + len(view)
+            if digest is not None:
+                digest.update(view)
+
+        if ctx.src.read_through(src, offset, length, ctx.part_buffer(PIECE), each) != length or at != length:
+            raise IntegrityError(short)
+        return crc_hex(crc), digest.hexdigest() if digest is not None else ""
+
+    return ctx.dst.write_part(ctx.dst_loc(rel), upload_id, offset, fill)
+
+
+def _complete(ctx: jobs.Context, unit: dict) -> dict:
+    rel, size, part_size = unit["rel"], unit["size"], unit["part_size"]
+    done = ctx.journal.get(f"file:{rel}")
+    if ctx.matches(done, unit):
+        ctx.finished(rel)
+        return done
+    from bridge.stores.base import PartRecord
+    count = math.ceil(size / part_size)
+    parts, part_sha256 = [], []
+    for n in range(1, count + 1):
+        rec = ctx.journal.get(f"part:{rel}:{n}")
+        if rec is None:
+            raise BridgeError(f"{ctx.dst_loc(rel)}: part {n} of {count} is missing; run the copy again")
+        parts.append(PartRecord.from_dict(rec))
+        part_sha256.append(rec.get("sha256", ""))
+    crc = crc_hex(combine_parts([(int(p.crc32c, 16), p.size) for p in parts]))
+    # The whole-file SHA-256, when asked for, exists when every part passed here in order; a
+    # resume that skipped finished parts takes it from a local destination (no egress), or leaves
+    # it out. Without it the record is the parts' SHA-256s, their tree digest and the CRC32C.
+    asked = ctx.settings.transfer.sha256
+    planned = ctx.plan.files.find(rel)
+    carried = planned.carry if planned is not None else None
+    if carried is not None:   # the whole object's CRC32C end to end, then the source's SHA-256s
+        _check_carried(ctx, unit, crc, carried["crc32c"])
+        if carried["sha256_tree"] and all(part_sha256) \
+                and sha256_tree(part_sha256, part_size) != carried["sha256_tree"]:
+            raise IntegrityError(f"{ctx.src_loc(rel)}: the source's manifest records a sha256-tree its own part "
+                                 f"SHA-256s do not give: the record is damaged")
+    whole = (carried["sha256"] or None) if carried is not None else ctx.hasher(rel).whole(count)
+    h = FileHash(size, crc, whole or "")
+    upload_id, _held = ctx.upload(unit)
+    dst = ctx.dst_loc(rel)
+    reported = ctx.dst.complete_upload(dst, upload_id, parts, crc32c=crc, metadata=_metadata(h),
+                                       attrs=ctx.attrs(rel))
+    check.completed(ctx.dst, dst, reported, crc, ctx.settings.transfer.store_checksums)
+    note = ""
+    if dst.is_local and (whole is None if asked else not all(part_sha256)):
+        again, whole, part_sha256 = rehash_parts(ctx.dst, dst, size, part_size, whole=asked)
+        if again != crc:
+            raise IntegrityError(f"{dst}: CRC32C {again} on disk after completing, expected {crc}")
+        h = FileHash(size, crc, whole)
+    elif asked and whole is None:
+        note = "sha256 left out: a resumed copy did not read finished parts again; part_sha256 covers every byte"
+    # The completion's answer names the version written (S3's ETag, an answer read back): the
+    # entry records that, as a one-request put does, without asking again.
+    committed = reported if reported.identity and reported.size == size else manifests.committed_info(ctx.dst, dst, h)
+    entry = manifests.entry_from_hash(rel, h, part_size, [p.crc32c for p in parts], committed)
+    if all(part_sha256):
+        entry.part_sha256 = part_sha256
+        entry.sha256_tree = sha256_tree(part_sha256, part_size)
+    if carried is not None:
+        entry.computed, entry.carried = ["crc32c"], carrying.provenance(carried)
+    elif not h.sha256:
+        entry.computed = ["crc32c", "part_sha256", "sha256_tree"] if entry.sha256_tree else ["crc32c"]
+        entry.note = note
+    entry = entry.to_dict()
+    ctx.journal.put(f"file:{rel}", ctx.journaled(unit, entry))
+    ctx.finished(rel)
+    ctx.progress.file_finished()
+    return entry
+
+
+def _route(ctx: jobs.Context, unit: dict) -> dict:
+    """Files carried by the plan's route (bridge/routes); those it cannot carry go direct."""
+    todo = []
+    for rel in unit["files"]:
+        f = ctx.plan.files.find(rel)
+        if ctx.matches(ctx.journal.get(f"file:{rel}"), {"rel": rel, "size": f.size, "source_id": f.source_id}):
+            ctx.progress.skipped(f.size)
+        else:
+            todo.append(f)
+    fallen, unproven = {}, {}
+    ids = {f.rel: f.source_id for f in todo}
+    results = iter(()) if ctx.route_down else routes.get(ctx.plan.route).run(ctx, todo)
+    for rel, result in results:
+        if isinstance(result, routes.Fallback):
+            fallen[rel] = str(result)
+            if result.job_wide:
+                ctx.route_down = str(result)
+            continue
+        ctx.journal.put(f"file:{rel}", ctx.journaled({"rel": rel, "source_id": ids.get(rel, {})}, result.to_dict()))
+        if result.unproven:
+            unproven[rel] = result.note
+        ctx.progress.file_finished()
+    for f in todo:
+        if f.rel not in fallen and ctx.route_down and not ctx.matches(
+                ctx.journal.get(f"file:{f.rel}"), {"rel": f.rel, "size": f.size, "source_id": f.source_id}):
+            fallen[f.rel] = ctx.route_down
+    with ctx._lock:
+        ctx.fallbacks.update(fallen)
+        ctx.unproven.update(unproven)
+    if fallen:
+        ctx.progress.fell_back(len(fallen))
+    return {"route": ctx.plan.route, "fallback": sorted(fallen), "unproven": sorted(unproven)}
+
+
+def _delete(ctx: jobs.Context, unit: dict) -> dict:
+    try:
+        ctx.dst.delete(ctx.dst_loc(unit["rel"]))
+    except ObjectNotFound:
+        pass  # already gone: a re-run after a kill
+    return {"deleted": unit["rel"]}
+
+
+OPS = {"put": _put, "batch": _batch, "part": _part, "complete": _complete, "delete": _delete, "route": _route}
