@@ -16,7 +16,7 @@ an object merely fails to match (it is sent again, never taken wrongly).
 ``compare`` answers with an ``Adoption``: ``equal`` and by which checksum, and the manifest entry
 that records the object as adopted (``FileEntry.adopted`` names the checksum; ``computed`` the
 hashes bridge took from bytes it read: a local source's, or both sides' under ``deep``).
-``check_trees`` (bridge/compare.py) and sync's adoption both ask it.
+``check_trees`` (bridge/treecheck.py) and sync's adoption both ask it.
 """
 
 from __future__ import annotations

@@ -296,7 +296,7 @@ def journal_marks(plan: Plan, journal: Any) -> set[str]:
 
 
 def _present(journal: Any, keys: list[str]) -> set[str]:
-    if hasattr(journal, "present"):       # one round trip for many keys (workers/journal.py)
+    if hasattr(journal, "present"):       # one round trip for many keys (workers/redisjournal.py)
         return journal.present(keys)
     return {k for k in keys if journal.get(k) is not None}
 

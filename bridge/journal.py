@@ -10,7 +10,7 @@ leave a half one; files the journal names were made durable before they were jou
 ``items(prefix)`` yields (key, value) in key order, a page at a time: keys are stored as their
 UTF-8 bytes (``key_bytes``), which SQLite compares as memcmp does: code-point order, as Python
 compares str. The Celery executor
-keeps the same records in Redis (``workers/journal.py``), behind the same interface.
+keeps the same records in Redis (``workers/redisjournal.py``), behind the same interface.
 """
 
 from __future__ import annotations

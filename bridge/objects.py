@@ -1,6 +1,6 @@
 """The everyday object verbs beside copy and sync: list buckets, make one, total sizes (``du``),
 read an object (``cat``), remove (``rm``), move (``mv``: copy, prove, then remove the source) and
-print hashes (``hashsum``). Each returns JSON-able data; bridge/cli/objects.py prints it.
+print hashes (``hashsum``). Each returns JSON-able data; bridge/cli/verbs.py prints it.
 
 Every listing goes through bridge/filters.py (``walk``), so the filters select the same objects
 here as in cp, sync and verify.
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bridge import check, hashing, routes
+from bridge import verdicts, hashing, routes
 from bridge import filters as filtering
 from bridge import manifest as manifests
 from bridge.config import Settings
@@ -217,7 +217,7 @@ def move(source: str, destination: str, settings: Settings, *, filters: Filters 
     for f in plan.files:
         entry = manifest.files.get(f.rel) if manifest else None
         try:
-            verdict = check.judge(dst, dst.info(dst_root.join(f.rel)), entry, False) if entry else None
+            verdict = verdicts.judge(dst, dst.info(dst_root.join(f.rel)), entry, False) if entry else None
         except ObjectNotFound:
             verdict = None
         if verdict is None or verdict.problem:

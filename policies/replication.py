@@ -42,7 +42,7 @@ files of one it sends (``wants``), and what retention may remove (``removals``):
 checkpoint leaves a destination only once ``keep_last`` newer ones are verified there and
 committed by evidence (one taken on trust is no good copy), and only after the newest one is
 verified at *every* destination, so one failing destination keeps every checkpoint everywhere.
-bridge/replication.py does the I/O.
+bridge/replicator.py does the I/O.
 A file with mistakes is refused whole, one line per mistake: ``FILE:LINE: FIELD: what is wrong``.
 """
 

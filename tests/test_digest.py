@@ -179,7 +179,7 @@ def test_bytes_that_differ_from_the_carried_record_fail_the_copy(rel, field, tre
 
 def test_a_replication_policy_asks_for_the_whole_sha256():
     from bridge.policies import replication as rules
-    from bridge.replication import placed
+    from bridge.replicator import placed
     text = "policies:\n  p:\n    source: s3://src-bucket/ckpt/\n    destinations: [s3://dr-bucket/ckpt/]\n    sha256: true\n"
     [named] = rules.parse(text)
     settings = settings_for(dict(os.environ))

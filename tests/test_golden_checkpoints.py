@@ -78,7 +78,7 @@ def _once(policy_file: Path, env, tmp_path) -> tuple[int, dict, str]:
 
 
 def _folders(url: str, env) -> set[str]:
-    from bridge.replication import folders
+    from bridge.replicator import folders
     return folders(url, settings_for(env))
 
 

@@ -75,7 +75,7 @@ def test_the_bytes_in_flight_are_bounded_and_never_fewer_requests_than_the_concu
 
 
 def test_a_deep_verify_of_small_files_far_away_reads_them_in_batches_and_names_the_damaged_in_order(moto, tmp_path):
-    """``verify --deep`` reads small whole objects as a copy does (check.judge_many: a batch's
+    """``verify --deep`` reads small whole objects as a copy does (verdicts.judge_many: a batch's
     requests in flight from one thread), and its report still names what differs in path order."""
     bucket = unique_name()
     moto.create_bucket(bucket)

@@ -173,7 +173,7 @@ def test_the_service_keeps_a_local_destinations_record_in_the_manifest_folder(se
 def test_a_replication_source_committed_with_records_outside_the_data_is_seen_committed(tmp_path):
     from bridge import ops
     from bridge.policies import replication as rules
-    from bridge.replication import survey
+    from bridge.replicator import survey
     records = tmp_path / "records"
     kept = settings_for(dict(os.environ), manifest_dir=str(records), state_dir=str(tmp_path / "state"))
     plain = settings_for(dict(os.environ), state_dir=str(tmp_path / "state"))

@@ -164,7 +164,7 @@ def test_names_alone_commit_nothing_the_files_say_is_incomplete(moto, fake_gcs, 
         "step-6": f"safetensors: not whole yet by its header: model.safetensors "
                   f"({len(one) - 100} bytes of the {len(one)} its header declares)"}
     assert run["trusted"] == {}
-    from bridge.replication import folders
+    from bridge.replicator import folders
     assert folders(dst, settings_for(emulator_env)) == {"step-7", "step-8"}
 
     # each writer finishes: every checkpoint is committed by what its files say
@@ -262,7 +262,7 @@ def test_steps_seeded_by_one_cp_of_their_parent_are_committed_and_the_window_mov
     assert run["checkpoints"] == ["step-1000", "step-2000"]
     assert all(row["verified"] for row in run["destinations"][dst]["checkpoints"].values())
     assert run["removed"] == {dst: ["step-300"]}
-    from bridge.replication import folders
+    from bridge.replicator import folders
     assert folders(dst, settings_for(emulator_env)) == {"step-1000", "step-2000"}
 
     # a file rewritten since the record, and a step dropped by hand: neither is held by a record
@@ -283,7 +283,7 @@ def test_on_a_file_system_a_file_still_growing_holds_its_checkpoint_back(tmp_pat
     import threading
     import time
     from bridge.policies import replication as rules
-    from bridge.replication import survey
+    from bridge.replicator import survey
     ckpts = tmp_path / "ckpts"
     for step in ("step-1", "step-2", "step-3"):
         (ckpts / step).mkdir(parents=True)

@@ -212,7 +212,7 @@ def _namespace_dump(client, namespace: str) -> str:
 
 
 def test_job_records_and_worker_logs_hold_no_secret(secrets, local, moto, redis_url, tmp_path):
-    from bridge.workers.jobs import TERMINAL, Jobs
+    from bridge.workers.jobrecords import TERMINAL, Jobs
     from bridge.workers.keys import Keys, redis_client
     from bridge.workers.testing import ServiceProcess, purge_namespace, tenant_env
     namespace = f"mcbt-{uuid.uuid4().hex[:10]}"
@@ -320,7 +320,7 @@ def test_names_with_control_characters_are_escaped_from_s3(moto, emulator_env, t
 def test_policy_run_reports_are_stored_masked(secrets, redis_url):
     """What a policy run stores per destination (the job's replicas, the policy's state) quotes
     the children's errors and retention's listing error: stored masked, in real Redis."""
-    from bridge.workers.jobs import Jobs
+    from bridge.workers.jobrecords import Jobs
     from bridge.workers.keys import Keys, redis_client
     from bridge.workers.replicas import PolicyState
     from bridge.workers.specs import parse_spec

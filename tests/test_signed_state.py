@@ -261,7 +261,7 @@ def test_an_admission_mark_written_by_hand_admits_nothing(redis_url, tmp_path):
     can hash the record's signed document), so the mark is a MAC of it with the tenant's key."""
     from bridge.workers.auth import digest, job_document
     from bridge.workers.gate import Gate
-    from bridge.workers.jobs import Jobs
+    from bridge.workers.jobrecords import Jobs
     from bridge.workers.keys import Keys
     from bridge.workers.settings import WorkerSettings
     from bridge.workers.specs import JobSpec

@@ -16,7 +16,7 @@ import os
 import pytest
 
 from bridge import manifest as manifests
-from bridge.check import judge
+from bridge.verdicts import judge
 from bridge.hashing import crc32c, crc_hex
 from bridge.stores import get_store
 from bridge.urls import parse

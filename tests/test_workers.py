@@ -264,7 +264,7 @@ def test_the_log_filter_redacts_messages_and_tracebacks():
 # -- Redis: journal, job records ------------------------------------------------------------
 
 def test_the_redis_journal_is_the_engines_journal(client, namespace):
-    from bridge.workers.journal import RedisJournal
+    from bridge.workers.redisjournal import RedisJournal
     journal = RedisJournal(client, f"{namespace}:journal:k1", ttl=60)
     journal.put("file:a/b.txt", {"size": 3})
     journal.put("part:big.bin:1", {"crc32c": "00000001"})
@@ -281,7 +281,7 @@ def test_the_redis_journal_is_the_engines_journal(client, namespace):
 
 def test_the_redis_journal_sends_finished_files_together_and_streams_them_in_key_order(client, namespace,
                                                                                       monkeypatch):
-    from bridge.workers import journal as journals
+    from bridge.workers import redisjournal as journals
     monkeypatch.setattr(journals, "PAGE", 3)   # pages of the commit's reading
     journal = journals.RedisJournal(client, f"{namespace}:journal:k2", ttl=60)
     names = [f"d{i % 4}/f{i:03d}" for i in range(10)]
@@ -304,7 +304,7 @@ def test_the_redis_journal_sends_finished_files_together_and_streams_them_in_key
 
 
 def test_job_states_move_forward_only_and_cancel_wins_once(client, ws):
-    from bridge.workers.jobs import Jobs
+    from bridge.workers.jobrecords import Jobs
     from bridge.workers.keys import Keys
     jobs = Jobs(client, Keys(ws.namespace), ttl=3600)
     spec = parse_spec({"kind": "copy", "source": "s3://src-b/", "destination": "gs://dst-b/", "profile": "prod"})
@@ -330,7 +330,7 @@ def test_job_states_move_forward_only_and_cancel_wins_once(client, ws):
 def test_a_follower_wakes_when_the_job_ends_not_at_its_next_look(client, ws):
     """--wait blocks on the job's end announcement: its wait returns with the end, long before its
     timeout (a follower subscribed before it looked, so no end is missed between the two)."""
-    from bridge.workers.jobs import Jobs
+    from bridge.workers.jobrecords import Jobs
     from bridge.workers.keys import Keys
     jobs = Jobs(client, Keys(ws.namespace), ttl=3600)
     job_id = jobs.create(parse_spec({"kind": "copy", "source": "s3://a-b/", "destination": "gs://c-d/"}), queue="q")
@@ -369,7 +369,7 @@ def test_submit_wait_reports_a_job_once_its_worker_has_announced_its_end(client,
     longer than the hang guard, so only the announcement can end it in time; that it returned
     after the announcement, not on the bare end, is read from Redis when it returns."""
     from bridge.workers.commands import job_control as commands
-    from bridge.workers.jobs import Jobs
+    from bridge.workers.jobrecords import Jobs
     from bridge.workers.keys import Keys
     jobs = Jobs(client, Keys(ws.namespace), ttl=3600)
     job_id = jobs.create(parse_spec({"kind": "copy", "source": "s3://a-b/", "destination": "gs://c-d/"}), queue="q")

@@ -26,7 +26,7 @@ from bridge.hashing import sha256_tree
 from bridge.urls import parse
 from tests.emulators import free_port
 from tests.helpers import record
-from bridge.workers.jobs import TERMINAL, Jobs
+from bridge.workers.jobrecords import TERMINAL, Jobs
 from bridge.workers.keys import Keys, redis_client
 from bridge.workers.testing import ServiceProcess, purge_namespace, tenant_env
 
@@ -272,7 +272,7 @@ def test_a_worker_killed_with_sigkill_mid_job_costs_only_its_units_in_flight(ser
     w1.kill()
     killed_at = time.monotonic()
     # What w1 held at the kill (its running tasks stay listed until their lease runs out): the
-    # small files of those tasks (records buffered up to workers.journal.FLUSH_SECONDS), and
+    # small files of those tasks (records buffered up to workers.redisjournal.FLUSH_SECONDS), and
     # what the journal already had.
     w1_files = {f["rel"] for raw in service.redis.hgetall(service.keys.running).values()
                 for ref in [json.loads(raw)] if ref["worker"] == w1.hostname and ref["task"] == "bridge.transfer"

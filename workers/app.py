@@ -116,7 +116,7 @@ _metrics_dir: str | None = None
 # What a pool process's first tasks would import otherwise: the engine and stores, the SDK stacks
 # the stores import when first needed (a CLI's short job may never need them; a worker's jobs
 # price their plan and ask a bucket's region through them), the cost model, the metrics client.
-PRELOAD = ("bridge.pipeline.execute", "bridge.ops", "bridge.check", "bridge.costing", "bridge.stores.local",
+PRELOAD = ("bridge.pipeline.execute", "bridge.ops", "bridge.verdicts", "bridge.costing", "bridge.stores.local",
            "bridge.stores.s3", "bridge.stores.s3direct", "bridge.stores.gcs", "bridge.stores.azure",
            "s3fs", "aiobotocore.session", "gcsfs.core", "azure.storage.blob", "prometheus_client")
 

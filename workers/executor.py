@@ -20,7 +20,7 @@ cache), their clients and connections; the pool does not recycle its processes.
 Every finished unit is in the Redis journal (its records sent together, at the latest when the
 task ends), so a task run again after its worker died redoes only the units that were in flight.
 The plan's sub-plans go to Redis a few MiB at a time as they are made, and out again a page at a
-time; the commit streams the journal's file records in key order (workers/journal.py). What a unit is depends on the kind of job (workers/kinds.py);
+time; the commit streams the journal's file records in key order (workers/redisjournal.py). What a unit is depends on the kind of job (workers/kinds.py);
 the units themselves are bridge's own, the same ones its in-process executors run.
 
 A cancelled job's tasks stop at their next unit (their requests at their next piece); a plan or
@@ -55,8 +55,8 @@ from bridge.workers import metrics
 from bridge.workers.auth import Refused, canonical
 from bridge.workers.budgets import Budgets
 from bridge.workers.gate import Admitted, Gate
-from bridge.workers.jobs import ACTIVE, Jobs, JobRecord
-from bridge.workers.journal import RedisJournal
+from bridge.workers.jobrecords import ACTIVE, Jobs, JobRecord
+from bridge.workers.redisjournal import RedisJournal
 from bridge.workers.keys import Keys
 from bridge.workers.leases import Lease, Leases, TaskRef
 from bridge.workers.metering import JobMeterLog

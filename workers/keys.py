@@ -4,14 +4,14 @@ Every key starts with the namespace (``BRIDGE_NAMESPACE``, default ``mcbridge``)
 keys get the same prefix through kombu's ``global_keyprefix``::
 
     mcbridge:jobs                     sorted set: job id by creation time
-    mcbridge:job:<id>                 hash: the job record (workers/jobs.py)
+    mcbridge:job:<id>                 hash: the job record (workers/jobrecords.py)
     mcbridge:job:<id>:errors          list: the first errors, redacted
     mcbridge:job:<id>:done            set: ids of the job's tasks that finished
     mcbridge:job:<id>:pending         counter: transfer tasks not yet finished
     mcbridge:job:<id>:attempts        hash: task id -> how many times it was started
     mcbridge:job:<id>:tasks           list: the fan-out, kept so a re-run planner re-sends it
     mcbridge:job:<id>:bw              hash: the job's bandwidth budget (workers/limits.py)
-    mcbridge:journal:<plan key>:<kind> hashes: the journal (workers/journal.py)
+    mcbridge:journal:<plan key>:<kind> hashes: the journal (workers/redisjournal.py)
     mcbridge:lease:<task id>          string with a TTL: who runs that task (workers/leases.py)
     mcbridge:running                  hash: task id -> how to queue it again
     mcbridge:worker:<hostname>        string with a TTL: a live worker and its queues

@@ -223,7 +223,7 @@ class Files:
             plan, _reasons = syncplan.plan_sync(spec.source, spec.destination, settings, delete=spec.deletes,
                                            chunk_size=chunk, filters=filters, adopt=spec.adopt or "checksum")
             if spec.include or spec.exclude:
-                from bridge.replication import filtered
+                from bridge.replicator import filtered
                 plan = filtered(plan, spec.include or [], spec.exclude or [])
         from bridge import routes
         routes.choose(plan, settings, spec.route)

@@ -8,7 +8,7 @@
     checkpoint is verified at every destination), per-destination state, spend and metrics.
 
 The policy file is read by beat (``mcbridge beat --policies FILE``) and travels in the task, as
-schedules' specs do; the decisions are policies/replication.py's, the I/O bridge/replication.py's.
+schedules' specs do; the decisions are policies/replication.py's, the I/O bridge/replicator.py's.
 The run's record keeps the policy and the window it was started for (``policy_spec``,
 ``checkpoints``), both covered by the run's signature (workers/auth.py): its children are started
 from them and its end checks them again before retention deletes anything.
@@ -37,7 +37,7 @@ from bridge.policies import replication as rules
 from bridge.policies.replication import NamedPolicy, Policy
 from bridge.workers import metrics
 from bridge.workers.budgets import month
-from bridge.workers.jobs import ACTIVE, iso
+from bridge.workers.jobrecords import ACTIVE, iso
 from bridge.workers.keys import Keys
 from bridge.workers.specs import JobSpec, parse_spec
 
@@ -147,7 +147,7 @@ def start(svc, name: str, policy: Policy, tenant: str) -> str:
     """Plan and price one run of a policy for ``tenant``; queue it, hold it for approval, or refuse
     it. Nothing is listed before the policy's places are found in the tenant's scope."""
     from bridge import costing, estimate
-    from bridge import replication as run
+    from bridge import replicator as run
     from bridge.workers.auth import Refused
     from bridge.workers.gate import Admitted
     spec = _spec(policy)
@@ -226,7 +226,7 @@ def ended(svc, parent) -> None:
     The run's signature is checked again first, over the policy and window its record holds now:
     a record changed since it was signed deletes nothing, and the run fails, refused. A child
     counts only as the signed sync of its checkpoint to its destination (``_child``)."""
-    from bridge import replication as run
+    from bridge import replicator as run
     from bridge.workers.auth import Refused
     try:
         who = svc.gate.check(parent)

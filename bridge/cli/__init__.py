@@ -61,8 +61,8 @@ app = typer.Typer(**_APP)
 # never imports and this module never names.
 GROUPS: dict[str, tuple[str, ...]] = {
     "bridge.cli.transfer": ("cp", "sync", "verify", "uploads", "version", "completion"),
-    "bridge.cli.objects": ("ls", "du", "cat", "rm", "mv", "hashsum", "mb"),
-    "bridge.cli.compare": ("check",),
+    "bridge.cli.verbs": ("ls", "du", "cat", "rm", "mv", "hashsum", "mb"),
+    "bridge.cli.check": ("check",),
     "bridge.cli.packing": ("pack", "unpack", "migrate"),
     "bridge.cli.policy": ("plan", "replicate", "policy"),
     "bridge.cli.cache": ("cache",),

@@ -1,4 +1,4 @@
-"""``mcbridge pack``, ``unpack`` and ``migrate`` (``cat`` of a shard set's file is bridge/cli/objects.py's). Registered by bridge.cli at start (see its GROUPS);
+"""``mcbridge pack``, ``unpack`` and ``migrate`` (``cat`` of a shard set's file is bridge/cli/verbs.py's). Registered by bridge.cli at start (see its GROUPS);
 the packing machinery (and pyarrow, for Parquet) is imported only when one of them runs."""
 
 from __future__ import annotations

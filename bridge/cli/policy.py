@@ -133,7 +133,7 @@ def replicate(policy_file: Annotated[Path, typer.Option("--policy", help="YAML f
     where it is. A checkpoint committed on trust (a marker nothing read confirms) is said so.
     The filters narrow each checkpoint's files further (paths inside a checkpoint)."""
     from bridge.errors import InvalidOption
-    from bridge.replication import run_once
+    from bridge.replicator import run_once
     from bridge.policies.replication import select
     if once == watch:
         raise InvalidOption("give --once to run the policies once in this process, or --watch to replicate "
@@ -193,7 +193,7 @@ def _watch(chosen, settings, max_cost, as_json: bool, filters=None) -> None:
     """``replicate --watch``: until Ctrl-C or SIGTERM, each run and each change of what waits."""
     import signal
     import threading
-    from bridge.replication import watch
+    from bridge.replicator import watch
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):   # stop after the run in progress
         signal.signal(sig, lambda *_: stop.set())

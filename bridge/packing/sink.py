@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bridge.meter import Pool
-from bridge import check
+from bridge import verdicts
 from bridge.errors import BridgeError, InvalidOption
 from bridge.hashing import FileHash, combine_parts, crc32c, crc_hex
 from bridge.manifest import committed_info, provenance
@@ -151,7 +151,7 @@ class StreamingUpload:
         crc = crc_hex(combine_parts([(int(p.crc32c, 16), p.size) for p in self._parts]))
         reported = self._retrying(lambda: self.store.complete_upload(self.loc, self._upload_id, self._parts,
                                                                      crc32c=crc, metadata=_metadata(crc, sha)))
-        check.completed(self.store, self.loc, reported, crc, self.store.settings.transfer.store_checksums)
+        verdicts.completed(self.store, self.loc, reported, crc, self.store.settings.transfer.store_checksums)
         committed = self._retrying(lambda: committed_info(self.store, self.loc, FileHash(self._pos, crc, sha)))
         return Written(self._pos, crc, sha, self.part_size, [p.crc32c for p in self._parts],
                        provenance(committed))

@@ -9,7 +9,7 @@ from typing import Any
 from bridge import filters as filtering
 from bridge import manifest as manifests
 from bridge import meter
-from bridge.check import mismatch, reported_crc32c
+from bridge.verdicts import mismatch, reported_crc32c
 from bridge.config import Settings
 from bridge.filters import Filters
 from bridge.hashing import rehash

@@ -11,7 +11,7 @@ import hashlib
 import math
 
 from bridge import carry as carrying
-from bridge import check
+from bridge import verdicts
 from bridge import jobs
 from bridge import manifest as manifests
 from bridge import routes
@@ -92,7 +92,7 @@ def _batch(ctx: jobs.Context, unit: dict) -> dict:
 
         def sent(k: int, committed: ObjectInfo) -> None:
             i = going[k]
-            _record(ctx, todo[i], hashes.pop(i), check.md5_evidence(committed, md5s.pop(i)), journaled)
+            _record(ctx, todo[i], hashes.pop(i), verdicts.md5_evidence(committed, md5s.pop(i)), journaled)
 
         try:
             unsent = ctx.dst.put_many(len(going), body, sent, connections=connections)
@@ -131,13 +131,13 @@ def _write(ctx: jobs.Context, unit: dict, data) -> dict:
     committed = ctx.dst.put(ctx.dst_loc(unit["rel"]), data, crc32c=h.crc32c, metadata=_metadata(h),
                             attrs=ctx.attrs(unit["rel"]), sha256=None if "carry" in unit else h.sha256 or None,
                             **durability)
-    return _record(ctx, unit, h, check.md5_evidence(committed, _md5(ctx, data)))
+    return _record(ctx, unit, h, verdicts.md5_evidence(committed, _md5(ctx, data)))
 
 
 def _md5(ctx: jobs.Context, data) -> str | None:
     """The MD5 of a one-request upload's bytes where the destination's ETag is the only proof
-    it may give that it stored them (check.wants_md5)."""
-    if not check.wants_md5(ctx.dst_root, ctx.settings.transfer.store_checksums):
+    it may give that it stored them (verdicts.wants_md5)."""
+    if not verdicts.wants_md5(ctx.dst_root, ctx.settings.transfer.store_checksums):
         return None
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
@@ -314,7 +314,7 @@ def _complete(ctx: jobs.Context, unit: dict) -> dict:
     dst = ctx.dst_loc(rel)
     reported = ctx.dst.complete_upload(dst, upload_id, parts, crc32c=crc, metadata=_metadata(h),
                                        attrs=ctx.attrs(rel))
-    check.completed(ctx.dst, dst, reported, crc, ctx.settings.transfer.store_checksums)
+    verdicts.completed(ctx.dst, dst, reported, crc, ctx.settings.transfer.store_checksums)
     note = ""
     if dst.is_local and (whole is None if asked else not all(part_sha256)):
         again, whole, part_sha256 = rehash_parts(ctx.dst, dst, size, part_size, whole=asked)

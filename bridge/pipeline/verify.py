@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bridge import check
+from bridge import verdicts
 from bridge import manifest as manifests
 from bridge.config import Settings
 from bridge.errors import BridgeError, InvalidOption, ManifestError
@@ -126,7 +126,7 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
     """One committed prefix: a merge of its listing and its record, both in path order. An object
     under a deeper committed prefix belongs to that one, unless this record names it too. A deep
     check of small whole objects on a store that ``reads_many`` reads them in batches, as a copy
-    does (``check.judge_many``: many requests in flight from one thread), one batch at a time."""
+    does (``verdicts.judge_many``: many requests in flight from one thread), one batch at a time."""
     at = root.join(prefix.rstrip("/")).as_prefix() if prefix else root   # a local join takes no trailing /
     record = manifests.open_record(store, at)
     deeper = [p[len(prefix):] for p in prefixes if p != prefix and p.startswith(prefix)]
@@ -165,7 +165,7 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
             cf.wait(last_batch)
         items, batch, batch_bytes = batch, [], 0
         connections = batch_connections(settings, max(entry.size for _path, _info, entry in items))
-        fut = pool.submit(check.judge_many, store, [(info, entry) for _path, info, entry in items], connections)
+        fut = pool.submit(verdicts.judge_many, store, [(info, entry) for _path, info, entry in items], connections)
         if progress is not None:
             def checked(_f, sizes=[entry.size for _path, _info, entry in items]) -> None:
                 for n in sizes:
@@ -195,13 +195,13 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
                 progress.plan_checks(1, entry.size)
             if deep and entry.unproven:
                 reading[entry.path] = proven_by_reading(entry, obj[1])
-            if not deep and check.proven_by_listing(obj[1], entry) and not entry.unproven:
+            if not deep and verdicts.proven_by_listing(obj[1], entry) and not entry.unproven:
                 # Most objects: passed here, where a pool's hand-off cost more than the check
                 # (about half of a 10,000-object verify's time went to futures and wake-ups).
                 if progress is not None:
                     progress.checked(entry.size)
             # small whole objects: at least four of them in flight within a batch's byte bound
-            elif in_batches and obj[1].size == entry.size <= BATCH_IN_FLIGHT // 4 and check.judged_whole(entry):
+            elif in_batches and obj[1].size == entry.size <= BATCH_IN_FLIGHT // 4 and verdicts.judged_whole(entry):
                 batch.append((entry.path, obj[1], entry))
                 batch_bytes += entry.size
                 if len(batch) >= BATCH_FILES or batch_bytes >= BATCH_BYTES:
@@ -260,7 +260,7 @@ class _Unproven:
 
 
 def _judge(store, info, entry, deep: bool, sha256: bool):
-    verdict = check.judge(store, info, entry, deep, sha256)
+    verdict = verdicts.judge(store, info, entry, deep, sha256)
     if deep or verdict.problem or verdict.rehashed or not entry.unproven:
         return verdict   # a problem, or bytes read and found equal, says more than the note
     return _Unproven(entry.note[len(manifests.UNPROVEN):].strip() + " (verify --deep reads it)")

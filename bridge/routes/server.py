@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bridge.attributes import Attrs
-from bridge.check import rehash
+from bridge.verdicts import rehash
 from bridge.config import Settings
 from bridge.errors import IntegrityError, ObjectNotFound, Unsupported
 from bridge.routes import Route, Fallback, register

@@ -171,9 +171,9 @@ def test_a_store_whose_declared_ability_does_not_work_fails(tmp_path):
 
 
 def test_store_checksums_are_applied_alike_to_every_store(able):
-    """complete_upload returns what the store reports; check.completed (the engine's and the
+    """complete_upload returns what the store reports; verdicts.completed (the engine's and the
     shard writer's one check) decides, whatever the store."""
-    from bridge import check
+    from bridge import verdicts
     from bridge.errors import IntegrityError, ObjectNotFound
     store, root, _ctx = able
     data = _pattern(max(store.features.min_part_size, 1024))
@@ -185,10 +185,10 @@ def test_store_checksums_are_applied_alike_to_every_store(able):
     assert reported.size == len(data) and reported.location == loc
     if "crc32c" in store.features.checksums:
         assert reported.checksums["crc32c"] == whole
-    assert check.completed(store, loc, reported, whole, "require") is reported
-    assert check.completed(store, loc, reported, whole, "readback") is reported
-    assert check.completed(store, loc, reported, "00000000", "skip") is reported
+    assert verdicts.completed(store, loc, reported, whole, "require") is reported
+    assert verdicts.completed(store, loc, reported, whole, "readback") is reported
+    assert verdicts.completed(store, loc, reported, "00000000", "skip") is reported
     with pytest.raises(IntegrityError, match="the object was removed"):
-        check.completed(store, loc, reported, "00000000", "readback")
+        verdicts.completed(store, loc, reported, "00000000", "readback")
     with pytest.raises(ObjectNotFound):
         store.info(loc)

@@ -84,7 +84,7 @@ def connect(ws):
 
 
 def job_records(ws):
-    from bridge.workers.jobs import Jobs
+    from bridge.workers.jobrecords import Jobs
     from bridge.workers.keys import Keys
     return Jobs(connect(ws), Keys(ws.namespace), ws.job_ttl)
 

@@ -44,7 +44,7 @@ def follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, int
     The record is read every ``interval`` seconds for the bar, and at once when the job's end is
     announced (``Jobs.following``)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
-    from bridge.workers.jobs import TERMINAL
+    from bridge.workers.jobrecords import TERMINAL
     bar_on = not quiet and not as_json and err.is_terminal
     bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                    console=err, disable=not bar_on)
@@ -124,7 +124,7 @@ def jobs_list(state: Annotated[Optional[str], typer.Option("--state", help="Only
               broker: BrokerOpt = None) -> None:
     """The most recent jobs, newest first."""
     from bridge.errors import InvalidOption
-    from bridge.workers.jobs import ACTIVE, STATES
+    from bridge.workers.jobrecords import ACTIVE, STATES
     if state and state != "active" and state not in STATES:
         raise InvalidOption(f"--state {state!r}: use one of {', '.join(STATES)} or active")
     jobs = job_records(service_settings(broker))
@@ -247,7 +247,7 @@ def jobs_limit(job_id: str, rate: Annotated[str, typer.Argument(help="Bytes per 
                broker: BrokerOpt = None) -> None:
     """Change a job's bandwidth limit while it runs; all of its workers follow within seconds."""
     from bridge.config import parse_rate
-    from bridge.workers.jobs import TERMINAL
+    from bridge.workers.jobrecords import TERMINAL
     from bridge.workers.limits import set_limit
     if not rate.strip():
         from bridge.errors import InvalidOption

@@ -43,7 +43,7 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
     state, budgets = PolicyState(client, keys), Budgets(client, keys)
     settings = settings_from_flags(profile, config)
     report = []
-    from bridge.replication import recorded as run_here
+    from bridge.replicator import recorded as run_here
     for p in chosen:
         # the service's runs, and this machine's in-process ones (replicate --once/--watch): the newer wins
         recorded = _newer(state.destinations(p.name), run_here(p.name, settings))
@@ -52,7 +52,7 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
             if row.get("month") == month():
                 spend[dst] = spend.get(dst, 0.0) + row.get("month_usd", 0.0)
         try:
-            from bridge.replication import survey
+            from bridge.replicator import survey
             readiness = survey(p.policy, settings)
             source_now, listed, waiting = rules.committed(readiness), None, rules.waiting(readiness)
             trusted = rules.trusted(readiness)   # committed on a name's word: said, never called verified

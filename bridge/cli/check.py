@@ -1,4 +1,4 @@
-"""``mcbridge check SRC DST``: compare two trees without manifests (bridge/compare.py)."""
+"""``mcbridge check SRC DST``: compare two trees without manifests (bridge/treecheck.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def check(src: str, dst: str,
           config: ConfigOpt = None) -> None:
     """Compare the objects under SRC and DST by size and a checksum both stores report (no manifest
     needed, as rclone check); exit 1 naming each missing, extra, differing or unproven object."""
-    from bridge.compare import check_trees
+    from bridge.treecheck import check_trees
     report = check_trees(src, dst, settings_from_flags(profile, config, concurrency), download=download)
     if as_json:
         out.print_json(json.dumps(report))
