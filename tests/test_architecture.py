@@ -17,6 +17,8 @@ foundation. A module gets its layer from its exact name, or from a package prefi
 (``"bridge.stores."`` is every module inside ``bridge/stores/``, not the package itself); a new
 module without either fails ``test_every_module_has_a_layer``. The self-tests at the end build
 small trees in a temporary folder and check that each rule reports what it is meant to.
+
+One rule is about names, not imports: no two modules share a file name (``shared_basenames``).
 """
 
 from __future__ import annotations
@@ -289,6 +291,20 @@ def test_no_import_circles(graph):
     assert cycles(without_plugin_loads(graph)) == []
 
 
+def shared_basenames(found: dict[str, Path]) -> dict[str, list[str]]:
+    """File names (packages' __init__ aside) that more than one module has: two jobs.py or two
+    compare.py make a reader open the wrong one, and a traceback's file name stop saying which."""
+    by_name: dict[str, list[str]] = {}
+    for name, path in found.items():
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(name)
+    return {base: sorted(names) for base, names in by_name.items() if len(names) > 1}
+
+
+def test_no_basename_names_two_modules():
+    assert shared_basenames(modules()) == {}
+
+
 # The rules' own tests: each builds a tree that breaks one rule in one way, and the rule says so.
 
 FAKE_LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -374,6 +390,13 @@ def test_the_foundation_keeps_its_order():
     assert order == sorted(order) and len(set(order)) == len(order)
     assert layer_of("bridge.routes.sts") == layer_of("bridge.routes")
     assert layer_of("bridge.workers.app") > layer_of("bridge.cli.transfer") > layer_of("bridge.policies.cost")
+
+
+def test_a_basename_used_twice_is_seen(tmp_path):
+    for path in ("pkg/jobs.py", "pkg/mid/jobs.py", "pkg/mid/__init__.py", "pkg/__init__.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    assert shared_basenames(modules(tmp_path, {"pkg": "pkg"})) == {"jobs.py": ["pkg.jobs", "pkg.mid.jobs"]}
 
 
 def test_the_service_rule_and_the_policy_rule_can_fail():
