@@ -59,6 +59,17 @@ def test_wheel_holds_one_import_package(installed):
     assert any(n.startswith("bridge/policies/prices/") and n.endswith(".yaml") for n in names)
 
 
+def test_wheel_holds_every_module_of_the_tree(installed):
+    """A package missing from pyproject's list is left out of the wheel without a word, and the
+    installed command fails only when it first imports it."""
+    names = set(zipfile.ZipFile(next((installed.parent / "dist").glob("*.whl"))).namelist())
+    tree = {f"bridge/{p.relative_to(ROOT / folder).as_posix()}" if folder == "bridge"
+            else f"bridge/{folder}/{p.relative_to(ROOT / folder).as_posix()}"
+            for folder in ("bridge", "workers", "policies") for p in (ROOT / folder).rglob("*.py")
+            if "__pycache__" not in p.parts}
+    assert sorted(tree - names) == []
+
+
 def test_top_level_workers_is_not_importable(installed):
     r = run(installed, "python", "-c", "import workers")
     assert r.returncode == 1 and "No module named 'workers'" in r.stderr
