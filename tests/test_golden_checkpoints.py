@@ -214,6 +214,21 @@ def _manifest_at(url: str, env) -> bool:
     return manifests.read(get_store(root, settings_for(env)), root) is not None
 
 
+def _slow_replicate_until_a_shard_lands(policy_file, env, tmp_path, bucket) -> subprocess.Popen:
+    """``replicate --once`` of step-1 slow enough (one file at a time, 512 KiB/s; small files
+    between two stores go in batches, with small_files_in_flight requests at once) that the
+    source can change while it is copied; returned once a shard has landed in ``bucket``."""
+    slow = dict(env, MCBRIDGE_BWLIMIT="512KiB", MCBRIDGE_CONCURRENCY="1", MCBRIDGE_SMALL_FILES_IN_FLIGHT="1",
+                MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
+    proc = subprocess.Popen([*MCBRIDGE, "replicate", "--policy", str(policy_file), "--once", "--json"],
+                            env=slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not any(b.name.endswith(".bin") for b in bucket.list_blobs(prefix="dr/step-1/")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the copy ended before any shard arrived"
+        time.sleep(0.05)
+    return proc
+
+
 def test_a_shard_rewritten_mid_copy_commits_nothing_and_is_right_next_run(moto, fake_gcs, emulator_env, tmp_path):
     src, gbucket = unique_name(), unique_name()
     moto.create_bucket(src)
@@ -224,18 +239,8 @@ def test_a_shard_rewritten_mid_copy_commits_nothing_and_is_right_next_run(moto, 
     s3.put_object(Bucket=src, Key="golden/step-1/.metadata", Body=b"committed")
     dst = f"gs://{gbucket}/dr/"
     policy_file = _write_policy(tmp_path, f"s3://{src}/golden/", dst, "    ready: {marker: .metadata}\n")
-    # slow enough (one file at a time, 512 KiB/s) that the source is rewritten while it is copied
-    # (small files between two stores go in batches, with small_files_in_flight requests at once)
-    slow = dict(emulator_env, MCBRIDGE_BWLIMIT="512KiB", MCBRIDGE_CONCURRENCY="1", MCBRIDGE_SMALL_FILES_IN_FLIGHT="1",
-                MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
-    proc = subprocess.Popen([*MCBRIDGE, "replicate", "--policy", str(policy_file), "--once", "--json"],
-                            env=slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    from google.cloud import storage  # noqa: F401  (the emulator's own client lists the destination)
     bucket = fake_gcs.client().bucket(gbucket)
-    deadline = time.monotonic() + 60
-    while not any(b.name.endswith(".bin") for b in bucket.list_blobs(prefix="dr/step-1/")):
-        assert proc.poll() is None and time.monotonic() < deadline, "the copy ended before any shard arrived"
-        time.sleep(0.05)
+    proc = _slow_replicate_until_a_shard_lands(policy_file, emulator_env, tmp_path, bucket)
     copied = next(b.name for b in bucket.list_blobs(prefix="dr/step-1/") if b.name.endswith(".bin"))
     shard = copied.rsplit("/", 1)[-1]
     assert proc.poll() is None, "the copy ended before the source was rewritten"
@@ -268,15 +273,8 @@ def test_a_shard_added_after_planning_commits_nothing(moto, fake_gcs, emulator_e
         s3.put_object(Bucket=src, Key=f"golden/step-1/shard-{i}.bin", Body=bytes([i]) * (512 * 1024))
     dst = f"gs://{gbucket}/dr/"
     policy_file = _write_policy(tmp_path, f"s3://{src}/golden/", dst, "    ready: {marker: DONE}\n")
-    slow = dict(emulator_env, MCBRIDGE_BWLIMIT="512KiB", MCBRIDGE_CONCURRENCY="1", MCBRIDGE_SMALL_FILES_IN_FLIGHT="1",
-                MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
-    proc = subprocess.Popen([*MCBRIDGE, "replicate", "--policy", str(policy_file), "--once", "--json"],
-                            env=slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     bucket = fake_gcs.client().bucket(gbucket)
-    deadline = time.monotonic() + 60
-    while not any(b.name.endswith(".bin") for b in bucket.list_blobs(prefix="dr/step-1/")):
-        assert proc.poll() is None and time.monotonic() < deadline, "the copy ended before any shard arrived"
-        time.sleep(0.05)
+    proc = _slow_replicate_until_a_shard_lands(policy_file, emulator_env, tmp_path, bucket)
     assert proc.poll() is None, "the copy ended before the writer's next shard"
     s3.put_object(Bucket=src, Key="golden/step-1/shard-3.bin", Body=b"\x03" * 1000)
     stdout, stderr = proc.communicate(timeout=120)

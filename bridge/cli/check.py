@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from bridge.cli.options import ConcOpt, ConfigOpt, JsonOpt, ProfileOpt, out, settings_from_flags, shown
+from bridge.cli.options import ConcOpt, ConfigOpt, JsonOpt, ProfileOpt, out, print_findings, settings_from_flags
 
 
 def check(src: str, dst: str,
@@ -22,14 +22,7 @@ def check(src: str, dst: str,
     if as_json:
         out.print_json(json.dumps(report))
     else:
-        for path in report["missing"]:
-            out.print(f"missing     {shown(path)}", markup=False)
-        for path in report["extra"]:
-            out.print(f"extra       {shown(path)}", markup=False)
-        for row in report["differ"]:
-            out.print(f"differ      {shown(row['path'])}: {row['reason']}", markup=False)
-        for row in report["unproven"]:
-            out.print(f"unproven    {shown(row['path'])}: {row['reason']}", markup=False)
+        print_findings(report, ("missing", "extra", "differ", "unproven"))
         by = ", ".join(f"{n} by {name}" for name, n in sorted(report["by"].items()))
         out.print(f"{'OK' if report['ok'] else 'FAILED'}: {report['equal']} of {report['checked']} pairs equal"
                   f"{f' ({by})' if by else ''}; {len(report['missing'])} missing at {report['destination']}, "

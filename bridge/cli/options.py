@@ -31,6 +31,15 @@ err = Console(stderr=True, highlight=False)
 out = Console(highlight=False, soft_wrap=True)
 
 
+def print_findings(report: dict, kinds: tuple[str, ...]) -> None:
+    """One line per object a check listed, kind by kind in the given order: a bare path, or a
+    row with its reason (``missing     a/b``, ``differ      a/c: size 3, 4``)."""
+    for kind in kinds:
+        for found in report.get(kind, []):
+            path, why = (found["path"], f": {found['reason']}") if isinstance(found, dict) else (found, "")
+            out.print(f"{kind:<11} {shown(path)}{why}", markup=False)
+
+
 def concurrency_opt(help: str = "Units (files or parts) in flight at once."):
     return Annotated[Optional[int], typer.Option("--concurrency", "-j", metavar="N", min=1, max=256, help=help)]
 

@@ -12,7 +12,7 @@ from bridge import __version__
 from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DeleteOpt, DryOpt,
                                 ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt, MaxSizeOpt,
                                 MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, Sha256Opt,
-                                StoreSumOpt, emit, err, filters_from_flags, moved_line, out, print_plan, route_line,
+                                StoreSumOpt, emit, err, filters_from_flags, moved_line, out, print_findings, print_plan, route_line,
                                 settings_from_flags, shown)
 from bridge.progress import human_bytes, plural
 from bridge.cli.placement import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
@@ -114,17 +114,7 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
     if as_json:
         out.print_json(json.dumps(report))
     else:
-        for path in report["missing"]:
-            out.print(f"missing     {shown(path)}", markup=False)
-        for path in report["extra"]:
-            out.print(f"extra       {shown(path)}", markup=False)
-        for row in report["mismatched"]:
-            out.print(f"mismatched  {shown(row['path'])}: {row['reason']}", markup=False)
-        for row in report.get("unproven", []):
-            out.print(f"unproven    {shown(row['path'])}: {row['reason']}", markup=False)
-        if not quiet:
-            for row in report["rehashed"]:
-                out.print(f"rehashed    {shown(row['path'])}: {row['reason']}", markup=False)
+        print_findings(report, ("missing", "extra", "mismatched", "unproven") + (() if quiet else ("rehashed",)))
         for shard_set in report["shard_sets"]:
             for problem in shard_set["problems"]:
                 out.print(f"shard set   {shard_set['index']}: {problem}", markup=False)
