@@ -310,6 +310,24 @@ FOUR_SHARDS = {f"__{i}_0.distcp": [200000] for i in range(4)}
 SMALL_SHARDS = {f"__{i}_0.distcp": [20000] for i in range(4)}
 
 
+def _put_complete_steps(s3, src: str, steps) -> None:
+    """DCP checkpoints of four 20,000-byte shards, each with the .metadata that names them."""
+    for step in steps:
+        for i in range(4):
+            s3.put_object(Bucket=src, Key=f"golden/{step}/__{i}_0.distcp", Body=os.urandom(20000))
+        s3.put_object(Bucket=src, Key=f"golden/{step}/.metadata", Body=dcpfake.metadata(SMALL_SHARDS))
+
+
+def _watch(policy_file, env, tmp_path) -> tuple[subprocess.Popen, list[dict]]:
+    """``replicate --watch --json`` running, and the list its events are read into as they come."""
+    env = dict(env, MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
+    watcher = subprocess.Popen([*MCBRIDGE, "replicate", "--policy", str(policy_file), "--watch", "--json"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    events: list[dict] = []
+    threading.Thread(target=lambda: events.extend(json.loads(line) for line in watcher.stdout), daemon=True).start()
+    return watcher, events
+
+
 def test_watch_replicates_a_checkpoint_soon_after_its_marker_and_never_before(moto, fake_gcs, azurite,
                                                                               emulator_env, tmp_path):
     src, gbucket, container = unique_name(), unique_name(), unique_name()
@@ -317,21 +335,14 @@ def test_watch_replicates_a_checkpoint_soon_after_its_marker_and_never_before(mo
     fake_gcs.create_bucket(gbucket)
     azurite.create_bucket(container)
     s3 = moto.client()
-    for step in ("step-100", "step-200"):
-        for i in range(4):
-            s3.put_object(Bucket=src, Key=f"golden/{step}/__{i}_0.distcp", Body=os.urandom(20000))
-        s3.put_object(Bucket=src, Key=f"golden/{step}/.metadata", Body=dcpfake.metadata(SMALL_SHARDS))
+    _put_complete_steps(s3, src, ("step-100", "step-200"))
     gs, az = f"gs://{gbucket}/dr/", f"az://{container}/dr/"
     (tmp_path / "step-300.metadata").write_bytes(dcpfake.metadata(FOUR_SHARDS))
     policy_file = tmp_path / "policies.yaml"
     policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{gs}, {az}]\n"
                            f"    checkpoints: \"step-*\"\n    keep_last: 2\n    mode: mirror\n    ready: {{marker: .metadata}}\n"
                            f"    watch: {{interval: 1s}}\n")
-    env = dict(emulator_env, MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
-    watcher = subprocess.Popen([*MCBRIDGE, "replicate", "--policy", str(policy_file), "--watch", "--json"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    events: list[dict] = []
-    threading.Thread(target=lambda: events.extend(json.loads(line) for line in watcher.stdout), daemon=True).start()
+    watcher, events = _watch(policy_file, emulator_env, tmp_path)
 
     def verified_in_output(step: str) -> set[str]:
         return {dst for e in list(events) if e["event"] == "run"
@@ -346,7 +357,7 @@ def test_watch_replicates_a_checkpoint_soon_after_its_marker_and_never_before(mo
             assert watcher.poll() is None and time.monotonic() < deadline, watcher.stderr.read() if watcher.poll() else ""
             time.sleep(0.1)
         writer = subprocess.Popen([sys.executable, "-c", WRITER, moto.endpoint, src, "golden/step-300/", "5",
-                                   str(tmp_path / "step-300.metadata")], env=env, stdout=subprocess.PIPE, text=True)
+                                   str(tmp_path / "step-300.metadata")], env=emulator_env, stdout=subprocess.PIPE, text=True)
         polls_before_marker = 0
         deadline = time.monotonic() + 90   # a hang guard, not a timing
         while verified_in_output("step-300") != {gs, az}:
@@ -395,21 +406,14 @@ def test_a_marker_first_writer_never_costs_the_older_complete_checkpoint(moto, f
     moto.create_bucket(src)
     fake_gcs.create_bucket(gbucket)
     s3 = moto.client()
-    for step in ("step-100", "step-200"):
-        for i in range(4):
-            s3.put_object(Bucket=src, Key=f"golden/{step}/__{i}_0.distcp", Body=os.urandom(20000))
-        s3.put_object(Bucket=src, Key=f"golden/{step}/.metadata", Body=dcpfake.metadata(SMALL_SHARDS))
+    _put_complete_steps(s3, src, ("step-100", "step-200"))
     gs = f"gs://{gbucket}/dr/"
     (tmp_path / "step-300.metadata").write_bytes(dcpfake.metadata(FOUR_SHARDS))
     policy_file = tmp_path / "policies.yaml"
     policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{gs}]\n"
                            f"    checkpoints: \"step-*\"\n    keep_last: 2\n    mode: mirror\n"
                            f"    ready: {{marker: .metadata}}\n    watch: {{interval: 1s}}\n")
-    env = dict(emulator_env, MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
-    watcher = subprocess.Popen([*MCBRIDGE, "replicate", "--policy", str(policy_file), "--watch", "--json"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    events: list[dict] = []
-    threading.Thread(target=lambda: events.extend(json.loads(line) for line in watcher.stdout), daemon=True).start()
+    watcher, events = _watch(policy_file, emulator_env, tmp_path)
 
     def verified(step: str) -> bool:
         return any(e["event"] == "run" and e["destinations"][gs]["checkpoints"].get(step, {}).get("verified")
@@ -425,7 +429,7 @@ def test_a_marker_first_writer_never_costs_the_older_complete_checkpoint(moto, f
             time.sleep(0.1)
         writer = subprocess.Popen([sys.executable, "-c", WRITER, moto.endpoint, src, "golden/step-300/", "2",
                                    str(tmp_path / "step-300.metadata"), "marker-first"],
-                                  env=env, stdout=subprocess.PIPE, text=True)
+                                  env=emulator_env, stdout=subprocess.PIPE, text=True)
         polls_while_incomplete = 0
         deadline = time.monotonic() + 90   # a hang guard, not a timing
         while not verified("step-300"):
@@ -471,11 +475,7 @@ def test_watch_verifies_again_a_checkpoint_whose_source_changed_after_it_was_ver
     policy_file = tmp_path / "policies.yaml"
     policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{gs}]\n"
                            f"    checkpoints: \"step-*\"\n    watch: {{interval: 1s}}\n")
-    env = dict(emulator_env, MCBRIDGE_STATE_DIR=str(tmp_path), XDG_CONFIG_HOME=NO_CONFIG)
-    watcher = subprocess.Popen([*MCBRIDGE, "replicate", "--policy", str(policy_file), "--watch", "--json"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    events: list[dict] = []
-    threading.Thread(target=lambda: events.extend(json.loads(line) for line in watcher.stdout), daemon=True).start()
+    watcher, events = _watch(policy_file, emulator_env, tmp_path)
     runs = lambda: [e for e in list(events) if e["event"] == "run"]   # noqa: E731
     blob = fake_gcs.client().bucket(gbucket).blob("dr/step-1/__2_0.distcp")
     try:

@@ -80,6 +80,18 @@ def _over_budget(s, dst_prefix: str) -> str:
     return job_id
 
 
+
+def _fire_with_children_held(s, policy_file):
+    """The policy's 02:00 run sent by beat to a worker of the control queue only: the run is
+    planned and its two children queued, and none of them runs until a data worker starts."""
+    s.worker("control", concurrency=1, queues=["bridge"]).wait_ready()
+    clock = Clock(datetime(2026, 3, 1, 2, 0, 5, tzinfo=timezone.utc))
+    beat = _beat(s.env, policy_file, clock)
+    beat.schedule["mcbridge-policy:golden"].last_run_at = datetime(2026, 2, 28, 2, 0, 30, tzinfo=timezone.utc)
+    assert beat.tick() == 0, "the policy was not due"
+    return _wait_for("a policy run with its children queued", lambda: _queued_children(s, 2), s)
+
+
 def test_a_policy_spec_rewritten_in_redis_is_refused_and_nothing_at_the_destination_is_deleted(signed, tmp_path):
     s = signed
     for name in ("step-300", "step-400"):
@@ -101,13 +113,7 @@ policies:
 """)
     # The control queue only: the run is planned and its children queued, and none of them runs
     # until the record has been rewritten below.
-    s.worker("control", concurrency=1, queues=["bridge"]).wait_ready()
-    clock = Clock(datetime(2026, 3, 1, 2, 0, 5, tzinfo=timezone.utc))
-    beat = _beat(s.env, policy_file, clock)
-    beat.schedule["mcbridge-policy:golden"].last_run_at = datetime(2026, 2, 28, 2, 0, 30, tzinfo=timezone.utc)
-    assert beat.tick() == 0, "the policy was not due"
-
-    run = _wait_for("a policy run with its children queued", lambda: _queued_children(s, 2), s)
+    run = _fire_with_children_held(s, policy_file)
     key = s.keys.job(run.id)
     spec = json.loads(s.redis.hget(key, "policy_spec"))
     assert spec["mode"] == "append-only"
@@ -147,13 +153,7 @@ policies:
     verify: store
     schedule: {{cron: "0 2 * * *"}}
 """)
-    s.worker("control", concurrency=1, queues=["bridge"]).wait_ready()
-    clock = Clock(datetime(2026, 3, 1, 2, 0, 5, tzinfo=timezone.utc))
-    beat = _beat(s.env, policy_file, clock)
-    beat.schedule["mcbridge-policy:golden"].last_run_at = datetime(2026, 2, 28, 2, 0, 30, tzinfo=timezone.utc)
-    assert beat.tick() == 0, "the policy was not due"
-
-    run = _wait_for("a policy run with its children queued", lambda: _queued_children(s, 2), s)
+    run = _fire_with_children_held(s, policy_file)
     first, second = run.children
     forged = s.jobs.get(second)
     assert forged.spec["destinations"] == [f"s3://{other}/dr/step-400/"]
