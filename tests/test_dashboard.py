@@ -269,3 +269,70 @@ def test_the_compose_stack_scrapes_the_workers_and_loads_the_rules_and_the_dashb
     assert source["url"] == f"http://prometheus:{services['prometheus']['ports'][0].rsplit(':', 1)[1]}"
     [provider] = yaml.safe_load((provisioning / "dashboards" / "bridge.yaml").read_text())["providers"]
     assert grafana[f"{provider['options']['path']}/bridge.json"] == DASHBOARD
+
+
+def test_the_records_gauges_read_what_redis_holds(redis_url, tmp_path):
+    """The gauges read at scrape time (workers/metrics.py ``Records``), served by the workers'
+    endpoint: a running job's bytes and start (what the stalled-job alert watches), jobs by tenant
+    and state, queue depth against the live workers' presence, budgets, and a node's cache."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from bridge.workers import metrics
+    from bridge.workers.jobrecords import Jobs
+    from bridge.workers.keys import Keys, redis_client
+    from bridge.workers.specs import parse_spec
+
+    namespace = f"mcbt-{uuid.uuid4().hex[:10]}"
+    client, keys = redis_client(redis_url), Keys(namespace)
+    jobs = Jobs(client, keys, ttl=3600)
+    spec = parse_spec({"kind": "copy", "source": "s3://src-b/", "destination": "gs://dst-b/"})
+    running = jobs.create(spec, queue="bridge.gs", auth={"tenant": "ml"})
+    jobs.transition(running, "planning", ("queued",))
+    jobs.transition(running, "running", ("planning",))
+    client.hset(keys.job(running), "started", 1_700_000_000.5)
+    jobs.add_progress(running, {"bytes_done": 12345})
+    jobs.create(spec, queue="bridge.gs", auth={"tenant": "ml"})
+    jobs.create(spec, queue="bridge.gs", auth={"tenant": "vision"})
+    for _ in range(3):
+        client.lpush(f"{namespace}:bridge.gs", "{}")
+    client.lpush(f"{namespace}:bridge.gs\x06\x163", "{}")   # kombu's list of a priority step
+    client.set(keys.worker("w1@test"), json.dumps({"queues": ["bridge", "bridge.s3"], "concurrency": 4}), px=60_000)
+    Budgets(client, keys).set("team", 10)
+    client.hincrbyfloat(f"{namespace}:spend:{time.strftime('%Y-%m', time.gmtime())}", "team", 8.5)
+
+    from bridge.cache.core import Cache
+    from bridge.config import load_settings
+    cache_dir = tmp_path / "cache"
+    settings = load_settings(environ={"MCBRIDGE_CACHE_DIR": str(cache_dir), "MCBRIDGE_CACHE_QUOTA": "1000",
+                                      "XDG_CONFIG_HOME": NO_CONFIG})
+    Cache(settings).close()   # made, empty
+    records = metrics.Records(client, keys, ["bridge", "bridge.gs", "bridge.s3"], cache_settings=settings)
+    port = free_port()
+    server = metrics.serve(port, "127.0.0.1", records)
+    assert server is not None
+    try:
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        server.shutdown()
+        purge_namespace(redis_url, namespace)
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "namespace")))] = s.value
+            assert s.labels.get("namespace") == namespace, s
+    assert samples[("bridge_job_bytes_done", (("job_id", running), ("queue", "bridge.gs"), ("tenant", "ml")))] == 12345
+    assert samples[("bridge_job_started_timestamp_seconds",
+                    (("job_id", running), ("queue", "bridge.gs"), ("tenant", "ml")))] == 1_700_000_000.5
+    assert samples[("bridge_jobs", (("kind", "copy"), ("state", "queued"), ("tenant", "ml")))] == 1
+    assert samples[("bridge_jobs", (("kind", "copy"), ("state", "running"), ("tenant", "ml")))] == 1
+    assert samples[("bridge_jobs", (("kind", "copy"), ("state", "queued"), ("tenant", "vision")))] == 1
+    assert samples[("bridge_queue_depth", (("queue", "bridge.gs"),))] == 4
+    assert samples[("bridge_workers_live", (("queue", "bridge.gs"),))] == 0
+    assert samples[("bridge_workers_live", (("queue", "bridge.s3"),))] == 1
+    assert samples[("bridge_worker_processes", (("queue", "bridge.s3"),))] == 4
+    assert samples[("bridge_budget_limit_usd", (("budget", "team"),))] == 10
+    assert samples[("bridge_budget_spent_usd", (("budget", "team"),))] == 8.5
+    assert samples[("bridge_cache_node_used_bytes", (("dir", str(cache_dir)),))] == 0
+    assert samples[("bridge_cache_node_quota_bytes", (("dir", str(cache_dir)),))] == 1000

@@ -272,8 +272,10 @@ class Records:
     queues and the workers on them, budgets, running jobs' bytes, and this node's cache. A Redis
     that does not answer gives a scrape without these series (and a warning), not a failed one."""
 
-    def __init__(self, client, keys, queues: list[str], cache_dir: str | None = None):
-        self.r, self.keys, self.queues, self.cache_dir = client, keys, list(queues), cache_dir
+    def __init__(self, client, keys, queues: list[str], cache_settings=None):
+        """``cache_settings``: the bridge Settings naming this node's cache (default: this
+        process's, read at each scrape)."""
+        self.r, self.keys, self.queues, self.cache_settings = client, keys, list(queues), cache_settings
 
     def collect(self):
         from redis.exceptions import RedisError
@@ -375,11 +377,11 @@ class Records:
         from bridge.config import load_settings
         from bridge.errors import BridgeError
         try:
-            settings = load_settings()
+            settings = self.cache_settings or load_settings()
         except BridgeError as exc:
             log.warning("metrics: no settings for the cache: %s", exc)
             return
-        directory = self.cache_dir or settings.cache.dir
+        directory = settings.cache.dir
         if not directory or not os.path.isdir(os.path.join(directory, "objects")):
             return   # no cache on this node (a cache is made by its first use, never by a scrape)
         try:
@@ -389,7 +391,7 @@ class Records:
             finally:
                 cache.close()
         except (BridgeError, OSError) as exc:
-            log.warning("metrics: the cache at %s not read: %s", self.cache_dir, exc)
+            log.warning("metrics: the cache at %s not read: %s", directory, exc)
             return
         used = GaugeMetricFamily("bridge_cache_node_used_bytes", "Bytes this node's cache holds", labels=["dir"])
         used.add_metric([stat["dir"]], stat["bytes"])
