@@ -225,6 +225,8 @@ policies:
                 errors = prometheus.query(f'sum by (store) (bridge_store_errors_total{{namespace="{namespace}"}})')
                 by_store = {r["metric"]["store"]: float(r["value"][1]) for r in errors}
                 assert by_store.get(f"s3://{dst}") == 3, by_store
+                retried = prometheus.query(f'sum by (endpoint) (bridge_store_retries_total{{namespace="{namespace}"}})')
+                assert {r["metric"]["endpoint"]: float(r["value"][1]) for r in retried} == {proxy.endpoint: 3}
                 spent = prometheus.query(f'bridge_budget_spent_usd{{namespace="{namespace}",budget="team"}}')
                 assert float(spent[0]["value"][1]) == pytest.approx(Budgets(service.redis, service.keys).spent("team"))
                 # the shipped rules are loaded

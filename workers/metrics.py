@@ -27,6 +27,7 @@ metrics are a no-op and the worker says so once.
                                                             checkpoint verified at the destination
     bridge_store_requests_total{store,kind}  requests sent to a store (scheme://bucket), by kind
     bridge_store_errors_total{store}         answers of status 400 or more from a store
+    bridge_store_retries_total{endpoint}     requests retried, by the store's endpoint (bridge/retry.py)
 
 ``bridge_route_bytes_total`` also carries ``tenant`` (whom the job is signed for) and
 ``destination`` (the destination's scheme://bucket).
@@ -59,6 +60,8 @@ import os
 import shutil
 import tempfile
 from functools import cache
+
+from bridge import retry
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +129,7 @@ def _metrics() -> dict | None:
                                     multiprocess_mode="mostrecent"),
         "store_requests": pc.Counter("bridge_store_requests", "Requests sent to a store", ["store", "kind"]),
         "store_errors": pc.Counter("bridge_store_errors", "Answers of status 400 or more from a store", ["store"]),
+        "store_retries": pc.Counter("bridge_store_retries", "Requests retried, by the store's endpoint", ["endpoint"]),
         "commit_latency": pc.Histogram("bridge_replica_commit_to_verified_seconds", "From a checkpoint's commit "
                                        "(its marker) to its verification at a destination", ["policy", "destination"],
                                        buckets=(1, 5, 15, 30, 60, 120, 300, 900, 3600, 4 * 3600, 24 * 3600)),
@@ -182,6 +186,15 @@ def task(name: str, outcome: str) -> None:
     m = _metrics()
     if m is not None:
         m["tasks"].labels(name, outcome).inc()
+
+
+def _retried(where: str | None) -> None:
+    m = _metrics()
+    if m is not None:
+        m["store_retries"].labels(where or "unknown").inc()
+
+
+retry.retry_listeners.append(_retried)
 
 
 def job_finished(kind: str, state: str, seconds: float) -> None:
