@@ -86,6 +86,18 @@ class Prometheus:
     def query(self, expr: str) -> list[dict]:
         return _api(self.port, "query", query=expr)["result"]
 
+    def firing(self, alert: str, **labels: str) -> dict:
+        """Wait until ``alert`` fires with ``labels``; its entry in the alerts API."""
+        deadline = time.monotonic() + 60
+        while True:
+            alerts = _api(self.port, "alerts")["alerts"]
+            for entry in alerts:
+                if entry["state"] == "firing" and entry["labels"]["alertname"] == alert and \
+                        all(entry["labels"].get(k) == v for k, v in labels.items()):
+                    return entry
+            assert time.monotonic() < deadline, f"{alert} {labels} did not fire: {alerts}"
+            time.sleep(0.25)
+
     def scraped_after(self, moment: float, targets: int) -> None:
         """Wait until every target has been scraped, successfully, after ``moment``."""
         deadline = time.monotonic() + 60
@@ -232,6 +244,12 @@ policies:
                 # the shipped rules are loaded
                 groups = _api(prometheus.port, "rules")["groups"]
                 assert len([r for g in groups for r in g["rules"]]) == 8
+                # and fire on the workers' own series: the budget alerts, once the limit is moved
+                # under what the jobs spent (the scrape and the rule evaluation are each a second)
+                spent_team = Budgets(service.redis, service.keys).spent("team")
+                for limit, alert in ((spent_team / 0.9, "BridgeBudget80Percent"), (spent_team / 2, "BridgeBudgetExhausted")):
+                    Budgets(service.redis, service.keys).set("team", limit)
+                    prometheus.firing(alert, namespace=namespace, budget="team")
         finally:
             service.close()
             purge_namespace(redis_url, namespace)
