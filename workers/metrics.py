@@ -55,10 +55,12 @@ watch several deployments on one Redis.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import tempfile
+from collections import Counter
 from functools import cache
 
 from bridge import retry
@@ -280,6 +282,15 @@ class _Labelled:
                 yield out
 
 
+def _tenant(auth: str | None) -> str:
+    """Whom a record's signature names (its ``auth`` field, JSON), or "" for none."""
+    try:
+        signed = json.loads(auth) if auth else None
+    except ValueError:
+        return ""
+    return str(signed.get("tenant") or "") if isinstance(signed, dict) else ""
+
+
 class Records:
     """The deployment's state in Redis, as gauges, read when Prometheus scrapes: jobs by state,
     queues and the workers on them, budgets, running jobs' bytes, and this node's cache. A Redis
@@ -301,8 +312,6 @@ class Records:
         yield from self._cache()
 
     def _jobs(self):
-        import json
-
         from prometheus_client.core import GaugeMetricFamily
 
         from bridge.workers.jobrecords import STATES
@@ -310,7 +319,7 @@ class Records:
         pipe = self.r.pipeline(transaction=False)
         for job_id in ids:
             pipe.hmget(self.keys.job(job_id), "state", "kind", "auth", "queue", "started", "bytes_done")
-        counts: dict[tuple[str, str, str], int] = {}
+        counts: Counter = Counter()
         done = GaugeMetricFamily("bridge_job_bytes_done", "Bytes done so far by a running job",
                                  labels=["tenant", "job_id", "queue"])
         started = GaugeMetricFamily("bridge_job_started_timestamp_seconds", "When a running job started",
@@ -318,11 +327,8 @@ class Records:
         for job_id, (state, kind, auth, queue, began, nbytes) in zip(ids, pipe.execute() if ids else []):
             if state not in STATES:
                 continue   # expired, or not a record
-            try:
-                tenant = (json.loads(auth) or {}).get("tenant") or "" if auth else ""
-            except (ValueError, AttributeError):
-                tenant = ""
-            counts[(tenant, kind or "", state)] = counts.get((tenant, kind or "", state), 0) + 1
+            tenant = _tenant(auth)
+            counts[(tenant, kind or "", state)] += 1
             if state == "running" and began:
                 done.add_metric([tenant, job_id, queue or ""], float(nbytes or 0))
                 started.add_metric([tenant, job_id, queue or ""], float(began))
@@ -333,8 +339,6 @@ class Records:
         return [jobs, done, started]
 
     def _queues(self):
-        import json
-
         from prometheus_client.core import GaugeMetricFamily
         live: dict[str, int] = {}
         processes: dict[str, int] = {}
