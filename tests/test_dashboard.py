@@ -315,6 +315,11 @@ def test_the_records_gauges_read_what_redis_holds(redis_url, tmp_path):
     for _ in range(3):
         client.lpush(f"{namespace}:bridge.gs", "{}")
     client.lpush(f"{namespace}:bridge.gs\x06\x163", "{}")   # kombu's list of a priority step
+    # a node's cache queue declared by its worker, now gone, with a warm waiting; another
+    # application's queue on the same Redis is none of bridge's
+    client.sadd(f"{namespace}:_kombu.binding.bridge.cache.node7", "bridge.cache.node7\x06\x16\x06\x16bridge.cache.node7")
+    client.sadd(f"{namespace}:_kombu.binding.celeryev", "x")
+    client.lpush(f"{namespace}:bridge.cache.node7", "{}")
     client.set(keys.worker("w1@test"), json.dumps({"queues": ["bridge", "bridge.s3"], "concurrency": 4}), px=60_000)
     Budgets(client, keys).set("team", 10)
     client.hincrbyfloat(f"{namespace}:spend:{time.strftime('%Y-%m', time.gmtime())}", "team", 8.5)
@@ -325,7 +330,7 @@ def test_the_records_gauges_read_what_redis_holds(redis_url, tmp_path):
     settings = load_settings(environ={"MCBRIDGE_CACHE_DIR": str(cache_dir), "MCBRIDGE_CACHE_QUOTA": "1000",
                                       "XDG_CONFIG_HOME": NO_CONFIG})
     Cache(settings).close()   # made, empty
-    records = metrics.Records(client, keys, ["bridge", "bridge.gs", "bridge.s3"], cache_settings=settings)
+    records = metrics.Records(client, keys, ["bridge", "bridge.gs", "bridge.s3"], "bridge", cache_settings=settings)
     port = free_port()
     server = metrics.serve(port, "127.0.0.1", records)
     assert server is not None
@@ -349,6 +354,9 @@ def test_the_records_gauges_read_what_redis_holds(redis_url, tmp_path):
     assert samples[("bridge_jobs", (("kind", "copy"), ("state", "queued"), ("tenant", "vision")))] == 1
     assert samples[("bridge_queue_depth", (("queue", "bridge.gs"),))] == 4
     assert samples[("bridge_workers_live", (("queue", "bridge.gs"),))] == 0
+    assert samples[("bridge_queue_depth", (("queue", "bridge.cache.node7"),))] == 1
+    assert samples[("bridge_workers_live", (("queue", "bridge.cache.node7"),))] == 0
+    assert not [key for key in samples if key[0] == "bridge_queue_depth" and ("queue", "celeryev") in key[1]]
     assert samples[("bridge_workers_live", (("queue", "bridge.s3"),))] == 1
     assert samples[("bridge_worker_processes", (("queue", "bridge.s3"),))] == 4
     assert samples[("bridge_budget_limit_usd", (("budget", "team"),))] == 10

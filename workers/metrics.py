@@ -296,10 +296,13 @@ class Records:
     queues and the workers on them, budgets, running jobs' bytes, and this node's cache. A Redis
     that does not answer gives a scrape without these series (and a warning), not a failed one."""
 
-    def __init__(self, client, keys, queues: list[str], cache_settings=None):
-        """``cache_settings``: the bridge Settings naming this node's cache (default: this
-        process's, read at each scrape)."""
+    def __init__(self, client, keys, queues: list[str], prefix: str, cache_settings=None):
+        """``queues``: those always reported; besides them, every queue named ``prefix`` or
+        ``prefix.*`` that a worker consumes or once declared (a node's cache queue whose worker
+        is gone still has its work counted). ``cache_settings``: the bridge Settings naming this
+        node's cache (default: this process's, read at each scrape)."""
         self.r, self.keys, self.queues, self.cache_settings = client, keys, list(queues), cache_settings
+        self.prefix = prefix
 
     def collect(self):
         from redis.exceptions import RedisError
@@ -340,10 +343,21 @@ class Records:
 
     def _queues(self):
         from prometheus_client.core import GaugeMetricFamily
-        live: dict[str, int] = {}
-        processes: dict[str, int] = {}
-        keys = list(self.r.scan_iter(match=self.keys.workers_pattern, count=500))
-        for raw in (self.r.mget(keys) if keys else []):
+        live: Counter = Counter()
+        processes: Counter = Counter()
+        # One walk of the keyspace for both: the workers' presence keys, and kombu's bindings
+        # (``_kombu.binding.<exchange>``, the exchange named after its queue), which outlive the
+        # workers that declared them.
+        prefix = f"{self.keys.namespace}:"
+        workers, declared = [], set()
+        for key in self.r.scan_iter(match=f"{prefix}[w_]*", count=1000):
+            if key.startswith(self.keys.worker("")):
+                workers.append(key)
+            elif key.startswith(f"{prefix}_kombu.binding."):
+                name = key[len(f"{prefix}_kombu.binding."):]
+                if name == self.prefix or name.startswith(f"{self.prefix}."):
+                    declared.add(name)
+        for raw in (self.r.mget(workers) if workers else []):
             try:
                 presence = json.loads(raw) if raw else None
             except ValueError:
@@ -351,10 +365,9 @@ class Records:
             if not isinstance(presence, dict):
                 continue   # gone since the scan
             for queue in presence.get("queues") or []:
-                live[queue] = live.get(queue, 0) + 1
-                processes[queue] = processes.get(queue, 0) + int(presence.get("concurrency") or 0)
-        queues = sorted(set(self.queues) | set(live))
-        prefix = f"{self.keys.namespace}:"
+                live[queue] += 1
+                processes[queue] += int(presence.get("concurrency") or 0)
+        queues = sorted(set(self.queues) | set(live) | declared)
         pipe = self.r.pipeline(transaction=False)
         for queue in queues:
             # kombu keeps a queue's messages of priority 0 under its name, others under name + a
