@@ -193,7 +193,8 @@ def task(name: str, outcome: str) -> None:
 def _retried(where: str | None) -> None:
     m = _metrics()
     if m is not None:
-        m["store_retries"].labels(where or "unknown").inc()
+        from bridge.redact import redact   # an endpoint given with credentials in it keeps them out
+        m["store_retries"].labels(redact(where) if where else "unknown").inc()
 
 
 retry.retry_listeners.append(_retried)
