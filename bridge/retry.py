@@ -50,6 +50,9 @@ FAILURES = 8    # ... the last this many of them the same way, at least
 
 _observer: contextvars.ContextVar[Callable[[BaseException], None] | None] = \
     contextvars.ContextVar("bridge_retry_observer", default=None)
+# Told of every retry in this process, with the store it is sent to (``where``: its endpoint), so
+# that a service's metrics can count retries per store without a store naming them.
+retry_listeners: list[Callable[[str | None], None]] = []
 
 
 @dataclass
@@ -222,6 +225,8 @@ def call_with_retries(fn: Callable[[], T], retries: int, *, recovered: Callable[
             observer = _observer.get()
             if observer is not None:
                 observer(exc)
+            for listener in retry_listeners:
+                listener(where)
             wait = backoff(attempt)
             _said_retry(exc, attempt, retries, wait, where)
             if breaker is not None:
@@ -255,6 +260,8 @@ async def acall_with_retries(fn: Callable[[], Awaitable[T]], retries: int, *, wh
             observer = _observer.get()
             if observer is not None:
                 observer(exc)
+            for listener in retry_listeners:
+                listener(where)
             wait = backoff(attempt)
             _said_retry(exc, attempt, retries, wait, where)
             if breaker is not None:

@@ -74,7 +74,9 @@ class Upkeep(bootsteps.StartStopStep):
         sweeper = Sweeper(svc.leases, svc.send, Unacked(app, svc.r),
                           on_requeue=lambda ref: (svc.jobs.add_progress(ref.job, {"requeued": 1})
                                                   if ref.job else None, metrics.task(ref.task, "requeued")))
-        self.server = metrics.serve(settings.metrics_port, settings.metrics_addr)
+        self.server = metrics.serve(settings.metrics_port, settings.metrics_addr,
+                                    metrics.Records(svc.r, svc.keys, settings.default_queues(),
+                                                    settings.queue_prefix))
 
         from kombu.exceptions import OperationalError
         from redis.exceptions import RedisError

@@ -104,9 +104,10 @@ class ProgressSink:
              "bytes_through", "fallbacks")
 
     def __init__(self, jobs: Jobs, job_id: str, queue: str, interval: float = 0.5, route: str = "direct",
-                 task: str | None = None):
+                 task: str | None = None, tenant: str = "", destination: str = ""):
         self.jobs, self.job_id, self.queue, self.interval, self.route = jobs, job_id, queue, interval, route
         self.task = task
+        self.tenant, self.destination = tenant, destination   # the throughput metrics' labels
         self.sent = dict.fromkeys(self.NAMES, 0)
         self.last = time.monotonic()
         self.lock = threading.Lock()
@@ -138,7 +139,7 @@ class ProgressSink:
                          skipped=delta["bytes_skipped"], done=delta["units_done"],
                          failed=delta["units_failed"], retries=delta["retries"])
         metrics.routed(self.queue, self.route, moved=delta["bytes_done"] - delta["bytes_skipped"],
-                       through=delta["bytes_through"])
+                       through=delta["bytes_through"], tenant=self.tenant, destination=self.destination)
 
 
 class StopCheck:
@@ -734,7 +735,8 @@ class Service:
         from bridge.workers.limits import job_limiter
         submitted = self.settings_for(spec).transfer.bwlimit or route_bwlimit(self.ws, spec.destination)
         progress = Progress(limiter=job_limiter(self.r, self.keys, job_id, submitted))
-        sink = ProgressSink(self.jobs, job_id, record.queue, route=sub.get("route") or "direct", task=lease.ref.id)
+        sink = ProgressSink(self.jobs, job_id, record.queue, route=sub.get("route") or "direct", task=lease.ref.id,
+                            tenant=record.tenant or "", destination=metrics.store_of(spec.destination))
         progress.listeners.append(sink)
         stop = StopCheck(self.jobs, job_id, lease)
         kind, journal = self.kind(spec), self.journal(record.plan_key)

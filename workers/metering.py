@@ -19,6 +19,8 @@ import logging
 
 from redis.exceptions import RedisError
 
+from bridge.workers import metrics
+
 log = logging.getLogger(__name__)
 
 
@@ -30,6 +32,7 @@ class JobMeterLog:
         self._warned = False
 
     def __call__(self, fields: dict[str, int]) -> bool:
+        metrics.metered(fields)
         try:
             if len(fields) == 1:
                 (name, value), = fields.items()

@@ -301,7 +301,9 @@ def ended(svc, parent) -> None:
         replicas[dst] = row
         metrics.replica(name, dst, lag=lag["lag_checkpoints"],
                         verified_at=now if renewed else _ts(prev.get("verified_at")), spent=spent[dst],
-                        commit_to_verified=max(0.0, now - commit) if commit is not None else None)
+                        commit_to_verified=max(0.0, now - commit) if commit is not None else None,
+                        committed_at=getattr(readiness.get(lag["newest_source"]), "committed_at", None),
+                        verified_committed_at=commits.get(newest) or getattr(readiness.get(newest), "committed_at", None))
     svc.jobs.update(parent.id, replicas=replicas, verified_copies=copies, copies_needed=policy.copies_needed)
     errors = [p for dst in policy.destinations for p in problems[dst]] + \
              [f"{dst}: not listed for retention: {why}" for dst, why in unlisted.items()]

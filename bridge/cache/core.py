@@ -60,7 +60,7 @@ from bridge.urls import Location, parse
 READ_SIZE = 8 * MiB
 DATA = "data"
 COUNTERS = ("hits", "misses", "waits", "fills", "bytes_filled", "fill_seconds", "evictions",
-            "bytes_evicted", "corrupted")
+            "bytes_evicted", "corrupted", "bytes_hit")
 
 
 STALE_FILL_AGE = 3600   # seconds: a dead filler's directory, untouched this long, is removed
@@ -207,12 +207,12 @@ class Cache:
         """(key, "hit" | "waited" | "filled", size)."""
         loc, info, key = self.locate(url)
         if self._hit(key):
-            self._count(hits=1)
+            self._count(hits=1, bytes_hit=info.size)
             return key, "hit", info.size
         fd = self._lock(key)
         try:
             if self._hit(key):
-                self._count(hits=1, waits=1)
+                self._count(hits=1, waits=1, bytes_hit=info.size)
                 return key, "waited", info.size
             self._fill(key, loc, info, progress)
             return key, "filled", info.size
