@@ -1,0 +1,155 @@
+"""The status page (mcbridge status serve) as a browser sees it: Debian's Chromium, headless,
+opens it while a real job runs on a real worker (moto, Redis) and a policy lags behind its
+source; the DOM shows the job's progress, the lagging policy and the budget, and a screenshot is
+kept (tests/artifacts/status-page.png). Without the token the page answers 401, and nothing but
+GET and HEAD is answered at all."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.emulators import unique_name
+from tests.test_service_policies import _put_checkpoint
+from tests.test_workers_service import service  # noqa: F401  (the fixture)
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+pytestmark = [pytest.mark.timeout(300),
+              pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason="needs Debian's chromium (scripts/test.sh)")]
+
+
+def chromium(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    """One headless Chromium run of ``url`` with a fresh profile: nothing fetched but the page."""
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           "--disable-extensions", "--hide-scrollbars", f"--user-data-dir={profile}",
+                           "--window-size=1280,900", *args, url],
+                          capture_output=True, text=True, timeout=120)
+
+
+def status_server(service, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    """``mcbridge status serve`` on a free loopback port; (its process, the page's URL)."""
+    process = subprocess.Popen([sys.executable, "-m", "bridge", "status", "serve", "--bind", "127.0.0.1:0", *args],
+                               env={**service.env, "MCBRIDGE_CACHE_DIR": str(tmp_path / "cache")}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        found = re.search(r"status page at (http://\S+)", line)
+        if found:
+            return process, found.group(1)
+    raise AssertionError(f"status serve exited {process.wait()}: {process.stderr.read()}")
+
+
+def fetch(url: str, method: str = "GET", token: str | None = None) -> tuple[int, dict, str]:
+    request = urllib.request.Request(url, method=method,
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, dict(answer.headers), answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        return refused.code, dict(refused.headers), refused.read().decode()
+
+
+def test_the_status_page_shows_a_running_job_a_lagging_policy_and_the_budget_in_chromium(service, moto, fake_gcs,  # noqa: F811
+                                                                                          tmp_path):
+    # a policy whose one destination verified step-1; step-2 is committed at the source since
+    src, gbucket, out = unique_name(), unique_name(), unique_name()
+    for bucket in (src, out):
+        moto.create_bucket(bucket)
+    fake_gcs.create_bucket(gbucket)
+    _put_checkpoint(moto, src, "step-1")
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"""\
+policies:
+  golden:
+    source: s3://{src}/golden/
+    destinations: [gs://{gbucket}/dr/]
+    checkpoints: "step-*"
+    keep_last: 2
+    verify: store
+""")
+    ran = service.cli("replicate", "--policy", str(policy_file), "--once")
+    assert ran.returncode == 0, ran.stderr
+    _put_checkpoint(moto, src, "step-2")
+    assert service.cli("budgets", "set", "golden", "3").returncode == 0
+
+    # a job that runs for a while (3 MiB at 256 KiB/s) to a prefix whose name is HTML
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(6):
+        (data / f"part-{i}.bin").write_bytes(os.urandom(512 * 1024))
+    dst = f"s3://{out}/run-<b>&x</b>/"
+    service.worker("w1", concurrency=1).wait_ready()
+    job_id = service.submit("cp", f"{data}/", dst, "--bwlimit", "256KiB")
+    record = service.wait(job_id, states=("running",))
+    deadline = time.monotonic() + 60
+    while (record.counters.get("bytes_done", 0) == 0 and record.state == "running" and time.monotonic() < deadline):
+        time.sleep(0.2)
+        record = service.jobs.get(job_id)
+    assert record.state == "running" and record.counters.get("bytes_done", 0) > 0, record
+
+    token_file = tmp_path / "status-token"
+    server, url = status_server(service, tmp_path, "--policies", str(policy_file), "--token-file", str(token_file))
+    try:
+        token = token_file.read_text().strip()
+        assert token_file.stat().st_mode & 0o077 == 0 and len(token) == 64
+        # a browser: the token once in the address, then a cookie; the DOM as rendered
+        dom = chromium(f"{url}?token={token}", tmp_path / "chrome-dom", "--dump-dom")
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        page = dom.stdout
+        job_row = re.search(rf'<tr class="job" id="job-{job_id}">(.*?)</tr>', page, re.S)
+        assert job_row, page[:3000]
+        row = job_row.group(1)
+        assert ">running<" in row and re.search(r"\d+%: [\d.]+ (KiB|MiB) of 3\.0 MiB, \d/6 files, [\d.]+ KiB/s", row), row
+        assert "<svg" in row and "&lt;b&gt;&amp;x&lt;/b&gt;" in row and "<b>" not in row   # escaped, not markup
+        policy = re.search(r'<div class="policy" id="policy-golden">(.*?)</div>', page, re.S).group(1)
+        assert '<tr class="lagging">' in policy and "1 checkpoint behind step-2" in policy
+        assert "step-1" in policy and "1 behind" in policy   # the lag chart's bar
+        budget = re.search(r'<tr id="budget-golden">(.*?)</tr>', page, re.S).group(1)
+        assert "$3.00" in budget, budget
+        assert "<script" not in page
+
+        # what a person would see, kept
+        shot = tmp_path / "status-page.png"
+        taken = chromium(f"{url}?token={token}", tmp_path / "chrome-shot", f"--screenshot={shot}")
+        assert taken.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", taken.stderr[-2000:]
+        ARTIFACTS.mkdir(exist_ok=True)
+        shutil.copy(shot, ARTIFACTS / "status-page.png")
+        print(f"status page screenshot: {ARTIFACTS / 'status-page.png'}")
+
+        # without the token, or with another: 401; read-only: nothing but GET and HEAD
+        assert fetch(url)[0] == 401
+        assert fetch(f"{url}?token={'0' * 64}")[0] == 401
+        assert fetch(url, token="x" * 64)[0] == 401
+        status, headers, body = fetch(url, token=token)
+        assert status == 200 and job_id in body and "script-src" not in headers["Content-Security-Policy"]
+        assert fetch(url, "HEAD", token=token)[0] == 200
+        for method in ("POST", "PUT", "DELETE", "PATCH"):
+            status, headers, _ = fetch(url, method, token=token)
+            assert status == 405 and headers["Allow"] == "GET, HEAD", method
+        assert service.jobs.get(job_id).state == "running"   # the page changed nothing
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        service.cli("jobs", "cancel", job_id, "--timeout", "0")
+
+
+def test_status_serve_refuses_bad_input_on_one_line(service, tmp_path):  # noqa: F811
+    shared = tmp_path / "shared-token"
+    shared.write_text("a" * 64)
+    shared.chmod(0o644)
+    for args, words in ((["--bind", "nonsense"], "--bind 'nonsense': use HOST:PORT"),
+                        (["--bind", "127.0.0.1:99999"], "use HOST:PORT"),
+                        (["--token-file", str(shared), "--bind", "127.0.0.1:0"], "is readable by others: chmod 600"),
+                        (["--policies", str(tmp_path / "nope.yaml"), "--bind", "127.0.0.1:0"], "no such file")):
+        r = service.cli("status", "serve", *args, timeout=60)
+        assert r.returncode != 0 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
