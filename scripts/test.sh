@@ -6,6 +6,7 @@
 #                         (again when pyproject.toml is newer than .venv/.bridge-installed)
 #   tests/node            npm ci: Azurite, the Azure Blob emulator (again when its lock changes)
 #   redis-server          Debian's package, used when no Redis answers on 127.0.0.1:6379
+#   chromium              Debian's package: tests/test_status_page.py opens the status page headless
 # moto and fake-gcs-server come with the Python extras. Set PYTHON to pick the interpreter, and
 # MCBRIDGE_TEST_PROCESSES the number of pytest processes (4; 1 for none besides this one).
 set -euo pipefail
@@ -69,6 +70,15 @@ elif is_root && command -v apt-get >/dev/null; then
     apt_install redis-server
 else
     step "warning: no redis-server; tests needing Redis fail unless one answers on 127.0.0.1:6379"
+fi
+
+if command -v chromium >/dev/null; then
+    step "chromium found"
+elif is_root && command -v apt-get >/dev/null; then
+    step "installing chromium"
+    apt_install chromium
+else
+    step "warning: no chromium; tests/test_status_page.py is skipped"
 fi
 
 # No test may reach past this machine: cloud SDKs' instance-metadata probes stay off unless a

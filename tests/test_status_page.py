@@ -40,7 +40,7 @@ def chromium(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess
 def status_server(service, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
     """``mcbridge status serve`` on a free loopback port; (its process, the page's URL)."""
     process = subprocess.Popen([sys.executable, "-m", "bridge", "status", "serve", "--bind", "127.0.0.1:0", *args],
-                               env={**service.env, "MCBRIDGE_CACHE_DIR": str(tmp_path / "cache")}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               env=service.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     for line in process.stdout:
         found = re.search(r"status page at (http://\S+)", line)
         if found:
@@ -80,6 +80,10 @@ policies:
     assert ran.returncode == 0, ran.stderr
     _put_checkpoint(moto, src, "step-2")
     assert service.cli("budgets", "set", "golden", "3").returncode == 0
+    # this machine's cache: step-1's shards filled, one of them asked for again (a hit)
+    service.env["MCBRIDGE_CACHE_DIR"] = str(tmp_path / "cache")
+    assert service.cli("cache", "warm", f"s3://{src}/golden/step-1/", "--include", "shard-*").returncode == 0
+    assert service.cli("cache", "path", f"s3://{src}/golden/step-1/shard-0.bin").returncode == 0
 
     # a job that runs for a while (3 MiB at 256 KiB/s) to a prefix whose name is HTML
     data = tmp_path / "data"
@@ -116,6 +120,7 @@ policies:
         budget = re.search(r'<tr id="budget-golden">(.*?)</tr>', page, re.S).group(1)
         assert "$3.00" in budget, budget
         assert "<script" not in page
+        assert "2 entries" in page and "1 hit (" in page and "2 misses" in page, page[page.find('id="cache"'):]
 
         # what a person would see, kept
         shot = tmp_path / "status-page.png"

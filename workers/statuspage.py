@@ -32,7 +32,7 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from bridge.money import usd
-from bridge.progress import human_bytes, human_duration
+from bridge.progress import human_bytes, human_duration, plural
 
 COOKIE = "mcbridge_status"
 REFRESH_S = 5
@@ -201,13 +201,14 @@ def _cache_block(c: dict[str, Any] | None, note: str | None) -> str:
     looked = c["hits"] + c["misses"]
     ratio = c["hits"] / looked if looked else None
     used = f"{human_bytes(c['bytes'])} of quota {human_bytes(c['quota']) if c['quota'] else 'none'}"
-    return (f'<p><code>{e(c["dir"])}</code> on {e(c["host"])}: {c["entries"]} entries, {e(used)}; '
-            f'{c["pinned"]} pinned, {c["filling"]} filling</p>'
+    return (f'<p><code>{e(c["dir"])}</code> on {e(c["host"])}: {plural(c["entries"], "entry", "entries")}, '
+            f'{e(used)}; {c["pinned"]} pinned, {c["filling"]} filling</p>'
             f'<p>{bar_svg(c["bytes"] / c["quota"] if c["quota"] else None, used)} used</p>'
             f'<p>{bar_svg(ratio, "hit ratio")} hit ratio {e(f"{100 * ratio:.0f}%" if ratio is not None else "-")}: '
-            f'{int(c["hits"])} hits ({int(c["waits"])} waited for a fill), {int(c["misses"])} misses; '
-            f'{e(human_bytes(c["bytes_filled"]))} filled in {c["fill_seconds"]:.1f}s; {int(c["evictions"])} evictions '
-            f'({e(human_bytes(c["bytes_evicted"]))}); {int(c["corrupted"])} corrupted removed</p>')
+            f'{plural(int(c["hits"]), "hit")} ({int(c["waits"])} waited for a fill), '
+            f'{plural(int(c["misses"]), "miss", "misses")}; {e(human_bytes(c["bytes_filled"]))} filled in '
+            f'{c["fill_seconds"]:.1f}s; {plural(int(c["evictions"]), "eviction")} ({e(human_bytes(c["bytes_evicted"]))}); '
+            f'{int(c["corrupted"])} corrupted removed</p>')
 
 
 STYLE = """body{font:14px/1.4 system-ui,sans-serif;margin:16px 24px;color:#1f2328}h1{font-size:20px;margin:0}
