@@ -7,10 +7,11 @@
 Nothing is read here that the commands do not read: the jobs through the records ``jobs list``
 reads and ``jobs watch``'s progress numbers, the policies through ``policy status``'s report,
 the budgets as ``budgets list`` reads them, the cache through ``Cache.stat`` as ``cache stat``
-does. Every request reads them again; the page refreshes itself (a meta refresh, no script).
+does. They are read again at most every few seconds, however many viewers there are (``Fresh``:
+listing a policy's source is a billed request); the page refreshes itself (a meta refresh).
 
 Read-only: only GET and HEAD are answered, anything else is 405, and no handler writes to Redis
-or a store. Behind a token: ``Authorization: Bearer TOKEN``, or a cookie that ``/?token=TOKEN``
+or a store (the cache's folders are made if missing, as ``cache stat`` makes them). Behind a token: ``Authorization: Bearer TOKEN``, or a cookie that ``/?token=TOKEN``
 sets once and redirects to the same page without it (so a browser can open it); without the
 token, 401. The token is a secret of the kind tenant keys are (32 random bytes as hex, a file
 only its owner can read; workers/auth.py). Everything a user or a store named (job ids, URLs,
@@ -112,6 +113,7 @@ def lag_chart_svg(rows: list[tuple[str, int | None]], width: int = 560) -> str:
     """One bar per destination: how many committed checkpoints it is behind its source (red when
     behind, a dash when not known)."""
     label_w, row_h, pad = 260, 22, 4
+    rows = [(name, lag if isinstance(lag, int) else None) for name, lag in rows]
     most = max([lag for _, lag in rows if lag is not None] + [1])
     scale = (width - label_w - 60) / most
     height = row_h * len(rows) + 2 * pad
@@ -299,8 +301,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(HTTPStatus.UNAUTHORIZED, "401: this page needs its token (Authorization: Bearer "
                               "TOKEN, or open /?token=TOKEN once)\n", extra={"WWW-Authenticate": 'Bearer realm="mcbridge"'})
         if in_query:   # once: a cookie for the browser, and the token out of its address bar and history
-            return self._send(HTTPStatus.SEE_OTHER, "", extra={
-                "Location": path, "Set-Cookie": f"{COOKIE}={token.decode()}; Path=/; HttpOnly; SameSite=Strict"})
+            return self._send(HTTPStatus.SEE_OTHER, "", extra={   # to the page itself, never a path given
+                "Location": "/", "Set-Cookie": f"{COOKIE}={token.decode()}; Path=/; HttpOnly; SameSite=Strict"})
         if path != "/":
             return self._send(HTTPStatus.NOT_FOUND, "404: the status page is /\n")
         from redis.exceptions import RedisError
@@ -321,7 +323,23 @@ class Handler(BaseHTTPRequestHandler):
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _refuse
 
 
+class Fresh:
+    """The page, rendered at most once every ``seconds`` however many viewers refresh it: listing
+    the policies' sources is a billed request, sent at most that often."""
+
+    def __init__(self, make: Callable[[], str], seconds: float):
+        self.make, self.seconds = make, seconds
+        self._lock = threading.Lock()
+        self._page: tuple[float, str] | None = None
+
+    def __call__(self) -> str:
+        with self._lock:
+            if self._page is None or time.monotonic() - self._page[0] >= self.seconds:
+                self._page = (time.monotonic(), self.make())
+            return self._page[1]
+
+
 def serve(ws, settings, policies: Path | None, address: tuple[str, int], token: str) -> StatusServer:
     """A server bound to ``address`` (not yet serving: call ``serve_forever``)."""
-    return StatusServer(address, token, lambda: render(gather(ws, settings, policies)))
+    return StatusServer(address, token, Fresh(lambda: render(gather(ws, settings, policies)), REFRESH_S - 1))
 
