@@ -1,7 +1,7 @@
 """Following a job and a long command as a person does: ``jobs watch`` in a pseudo-terminal
 (pexpect) shows one bar line with bytes, files, rate and ETA in IEC units, cut to the terminal's
 width instead of wrapping; on a stderr that is no terminal it prints a progress line every
-``--every`` seconds and the summary at the end. A local ``cp``'s bar fits an 80-column terminal
+``--stats`` interval and the summary at the end. A local ``cp``'s bar fits an 80-column terminal
 the same way. Nothing waits on a clock: a bandwidth limit keeps each job running long enough
 for the screens it is read from."""
 
@@ -58,7 +58,7 @@ def test_jobs_watch_shows_bytes_files_rate_and_eta_on_a_terminal_and_lines_elsew
     # the same job followed three times at once: in a 100-column terminal, in a 50-column one,
     # and with stderr a pipe
     wide, narrow = spawn(["jobs", "watch", job_id], service.env, 100), spawn(["jobs", "watch", job_id], service.env, 50)
-    piped = subprocess.Popen([sys.executable, "-m", "bridge", "jobs", "watch", job_id, "--every", "0.5"],
+    piped = subprocess.Popen([sys.executable, "-m", "bridge", "jobs", "watch", job_id, "--stats", "0.5s"],
                              env=service.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wide.expect(r"running: [\d.]+ (B|KiB|MiB) of 3\.0 MiB \(\d+%\), \d/6 files, [\d.]+ (B|KiB)/s, ETA [\d.]+s")
     for child, columns in ((wide, 100), (narrow, 50)):

@@ -60,16 +60,19 @@ def progress_line(jobs, record) -> str:
 
 
 END_GRACE = 5.0   # seconds a follower waits, after a job's end, for its worker to announce it
-EVERY = 10.0      # seconds between progress lines when stderr is no terminal
+EVERY = 10.0      # seconds between progress lines when stderr is no terminal and --stats is not given
 
 
 def follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, interval: float = 0.5,
-           every: float = EVERY) -> int:
+           every: float | None = None) -> int:
     """Follow a job to its end; 0 only if it succeeded. On a terminal, a one-line bar with bytes,
     files, rate and ETA, at the terminal's width; elsewhere a line when the state changes and a
-    progress line every ``every`` seconds (neither with -q or --json). The record is read every
-    ``interval`` seconds, and at once when the job's end is announced (``Jobs.following``)."""
+    progress line every ``every`` seconds (the global --stats, else EVERY; neither with -q or
+    --json). The record is read every ``interval`` seconds, and at once when the job's end is
+    announced (``Jobs.following``)."""
+    from bridge.cli.options import RUN
     from bridge.workers.jobrecords import TERMINAL
+    every = every or RUN.get("stats") or EVERY
     bar_on = not quiet and not as_json and err.is_terminal
     lines_on = not bar_on and not quiet and not as_json
     bar = None
@@ -251,13 +254,10 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
         out.print(line, markup=False)
 
 
-def jobs_watch(job_id: str, quiet: QuietOpt = False, as_json: JsonOpt = False,
-               every: Annotated[float, typer.Option(
-                   "--every", min=0.1, max=3600, help="Seconds between progress lines when stderr is no terminal "
-                   "(on a terminal the bar follows the job).")] = EVERY,
-               broker: BrokerOpt = None) -> None:
-    """Follow a job to its end (bytes, files, rate, ETA); exit 0 only if it succeeded."""
-    raise typer.Exit(follow(job_records(service_settings(broker)), job_id, quiet=quiet, as_json=as_json, every=every))
+def jobs_watch(job_id: str, quiet: QuietOpt = False, as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
+    """Follow a job to its end: on a terminal a bar with bytes, files, rate and ETA; elsewhere a
+    progress line every 10 s (the global --stats INTERVAL sets another); exit 0 only if it succeeded."""
+    raise typer.Exit(follow(job_records(service_settings(broker)), job_id, quiet=quiet, as_json=as_json))
 
 
 def jobs_cancel(job_id: str, timeout: Annotated[float, typer.Option(
