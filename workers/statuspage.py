@@ -11,12 +11,13 @@ does. They are read again at most every few seconds, however many viewers there 
 listing a policy's source is a billed request); the page refreshes itself (a meta refresh).
 
 Read-only: only GET and HEAD are answered, anything else is 405, and no handler writes to Redis
-or a store (the cache's folders are made if missing, as ``cache stat`` makes them). Behind a token: ``Authorization: Bearer TOKEN``, or a cookie that ``/?token=TOKEN``
-sets once and redirects to the same page without it (so a browser can open it); without the
-token, 401. The token is a secret of the kind tenant keys are (32 random bytes as hex, a file
-only its owner can read; workers/auth.py). Everything a user or a store named (job ids, URLs,
-policy and budget names, errors) is escaped before it is written into the HTML; the charts are
-inline SVG drawn here, and the page's Content-Security-Policy allows no script at all.
+or a store (the cache's folders are made if missing, as ``cache stat`` makes them). Behind a
+token: ``Authorization: Bearer TOKEN``, or a cookie that ``/?token=TOKEN`` sets once, redirecting
+to the page without it (so a browser can open it); without the token, 401. The token is a secret
+of the kind tenant keys are (32 random bytes as hex, in a file only its owner can read;
+workers/auth.py). Everything a user or a store named (job ids, URLs, policy and budget names,
+errors) is escaped before it is written into the HTML; the charts are inline SVG drawn here, and
+the page's Content-Security-Policy allows no script at all.
 """
 
 from __future__ import annotations
