@@ -58,6 +58,20 @@ def fetch(url: str, method: str = "GET", token: str | None = None) -> tuple[int,
         return refused.code, dict(refused.headers), refused.read().decode()
 
 
+class _Kept(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None   # the redirect itself is the answer
+
+
+def fetch_once(url: str) -> tuple[int, dict, str]:
+    """A GET whose redirect is not followed."""
+    try:
+        with urllib.request.build_opener(_Kept).open(url, timeout=30) as answer:
+            return answer.status, dict(answer.headers), answer.read().decode()
+    except urllib.error.HTTPError as answer:
+        return answer.code, dict(answer.headers), answer.read().decode()
+
+
 def test_the_status_page_shows_a_running_job_a_lagging_policy_and_the_budget_in_chromium(service, moto, fake_gcs,  # noqa: F811
                                                                                           tmp_path):
     # a policy whose one destination verified step-1; step-2 is committed at the source since
@@ -85,14 +99,15 @@ policies:
     assert service.cli("cache", "warm", f"s3://{src}/golden/step-1/", "--include", "shard-*").returncode == 0
     assert service.cli("cache", "path", f"s3://{src}/golden/step-1/shard-0.bin").returncode == 0
 
-    # a job that runs for a while (3 MiB at 256 KiB/s) to a prefix whose name is HTML
+    # a job that runs for a while (6 MiB at 128 KiB/s: 48 s, cancelled once looked at) to a
+    # prefix whose name is HTML
     data = tmp_path / "data"
     data.mkdir()
-    for i in range(6):
-        (data / f"part-{i}.bin").write_bytes(os.urandom(512 * 1024))
+    for i in range(24):   # small files: the job's progress is counted as each one lands
+        (data / f"part-{i:02d}.bin").write_bytes(os.urandom(256 * 1024))
     dst = f"s3://{out}/run-<b>&x</b>/"
     service.worker("w1", concurrency=1).wait_ready()
-    job_id = service.submit("cp", f"{data}/", dst, "--bwlimit", "256KiB")
+    job_id = service.submit("cp", f"{data}/", dst, "--bwlimit", "128KiB")
     record = service.wait(job_id, states=("running",))
     deadline = time.monotonic() + 60
     while (record.counters.get("bytes_done", 0) == 0 and record.state == "running" and time.monotonic() < deadline):
@@ -112,7 +127,7 @@ policies:
         job_row = re.search(rf'<tr class="job" id="job-{job_id}">(.*?)</tr>', page, re.S)
         assert job_row, page[:3000]
         row = job_row.group(1)
-        assert ">running<" in row and re.search(r"\d+%: [\d.]+ (KiB|MiB) of 3\.0 MiB, \d/6 files, [\d.]+ KiB/s", row), row
+        assert ">running<" in row and re.search(r"\d+%: [\d.]+ (B|KiB|MiB) of 6\.0 MiB, \d+/24 files, [\d.]+ (B|KiB)/s", row), row
         assert "<svg" in row and "&lt;b&gt;&amp;x&lt;/b&gt;" in row and "<b>" not in row   # escaped, not markup
         policy = re.search(r'<div class="policy" id="policy-golden">(.*?)</div>', page, re.S).group(1)
         assert '<tr class="lagging">' in policy and "1 checkpoint behind step-2" in policy
@@ -140,11 +155,18 @@ policies:
         for method in ("POST", "PUT", "DELETE", "PATCH"):
             status, headers, _ = fetch(url, method, token=token)
             assert status == 405 and headers["Allow"] == "GET, HEAD", method
-        assert service.jobs.get(job_id).state == "running"   # the page changed nothing
+        # the token in an address, once: a cookie, and back to the page itself whatever the path
+        status, headers, _ = fetch_once(f"{url}/%2F%2Fexample.org/?token={token}")
+        assert status == 303 and headers["Location"] == "/", headers
+        assert headers["Set-Cookie"] == f"mcbridge_status={token}; Path=/; HttpOnly; SameSite=Strict"
+        cookie = urllib.request.Request(url, headers={"Cookie": f"mcbridge_status={token}"})
+        with urllib.request.urlopen(cookie, timeout=30) as answer:
+            assert answer.status == 200 and job_id in answer.read().decode()
+        assert service.jobs.get(job_id).state != "cancelled"   # the page changed nothing
     finally:
         server.terminate()
         server.wait(timeout=30)
-        service.cli("jobs", "cancel", job_id, "--timeout", "0")
+        service.cli("jobs", "cancel", job_id)   # its worker stops at once, not at the end of its task
 
 
 def test_status_serve_refuses_bad_input_on_one_line(service, tmp_path):  # noqa: F811

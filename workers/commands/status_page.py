@@ -104,10 +104,11 @@ def status_serve(bind: Annotated[str, typer.Option(
     if not loopback(host):
         err.print(f"mcbridge: the status page listens on {bind}, beyond this machine: plain HTTP, guarded by its "
                   f"token only", markup=False)
+    import signal
+    for stop in (signal.SIGINT, signal.SIGTERM):   # a server has nothing to resume: the socket closed, exit 0
+        signal.signal(stop, _interrupted)
     out.print(f"status page at http://{shown}:{bound_port}/ (token in {path}; read-only; Ctrl-C stops it)",
               markup=False)
-    import signal
-    signal.signal(signal.SIGTERM, _interrupted)   # stopped as by Ctrl-C: the socket closed
     try:
         server.serve_forever()
     except KeyboardInterrupt:
