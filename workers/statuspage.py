@@ -65,7 +65,8 @@ def gather(ws, settings, policies: Path | None) -> dict[str, Any]:
         if record.parent:   # a replication's destination: shown inside its parent's progress
             continue
         doc = record.to_dict()
-        rows.append({"id": record.id, "kind": record.kind, "state": record.state, "tenant": record.tenant,
+        rows.append({"id": record.id, "kind": record.kind, "state": record.state, "active": record.active,
+                     "tenant": record.tenant,
                      "source": record.spec.get("source", ""), "destinations": record.spec.get("destinations", []),
                      "route": (doc["route"] or {}).get("name"), "schedule": record.schedule,
                      "policy": record.policy, "created": doc["created"],
@@ -231,7 +232,7 @@ def render(page: dict[str, Any], now: float | None = None) -> str:
     if page["policies_note"]:
         policies += f'<p class="small">{e(page["policies_note"])}</p>'
     budgets = "".join(_budget_row(n, r) for n, r in page["budgets"].items()) or '<tr><td colspan="5">no budgets</td></tr>'
-    active = sum(1 for j in page["jobs"] if j["state"] in ("queued", "planning", "running"))
+    active = sum(1 for j in page["jobs"] if j["active"])
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="{REFRESH_S}">
 <title>mcbridge status: {e(page['namespace'])}</title><style>{STYLE}</style></head><body>

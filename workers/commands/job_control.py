@@ -50,9 +50,9 @@ def progress_numbers(jobs, record) -> dict[str, Any]:
             "rate_bytes_per_s": rate, "eta_s": eta}
 
 
-def progress_line(jobs, record) -> str:
-    """'running: 1.5 MiB of 4.0 MiB (37%), 3/10 files, 256.0 KiB/s, ETA 10.0s' (IEC units)."""
-    n = progress_numbers(jobs, record)
+def progress_line(record, n: dict[str, Any]) -> str:
+    """'running: 1.5 MiB of 4.0 MiB (37%), 3/10 files, 256.0 KiB/s, ETA 10.0s' (IEC units), of a
+    job's ``progress_numbers``."""
     pct = f" ({100 * n['fraction']:.0f}%)" if n["fraction"] is not None else ""
     line = (f"{record.state}: {human_bytes(n['bytes'])} of {human_bytes(n['bytes_total'])}{pct}, "
             f"{n['files_done']}/{n['files_total']} files, {human_bytes(n['rate_bytes_per_s'])}/s")
@@ -91,14 +91,13 @@ def follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, int
                 if record is None:
                     raise _no_job(job_id)
                 if bar is not None:
-                    t = totals(jobs, record)
-                    bar.update(task, total=t["bytes_total"] or None, completed=min(t["bytes_done"], t["bytes_total"]),
-                               status=progress_line(jobs, record))
+                    n = progress_numbers(jobs, record)
+                    bar.update(task, total=n["bytes_total"] or None, completed=n["bytes"], status=progress_line(record, n))
                 elif lines_on and record.state != last_state:
                     err.print(f"job {job_id}: {record.state}", markup=False)
                     next_line = time.monotonic() + every
                 elif lines_on and record.state == "running" and time.monotonic() >= next_line:
-                    err.print(f"job {job_id}: {progress_line(jobs, record)}", markup=False)
+                    err.print(f"job {job_id}: {progress_line(record, progress_numbers(jobs, record))}", markup=False)
                     next_line = time.monotonic() + every
                 last_state = record.state
                 if record.state in TERMINAL:
