@@ -180,3 +180,41 @@ def test_status_serve_refuses_bad_input_on_one_line(service, tmp_path):  # noqa:
         r = service.cli("status", "serve", *args, timeout=60)
         assert r.returncode != 0 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_everything_a_user_or_a_store_named_is_text_on_the_page_never_markup():
+    """Job ids, URLs, policy, budget and tenant names, errors, checkpoint names: rendered as text
+    (an HTML parser finds no element but the page's own)."""
+    from html.parser import HTMLParser
+
+    from bridge.workers.statuspage import render
+    evil = "<script>alert(1)</script><img src=x onerror=alert(2)>\"'&"
+    numbers = {"bytes": 1, "bytes_total": 2, "fraction": 0.5, "files_done": 1, "files_total": 2,
+               "rate_bytes_per_s": 1.0, "eta_s": 1.0}
+    page = {"month": "2026-12", "namespace": evil, "budgets": {evil: {"limit_usd": 1.0, "spent_usd": 0.5,
+                                                                      "reserved_usd": 0.1}},
+            "jobs": [{"id": evil, "kind": evil, "state": evil, "active": True, "tenant": evil, "source": evil,
+                      "destinations": [evil], "route": evil, "schedule": evil, "policy": evil, "created": evil,
+                      "spent_usd": None, "estimate_usd": 0.1, "budget": evil, "errors": [evil], "progress": numbers}],
+            "policies": [{"name": evil, "source": evil, "source_error": evil, "budget_usd": None, "spent_usd": 0.0,
+                          "waiting": {evil: evil}, "trusted": {evil: evil},
+                          "destinations": [{"destination": evil, "last_run": evil, "job": evil, "ok": False,
+                                            "newest_verified": evil, "verified_at": evil, "newest_source": evil,
+                                            "lag_checkpoints": 2, "commit_to_verified_s": None, "spent_usd": 0.0,
+                                            "errors": [evil]}]}],
+            "policies_note": evil, "cache": None, "cache_note": evil}
+
+    class Elements(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tags, self.attributes = set(), set()
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.add(tag)
+            self.attributes.update(name for name, _ in attrs)
+
+    parsed = Elements()
+    text = render(page)
+    parsed.feed(text)
+    assert "script" not in parsed.tags and "img" not in parsed.tags and "onerror" not in parsed.attributes
+    assert text.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 20, text
