@@ -7,6 +7,7 @@
 #   tests/node            npm ci: Azurite, the Azure Blob emulator (again when its lock changes)
 #   redis-server          Debian's package, used when no Redis answers on 127.0.0.1:6379
 #   prometheus            Debian's package (with promtool): the dashboard and alert rules tests
+#   chromium              Debian's package: tests/test_status_page.py opens the status page headless
 # moto and fake-gcs-server come with the Python extras. Set PYTHON to pick the interpreter, and
 # MCBRIDGE_TEST_PROCESSES the number of pytest processes (4; 1 for none besides this one).
 set -euo pipefail
@@ -79,6 +80,15 @@ elif is_root && command -v apt-get >/dev/null; then
     apt_install --no-install-recommends prometheus
 else
     step "warning: no prometheus; the dashboard and alert rules tests skip"
+fi
+
+if command -v chromium >/dev/null; then
+    step "chromium found"
+elif is_root && command -v apt-get >/dev/null; then
+    step "installing chromium"
+    apt_install chromium
+else
+    step "warning: no chromium; tests/test_status_page.py is skipped"
 fi
 
 # No test may reach past this machine: cloud SDKs' instance-metadata probes stay off unless a

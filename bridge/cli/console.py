@@ -66,6 +66,24 @@ class PrintableFormatter(logging.Formatter):
         return printable(super().format(record))
 
 
+def line_bar(console: Any, bar_share: int = 4):
+    """A progress display of one line per task that fits the terminal's width: a bar of a
+    ``bar_share``-th of the width (10 to 40 columns) and the task's ``status`` field, cut with an
+    ellipsis at the right edge, never wrapped onto a second line (which a live display then
+    repeats at each refresh). ``console`` is a rich console, whose width is the terminal's."""
+    from rich.progress import BarColumn, Progress, ProgressColumn
+    from rich.table import Column
+    from rich.text import Text
+
+    class Status(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text(printable(task.fields.get("status", "")), no_wrap=True, overflow="ellipsis")
+
+    width = max(10, min(40, console.width // bar_share))
+    return Progress(BarColumn(bar_width=width, table_column=Column(width=width, no_wrap=True)),
+                    Status(table_column=Column(no_wrap=True, overflow="ellipsis")), console=console)
+
+
 class Console:
     def __init__(self, stderr: bool = False, **options: Any):
         self._stderr = stderr

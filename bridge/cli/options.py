@@ -317,15 +317,9 @@ class ProgressBar:
         self.settings, self.bwlimit_file = settings, bwlimit_file
         self.bar = None
         self._stop = None
-        if self.enabled:
-            from rich.progress import BarColumn, Progress as Bar, ProgressColumn, TimeRemainingColumn
-            from rich.text import Text
-
-            class Status(ProgressColumn):
-                def render(self, task):
-                    return Text(task.fields.get("status", ""))
-
-            self.bar = Bar(BarColumn(), Status(), TimeRemainingColumn(), console=err.rich, transient=False)
+        if self.enabled:   # one line at the terminal's width (status_line carries the ETA)
+            from bridge.cli.console import line_bar
+            self.bar = line_bar(err.rich)
         self.task = None
 
     def __enter__(self) -> Progress:

@@ -7,6 +7,7 @@
     spending.py      mcbridge budgets set|list
     policy_state.py  mcbridge policy status (a command of the core's policy group)
     warming.py       mcbridge cache warm --node (the core's warm, queued for a node's worker)
+    status_page.py   mcbridge status serve (the read-only status page, bridge.workers.statuspage)
     connection.py    what they share: settings, the broker checked, the 'service' extra named
 
 The service is a plugin of the CLI: pyproject.toml names this package in the "mcbridge.service"
@@ -25,7 +26,7 @@ import importlib
 from bridge.registry import Hooks
 
 # Top-level commands and groups, in the order --help lists them.
-GROUPS = ("daemons", "submitting", "tenancy", "spending", "job_control")
+GROUPS = ("daemons", "submitting", "tenancy", "spending", "job_control", "status_page")
 
 
 def register(hooks: Hooks) -> None:

@@ -11,11 +11,11 @@ import typer
 
 from bridge.cli.options import JsonOpt, QuietOpt, err, given, out
 from bridge.money import usd
-from bridge.progress import human_bytes
+from bridge.progress import human_bytes, human_duration
 from bridge.workers.commands.connection import BrokerOpt, connect, job_records, service_settings
 
 
-def _totals(jobs, record) -> dict[str, int]:
+def totals(jobs, record) -> dict[str, int]:
     """Progress of a job, or the sum of its children's for a replication."""
     records = [c for c in (jobs.get(child) for child in record.children) if c] if record.children else [record]
     keys = ("bytes_total", "bytes_done", "bytes_skipped", "files_total", "files_done", "tasks_total", "tasks_done")
@@ -23,7 +23,7 @@ def _totals(jobs, record) -> dict[str, int]:
 
 
 def _summary_line(jobs, record) -> str:
-    t = _totals(jobs, record)
+    t = totals(jobs, record)
     if record.state == "succeeded":
         moved = t["bytes_done"] - t["bytes_skipped"]
         line = (f"job {record.id} succeeded: {t['files_total']} files, {human_bytes(t['bytes_total'])} "
@@ -36,45 +36,86 @@ def _summary_line(jobs, record) -> str:
     return f"job {record.id} {record.state}"
 
 
+def progress_numbers(jobs, record) -> dict[str, Any]:
+    """Where a job is, as numbers: bytes and files done of their totals, the rate since it
+    started (bytes moved by it, not those found already there) and the seconds left at that
+    rate (None until something moved). What ``jobs watch`` prints and the status page draws."""
+    t = totals(jobs, record)
+    done = min(t["bytes_done"], t["bytes_total"]) if t["bytes_total"] else t["bytes_done"]
+    moved = t["bytes_done"] - t["bytes_skipped"]
+    rate = moved / record.elapsed if record.elapsed > 0 else 0.0
+    left = max(0, t["bytes_total"] - done)
+    eta = left / rate if rate > 0 and record.state == "running" else None
+    return {**t, "bytes": done, "fraction": done / t["bytes_total"] if t["bytes_total"] else None,
+            "rate_bytes_per_s": rate, "eta_s": eta}
+
+
+def progress_line(record, n: dict[str, Any]) -> str:
+    """'running: 1.5 MiB of 4.0 MiB (37%), 3/10 files, 256.0 KiB/s, ETA 10.0s' (IEC units), of a
+    job's ``progress_numbers``."""
+    pct = f" ({100 * n['fraction']:.0f}%)" if n["fraction"] is not None else ""
+    line = (f"{record.state}: {human_bytes(n['bytes'])} of {human_bytes(n['bytes_total'])}{pct}, "
+            f"{n['files_done']}/{n['files_total']} files, {human_bytes(n['rate_bytes_per_s'])}/s")
+    return line + (f", ETA {human_duration(n['eta_s'])}" if n["eta_s"] is not None else "")
+
+
 END_GRACE = 5.0   # seconds a follower waits, after a job's end, for its worker to announce it
+EVERY = 10.0      # seconds between progress lines when stderr is no terminal and --stats is not given
 
 
-def follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, interval: float = 0.5) -> int:
-    """Follow a job to its end with a progress bar (or state lines); 0 only if it succeeded.
-    The record is read every ``interval`` seconds for the bar, and at once when the job's end is
+def follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, interval: float = 0.5,
+           every: float | None = None) -> int:
+    """Follow a job to its end; 0 only if it succeeded. On a terminal, a one-line bar with bytes,
+    files, rate and ETA, at the terminal's width; elsewhere a line when the state changes and a
+    progress line every ``every`` seconds (the global --stats, else EVERY; neither with -q or
+    --json). The record is read every ``interval`` seconds, and at once when the job's end is
     announced (``Jobs.following``)."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+    from bridge.cli.options import RUN
     from bridge.workers.jobrecords import TERMINAL
+    every = every or RUN.get("stats") or EVERY
     bar_on = not quiet and not as_json and err.is_terminal
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                   console=err, disable=not bar_on)
-    task = bar.add_task("queued", total=None)
+    lines_on = not bar_on and not quiet and not as_json
+    bar = None
+    if bar_on:
+        from bridge.cli.console import line_bar
+        bar = line_bar(err.rich)
+        task = bar.add_task("", total=None, status="queued")
+        bar.start()
     last_state = None
     ended_at: float | None = None
-    with bar, jobs.following(job_id) as wait:
-        while True:
-            record = jobs.get(job_id)
-            if record is None:
-                raise _no_job(job_id)
-            t = _totals(jobs, record)
-            bar.update(task, total=t["bytes_total"] or None, completed=min(t["bytes_done"], t["bytes_total"]),
-                       description=f"{record.state} {t['files_done']}/{t['files_total']} files")
-            if record.state != last_state and not bar_on and not quiet and not as_json:
-                err.print(f"job {job_id}: {record.state}", markup=False)
-            last_state = record.state
-            if record.state in TERMINAL:
-                # ended; its worker announces it once it is priced (what it spent is then in the
-                # record): a short wait for that, whose timeout covers a worker that died between
-                if jobs.announced(job_id):
-                    record = jobs.get(job_id) or record   # read again: complete now
-                    break
-                if ended_at is None:
-                    ended_at = time.monotonic()
-                elif time.monotonic() - ended_at > END_GRACE:
-                    break
-                wait(min(interval, END_GRACE))
-                continue
-            wait(interval)
+    next_line = time.monotonic() + every
+    try:
+        with jobs.following(job_id) as wait:
+            while True:
+                record = jobs.get(job_id)
+                if record is None:
+                    raise _no_job(job_id)
+                if bar is not None:
+                    n = progress_numbers(jobs, record)
+                    bar.update(task, total=n["bytes_total"] or None, completed=n["bytes"], status=progress_line(record, n))
+                elif lines_on and record.state != last_state:
+                    err.print(f"job {job_id}: {record.state}", markup=False)
+                    next_line = time.monotonic() + every
+                elif lines_on and record.state == "running" and time.monotonic() >= next_line:
+                    err.print(f"job {job_id}: {progress_line(record, progress_numbers(jobs, record))}", markup=False)
+                    next_line = time.monotonic() + every
+                last_state = record.state
+                if record.state in TERMINAL:
+                    # ended; its worker announces it once it is priced (what it spent is then in the
+                    # record): a short wait for that, whose timeout covers a worker that died between
+                    if jobs.announced(job_id):
+                        record = jobs.get(job_id) or record   # read again: complete now
+                        break
+                    if ended_at is None:
+                        ended_at = time.monotonic()
+                    elif time.monotonic() - ended_at > END_GRACE:
+                        break
+                    wait(min(interval, END_GRACE))
+                    continue
+                wait(interval)
+    finally:
+        if bar is not None:
+            bar.stop()
     if as_json:
         out.print_json(json.dumps(_status_doc(jobs, record)))
     else:
@@ -137,7 +178,7 @@ def jobs_list(state: Annotated[Optional[str], typer.Option("--state", help="Only
         return
     out.print(f"{'ID':<14} {'KIND':<9} {'STATE':<10} {'PROGRESS':>22} {'USD':>9} {'CREATED':<20} ROUTE", markup=False)
     for r in records:
-        t = _totals(jobs, r)
+        t = totals(jobs, r)
         pct = f"{100 * min(t['bytes_done'], t['bytes_total']) / t['bytes_total']:.0f}%" if t["bytes_total"] else "-"
         progress = f"{human_bytes(min(t['bytes_done'], t['bytes_total']))} {pct}"
         route = f"{r.spec['source']} -> {', '.join(r.spec['destinations'])}"
@@ -160,7 +201,7 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
     if as_json:
         out.print_json(json.dumps(doc))
         return
-    t = _totals(jobs, record)
+    t = totals(jobs, record)
     p = doc["progress"]
     lines = [f"job {record.id}  {record.kind}  {record.state}" + (f"  (schedule {record.schedule})" if record.schedule else ""),
              f"  source       {record.spec['source']}",
@@ -213,7 +254,8 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
 
 
 def jobs_watch(job_id: str, quiet: QuietOpt = False, as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
-    """Follow a job to its end; exit 0 only if it succeeded."""
+    """Follow a job to its end: on a terminal a bar with bytes, files, rate and ETA; elsewhere a
+    progress line every 10 s (the global --stats INTERVAL sets another); exit 0 only if it succeeded."""
     raise typer.Exit(follow(job_records(service_settings(broker)), job_id, quiet=quiet, as_json=as_json))
 
 

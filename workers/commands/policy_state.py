@@ -26,22 +26,59 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
     """Per policy and destination, as the service last ran it: last run, newest checkpoint
     verified there and when, lag behind the source (listed now), and this month's spend
     against the policy's budget."""
-    from bridge.errors import BridgeError, InvalidOption
+    from bridge.errors import InvalidOption
+    from bridge.workers.budgets import month
+    ws = service_settings(broker)
+    path = file or (Path(ws.policies) if ws.policies else None)
+    if path is None:
+        raise InvalidOption("give the policy file (or set BRIDGE_POLICIES)")
+    report = policy_report(ws, path, name, settings_from_flags(profile, config))
+    if as_json:
+        out.print_json(json.dumps({"month": month(), "policies": report}))
+        return
+    for p in report:
+        cap = usd(p['budget_usd']) if p["budget_usd"] is not None else "no monthly budget"
+        out.print(f"{p['name']}: {p['source']}: {usd(p['spent_usd'])} spent in {month()} of {cap}", markup=False)
+        if p["source_error"]:
+            err.print(f"mcbridge: {p['name']}: source not listed: {p['source_error']}", markup=False, soft_wrap=True)
+        for ckpt, why in p["waiting"].items():
+            out.print(f"  {ckpt} waiting: {why}", markup=False)
+        for ckpt, why in p["trusted"].items():
+            out.print(f"  {ckpt} committed on trust: {why}", markup=False)
+        for row in p["destinations"]:
+            if row["last_run"] is None:
+                out.print(f"  {row['destination']}: never run (by the service, or in-process here)", markup=False)
+                continue
+            verified = (f"{row['newest_verified']} verified {row['verified_at']}" if row["newest_verified"]
+                        else "nothing verified yet")
+            if row["newest_verified"] and row["commit_to_verified_s"] is not None:
+                verified += f", {row['commit_to_verified_s']}s after its commit"
+            lag = row["lag_checkpoints"]
+            behind = "up to date" if lag == 0 else f"{lag} checkpoint{'s' if lag != 1 else ''} behind {row['newest_source']}"
+            by = "in-process" if row["job"] == "in-process" else f"job {row['job']}"
+            out.print(f"  {row['destination']}: last run {row['last_run']} ({by}, "
+                      f"{'ok' if row['ok'] else 'FAILED'}); {verified}; {behind}; {usd(row['spent_usd'])} this month",
+                      markup=False)
+            for problem in row["errors"]:
+                out.print(f"    {problem}", markup=False)
+
+
+def policy_report(ws, path: Path, name: str | None, settings) -> list[dict]:
+    """Per policy of the file at ``path`` (only ``name`` if given) and destination: the newer of
+    the service's last run and this machine's in-process one, the lag behind the source listed
+    now, and this month's spend against the policy's budget. What ``policy status`` prints and
+    the status page (bridge.workers.statuspage) draws."""
+    from bridge.errors import BridgeError
     from bridge.policies import replication as rules
     from bridge.policies.replication import select
     from bridge.workers.budgets import Budgets, month
     from bridge.workers.keys import Keys
     from bridge.workers.replicas import PolicyState
     from bridge.cli.policy import load_policies
-    ws = service_settings(broker)
-    path = file or (Path(ws.policies) if ws.policies else None)
-    if path is None:
-        raise InvalidOption("give the policy file (or set BRIDGE_POLICIES)")
     chosen = select(load_policies(path), name)
     client = connect(ws)
     keys = Keys(ws.namespace)
     state, budgets = PolicyState(client, keys), Budgets(client, keys)
-    settings = settings_from_flags(profile, config)
     report = []
     from bridge.replicator import recorded as run_here
     for p in chosen:
@@ -75,34 +112,7 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
                        "budget_usd": budgets.limit(p.name), "spent_usd": money.usd_number(budgets.spent(p.name)),
                        "max_cost_usd": p.policy.max_cost_usd, "waiting": waiting, "trusted": trusted,
                        "destinations": rows})
-    if as_json:
-        out.print_json(json.dumps({"month": month(), "policies": report}))
-        return
-    for p in report:
-        cap = usd(p['budget_usd']) if p["budget_usd"] is not None else "no monthly budget"
-        out.print(f"{p['name']}: {p['source']}: {usd(p['spent_usd'])} spent in {month()} of {cap}", markup=False)
-        if p["source_error"]:
-            err.print(f"mcbridge: {p['name']}: source not listed: {p['source_error']}", markup=False, soft_wrap=True)
-        for ckpt, why in p["waiting"].items():
-            out.print(f"  {ckpt} waiting: {why}", markup=False)
-        for ckpt, why in p["trusted"].items():
-            out.print(f"  {ckpt} committed on trust: {why}", markup=False)
-        for row in p["destinations"]:
-            if row["last_run"] is None:
-                out.print(f"  {row['destination']}: never run (by the service, or in-process here)", markup=False)
-                continue
-            verified = (f"{row['newest_verified']} verified {row['verified_at']}" if row["newest_verified"]
-                        else "nothing verified yet")
-            if row["newest_verified"] and row["commit_to_verified_s"] is not None:
-                verified += f", {row['commit_to_verified_s']}s after its commit"
-            lag = row["lag_checkpoints"]
-            behind = "up to date" if lag == 0 else f"{lag} checkpoint{'s' if lag != 1 else ''} behind {row['newest_source']}"
-            by = "in-process" if row["job"] == "in-process" else f"job {row['job']}"
-            out.print(f"  {row['destination']}: last run {row['last_run']} ({by}, "
-                      f"{'ok' if row['ok'] else 'FAILED'}); {verified}; {behind}; {usd(row['spent_usd'])} this month",
-                      markup=False)
-            for problem in row["errors"]:
-                out.print(f"    {problem}", markup=False)
+    return report
 
 
 def _newer(service: dict[str, dict], here: dict[str, dict]) -> dict[str, dict]:
