@@ -137,7 +137,19 @@ def route_opt():
 
 
 RouteOpt = route_opt()
-DeleteOpt = Annotated[bool, typer.Option("--delete", help="Remove from DST what SRC no longer has.")]
+DeleteOpt = Annotated[bool, typer.Option("--delete", help="Remove from DST what SRC no longer has. Refused, "
+                                         "before anything is copied or deleted, when that is more than half of "
+                                         "the objects at DST, unless --force or --max-delete allows it.")]
+MaxDeleteOpt = Annotated[Optional[int], typer.Option(
+    "--max-delete", metavar="N", min=0, help="With --delete: refuse, before anything is copied or deleted, a sync "
+    "that would delete more than N objects (as rclone); allows up to N whatever share of DST that is.")]
+
+
+def force_opt(help: str = "Delete even what a guard refuses: more than half of a sync's destination.") -> Any:
+    return Annotated[bool, typer.Option("--force", help=help)]
+
+
+ForceOpt = force_opt()
 
 
 def given(flag: str, value: str | None) -> str | None:
@@ -433,8 +445,11 @@ def print_plan(summary: dict, as_json: bool) -> None:
         out.print(f"copy {shown(row['path'])}  {human_bytes(row['size'])}  ({parts})", markup=False)
     for rel in summary.get("delete", []):
         out.print(f"delete {shown(rel)}", markup=False)
-    out.print(f"would copy {plural(summary['files'], 'file')}, {human_bytes(summary['bytes'])} from "
+    deleting = f" and delete {plural(summary['deletions'], 'object')}" if summary.get("deletions") else ""
+    out.print(f"would copy {plural(summary['files'], 'file')}, {human_bytes(summary['bytes'])}{deleting} from "
               f"{summary['source']} to {summary['destination']} in {plural(summary['units'], 'unit')}", markup=False)
+    if summary.get("refused"):
+        out.print(f"a run would be refused: {summary['refused']}", markup=False)
     if summary.get("filters"):
         from bridge.filters import Filters
         out.print(f"filters: {Filters.from_dict(summary['filters']).describe()}", markup=False)

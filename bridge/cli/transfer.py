@@ -10,10 +10,11 @@ import typer
 
 from bridge import __version__
 from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DeleteOpt, DryOpt,
-                                ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt, MaxSizeOpt,
+                                ExcludeOpt, FilesFromOpt, ForceOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt, MaxDeleteOpt, MaxSizeOpt,
                                 MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, Sha256Opt,
                                 StoreSumOpt, emit, err, filters_from_flags, moved_line, out, print_findings, print_plan, route_line,
                                 settings_from_flags, shown)
+from bridge.errors import InvalidOption
 from bridge.progress import human_bytes, plural
 from bridge.cli.placement import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
                                 NoMetadataOpt, ScopeOpt, SkipExistingOpt, StorageClassOpt, adopt_mode,
@@ -53,7 +54,7 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
          f"{route_line(summary)}; manifest {summary['manifest']}", quiet)
 
 
-def sync(src: str, dst: str, delete: DeleteOpt = False,
+def sync(src: str, dst: str, delete: DeleteOpt = False, max_delete: MaxDeleteOpt = None, force: ForceOpt = False,
          concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
          bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
          include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
@@ -70,6 +71,8 @@ def sync(src: str, dst: str, delete: DeleteOpt = False,
     write it, and with --delete remove what SRC no longer has. Filters apply to both sides: what
     they leave out is neither sent nor deleted."""
     from bridge import ops
+    if max_delete is not None and not delete:
+        raise InvalidOption("--max-delete limits what --delete removes: give --delete too, or leave it out")
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
                                    bwlimit_file=bwlimit_file, route=route, sha256=sha256)
@@ -80,12 +83,14 @@ def sync(src: str, dst: str, delete: DeleteOpt = False,
     if dry_run:
         with ProgressBar(not as_json, quiet=quiet) as progress:
             summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
-                               dry_run=True, route=route, adopt=adopting, filters=filters, progress=progress)
+                               dry_run=True, route=route, adopt=adopting, filters=filters, progress=progress,
+                               max_delete=max_delete, force=force)
         print_plan(summary, as_json)
         return
     with ProgressBar(not as_json, settings, bwlimit_file, quiet) as progress:
         summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
-                           progress=progress, max_cost=max_cost, route=route, adopt=adopting, filters=filters)
+                           progress=progress, max_cost=max_cost, route=route, adopt=adopting, filters=filters,
+                           max_delete=max_delete, force=force)
     r = summary["reasons"]
     emit(summary, as_json, f"sent {plural(len(summary['sent']), 'file')} ({r['new']} new, {r['changed']} changed, "
          f"{r['repaired']} repaired), {r['unchanged']} unchanged, {r.get('adopted', 0)} adopted, "
