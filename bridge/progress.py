@@ -1,8 +1,12 @@
 """One accounting object passed through every transfer call; the progress bar, ``--json``
-summaries and job status all read from it."""
+summaries and job status all read from it, and (``audit``) the per-object log: one line per
+object copied, skipped or deleted on the ``bridge.audit`` logger, each with its name, size, route
+and retries (``-v``, ``--log-file``; ``-vv`` adds the files a sync found unchanged). The fields
+ride on the record as ``record.audit`` for a JSON formatter (bridge.logs)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +44,13 @@ class Progress:
     started: float = field(default_factory=time.monotonic)
     listeners: list[Callable[[Progress], None]] = field(default_factory=list)
     limiter: Throttle | None = None   # the job's bandwidth limit (bridge/bwlimit.py)
+    # One log line per object (bridge.audit): asked for by whoever shows them (the CLI with -v or
+    # --log-file), not by default: a worker's log holds job events, not every object.
+    audit: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # retries on each thread since the object it last finished: the units of one object run on
+    # the thread that finishes it, one after another, so these are that object's
+    _thread: threading.local = field(default_factory=threading.local, repr=False)
 
     def _changed(self) -> None:
         for listener in self.listeners:
@@ -90,12 +100,15 @@ class Progress:
             self.bytes_through += nbytes if through is None else through
         self._changed()
 
-    def skipped(self, nbytes: int) -> None:
-        """Bytes already at the destination (resume): counted as done, not as moved."""
+    def skipped(self, nbytes: int, rel: str | None = None) -> None:
+        """Bytes already at the destination (resume): counted as done, not as moved; ``rel``
+        names a whole file found already written."""
         with self._lock:
             self.bytes_done += nbytes
             self.bytes_skipped += nbytes
         self._changed()
+        if rel is not None:
+            self.said("skipped", rel, nbytes, why="already there from an earlier run")
 
     def unit_finished(self, ok: bool = True) -> None:
         with self._lock:
@@ -105,9 +118,38 @@ class Progress:
                 self.units_failed += 1
         self._changed()
 
-    def file_finished(self) -> None:
+    def file_finished(self, rel: str | None = None, size: int = 0, route: str = "direct") -> None:
         with self._lock:
             self.files_done += 1
+        if rel is not None:
+            self.said("copied", rel, size, route=route)
+
+    def deleted(self, rel: str) -> None:
+        self.said("deleted", rel, None)
+
+    def judged(self, rel: str, verdict: str, size: int) -> None:
+        """A sync's verdict on a file it does not send: adopted (equal already, committed
+        without copying) at -v, unchanged at -vv."""
+        if verdict == "adopted":
+            self.said("adopted", rel, size, why="equal already: committed without copying")
+        elif verdict == "unchanged":
+            self.said("unchanged", rel, size, level=logging.DEBUG)
+
+    def said(self, event: str, rel: str, size: int | None, *, route: str | None = None, why: str | None = None,
+             level: int = logging.INFO) -> None:
+        """One object's line on the audit log (when ``audit``): what happened to it, its size, the
+        route that carried it and the retries it took."""
+        retries = getattr(self._thread, "retries", 0)
+        self._thread.retries = 0
+        if not self.audit or not AUDIT.isEnabledFor(level):
+            return
+        fields = {"event": event, "path": rel, "size": size, "route": route, "retries": retries, "why": why}
+        detail = ", ".join(part for part in (
+            None if size is None else f"{size:,} B",
+            None if route is None else f"route {route}",
+            plural(retries, "retry", "retries") if route is not None or retries else None, why) if part)
+        AUDIT.log(level, "%s %s%s", event, rel, f" ({detail})" if detail else "",
+                  extra={"audit": {k: v for k, v in fields.items() if v is not None}})
 
     def fell_back(self, files: int) -> None:
         with self._lock:
@@ -116,6 +158,7 @@ class Progress:
     def retried(self) -> None:
         with self._lock:
             self.retries += 1
+        self._thread.retries = getattr(self._thread, "retries", 0) + 1
 
     @property
     def elapsed(self) -> float:
@@ -134,6 +177,9 @@ class Progress:
                 "units_done": self.units_done, "units_failed": self.units_failed,
                 "files_done": self.files_done, "retries": self.retries,
                 "elapsed_s": round(self.elapsed, 3), "rate_bytes_per_s": round(self.rate)}
+
+
+AUDIT = logging.getLogger("bridge.audit")
 
 
 def plural(n: int, noun: str, many: str | None = None) -> str:

@@ -121,3 +121,37 @@ def test_the_main_help_names_the_global_options(tmp_path):
     text = mcbridge("--help", env=env_plain(COLUMNS="80"), state_dir=tmp_path).stdout
     for word in ("-v (-vv)", "--log-file", "--log-level", "--stats", "--version", "completion"):
         assert word in re.sub(r"\s+", " ", text), word
+
+
+# -- the audit trail: a line per object at -v, in the log file, as JSON ---------------------------
+
+def test_v_names_every_object_copied_and_deleted_with_size_route_and_retries(make_root, env_for, tmp_path):
+    import json
+    env = env_for("s3")
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {"a.txt": b"alpha", "b/c.bin": b"x" * 300, "d e.txt": b"spaced"}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    dst = make_root("s3") + "audit/"
+    quiet = mcbridge("cp", f"{src}/", dst, env=env, state_dir=tmp_path / "s0")
+    assert quiet.returncode == 0 and not re.search(r"^copied ", quiet.stderr, re.M), quiet.stderr
+    r = mcbridge("-v", "cp", f"{src}/", make_root("s3"), env=env, state_dir=tmp_path / "s1")
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("copied ")]
+    assert len(lines) == 3, r.stderr
+    for rel, data in files.items():
+        assert f"copied {rel} ({len(data):,} B, route direct, 0 retries)" in lines, lines
+
+    log = tmp_path / "audit.jsonl"
+    (src / "a.txt").unlink()
+    r = mcbridge("sync", f"{src}/", dst, "--delete", "--log-file", str(log), "--log-format", "json", "-q",
+                 env=env, state_dir=tmp_path / "s0")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    audit = [row for row in rows if row["logger"] == "bridge.audit"]
+    assert [(row["event"], row["path"]) for row in audit] == [("deleted", "a.txt")], rows
+    assert all({"time", "level", "message"} <= set(row) for row in rows)
+    bad = mcbridge("ls", str(src), "--log-format", "xml", env=env, state_dir=tmp_path)
+    assert bad.returncode == 2 and "text, json" in bad.stderr and bad.stderr.count("\n") == 1

@@ -62,7 +62,7 @@ def test_a_sync_that_would_delete_most_of_its_destination_is_refused_unless_allo
 
     dry = mcbridge("sync", f"{src}/", dst, "--delete", "--dry-run", env=env, state_dir=tmp_path / "st")
     assert dry.returncode == 0, dry.stderr
-    assert "would copy 0 files, 0 B and delete 5000 objects" in dry.stdout, dry.stdout[-500:]
+    assert "would copy 0 files, 0 B and delete 5,000 objects" in dry.stdout, dry.stdout[-500:]
     assert "a run would be refused" in dry.stdout
     as_json = json.loads(mcbridge("sync", f"{src}/", dst, "--delete", "--dry-run", "--json", "--max-delete", "6000",
                                   env=env, state_dir=tmp_path / "st").stdout)
@@ -121,3 +121,25 @@ def test_rm_and_mv_of_system_folders_are_refused_without_force(tmp_path, env_for
     with pytest.raises(guards.DeletionRefused, match="system folder /etc"):
         objects.remove(f"{tmp_path}/etc/", settings_for(env), recursive=True)
     assert guards.protected(parse(f"{tmp_path}/")) is None
+
+
+def test_verify_points_at_sync_delete_for_extra_objects_and_passes_after_it(make_root, env_for, moto, tmp_path):
+    env = env_for("s3")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a", "b", "c", "d"):
+        (src / name).write_bytes(name.encode())
+    dst = make_root("s3") + "dr/"
+    assert mcbridge("sync", f"{src}/", dst, "-q", env=env, state_dir=tmp_path).returncode == 0
+    moto.client().put_object(Bucket=parse(dst).bucket, Key="dr/stray.bin", Body=b"not ours")
+    failed = mcbridge("verify", dst, env=env, state_dir=tmp_path)
+    assert failed.returncode == 1
+    assert "hint: 1 extra object at the destination: sync --delete from its source removes it" in failed.stdout
+    as_json = json.loads(mcbridge("verify", dst, "--json", env=env, state_dir=tmp_path).stdout)
+    assert any("sync --delete" in hint for hint in as_json["hints"])
+    assert mcbridge("sync", f"{src}/", dst, "-q", env=env, state_dir=tmp_path).returncode == 0
+    still = mcbridge("verify", dst, env=env, state_dir=tmp_path)
+    assert still.returncode == 1 and "sync --delete" in still.stdout, "a plain sync leaves the extra object"
+    assert mcbridge("sync", f"{src}/", dst, "--delete", "-q", env=env, state_dir=tmp_path).returncode == 0
+    fixed = mcbridge("verify", dst, env=env, state_dir=tmp_path)
+    assert fixed.returncode == 0 and "hint" not in fixed.stdout, fixed.stdout

@@ -341,7 +341,7 @@ class ProgressBar:
         self.task = None
 
     def __enter__(self) -> Progress:
-        progress = Progress()
+        progress = Progress(audit=True)   # a line per object where -v or --log-file lets it through
         if self.settings is not None:
             rate = self.settings.transfer.bwlimit
             progress.limiter = limits.local(rate)
@@ -445,7 +445,8 @@ def print_plan(summary: dict, as_json: bool) -> None:
         out.print(f"copy {shown(row['path'])}  {human_bytes(row['size'])}  ({parts})", markup=False)
     for rel in summary.get("delete", []):
         out.print(f"delete {shown(rel)}", markup=False)
-    deleting = f" and delete {plural(summary['deletions'], 'object')}" if summary.get("deletions") else ""
+    n = summary.get("deletions") or 0
+    deleting = f" and delete {n:,} object{'s' if n != 1 else ''}" if n else ""
     out.print(f"would copy {plural(summary['files'], 'file')}, {human_bytes(summary['bytes'])}{deleting} from "
               f"{summary['source']} to {summary['destination']} in {plural(summary['units'], 'unit')}", markup=False)
     if summary.get("refused"):

@@ -145,6 +145,8 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
                          if counts.get("proven") else "")
                       + (f", {counts['rehashed']} rewritten with equal bytes" if counts["rehashed"] else ""),
                       markup=False)
+        for hint in report.get("hints", []):
+            out.print(f"hint: {hint}", markup=False)
     if not report["ok"]:
         raise typer.Exit(1)
 
