@@ -155,3 +155,28 @@ def test_v_names_every_object_copied_and_deleted_with_size_route_and_retries(mak
     assert all({"time", "level", "message"} <= set(row) for row in rows)
     bad = mcbridge("ls", str(src), "--log-format", "xml", env=env, state_dir=tmp_path)
     assert bad.returncode == 2 and "text, json" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_q_is_accepted_everywhere_and_keeps_the_results(make_root, env_for, tmp_path):
+    env = env_for("s3")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "one.txt").write_bytes(b"one")
+    (src / "two.txt").write_bytes(b"two!")
+    dst = make_root("s3") + "q/"
+    assert mcbridge("cp", "-q", f"{src}/", dst, env=env, state_dir=tmp_path).returncode == 0
+    ls = mcbridge("ls", "-q", "-l", dst, env=env, state_dir=tmp_path)
+    assert ls.returncode == 0 and ls.stderr == "", ls.stderr
+    assert [line.split()[-1] for line in ls.stdout.splitlines()] == ["one.txt", "two.txt"], "no total line"
+    du = mcbridge("du", "-q", "-s", dst, env=env, state_dir=tmp_path)
+    assert du.returncode == 0 and du.stdout.split()[:2] == ["7", "2"], du.stdout
+    sums = mcbridge("hashsum", "-q", "sha256", dst, env=env, state_dir=tmp_path)
+    assert sums.returncode == 0 and len(sums.stdout.splitlines()) == 2, sums.stderr
+    same = mcbridge("check", "-q", f"{src}/", dst, env=env, state_dir=tmp_path)
+    assert same.returncode == 0 and same.stdout == "" and same.stderr == "", same.stdout
+    (src / "three.txt").write_bytes(b"3")
+    differ = mcbridge("check", "-q", f"{src}/", dst, env=env, state_dir=tmp_path)
+    assert differ.returncode == 1 and "three.txt" in differ.stdout and "FAILED" in differ.stdout
+    for command in ("ls", "du", "hashsum", "check"):
+        help_text = mcbridge(command, "--help", env=env, state_dir=tmp_path).stdout
+        assert "-q" in help_text and "--quiet" in help_text, command

@@ -125,7 +125,14 @@ Sha256Opt = Annotated[bool, typer.Option(
     "--sha256", help="Also record each file's plain whole-file SHA-256 (what sha256sum prints): one stream "
     "per file, so a big file's copy waits for it. Default: part SHA-256s, their sha256-tree and CRC32C.")]
 DryOpt = dry_run_opt()
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
+def quiet_opt(help: str = "No progress or summary lines: print nothing but errors.") -> Any:
+    """-q on every command: no progress bar, --stats lines or summary; a command whose result is its
+    output (ls, du, hashsum) still prints that, a check only what it found wrong."""
+    return Annotated[bool, typer.Option("--quiet", "-q", help=help)]
+
+
+QuietOpt = quiet_opt()
+ListQuietOpt = quiet_opt("No progress or summary lines: only the results (errors on stderr).")
 MaxCostOpt = max_cost_opt()
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from bridge.cli.options import (ChunkOpt, ConcOpt, ConfigOpt, DryOpt, ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt,
-                                force_opt,
+                                ListQuietOpt, force_opt,
                                 MaxAgeOpt, MaxCostOpt, MaxSizeOpt, MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar,
                                 QuietOpt, RouteOpt, StoreSumOpt, emit, filters_from_flags, given, moved_line, out,
                                 print_plan, route_line, settings_from_flags, shown)
@@ -53,9 +53,10 @@ def ls(url: UrlArg,
        include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
        min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
        max_age: MaxAgeOpt = None,
-       as_json: JsonOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+       as_json: JsonOpt = False, quiet: ListQuietOpt = False, profile: ProfileOpt = None,
+       config: ConfigOpt = None) -> None:
     """List the objects and folders directly under URL (every object with -R); s3://, gs:// or
-    az:// alone lists the buckets."""
+    az:// alone lists the buckets. -q: the rows only (no progress, no -l total)."""
     from bridge import objects, ops
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config)
@@ -68,7 +69,7 @@ def ls(url: UrlArg,
         for row in rows:
             out.print(row["path"], markup=False)
         return
-    with ProgressBar(not as_json) as progress:
+    with ProgressBar(not as_json, quiet=quiet) as progress:
         rows = ops.ls(url, settings, recursive=recursive or filters is not None and filters.files_from is not None,
                       filters=filters, progress=progress)
     if as_json:
@@ -82,7 +83,7 @@ def ls(url: UrlArg,
                       f"{shown(row['path'])}", markup=False)
         else:
             out.print(f"{size:>14}  {shown(row['path'])}", markup=False)
-    if long:
+    if long and not quiet:
         objs = [row for row in rows if not row.get("dir")]
         folders = len(rows) - len(objs)
         out.print(f"total: {plural(len(objs), 'object')}, {human_bytes(sum(r['size'] for r in objs))}"
@@ -95,11 +96,12 @@ def du(url: UrlArg, human: HumanOpt = False,
        include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
        min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
        max_age: MaxAgeOpt = None,
-       as_json: JsonOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
-    """Objects and bytes under URL: per folder directly under it, and in total."""
+       as_json: JsonOpt = False, quiet: ListQuietOpt = False, profile: ProfileOpt = None,
+       config: ConfigOpt = None) -> None:
+    """Objects and bytes under URL: per folder directly under it, and in total (-q: no progress)."""
     from bridge import objects
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
-    with ProgressBar(not as_json) as progress:
+    with ProgressBar(not as_json, quiet=quiet) as progress:
         report = objects.du(url, settings_from_flags(profile, config), filters=filters, progress=progress)
     if as_json:
         out.print_json(json.dumps(report))
@@ -216,15 +218,15 @@ def hashsum(algorithm: Annotated[str, typer.Argument(metavar="HASH", help="crc32
             include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
             min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
             max_age: MaxAgeOpt = None,
-            concurrency: ConcOpt = None, as_json: JsonOpt = False,
+            concurrency: ConcOpt = None, as_json: JsonOpt = False, quiet: ListQuietOpt = False,
             profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Print the crc32c, md5 or sha256 of the object URL or of every object under it: from the
     manifest of a bridge copy when it records that version, else as the store reports it, else
-    read and computed here. Lines as sha256sum prints them."""
+    read and computed here. Lines as sha256sum prints them (-q: no progress)."""
     from bridge import objects
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency)
-    with ProgressBar(not as_json) as progress:
+    with ProgressBar(not as_json, quiet=quiet) as progress:
         rows = objects.hashsum(algorithm.lower(), url, settings, filters=filters, progress=progress)
     if as_json:
         out.print_json(json.dumps(rows))
