@@ -19,7 +19,7 @@ from bridge.config import Settings
 from bridge.contracts import FilePlan
 from bridge.errors import ObjectNotFound
 from bridge.filters import Filters
-from bridge.listing import listing_to, with_filters
+from bridge.listing import listing_to, wildcard_source, with_filters
 from bridge.meter import Pool
 from bridge.progress import Progress
 from bridge.stores import get_store
@@ -122,6 +122,7 @@ def copy(source: str, destination: str, settings: Settings, *, chunk_size: int |
          progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False,
          max_cost: float | None = None, route: str | None = None, adopt: str = "off",
          filters: Filters | None = None) -> dict:
+    source, filters = wildcard_source(source, filters, settings)   # s3://b/p/*.tar
     decided = routes.decide(parse(source), parse(destination), settings, route)   # before any request
     with meter.metering(meter.current() or meter.Meter()):   # the listing counts as what ran, too
         plan = plan_copy(source, destination, settings, chunk_size, filters=filters, listed=listing_to(progress))
@@ -195,6 +196,7 @@ def sync(source: str, destination: str, settings: Settings, *, delete: bool = Fa
     bridge.guards (``max_delete`` objects at most; else at most half of what is there, unless
     ``force``), checked before anything is copied or deleted. A dry run says whether a run
     would be refused (``refused``) and is not refused itself."""
+    source, filters = wildcard_source(source, filters, settings)   # s3://b/p/*.tar
     decided = routes.decide(parse(source), parse(destination), settings, route)   # before any request
     with meter.metering(meter.current() or meter.Meter()):   # the listing counts as what ran, too
         plan, counts = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size, adopt=adopt,
