@@ -169,6 +169,7 @@ def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Fi
             pass
         if progress is not None:
             progress.checked()
+            progress.deleted(str(loc))
 
     for loc in [t for t in targets if manifests.is_commit_marker(t)]:
         delete(loc)

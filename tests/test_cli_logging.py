@@ -153,6 +153,8 @@ def test_v_names_every_object_copied_and_deleted_with_size_route_and_retries(mak
     audit = [row for row in rows if row["logger"] == "bridge.audit"]
     assert [(row["event"], row["path"]) for row in audit] == [("deleted", "a.txt")], rows
     assert all({"time", "level", "message"} <= set(row) for row in rows)
+    gone = mcbridge("rm", "-r", "-v", dst, env=env, state_dir=tmp_path / "s0")
+    assert gone.returncode == 0 and f"deleted {dst}b/c.bin" in gone.stderr.splitlines(), gone.stderr
     bad = mcbridge("ls", str(src), "--log-format", "xml", env=env, state_dir=tmp_path)
     assert bad.returncode == 2 and "text, json" in bad.stderr and bad.stderr.count("\n") == 1
 
