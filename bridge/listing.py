@@ -50,8 +50,9 @@ def wildcard_source(source: str, filters: Filters | None, settings: Settings) ->
     wildcard (``s3://b/p/``) and a filter that selects, under it, what the rest matches (``/*.tar``:
     ``*`` stays within a folder, ``**`` crosses folders, ``?``, ``[a-z]`` and ``{a,b}`` as in
     --include), by the bounded matcher of bridge/filters.py, besides any filters given; a trailing
-    ``/`` takes everything under the folders matched. A file or object that exists under the very
-    name given is that one (names may hold ``*`` or ``[``). Else ``(source, filters)`` unchanged."""
+    ``/`` takes everything under the folders matched. A file, object or folder that exists under
+    the very name given is that one (names may hold ``*`` or ``[``). Else ``(source, filters)``
+    unchanged."""
     loc = parse(source)
     split = filtering.split_wildcard(loc.key)
     if split is None:
@@ -60,11 +61,14 @@ def wildcard_source(source: str, filters: Filters | None, settings: Settings) ->
         if os.path.lexists(loc.local_path):
             return source, filters
     else:
+        store = get_store(loc, settings)
         try:
-            get_store(loc, settings).info(loc)
+            store.info(loc)
             return source, filters
         except ObjectNotFound:
             pass
+        if next(iter(store.walk(loc.as_prefix())), None) is not None:
+            return source, filters   # a folder whose name holds the character: one page of one listing
     folder, glob = split
     if glob.endswith("/"):
         glob += "**"

@@ -50,7 +50,7 @@ def test_the_wildcard_narrows_other_filters_and_a_real_name_with_a_star_is_itsel
     root = make_root("s3")
     client = moto.client()
     bucket = root[len("s3://"):].rstrip("/")
-    for rel, data in {**TREE, "p/star*.bin": b"literal"}.items():
+    for rel, data in {**TREE, "p/star*.bin": b"literal", "run[1]/x.bin": b"in a folder named run[1]"}.items():
         client.put_object(Bucket=bucket, Key=rel, Body=data)
     # --include is an OR among includes; the wildcard is an AND with them
     done = ops.copy(root + "p/*.tar", f"{tmp_path}/inc/", settings, filters=Filters(include=("b*",)),
@@ -60,6 +60,8 @@ def test_the_wildcard_narrows_other_filters_and_a_real_name_with_a_star_is_itsel
     assert wildcard_source(root + "p/star*.bin", None, settings) == (root + "p/star*.bin", None)
     r = mcbridge("cp", root + "p/star*.bin", f"{tmp_path}/lit/x.bin", env=env, state_dir=tmp_path / "s")
     assert r.returncode == 0 and (tmp_path / "lit/x.bin").read_bytes() == b"literal", r.stderr
+    r = mcbridge("cp", root + "run[1]", f"{tmp_path}/folder/", env=env, state_dir=tmp_path / "s")
+    assert r.returncode == 0 and _copied(tmp_path / "folder") == ["x.bin"], r.stderr
     plan = json.loads(mcbridge("sync", root + "p/*.t?r", f"{tmp_path}/sync/", "--dry-run", "--json", env=env,
                                state_dir=tmp_path / "s").stdout)
     assert sorted(row["path"] for row in plan["plan"]) == ["a.tar", "b.tar"]
