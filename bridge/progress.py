@@ -6,6 +6,8 @@ ride on the record as ``record.audit`` for a JSON formatter (bridge.logs)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -48,9 +50,9 @@ class Progress:
     # --log-file), not by default: a worker's log holds job events, not every object.
     audit: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    # retries on each thread since the object it last finished: the units of one object run on
-    # the thread that finishes it, one after another, so these are that object's
-    _thread: threading.local = field(default_factory=threading.local, repr=False)
+    # retries of a file's finished units (its parts) not yet said, until the unit that
+    # finishes the file says them
+    _pending: dict[str, int] = field(default_factory=dict, repr=False)
 
     def _changed(self) -> None:
         for listener in self.listeners:
@@ -135,19 +137,47 @@ class Progress:
         elif verdict == "unchanged":
             self.said("unchanged", rel, size, level=logging.DEBUG)
 
+    @contextlib.contextmanager
+    def unit(self, unit: dict):
+        """While one unit runs: the retries its requests take (in this thread, or in tasks and
+        threads started with its context) are its own, said on the line of the object it
+        finishes; those of a unit that finishes none (a part) wait for the one that does; those
+        of a unit of several files (a batch, a route's) are the unit's, said on each line."""
+        counter = [0, "files" in unit]
+        token = _UNIT_RETRIES.set(counter)
+        try:
+            yield
+        finally:
+            _UNIT_RETRIES.reset(token)
+            rel = unit.get("rel")
+            if counter[0] and rel is not None:
+                with self._lock:
+                    self._pending[rel] = self._pending.get(rel, 0) + counter[0]
+
+    def _retries_of(self, rel: str) -> tuple[int, bool]:
+        """The retries to say on ``rel``'s line, and whether they are its unit's, shared with
+        the other files of a batch (one request may carry several of them)."""
+        counter = _UNIT_RETRIES.get()
+        here, shared = (counter[0], counter[1]) if counter is not None else (0, False)
+        if counter is not None and not shared:
+            counter[0] = 0   # said: not carried to the file's later lines
+        with self._lock:
+            return here + self._pending.pop(rel, 0), shared
+
     def said(self, event: str, rel: str, size: int | None, *, route: str | None = None, why: str | None = None,
              level: int = logging.INFO) -> None:
         """One object's line on the audit log (when ``audit``): what happened to it, its size, the
         route that carried it and the retries it took."""
-        retries = getattr(self._thread, "retries", 0)
-        self._thread.retries = 0
+        retries, shared = self._retries_of(rel)
         if not self.audit or not AUDIT.isEnabledFor(level):
             return
-        fields = {"event": event, "path": rel, "size": size, "route": route, "retries": retries, "why": why}
+        fields = {"event": event, "path": rel, "size": size, "route": route, "retries": retries, "why": why,
+                  **({"retries_of": "batch"} if shared else {})}
+        counted = plural(retries, "retry", "retries") + (" in its batch" if shared and retries else "")
         detail = ", ".join(part for part in (
             None if size is None else f"{size:,} B",
             None if route is None else f"route {route}",
-            plural(retries, "retry", "retries") if route is not None or retries else None, why) if part)
+            counted if route is not None or retries else None, why) if part)
         AUDIT.log(level, "%s %s%s", event, rel, f" ({detail})" if detail else "",
                   extra={"audit": {k: v for k, v in fields.items() if v is not None}})
 
@@ -158,7 +188,9 @@ class Progress:
     def retried(self) -> None:
         with self._lock:
             self.retries += 1
-        self._thread.retries = getattr(self._thread, "retries", 0) + 1
+            counter = _UNIT_RETRIES.get()
+            if counter is not None:
+                counter[0] += 1
 
     @property
     def elapsed(self) -> float:
@@ -180,6 +212,8 @@ class Progress:
 
 
 AUDIT = logging.getLogger("bridge.audit")
+# the retries of the unit running in this context (Progress.unit)
+_UNIT_RETRIES: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("bridge_unit_retries", default=None)
 
 
 def plural(n: int, noun: str, many: str | None = None) -> str:

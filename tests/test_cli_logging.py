@@ -182,3 +182,35 @@ def test_q_is_accepted_everywhere_and_keeps_the_results(make_root, env_for, tmp_
     for command in ("ls", "du", "hashsum", "check"):
         help_text = mcbridge(command, "--help", env=env, state_dir=tmp_path).stdout
         assert "-q" in help_text and "--quiet" in help_text, command
+
+
+def test_an_object_line_counts_the_retries_its_requests_took(moto, env_for, make_root, tmp_path):
+    from tests.faultproxy import FaultProxy, Rule, proxied_environment
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (src / name).write_bytes(name.encode() * 4)
+    dst = make_root("s3")
+    with FaultProxy(moto.endpoint) as proxy:
+        proxy.configure(rules=[Rule(r"^PUT /[^?]*/b\.txt", "error", times=1)])
+        env = proxied_environment(env_for("s3"), {"s3": proxy})
+        r = mcbridge("-v", "cp", f"{src}/", dst, env=env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert proxy.counts["error"] == 1
+    lines = [line for line in r.stderr.splitlines() if line.startswith("copied ")]
+    # three small files go up as one batch: its retry is said on each of its lines, as the batch's
+    assert sorted(lines) == [f"copied {name} (20 B, route direct, 1 retry in its batch)"
+                             for name in ("a.txt", "b.txt", "c.txt")], r.stderr
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "one.bin").write_bytes(os.urandom(12 * 2**20))
+    (big / "two.bin").write_bytes(os.urandom(12 * 2**20))
+    with FaultProxy(moto.endpoint) as proxy:
+        proxy.configure(rules=[Rule(r"^PUT /[^?]*/two\.bin\?.*partNumber=2", "error", times=1)])
+        env = proxied_environment(env_for("s3"), {"s3": proxy})
+        r = mcbridge("-v", "cp", f"{big}/", dst + "big/", "--chunk-size", "5MiB", env=env, state_dir=tmp_path)
+    assert r.returncode == 0 and proxy.counts["error"] == 1, r.stderr
+    lines = sorted(line for line in r.stderr.splitlines() if line.startswith("copied "))
+    # a part's retry waits for the file's last unit and is said on its line, on no other
+    assert lines == ["copied one.bin (12,582,912 B, route direct, 0 retries)",
+                     "copied two.bin (12,582,912 B, route direct, 1 retry)"], r.stderr
