@@ -56,6 +56,8 @@ def test_a_sync_that_would_delete_most_of_its_destination_is_refused_unless_allo
     assert "5,000 of the 5,003 objects" in lines[0] and "--force" in lines[0] and "Traceback" not in lines[0]
     assert _keys(moto, bucket, "mirror/") == before, "refused before anything was deleted or written"
 
+    alone = mcbridge("sync", f"{src}/", dst, "--max-delete", "10", env=env, state_dir=tmp_path / "st")
+    assert alone.returncode == 2 and "give --delete too" in alone.stderr, alone.stderr
     low = mcbridge("sync", f"{src}/", dst, "--delete", "--max-delete", "4999", env=env, state_dir=tmp_path / "st")
     assert low.returncode != 0 and "more than --max-delete 4,999" in low.stderr, low.stderr
     assert _keys(moto, bucket, "mirror/") == before
