@@ -18,6 +18,7 @@ from bridge import guards, verdicts, hashing, routes
 from bridge import filters as filtering
 from bridge import manifest as manifests
 from bridge.config import Settings
+from bridge import listing
 from bridge.listing import listing_to
 from bridge.pipeline import execute as executor
 from bridge.pipeline.plan import plan_copy
@@ -209,6 +210,7 @@ def move(source: str, destination: str, settings: Settings, *, filters: Filters 
     ``force`` (bridge.guards), before anything is copied."""
     if not dry_run:
         guards.refuse_protected("mv", parse(source), force=force)
+    source, filters = listing.wildcard_source(source, filters, settings)   # s3://b/p/*.tar
     from bridge import ops
     plan = routes.choose(plan_copy(source, destination, settings, chunk_size, filters=filters,
                                    listed=listing_to(progress)), settings, route)

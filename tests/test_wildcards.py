@@ -66,6 +66,10 @@ def test_the_wildcard_narrows_other_filters_and_a_real_name_with_a_star_is_itsel
                                state_dir=tmp_path / "s").stdout)
     assert sorted(row["path"] for row in plan["plan"]) == ["a.tar", "b.tar"]
     assert plan["filters"] == {"within": "/*.t?r"}
+    moved = mcbridge("mv", root + "p/*.tar", f"{tmp_path}/moved/", env=env, state_dir=tmp_path / "s")
+    assert moved.returncode == 0 and _copied(tmp_path / "moved") == ["a.tar", "b.tar"], moved.stderr
+    left = sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="p/")["Contents"])
+    assert "p/a.tar" not in left and "p/c.txt" in left and "p/sub/d.tar" in left, left
 
 
 def test_split_and_bounds():
