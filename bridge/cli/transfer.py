@@ -33,7 +33,8 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
        bucket_key: BucketKeyOpt = None, encryption_scope: ScopeOpt = None, skip_existing: SkipExistingOpt = False,
        checksum: ChecksumOpt = False, adopt: AdoptOpt = None, sha256: Sha256Opt = False) -> None:
     """Copy SRC to DST: one object, or every object under a directory or prefix (trailing
-    slash) that the filters select."""
+    slash) that the filters select. SRC may hold wildcards, as s5cmd's do ('s3://b/p/*.tar',
+    'gs://b/run-*/**.bin'): what they match under the folder before the first one."""
     from bridge import ops
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
