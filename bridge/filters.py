@@ -472,6 +472,10 @@ class Filters:
     max_size: int | None = None
     min_age: float | None = None    # seconds
     max_age: float | None = None
+    # A wildcard source URL's glob (``s3://b/p/*.tar``: ``/*.tar`` under ``s3://b/p/``), anchored at
+    # the root: a path must match it as well as the rules above (an AND, where another --include
+    # would be an OR). Matched by the same bounded matcher as the rules.
+    within: str | None = None
 
     def __post_init__(self) -> None:
         if self.files_from is not None and (self.include or self.exclude):
@@ -496,17 +500,27 @@ class Filters:
         if self.include:
             rules.add(False, "/**")
         object.__setattr__(self, "_rules", rules)
+        within = within_dirs = None
+        if self.within is not None:
+            if not self.within.startswith("/"):
+                raise InvalidOption(f"wildcard {self.within!r}: expected a glob anchored at its folder")
+            parsed = parse_glob(self.within)
+            within, within_dirs = compile_glob(parsed), dir_matcher(parsed)
+        object.__setattr__(self, "_within", within)
+        object.__setattr__(self, "_within_dirs", within_dirs)
         object.__setattr__(self, "_wanted", frozenset(self.files_from) if self.files_from is not None else None)
         object.__setattr__(self, "_now", time.time())
 
     # -- what it selects ----------------------------------------------------------------------
     @property
     def active(self) -> bool:
-        return bool(self.include or self.exclude or self.files_from is not None
+        return bool(self.include or self.exclude or self.files_from is not None or self.within is not None
                     or any(v is not None for v in (self.min_size, self.max_size, self.min_age, self.max_age)))
 
     def selects_name(self, rel: str) -> bool:
         """Whether the path rules (globs, --files-from) select ``rel``; sizes and ages aside."""
+        if self._within is not None and not self._within.search(rel):
+            return False
         if self._wanted is not None:
             return rel in self._wanted
         return self._rules.selects(rel)
@@ -515,6 +529,8 @@ class Filters:
         """Whether the folder ``folder`` (ending with '/') is listed: as rclone shows a folder in
         a listing of one level, when the path rules could select something in it (sizes and
         ages are the files' own)."""
+        if self._within is not None and (self._within_dirs is None or not self._within_dirs.search(folder)):
+            return False
         if self._wanted is not None:
             return any(path.startswith(folder) for path in self._wanted)
         return self._rules.enters(folder)
@@ -543,17 +559,17 @@ class Filters:
     def prefix(self) -> str:
         """A folder (relative, '' or ending with '/') that holds everything these rules can
         select: the listing can start there instead of at the root."""
+        ruled = self._rules_prefix()
+        if self.within is None:
+            return ruled
+        head = _literal_folder(self.within)
+        return ruled if ruled.startswith(head) else head
+
+    def _rules_prefix(self) -> str:
         if self.files_from is not None:
             heads = [p.rsplit("/", 1)[0] + "/" if "/" in p else "" for p in self.files_from]
         elif self.include and all(g.startswith("/") for g in self.include):
-            heads = []
-            for glob in self.include:
-                literal = ""
-                for c in glob[1:]:
-                    if c in _META:
-                        break
-                    literal += c
-                heads.append(literal.rsplit("/", 1)[0] + "/" if "/" in literal else "")
+            heads = [_literal_folder(glob) for glob in self.include]
         else:
             return ""
         common = heads[0] if heads else ""
@@ -572,7 +588,7 @@ class Filters:
             data["exclude"] = list(self.exclude)
         if self.files_from is not None:
             data["files_from"] = list(self.files_from)
-        for name in ("min_size", "max_size", "min_age", "max_age"):
+        for name in ("min_size", "max_size", "min_age", "max_age", "within"):
             if getattr(self, name) is not None:
                 data[name] = getattr(self, name)
         return data
@@ -580,12 +596,14 @@ class Filters:
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Filters:
         data = dict(data or {})
-        unknown = set(data) - {"include", "exclude", "files_from", "min_size", "max_size", "min_age", "max_age"}
+        unknown = set(data) - {"include", "exclude", "files_from", "min_size", "max_size", "min_age", "max_age",
+                               "within"}
         if unknown:
             raise InvalidOption(f"unknown filter {sorted(unknown)[0]!r}")
         return cls(tuple(data.get("include") or ()), tuple(data.get("exclude") or ()),
                    tuple(data["files_from"]) if data.get("files_from") is not None else None,
-                   data.get("min_size"), data.get("max_size"), data.get("min_age"), data.get("max_age"))
+                   data.get("min_size"), data.get("max_size"), data.get("min_age"), data.get("max_age"),
+                   data.get("within"))
 
     def key(self) -> str:
         """A short digest of the rules, for a job key: a filtered job is not another's rerun."""
@@ -593,7 +611,9 @@ class Filters:
 
     def describe(self) -> str:
         """One line for a plan or a log: 'include *.jpg; exclude tmp/**; min-size 1024'."""
-        parts = [f"include {' '.join(self.include)}"] if self.include else []
+        parts = [f"wildcard {self.within}"] if self.within is not None else []
+        if self.include:
+            parts.append(f"include {' '.join(self.include)}")
         if self.exclude:
             parts.append(f"exclude {' '.join(self.exclude)}")
         if self.files_from is not None:
@@ -605,6 +625,29 @@ class Filters:
 
 
 NONE = Filters()
+
+
+def _literal_folder(glob: str) -> str:
+    """The folder an anchored glob's literal head names ('' when none): ``/a/b*/x`` -> ``a/``."""
+    literal = ""
+    for c in glob[1:]:
+        if c in _META:
+            break
+        literal += c
+    return literal.rsplit("/", 1)[0] + "/" if "/" in literal else ""
+
+
+WILDCARDS = frozenset("*?[{")
+
+
+def split_wildcard(path: str) -> tuple[str, str] | None:
+    """A wildcard path (``p/q*/x.tar``) as its folder before the first wildcard (``p/``) and the
+    rest as a glob anchored there (``/q*/x.tar``); None when it has no wildcard."""
+    first = next((i for i, c in enumerate(path) if c in WILDCARDS), None)
+    if first is None:
+        return None
+    cut = path.rfind("/", 0, first) + 1
+    return path[:cut], "/" + path[cut:]
 
 
 def walk(store: Any, root: Any, filters: Filters | None = None,

@@ -61,7 +61,7 @@ class Context:
 
     def run_unit(self, unit: dict) -> dict:
         with retry.reporting(lambda _exc: self.progress.retried()), retry.guarding(self.breaker), \
-                meter.metering(meter.current() or self.meter):
+                meter.metering(meter.current() or self.meter), self.progress.unit(unit):
             return self.ops[unit["op"]](self, unit)
 
     @property

@@ -7,6 +7,7 @@ objects from it."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -44,6 +45,37 @@ def with_filters(summary: dict[str, Any], filters: Filters | None) -> dict[str, 
     return summary
 
 
+def wildcard_source(source: str, filters: Filters | None, settings: Settings) -> tuple[str, Filters | None]:
+    """s5cmd's wildcard sources, on every store: ``s3://b/p/*.tar`` is the folder before the first
+    wildcard (``s3://b/p/``) and a filter that selects, under it, what the rest matches (``/*.tar``:
+    ``*`` stays within a folder, ``**`` crosses folders, ``?``, ``[a-z]`` and ``{a,b}`` as in
+    --include), by the bounded matcher of bridge/filters.py, besides any filters given; a trailing
+    ``/`` takes everything under the folders matched. A file, object or folder that exists under
+    the very name given is that one (names may hold ``*`` or ``[``). Else ``(source, filters)``
+    unchanged."""
+    loc = parse(source)
+    split = filtering.split_wildcard(loc.key)
+    if split is None:
+        return source, filters
+    if loc.is_local:
+        if os.path.lexists(loc.local_path):
+            return source, filters
+    else:
+        store = get_store(loc, settings)
+        try:
+            store.info(loc)
+            return source, filters
+        except ObjectNotFound:
+            pass
+        if next(iter(store.walk(loc.as_prefix())), None) is not None:
+            return source, filters   # a folder whose name holds the character: one page of one listing
+    folder, glob = split
+    if glob.endswith("/"):
+        glob += "**"
+    root = Location(loc.scheme, loc.bucket, folder)
+    return str(root) if not loc.is_local or folder else "/", dataclasses.replace(filters or Filters(), within=glob)
+
+
 def resolve(source: str, destination: str, settings: Settings, filters: Filters | None = None,
             listed: Callable[[int], None] | None = None,
             ) -> tuple[Location, Location, Iterator[tuple[str, ObjectInfo]], str | None]:
@@ -72,6 +104,8 @@ def resolve(source: str, destination: str, settings: Settings, filters: Filters 
     listing = filtering.walk(src_store, src, filters, listed)
     first = next(listing, None)
     if first is None:
+        if filters is not None and filters.within is not None:
+            raise ObjectNotFound(f"no object under {src} matches {filters.within[1:]!r}: nothing to copy")
         if filters is not None and filters.active and next(iter(src_store.walk(src)), None) is not None:
             return src, dst.as_prefix(), iter(()), None   # there are objects; the filters select none
         if not (src.is_local and _local_dir_exists(src)):

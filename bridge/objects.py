@@ -14,10 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bridge import verdicts, hashing, routes
+from bridge import guards, verdicts, hashing, routes
 from bridge import filters as filtering
 from bridge import manifest as manifests
 from bridge.config import Settings
+from bridge import listing
 from bridge.listing import listing_to
 from bridge.pipeline import execute as executor
 from bridge.pipeline.plan import plan_copy
@@ -135,11 +136,15 @@ def cat(url: str, settings: Settings, write: Callable[[bytes], Any], *, offset: 
 # -- rm ------------------------------------------------------------------------------------------
 
 def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Filters | None = None,
-           dry_run: bool = False, progress: Progress | None = None) -> dict[str, Any]:
+           dry_run: bool = False, progress: Progress | None = None, force: bool = False) -> dict[str, Any]:
     """Remove the object ``url``, or with ``recursive`` every object under the prefix (those the
     filters select). Without filters a whole prefix goes, bridge's ``_bridge/`` records with it,
     the manifest first: a removal cut short never leaves a prefix that looks complete. With
-    filters only the selected data objects go; a manifest above them then names them missing."""
+    filters only the selected data objects go; a manifest above them then names them missing.
+    A bucket root, the filesystem root or a system folder is refused unless ``force``
+    (bridge.guards); a dry run only lists."""
+    if recursive and not dry_run:
+        guards.refuse_protected("rm -r", parse(url), force=force)
     store, root, rows, single = _objects(url, settings, filters, recursive=recursive,
                                          listed=progress.saw if progress else None)
     targets = [info.location for _rel, info in rows]
@@ -165,6 +170,7 @@ def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Fi
             pass
         if progress is not None:
             progress.checked()
+            progress.deleted(str(loc))
 
     for loc in [t for t in targets if manifests.is_commit_marker(t)]:
         delete(loc)
@@ -197,9 +203,14 @@ def _remove_empty_folders(top: str) -> None:
 
 def move(source: str, destination: str, settings: Settings, *, filters: Filters | None = None,
          chunk_size: int | None = None, progress: Progress | None = None, dry_run: bool = False,
-         max_cost: float | None = None, route: str | None = None) -> dict[str, Any]:
+         max_cost: float | None = None, route: str | None = None, force: bool = False) -> dict[str, Any]:
     """Copy, prove every copied object against the destination's new manifest (size and the
-    store's checksum), and only then remove the sources. A source whose copy is not proven stays."""
+    store's checksum), and only then remove the sources. A source whose copy is not proven stays.
+    A bucket root, the filesystem root or a system folder as the source is refused unless
+    ``force`` (bridge.guards), before anything is copied."""
+    if not dry_run:
+        guards.refuse_protected("mv", parse(source), force=force)
+    source, filters = listing.wildcard_source(source, filters, settings)   # s3://b/p/*.tar
     from bridge import ops
     plan = routes.choose(plan_copy(source, destination, settings, chunk_size, filters=filters,
                                    listed=listing_to(progress)), settings, route)

@@ -14,12 +14,12 @@ from typing import Any
 from bridge import filters as filtering
 from bridge import manifest as manifests
 from bridge import meter
-from bridge import routes
+from bridge import guards, routes
 from bridge.config import Settings
 from bridge.contracts import FilePlan
 from bridge.errors import ObjectNotFound
 from bridge.filters import Filters
-from bridge.listing import listing_to, with_filters
+from bridge.listing import listing_to, wildcard_source, with_filters
 from bridge.meter import Pool
 from bridge.progress import Progress
 from bridge.stores import get_store
@@ -122,6 +122,7 @@ def copy(source: str, destination: str, settings: Settings, *, chunk_size: int |
          progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False,
          max_cost: float | None = None, route: str | None = None, adopt: str = "off",
          filters: Filters | None = None) -> dict:
+    source, filters = wildcard_source(source, filters, settings)   # s3://b/p/*.tar
     decided = routes.decide(parse(source), parse(destination), settings, route)   # before any request
     with meter.metering(meter.current() or meter.Meter()):   # the listing counts as what ran, too
         plan = plan_copy(source, destination, settings, chunk_size, filters=filters, listed=listing_to(progress))
@@ -189,16 +190,26 @@ def _row(rel: str, info) -> dict[str, Any]:
 def sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
          chunk_size: int | None = None, progress: Progress | None = None, state_dir: Path | None = None,
          dry_run: bool = False, max_cost: float | None = None, route: str | None = None,
-         adopt: str = "checksum", filters: Filters | None = None) -> dict[str, Any]:
+         adopt: str = "checksum", filters: Filters | None = None, max_delete: int | None = None,
+         force: bool = False) -> dict[str, Any]:
+    """``delete``: remove at the destination what the source no longer has, within the guards of
+    bridge.guards (``max_delete`` objects at most; else at most half of what is there, unless
+    ``force``), checked before anything is copied or deleted. A dry run says whether a run
+    would be refused (``refused``) and is not refused itself."""
+    source, filters = wildcard_source(source, filters, settings)   # s3://b/p/*.tar
     decided = routes.decide(parse(source), parse(destination), settings, route)   # before any request
     with meter.metering(meter.current() or meter.Meter()):   # the listing counts as what ran, too
         plan, counts = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size, adopt=adopt,
                                  filters=filters, progress=progress)
         plan.route, plan.route_why = decided
+        refused = guards.sync_deletions(len(plan.deletions), plan.listed["destination"], plan.destination,
+                                        max_delete=max_delete, force=force)
         _within_budget(plan, settings, max_cost, "sync")
         if dry_run:
-            return with_filters({"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts},
-                             filters)
+            return with_filters({"dry_run": True, **plan_summary(plan), "delete": plan.deletions, "reasons": counts,
+                                 "present": plan.listed["destination"], "refused": refused}, filters)
+        if refused is not None:
+            raise guards.DeletionRefused(refused)
         dst_root = parse(plan.destination)
         dst_store = get_store(dst_root, settings)
         if not plan.files and not plan.deletions and not plan.adopted and manifests.committed(dst_store, dst_root):

@@ -1,8 +1,14 @@
 """One accounting object passed through every transfer call; the progress bar, ``--json``
-summaries and job status all read from it."""
+summaries and job status all read from it, and (``audit``) the per-object log: one line per
+object copied, skipped or deleted on the ``bridge.audit`` logger, each with its name, size, route
+and retries (``-v``, ``--log-file``; ``-vv`` adds the files a sync found unchanged). The fields
+ride on the record as ``record.audit`` for a JSON formatter (bridge.logs)."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +46,13 @@ class Progress:
     started: float = field(default_factory=time.monotonic)
     listeners: list[Callable[[Progress], None]] = field(default_factory=list)
     limiter: Throttle | None = None   # the job's bandwidth limit (bridge/bwlimit.py)
+    # One log line per object (bridge.audit): asked for by whoever shows them (the CLI with -v or
+    # --log-file), not by default: a worker's log holds job events, not every object.
+    audit: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # retries of a file's finished units (its parts) not yet said, until the unit that
+    # finishes the file says them
+    _pending: dict[str, int] = field(default_factory=dict, repr=False)
 
     def _changed(self) -> None:
         for listener in self.listeners:
@@ -90,12 +102,15 @@ class Progress:
             self.bytes_through += nbytes if through is None else through
         self._changed()
 
-    def skipped(self, nbytes: int) -> None:
-        """Bytes already at the destination (resume): counted as done, not as moved."""
+    def skipped(self, nbytes: int, rel: str | None = None) -> None:
+        """Bytes already at the destination (resume): counted as done, not as moved; ``rel``
+        names a whole file found already written."""
         with self._lock:
             self.bytes_done += nbytes
             self.bytes_skipped += nbytes
         self._changed()
+        if rel is not None:
+            self.said("skipped", rel, nbytes, why="already there from an earlier run")
 
     def unit_finished(self, ok: bool = True) -> None:
         with self._lock:
@@ -105,9 +120,66 @@ class Progress:
                 self.units_failed += 1
         self._changed()
 
-    def file_finished(self) -> None:
+    def file_finished(self, rel: str | None = None, size: int = 0, route: str = "direct") -> None:
         with self._lock:
             self.files_done += 1
+        if rel is not None:
+            self.said("copied", rel, size, route=route)
+
+    def deleted(self, rel: str) -> None:
+        self.said("deleted", rel, None)
+
+    def judged(self, rel: str, verdict: str, size: int) -> None:
+        """A sync's verdict on a file it does not send: adopted (equal already, committed
+        without copying) at -v, unchanged at -vv."""
+        if verdict == "adopted":
+            self.said("adopted", rel, size, why="equal already: committed without copying")
+        elif verdict == "unchanged":
+            self.said("unchanged", rel, size, level=logging.DEBUG)
+
+    @contextlib.contextmanager
+    def unit(self, unit: dict):
+        """While one unit runs: the retries its requests take (in this thread, or in tasks and
+        threads started with its context) are its own, said on the line of the object it
+        finishes; those of a unit that finishes none (a part) wait for the one that does; those
+        of a unit of several files (a batch, a route's) are the unit's, said on each line."""
+        counter = [0, "files" in unit]
+        token = _UNIT_RETRIES.set(counter)
+        try:
+            yield
+        finally:
+            _UNIT_RETRIES.reset(token)
+            rel = unit.get("rel")
+            if counter[0] and rel is not None:
+                with self._lock:
+                    self._pending[rel] = self._pending.get(rel, 0) + counter[0]
+
+    def _retries_of(self, rel: str) -> tuple[int, bool]:
+        """The retries to say on ``rel``'s line, and whether they are its unit's, shared with
+        the other files of a batch (one request may carry several of them)."""
+        counter = _UNIT_RETRIES.get()
+        here, shared = (counter[0], counter[1]) if counter is not None else (0, False)
+        if counter is not None and not shared:
+            counter[0] = 0   # said: not carried to the file's later lines
+        with self._lock:
+            return here + self._pending.pop(rel, 0), shared
+
+    def said(self, event: str, rel: str, size: int | None, *, route: str | None = None, why: str | None = None,
+             level: int = logging.INFO) -> None:
+        """One object's line on the audit log (when ``audit``): what happened to it, its size, the
+        route that carried it and the retries it took."""
+        retries, shared = self._retries_of(rel)
+        if not self.audit or not AUDIT.isEnabledFor(level):
+            return
+        fields = {"event": event, "path": rel, "size": size, "route": route, "retries": retries, "why": why,
+                  **({"retries_of": "batch"} if shared else {})}
+        counted = plural(retries, "retry", "retries") + (" in its batch" if shared and retries else "")
+        detail = ", ".join(part for part in (
+            None if size is None else f"{size:,} B",
+            None if route is None else f"route {route}",
+            counted if route is not None or retries else None, why) if part)
+        AUDIT.log(level, "%s %s%s", event, rel, f" ({detail})" if detail else "",
+                  extra={"audit": {k: v for k, v in fields.items() if v is not None}})
 
     def fell_back(self, files: int) -> None:
         with self._lock:
@@ -116,6 +188,9 @@ class Progress:
     def retried(self) -> None:
         with self._lock:
             self.retries += 1
+            counter = _UNIT_RETRIES.get()
+            if counter is not None:
+                counter[0] += 1
 
     @property
     def elapsed(self) -> float:
@@ -134,6 +209,11 @@ class Progress:
                 "units_done": self.units_done, "units_failed": self.units_failed,
                 "files_done": self.files_done, "retries": self.retries,
                 "elapsed_s": round(self.elapsed, 3), "rate_bytes_per_s": round(self.rate)}
+
+
+AUDIT = logging.getLogger("bridge.audit")
+# the retries of the unit running in this context (Progress.unit)
+_UNIT_RETRIES: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("bridge_unit_retries", default=None)
 
 
 def plural(n: int, noun: str, many: str | None = None) -> str:

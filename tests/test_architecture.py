@@ -36,7 +36,7 @@ FOLDERS = {"bridge": "bridge", "workers": "bridge.workers", "policies": "bridge.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # The foundation, in the order its modules import each other.
     ("errors", ("bridge", "bridge.errors")),
-    ("values", ("bridge.names", "bridge.urls", "bridge.money", "bridge.redact", "bridge.filters")),
+    ("values", ("bridge.names", "bridge.urls", "bridge.money", "bridge.redact", "bridge.filters", "bridge.guards")),
     ("settings", ("bridge.config", "bridge.registry", "bridge.retry", "bridge.logs", "bridge.attributes")),
     ("accounting", ("bridge.progress", "bridge.bwlimit", "bridge.meter", "bridge.journal", "bridge.spill")),
     ("stores", ("bridge.stores", "bridge.stores.", "bridge.hashing", "bridge.verdicts", "bridge.manifest", "bridge.carry",

@@ -121,3 +121,96 @@ def test_the_main_help_names_the_global_options(tmp_path):
     text = mcbridge("--help", env=env_plain(COLUMNS="80"), state_dir=tmp_path).stdout
     for word in ("-v (-vv)", "--log-file", "--log-level", "--stats", "--version", "completion"):
         assert word in re.sub(r"\s+", " ", text), word
+
+
+# -- the audit trail: a line per object at -v, in the log file, as JSON ---------------------------
+
+def test_v_names_every_object_copied_and_deleted_with_size_route_and_retries(make_root, env_for, tmp_path):
+    import json
+    env = env_for("s3")
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {"a.txt": b"alpha", "b/c.bin": b"x" * 300, "d e.txt": b"spaced"}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    dst = make_root("s3") + "audit/"
+    quiet = mcbridge("cp", f"{src}/", dst, env=env, state_dir=tmp_path / "s0")
+    assert quiet.returncode == 0 and not re.search(r"^copied ", quiet.stderr, re.M), quiet.stderr
+    r = mcbridge("-v", "cp", f"{src}/", make_root("s3"), env=env, state_dir=tmp_path / "s1")
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("copied ")]
+    assert len(lines) == 3, r.stderr
+    for rel, data in files.items():
+        assert f"copied {rel} ({len(data):,} B, route direct, 0 retries)" in lines, lines
+
+    log = tmp_path / "audit.jsonl"
+    (src / "a.txt").unlink()
+    r = mcbridge("sync", f"{src}/", dst, "--delete", "--log-file", str(log), "--log-format", "json", "-q",
+                 env=env, state_dir=tmp_path / "s0")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    audit = [row for row in rows if row["logger"] == "bridge.audit"]
+    assert [(row["event"], row["path"]) for row in audit] == [("deleted", "a.txt")], rows
+    assert all({"time", "level", "message"} <= set(row) for row in rows)
+    gone = mcbridge("rm", "-r", "-v", dst, env=env, state_dir=tmp_path / "s0")
+    assert gone.returncode == 0 and f"deleted {dst}b/c.bin" in gone.stderr.splitlines(), gone.stderr
+    bad = mcbridge("ls", str(src), "--log-format", "xml", env=env, state_dir=tmp_path)
+    assert bad.returncode == 2 and "text, json" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_q_is_accepted_everywhere_and_keeps_the_results(make_root, env_for, tmp_path):
+    env = env_for("s3")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "one.txt").write_bytes(b"one")
+    (src / "two.txt").write_bytes(b"two!")
+    dst = make_root("s3") + "q/"
+    assert mcbridge("cp", "-q", f"{src}/", dst, env=env, state_dir=tmp_path).returncode == 0
+    ls = mcbridge("ls", "-q", "-l", dst, env=env, state_dir=tmp_path)
+    assert ls.returncode == 0 and ls.stderr == "", ls.stderr
+    assert [line.split()[-1] for line in ls.stdout.splitlines()] == ["one.txt", "two.txt"], "no total line"
+    du = mcbridge("du", "-q", "-s", dst, env=env, state_dir=tmp_path)
+    assert du.returncode == 0 and du.stdout.split()[:2] == ["7", "2"], du.stdout
+    sums = mcbridge("hashsum", "-q", "sha256", dst, env=env, state_dir=tmp_path)
+    assert sums.returncode == 0 and len(sums.stdout.splitlines()) == 2, sums.stderr
+    same = mcbridge("check", "-q", f"{src}/", dst, env=env, state_dir=tmp_path)
+    assert same.returncode == 0 and same.stdout == "" and same.stderr == "", same.stdout
+    (src / "three.txt").write_bytes(b"3")
+    differ = mcbridge("check", "-q", f"{src}/", dst, env=env, state_dir=tmp_path)
+    assert differ.returncode == 1 and "three.txt" in differ.stdout and "FAILED" in differ.stdout
+    for command in ("ls", "du", "hashsum", "check"):
+        help_text = mcbridge(command, "--help", env=env, state_dir=tmp_path).stdout
+        assert "-q" in help_text and "--quiet" in help_text, command
+
+
+def test_an_object_line_counts_the_retries_its_requests_took(moto, env_for, make_root, tmp_path):
+    from tests.faultproxy import FaultProxy, Rule, proxied_environment
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (src / name).write_bytes(name.encode() * 4)
+    dst = make_root("s3")
+    with FaultProxy(moto.endpoint) as proxy:
+        proxy.configure(rules=[Rule(r"^PUT /[^?]*/b\.txt", "error", times=1)])
+        env = proxied_environment(env_for("s3"), {"s3": proxy})
+        r = mcbridge("-v", "cp", f"{src}/", dst, env=env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert proxy.counts["error"] == 1
+    lines = [line for line in r.stderr.splitlines() if line.startswith("copied ")]
+    # three small files go up as one batch: its retry is said on each of its lines, as the batch's
+    assert sorted(lines) == [f"copied {name} (20 B, route direct, 1 retry in its batch)"
+                             for name in ("a.txt", "b.txt", "c.txt")], r.stderr
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "one.bin").write_bytes(os.urandom(12 * 2**20))
+    (big / "two.bin").write_bytes(os.urandom(12 * 2**20))
+    with FaultProxy(moto.endpoint) as proxy:
+        proxy.configure(rules=[Rule(r"^PUT /[^?]*/two\.bin\?.*partNumber=2", "error", times=1)])
+        env = proxied_environment(env_for("s3"), {"s3": proxy})
+        r = mcbridge("-v", "cp", f"{big}/", dst + "big/", "--chunk-size", "5MiB", env=env, state_dir=tmp_path)
+    assert r.returncode == 0 and proxy.counts["error"] == 1, r.stderr
+    lines = sorted(line for line in r.stderr.splitlines() if line.startswith("copied "))
+    # a part's retry waits for the file's last unit and is said on its line, on no other
+    assert lines == ["copied one.bin (12,582,912 B, route direct, 0 retries)",
+                     "copied two.bin (12,582,912 B, route direct, 1 retry)"], r.stderr

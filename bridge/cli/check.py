@@ -7,14 +7,16 @@ from typing import Annotated
 
 import typer
 
-from bridge.cli.options import ConcOpt, ConfigOpt, JsonOpt, ProfileOpt, out, print_findings, settings_from_flags
+from bridge.cli.options import (ConcOpt, ConfigOpt, JsonOpt, ProfileOpt, out, print_findings, quiet_opt,
+                                settings_from_flags)
 
 
 def check(src: str, dst: str,
           download: Annotated[bool, typer.Option("--download", help="Read both sides and compare CRC32C and "
                                                  "SHA-256, instead of the checksums the stores report.")] = False,
-          concurrency: ConcOpt = None, as_json: JsonOpt = False, profile: ProfileOpt = None,
-          config: ConfigOpt = None) -> None:
+          concurrency: ConcOpt = None, as_json: JsonOpt = False,
+          quiet: quiet_opt("Print only what differs, nothing when all is equal: the exit code says.") = False,
+          profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Compare the objects under SRC and DST by size and a checksum both stores report (no manifest
     needed, as rclone check); exit 1 naming each missing, extra, differing or unproven object."""
     from bridge.treecheck import check_trees
@@ -23,6 +25,8 @@ def check(src: str, dst: str,
         out.print_json(json.dumps(report))
     else:
         print_findings(report, ("missing", "extra", "differ", "unproven"))
+        if quiet and report["ok"]:
+            return
         by = ", ".join(f"{n} by {name}" for name, n in sorted(report["by"].items()))
         out.print(f"{'OK' if report['ok'] else 'FAILED'}: {report['equal']} of {report['checked']} pairs equal"
                   f"{f' ({by})' if by else ''}; {len(report['missing'])} missing at {report['destination']}, "

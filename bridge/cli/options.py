@@ -125,7 +125,14 @@ Sha256Opt = Annotated[bool, typer.Option(
     "--sha256", help="Also record each file's plain whole-file SHA-256 (what sha256sum prints): one stream "
     "per file, so a big file's copy waits for it. Default: part SHA-256s, their sha256-tree and CRC32C.")]
 DryOpt = dry_run_opt()
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
+def quiet_opt(help: str = "No progress or summary lines: print nothing but errors.") -> Any:
+    """-q on every command: no progress bar, --stats lines or summary; a command whose result is its
+    output (ls, du, hashsum) still prints that, a check only what it found wrong."""
+    return Annotated[bool, typer.Option("--quiet", "-q", help=help)]
+
+
+QuietOpt = quiet_opt()
+ListQuietOpt = quiet_opt("No progress or summary lines: only the results (errors on stderr).")
 MaxCostOpt = max_cost_opt()
 
 
@@ -137,7 +144,19 @@ def route_opt():
 
 
 RouteOpt = route_opt()
-DeleteOpt = Annotated[bool, typer.Option("--delete", help="Remove from DST what SRC no longer has.")]
+DeleteOpt = Annotated[bool, typer.Option("--delete", help="Remove from DST what SRC no longer has. Refused, "
+                                         "before anything is copied or deleted, when that is more than half of "
+                                         "the objects at DST, unless --force or --max-delete allows it.")]
+MaxDeleteOpt = Annotated[Optional[int], typer.Option(
+    "--max-delete", metavar="N", min=0, help="With --delete: refuse, before anything is copied or deleted, a sync "
+    "that would delete more than N objects (as rclone); allows up to N whatever share of DST that is.")]
+
+
+def force_opt(help: str = "Delete even what a guard refuses: more than half of a sync's destination.") -> Any:
+    return Annotated[bool, typer.Option("--force", help=help)]
+
+
+ForceOpt = force_opt()
 
 
 def given(flag: str, value: str | None) -> str | None:
@@ -323,7 +342,7 @@ class ProgressBar:
         self.task = None
 
     def __enter__(self) -> Progress:
-        progress = Progress()
+        progress = Progress(audit=True)   # a line per object where -v or --log-file lets it through
         if self.settings is not None:
             rate = self.settings.transfer.bwlimit
             progress.limiter = limits.local(rate)
@@ -427,8 +446,12 @@ def print_plan(summary: dict, as_json: bool) -> None:
         out.print(f"copy {shown(row['path'])}  {human_bytes(row['size'])}  ({parts})", markup=False)
     for rel in summary.get("delete", []):
         out.print(f"delete {shown(rel)}", markup=False)
-    out.print(f"would copy {plural(summary['files'], 'file')}, {human_bytes(summary['bytes'])} from "
+    n = summary.get("deletions") or 0
+    deleting = f" and delete {n:,} object{'s' if n != 1 else ''}" if n else ""
+    out.print(f"would copy {plural(summary['files'], 'file')}, {human_bytes(summary['bytes'])}{deleting} from "
               f"{summary['source']} to {summary['destination']} in {plural(summary['units'], 'unit')}", markup=False)
+    if summary.get("refused"):
+        out.print(f"a run would be refused: {summary['refused']}", markup=False)
     if summary.get("filters"):
         from bridge.filters import Filters
         out.print(f"filters: {Filters.from_dict(summary['filters']).describe()}", markup=False)

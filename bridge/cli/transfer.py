@@ -10,10 +10,11 @@ import typer
 
 from bridge import __version__
 from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DeleteOpt, DryOpt,
-                                ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt, MaxSizeOpt,
+                                ExcludeOpt, FilesFromOpt, ForceOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt, MaxDeleteOpt, MaxSizeOpt,
                                 MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, Sha256Opt,
                                 StoreSumOpt, emit, err, filters_from_flags, moved_line, out, print_findings, print_plan, route_line,
                                 settings_from_flags, shown)
+from bridge.errors import InvalidOption
 from bridge.progress import human_bytes, plural
 from bridge.cli.placement import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
                                 NoMetadataOpt, ScopeOpt, SkipExistingOpt, StorageClassOpt, adopt_mode,
@@ -32,7 +33,8 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
        bucket_key: BucketKeyOpt = None, encryption_scope: ScopeOpt = None, skip_existing: SkipExistingOpt = False,
        checksum: ChecksumOpt = False, adopt: AdoptOpt = None, sha256: Sha256Opt = False) -> None:
     """Copy SRC to DST: one object, or every object under a directory or prefix (trailing
-    slash) that the filters select."""
+    slash) that the filters select. SRC may hold wildcards, as s5cmd's do ('s3://b/p/*.tar',
+    'gs://b/run-*/**.bin'): what they match under the folder before the first one."""
     from bridge import ops
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
@@ -53,7 +55,7 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
          f"{route_line(summary)}; manifest {summary['manifest']}", quiet)
 
 
-def sync(src: str, dst: str, delete: DeleteOpt = False,
+def sync(src: str, dst: str, delete: DeleteOpt = False, max_delete: MaxDeleteOpt = None, force: ForceOpt = False,
          concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
          bwlimit: BwlimitOpt = None, bwlimit_file: BwlimitFileOpt = None,
          include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
@@ -70,6 +72,8 @@ def sync(src: str, dst: str, delete: DeleteOpt = False,
     write it, and with --delete remove what SRC no longer has. Filters apply to both sides: what
     they leave out is neither sent nor deleted."""
     from bridge import ops
+    if max_delete is not None and not delete:
+        raise InvalidOption("--max-delete limits what --delete removes: give --delete too, or leave it out")
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
                                    bwlimit_file=bwlimit_file, route=route, sha256=sha256)
@@ -80,12 +84,14 @@ def sync(src: str, dst: str, delete: DeleteOpt = False,
     if dry_run:
         with ProgressBar(not as_json, quiet=quiet) as progress:
             summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
-                               dry_run=True, route=route, adopt=adopting, filters=filters, progress=progress)
+                               dry_run=True, route=route, adopt=adopting, filters=filters, progress=progress,
+                               max_delete=max_delete, force=force)
         print_plan(summary, as_json)
         return
     with ProgressBar(not as_json, settings, bwlimit_file, quiet) as progress:
         summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
-                           progress=progress, max_cost=max_cost, route=route, adopt=adopting, filters=filters)
+                           progress=progress, max_cost=max_cost, route=route, adopt=adopting, filters=filters,
+                           max_delete=max_delete, force=force)
     r = summary["reasons"]
     emit(summary, as_json, f"sent {plural(len(summary['sent']), 'file')} ({r['new']} new, {r['changed']} changed, "
          f"{r['repaired']} repaired), {r['unchanged']} unchanged, {r.get('adopted', 0)} adopted, "
@@ -140,6 +146,8 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
                          if counts.get("proven") else "")
                       + (f", {counts['rehashed']} rewritten with equal bytes" if counts["rehashed"] else ""),
                       markup=False)
+        for hint in report.get("hints", []):
+            out.print(f"hint: {hint}", markup=False)
     if not report["ok"]:
         raise typer.Exit(1)
 

@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from bridge.cli.options import (ChunkOpt, ConcOpt, ConfigOpt, DryOpt, ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt,
+                                ListQuietOpt, force_opt,
                                 MaxAgeOpt, MaxCostOpt, MaxSizeOpt, MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar,
                                 QuietOpt, RouteOpt, StoreSumOpt, emit, filters_from_flags, given, moved_line, out,
                                 print_plan, route_line, settings_from_flags, shown)
@@ -23,6 +24,8 @@ RecursiveOpt = Annotated[bool, typer.Option("--recursive", "-R", "-r", help="Eve
 HumanOpt = Annotated[bool, typer.Option("--human-readable", "-H", help="Sizes in KiB, MiB, GiB.")]
 SetPrefixOpt = Annotated[Optional[str], typer.Option("--prefix", metavar="NAME", help="Which shard set, when the "
                                                      "root holds several (default: the only one).")]
+RemoveForceOpt = force_opt("Remove even a whole bucket or container, the filesystem root, a system folder or a "
+                           "home folder (refused without it).")
 OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE", help="Write to FILE, not stdout.")]
 
 
@@ -50,9 +53,10 @@ def ls(url: UrlArg,
        include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
        min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
        max_age: MaxAgeOpt = None,
-       as_json: JsonOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+       as_json: JsonOpt = False, quiet: ListQuietOpt = False, profile: ProfileOpt = None,
+       config: ConfigOpt = None) -> None:
     """List the objects and folders directly under URL (every object with -R); s3://, gs:// or
-    az:// alone lists the buckets."""
+    az:// alone lists the buckets. -q: the rows only (no progress, no -l total)."""
     from bridge import objects, ops
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config)
@@ -65,7 +69,7 @@ def ls(url: UrlArg,
         for row in rows:
             out.print(row["path"], markup=False)
         return
-    with ProgressBar(not as_json) as progress:
+    with ProgressBar(not as_json, quiet=quiet) as progress:
         rows = ops.ls(url, settings, recursive=recursive or filters is not None and filters.files_from is not None,
                       filters=filters, progress=progress)
     if as_json:
@@ -79,7 +83,7 @@ def ls(url: UrlArg,
                       f"{shown(row['path'])}", markup=False)
         else:
             out.print(f"{size:>14}  {shown(row['path'])}", markup=False)
-    if long:
+    if long and not quiet:
         objs = [row for row in rows if not row.get("dir")]
         folders = len(rows) - len(objs)
         out.print(f"total: {plural(len(objs), 'object')}, {human_bytes(sum(r['size'] for r in objs))}"
@@ -92,11 +96,12 @@ def du(url: UrlArg, human: HumanOpt = False,
        include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
        min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
        max_age: MaxAgeOpt = None,
-       as_json: JsonOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
-    """Objects and bytes under URL: per folder directly under it, and in total."""
+       as_json: JsonOpt = False, quiet: ListQuietOpt = False, profile: ProfileOpt = None,
+       config: ConfigOpt = None) -> None:
+    """Objects and bytes under URL: per folder directly under it, and in total (-q: no progress)."""
     from bridge import objects
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
-    with ProgressBar(not as_json) as progress:
+    with ProgressBar(not as_json, quiet=quiet) as progress:
         report = objects.du(url, settings_from_flags(profile, config), filters=filters, progress=progress)
     if as_json:
         out.print_json(json.dumps(report))
@@ -164,15 +169,16 @@ def rm(url: UrlArg, recursive: RecursiveOpt = False,
        min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
        max_age: MaxAgeOpt = None,
        concurrency: ConcOpt = None, dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
-       profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+       force: RemoveForceOpt = False, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Remove the object URL, or with -r every object under the prefix URL (those the filters
-    select). --dry-run lists what would go."""
+    select). --dry-run lists what would go. A whole bucket (s3://B/, gs://B/, az://CONTAINER/),
+    the filesystem root or a system folder needs --force."""
     from bridge import objects
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency)
     with ProgressBar(not as_json and not dry_run, quiet=quiet) as progress:
         summary = objects.remove(url, settings, recursive=recursive, filters=filters, dry_run=dry_run,
-                                 progress=progress)
+                                 progress=progress, force=force)
     if dry_run and not as_json:
         for loc in summary["removed"]:
             out.print(f"would remove {shown(loc)}", markup=False)
@@ -188,9 +194,11 @@ def mv(src: Annotated[str, typer.Argument(metavar="SRC")], dst: Annotated[str, t
        max_age: MaxAgeOpt = None,
        concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
        dry_run: DryOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False, max_cost: MaxCostOpt = None,
-       route: RouteOpt = None, profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
+       route: RouteOpt = None, force: RemoveForceOpt = False, profile: ProfileOpt = None,
+       config: ConfigOpt = None) -> None:
     """Move SRC to DST: copy, prove each copied object against the destination's manifest, then
-    remove it from the source. Nothing is removed unless every copy is proven."""
+    remove it from the source. Nothing is removed unless every copy is proven. A whole bucket,
+    the filesystem root or a system folder as SRC needs --force."""
     from bridge import objects
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, route=route)
@@ -200,7 +208,7 @@ def mv(src: Annotated[str, typer.Argument(metavar="SRC")], dst: Annotated[str, t
         return
     with ProgressBar(not as_json, settings, quiet=quiet) as progress:
         summary = objects.move(src, dst, settings, filters=filters, chunk_size=settings.transfer.chunk_size,
-                               progress=progress, max_cost=max_cost, route=route)
+                               progress=progress, max_cost=max_cost, route=route, force=force)
     emit(summary, as_json, f"moved {plural(summary['files'], 'file')}, {moved_line(summary)}{route_line(summary)}; "
          f"manifest {summary['manifest']}", quiet)
 
@@ -210,15 +218,15 @@ def hashsum(algorithm: Annotated[str, typer.Argument(metavar="HASH", help="crc32
             include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
             min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
             max_age: MaxAgeOpt = None,
-            concurrency: ConcOpt = None, as_json: JsonOpt = False,
+            concurrency: ConcOpt = None, as_json: JsonOpt = False, quiet: ListQuietOpt = False,
             profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
     """Print the crc32c, md5 or sha256 of the object URL or of every object under it: from the
     manifest of a bridge copy when it records that version, else as the store reports it, else
-    read and computed here. Lines as sha256sum prints them."""
+    read and computed here. Lines as sha256sum prints them (-q: no progress)."""
     from bridge import objects
     filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency)
-    with ProgressBar(not as_json) as progress:
+    with ProgressBar(not as_json, quiet=quiet) as progress:
         rows = objects.hashsum(algorithm.lower(), url, settings, filters=filters, progress=progress)
     if as_json:
         out.print_json(json.dumps(rows))

@@ -102,6 +102,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
             counts[verdict] += 1
             if progress is not None:
                 progress.checked()
+                progress.judged(rel, verdict, info.size)
             if verdict not in ("unchanged", "adopted"):
                 files.append(file_plan(rel, info, dst_store, chunk_size, carrier))
 

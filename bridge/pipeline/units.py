@@ -35,7 +35,7 @@ def _metadata(h: FileHash) -> dict[str, str]:
 def _put(ctx: jobs.Context, unit: dict) -> dict:
     done = ctx.journal.get(f"file:{unit['rel']}")
     if ctx.matches(done, unit):
-        ctx.progress.skipped(unit["size"])
+        ctx.progress.skipped(unit["size"], unit["rel"])
         return done
     ctx.progress.throttle(unit["size"])
     return _write(ctx, unit, ctx.dst.body(ctx.src.read(ctx.src_loc(unit["rel"]))))
@@ -54,7 +54,7 @@ def _batch(ctx: jobs.Context, unit: dict) -> dict:
         one = {"rel": rel, "size": size, **({"source_id": more[0]} if more else {}),
                **({"carry": more[1]} if len(more) > 1 else {})}
         if ctx.matches(done, one):
-            ctx.progress.skipped(size)
+            ctx.progress.skipped(size, rel)
         else:
             todo.append(one)
     connections = batch_connections(ctx.settings, max((one["size"] for one in todo), default=0))
@@ -169,7 +169,7 @@ def _record(ctx: jobs.Context, unit: dict, h: FileHash, committed: ObjectInfo, b
     entry = entry.to_dict()
     ctx.written(unit, entry, h.size, batch)
     ctx.progress.moved(h.size)
-    ctx.progress.file_finished()
+    ctx.progress.file_finished(unit["rel"], h.size)
     return entry
 
 
@@ -338,7 +338,7 @@ def _complete(ctx: jobs.Context, unit: dict) -> dict:
     entry = entry.to_dict()
     ctx.journal.put(f"file:{rel}", ctx.journaled(unit, entry))
     ctx.finished(rel)
-    ctx.progress.file_finished()
+    ctx.progress.file_finished(rel, size)
     return entry
 
 
@@ -348,11 +348,12 @@ def _route(ctx: jobs.Context, unit: dict) -> dict:
     for rel in unit["files"]:
         f = ctx.plan.files.find(rel)
         if ctx.matches(ctx.journal.get(f"file:{rel}"), {"rel": rel, "size": f.size, "source_id": f.source_id}):
-            ctx.progress.skipped(f.size)
+            ctx.progress.skipped(f.size, rel)
         else:
             todo.append(f)
     fallen, unproven = {}, {}
     ids = {f.rel: f.source_id for f in todo}
+    sizes = {f.rel: f.size for f in todo}
     results = iter(()) if ctx.route_down else routes.get(ctx.plan.route).run(ctx, todo)
     for rel, result in results:
         if isinstance(result, routes.Fallback):
@@ -363,7 +364,7 @@ def _route(ctx: jobs.Context, unit: dict) -> dict:
         ctx.journal.put(f"file:{rel}", ctx.journaled({"rel": rel, "source_id": ids.get(rel, {})}, result.to_dict()))
         if result.unproven:
             unproven[rel] = result.note
-        ctx.progress.file_finished()
+        ctx.progress.file_finished(rel, sizes.get(rel, 0), ctx.plan.route)
     for f in todo:
         if f.rel not in fallen and ctx.route_down and not ctx.matches(
                 ctx.journal.get(f"file:{f.rel}"), {"rel": f.rel, "size": f.size, "source_id": f.source_id}):
@@ -381,6 +382,7 @@ def _delete(ctx: jobs.Context, unit: dict) -> dict:
         ctx.dst.delete(ctx.dst_loc(unit["rel"]))
     except ObjectNotFound:
         pass  # already gone: a re-run after a kill
+    ctx.progress.deleted(unit["rel"])
     return {"deleted": unit["rel"]}
 
 

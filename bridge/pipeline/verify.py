@@ -72,7 +72,21 @@ def verify(url: str, settings: Settings, *, deep: bool = False, sha256: bool = F
                     _note(report, "extra", rel)
     report["ok"] = not any(report["counts"][k] for k in ("missing", "extra", "mismatched", "unproven")) \
         and all(s["ok"] for s in report["shard_sets"])
+    report["hints"] = hints(report["counts"])
     return with_filters(report, filters)
+
+
+def hints(counts: dict[str, int]) -> list[str]:
+    """What to run about what a check found: extra objects are what a plain sync never touches
+    (it sends and repairs; it removes only with --delete), the one failure it cannot close."""
+    found = []
+    extra = counts.get("extra", 0)
+    if extra:
+        found.append(f"{extra:,} extra object{'s' if extra != 1 else ''} at the destination: sync --delete from its "
+                     f"source removes {'them' if extra != 1 else 'it'} (or mcbridge rm)")
+    if counts.get("missing", 0) or counts.get("mismatched", 0):
+        found.append("missing or mismatched objects: sync from the source sends and repairs them")
+    return found
 
 
 _INFO_FIELDS = tuple(f.name for f in dataclasses.fields(ObjectInfo))[1:]   # all but its location, in order
