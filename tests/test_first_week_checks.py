@@ -1,0 +1,61 @@
+"""What a newcomer's first week found wrong in check, verify, waits, cancel and the numbers policies
+print, each shown over real HTTP against the emulators.
+
+Requests are counted at a loopback proxy in front of the emulator (tests/faultproxy.py, no faults
+injected): what the endpoint saw, not what the client says it sent.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+
+from tests.faultproxy import FaultProxy, proxied_environment
+from tests.helpers import mcbridge
+
+OBJECTS = 5000
+
+
+def _put_many(client, bucket: str, keys: list[str]) -> None:
+    with cf.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda key: client.put_object(Bucket=bucket, Key=key, Body=key.encode() * 3), keys))
+
+
+def test_check_decides_from_listings_and_names_what_failed(moto, make_root, emulator_env, tmp_path):
+    """``check`` of 5,000 equal S3 objects sends listing pages only (at most 10 requests per 1,000
+    objects: no object is read), and one extra object fails it with a summary that says so."""
+    src, dst = make_root("s3"), make_root("s3")
+    keys = [f"corpus/part-{i:05d}.txt" for i in range(OBJECTS)]
+    client = moto.client()
+    _put_many(client, src[5:-1], keys)
+    _put_many(client, dst[5:-1], keys)
+    with FaultProxy(moto.endpoint) as proxy:
+        env = proxied_environment(emulator_env, {"s3": proxy})
+        r = mcbridge("check", src, dst, env=env, state_dir=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        requests = proxy.counts["requests"]
+        assert requests <= 10 * OBJECTS // 1000, (requests, [line for line, _ in proxy.log[:20]])
+        assert not [line for line, _ in proxy.log if line.startswith("GET /" + src[5:-1] + "/corpus/")]
+        assert r.stdout.splitlines()[-1] == f"OK: {OBJECTS} of {OBJECTS} pairs equal ({OBJECTS} by md5)", r.stdout
+
+        client.put_object(Bucket=dst[5:-1], Key="corpus/zz-extra.txt", Body=b"extra")
+        r = mcbridge("check", src, dst, env=env, state_dir=tmp_path)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "extra       corpus/zz-extra.txt" in r.stdout.splitlines(), r.stdout
+        assert r.stdout.splitlines()[-1] == (f"FAILED: {OBJECTS} of {OBJECTS} pairs equal ({OBJECTS} by md5); "
+                                             f"1 only at the destination"), r.stdout
+
+
+def test_check_calls_a_pair_with_no_common_checksum_unproven_never_equal(moto, azurite, make_root, emulator_env,
+                                                                          tmp_path):
+    """An S3 object and an Azure blob of the same bytes share no checksum a store computed: check
+    says they are unproven and how to prove them, and --download proves them by reading both."""
+    src, dst = make_root("s3"), make_root("az")
+    moto.client().put_object(Bucket=src[5:-1], Key="a.bin", Body=b"same bytes\n" * 100)
+    azurite.client().get_blob_client(dst[5:-1], "a.bin").upload_blob(b"same bytes\n" * 100)
+    r = mcbridge("check", src, dst, env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    last = r.stdout.splitlines()[-1]
+    assert last.startswith("FAILED: 0 of 1 pairs equal; 1 unproven") and "--download" in last, r.stdout
+    r = mcbridge("check", src, dst, "--download", "--json", env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["by"] == {"download": 1}, r.stdout + r.stderr
