@@ -3,8 +3,9 @@
 Both listings are walked in sorted order side by side, a merge join (rclone's ``fs/march``), so
 memory stays constant whatever the trees' size: a name only the source has is ``missing`` at the
 destination, one only the destination has is ``extra``, and a pair is compared by size and the
-strongest checksum both stores computed and report (bridge/adopt.py), or with ``download`` by
-reading both and comparing CRC32C and SHA-256. A pair with no such checksum in common is
+strongest checksum both listings report, computed by the stores (an MD5 ETag, GCS md5Hash or
+crc32c: bridge/adopt.py), reading no cloud object (a local side is hashed: it costs no request),
+or with ``download`` by reading both and comparing CRC32C and SHA-256. A pair with no such checksum in common is
 ``unproven`` unless read: it is never counted equal on its size alone, nor on a value a client
 could have written (an object's ``bridge_crc32c`` metadata, an Azure blob's Content-MD5), so a
 pair with an Azure side is proven only by ``--download``. Pairs are compared ``concurrency`` at a time, a bounded
