@@ -59,3 +59,15 @@ def test_check_calls_a_pair_with_no_common_checksum_unproven_never_equal(moto, a
     assert last.startswith("FAILED: 0 of 1 pairs equal; 1 unproven") and "--download" in last, r.stdout
     r = mcbridge("check", src, dst, "--download", "--json", env=emulator_env, state_dir=tmp_path)
     assert r.returncode == 0 and json.loads(r.stdout)["by"] == {"download": 1}, r.stdout + r.stderr
+
+
+def test_migrate_refuses_as_migrate_and_plan_says_how_to_enable_datasync(moto, make_root, emulator_env, tmp_path):
+    src, dst = make_root("s3"), make_root("s3")
+    moto.client().put_object(Bucket=src[5:-1], Key="a.bin", Body=b"x" * 100)
+    r = mcbridge("migrate", src, dst, "--max-cost", "0", env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 1 and r.stderr.startswith("mcbridge: error: migrate refused: estimated"), r.stderr
+    r = mcbridge("plan", src, dst, env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.startswith(" datasync "))
+    assert "built, not enabled in these settings: off by default; enable it with MCBRIDGE_NATIVE_ROUTES=datasync" \
+        in row and "--route datasync" in row, row
