@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import time
 
 from tests.faultproxy import FaultProxy, proxied_environment
 from tests.helpers import mcbridge
+from tests.test_workers_service import service  # noqa: F401  (the fixture)
 
 OBJECTS = 5000
 
@@ -71,3 +73,59 @@ def test_migrate_refuses_as_migrate_and_plan_says_how_to_enable_datasync(moto, m
     row = next(line for line in r.stdout.splitlines() if line.startswith(" datasync "))
     assert "built, not enabled in these settings: off by default; enable it with MCBRIDGE_NATIVE_ROUTES=datasync" \
         in row and "--route datasync" in row, row
+
+
+# -- waits with an end, and a cancel that answers at once (the service: real Redis, real workers) -----
+
+def test_waits_on_the_service_end_with_one_line_when_their_timeout_lapses(service):  # noqa: F811
+    """No worker consumes the queues: ``cache warm --node --wait`` and ``jobs watch`` would wait for
+    ever; with --timeout each exits 1 with one line naming it."""
+    r = service.cli("cache", "warm", "s3://some-bucket/data/", "--node", "nowhere", "--wait", "--timeout", "1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "mcbridge: error: cache warm on nowhere: no summary from a worker after 1s (--timeout)" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    job_id = service.submit("cp", "s3://some-bucket/data/", "s3://other-bucket/data/")
+    r = service.cli("jobs", "watch", job_id, "--timeout", "1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (f"mcbridge: error: job {job_id} is still queued after 1s (--timeout); "
+                                                 f"it goes on: mcbridge jobs watch {job_id}"), r.stderr
+
+
+def test_jobs_cancel_answers_before_the_workers_stop_and_says_when_they_have(service, moto, tmp_path):  # noqa: F811
+    """The workers' uploads are held at a proxy, so they cannot stop before it lets them go: the
+    cancel's first line (what it dropped and asked to stop) must come while they are held, and
+    its last (they stopped) after."""
+    import re
+    import subprocess
+    import sys
+
+    from tests.emulators import unique_name
+    from tests.faultproxy import Rule
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(8):
+        (src / f"f{i}.bin").write_bytes(bytes([i]) * (6 * 1024 * 1024))
+    bucket = unique_name()
+    moto.create_bucket(bucket)
+    with FaultProxy(moto.endpoint) as proxy:
+        proxy.configure(rules=[Rule(rf"^PUT /{bucket}/", "hold", times=10_000)])
+        service.env.update(proxied_environment(service.env, {"s3": proxy}))
+        service.worker("w1", threads=2).wait_ready()
+        job_id = service.submit("cp", f"{src}/", f"s3://{bucket}/c/", "--chunk-size", "5MiB")
+        while proxy.counts["hold"] == 0:
+            assert service.jobs.get(job_id).state in ("queued", "planning", "running")
+            time.sleep(0.05)
+        cancel = subprocess.Popen([sys.executable, "-m", "bridge", "jobs", "cancel", job_id, "--wait"],
+                                  env=service.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            first = cancel.stdout.readline().strip()
+            assert service.jobs.get(job_id).finished is None   # the workers are still held
+            found = re.fullmatch(rf"cancelling job {job_id} \(it was running\): (\d+) tasks? not started dropped, "
+                                 r"(\d+) running asked to stop", first)
+            assert found and int(found[2]) >= 1, first
+            proxy.release()
+            rest, errors = cancel.communicate(timeout=120)
+        finally:
+            cancel.kill()
+        assert cancel.returncode == 0, rest + errors
+        assert re.fullmatch(rf"cancelled job {job_id}: its workers stopped at \S+, nothing committed", rest.strip()), rest
