@@ -11,6 +11,8 @@ import concurrent.futures as cf
 import json
 import time
 
+import pytest
+
 from tests.faultproxy import FaultProxy, proxied_environment
 from tests.helpers import mcbridge
 from tests.test_workers_service import service  # noqa: F401  (the fixture)
@@ -129,3 +131,66 @@ def test_jobs_cancel_answers_before_the_workers_stop_and_says_when_they_have(ser
             cancel.kill()
         assert cancel.returncode == 0, rest + errors
         assert re.fullmatch(rf"cancelled job {job_id}: its workers stopped at \S+, nothing committed", rest.strip()), rest
+
+
+# -- shard sets on every store -------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["az", "gs", "s3"])
+def test_a_shard_set_migrated_as_files_is_recognised_by_verify_on_every_store(kind, moto, make_root, emulator_env,
+                                                                              emulator_for, tmp_path):
+    """A corpus packed on S3, then migrated as files to each store: verify there names the shard
+    set and finds it intact, as it does on S3; a shard list changed there fails it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"f{i}.bin").write_bytes(bytes([i]) * (2000 + i))
+    packed, copy = make_root("s3") + "corpus/", make_root(kind) + "corpus/"
+    assert mcbridge("migrate", f"{src}/", packed, "--pack", "tar", "-q", env=emulator_env,
+                    state_dir=tmp_path).returncode == 0
+    r = mcbridge("migrate", packed, copy, "-q", env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = mcbridge("verify", copy, "--json", env=emulator_env, state_dir=tmp_path)
+    report = json.loads(r.stdout)
+    assert r.returncode == 0 and report["shard_sets"] == [
+        {"prefix": "shard", "index": "shard.index.json", "ok": True, "problems": []}], r.stdout + r.stderr
+
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    from tests.helpers import settings_for
+    store = get_store(parse(copy), settings_for(emulator_env))
+    listed = parse(copy + "shard.index.d/shard-000000.tar.jsonl")
+    body = store.read(listed)
+    from bridge.hashing import crc32c, crc_hex
+    store.put(listed, body + b"\n", crc32c=crc_hex(crc32c(body + b"\n")), metadata={})
+    r = mcbridge("verify", copy, "--json", env=emulator_env, state_dir=tmp_path)
+    problems = json.loads(r.stdout)["shard_sets"][0]["problems"]
+    assert r.returncode == 1 and any("does not match the SHA-256" in p for p in problems), r.stdout
+
+
+# -- spend that adds up ----------------------------------------------------------------------------
+
+def test_policy_status_spend_is_the_sum_of_its_destinations(service, moto, fake_gcs, azurite, tmp_path):  # noqa: F811
+    """A policy run in process to two destinations: policy status's spend for the policy is the sum
+    of the two it shows per destination (it was the budget's charges, which an in-process run
+    never makes: $0 against two spends above zero)."""
+    from tests.emulators import unique_name
+    from tests.test_service_policies import _put_checkpoint
+    src, gbucket, container = unique_name(), unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    azurite.create_bucket(container)
+    _put_checkpoint(moto, src, "step-1")
+    gs, az = f"gs://{gbucket}/dr/", f"az://{container}/dr/"
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{gs}, {az}]\n"
+                           f"    checkpoints: \"step-*\"\n    verify: store\n")
+    r = service.cli("replicate", "--policy", str(policy_file), "--once", "--json")
+    assert r.returncode == 0, r.stderr
+    status = json.loads(service.cli("policy", "status", str(policy_file), "--json").stdout)
+    [golden] = status["policies"]
+    spends = [row["spent_usd"] for row in golden["destinations"]]
+    assert all(s > 0 for s in spends) and golden["spent_usd"] == pytest.approx(sum(spends), abs=1e-12), golden
+    from bridge.money import usd
+    text = service.cli("policy", "status", str(policy_file)).stdout.splitlines()[0]
+    assert text.startswith(f"golden: s3://{src}/golden/: {usd(sum(spends))} spent in ") and \
+        f"(= {usd(spends[0])} + {usd(spends[1])})" in text, text
