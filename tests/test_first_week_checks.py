@@ -38,6 +38,7 @@ def test_check_decides_from_listings_and_names_what_failed(moto, make_root, emul
         r = mcbridge("check", src, dst, env=env, state_dir=tmp_path)
         assert r.returncode == 0, r.stdout + r.stderr
         requests = proxy.counts["requests"]
+        print(f"check of {OBJECTS} equal S3 objects: {requests} requests at the endpoint")
         assert requests <= 10 * OBJECTS // 1000, (requests, [line for line, _ in proxy.log[:20]])
         assert not [line for line, _ in proxy.log if line.startswith("GET /" + src[5:-1] + "/corpus/")]
         assert r.stdout.splitlines()[-1] == f"OK: {OBJECTS} of {OBJECTS} pairs equal ({OBJECTS} by md5)", r.stdout
@@ -194,3 +195,41 @@ def test_policy_status_spend_is_the_sum_of_its_destinations(service, moto, fake_
     text = service.cli("policy", "status", str(policy_file)).stdout.splitlines()[0]
     assert text.startswith(f"golden: s3://{src}/golden/: {usd(sum(spends))} spent in ") and \
         f"(= {usd(spends[0])} + {usd(spends[1])})" in text, text
+
+
+# -- commit-to-verified from the newest file ------------------------------------------------------
+
+def test_commit_to_verified_is_measured_from_the_newest_shard_not_an_index_written_first(moto, fake_gcs,
+                                                                                         emulator_env, tmp_path):
+    """A sharded safetensors checkpoint whose index went up before its shards: the commit time
+    a policy run reports (and measures commit-to-verified from) is the newest shard's
+    LastModified as the source lists it, not the index's."""
+    from datetime import timezone
+
+    from tests.emulators import unique_name
+    from tests.test_readiness_evidence import tensors_file
+    src, gbucket = unique_name(), unique_name()
+    moto.create_bucket(src)
+    fake_gcs.create_bucket(gbucket)
+    s3 = moto.client()
+    shards = {f"model-{n:05d}-of-00002.safetensors": tensors_file(n) for n in (1, 2)}
+    weight_map = {f"layers.{n}.weight": f"model-{n:05d}-of-00002.safetensors" for n in (1, 2)}
+    s3.put_object(Bucket=src, Key="golden/step-1/model.safetensors.index.json",
+                  Body=json.dumps({"metadata": {"total_size": 512}, "weight_map": weight_map}).encode())
+    time.sleep(1.1)   # S3 dates objects to the second: the shards land in a later one than the index
+    for name, body in shards.items():
+        s3.put_object(Bucket=src, Key=f"golden/step-1/{name}", Body=body)
+    listed = {o["Key"].rsplit("/", 1)[1]: o["LastModified"]
+              for o in s3.list_objects_v2(Bucket=src, Prefix="golden/step-1/")["Contents"]}
+    newest_shard = max(listed[name] for name in shards)
+    assert newest_shard > listed["model.safetensors.index.json"]
+
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: "
+                           f"[gs://{gbucket}/dr/]\n    checkpoints: \"step-*\"\n    verify: store\n")
+    r = mcbridge("replicate", "--policy", str(policy_file), "--once", "--json", env=emulator_env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    run = json.loads(r.stdout)["policies"][0]
+    assert run["committed_at"]["step-1"] == newest_shard.astimezone(timezone.utc).isoformat(timespec="seconds"), run
+    row = run["destinations"][f"gs://{gbucket}/dr/"]
+    assert row["commit_to_verified_s"] is not None, row
