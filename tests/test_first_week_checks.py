@@ -81,8 +81,8 @@ def test_migrate_refuses_as_migrate_and_plan_says_how_to_enable_datasync(moto, m
 # -- waits with an end, and a cancel that answers at once (the service: real Redis, real workers) -----
 
 def test_waits_on_the_service_end_with_one_line_when_their_timeout_lapses(service):  # noqa: F811
-    """No worker consumes the queues: ``cache warm --node --wait`` and ``jobs watch`` would wait for
-    ever; with --timeout each exits 1 with one line naming it."""
+    """No worker consumes the queues: ``cache warm --node --wait``, ``jobs watch`` and ``submit
+    --wait`` would wait for ever; with --timeout each exits 1 with one line naming it."""
     r = service.cli("cache", "warm", "s3://some-bucket/data/", "--node", "nowhere", "--wait", "--timeout", "1")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "mcbridge: error: cache warm on nowhere: no summary from a worker after 1s (--timeout)" in r.stderr, r.stderr
@@ -92,6 +92,10 @@ def test_waits_on_the_service_end_with_one_line_when_their_timeout_lapses(servic
     assert r.returncode == 1, r.stdout + r.stderr
     assert r.stderr.strip().splitlines()[-1] == (f"mcbridge: error: job {job_id} is still queued after 1s (--timeout); "
                                                  f"it goes on: mcbridge jobs watch {job_id}"), r.stderr
+    r = service.cli("submit", "cp", "s3://some-bucket/data/", "s3://other-bucket/data/", "--wait", "--timeout", "1")
+    assert r.returncode == 1 and "is still queued after 1s (--timeout); it goes on" in r.stderr, r.stdout + r.stderr
+    r = service.cli("submit", "cp", "s3://some-bucket/data/", "s3://other-bucket/data/", "--timeout", "1")
+    assert r.returncode != 0 and "--timeout bounds --wait" in r.stderr, r.stdout + r.stderr
 
 
 def test_jobs_cancel_answers_before_the_workers_stop_and_says_when_they_have(service, moto, tmp_path):  # noqa: F811
