@@ -260,9 +260,12 @@ def jobs_cancel(job_id: str,
     if not cancelled:
         err.print(f"mcbridge: job {job_id} is {state}; it can no longer be cancelled", markup=False)
         raise typer.Exit(1)
-    queued, running = in_flight(jobs, job_id)
-    out.print(f"cancelling job {job_id} (it was {state}): {plural(queued, 'task')} not started dropped, "
-              f"{running} running asked to stop", markup=False, soft_wrap=True)
+    if state in ("awaiting-approval", "queued"):
+        out.print(f"cancelling job {job_id} (it was {state}): nothing of it had started", markup=False)
+    else:
+        queued, running = in_flight(jobs, job_id)
+        out.print(f"cancelling job {job_id} (it was {state}): {plural(queued, 'task')} not started dropped, "
+                  f"{running} running asked to stop", markup=False, soft_wrap=True)
     if not wait:
         return
     deadline = time.monotonic() + timeout
