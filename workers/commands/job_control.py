@@ -247,7 +247,7 @@ def jobs_cancel(job_id: str,
                                                    "stopped, and say when.")] = True,
                 timeout: Annotated[float, typer.Option(
                     "--timeout", min=0, help="Seconds --wait waits for the job's workers to stop; exit 1 if "
-                    "they have not by then.")] = 60.0,
+                    "they have not by then (0: as --no-wait).")] = 60.0,
                 broker: BrokerOpt = None) -> None:
     """Stop a job: no request is sent after its workers see the cancel (they look every 0.2 s,
     also inside a part), its remote transfer is cancelled, its unfinished uploads are aborted, no
@@ -266,7 +266,7 @@ def jobs_cancel(job_id: str,
         queued, running = in_flight(jobs, job_id)
         out.print(f"cancelling job {job_id} (it was {state}): {plural(queued, 'task')} not started dropped, "
                   f"{running} running asked to stop", markup=False, soft_wrap=True)
-    if not wait:
+    if not wait or timeout == 0:
         return
     deadline = time.monotonic() + timeout
     with jobs.following(job_id) as wait_for_end:
