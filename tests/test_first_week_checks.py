@@ -54,6 +54,17 @@ def test_check_decides_from_listings_and_names_what_failed(moto, make_root, emul
                                              f"1 only at the destination"), r.stdout
 
 
+def test_check_of_two_s3_trees_reads_no_object(moto, make_root, emulator_env, tmp_path):
+    src, dst = make_root("s3"), make_root("s3")
+    keys = [f"d{i % 3}/part-{i:03d}.txt" for i in range(40)]
+    _put_many(moto.client(), src[5:-1], keys)
+    _put_many(moto.client(), dst[5:-1], keys)
+    with FaultProxy(moto.endpoint) as proxy:
+        r = mcbridge("check", src, dst, env=proxied_environment(emulator_env, {"s3": proxy}), state_dir=tmp_path)
+        assert r.returncode == 0 and r.stdout.splitlines()[-1] == "OK: 40 of 40 pairs equal (40 by md5)", r.stdout
+        assert sorted(line.split(" ")[0] for line, _ in proxy.log) == ["GET", "GET", "HEAD", "HEAD"], proxy.log
+
+
 def test_check_calls_a_pair_with_no_common_checksum_unproven_never_equal(moto, azurite, make_root, emulator_env,
                                                                           tmp_path):
     """An S3 object and an Azure blob of the same bytes share no checksum a store computed: check
