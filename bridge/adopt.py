@@ -16,7 +16,8 @@ an object merely fails to match (it is sent again, never taken wrongly).
 ``compare`` answers with an ``Adoption``: ``equal`` and by which checksum, and the manifest entry
 that records the object as adopted (``FileEntry.adopted`` names the checksum; ``computed`` the
 hashes bridge took from bytes it read: a local source's, or both sides' under ``deep``).
-``check_trees`` (bridge/treecheck.py) and sync's adoption both ask it.
+Sync's adoption asks it; ``check_trees`` (bridge/treecheck.py) asks ``reported`` and ``common``
+only, so that it reads no cloud object.
 """
 
 from __future__ import annotations

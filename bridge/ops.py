@@ -121,14 +121,15 @@ def adopt_existing(plan: Plan, settings: Settings, mode: str) -> None:
 def copy(source: str, destination: str, settings: Settings, *, chunk_size: int | None = None,
          progress: Progress | None = None, state_dir: Path | None = None, dry_run: bool = False,
          max_cost: float | None = None, route: str | None = None, adopt: str = "off",
-         filters: Filters | None = None) -> dict:
+         filters: Filters | None = None, verb: str = "copy") -> dict:
+    """Copy SOURCE to DESTINATION (``verb`` names the command in a refusal: copy, migrate)."""
     source, filters = wildcard_source(source, filters, settings)   # s3://b/p/*.tar
     decided = routes.decide(parse(source), parse(destination), settings, route)   # before any request
     with meter.metering(meter.current() or meter.Meter()):   # the listing counts as what ran, too
         plan = plan_copy(source, destination, settings, chunk_size, filters=filters, listed=listing_to(progress))
         adopt_existing(plan, settings, adopt)
         plan.route, plan.route_why = decided
-        _within_budget(plan, settings, max_cost, "copy")
+        _within_budget(plan, settings, max_cost, verb)
         if dry_run:
             return with_filters({"dry_run": True, **plan_summary(plan)}, filters)
         return with_filters(execute(plan, settings, progress, state_dir), filters)

@@ -32,7 +32,7 @@ PLUGINS = "mcbridge.service"
 HOOKS: dict[str, str] = {
     "commands": "fn(app): adds commands and command groups to mcbridge",
     "policy commands": "fn(group): adds commands to the group of mcbridge policy",
-    "warm on a node": "fn(node, items, *, profile, lookahead, wait, broker) -> summary: queues a cache "
+    "warm on a node": "fn(node, items, *, profile, lookahead, wait, broker, timeout) -> summary: queues a cache "
                       "warm for the worker on that node (mcbridge cache warm --node); the first one is used",
 }
 

@@ -3,8 +3,9 @@
 Both listings are walked in sorted order side by side, a merge join (rclone's ``fs/march``), so
 memory stays constant whatever the trees' size: a name only the source has is ``missing`` at the
 destination, one only the destination has is ``extra``, and a pair is compared by size and the
-strongest checksum both stores computed and report (bridge/adopt.py), or with ``download`` by
-reading both and comparing CRC32C and SHA-256. A pair with no such checksum in common is
+strongest checksum both listings report, computed by the stores (an MD5 ETag, GCS md5Hash or
+crc32c: bridge/adopt.py), reading no cloud object (a local side is hashed: it costs no request),
+or with ``download`` by reading both and comparing CRC32C and SHA-256. A pair with no such checksum in common is
 ``unproven`` unless read: it is never counted equal on its size alone, nor on a value a client
 could have written (an object's ``bridge_crc32c`` metadata, an Azure blob's Content-MD5), so a
 pair with an Azure side is proven only by ``--download``. Pairs are compared ``concurrency`` at a time, a bounded
@@ -88,6 +89,40 @@ def _read_both(src_store: Store, src: ObjectInfo, dst_store: Store, dst: ObjectI
     return adopt.Adoption(True, "download", "read both: CRC32C and SHA-256 equal")
 
 
+def _by_listing(src_store: Store, src: ObjectInfo, dst_store: Store, dst: ObjectInfo) -> adopt.Adoption:
+    """Equal by size and the strongest checksum both listings report, reading no cloud object: a
+    local side is hashed (it costs no request); an S3 object whose listing shows no MD5 ETag (a
+    multipart upload) is asked for its checksums by one HEAD, only when the listings leave no
+    checksum in common. No common checksum: not equal, unproven."""
+    if src.size != dst.size:
+        return adopt.Adoption(False, "size", f"size {dst.size}, source {src.size}")
+    src_local, dst_local = src.location.is_local, dst.location.is_local
+    src_sums, dst_sums = adopt.reported(src_store, src), adopt.reported(dst_store, dst)
+    name = adopt.common(src_sums, dst_sums, src_local, dst_local)
+    if name is None:
+        src_sums = adopt.reported(src_store, src, ask=not src_local)
+        dst_sums = adopt.reported(dst_store, dst, ask=not dst_local)
+        name = adopt.common(src_sums, dst_sums, src_local, dst_local)
+    if name is None:
+        return adopt.Adoption(False, "", _unproven_why(src, dst))
+    if src_local and name not in src_sums:
+        src_sums = adopt.digest(src_store, src, (name,))
+    if dst_local and name not in dst_sums:
+        dst_sums = adopt.digest(dst_store, dst, (name,))
+    if src_sums[name] != dst_sums[name]:
+        return adopt.Adoption(False, name, f"{name.upper()} {dst_sums[name]}, source {src_sums[name]}")
+    return adopt.Adoption(True, name, f"{name.upper()} equal")
+
+
+def _unproven_why(src: ObjectInfo, dst: ObjectInfo) -> str:
+    azure = [side for side, info in (("destination", dst), ("source", src))
+             if info.location.scheme in adopt.CLIENT_WRITTEN]
+    if azure:
+        return (f"sizes equal, not proven: the {azure[0]} is an Azure blob, whose Content-MD5 and metadata "
+                f"are what a client wrote (--download reads both)")
+    return "sizes equal, not proven: no checksum both stores report (--download reads both)"
+
+
 def check_trees(source: str, destination: str, settings: Settings, *, download: bool = False) -> dict[str, Any]:
     src_root, dst_root = parse(source).as_prefix(), parse(destination).as_prefix()
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
@@ -97,10 +132,10 @@ def check_trees(source: str, destination: str, settings: Settings, *, download: 
                               "checked": 0, "equal": 0, "by": {}, "missing": [], "extra": [], "differ": [],
                               "unproven": []}
 
-    def judge(rel: str, src: ObjectInfo, dst: ObjectInfo) -> adopt.Adoption:
+    def judge(src: ObjectInfo, dst: ObjectInfo) -> adopt.Adoption:
         if download:
             return _read_both(src_store, src, dst_store, dst)
-        return adopt.compare(src_store, src, dst_store, dst, rel)
+        return _by_listing(src_store, src, dst_store, dst)
 
     def settle(rel: str, done: cf.Future) -> None:
         verdict = done.result()
@@ -122,7 +157,7 @@ def check_trees(source: str, destination: str, settings: Settings, *, download: 
             elif src is None:
                 report["extra"].append(rel)
             else:
-                window.append((rel, pool.submit(judge, rel, src, dst)))
+                window.append((rel, pool.submit(judge, src, dst)))
                 if len(window) >= limit:
                     settle(*window.popleft())
         while window:

@@ -412,7 +412,7 @@ class SourceFile:
 class Readiness:
     committed: bool
     why: str                        # how it is known to be committed, or what it waits for
-    committed_at: float | None = None   # the marker's time (else the newest file's)
+    committed_at: float | None = None   # its newest file's time (the marker's where the others have none)
     marker: str | None = None       # the file that committed it, when one did
     trusted: bool = False           # committed on a name's word alone: nothing read confirms it
 
@@ -649,7 +649,10 @@ def assess(policy: Policy, listing: Mapping[str, Mapping[str, SourceFile]], now:
         verdict = _settled(verdict, files, evidence.get(name, NO_EVIDENCE))
         times = [f.modified for f in files.values()]
         newest = max(times) if times and None not in times else None
-        at = (files[verdict.marker].modified if verdict.marker in files else newest) if verdict.committed else None
+        # Committed when its newest file landed: a marker written before its shards (a safetensors
+        # index first) does not date the commit, and commit-to-verified is measured from this.
+        marked = files[verdict.marker].modified if verdict.marker in files else None
+        at = max((t for t in (newest, marked) if t is not None), default=None) if verdict.committed else None
         verdict = replace(verdict, committed_at=at)
         if verdict.committed and ready.min_age:
             if newest is None:

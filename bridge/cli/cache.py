@@ -59,6 +59,8 @@ def warm(items: Annotated[list[str], typer.Argument(help="Objects, prefixes (tra
          node: Annotated[Optional[str], typer.Option(
              "--node", help="Queue the warm for the worker on this node (queue <prefix>.cache.NODE).")] = None,
          wait: Annotated[bool, typer.Option("--wait", help="With --node: wait for the worker's summary.")] = False,
+         timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="With --node --wait: seconds to wait for "
+                                                "the worker's summary; exit 1 if none came by then.")] = 3600.0,
          broker: Annotated[Optional[str], typer.Option("--broker", help="With --node: Redis URL of the broker.")] = None,
          lookahead: LookaheadOpt = None,
          include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
@@ -78,7 +80,8 @@ def warm(items: Annotated[list[str], typer.Argument(help="Objects, prefixes (tra
         warm_on_node = plugins().first("warm on a node")
         if warm_on_node is None:
             raise MissingBackend("cache warm --node needs the service: pip install 'cloud-artifact-bridge[service]'")
-        summary = warm_on_node(node, items, profile=profile, lookahead=lookahead, wait=wait, broker=broker)
+        summary = warm_on_node(node, items, profile=profile, lookahead=lookahead, wait=wait, broker=broker,
+                               timeout=timeout)
         if as_json:
             out.print_json(json.dumps(summary))
         elif wait:

@@ -17,8 +17,9 @@ def check(src: str, dst: str,
           concurrency: ConcOpt = None, as_json: JsonOpt = False,
           quiet: quiet_opt("Print only what differs, nothing when all is equal: the exit code says.") = False,
           profile: ProfileOpt = None, config: ConfigOpt = None) -> None:
-    """Compare the objects under SRC and DST by size and a checksum both stores report (no manifest
-    needed, as rclone check); exit 1 naming each missing, extra, differing or unproven object."""
+    """Compare the objects under SRC and DST from their listings, by size and a checksum both stores
+    report (no manifest needed and no object read, as rclone check); exit 1 naming each missing,
+    extra, differing or unproven object. --download reads both sides instead."""
     from bridge.treecheck import check_trees
     report = check_trees(src, dst, settings_from_flags(profile, config, concurrency), download=download)
     if as_json:
@@ -27,13 +28,22 @@ def check(src: str, dst: str,
         print_findings(report, ("missing", "extra", "differ", "unproven"))
         if quiet and report["ok"]:
             return
-        by = ", ".join(f"{n} by {name}" for name, n in sorted(report["by"].items()))
-        out.print(f"{'OK' if report['ok'] else 'FAILED'}: {report['equal']} of {report['checked']} pairs equal"
-                  f"{f' ({by})' if by else ''}; {len(report['missing'])} missing at {report['destination']}, "
-                  f"{len(report['extra'])} extra there, {len(report['differ'])} differ, "
-                  f"{len(report['unproven'])} unproven", markup=False)
+        out.print(summary(report), markup=False)
     if not report["ok"]:
         raise typer.Exit(1)
+
+
+def summary(report: dict) -> str:
+    """The last line: how many pairs were equal and by what, then each kind of failure found, so
+    that a FAILED line always names why (``FAILED: 5000 of 5000 pairs equal; 1 only at the destination``)."""
+    by = ", ".join(f"{n} by {name}" for name, n in sorted(report["by"].items()))
+    failures = [f"{n} {what}" for n, what in (
+        (len(report["missing"]), "missing at the destination"),
+        (len(report["extra"]), "only at the destination"),
+        (len(report["differ"]), "differ"),
+        (len(report["unproven"]), "unproven by the stores' checksums (--download reads both)")) if n]
+    return (f"{'OK' if report['ok'] else 'FAILED'}: {report['equal']} of {report['checked']} pairs equal"
+            f"{f' ({by})' if by else ''}" + "".join(f"; {failure}" for failure in failures))
 
 
 def register(app: typer.Typer) -> None:

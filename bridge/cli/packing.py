@@ -127,7 +127,7 @@ def migrate(src: str, dst: str, pack_format: PackOpt = None, shard_size: ShardSi
         return
     with ProgressBar(not as_json, settings, bwlimit_file, quiet) as progress:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress,
-                           max_cost=max_cost, route=route, filters=filters)
+                           max_cost=max_cost, route=route, filters=filters, verb="migrate")
     emit(summary, as_json, f"migrated {plural(summary['files'], 'file')}, {moved_line(summary)}"
          f"{route_line(summary)}; manifest {summary['manifest']}", quiet)
 

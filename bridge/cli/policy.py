@@ -49,13 +49,24 @@ def plan(src: str, dst: str,
     for row in report["routes"]:
         mark = "*" if row["chosen"] else " "
         out.print(f"{mark}{row['route']:<9} {'yes' if row['valid'] else 'no':<6} {human_bytes(row['bytes']):>10} "
-                  f"{row['requests']:>9} {usd(row['usd']):>10} {row['seconds']:>9.0f}s  {row['why']}", markup=False)
+                  f"{row['requests']:>9} {usd(row['usd']):>10} {row['seconds']:>9.0f}s  {row['why']}"
+                  f"{how_to_enable(row)}", markup=False)
     chosen = next(r for r in report["routes"] if r["chosen"])
     out.print(f"chosen: {chosen['route']}", markup=False)
     for line in chosen["cost"]["breakdown"]:
         out.print(f"  {line}", markup=False)
     if "restore" in report:
         out.print(f"restore first: {report['restore']['why']}", markup=False)
+
+
+def how_to_enable(row: dict) -> str:
+    """For a native route that is built but off by default (it starts jobs in your cloud accounts):
+    how to turn it on, so that "not enabled" never reads as "not there"."""
+    from bridge.routes import NATIVE
+    if row["valid"] or not row.get("built") or row["route"] not in NATIVE or "not enabled" not in row["why"]:
+        return ""
+    return (f": off by default; enable it with MCBRIDGE_NATIVE_ROUTES={row['route']} or native.enabled in the "
+            f"settings file, or run it once with --route {row['route']}")
 
 
 PolicyFileArg = Annotated[Path, typer.Argument(help="A YAML file of replication policies.")]

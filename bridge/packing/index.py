@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bridge.errors import IntegrityError, ManifestError, ObjectNotFound, UsageError
+from bridge.hashing import crc32c, crc_hex
 from bridge.packing import layout
 from bridge.packing.rangefile import RangeFile
 from bridge.stores.base import Store
@@ -150,6 +151,41 @@ def find(store: Store, root: Location, prefix: str | None) -> ShardSet | None:
     if len(found) > 1:
         raise UsageError(f"{root} holds several shard sets ({', '.join(found)}): pick one with --prefix")
     return read(store, root, found[0]) if found else None
+
+
+def noting_indexes(entries: Iterator[Any], found: list[Any]) -> Iterator[Any]:
+    """A record's entries, unchanged; those named like a shard-set index (``*.index.json``) are
+    also put in ``found``, for ``recorded_sets``."""
+    for entry in entries:
+        if entry.path.endswith(layout.index_name("")) and "/" not in entry.path:   # as ``find``: at the root
+            found.append(entry)
+        yield entry
+
+
+def recorded_sets(store: Store, root: Location, named: dict[str, Any], indexes: list[Any]) -> dict[str, Any]:
+    """The shard sets of a record: those its commit names under ``shard_sets`` (a pack's), and
+    those whose index it holds as an ordinary file (a shard set copied or migrated as files, to
+    any store). For the latter the index is read once; a file that is not a bridge shard-set index
+    is none. Its pointer's SHA-256 is the one the record gives the file; where the record has none,
+    the body read must match the record's CRC32C, and is then taken as the index's."""
+    sets = dict(named)
+    known = {pointer_["index"] for pointer_ in named.values()}
+    for entry in indexes:
+        if entry.path in known:
+            continue
+        loc = root.as_prefix().join(entry.path)
+        try:
+            body = store.read(loc)
+            doc = parse(body, loc)
+        except (ObjectNotFound, ManifestError):
+            continue   # gone (verify reports it missing) or not a shard-set index
+        found = pointer(entry.path, body, doc)
+        if entry.sha256:
+            found["sha256"] = entry.sha256
+        elif not entry.crc32c or crc_hex(crc32c(body)) != entry.crc32c:
+            found["sha256"] = ""   # unproven: check reports that the index does not match its record
+        sets[entry.path[:-len(layout.index_name(""))]] = found
+    return sets
 
 
 def check(store: Store, root: Location, entry: dict[str, Any], *, deep: bool = False) -> Iterator[str]:

@@ -189,10 +189,14 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
         window.append(([path for path, _info, _entry in items], fut))
         drain(4 * pool._max_workers)
 
+    indexes: list[FileEntry] = []   # shard-set indexes the record holds as files (bridge/packing/index.py)
     entries = record.entries() if record else iter(())
     if filters is not None:   # paths as the filters see them: relative to the URL verified
         entries = (e for e in entries if filters.selects(prefix + e.path, _Recorded(e.size)))
         listing = ((rel, info) for rel, info in listing if filters.selects(prefix + rel, info))
+    if record is not None:
+        from bridge.packing import index
+        entries = index.noting_indexes(entries, indexes)
     entry, obj = next(entries, None), next(listing, None)
     while entry is not None or obj is not None:
         if obj is None or (entry is not None and entry.path < obj[0]):
@@ -239,8 +243,8 @@ def _verify_copy(store, root, prefix: str, prefixes: list[str], listing, deep: b
         except BridgeError as exc:   # read-only credentials: the objects are proven, not recorded so
             report["not_recorded"] = f"{len(proven)} files proven by reading, not recorded at {at}: {exc}"
     shard_sets = []
-    for shard_prefix, index_entry in sorted((record.extra if record else {}).get("shard_sets", {}).items()):
-        from bridge.packing import index  # only records of packed corpora name shard sets
+    named = (record.extra if record else {}).get("shard_sets", {})
+    for shard_prefix, index_entry in sorted(index.recorded_sets(store, at, named, indexes).items() if record else ()):
         problems = list(index.check(store, at, index_entry, deep=deep))
         shard_sets.append({"prefix": prefix + shard_prefix, "index": index_entry.get("index"), "ok": not problems,
                            "problems": problems})

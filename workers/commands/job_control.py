@@ -11,7 +11,7 @@ import typer
 
 from bridge.cli.options import JsonOpt, QuietOpt, err, given, out
 from bridge.money import usd
-from bridge.progress import human_bytes, human_duration
+from bridge.progress import human_bytes, human_duration, plural
 from bridge.workers.commands.connection import BrokerOpt, connect, job_records, service_settings
 
 
@@ -64,12 +64,13 @@ EVERY = 10.0      # seconds between progress lines when stderr is no terminal an
 
 
 def follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, interval: float = 0.5,
-           every: float | None = None) -> int:
+           every: float | None = None, timeout: float | None = None) -> int:
     """Follow a job to its end; 0 only if it succeeded. On a terminal, a one-line bar with bytes,
     files, rate and ETA, at the terminal's width; elsewhere a line when the state changes and a
     progress line every ``every`` seconds (the global --stats, else EVERY; neither with -q or
     --json). The record is read every ``interval`` seconds, and at once when the job's end is
-    announced (``Jobs.following``)."""
+    announced (``Jobs.following``). With ``timeout``, gives up after that many seconds with one
+    line (exit 1; the job goes on)."""
     from bridge.cli.options import RUN
     from bridge.workers.jobrecords import TERMINAL
     every = every or RUN.get("stats") or EVERY
@@ -84,12 +85,20 @@ def follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, int
     last_state = None
     ended_at: float | None = None
     next_line = time.monotonic() + every
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         with jobs.following(job_id) as wait:
             while True:
                 record = jobs.get(job_id)
                 if record is None:
                     raise _no_job(job_id)
+                if deadline is not None and time.monotonic() > deadline and record.state not in TERMINAL:
+                    if bar is not None:
+                        bar.stop()
+                        bar = None
+                    err.print(f"mcbridge: error: job {job_id} is still {record.state} after {timeout:g}s (--timeout); "
+                              f"it goes on: mcbridge jobs watch {job_id}", markup=False, soft_wrap=True)
+                    return 1
                 if bar is not None:
                     n = progress_numbers(jobs, record)
                     bar.update(task, total=n["bytes_total"] or None, completed=n["bytes"], status=progress_line(record, n))
@@ -253,18 +262,40 @@ def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None)
         out.print(line, markup=False)
 
 
-def jobs_watch(job_id: str, quiet: QuietOpt = False, as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
+WatchTimeoutOpt = Annotated[Optional[float], typer.Option(
+    "--timeout", min=0.1, help="Seconds to follow the job at most; exit 1 if it has not ended by then (the job "
+    "goes on). Default: none, until the job ends.")]
+
+
+def jobs_watch(job_id: str, quiet: QuietOpt = False, as_json: JsonOpt = False, broker: BrokerOpt = None,
+               timeout: WatchTimeoutOpt = None) -> None:
     """Follow a job to its end: on a terminal a bar with bytes, files, rate and ETA; elsewhere a
     progress line every 10 s (the global --stats INTERVAL sets another); exit 0 only if it succeeded."""
-    raise typer.Exit(follow(job_records(service_settings(broker)), job_id, quiet=quiet, as_json=as_json))
+    raise typer.Exit(follow(job_records(service_settings(broker)), job_id, quiet=quiet, as_json=as_json,
+                            timeout=timeout))
 
 
-def jobs_cancel(job_id: str, timeout: Annotated[float, typer.Option(
-                    "--timeout", min=0, help="Seconds to wait for the job's workers to stop (0: do not wait).")] = 60.0,
+def in_flight(jobs, job_id: str) -> tuple[int, int]:
+    """(transfer tasks of a job, or of its children, not started yet; tasks running now), from
+    the job's pending counter and the service's running tasks (workers/leases.py)."""
+    record = jobs.get(job_id)
+    ids = {job_id, *(record.children if record else [])}
+    running = sum(1 for raw in jobs.r.hvals(jobs.keys.running) if json.loads(raw).get("job") in ids)
+    pending = sum(int(jobs.r.get(jobs.keys.job(one, "pending")) or 0) for one in ids)
+    return max(0, pending - running), running
+
+
+def jobs_cancel(job_id: str,
+                wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait until the job's workers have "
+                                                   "stopped, and say when.")] = True,
+                timeout: Annotated[float, typer.Option(
+                    "--timeout", min=0, help="Seconds --wait waits for the job's workers to stop; exit 1 if "
+                    "they have not by then (0: as --no-wait).")] = 60.0,
                 broker: BrokerOpt = None) -> None:
     """Stop a job: no request is sent after its workers see the cancel (they look every 0.2 s,
     also inside a part), its remote transfer is cancelled, its unfinished uploads are aborted, no
-    manifest is written. Waits until its workers have stopped."""
+    manifest is written. Says at once what it dropped and asked to stop; with --wait (the
+    default) also when its workers have stopped."""
     jobs = job_records(service_settings(broker))
     cancelled, state = jobs.cancel(job_id)
     if state is None:
@@ -272,17 +303,27 @@ def jobs_cancel(job_id: str, timeout: Annotated[float, typer.Option(
     if not cancelled:
         err.print(f"mcbridge: job {job_id} is {state}; it can no longer be cancelled", markup=False)
         raise typer.Exit(1)
+    if state in ("awaiting-approval", "queued"):
+        out.print(f"cancelling job {job_id} (it was {state}): nothing of it had started", markup=False)
+    else:
+        queued, running = in_flight(jobs, job_id)
+        out.print(f"cancelling job {job_id} (it was {state}): {plural(queued, 'task')} not started dropped, "
+                  f"{running} running asked to stop", markup=False, soft_wrap=True)
+    if not wait or timeout == 0:
+        return
     deadline = time.monotonic() + timeout
-    with jobs.following(job_id) as wait:
+    with jobs.following(job_id) as wait_for_end:
         stopped = jobs.get(job_id)
         while stopped is not None and stopped.finished is None and time.monotonic() < deadline:
-            wait(min(0.5, max(0.0, deadline - time.monotonic())))
+            wait_for_end(min(0.5, max(0.0, deadline - time.monotonic())))
             stopped = jobs.get(job_id)
     if stopped is not None and stopped.finished is not None:
-        out.print(f"cancelled job {job_id} (it was {state}); its workers stopped at "
-                  f"{stopped.to_dict()['finished']}, nothing committed", markup=False)
-    else:
-        out.print(f"cancelled job {job_id} (it was {state}); its workers are still stopping", markup=False)
+        out.print(f"cancelled job {job_id}: its workers stopped at {stopped.to_dict()['finished']}, "
+                  f"nothing committed", markup=False, soft_wrap=True)
+        return
+    err.print(f"mcbridge: error: job {job_id} is cancelled but its workers had not stopped after {timeout:g}s "
+              f"(--timeout); mcbridge jobs status {job_id} shows when they do", markup=False, soft_wrap=True)
+    raise typer.Exit(1)
 
 
 def jobs_limit(job_id: str, rate: Annotated[str, typer.Argument(help="Bytes per second, e.g. 50MiB; 0 or off: none.")],

@@ -37,8 +37,11 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
         out.print_json(json.dumps({"month": month(), "policies": report}))
         return
     for p in report:
-        cap = usd(p['budget_usd']) if p["budget_usd"] is not None else "no monthly budget"
-        out.print(f"{p['name']}: {p['source']}: {usd(p['spent_usd'])} spent in {month()} of {cap}", markup=False)
+        parts = " + ".join(usd(row["spent_usd"]) for row in p["destinations"])
+        budget = (f"budget {usd(p['budget_usd'])}, {usd(p['budget_charged_usd'])} of it charged by the service's runs"
+                  if p["budget_usd"] is not None else "no monthly budget")
+        out.print(f"{p['name']}: {p['source']}: {usd(p['spent_usd'])} spent in {month()}"
+                  f"{f' (= {parts})' if len(p['destinations']) > 1 else ''}; {budget}", markup=False, soft_wrap=True)
         if p["source_error"]:
             err.print(f"mcbridge: {p['name']}: source not listed: {p['source_error']}", markup=False, soft_wrap=True)
         for ckpt, why in p["waiting"].items():
@@ -108,8 +111,12 @@ def policy_report(ws, path: Path, name: str | None, settings) -> list[dict]:
                          "newest_source": lag["newest_source"], "lag_checkpoints": lag["lag_checkpoints"],
                          "commit_to_verified_s": row.get("commit_to_verified_s"),
                          "spent_usd": money.usd_number(spend.get(dst, 0.0)), "errors": row.get("errors", [])})
+        # The policy's spend is the sum of the destinations' as shown, so the numbers add up; its
+        # budget is charged by the service's runs only (an in-process run charges none).
         report.append({"name": p.name, "source": p.policy.source, "source_error": listed,
-                       "budget_usd": budgets.limit(p.name), "spent_usd": money.usd_number(budgets.spent(p.name)),
+                       "budget_usd": budgets.limit(p.name),
+                       "spent_usd": round(sum(row["spent_usd"] for row in rows), 12),   # float noise only
+                       "budget_charged_usd": money.usd_number(budgets.spent(p.name)),
                        "max_cost_usd": p.policy.max_cost_usd, "waiting": waiting, "trusted": trusted,
                        "destinations": rows})
     return report

@@ -40,6 +40,9 @@ QueueOpt = Annotated[Optional[str], typer.Option(
 VerifyOpt = Annotated[VerifyMode, typer.Option(
     "--verify", help="After the copy: store (checksums the store reports), deep (re-read) or none.")]
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Follow the job; exit 0 only if it succeeds.")]
+WaitTimeoutOpt = Annotated[Optional[float], typer.Option(
+    "--timeout", min=0.1, help="With --wait: seconds to follow the job at most; exit 1 if it has not ended by then "
+    "(the job goes on). Default: none, until the job ends.")]
 RouteOpt = route_opt()
 # `submit --budget` when the job is held over its budget: not a failure, not queued either.
 AWAITING_APPROVAL = 3
@@ -49,7 +52,8 @@ BudgetOpt = Annotated[Optional[str], typer.Option(
 
 
 def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, dry_run: bool,
-            broker: str | None, max_cost: float | None = None, budget: str | None = None) -> None:
+            broker: str | None, max_cost: float | None = None, budget: str | None = None,
+            wait_timeout: float | None = None) -> None:
     from bridge.workers.specs import parse_spec
     # The flags mcbridge cp shares, and this process's settings (its environment, its settings
     # file), by the function cp checks them with: refused here, in the same words, rather than
@@ -110,7 +114,7 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
         out.print(job_id, markup=False)
         err.print(f"queued {spec.kind} job {job_id} on {queue}", markup=False)
     if wait:
-        raise typer.Exit(follow(svc.jobs, job_id, quiet=quiet, as_json=as_json))
+        raise typer.Exit(follow(svc.jobs, job_id, quiet=quiet, as_json=as_json, timeout=wait_timeout))
 
 
 def _looks_like_a_service_policy(path: Path) -> None:
@@ -164,7 +168,7 @@ def submit_cp(src: str, dst: str, include: IncludeOpt = None, exclude: ExcludeOp
               min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
               max_age: MaxAgeOpt = None, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
               store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
-              verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
+              verify: VerifyOpt = "store", wait: WaitOpt = False, wait_timeout: WaitTimeoutOpt = None, as_json: JsonOpt = False,
               quiet: QuietOpt = False, dry_run: DryOpt = False, max_cost: MaxCostOpt = None,
               budget: BudgetOpt = None, route: RouteOpt = None, broker: BrokerOpt = None,
               content_type: ContentTypeOpt = None, metadata: MetadataOpt = None, no_metadata: NoMetadataOpt = False,
@@ -180,7 +184,7 @@ def submit_sync(src: str, dst: str, delete: DeleteOpt = False, include: IncludeO
               min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
               max_age: MaxAgeOpt = None, concurrency: ConcOpt = None,
                 chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None,
-                queue: QueueOpt = None, verify: VerifyOpt = "store", wait: WaitOpt = False,
+                queue: QueueOpt = None, verify: VerifyOpt = "store", wait: WaitOpt = False, wait_timeout: WaitTimeoutOpt = None,
                 as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
                 max_cost: MaxCostOpt = None, budget: BudgetOpt = None, route: RouteOpt = None,
                 broker: BrokerOpt = None,
@@ -224,7 +228,7 @@ def submit_replicate(src: str, dsts: Annotated[list[str], typer.Argument(help="O
               min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
               max_age: MaxAgeOpt = None, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
                      store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
-                     verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
+                     verify: VerifyOpt = "store", wait: WaitOpt = False, wait_timeout: WaitTimeoutOpt = None, as_json: JsonOpt = False,
                      quiet: QuietOpt = False, dry_run: DryOpt = False, max_cost: MaxCostOpt = None,
                      budget: BudgetOpt = None, broker: BrokerOpt = None) -> None:
     """Queue a DR replication: keep every DST equal to SRC (sync, then verify), recording when
@@ -246,7 +250,7 @@ def submit_pack(src: str, dst: str,
               min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
               max_age: MaxAgeOpt = None, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
                 bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
-                wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
+                wait: WaitOpt = False, wait_timeout: WaitTimeoutOpt = None, as_json: JsonOpt = False, quiet: QuietOpt = False, dry_run: DryOpt = False,
                 max_cost: MaxCostOpt = None, budget: BudgetOpt = None, broker: BrokerOpt = None) -> None:
     """Queue packing the files under SRC into shards at DST (as mcbridge pack), one task per
     shard; prints the job id."""
@@ -262,7 +266,7 @@ def submit_unpack(src: str, dst: str,
                   prefix: Annotated[Optional[str], typer.Option(
                       "--prefix", help="Which shard set, when the root holds several.")] = None,
                   concurrency: ConcOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None,
-                  verify: VerifyOpt = "store", wait: WaitOpt = False, as_json: JsonOpt = False,
+                  verify: VerifyOpt = "store", wait: WaitOpt = False, wait_timeout: WaitTimeoutOpt = None, as_json: JsonOpt = False,
                   quiet: QuietOpt = False, dry_run: DryOpt = False, max_cost: MaxCostOpt = None,
                   budget: BudgetOpt = None, broker: BrokerOpt = None) -> None:
     """Queue restoring the shard set at SRC into DST (as mcbridge unpack), one task per shard;
@@ -286,7 +290,7 @@ def submit_migrate(src: str, dst: str,
               max_age: MaxAgeOpt = None,
                    concurrency: ConcOpt = None, chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None,
                    bwlimit: BwlimitOpt = None, profile: ProfileOpt = None, queue: QueueOpt = None, verify: VerifyOpt = "store",
-                   wait: WaitOpt = False, as_json: JsonOpt = False, quiet: QuietOpt = False,
+                   wait: WaitOpt = False, wait_timeout: WaitTimeoutOpt = None, as_json: JsonOpt = False, quiet: QuietOpt = False,
                    dry_run: DryOpt = False, max_cost: MaxCostOpt = None, budget: BudgetOpt = None,
                    route: RouteOpt = None, broker: BrokerOpt = None) -> None:
     """Queue a corpus migration (as mcbridge migrate): with --pack, packed into shards on the
@@ -316,7 +320,11 @@ def _fields(kind: str, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
 
 
 def _how(options: dict[str, Any]) -> dict[str, Any]:
-    return {n: options[n] for n in ("wait", "as_json", "quiet", "dry_run", "broker", "max_cost", "budget")}
+    if options.get("wait_timeout") is not None and not options["wait"]:
+        from bridge.errors import InvalidOption
+        raise InvalidOption("--timeout bounds --wait: give both, or neither")
+    return {n: options[n] for n in ("wait", "wait_timeout", "as_json", "quiet", "dry_run", "broker", "max_cost",
+                                    "budget")}
 
 
 def register(app: typer.Typer) -> None:

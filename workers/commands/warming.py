@@ -11,7 +11,8 @@ from bridge.workers.commands.connection import connect, consumed, service_settin
 
 def submit_warm(node: str, items: list[str], *, profile: str | None = None, lookahead: int | None = None,
                 wait: bool = False, broker: str | None = None, timeout: float | None = None) -> dict[str, Any]:
-    """Queue a warm on ``node``'s queue; with ``wait``, the worker's summary (errors raised as one line)."""
+    """Queue a warm on ``node``'s queue; with ``wait``, the worker's summary within ``timeout``
+    seconds (errors, and no answer by then, raised as one line)."""
     from bridge.errors import BridgeError
     from bridge.urls import parse
     from bridge.workers.app import app, configure
@@ -34,8 +35,12 @@ def submit_warm(node: str, items: list[str], *, profile: str | None = None, look
     result = app.send_task(WARM, args=[*payload(items, profile, lookahead), signed, node], queue=queue)
     summary: dict[str, Any] = {"task_id": result.id, "queue": queue, "node": node}
     if wait:
+        from celery.exceptions import TimeoutError as NoAnswer
         try:
             summary["result"] = result.get(timeout=timeout, propagate=True)
+        except NoAnswer:
+            raise BridgeError(f"cache warm on {node}: no summary from a worker after {timeout:g}s (--timeout); "
+                              f"the warm stays queued on {queue} for the next worker there") from None
         except BridgeError:
             raise
         except Exception as exc:  # the worker's error, re-raised by Celery under its own type name
