@@ -17,8 +17,13 @@ def check(src: str, dst: str,
           config: ConfigOpt = None) -> None:
     """Compare the objects under SRC and DST by size and a checksum both stores report (no manifest
     needed, as rclone check); exit 1 naming each missing, extra, differing or unproven object."""
-    from bridge.treecheck import check_trees
-    report = check_trees(src, dst, settings_from_flags(profile, config, concurrency), download=download)
+    from bridge import api
+    from bridge.errors import TreesDiffer
+    failed = None
+    try:
+        report = api.check(src, dst, download=download, settings=settings_from_flags(profile, config, concurrency)).report
+    except TreesDiffer as exc:
+        failed, report = exc, exc.result.report
     if as_json:
         out.print_json(json.dumps(report))
     else:
@@ -28,8 +33,8 @@ def check(src: str, dst: str,
                   f"{f' ({by})' if by else ''}; {len(report['missing'])} missing at {report['destination']}, "
                   f"{len(report['extra'])} extra there, {len(report['differ'])} differ, "
                   f"{len(report['unproven'])} unproven", markup=False)
-    if not report["ok"]:
-        raise typer.Exit(1)
+    if failed is not None:
+        raise typer.Exit(failed.exit_code)
 
 
 def register(app: typer.Typer) -> None:
