@@ -442,13 +442,37 @@ def _url(what: str, url: Any) -> str:
 
 # -- the commands ----------------------------------------------------------------------------------
 
-def _transfer_settings(destination: str, given_settings: Settings | None, profile, config, concurrency, chunk_size,
-                       store_checksums, bwlimit, route, sha256, manifest_dir, objects: dict[str, Any]) -> Settings:
+def _chosen(given_settings: Settings | None, profile: str | None = None, config: str | Path | None = None,
+            **flags: Any) -> Settings:
+    """``settings=`` as given, or those the other arguments make; both at once is refused (one
+    of them would be silently ignored)."""
     if given_settings is None:
-        given_settings = settings_of(profile, config, concurrency=concurrency, chunk_size=chunk_size,
-                                  store_checksums=store_checksums, bwlimit=bwlimit, route=route, sha256=sha256,
-                                  manifest_dir=manifest_dir)
-    return with_object_flags(given_settings, destination, **objects)
+        return settings_of(profile, config, **flags)
+    also = [name for name, value in {"profile": profile, "config": config, **flags}.items()
+            if value not in (None, False)]
+    if also:
+        raise InvalidOption(f"settings= and {', '.join(also)}: give the settings object or those arguments, "
+                            f"not both")
+    return given_settings
+
+
+FILTER_ARGS = ("include", "exclude", "files_from", "min_size", "max_size", "min_age", "max_age")
+SETTING_ARGS = ("concurrency", "chunk_size", "store_checksums", "bwlimit", "sha256", "manifest_dir")
+OBJECT_ARGS = ("content_type", "metadata", "no_metadata", "storage_class", "kms_key", "bucket_key", "encryption_scope")
+
+
+def _transfer(job: Callable[..., dict], args: Mapping[str, Any], adopting: str | None,
+              **more: Any) -> tuple[dict, float | None]:
+    """A copy or a sync (``job``: ops.copy or ops.sync) of the public function's ``args``, each
+    checked before anything is listed."""
+    src, dst = _url("source", args["src"]), _url("destination", args["dst"])
+    filters = filters_of(*(args[name] for name in FILTER_ARGS))
+    chosen = _chosen(args["settings"], args["profile"], args["config"], **{name: args[name] for name in SETTING_ARGS})
+    chosen = with_object_flags(chosen, dst, **{name: args[name] for name in OBJECT_ARGS})
+    transfer_flags(route=args["route"])
+    return _run(job, src, dst, chosen, _progress(args["progress"]), args["dry_run"],
+                max_cost=usd_amount("--max-cost", args["max_cost"]), route=args["route"], adopt=adopting,
+                filters=filters, **more)
 
 
 def _spend(metered, source: str, destination: str, settings: Settings, route: str) -> float | None:
@@ -505,17 +529,8 @@ def copy(src: str | Path, dst: str | Path, *, progress: ProgressCallback | Progr
     "/" that the filters select), commit its record at ``dst`` and return a ``CopyResult``; with
     ``dry_run``, a ``PlanResult`` and nothing moved. Raises OverBudget above ``max_cost``
     dollars, before any data request; TransferFailed (and its kinds) when units fail."""
-    src, dst = _url("source", src), _url("destination", dst)
-    filters = filters_of(include, exclude, files_from, min_size, max_size, min_age, max_age)
-    chosen = _transfer_settings(dst, settings, profile, config, concurrency, chunk_size, store_checksums, bwlimit,
-                                route, sha256, manifest_dir,
-                                dict(content_type=content_type, metadata=metadata, no_metadata=no_metadata,
-                                     storage_class=storage_class, kms_key=kms_key, bucket_key=bucket_key,
-                                     encryption_scope=encryption_scope))
-    adopting = adopt_mode(adopt, skip_existing, checksum)
     from bridge import ops
-    summary, spent = _run(ops.copy, src, dst, chosen, _progress(progress), dry_run, max_cost=usd_amount("--max-cost", max_cost),
-                          route=route, adopt=adopting, filters=filters)
+    summary, spent = _transfer(ops.copy, locals(), adopt_mode(adopt, skip_existing, checksum))
     return _plan_result(summary) if dry_run else CopyResult(**_copied(summary, spent))
 
 
@@ -536,17 +551,8 @@ def sync(src: str | Path, dst: str | Path, *, delete: bool = False,
     what no longer matches the record, adopt what is already there and equal, and with
     ``delete`` remove what ``src`` no longer has. Returns a ``SyncResult`` (a ``PlanResult``
     with ``dry_run``)."""
-    src, dst = _url("source", src), _url("destination", dst)
-    filters = filters_of(include, exclude, files_from, min_size, max_size, min_age, max_age)
-    chosen = _transfer_settings(dst, settings, profile, config, concurrency, chunk_size, store_checksums, bwlimit,
-                                route, sha256, manifest_dir,
-                                dict(content_type=content_type, metadata=metadata, no_metadata=no_metadata,
-                                     storage_class=storage_class, kms_key=kms_key, bucket_key=bucket_key,
-                                     encryption_scope=encryption_scope))
-    adopting = adopt_mode(adopt, default="checksum")
     from bridge import ops
-    summary, spent = _run(ops.sync, src, dst, chosen, _progress(progress), dry_run, delete=delete,
-                          max_cost=usd_amount("--max-cost", max_cost), route=route, adopt=adopting, filters=filters)
+    summary, spent = _transfer(ops.sync, locals(), adopt_mode(adopt, default="checksum"), delete=delete)
     if dry_run:
         return _plan_result(summary)
     return SyncResult(**_copied(summary, spent), sent=summary["sent"], deleted=tuple(summary["deleted"]),
@@ -566,7 +572,7 @@ def verify(url: str | Path, *, deep: bool = False, sha256: bool = False,
     missing, extra, mismatched or unproven."""
     url = _url("url", url)
     filters = filters_of(include, exclude, files_from, min_size, max_size, min_age, max_age)
-    chosen = settings if settings is not None else settings_of(profile, config, concurrency=concurrency)
+    chosen = _chosen(settings, profile, config, concurrency=concurrency)
     from bridge.pipeline import verify as verifying
     report = verifying.verify(url, chosen, deep=deep, sha256=sha256, filters=filters, progress=_progress(progress))
     result = VerifyResult(report["url"], report["ok"], report["deep"], report["checked"], report["bytes"],
@@ -586,7 +592,7 @@ def check(src: str | Path, dst: str | Path, *, download: bool = False, settings:
     (no record needed; ``download`` reads both sides and compares CRC32C and SHA-256). Returns a
     ``CheckResult`` when every pair is equal; raises ``TreesDiffer`` (its ``result``) when not."""
     src, dst = _url("source", src), _url("destination", dst)
-    chosen = settings if settings is not None else settings_of(profile, config, concurrency=concurrency)
+    chosen = _chosen(settings, profile, config, concurrency=concurrency)
     from bridge.treecheck import check_trees
     report = check_trees(src, dst, chosen, download=download)
     result = CheckResult(report["source"], report["destination"], report["ok"], report["checked"],
@@ -622,7 +628,7 @@ def replicate(policy_file: str | Path, *, name: str | None = None, max_cost: flo
     from bridge.replicator import run_once
     filters = filters_of(include, exclude, files_from, min_size, max_size, min_age, max_age)
     chosen = select(load(Path(_url("policy file", policy_file))), name)   # PolicyError: a UsageError
-    chosen_settings = settings if settings is not None else settings_of(profile, config)
+    chosen_settings = _chosen(settings, profile, config)
     max_cost = usd_amount("--max-cost", max_cost)
     runs = []
     for p in chosen:

@@ -175,3 +175,11 @@ def test_import_bridge_stays_cheap_and_loads_the_api_on_first_use():
     heavy = ("bridge.api", "bridge.ops", "bridge.pipeline.execute", "boto3", "botocore", "yaml", "typer")
     assert imported_by("import bridge", heavy, dict(os.environ)) == []
     assert imported_by("import bridge\nbridge.copy", heavy, dict(os.environ)) == ["bridge.api"]
+
+
+def test_a_settings_object_and_settings_arguments_together_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("MCBRIDGE_STATE_DIR", str(tmp_path / "state"))
+    src = _tree(tmp_path / "src", {"a.txt": b"a"})
+    with pytest.raises(InvalidOption, match="settings= and concurrency: give the settings object"):
+        bridge.copy(src, f"{tmp_path}/out/", settings=api.settings_of(), concurrency=4)
+    assert not (tmp_path / "out").exists()

@@ -21,7 +21,8 @@ def check(src: str, dst: str,
     from bridge.errors import TreesDiffer
     failed = None
     try:
-        report = api.check(src, dst, download=download, settings=settings_from_flags(profile, config, concurrency)).report
+        settings = settings_from_flags(profile, config, concurrency)
+        report = api.check(src, dst, download=download, settings=settings).report
     except TreesDiffer as exc:
         failed, report = exc, exc.result.report
     if as_json:
