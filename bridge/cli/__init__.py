@@ -347,7 +347,7 @@ def main() -> None:
             return
         args, found = global_options(sys.argv[1:])
         if found["version"]:
-            from bridge.version import __version__
+            from bridge import __version__
             out.print(f"mcbridge {__version__}", markup=False)
             return
         setup_logging(found)

@@ -42,7 +42,6 @@ def concurrency_opt(help: str = "Units (files or parts) in flight at once."):
     return Annotated[Optional[int], typer.Option("--concurrency", "-j", metavar="N", min=1, max=256, help=help)]
 
 
-
 class StoreChecksums(StrEnum):
     """--store-checksums: an enum, so that --help lists the values and a typo is refused by name."""
     require = "require"

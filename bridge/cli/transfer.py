@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from bridge.version import __version__
+from bridge import __version__
 from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt, DeleteOpt, DryOpt,
                                 ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxCostOpt, MaxSizeOpt,
                                 MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, RouteOpt, Sha256Opt,
