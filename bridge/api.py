@@ -4,7 +4,7 @@ as functions that return typed results and raise bridge's own exceptions (bridge
     import bridge
     done = bridge.copy("/data/run7/", "s3://ckpt/run7/", concurrency=16, progress=print)
     done.files, done.bytes, done.route.name, done.record   # the record (manifest) it committed
-    bridge.verify("s3://ckpt/run7/")                       # raises bridge.errors.VerifyFailed
+    bridge.verify("s3://ckpt/run7/")   # a VerifyResult, or VerifyFailed naming what is not proven
 
 Settings are keyword arguments with the names of the CLI's flags (``concurrency``,
 ``chunk_size``, ``store_checksums``, ``bwlimit``, ``route``, ``sha256``, the filters ``include``
