@@ -16,8 +16,7 @@ from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, C
                                 settings_from_flags, shown)
 from bridge.progress import human_bytes, plural
 from bridge.cli.placement import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
-                                NoMetadataOpt, ScopeOpt, SkipExistingOpt, StorageClassOpt, adopt_mode,
-                                with_object_flags)
+                                NoMetadataOpt, ScopeOpt, SkipExistingOpt, StorageClassOpt)
 
 
 def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
