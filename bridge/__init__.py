@@ -1,3 +1,24 @@
-"""bridge: move ML corpora and checkpoints between local/Lustre, S3, GCS and Azure Blob."""
+"""bridge: move ML corpora and checkpoints between local/Lustre, S3, GCS and Azure Blob.
 
-__version__ = "0.1.0"
+From Python: ``bridge.copy``, ``sync``, ``verify``, ``check`` and ``replicate`` (bridge/api.py),
+loaded on first use so that ``import bridge`` stays cheap; failures are ``bridge.errors``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from bridge.version import __version__
+
+API = ("copy", "sync", "verify", "check", "replicate")
+__all__ = ["__version__", *API]
+
+if TYPE_CHECKING:
+    from bridge.api import check, copy, replicate, sync, verify  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    if name in API:
+        from bridge import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'bridge' has no attribute {name!r}")

@@ -1,9 +1,17 @@
 """Every failure bridge reports is a BridgeError; provider exceptions are translated where they enter.
 
-    BridgeError
-     ├── UsageError                 bad input from the user (exit 2)
+Each class says the exit code ``mcbridge`` ends with when it stops a command (``exit_code``: 2 for
+bad input, 1 for what went wrong at run time, 130/143 for a job stopped by Ctrl-C/SIGTERM); the
+CLI takes its codes from here and nowhere else (bridge.cli.main, tests/test_cli_errors.py).
+
+    BridgeError                    exit 1
+     ├── UsageError                 exit 2: bad input from the user
      │    ├── BadURL                malformed URL or unknown scheme
-     │    └── InvalidOption         an option value that cannot work
+     │    ├── InvalidOption         an option value that cannot work
+     │    │    └── PolicyError      a policy file with mistakes, each in ``problems`` (file, line,
+     │    │                         field); defined in bridge.policies.replication
+     │    └── RouteUnavailable      a route cannot serve this job (pair, names, missing settings);
+     │                              found before any request, so another route can take the job
      ├── MissingBackend             the extra for a scheme is not installed
      ├── NotFound
      │    ├── BucketNotFound        bucket or container does not exist
@@ -20,17 +28,20 @@
      │    │                         land outside it (.., absolute, empty segment, NUL, a backslash to Azure)
      │    └── UnsafeMember          a shard member that must not be unpacked (absolute, .., link)
      ├── MetadataError              headers or metadata the destination cannot hold, with no reversible mapping
- ├── Archived                   source objects in an archive class: unreadable until restored
- ├── Unsupported                the store answers that it does not do this (501, NotImplemented)
+     ├── Archived                   source objects in an archive class: unreadable until restored
+     ├── Unsupported                the store answers that it does not do this (501, NotImplemented)
      ├── CopySourceUnreadable       the store could not read the URL it was to copy from
      ├── OverBudget                 a job's estimate is above its --max-cost (refused before it runs)
-     ├── RouteUnavailable           a route cannot serve this job (pair, names, missing settings);
-     │                              found before any request, so another route can take the job
-     ├── JobCancelled               the job was cancelled (Ctrl-C, SIGTERM) and its remote transfer with it
-     └── TransferFailed             a job ended with failed units
-          ├── StoreDown             every recent request to one store failed the same way: the job stopped
-          └── RouteFailed           a cloud's transfer service refused or failed the job; ``moved_data``
-                                    says whether it may have written anything (if not, ``direct`` can run it)
+     ├── JobCancelled               exit 130: the job was cancelled (Ctrl-C) and its remote transfer with it
+     │    └── JobTerminated         exit 143: the same, by SIGTERM
+     ├── TransferFailed             a job ended with failed units
+     │    ├── StoreDown             every recent request to one store failed the same way: the job stopped
+     │    └── RouteFailed           a cloud's transfer service refused or failed the job; ``moved_data``
+     │                              says whether it may have written anything (if not, ``direct`` can run it)
+     └── CheckFailed                a check ran and did not prove everything; ``result`` holds what it found
+          ├── VerifyFailed          copies missing, extra, mismatched or unproven against their record
+          ├── TreesDiffer           two trees compared without records are not equal
+          └── ReplicationFailed     a policy's checkpoints did not reach the copies it asks for
 
 The original provider exception is kept as ``__cause__``.
 """
@@ -39,7 +50,7 @@ from __future__ import annotations
 
 
 class BridgeError(Exception):
-    exit_code = 1
+    exit_code: int = 1
 
 
 class Unsupported(BridgeError):
@@ -149,10 +160,36 @@ class JobCancelled(BridgeError):
     exit_code = 130
 
 
+class JobTerminated(JobCancelled):
+    """Stopped by SIGTERM (as a scheduler stops a job): the shell's code for it, 128 + 15."""
+    exit_code = 143
+
+
 class RouteFailed(TransferFailed):
     def __init__(self, message: str, *, moved_data: bool):
         super().__init__(message)
         self.moved_data = moved_data
+
+
+class CheckFailed(BridgeError):
+    """A check that ran and found something it could not prove; ``result`` is what it found
+    (bridge.api's VerifyResult, CheckResult or ReplicateResult)."""
+
+    def __init__(self, message: str, result: object = None):
+        super().__init__(message)
+        self.result = result
+
+
+class VerifyFailed(CheckFailed):
+    pass
+
+
+class TreesDiffer(CheckFailed):
+    pass
+
+
+class ReplicationFailed(CheckFailed):
+    pass
 
 
 RETRYABLE: tuple[type[BaseException], ...] = (TransientError,)

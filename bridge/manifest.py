@@ -106,7 +106,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from bridge import __version__
+from bridge.version import __version__
 from bridge.errors import BridgeError, IntegrityError, InvalidOption, ManifestError, ObjectNotFound
 from bridge.hashing import FileHash, crc32c, crc_hex
 from bridge.stores.base import RESERVED, ObjectInfo, Store

@@ -35,7 +35,7 @@ FOLDERS = {"bridge": "bridge", "workers": "bridge.workers", "policies": "bridge.
 # package (the package itself is named on its own). The longest matching entry wins.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # The foundation, in the order its modules import each other.
-    ("errors", ("bridge", "bridge.errors")),
+    ("errors", ("bridge.errors", "bridge.version")),
     ("values", ("bridge.names", "bridge.urls", "bridge.money", "bridge.redact", "bridge.filters", "bridge.guards")),
     ("settings", ("bridge.config", "bridge.registry", "bridge.retry", "bridge.logs", "bridge.attributes")),
     ("accounting", ("bridge.progress", "bridge.bwlimit", "bridge.meter", "bridge.journal", "bridge.spill")),
@@ -60,7 +60,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("commit", ("bridge.pipeline.commit",)),
     ("executor", ("bridge.pipeline.execute",)),
     ("verify", ("bridge.pipeline.verify",)),
-    ("commands", ("bridge.ops", "bridge.treecheck", "bridge.objects", "bridge.packing.job", "bridge.packing.unpack",
+    # bridge.api: the commands as Python functions; the package re-exports them (``bridge.copy``).
+    ("commands", ("bridge", "bridge.api", "bridge.ops", "bridge.treecheck", "bridge.objects", "bridge.packing.job", "bridge.packing.unpack",
                   "bridge.replicator", "bridge.evidence", "bridge.cache", "bridge.cache.")),
     ("cli", ("bridge.cli", "bridge.cli.", "bridge.__main__")),
     ("workers", ("bridge.workers", "bridge.workers.")),

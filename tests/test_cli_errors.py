@@ -175,3 +175,88 @@ def test_a_newline_in_a_name_keeps_the_error_on_one_line(tmp_path):
     missing = tmp_path / "no\nsuch.txt"
     one_line_error(mcbridge("cp", str(missing), str(tmp_path / "out"), env=BARE, state_dir=tmp_path), 1,
                    "no such object")
+
+
+# -- exit codes: one per error class, and the CLI takes them from the classes ---------------------
+
+def _subclasses(root: type) -> list[type]:
+    found, stack = [], [root]
+    while stack:
+        cls = stack.pop()
+        found.append(cls)
+        stack.extend(cls.__subclasses__())
+    return found
+
+
+def test_every_error_class_has_an_exit_code_and_the_tree_draws_it():
+    import bridge.api  # noqa: F401  (the classes defined outside bridge.errors: settings, policies)
+    import bridge.config  # noqa: F401
+    import bridge.policies.replication  # noqa: F401
+    from bridge import errors
+    classes = _subclasses(errors.BridgeError)
+    assert {"UnreadableText", "PolicyError", "VerifyFailed", "JobTerminated"} <= {c.__name__ for c in classes}
+    for cls in classes:
+        expected = (2 if issubclass(cls, errors.UsageError) else 143 if issubclass(cls, errors.JobTerminated)
+                    else 130 if issubclass(cls, errors.JobCancelled) else 1)
+        assert isinstance(cls.exit_code, int) and cls.exit_code == expected, cls
+    drawn = _parents_drawn(errors.__doc__)
+    for cls in classes[1:]:
+        if cls.__module__ == "bridge.errors" or cls.__name__ in drawn:
+            assert drawn.get(cls.__name__) == cls.__base__.__name__, cls
+
+
+def _parents_drawn(doc: str) -> dict[str, str]:
+    """Each class the module docstring's tree draws, and the class it is drawn under."""
+    import re
+    parents: dict[str, str] = {}
+    above: list[tuple[int, str]] = []   # (column, name) of the classes on the path to this line
+    for line in doc.splitlines():
+        m = re.match(r"^(\s+)(BridgeError)\b", line) or re.match(r"^([\s│]*[├└]── )(\w+)", line)
+        if not m:
+            continue
+        column = len(m.group(1))
+        while above and above[-1][0] >= column:
+            above.pop()
+        if above:
+            parents[m.group(2)] = above[-1][1]
+        above.append((column, m.group(2)))
+    return parents
+
+
+def _literal_exit_codes(path) -> list[str]:
+    """Calls in ``path`` that end the process or a command with a number written there."""
+    import ast
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            numbers = [a for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, int)]
+            if name in ("exit", "Exit", "fail") and numbers:
+                found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_the_cli_takes_its_exit_codes_from_the_error_classes(tmp_path):
+    from pathlib import Path
+
+    import bridge.cli
+    from bridge.errors import ObjectNotFound, UsageError, VerifyFailed
+    from bridge.policies.replication import PolicyError
+    cli = Path(bridge.cli.__file__).parent
+    for name in ("__init__.py", "transfer.py", "check.py", "policy.py"):
+        assert _literal_exit_codes(cli / name) == []
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("a")
+    dst = tmp_path / "dst"
+    r = mcbridge("cp", f"{src}/", f"{dst}/", env=BARE, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (dst / "a.txt").write_text("changed")
+    assert mcbridge("verify", f"{dst}/", env=BARE, state_dir=tmp_path).returncode == VerifyFailed.exit_code
+    one_line_error(mcbridge("cp", f"{src}/nope", f"{dst}/", env=BARE, state_dir=tmp_path),
+                   ObjectNotFound.exit_code, "no such object")
+    one_line_error(mcbridge("cp", f"{src}/", env=BARE, state_dir=tmp_path), UsageError.exit_code, "Missing argument")
+    policy = tmp_path / "p.yaml"
+    policy.write_text("policies:\n  one:\n    source: nowhere\n    destinations: []\n    keep_lsat: 2\n")
+    r = mcbridge("replicate", "--policy", str(policy), "--once", env=BARE, state_dir=tmp_path)
+    assert r.returncode == PolicyError.exit_code and len(r.stderr.strip().splitlines()) > 1, r.stderr

@@ -35,7 +35,7 @@ try:
     from bridge.cli.options import (RUN, BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, ConfigOpt,  # noqa: F401
                                     DeleteOpt, DryOpt, JsonOpt, MaxCostOpt, ProfileOpt, ProgressBar, QuietOpt,
                                     StoreSumOpt, emit, err, given, out, print_plan, settings_from_flags)
-    from bridge.errors import BridgeError
+    from bridge.errors import BridgeError, InvalidOption, JobCancelled, JobTerminated, UsageError
     from bridge.cli.console import PrintableFormatter
     from bridge.redact import RedactingFilter, redact
     gc.freeze()
@@ -273,6 +273,11 @@ class Terminated(BaseException):
     to resume. Not a KeyboardInterrupt: typer turns those into exit 130, and SIGTERM exits 143."""
 
 
+def stopped_by(signal: BaseException) -> type[JobCancelled]:
+    """The error class (and so the exit code) of a run stopped by a signal: SIGTERM's, Ctrl-C's."""
+    return JobTerminated if isinstance(signal, Terminated) else JobCancelled
+
+
 INTERRUPTED = "mcbridge: interrupted: run the same command to resume"
 
 
@@ -325,6 +330,12 @@ def log_to_stderr() -> None:
     logging.getLogger().addHandler(handler)
 
 
+def _click_usage(exc: Exception) -> bool:
+    """A click usage error (a missing argument, an unknown option): click's own class, or the one
+    of the click typer carries inside it."""
+    return any(kind.__name__ == "UsageError" and kind.__module__.endswith("exceptions") for kind in type(exc).__mro__)
+
+
 def _bad_sdk_setting(exc: Exception) -> str | None:
     """A setting an SDK refused while reading its own configuration (not a bug of ours): the
     line naming it. Looked up only when an SDK is loaded, which it is when it raised."""
@@ -362,22 +373,20 @@ def main() -> None:
         # click turns Ctrl-C (and SIGTERM, raised as one by catch_signals) into Abort; the
         # signal's line was printed when it came
         if isinstance(exc.__cause__, KeyboardInterrupt):
-            sys.exit(143 if isinstance(exc.__cause__, Terminated) else 130)
+            sys.exit(stopped_by(exc.__cause__).exit_code)
         err.print("mcbridge: aborted", markup=False)
-        sys.exit(130)
-    except Terminated:
-        sys.exit(143)
-    except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(JobCancelled.exit_code)
+    except (Terminated, KeyboardInterrupt) as exc:
+        sys.exit(stopped_by(exc).exit_code)
     except Exception as exc:
         # Usage errors of typer's (vendored) click arrive here in non-standalone mode.
         if hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int):
-            fail(exc.format_message(), exc.exit_code)
+            fail(exc.format_message(), (UsageError if _click_usage(exc) else BridgeError).exit_code)
         named = _bad_sdk_setting(exc)
         if named:
-            fail(named, 2)
+            fail(named, InvalidOption.exit_code)
         # A bug of ours: still one line, and an SDK's text in it may quote a signed URL.
-        fail(f"internal error: {type(exc).__name__}: {exc}", 1)
+        fail(f"internal error: {type(exc).__name__}: {exc}", BridgeError.exit_code)
     finally:
         # The command is done and has said so; what it made is freed with the process. Python's
         # collections at exit would walk all of it first (a service command's Celery, redis and

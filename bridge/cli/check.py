@@ -20,8 +20,14 @@ def check(src: str, dst: str,
     """Compare the objects under SRC and DST from their listings, by size and a checksum both stores
     report (no manifest needed and no object read, as rclone check); exit 1 naming each missing,
     extra, differing or unproven object. --download reads both sides instead."""
-    from bridge.treecheck import check_trees
-    report = check_trees(src, dst, settings_from_flags(profile, config, concurrency), download=download)
+    from bridge import api
+    from bridge.errors import TreesDiffer
+    failed = None
+    try:
+        settings = settings_from_flags(profile, config, concurrency)
+        report = api.check(src, dst, download=download, settings=settings).report
+    except TreesDiffer as exc:
+        failed, report = exc, exc.result.report
     if as_json:
         out.print_json(json.dumps(report))
     else:
@@ -29,8 +35,8 @@ def check(src: str, dst: str,
         if quiet and report["ok"]:
             return
         out.print(summary(report), markup=False)
-    if not report["ok"]:
-        raise typer.Exit(1)
+    if failed is not None:
+        raise typer.Exit(failed.exit_code)
 
 
 def summary(report: dict) -> str:

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import collections.abc
 import json
-import math
-import os
-import tempfile
 from pathlib import Path
 from enum import StrEnum
 from typing import Annotated, Any, Optional
@@ -21,9 +18,10 @@ from typing import Annotated, Any, Optional
 import typer
 
 from bridge import bwlimit as limits
-from bridge.config import parse_rate
+from bridge.api import (MAX_USD, STORE_CHECKSUMS, dir_problem, filters_of, given, settings_of,  # noqa: F401
+                        size_flag, transfer_flags, usable_dirs, usd_amount)
 from bridge.cli.console import Console, shown
-from bridge.config import Settings, load_settings, parse_size, variable_of
+from bridge.config import Settings
 from bridge.errors import InvalidOption
 from bridge.progress import Progress, human_bytes, human_duration, plural
 
@@ -42,9 +40,6 @@ def print_findings(report: dict, kinds: tuple[str, ...]) -> None:
 
 def concurrency_opt(help: str = "Units (files or parts) in flight at once."):
     return Annotated[Optional[int], typer.Option("--concurrency", "-j", metavar="N", min=1, max=256, help=help)]
-
-
-STORE_CHECKSUMS = ("require", "readback", "skip")
 
 
 class StoreChecksums(StrEnum):
@@ -85,20 +80,6 @@ def json_opt(help: str = "Print a machine-readable summary."):
 
 def dry_run_opt(help: str = "Print the plan; move nothing."):
     return Annotated[bool, typer.Option("--dry-run", help=help)]
-
-
-MAX_USD = 1e12   # a float keeps cents exact to about $9e13; an amount above a trillion is a slip
-
-
-def usd_amount(flag: str, usd: float | None) -> float | None:
-    """A dollar amount: finite and not negative (nan compares false with every limit, so a guard
-    given nan, like one given inf, would never refuse anything), and at most MAX_USD (1e40 would
-    be shown as 41 digits of a float's noise)."""
-    if usd is not None and not (math.isfinite(usd) and usd >= 0):
-        raise InvalidOption(f"{flag} {usd}: give a finite number of US dollars, 0 or more")
-    if usd is not None and usd > MAX_USD:
-        raise InvalidOption(f"{flag} {usd:g}: give at most {MAX_USD:.0f} US dollars")
-    return usd
 
 
 def max_cost_opt(help: str = "Refuse, before any data request, a job estimated above this many US dollars "
@@ -159,54 +140,12 @@ def force_opt(help: str = "Delete even what a guard refuses: more than half of a
 ForceOpt = force_opt()
 
 
-def given(flag: str, value: str | None) -> str | None:
-    """An option's value as given; an empty one is refused: it must not quietly mean "unset"
-    (``--profile ''`` the default profile, ``--bwlimit ''`` no limit)."""
-    if value is not None and not str(value).strip():
-        raise InvalidOption(f"{flag} is empty: give a value, or leave the option out")
-    return value
-
-
 def refuse_unused(reason: str, **flags: Any) -> None:
     """Refuse options given where they do not apply (``flags``: option name -> value, None when
     not given) rather than ignore them."""
     unused = [name for name, value in flags.items() if value is not None]
     if unused:
         raise InvalidOption(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply {reason}")
-
-
-def transfer_flags(*, chunk_size: str | None = None, store_checksums: str | None = None,
-                   bwlimit: str | None = None, route: str | None = None,
-                   profile: str | None = None) -> dict[str, Any]:
-    """The transfer flags cp, sync, pack, migrate and submit share, checked by one function so
-    that a job queued for workers is refused with the same words as one run here, before
-    anything runs or is queued. Returns the parsed values that were given."""
-    for flag, value in (("--chunk-size", chunk_size), ("--store-checksums", store_checksums),
-                        ("--bwlimit", bwlimit), ("--route", route), ("--profile", profile)):
-        given(flag, value)
-    parsed: dict[str, Any] = {}
-    if chunk_size is not None:
-        parsed["chunk_size"] = size_flag("--chunk-size", chunk_size)
-    if store_checksums is not None:
-        store_checksums = str(store_checksums)
-        if store_checksums not in STORE_CHECKSUMS:
-            raise InvalidOption(f"--store-checksums {store_checksums!r}: use one of {', '.join(STORE_CHECKSUMS)}")
-        parsed["store_checksums"] = store_checksums
-    if bwlimit is not None:
-        parsed["bwlimit"] = parse_rate(bwlimit) or 0
-    if route is not None:
-        from bridge import routes
-        if route != routes.DIRECT:   # direct is no registered route: it is the engine itself
-            routes.get(route)        # an unknown name: InvalidOption listing the routes
-    return parsed
-
-
-def size_flag(flag: str, text: str) -> int:
-    """A size option's bytes, at least one: a part, a shard or a memory budget of nothing cannot work."""
-    size = parse_size(text)
-    if size < 1:
-        raise InvalidOption(f"{flag} {text!r} must be at least 1 byte")
-    return size
 
 
 def _read_rate_file(path: Path) -> str:
@@ -227,69 +166,15 @@ def settings_from_flags(profile: str | None, config: str | Path | None, concurre
                         bwlimit: str | None = None, bwlimit_file: Path | None = None,
                         route: str | None = None, cache_dir: bool = False, sha256: bool = False,
                         local_dirs: bool = True) -> Settings:
-    """The settings of a command run here: defaults < settings file < environment < these flags,
-    each bad value one line naming where it came from (exit 2). ``local_dirs``: also the
-    directories this process will write (state, cache, manifests); a submitter writes none."""
+    """The settings of a command run here (bridge.api.settings_of: defaults < settings file <
+    environment < these flags), with --bwlimit-file read and --manifest-dir applied."""
     if bwlimit_file is not None:
         bwlimit = _read_rate_file(bwlimit_file)
         if not bwlimit.strip():
             raise InvalidOption(f"--bwlimit-file {bwlimit_file} is empty: write a rate such as 50MiB, or 0 for none")
-    transfer = transfer_flags(chunk_size=chunk_size, store_checksums=store_checksums, bwlimit=bwlimit,
-                              route=route, profile=profile)
-    if concurrency:
-        transfer["concurrency"] = concurrency
-    if RUN.get("manifest_dir"):
-        transfer["manifest_dir"] = os.path.abspath(os.path.expanduser(RUN["manifest_dir"]))
-    if sha256:
-        transfer["sha256"] = True
-    given("--config", None if config is None else str(config))
-    try:
-        settings = load_settings({"transfer": transfer}, profile=profile, config_path=config)
-    except InvalidOption as exc:
-        lines = str(exc).splitlines()
-        named = [(line, variable_of(InvalidOption(line), os.environ, {"transfer": transfer})) for line in lines]
-        if not any(var for _line, var in named):
-            raise
-        # every mistake, each named as the user wrote it (bridge.cli.fail joins the lines with '; ')
-        raise InvalidOption("\n".join(f"{line} (from {var})" if var else line for line, var in named)) from None
-    if local_dirs:
-        usable_dirs(settings, cache_dir)
-    return settings
-
-
-def usable_dirs(settings: Settings, cache_dir: bool) -> None:
-    """Found here, not as an OSError from deep in the first job that writes its journal."""
-    dirs = [("state directory", settings.transfer.state_dir, "transfer.state_dir, MCBRIDGE_STATE_DIR")]
-    if cache_dir:
-        dirs.append(("cache directory", settings.cache.dir, "cache.dir, MCBRIDGE_CACHE_DIR"))
-    if settings.transfer.manifest_dir:
-        dirs.append(("manifest directory", settings.transfer.manifest_dir,
-                     "--manifest-dir, transfer.manifest_dir, MCBRIDGE_MANIFEST_DIR"))
-    for what, path, where in dirs:
-        problem = dir_problem(Path(path))
-        if problem:
-            raise InvalidOption(f"{what} {path} ({where}): {problem}")
-
-
-def dir_problem(path: Path) -> str | None:
-    """Why a directory cannot be used or made at ``path``, or None; checked without making it:
-    the nearest path up that exists must be a directory this user may write, and one in which a
-    directory can be made (tried, and removed: a mode says nothing of /proc or a full disk)."""
-    at = path
-    while not os.path.lexists(at):
-        if at.parent == at:
-            break
-        at = at.parent
-    if not at.is_dir():
-        return "is not a directory" if at == path else f"{at} is not a directory"
-    if not os.access(at, os.W_OK | os.X_OK):
-        return "cannot be written" if at == path else f"cannot be created: {at} is not writable"
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".mcbridge-check-", dir=at))
-    except OSError as exc:
-        why = exc.strerror or str(exc)
-        return f"a directory cannot be made in it: {why}" if at == path else f"cannot be created in {at}: {why}"
-    return None
+    return settings_of(profile, config, concurrency=concurrency or None, chunk_size=chunk_size,
+                       store_checksums=store_checksums, bwlimit=bwlimit, route=route, sha256=sha256,
+                       manifest_dir=RUN.get("manifest_dir") or None, cache_dir=cache_dir, local_dirs=local_dirs)
 
 
 # What the global options (bridge.cli.main reads them before the command) ask of every command:
@@ -485,29 +370,5 @@ MaxAgeOpt = Annotated[Optional[str], typer.Option(
 def filters_from_flags(include: list[str] | None = None, exclude: list[str] | None = None,
                        files_from: str | None = None, min_size: str | None = None, max_size: str | None = None,
                        min_age: str | None = None, max_age: str | None = None):
-    """The Filters the options give (bridge/filters.py), or None when none is given. A
-    ``--files-from`` file (or standard input) is read here, so that a queued job carries the paths."""
-    from bridge import filters
-    for flag, value in (("--files-from", files_from), ("--min-size", min_size), ("--max-size", max_size),
-                        ("--min-age", min_age), ("--max-age", max_age)):
-        given(flag, value)
-    paths = None
-    if files_from is not None:
-        paths = filters.read_files_from(files_from, lambda: _read_list(files_from))
-    found = filters.from_flags(include, exclude, paths,
-                               parse_size(min_size) if min_size is not None else None,
-                               parse_size(max_size) if max_size is not None else None,
-                               filters.parse_age(min_age, "--min-age") if min_age is not None else None,
-                               filters.parse_age(max_age, "--max-age") if max_age is not None else None)
-    return found if found.active else None
-
-
-def _read_list(source: str) -> str:
-    import sys
-    if source == "-":
-        return sys.stdin.read()
-    from bridge.config import UnreadableText, read_text_file
-    try:
-        return read_text_file(Path(source), "--files-from list", 256 * 1024 * 1024)
-    except UnreadableText as exc:
-        raise InvalidOption(f"--files-from {source}: {exc.reason}") from None
+    """The Filters the options give (bridge.api.filters_of), or None when none is given."""
+    return filters_of(include, exclude, files_from, min_size, max_size, min_age, max_age)

@@ -7,12 +7,11 @@ the destination's store only, and is checked there (a class the store does not h
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
-from bridge.config import Settings
-from bridge.errors import InvalidOption
+from bridge.api import ADOPT, adopt_mode, with_object_flags  # noqa: F401 (what the commands use)
 
 ContentTypeOpt = Annotated[Optional[str], typer.Option(
     "--content-type", help="Content-Type of every object written (default: the source's; a local file's "
@@ -39,33 +38,3 @@ SkipExistingOpt = Annotated[bool, typer.Option(
     "(as sync's --adopt checksum).")]
 ChecksumOpt = Annotated[bool, typer.Option(
     "--checksum", help="Like --skip-existing (rclone's name for comparing by size and checksum).")]
-
-ADOPT = ("checksum", "deep", "off")
-
-
-def with_object_flags(settings: Settings, destination: str, *, content_type: str | None = None,
-                      metadata: list[str] | None = None, no_metadata: bool = False,
-                      storage_class: str | None = None, kms_key: str | None = None,
-                      bucket_key: bool | None = None, encryption_scope: str | None = None) -> Settings:
-    """``settings`` with the flags given applied (bridge.attributes.with_objects)."""
-    from bridge.attributes import parse_pairs, with_objects
-    if content_type is not None and not content_type.strip():
-        raise InvalidOption("--content-type is empty: give a type such as application/json")
-    objects: dict[str, Any] = {}
-    if no_metadata:
-        objects["metadata"] = "off"
-    if content_type is not None:
-        objects["content_type"] = content_type
-    if metadata:
-        objects["set_metadata"] = parse_pairs(metadata)
-    return with_objects(settings, destination, objects, storage_class=storage_class, kms_key=kms_key,
-                        bucket_key=bucket_key, encryption_scope=encryption_scope)
-
-
-def adopt_mode(adopt: str | None, skip_existing: bool = False, checksum: bool = False,
-               default: str | None = "off") -> str | None:
-    if adopt is not None and adopt not in ADOPT:
-        raise InvalidOption(f"--adopt {adopt!r}: use one of {', '.join(ADOPT)}")
-    if adopt is not None:
-        return adopt
-    return "checksum" if (skip_existing or checksum) else default

@@ -79,9 +79,14 @@ def load_policies(path: Path):
     try:
         return load(path)
     except PolicyError as exc:
-        for line in exc.problems:
-            err.print(f"mcbridge: error: {line}", markup=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        raise _problems(exc) from None
+
+
+def _problems(exc) -> typer.Exit:
+    """Each mistake of a policy file on its own line; the exit its error class says (2)."""
+    for line in exc.problems:
+        err.print(f"mcbridge: error: {line}", markup=False, soft_wrap=True)
+    return typer.Exit(exc.exit_code)
 
 
 def load_service_policy(path: Path):
@@ -92,9 +97,7 @@ def load_service_policy(path: Path):
     try:
         return load(path)
     except PolicyError as exc:
-        for line in exc.problems:
-            err.print(f"mcbridge: error: {line}", markup=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        raise _problems(exc) from None
 
 
 def policy_check(file: PolicyFileArg, as_json: JsonOpt = False) -> None:
@@ -143,31 +146,36 @@ def replicate(policy_file: Annotated[Path, typer.Option("--policy", help="YAML f
     newest is proven everywhere and keep_last newer ones, committed by evidence, are proven
     where it is. A checkpoint committed on trust (a marker nothing read confirms) is said so.
     The filters narrow each checkpoint's files further (paths inside a checkpoint)."""
-    from bridge.errors import InvalidOption
-    from bridge.replicator import run_once
-    from bridge.policies.replication import select
+    from bridge import api
+    from bridge.errors import InvalidOption, ReplicationFailed
+    from bridge.policies.replication import PolicyError
     if once == watch:
         raise InvalidOption("give --once to run the policies once in this process, or --watch to replicate "
                             "checkpoints as they commit; on their schedules they run on the service: "
                             "mcbridge beat --policies FILE")
-    filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
-    chosen = select(load_policies(policy_file), name)
     settings = settings_from_flags(profile, config)
     if watch:
-        _watch(chosen, settings, max_cost, as_json, filters)
+        from bridge.policies.replication import select
+        filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
+        _watch(select(load_policies(policy_file), name), settings, max_cost, as_json, filters)
         return
-    reports = []
-    for p in chosen:
+    failed = None
+    try:
         with ProgressBar(not as_json, settings, quiet=quiet) as progress:
-            progress.begin(f"{p.name}: listing")
-            reports.append(run_once(p, settings, max_cost=max_cost, filters=filters, progress=progress))
+            result = api.replicate(policy_file, name=name, max_cost=max_cost, settings=settings, progress=progress,
+                                   include=include, exclude=exclude, files_from=files_from, min_size=min_size,
+                                   max_size=max_size, min_age=min_age, max_age=max_age)
+    except ReplicationFailed as exc:
+        failed, result = exc, exc.result
+    except PolicyError as exc:
+        raise _problems(exc) from None
     if as_json:
-        out.print_json(json.dumps({"policies": reports, "ok": all(r["ok"] for r in reports)}))
+        out.print_json(json.dumps(result.report))
     else:
-        for r in reports:
-            _print_run(r, quiet)
-    if not all(r["ok"] for r in reports):
-        raise typer.Exit(1)
+        for r in result.policies:
+            _print_run(r.report, quiet)
+    if failed is not None:
+        raise typer.Exit(failed.exit_code)
 
 
 def _print_run(r: dict, quiet: bool = False) -> None:

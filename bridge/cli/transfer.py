@@ -17,8 +17,7 @@ from bridge.cli.options import (BwlimitFileOpt, BwlimitOpt, ChunkOpt, ConcOpt, C
 from bridge.errors import InvalidOption
 from bridge.progress import human_bytes, plural
 from bridge.cli.placement import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
-                                NoMetadataOpt, ScopeOpt, SkipExistingOpt, StorageClassOpt, adopt_mode,
-                                with_object_flags)
+                                NoMetadataOpt, ScopeOpt, SkipExistingOpt, StorageClassOpt)
 
 
 def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
@@ -35,22 +34,19 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
     """Copy SRC to DST: one object, or every object under a directory or prefix (trailing
     slash) that the filters select. SRC may hold wildcards, as s5cmd's do ('s3://b/p/*.tar',
     'gs://b/run-*/**.bin'): what they match under the folder before the first one."""
-    from bridge import ops
-    filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
+    from bridge import api
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
                                    bwlimit_file=bwlimit_file, route=route, sha256=sha256)
-    settings = with_object_flags(settings, dst, content_type=content_type, metadata=metadata,
-                                 no_metadata=no_metadata, storage_class=storage_class, kms_key=kms_key,
-                                 bucket_key=bucket_key, encryption_scope=encryption_scope)
-    adopting = adopt_mode(adopt, skip_existing, checksum)
+    given = dict(settings=settings, route=route, include=include, exclude=exclude, files_from=files_from,
+                 min_size=min_size, max_size=max_size, min_age=min_age, max_age=max_age,
+                 content_type=content_type, metadata=metadata, no_metadata=no_metadata,
+                 storage_class=storage_class, kms_key=kms_key, bucket_key=bucket_key,
+                 encryption_scope=encryption_scope, adopt=adopt, skip_existing=skip_existing, checksum=checksum)
     if dry_run:
-        summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, dry_run=True,
-                           route=route, adopt=adopting, filters=filters)
-        print_plan(summary, as_json)
+        print_plan(api.copy(src, dst, dry_run=True, **given).summary, as_json)
         return
     with ProgressBar(not as_json, settings, bwlimit_file, quiet) as progress:
-        summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress,
-                           max_cost=max_cost, route=route, adopt=adopting, filters=filters)
+        summary = api.copy(src, dst, progress=progress, max_cost=max_cost, **given).summary
     emit(summary, as_json, f"copied {plural(summary['files'], 'file')}, {moved_line(summary)}"
          f"{route_line(summary)}; manifest {summary['manifest']}", quiet)
 
@@ -71,27 +67,23 @@ def sync(src: str, dst: str, delete: DeleteOpt = False, max_delete: MaxDeleteOpt
     what no longer matches the record, adopt what is already there and equal though bridge did not
     write it, and with --delete remove what SRC no longer has. Filters apply to both sides: what
     they leave out is neither sent nor deleted."""
-    from bridge import ops
+    from bridge import api
     if max_delete is not None and not delete:
         raise InvalidOption("--max-delete limits what --delete removes: give --delete too, or leave it out")
-    filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
     settings = settings_from_flags(profile, config, concurrency, chunk_size, store_checksums, bwlimit=bwlimit,
                                    bwlimit_file=bwlimit_file, route=route, sha256=sha256)
-    settings = with_object_flags(settings, dst, content_type=content_type, metadata=metadata,
-                                 no_metadata=no_metadata, storage_class=storage_class, kms_key=kms_key,
-                                 bucket_key=bucket_key, encryption_scope=encryption_scope)
-    adopting = adopt_mode(adopt, default="checksum")
+    given = dict(settings=settings, delete=delete, route=route, include=include, exclude=exclude,
+                 files_from=files_from, min_size=min_size, max_size=max_size, min_age=min_age, max_age=max_age,
+                 content_type=content_type, metadata=metadata, no_metadata=no_metadata,
+                 storage_class=storage_class, kms_key=kms_key, bucket_key=bucket_key,
+                 encryption_scope=encryption_scope, adopt=adopt, max_delete=max_delete, force=force)
     if dry_run:
         with ProgressBar(not as_json, quiet=quiet) as progress:
-            summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
-                               dry_run=True, route=route, adopt=adopting, filters=filters, progress=progress,
-                               max_delete=max_delete, force=force)
-        print_plan(summary, as_json)
+            planned = api.sync(src, dst, dry_run=True, progress=progress, **given)
+        print_plan(planned.summary, as_json)
         return
     with ProgressBar(not as_json, settings, bwlimit_file, quiet) as progress:
-        summary = ops.sync(src, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
-                           progress=progress, max_cost=max_cost, route=route, adopt=adopting, filters=filters,
-                           max_delete=max_delete, force=force)
+        summary = api.sync(src, dst, progress=progress, max_cost=max_cost, **given).summary
     r = summary["reasons"]
     emit(summary, as_json, f"sent {plural(len(summary['sent']), 'file')} ({r['new']} new, {r['changed']} changed, "
          f"{r['repaired']} repaired), {r['unchanged']} unchanged, {r.get('adopted', 0)} adopted, "
@@ -112,11 +104,17 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
     """Check every committed copy at or under URL (the files the filters select) against its
     record; exit 1 naming each missing, extra, mismatched or unproven file (one a cloud copied that
     no checksum both stores computed proves: --deep reads it)."""
-    from bridge.pipeline import verify as verifying
-    filters = filters_from_flags(include, exclude, files_from, min_size, max_size, min_age, max_age)
+    from bridge import api
+    from bridge.errors import VerifyFailed
     settings = settings_from_flags(profile, config, concurrency)
+    failed = None
     with ProgressBar(not as_json, quiet=quiet) as progress:
-        report = verifying.verify(url, settings, deep=deep, sha256=sha256, filters=filters, progress=progress)
+        try:
+            report = api.verify(url, deep=deep, sha256=sha256, settings=settings, progress=progress,
+                                include=include, exclude=exclude, files_from=files_from, min_size=min_size,
+                                max_size=max_size, min_age=min_age, max_age=max_age).report
+        except VerifyFailed as exc:
+            failed, report = exc, exc.result.report
     if as_json:
         out.print_json(json.dumps(report))
     else:
@@ -148,8 +146,8 @@ def verify(url: str, deep: Annotated[bool, typer.Option("--deep", help="Re-read 
                       markup=False)
         for hint in report.get("hints", []):
             out.print(f"hint: {hint}", markup=False)
-    if not report["ok"]:
-        raise typer.Exit(1)
+    if failed is not None:
+        raise typer.Exit(failed.exit_code)
 
 
 def uploads(url: str, abort: Annotated[bool, typer.Option("--abort", help="Abort them.")] = False,
