@@ -28,7 +28,6 @@ from bridge.urls import parse
 from bridge.pipeline.execute import execute
 from bridge.pipeline.plan import Entries, FileList, Plan, plan_copy
 from bridge.pipeline.syncplan import plan_sync
-from bridge import estimate
 
 
 
@@ -53,15 +52,15 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
             "multipart_files": plan.files.multipart,
             "deletions": len(plan.deletions), "adopted": len(plan.adopted),
             "route": {"name": plan.route, "why": plan.route_why},
-            "usage": estimate.of_plan(plan).to_dict(),
+            "usage": plan.usage().to_dict(),
             "plan": PlanRows(plan.files)}
 
 
 def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what: str) -> None:
     """Refuse a plan estimated above ``max_cost`` dollars, before any data request."""
     if max_cost is not None:
-        from bridge import costing, estimate
-        costing.check_budget(estimate.of_plan(plan), settings, max_cost, what)
+        from bridge import pricing
+        pricing.check_budget(plan.usage(), settings, max_cost, what)
 
 
 def adopt_existing(plan: Plan, settings: Settings, mode: str) -> None:
@@ -291,7 +290,7 @@ def job_usages(kind: str, source: str, destinations: list[str], settings: Settin
         from bridge.packing import unpack
         plan = unpack.plan_unpack(source, destinations[0], settings, (pack or {}).get("prefix"))
         try:
-            return [plan.usage(settings)]
+            return [plan.usage()]
         finally:
             plan.close()
     out = []
@@ -302,5 +301,5 @@ def job_usages(kind: str, source: str, destinations: list[str], settings: Settin
             plan, _ = plan_sync(source, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
                                 filters=filters)
         routes.choose(plan, settings, route)
-        out.append(estimate.usage(plan, plan.route or "direct"))
+        out.append(plan.usage())
     return out

@@ -55,8 +55,8 @@ def test_wheel_holds_one_import_package(installed):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"bridge"}
-    assert "bridge/workers/app.py" in names and "bridge/policies/cost.py" in names
-    assert any(n.startswith("bridge/policies/prices/") and n.endswith(".yaml") for n in names)
+    assert "bridge/workers/app.py" in names and "bridge/policies/cost/model.py" in names
+    assert any(n.startswith("bridge/policies/cost/prices/") and n.endswith(".yaml") for n in names)
 
 
 def test_wheel_holds_every_module_of_the_tree(installed):
@@ -79,7 +79,7 @@ def test_top_level_workers_is_not_importable(installed):
 
 def test_service_and_policies_import_from_the_package(installed):
     r = run(installed, "python", "-c",
-            "import bridge, bridge.workers.app, bridge.workers.tasks, bridge.policies.prices as p;"
+            "import bridge, bridge.workers.app, bridge.workers.tasks, bridge.policies.cost.prices as p;"
             "print(bridge.__file__); print(sorted(p.builtin()))")
     assert r.returncode == 0, r.stderr
     where, tables = r.stdout.splitlines()

@@ -295,10 +295,10 @@ class Gate:
 
     def budget_admitted(self, record) -> None:
         """Refused unless a job signed with an estimate (one charged to a budget) holds the
-        reservation its admission makes (workers/budgets.py): that budget, that estimate. A job
+        reservation its admission makes (workers/redisbudgets.py): that budget, that estimate. A job
         moved past its admission by hand holds none; one whose record's estimate was changed
         before it was approved holds another amount. The reservation itself is Redis's word."""
-        from bridge.workers.budgets import Budgets
+        from bridge.workers.redisbudgets import Budgets
         auth = record.auth
         if "estimate" not in auth:   # not charged to a budget of its own (a policy run's child)
             return
@@ -319,7 +319,7 @@ class Gate:
         budget; Refused when it does not (and what it held is freed)."""
         if who.estimate is None or usd is None or usd <= who.estimate * (1 + REPRICE_SLACK) + 1e-9:
             return
-        from bridge.workers.budgets import Budgets
+        from bridge.workers.redisbudgets import Budgets
         budgets = Budgets(self.r, self.keys)
         if not budgets.cover(job_id, who.budget, usd):
             # refused before any task is sent: what it held is freed (its listing, like any refused

@@ -15,7 +15,7 @@ from bridge.cli.options import (ConfigOpt, ExcludeOpt, FilesFromOpt, IncludeOpt,
                                 MaxSizeOpt, MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, ShardFormat, err,
                                 filters_from_flags, out, settings_from_flags, size_flag)
 from bridge.progress import human_bytes, plural
-from bridge.money import usd
+from bridge.policies.cost.money import usd
 
 
 def plan(src: str, dst: str,
@@ -34,7 +34,7 @@ def plan(src: str, dst: str,
          storage_class: StorageClassOpt = None) -> None:
     """Price every route for copying SRC to DST (bytes, requests, dollars, time) and say which
     one bridge would take and why. Lists the source; moves nothing."""
-    from bridge.costing import route_plan
+    from bridge.pricing import route_plan
     settings = with_object_flags(settings_from_flags(profile, config), dst, storage_class=storage_class)
     report = route_plan(src, dst, settings, pack=str(pack) if pack else None, shard_size=size_flag("--shard-size", shard_size), forced=route,
                         source_class=source_class, available=available)

@@ -15,7 +15,7 @@ afterwards; their ARNs are recorded in the state dir meanwhile, so that the re-r
 copy adopts its execution or deletes them (``run``).
 
 The task mode is a setting (``native.datasync_task_mode``), sent as CreateTask's ``TaskMode``
-and priced by it (policies/prices/aws.yaml): ENHANCED, the default, DataSync's agentless mode
+and priced by it (policies/cost/prices/aws.yaml): ENHANCED, the default, DataSync's agentless mode
 between clouds (the caller needs ``iam:CreateServiceLinkedRole``; no agent, no bandwidth limit);
 BASIC reaches GCS or Azure through agents (``native.datasync_agent_arns``). What a mode cannot do
 is refused before any request, as are missing AWS credentials (``check``).

@@ -1,4 +1,4 @@
-"""What a transfer costs: a usage (bridge/estimate.py) priced with the price tables.
+"""What a transfer costs: a usage (bridge.policies.cost.usage) priced with the price tables.
 
 Dollars are egress + requests + native service fees + retrieval of cold storage classes:
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge import money
-from bridge.policies.prices import GB, ProviderPrices
+from bridge.policies.cost import money
+from bridge.policies.cost.prices import GB, ProviderPrices
 
 CLOUD_OF_SCHEME = {"s3": "aws", "gs": "gcp", "az": "azure"}
 SERVICE_OF_ROUTE = {"datasync": ("aws", "datasync"), "sts": ("gcp", "storage_transfer")}
@@ -138,7 +138,7 @@ def legs(route: str, src: Place, dst: Place, host: Place) -> list[tuple[Place, P
 def price(usage: Any, src: Place, dst: Place, host: Place, tables: dict[str, ProviderPrices],
           overrides: Overrides | None = None, source_class: str | None = None,
           destination_class: str | None = None, source_classes: dict[str, int] | None = None) -> Cost:
-    """The dollars of ``usage`` (a bridge.estimate.Usage) between these places. ``source_class``
+    """The dollars of ``usage`` (a bridge.policies.cost.usage.Usage) between these places. ``source_class``
     prices every byte's retrieval from that class; else ``source_classes`` (bytes by class, from
     the listing) prices each class's bytes. ``destination_class`` is the class written."""
     overrides = overrides or Overrides()

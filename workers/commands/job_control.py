@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from bridge.cli.options import JsonOpt, QuietOpt, err, given, out
-from bridge.money import usd
+from bridge.policies.cost.money import usd
 from bridge.progress import human_bytes
 from bridge.workers.commands.connection import BrokerOpt, connect, job_records, service_settings
 

@@ -10,10 +10,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from bridge import money
+from bridge.policies.cost import money
 from bridge.cli.options import ConfigOpt, JsonOpt, err, out, settings_from_flags
 from bridge.cli.options import ProfileOpt as LocalProfileOpt
-from bridge.money import usd
+from bridge.policies.cost.money import usd
 from bridge.workers.commands.connection import connect, service_settings
 
 
@@ -29,7 +29,8 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
     from bridge.errors import BridgeError, InvalidOption
     from bridge.policies import replication as rules
     from bridge.policies.replication import select
-    from bridge.workers.budgets import Budgets, month
+    from bridge.policies.cost.budgets import month
+    from bridge.workers.redisbudgets import Budgets
     from bridge.workers.keys import Keys
     from bridge.workers.replicas import PolicyState
     from bridge.cli.policy import load_policies

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from bridge import money
+from bridge.policies.cost import money
 from bridge.cli.options import (RUN, DeleteOpt, ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxSizeOpt,
                                 MinAgeOpt, MinSizeOpt, QuietOpt, Sha256Opt, ShardFormat, VerifyMode, bwlimit_opt,
                                 chunk_size_opt, concurrency_opt, dry_run_opt, err, filters_from_flags, given,
@@ -20,7 +20,7 @@ from bridge.cli.options import (RUN, DeleteOpt, ExcludeOpt, FilesFromOpt, Includ
                                 size_flag, store_checksums_opt, transfer_flags, usd_amount)
 from bridge.cli.placement import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
                                   NoMetadataOpt, ScopeOpt, SkipExistingOpt, StorageClassOpt)
-from bridge.money import usd
+from bridge.policies.cost.money import usd
 from bridge.workers.commands.connection import BrokerOpt, connect, consumed, service_settings
 from bridge.workers.commands.job_control import follow
 
@@ -89,7 +89,7 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
     job_id = svc.submit(spec, budget=budget, estimate=estimate)
     if svc.jobs.state(job_id) == "awaiting-approval":
         # Held, not queued: the id on stdout (to approve or cancel it), why on stderr, exit 3.
-        from bridge.workers.budgets import Budgets
+        from bridge.workers.redisbudgets import Budgets
         b = Budgets(client, svc.keys)
         if as_json:
             out.print_json(json.dumps({"id": job_id, "state": "awaiting-approval", "queue": queue,
@@ -141,7 +141,7 @@ def _submitter(ws, client):
 def _within_budget(spec, max_cost: float | None) -> float:
     """Price the job before it is queued: an estimate above ``max_cost`` is refused (exit 1)."""
     from bridge.config import load_settings
-    from bridge.costing import check_budget, total_cost
+    from bridge.pricing import check_budget, total_cost
     from bridge.ops import job_usages
     settings = load_settings(profile=spec.profile)
     pack = None

@@ -1,0 +1,70 @@
+"""Cost in one home and a plan's usage through one method; the rough edges a newcomer hits in
+the first week (money printed one way, install hints, the cache at exit, the demo, ...)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+from pathlib import Path
+
+import pytest
+
+from bridge.packing import job as packing
+from bridge.packing import unpack
+from bridge.pipeline import plan as planning
+from bridge.policies.cost import usage as counting
+from tests.helpers import settings_for
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, XDG_CONFIG_HOME="/nonexistent")
+
+
+def _tree(root: Path) -> None:
+    for i in range(12):
+        path = root / f"s{i % 3}" / f"x{i:02d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(100 + i))
+
+
+def test_every_job_kinds_plan_reports_its_usage_through_one_method(tmp_path):
+    _tree(tmp_path / "src")
+    settings = settings_for(ENV, state_dir=str(tmp_path / "state"))
+    copy_plan = planning.plan_copy(f"{tmp_path}/src/", f"{tmp_path}/dst/", settings, settings.transfer.chunk_size)
+    pack_plan = packing.plan_pack(f"{tmp_path}/src/", f"{tmp_path}/set/", settings)
+    packing.pack(f"{tmp_path}/src/", f"{tmp_path}/set/", settings)
+    unpack_plan = unpack.plan_unpack(f"{tmp_path}/set/", f"{tmp_path}/back/", settings)
+    try:
+        for plan, route in ((copy_plan, "direct"), (pack_plan, "pack"), (unpack_plan, "unpack")):
+            parameters = list(inspect.signature(type(plan).usage).parameters.values())[1:]
+            assert parameters[0].name == "route" and parameters[0].default is None, type(plan)
+            assert all(p.default is not inspect.Parameter.empty for p in parameters), type(plan)
+            used = plan.usage()
+            assert isinstance(used, counting.Usage) and used.route == route and used.files == 12
+            assert plan.usage(route=route).to_dict() == used.to_dict()
+        assert copy_plan.usage(route="pack").objects_written == 1     # what the pack route would cut
+        for plan in (pack_plan, unpack_plan):
+            with pytest.raises(ValueError, match="runs by route"):
+                plan.usage(route="direct")
+    finally:
+        unpack_plan.close()
+    # the other ways are gone: counting is asked by the plans only
+    for old in ("usage", "of_plan", "pack_usage", "unpack_usage"):
+        assert not hasattr(counting, old), old
+
+
+@pytest.mark.parametrize("old", ["bridge.estimate", "bridge.costing", "bridge.money", "bridge.policies.prices",
+                                 "bridge.workers.budgets"])
+def test_cost_left_no_module_at_its_old_paths(old):
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
+
+
+def test_the_cost_home_maps_every_piece_and_its_io_half_says_so():
+    home = importlib.import_module("bridge.policies.cost")
+    pure = sorted(p.name for p in (ROOT / "policies" / "cost").glob("*.py") if p.name != "__init__.py")
+    assert pure == ["budgets.py", "model.py", "money.py", "prices.py", "usage.py"]
+    for name in pure + ["bridge/pricing.py", "workers/redisbudgets.py", "bridge/meter.py", "policies.routes"]:
+        assert name in home.__doc__, name
+    for io_half in ("bridge.pricing", "bridge.workers.redisbudgets"):
+        assert "I/O half" in importlib.import_module(io_half).__doc__.split("\n\n")[0], io_half
