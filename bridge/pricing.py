@@ -168,13 +168,14 @@ def check_budget(usage: Usage | list[Usage], settings: Settings, max_cost: float
         raise InvalidOption(f"--max-cost must be zero or more, not {max_cost}")
     usages = usage if isinstance(usage, list) else [usage]
     usd = sum(cost_of(u, settings, u.source.url, u.destination.url) for u in usages)
-    if usd > max_cost:
+    if money.over(usd, max_cost):
+        shown, cap = money.usd_apart(usd, max_cost)
         files = sum(u.files for u in usages)
         requests = sum(u.request_count for u in usages)
         payload = sum(u.payload for u in usages)
         routes_used = ", ".join(sorted({u.route for u in usages}))
-        raise OverBudget(f"{what} refused: estimated {money.usd(usd)} ({files} files, {human_bytes(payload)}, "
-                         f"{requests} requests, route {routes_used}) is over --max-cost {money.usd(max_cost)}; "
+        raise OverBudget(f"{what} refused: estimated {shown} ({files} files, {human_bytes(payload)}, "
+                         f"{requests} requests, route {routes_used}) is over --max-cost {cap}; "
                          f"nothing was sent")
     return usd
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from bridge.packing import job as packing
 from bridge.packing import unpack
 from bridge.pipeline import plan as planning
 from bridge.policies.cost import usage as counting
-from tests.helpers import settings_for
+from tests.emulators import unique_name
+from tests.helpers import NO_CONFIG, mcbridge, settings_for
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, XDG_CONFIG_HOME="/nonexistent")
@@ -68,3 +70,54 @@ def test_the_cost_home_maps_every_piece_and_its_io_half_says_so():
         assert name in home.__doc__, name
     for io_half in ("bridge.pricing", "bridge.workers.redisbudgets"):
         assert "I/O half" in importlib.import_module(io_half).__doc__.split("\n\n")[0], io_half
+
+
+# -- one money formatter --------------------------------------------------------------------------
+
+def _estimate(src: str, dst: str, emulator_env: dict[str, str]) -> float:
+    from bridge import pricing
+    from bridge.config import load_settings
+    settings = load_settings({}, environ={**emulator_env, "XDG_CONFIG_HOME": NO_CONFIG})
+    plan = planning.plan_copy(src, dst, settings, settings.transfer.chunk_size)
+    return pricing.total_cost([plan.usage()], settings)
+
+
+def test_a_max_cost_refusal_prints_the_digits_that_tell_the_two_amounts_apart(moto, emulator_env, tmp_path):
+    bucket = unique_name()
+    moto.client().create_bucket(Bucket=bucket)
+    _tree(tmp_path / "src")
+    src, dst = f"{tmp_path}/src/", f"s3://{bucket}/out/"
+    estimate = _estimate(src, dst, emulator_env)
+    assert estimate > 0
+    just_under = estimate * (1 - 1e-6)      # the same amount at four significant digits
+    r = mcbridge("cp", src, dst, "--max-cost", repr(just_under), env=emulator_env, state_dir=tmp_path / "state")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    shown, cap = re.search(r"estimated (\$[\d.]+) .* is over --max-cost (\$[\d.]+)", r.stderr).groups()
+    assert shown != cap and float(shown[1:]) > float(cap[1:]), r.stderr
+    assert moto.client().list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0   # nothing was sent
+    # at the estimate itself the copy runs: not over is not over at any rounding
+    r = mcbridge("cp", src, dst, "--max-cost", repr(estimate), env=emulator_env, state_dir=tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+
+
+def test_plans_usd_column_prints_every_row_by_one_rule(moto, emulator_env, tmp_path):
+    bucket = unique_name()
+    moto.client().create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": "eu-west-1"})
+    for i in range(30):
+        moto.client().put_object(Bucket=bucket, Key=f"corpus/{i:03d}.txt", Body=b"x" * (1000 + i))
+    r = mcbridge("plan", f"s3://{bucket}/corpus/", f"{tmp_path}/out/", "--assume-available", "sts",
+                 env=emulator_env, state_dir=tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if re.match(r"[* ](direct|server|from-url|sts|datasync|pack) ", line)]
+    dollars = [re.search(r" (-?\$\d+\.(\d+)) ", row) for row in rows]
+    assert len(rows) == 6 and all(dollars), r.stdout
+    assert len({len(d.group(2)) for d in dollars}) == 1, r.stdout     # one number of decimals
+    assert len({d.group(1) for d in dollars}) > 1, r.stdout            # of amounts that differ
+
+
+def test_a_copy_between_two_local_folders_says_no_cloud_charges(tmp_path):
+    _tree(tmp_path / "src")
+    r = mcbridge("plan", f"{tmp_path}/src/", f"{tmp_path}/dst/", env=ENV, state_dir=tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+    assert "local -> local: no cloud charges (neither end is in a cloud)" in r.stdout
+    assert "site:local -> site:local" not in r.stdout and "no charge\n" not in r.stdout

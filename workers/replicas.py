@@ -176,9 +176,10 @@ def start(svc, name: str, policy: Policy, tenant: str) -> str:
     policy_fields = {"policy": name, "policy_spec": json.dumps(policy.model_dump(mode="json")),
                      "checkpoints": json.dumps(kept), "waiting": json.dumps(rules.waiting(readiness)),
                      "committed_at": json.dumps({c: readiness[c].committed_at for c in kept})}
-    if policy.max_cost_usd is not None and usd > policy.max_cost_usd:
-        return _fail(svc, spec, name, f"policy {name} refused: estimated {money.usd(usd)} for {len(plans)} syncs of "
-                                      f"{', '.join(kept)} is over max_cost_usd {money.usd(policy.max_cost_usd)}; "
+    if policy.max_cost_usd is not None and money.over(usd, policy.max_cost_usd):
+        shown, cap = money.usd_apart(usd, policy.max_cost_usd)
+        return _fail(svc, spec, name, f"policy {name} refused: estimated {shown} for {len(plans)} syncs of "
+                                      f"{', '.join(kept)} is over max_cost_usd {cap}; "
                                       f"nothing was sent", estimate_usd=repr(usd), **policy_fields)
     return svc.submit(spec, schedule=name, budget=name, estimate=usd, extra=policy_fields, tenant=tenant)
 

@@ -52,6 +52,11 @@ class Place:
     def __str__(self) -> str:
         return f"{self.provider}:{self.region}" + (" (assumed)" if self.assumed else "")
 
+    @property
+    def label(self) -> str:
+        """The place as a sentence names it: a site by its name ("local"), a region with its cloud."""
+        return self.region if self.provider == "site" else str(self)
+
 
 @dataclass
 class Overrides:
@@ -105,8 +110,11 @@ def leg_price(frm: Place, to: Place, gb: float, tables: dict[str, ProviderPrices
     for a, b, usd in overrides.interconnects:
         if (_matches(a, frm) and _matches(b, to)) or (_matches(a, to) and _matches(b, frm)):
             return gb * usd, f"{gb:.3f} GB {frm} -> {to} over a private interconnect at ${usd}/GB"
-    if frm.provider == "site" or (frm.provider == to.provider and frm.region == to.region):
-        return 0.0, f"{gb:.3f} GB {frm} -> {to}: no charge"
+    if frm.provider == "site":
+        why = "neither end is in a cloud" if to.provider == "site" else "a cloud does not bill data coming in"
+        return 0.0, f"{gb:.3f} GB {frm.label} -> {to.label}: no cloud charges ({why})"
+    if frm.provider == to.provider and frm.region == to.region:
+        return 0.0, f"{gb:.3f} GB within {frm.label}: no charge inside one region"
     table = tables[frm.provider]
     off = overrides.off(frm.provider, "egress")
     group = table.group(frm.region)
