@@ -121,3 +121,15 @@ def test_a_copy_between_two_local_folders_says_no_cloud_charges(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "local -> local: no cloud charges (neither end is in a cloud)" in r.stdout
     assert "site:local -> site:local" not in r.stdout and "no charge\n" not in r.stdout
+
+
+def test_jobs_lists_usd_column_prints_every_row_by_one_rule():
+    from types import SimpleNamespace as Record
+    from bridge.workers.commands.job_control import _cost_column
+    records = [Record(id="spent", spent_usd=1.0301, estimate_usd=0.9, replicas=None),
+               Record(id="estimated", spent_usd=None, estimate_usd=0.0000123, replicas=None),
+               Record(id="unpriced", spent_usd=None, estimate_usd=None, replicas=None),
+               Record(id="policy", spent_usd=0.0136, estimate_usd=None, replicas={"gs://b/dr/": {"spent_usd": 0.0136}})]
+    shown = _cost_column(records)
+    assert shown == {"spent": "$1.03010000", "estimated": "~$0.00001230", "unpriced": "-", "policy": "$0.01360000",
+                     ("policy", "gs://b/dr/"): "$0.01360000"}

@@ -104,4 +104,15 @@ def test_service_command_without_the_service_extra_names_it(missing, tmp_path):
                        env={"PATH": "/usr/bin:/bin", "MCBRIDGE_STATE_DIR": str(tmp_path)})
     assert r.returncode == 1
     assert r.stderr.strip() == ("mcbridge: error: the service needs the 'service' extra: "
-                                f"pip install 'cloud-artifact-bridge[service]' ({missing} is missing)")
+                                f"pip install -e '{ROOT}[service]' ({missing} is missing)")
+
+
+def test_a_wheels_missing_extra_hint_names_the_wheel(installed):
+    """Installed from a built wheel, the hint adds the extra to that wheel: the distribution is on
+    no package index, so its bare name would install nothing (or whoever took the name)."""
+    r = run(installed, "python", "-c", "import sys; sys.modules['celery'] = None; from bridge.cli import main; "
+            "sys.argv = ['mcbridge', 'jobs', 'list', '--broker', 'redis://127.0.0.1:1/0']; main()")
+    wheel = next((installed.parent / "dist").glob("*.whl"))
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("mcbridge: error: the service needs the 'service' extra: "
+                                f"pip install '{wheel}[service]' (celery is missing)")

@@ -59,7 +59,9 @@ def _client():
     try:
         import prometheus_client
     except ImportError:
-        log.warning("prometheus_client is not installed: no metrics (pip install prometheus-client)")
+        from bridge.registry import install_hint
+        log.warning("prometheus_client is not installed: no metrics (it comes with the 'service' extra: %s)",
+                    install_hint("service"))
         return None
     return prometheus_client
 

@@ -40,6 +40,7 @@ from bridge import names
 from bridge.config import Settings
 from bridge.pipeline.units import pool_batch_connections
 from bridge.errors import IntegrityError, MissingBackend, ObjectNotFound
+from bridge.registry import install_hint
 from bridge.journal import Journal, job_key, journal_at
 from bridge.manifest import FileEntry
 from bridge.packing import index as indexes
@@ -283,7 +284,7 @@ def _parquet_file(store: Store, loc: Location, size: int):
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:
-        raise MissingBackend("Parquet shards need the 'pack' extra: pip install 'cloud-artifact-bridge[pack]'") from exc
+        raise MissingBackend(f"Parquet shards need the 'pack' extra: {install_hint('pack')}") from exc
     source = loc.local_path if loc.is_local else RangeFile(store, loc, size, window=256 * 1024)
     try:
         return pq.ParquetFile(source)

@@ -36,6 +36,7 @@ from bridge.routes import delegated as native
 from bridge.config import Settings
 from bridge.errors import BridgeError, JobCancelled, MissingBackend, PermissionDenied, RouteFailed, RouteUnavailable
 from bridge.routes.ledger import Ledger
+from bridge.registry import install_hint
 from bridge.progress import Progress
 from bridge.stores import get_store
 from bridge.stores.base import GiB, ObjectInfo, Store
@@ -53,7 +54,7 @@ def _boto_session(settings: Settings):
     try:
         import boto3
     except ImportError as exc:
-        raise MissingBackend("the datasync route needs the 'native' extra: pip install 'cloud-artifact-bridge[native]'") from exc
+        raise MissingBackend(f"the datasync route needs the 'native' extra: {install_hint('native')}") from exc
     s3 = settings.s3
     return boto3.session.Session(
         aws_access_key_id=s3.access_key_id, profile_name=s3.profile,
