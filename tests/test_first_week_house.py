@@ -7,6 +7,8 @@ import importlib
 import inspect
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -108,7 +110,8 @@ def test_plans_usd_column_prints_every_row_by_one_rule(moto, emulator_env, tmp_p
     r = mcbridge("plan", f"s3://{bucket}/corpus/", f"{tmp_path}/out/", "--assume-available", "sts",
                  env=emulator_env, state_dir=tmp_path / "state")
     assert r.returncode == 0, r.stderr
-    rows = [line for line in r.stdout.splitlines() if re.match(r"[* ](direct|server|from-url|sts|datasync|pack) ", line)]
+    routes = r"[* ](direct|server|from-url|sts|datasync|pack) "
+    rows = [line for line in r.stdout.splitlines() if re.match(routes, line)]
     dollars = [re.search(r" (-?\$\d+\.(\d+)) ", row) for row in rows]
     assert len(rows) == 6 and all(dollars), r.stdout
     assert len({len(d.group(2)) for d in dollars}) == 1, r.stdout     # one number of decimals
@@ -133,3 +136,56 @@ def test_jobs_lists_usd_column_prints_every_row_by_one_rule():
     shown = _cost_column(records)
     assert shown == {"spent": "$1.03010000", "estimated": "~$0.00001230", "unpriced": "-", "policy": "$0.01360000",
                      ("policy", "gs://b/dr/"): "$0.01360000"}
+
+
+# -- rough edges ----------------------------------------------------------------------------------
+
+FILL_COLD = """
+import fsspec, webdataset
+from bridge import cache
+webdataset.gopen_schemes["bridgecache"] = cache.gopen_handler()   # held by webdataset until exit
+stream = webdataset.gopen("bridgecache://{url}")
+assert len(stream.read()) == {size}
+print(cache.fetch("{url}"))
+with fsspec.open("bridgecache::{url}") as f:
+    assert len(f.read()) == {size}
+"""
+
+
+def test_a_script_that_fills_the_cache_cold_exits_with_an_empty_stderr(moto, tmp_path):
+    bucket = unique_name()
+    moto.create_bucket(bucket)
+    moto.client().put_object(Bucket=bucket, Key="shards/000.tar", Body=os.urandom(3 * 1024 * 1024))
+    url = f"s3://{bucket}/shards/000.tar"
+    env = {**ENV, **moto.env(), "MCBRIDGE_CACHE_DIR": str(tmp_path / "cache"), "MCBRIDGE_STATE_DIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", FILL_COLD.format(url=url, size=3 * 1024 * 1024)], env=env,
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith(str(tmp_path / "cache")), r.stderr
+    assert r.stderr == ""
+
+
+def test_the_bridgecache_filesystem_lists_a_folder_and_an_object(moto, tmp_path, monkeypatch):
+    import fsspec
+    from bridge.cache.fs import BridgeCacheFileSystem
+    bucket = unique_name()
+    moto.create_bucket(bucket)
+    for key, size in (("shards/000.tar", 10), ("shards/001.tar", 20), ("shards/deeper/x.bin", 5)):
+        moto.client().put_object(Bucket=bucket, Key=key, Body=b"x" * size)
+    settings = settings_for({**ENV, **moto.env()}, state_dir=str(tmp_path / "state"))
+    settings = settings.model_copy(update={"cache": settings.cache.model_copy(update={"dir": str(tmp_path / "c")})})
+    fs = BridgeCacheFileSystem(settings=settings, skip_instance_cache=True)
+    shards = f"s3://{bucket}/shards"
+    assert fs.ls(f"{shards}/", detail=False) == [f"{shards}/000.tar", f"{shards}/001.tar", f"{shards}/deeper"]
+    listed = {e["name"]: (e["type"], e["size"]) for e in fs.ls(f"s3://{bucket}/shards")}
+    assert listed[f"s3://{bucket}/shards/001.tar"] == ("file", 20)
+    assert listed[f"s3://{bucket}/shards/deeper"] == ("directory", 0)
+    assert fs.ls(f"s3://{bucket}/shards/000.tar", detail=False) == [f"s3://{bucket}/shards/000.tar"]
+    assert fs.isdir(f"s3://{bucket}/shards") and not fs.exists(f"s3://{bucket}/none/")
+    assert sorted(fs.find(f"s3://{bucket}/")) == [f"s3://{bucket}/shards/000.tar", f"s3://{bucket}/shards/001.tar",
+                                                  f"s3://{bucket}/shards/deeper/x.bin"]
+    # the chained form names entries as fsspec gave the path
+    chained = BridgeCacheFileSystem(target_protocol="s3", settings=settings, skip_instance_cache=True)
+    assert chained.ls(f"{bucket}/shards/deeper", detail=False) == [f"{bucket}/shards/deeper/x.bin"]
+    assert fsspec.get_filesystem_class("bridgecache") is BridgeCacheFileSystem
+    with pytest.raises(FileNotFoundError):
+        fs.ls(f"s3://{bucket}/none/")
