@@ -129,7 +129,39 @@ def copy(source: str, destination: str, settings: Settings, *, chunk_size: int |
         _within_budget(plan, settings, max_cost, "copy")
         if dry_run:
             return with_filters({"dry_run": True, **plan_summary(plan)}, filters)
-        return with_filters(execute(plan, settings, progress, state_dir), filters)
+        skipped = len(plan.adopted)
+        dst_root = parse(plan.destination)
+        dst_store = get_store(dst_root, settings)
+        if not plan.files and skipped and _recorded(plan.adopted, dst_store, dst_root):
+            summary = _nothing_to_do(plan, dst_store, dst_root, progress)   # every file there, and recorded
+        else:
+            summary = execute(plan, settings, progress, state_dir)
+        return with_filters({**summary, "skipped": skipped}, filters)
+
+
+def _recorded(adopted: Entries, store, root) -> bool:
+    """Whether the destination's record already holds every adopted file as it was found (path,
+    size, CRC32C): committing them again would add a commit that changes nothing. Both in path
+    order, merged."""
+    record = manifests.open_record(store, root)
+    if record is None:
+        return False
+    entries = record.entries()
+    current = next(entries, None)
+    for found in adopted:
+        while current is not None and current.path < found["path"]:
+            current = next(entries, None)
+        if current is None or (current.path, current.size, current.crc32c) != (found["path"], found["size"],
+                                                                                found["crc32c"]):
+            return False
+    return True
+
+
+def _nothing_to_do(plan: Plan, store, root, progress: Progress | None) -> dict[str, Any]:
+    """The summary of a job with nothing to send under a record that stands: no job, no commit."""
+    return {"source": plan.source, "destination": plan.destination, "files": 0, "bytes": 0, "ok": True,
+            "errors": [], **(progress or Progress()).snapshot(), "route": routes.report(plan, {}, 0),
+            "manifest": manifests.log_folder(store, root)}
 
 
 def ls(url: str, settings: Settings, *, recursive: bool = True, filters: Filters | None = None,
@@ -201,10 +233,7 @@ def sync(source: str, destination: str, settings: Settings, *, delete: bool = Fa
         dst_root = parse(plan.destination)
         dst_store = get_store(dst_root, settings)
         if not plan.files and not plan.deletions and not plan.adopted and manifests.committed(dst_store, dst_root):
-            # Nothing to send or delete under a record that stands: no job, no new commit.
-            summary = {"source": plan.source, "destination": plan.destination, "files": 0, "bytes": 0, "ok": True,
-                       "errors": [], **(progress or Progress()).snapshot(),
-                       "route": routes.report(plan, {}, 0), "manifest": manifests.log_folder(dst_store, dst_root)}
+            summary = _nothing_to_do(plan, dst_store, dst_root, progress)
         else:
             summary = execute(plan, settings, progress, state_dir)
     return with_filters({**summary, "reasons": counts, "sent": Names(plan.files.rels, len(plan.files)),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import os
 import re
 import subprocess
@@ -189,3 +190,39 @@ def test_the_bridgecache_filesystem_lists_a_folder_and_an_object(moto, tmp_path,
     assert fsspec.get_filesystem_class("bridgecache") is BridgeCacheFileSystem
     with pytest.raises(FileNotFoundError):
         fs.ls(f"s3://{bucket}/none/")
+
+
+def test_cp_skip_existing_of_a_recorded_copy_writes_no_commit_and_counts_what_it_skipped(moto, emulator_env, tmp_path):
+    bucket = unique_name()
+    moto.create_bucket(bucket)
+    _tree(tmp_path / "src")
+    src, dst = f"{tmp_path}/src/", f"s3://{bucket}/copy/"
+
+    def commits() -> list[str]:
+        listed = moto.client().list_objects_v2(Bucket=bucket, Prefix="copy/_bridge/log/")
+        return sorted(o["Key"] for o in listed.get("Contents", []))
+
+    first = mcbridge("cp", src, dst, env=emulator_env, state_dir=tmp_path / "state")
+    assert first.returncode == 0 and len(commits()) == 1, first.stderr
+    again = mcbridge("cp", src, dst, "--skip-existing", env=emulator_env, state_dir=tmp_path / "state")
+    assert again.returncode == 0, again.stderr
+    assert "copied 0 files" in again.stdout and "12 skipped (equal at the destination)" in again.stdout, again.stdout
+    assert len(commits()) == 1                     # nothing sent, nothing new to record: no commit
+    as_json = mcbridge("cp", src, dst, "--skip-existing", "--json", env=emulator_env, state_dir=tmp_path / "state")
+    assert json.loads(as_json.stdout)["skipped"] == 12 and len(commits()) == 1
+    # one file new: it is sent and committed, the others still counted as skipped
+    (tmp_path / "src" / "new.bin").write_bytes(b"new")
+    more = mcbridge("cp", src, dst, "--skip-existing", env=emulator_env, state_dir=tmp_path / "state")
+    assert "copied 1 file" in more.stdout and "12 skipped" in more.stdout and len(commits()) == 2, more.stdout
+
+
+def test_the_demo_leaves_nothing_in_tmpdir(tmp_path):
+    """scripts/demo.sh makes its ~150 MiB in a temporary folder of its own and removes it at the end."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in ENV.items() if not k.startswith("MCBRIDGE_")}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh")], env={**env, "TMPDIR": str(tmp)},
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "mcbridge sync" in r.stdout and "==> removed" in r.stdout
+    assert list(tmp.iterdir()) == []

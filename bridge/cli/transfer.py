@@ -49,8 +49,9 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
     with ProgressBar(not as_json, settings, bwlimit_file, quiet) as progress:
         summary = ops.copy(src, dst, settings, chunk_size=settings.transfer.chunk_size, progress=progress,
                            max_cost=max_cost, route=route, adopt=adopting, filters=filters)
+    skipped = f"; {summary['skipped']} skipped (equal at the destination)" if summary.get("skipped") else ""
     emit(summary, as_json, f"copied {plural(summary['files'], 'file')}, {moved_line(summary)}"
-         f"{route_line(summary)}; manifest {summary['manifest']}", quiet)
+         f"{route_line(summary)}{skipped}; manifest {summary['manifest']}", quiet)
 
 
 def sync(src: str, dst: str, delete: DeleteOpt = False,
