@@ -20,6 +20,7 @@ from bridge.pipeline import plan as planning
 from bridge.policies.cost import usage as counting
 from tests.emulators import unique_name
 from tests.helpers import NO_CONFIG, mcbridge, settings_for
+from tests.test_workers_service import service  # noqa: F401  (the fixture: a namespace, workers, the CLI)
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, XDG_CONFIG_HOME="/nonexistent")
@@ -226,3 +227,21 @@ def test_the_demo_leaves_nothing_in_tmpdir(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "mcbridge sync" in r.stdout and "==> removed" in r.stdout
     assert list(tmp.iterdir()) == []
+
+
+def test_submit_migrate_is_listed_as_a_migrate_job_and_runs_as_a_pack(service, moto, tmp_path):  # noqa: F811
+    src, dst = unique_name(), unique_name()
+    moto.create_bucket(src)
+    moto.create_bucket(dst)
+    for i in range(6):
+        moto.client().put_object(Bucket=src, Key=f"corpus/{i:02d}.bin", Body=bytes([i]) * 3000)
+    service.worker("w1", concurrency=1).wait_ready()
+    r = service.cli("submit", "migrate", f"s3://{src}/corpus/", f"s3://{dst}/shards/", "--pack", "tar",
+                    "--shard-size", "16KiB", "--wait", "--json")
+    assert r.returncode == 0, r.stderr
+    job = json.loads(r.stdout)
+    assert job["kind"] == "migrate" and job["state"] == "succeeded", job
+    listed = service.cli("jobs", "list")
+    assert re.search(rf"^{job['id']}\s+migrate\s+succeeded", listed.stdout, re.M), listed.stdout
+    shards = [o["Key"] for o in moto.client().list_objects_v2(Bucket=dst, Prefix="shards/")["Contents"]]
+    assert any(k.endswith(".tar") for k in shards) and any(k.endswith(".index.json") for k in shards), shards

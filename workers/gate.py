@@ -130,8 +130,13 @@ class Names:
 
 def touched(kind: str, plan: dict[str, Any] | Names) -> tuple[list[str], list[str]]:
     """(what it reads, what it writes) of a plan or a task's slice of one, as URLs: the roots and
-    every file. ``kind``: the job's (copy, sync, pack, unpack)."""
+    every file. ``kind``: the job's (copy, sync, pack, unpack, or one that runs as one of them);
+    any other is refused, not read as a plan of no files."""
     from bridge.urls import parse
+    from bridge.workers.specs import runs_as
+    kind = runs_as(kind)
+    if kind not in ("copy", "sync", "pack", "unpack"):
+        raise ValueError(f"a {kind} job has no plan of its own to check")
     if isinstance(plan, Names):
         if kind not in ("copy", "sync"):
             raise ValueError(f"a {kind} plan is checked as the plan itself")

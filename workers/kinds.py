@@ -3,7 +3,8 @@
     Files   copy and sync (bridge.pipeline): put / part / complete / delete units; a task is one
             multipart file, a run of a large file's parts (the file completed at commit), or a
             batch of small files and deletions
-    Shards  pack (bridge.packing.job): one task per shard; the index, then the manifest, last
+    Shards  pack, and migrate --pack (bridge.packing.job): one task per shard; the index, then
+            the manifest, last (a migrate job is listed as one; specs.RUNS_AS)
     Restore unpack (bridge.packing.unpack): one task per shard; the manifest, last
 
 Each kind turns a spec into a header (what finalize needs, without the file lists) and sub-plans
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.workers.specs import JobSpec
+from bridge.workers.specs import JobSpec, runs_as
 
 
 @dataclass
@@ -410,4 +411,4 @@ def kind_for(spec: JobSpec, batch_files: int, batch_bytes: int,
     kinds = {"copy": lambda: Files(batch_files, batch_bytes, file_task_bytes, task_seconds),
              "sync": lambda: Files(batch_files, batch_bytes, file_task_bytes, task_seconds),
              "pack": Shards, "unpack": Restore}
-    return kinds[spec.kind]()
+    return kinds[runs_as(spec.kind)]()
