@@ -478,10 +478,10 @@ def _transfer(job: Callable[..., dict], args: Mapping[str, Any], adopting: str |
 def _spend(metered, source: str, destination: str, settings: Settings, route: str) -> float | None:
     if not metered.stores:
         return 0.0
-    from bridge import costing
+    from bridge import pricing
     from bridge.errors import BridgeError
     try:
-        return costing.spend(metered, source, destination, settings, route=route)
+        return pricing.spend(metered, source, destination, settings, route=route)
     except (BridgeError, ValueError):
         return None   # where a bucket is could not be found out: not priced
 

@@ -515,7 +515,7 @@ class NativeSettings(_Model):
     datasync_s3_role_arn: str | None = None      # BucketAccessRoleArn DataSync assumes on S3 buckets
     datasync_agent_arns: list[str] = []          # agents of a Basic mode task's GCS or Azure location
     # CreateTask's TaskMode: ENHANCED (agentless between clouds, priced per GB and per execution)
-    # or BASIC (an agent on the other cloud's side; priced per GB only): policies/prices/aws.yaml
+    # or BASIC (an agent on the other cloud's side; priced per GB only): policies/cost/prices/aws.yaml
     datasync_task_mode: Literal["ENHANCED", "BASIC"] = "ENHANCED"
     gcs_hmac_access_id: str | None = None        # DataSync reads or writes GCS through its XML API
     gcs_hmac_secret: SecretStr | None = None
@@ -544,7 +544,7 @@ class RouteSpeed(_Model):
 
 
 class PricingSettings(_Model):
-    """What ``mcbridge plan`` and ``--max-cost`` price with, on top of policies/prices/*.yaml."""
+    """What ``mcbridge plan`` and ``--max-cost`` price with, on top of policies/cost/prices/*.yaml."""
     runs_in: str = Field("site:local", pattern=r"^(aws|gcp|azure|site):[A-Za-z0-9_.\-]+$")  # where this process runs
     site: str = "local"                  # the site that local and Lustre paths belong to
     regions: dict[str, str] = {}         # URL prefix -> region, e.g. {"az://dr/": westeurope}

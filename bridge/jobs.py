@@ -24,7 +24,7 @@ A new kind (a server-side or delegated copy, a cache fill) is: a plan whose unit
 and a finalize op that calls ``commit`` with the entries its journal holds. Every unit must be
 idempotent (a re-run finds finished work in the journal and does not send it again); a unit that
 belongs to one object carries its path as ``"rel"`` (or ``"name"``) so that its failure stops only
-that object's other units. Its plan reports ``usage()`` (``bridge.estimate``) for policies to price.
+that object's other units. Its plan reports ``usage()`` (``bridge.policies.cost.usage``) for policies to price.
 On the service it is one more class in ``workers/kinds.py`` (its plan cut into sub-plans, one per
 task, and a header for the finals), one entry in ``kind_for``'s table and a ``kind`` in
 ``workers/specs.py``; the Celery executor itself does not change.

@@ -15,9 +15,9 @@ leaves, and never above bridge.retry:
     azure-core           Azure through the SDK: its raw request and response hooks (``azure_hooks``)
 
 A request's kind is read from the request itself (method, path, query, a copy-source header), as
-the store would bill it, with bridge's names (bridge/estimate.py): GET HEAD LIST PUT BEGIN PART
+the store would bill it, with bridge's names (bridge/policies/cost/usage.py): GET HEAD LIST PUT BEGIN PART
 COMPLETE COPY DELETE. So the meter of a copy through a proxy that answers some requests 503 is
-the emulator's own request log plus those 503s. bridge/estimate.py ``metered`` turns a meter's
+the emulator's own request log plus those 503s. bridge/policies/cost/usage.py ``metered`` turns a meter's
 rows into the usage that policies/ price: spend is priced from this, estimates from the plan.
 
 A meter kept in this process dies with it. A meter given ``ahead`` (a worker's: the job's meter

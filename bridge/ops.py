@@ -28,7 +28,6 @@ from bridge.urls import parse
 from bridge.pipeline.execute import execute
 from bridge.pipeline.plan import Entries, FileList, Plan, plan_copy
 from bridge.pipeline.syncplan import plan_sync
-from bridge import estimate
 
 
 
@@ -53,15 +52,15 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
             "multipart_files": plan.files.multipart,
             "deletions": len(plan.deletions), "adopted": len(plan.adopted),
             "route": {"name": plan.route, "why": plan.route_why},
-            "usage": estimate.of_plan(plan).to_dict(),
+            "usage": plan.usage().to_dict(),
             "plan": PlanRows(plan.files)}
 
 
 def _within_budget(plan: Plan, settings: Settings, max_cost: float | None, what: str) -> None:
     """Refuse a plan estimated above ``max_cost`` dollars, before any data request."""
     if max_cost is not None:
-        from bridge import costing, estimate
-        costing.check_budget(estimate.of_plan(plan), settings, max_cost, what)
+        from bridge import pricing
+        pricing.check_budget(plan.usage(), settings, max_cost, what)
 
 
 def adopt_existing(plan: Plan, settings: Settings, mode: str) -> None:
@@ -132,7 +131,39 @@ def copy(source: str, destination: str, settings: Settings, *, chunk_size: int |
         _within_budget(plan, settings, max_cost, verb)
         if dry_run:
             return with_filters({"dry_run": True, **plan_summary(plan)}, filters)
-        return with_filters(execute(plan, settings, progress, state_dir), filters)
+        skipped = len(plan.adopted)
+        dst_root = parse(plan.destination)
+        dst_store = get_store(dst_root, settings)
+        if not plan.files and skipped and _recorded(plan.adopted, dst_store, dst_root):
+            summary = _nothing_to_do(plan, dst_store, dst_root, progress)   # every file there, and recorded
+        else:
+            summary = execute(plan, settings, progress, state_dir)
+        return with_filters({**summary, "skipped": skipped}, filters)
+
+
+def _recorded(adopted: Entries, store, root) -> bool:
+    """Whether the destination's record already holds every adopted file as it was found (path,
+    size, CRC32C): committing them again would add a commit that changes nothing. Both in path
+    order, merged."""
+    record = manifests.open_record(store, root)
+    if record is None:
+        return False
+    entries = record.entries()
+    current = next(entries, None)
+    for found in adopted:
+        while current is not None and current.path < found["path"]:
+            current = next(entries, None)
+        if current is None or (current.path, current.size, current.crc32c) != (found["path"], found["size"],
+                                                                                found["crc32c"]):
+            return False
+    return True
+
+
+def _nothing_to_do(plan: Plan, store, root, progress: Progress | None) -> dict[str, Any]:
+    """The summary of a job with nothing to send under a record that stands: no job, no commit."""
+    return {"source": plan.source, "destination": plan.destination, "files": 0, "bytes": 0, "ok": True,
+            "errors": [], **(progress or Progress()).snapshot(), "route": routes.report(plan, {}, 0),
+            "manifest": manifests.log_folder(store, root)}
 
 
 def ls(url: str, settings: Settings, *, recursive: bool = True, filters: Filters | None = None,
@@ -214,10 +245,7 @@ def sync(source: str, destination: str, settings: Settings, *, delete: bool = Fa
         dst_root = parse(plan.destination)
         dst_store = get_store(dst_root, settings)
         if not plan.files and not plan.deletions and not plan.adopted and manifests.committed(dst_store, dst_root):
-            # Nothing to send or delete under a record that stands: no job, no new commit.
-            summary = {"source": plan.source, "destination": plan.destination, "files": 0, "bytes": 0, "ok": True,
-                       "errors": [], **(progress or Progress()).snapshot(),
-                       "route": routes.report(plan, {}, 0), "manifest": manifests.log_folder(dst_store, dst_root)}
+            summary = _nothing_to_do(plan, dst_store, dst_root, progress)
         else:
             summary = execute(plan, settings, progress, state_dir)
     return with_filters({**summary, "reasons": counts, "sent": Names(plan.files.rels, len(plan.files)),
@@ -303,7 +331,7 @@ def job_usages(kind: str, source: str, destinations: list[str], settings: Settin
         from bridge.packing import unpack
         plan = unpack.plan_unpack(source, destinations[0], settings, (pack or {}).get("prefix"))
         try:
-            return [plan.usage(settings)]
+            return [plan.usage()]
         finally:
             plan.close()
     out = []
@@ -314,5 +342,5 @@ def job_usages(kind: str, source: str, destinations: list[str], settings: Settin
             plan, _ = plan_sync(source, dst, settings, delete=delete, chunk_size=settings.transfer.chunk_size,
                                 filters=filters)
         routes.choose(plan, settings, route)
-        out.append(estimate.usage(plan, plan.route or "direct"))
+        out.append(plan.usage())
     return out

@@ -5,9 +5,33 @@ commands) fill hooks bridge defines here, found through an entry-point group."""
 from __future__ import annotations
 
 import importlib
+import json
+from importlib import metadata
 from typing import Any, Callable
+from urllib.parse import unquote, urlparse
 
 from bridge.errors import MissingBackend
+
+DISTRIBUTION = "cloud-artifact-bridge"
+
+
+def install_hint(extra: str) -> str:
+    """The command that adds ``extra`` to this installation, in the form it was installed by
+    (pip's record of where it came from, ``direct_url.json``): ``pip install -e 'CLONE[extra]'``
+    for a clone installed editable, ``pip install 'PATH[extra]'`` for one installed from a folder
+    or a wheel file. Otherwise both forms: the distribution is on no package index, so a bare
+    ``pip install 'cloud-artifact-bridge[extra]'`` would install nothing, or whoever took the name."""
+    records = (dist.read_text("direct_url.json") for dist in metadata.distributions(name=DISTRIBUTION))
+    try:   # a clone's own *.egg-info (no record) may come first on the path
+        origin = json.loads(next((text for text in records if text), "{}"))
+    except ValueError:
+        origin = {}
+    url = urlparse(origin.get("url", ""))
+    if url.scheme == "file":
+        editable = "-e " if origin.get("dir_info", {}).get("editable") else ""
+        return f"pip install {editable}'{unquote(url.path)}[{extra}]'"
+    return (f"from a clone, pip install -e '.[{extra}]'; from a built wheel, "
+            f"pip install 'dist/cloud_artifact_bridge-VERSION-py3-none-any.whl[{extra}]'")
 
 
 def load(target: str, extra: str, what: str) -> Any:
@@ -17,7 +41,7 @@ def load(target: str, extra: str, what: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise MissingBackend(f"{what} needs the '{extra}' extra: pip install 'cloud-artifact-bridge[{extra}]' "
+        raise MissingBackend(f"{what} needs the '{extra}' extra: {install_hint(extra)} "
                              f"({exc.name} is missing)") from exc
     return getattr(module, attribute)
 

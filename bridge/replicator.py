@@ -321,9 +321,9 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
 
     limits = [x for x in (max_cost, policy.max_cost_usd) if x is not None]
     if limits:
-        from bridge import costing, estimate
-        usages = [estimate.usage(plan, plan.route or "direct") for plan in plans.values()]   # as they will run
-        report["estimate_usd"] = costing.check_budget(usages, settings, min(limits), f"policy {named.name}")
+        from bridge import pricing
+        usages = [plan.usage() for plan in plans.values()]   # as they will run
+        report["estimate_usd"] = pricing.check_budget(usages, settings, min(limits), f"policy {named.name}")
     meters = {dst: meter.Meter() for dst in policy.destinations}
 
     verified: dict[str, dict[str, bool]] = {dst: {} for dst in policy.destinations}
@@ -392,9 +392,9 @@ def run_once(named: NamedPolicy, settings: Settings, *, max_cost: float | None =
 def _priced(metered: meter.Meter, source: str, destination: str, settings: Settings) -> float | None:
     if not metered.stores:
         return 0.0
-    from bridge import costing
+    from bridge import pricing
     try:
-        return costing.spend(metered, source, destination, settings)
+        return pricing.spend(metered, source, destination, settings)
     except (BridgeError, ValueError):
         return None   # where a bucket is could not be found out: said as "not priced"
 

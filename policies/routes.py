@@ -29,12 +29,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from bridge.money import usd, usd_number
+from bridge.policies.cost.money import usd, usd_number
 from bridge.routes import DIRECT, NAMES, PACK
 
 if TYPE_CHECKING:   # the price tables (pydantic, YAML) load when a route is priced, not when one is checked
-    from bridge.policies.cost import Cost, Overrides, Place
-    from bridge.policies.prices import ProviderPrices
+    from bridge.policies.cost.model import Cost, Overrides, Place
+    from bridge.policies.cost.prices import ProviderPrices
 
 ORDER = NAMES
 MiB = 1024 * 1024
@@ -112,7 +112,7 @@ def plan_routes(usages: Mapping[str, Any], src: Place, dst: Place, host: Place,
     """Every route priced and timed, exactly one chosen (see the module docstring); with
     ``decided`` (route, why), that route is the chosen one: the route a copy takes here.
     ``built`` (default: ``available``): the routes this bridge has, run here or not."""
-    from bridge.policies.cost import price
+    from bridge.policies.cost.model import price
     available = set(available)
     built = available if built is None else set(built) | available
     if forced is not None and forced not in ORDER:
@@ -171,5 +171,5 @@ def _human_time(s: float) -> str:
 
 
 def scheme_provider(scheme: str) -> str:
-    from bridge.policies.cost import CLOUD_OF_SCHEME
+    from bridge.policies.cost.model import CLOUD_OF_SCHEME
     return CLOUD_OF_SCHEME.get(scheme, "site")

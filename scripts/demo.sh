@@ -3,11 +3,17 @@
 #   bash scripts/demo.sh [WORKDIR]
 # Installs mcbridge with its cloud extras ([all]) into .venv (if needed), makes a small corpus and a 64 MiB checkpoint,
 # copies them with `mcbridge cp`, proves the copy with `mcbridge verify --deep`, and shows a
-# `mcbridge sync` that sends only a changed file.
+# `mcbridge sync` that sends only a changed file. A WORKDIR given is kept for a look; the temporary
+# one made otherwise (~150 MiB: the corpus and its copy) is removed when the demo ends.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 python=${PYTHON:-python3}
-work=${1:-$(mktemp -d -t mcbridge-demo.XXXXXX)}
+if [ $# -ge 1 ]; then
+    work=$1
+else
+    work=$(mktemp -d -t mcbridge-demo.XXXXXX)
+    trap 'rm -rf "$work"; echo "==> removed $work (give a WORKDIR to keep it)"' EXIT
+fi
 
 if [ ! -x .venv/bin/mcbridge ] || ! .venv/bin/python -c 'import s3fs, gcsfs, azure.storage.blob, pyarrow' 2>/dev/null; then
     echo "==> installing mcbridge into .venv"

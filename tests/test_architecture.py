@@ -36,7 +36,8 @@ FOLDERS = {"bridge": "bridge", "workers": "bridge.workers", "policies": "bridge.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # The foundation, in the order its modules import each other.
     ("errors", ("bridge.errors", "bridge.version")),
-    ("values", ("bridge.names", "bridge.urls", "bridge.money", "bridge.redact", "bridge.filters", "bridge.guards")),
+    ("values", ("bridge.names", "bridge.urls", "bridge.policies.cost.money", "bridge.redact", "bridge.filters",
+                "bridge.guards")),
     ("settings", ("bridge.config", "bridge.registry", "bridge.retry", "bridge.logs", "bridge.attributes")),
     ("accounting", ("bridge.progress", "bridge.bwlimit", "bridge.meter", "bridge.journal", "bridge.spill")),
     ("stores", ("bridge.stores", "bridge.stores.", "bridge.hashing", "bridge.verdicts", "bridge.manifest", "bridge.carry",
@@ -47,15 +48,18 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # what the routes and the pipeline share; the listing; the job model the units, the executor
     # and the commit share with the remote routes; the routes and the one route decision
     # (routes.decide: it reads only the roots, and a plan asks its route for its units, so the
-    # routes sit below the plan); the plan; its price; the units; the commit the last unit
+    # routes sit below the plan); what a plan reads, writes and requests, counted (the pure
+    # counting half of cost: the plan reports its usage through it, so it sits below the plan);
+    # the plan; its price; the units; the commit the last unit
     # makes; the executor that runs units and ends in the commit; verify; then the commands
     # built on the pipeline.
     ("contracts", ("bridge.contracts",)),
     ("listing", ("bridge.listing",)),
     ("job model", ("bridge.jobs",)),
     ("choose", ("bridge.routes", "bridge.routes.")),
+    ("usage", ("bridge.policies.cost.usage",)),
     ("plan", ("bridge.pipeline", "bridge.pipeline.plan", "bridge.pipeline.syncplan")),
-    ("price", ("bridge.estimate", "bridge.costing", "bridge.policies", "bridge.policies.")),
+    ("price", ("bridge.pricing", "bridge.policies", "bridge.policies.")),
     ("units", ("bridge.pipeline.units",)),
     ("commit", ("bridge.pipeline.commit",)),
     ("executor", ("bridge.pipeline.execute",)),
@@ -385,7 +389,8 @@ def test_a_module_no_entry_names_has_no_layer(tmp_path):
 def test_the_foundation_keeps_its_order():
     order = [layer_of(name) for name in ("bridge.errors", "bridge.urls", "bridge.config", "bridge.progress",
                                           "bridge.stores.s3", "bridge.contracts", "bridge.listing", "bridge.jobs",
-                                          "bridge.routes.sts", "bridge.pipeline.plan", "bridge.estimate",
+                                          "bridge.routes.sts", "bridge.policies.cost.usage", "bridge.pipeline.plan",
+                                          "bridge.pricing",
                                           "bridge.pipeline.units", "bridge.pipeline.commit",
                                           "bridge.pipeline.execute", "bridge.pipeline.verify", "bridge.ops")]
     assert order == sorted(order) and len(set(order)) == len(order)

@@ -147,3 +147,46 @@ def test_deploy_config_names_only_known_settings_and_no_credentials():
     assert parse(config["schedules.yaml"], "config.yaml")
     compose_env = yaml.safe_load(COMPOSE.read_text())["x-bridge"]["environment"]
     assert {k for k in compose_env if k.startswith("BRIDGE_")} <= known
+
+
+def test_the_quickstart_copies_what_the_stack_seeds_and_a_policy_replicates_it(moto, tmp_path):
+    """The header's `submit cp SRC` names a prefix the "buckets" service writes (run here against
+    moto), and the golden checkpoints reach DR by a replication policy beat runs, committed by the
+    marker the seed writes last: no `kind: replicate` schedule, the way before policies."""
+    from bridge import replicator
+    from bridge.policies import replication as rules
+    from bridge.policies.tenants import load as load_tenants
+    from bridge.policies.tenants import refusal
+    from bridge.workers.schedules import load
+    from tests.emulators import unique_name
+    from tests.helpers import settings_for
+    text = COMPOSE.read_text()
+    services = yaml.safe_load(text)["services"]
+    args = services["buckets"]["command"]
+    seeds = [args[i + 1] for i, arg in enumerate(args) if arg == "--seed"]
+    copied = re.findall(r"submit cp (\S+) \S+", text)
+    assert seeds and copied and all(any(seed.startswith(src) for seed in seeds) for src in copied)
+
+    beat = services["beat"]["command"]
+    mounted = dict(v.split(":")[1::-1] for v in services["beat"]["volumes"] if v.startswith("./"))
+    policies_file = ROOT / mounted[beat[beat.index("--policies") + 1]]
+    assert policies_file == ROOT / "deploy" / "local" / "policies.yaml"
+    assert all(s.spec.kind != "replicate" for s in load(ROOT / "deploy" / "local" / "schedules.yaml"))
+    tenants = load_tenants(ROOT / "deploy" / "local" / "service.yaml")
+    [golden] = rules.load(policies_file)
+    assert refusal("demo", tenants.tenant("demo"), reads=[golden.policy.source],
+                   writes=golden.policy.destinations) is None
+
+    # the seed, against a real S3 emulator, under a bucket of this test's own
+    bucket = unique_name()
+    seed = seeds[0].replace("s3://demo-src/", f"s3://{bucket}/")
+    env = {**os.environ, **moto.env()}
+    seeding = [sys.executable, str(ROOT / "deploy" / "local" / "buckets.py"), f"s3://{bucket}", "--seed", seed]
+    r = subprocess.run(seeding, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and f"checkpoint {seed} seeded" in r.stdout, r.stderr
+    [ours] = rules.parse(policies_file.read_text().replace("s3://demo-src/", f"s3://{bucket}/"))
+    readiness = replicator.survey(ours.policy, settings_for(env, state_dir=str(tmp_path)))
+    step = seed.rstrip("/").rsplit("/", 1)[1]
+    assert readiness[step].committed and readiness[step].marker, readiness
+    again = subprocess.run(seeding, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "already seeded" in again.stdout, again.stderr

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bridge.workers.budgets import Budgets
+from bridge.workers.redisbudgets import Budgets
 from bridge.workers.testing import purge_namespace, tenant_env
 from tests.emulators import free_port, unique_name
 from tests.faultproxy import FaultProxy, Rule

@@ -209,7 +209,7 @@ def test_policy_status_spend_is_the_sum_of_its_destinations(service, moto, fake_
     [golden] = status["policies"]
     spends = [row["spent_usd"] for row in golden["destinations"]]
     assert all(s > 0 for s in spends) and golden["spent_usd"] == pytest.approx(sum(spends), abs=1e-12), golden
-    from bridge.money import usd
+    from bridge.policies.cost.money import usd
     text = service.cli("policy", "status", str(policy_file)).stdout.splitlines()[0]
     assert text.startswith(f"golden: s3://{src}/golden/: {usd(sum(spends))} spent in ") and \
         f"(= {usd(spends[0])} + {usd(spends[1])})" in text, text

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from bridge import meter
-from bridge.money import usd
+from bridge.policies.cost.money import usd
 from tests.faultproxy import FaultProxy, Rule
 from tests.test_meter import request_usd
 from tests.test_workers_service import service  # noqa: F401  (the fixture: a namespace, workers, the CLI)

@@ -15,12 +15,12 @@ import yaml
 
 from tests.emulators import AZURITE_ACCOUNT, Azurite, FakeGCS, MotoServer, environment_for, unique_name
 from tests.faultproxy import FaultProxy, proxied_environment
-from bridge import costing, meter, ops
+from bridge import meter, ops, pricing
 from bridge.config import load_settings
 
 pytestmark = pytest.mark.timeout(300)
 MiB = 1024 * 1024
-PRICES = Path(__file__).resolve().parent.parent / "policies" / "prices"
+PRICES = Path(__file__).resolve().parent.parent / "policies" / "cost" / "prices"
 
 
 class LoudGCS(FakeGCS):
@@ -127,9 +127,9 @@ def test_metered_requests_are_the_emulators_own_log_with_503s_retried(scheme, tm
             # spend: the price table applied to what was metered (local source and destination:
             # no egress but from the store to this site)
             settings_site = load_settings({"pricing": {"runs_in": "site:lab"}}, environ=env)
-            up_usd = costing.spend(up, f"{src}/", f"{scheme}://{bucket}/m/", settings_site)
+            up_usd = pricing.spend(up, f"{src}/", f"{scheme}://{bucket}/m/", settings_site)
             assert up_usd == pytest.approx(request_usd(scheme, up.stores[f"{scheme}://{bucket}"].requests), rel=1e-9)
-            down_usd = costing.spend(down, f"{scheme}://{bucket}/m/", f"{back}/", settings_site)
+            down_usd = pricing.spend(down, f"{scheme}://{bucket}/m/", f"{back}/", settings_site)
             assert down_usd > request_usd(scheme, row.requests) > 0   # and the egress of the bytes read
 
 

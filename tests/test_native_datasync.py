@@ -154,7 +154,7 @@ def test_the_double_refuses_requests_without_required_fields(double):
 
 
 def test_enabled_native_routes_are_planned_as_valid(emulator_env):
-    from bridge.costing import available_routes
+    from bridge.pricing import available_routes
     settings = settings_for({**emulator_env, "MCBRIDGE_NATIVE_ROUTES": "sts,datasync"})
     assert {"sts", "datasync"} <= available_routes(settings)
     assert not {"sts", "datasync"} & available_routes(settings_for(emulator_env))

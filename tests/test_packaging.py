@@ -55,8 +55,8 @@ def test_wheel_holds_one_import_package(installed):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"bridge"}
-    assert "bridge/workers/app.py" in names and "bridge/policies/cost.py" in names
-    assert any(n.startswith("bridge/policies/prices/") and n.endswith(".yaml") for n in names)
+    assert "bridge/workers/app.py" in names and "bridge/policies/cost/model.py" in names
+    assert any(n.startswith("bridge/policies/cost/prices/") and n.endswith(".yaml") for n in names)
 
 
 def test_wheel_holds_every_module_of_the_tree(installed):
@@ -79,7 +79,7 @@ def test_top_level_workers_is_not_importable(installed):
 
 def test_service_and_policies_import_from_the_package(installed):
     r = run(installed, "python", "-c",
-            "import bridge, bridge.workers.app, bridge.workers.tasks, bridge.policies.prices as p;"
+            "import bridge, bridge.workers.app, bridge.workers.tasks, bridge.policies.cost.prices as p;"
             "print(bridge.__file__); print(sorted(p.builtin()))")
     assert r.returncode == 0, r.stderr
     where, tables = r.stdout.splitlines()
@@ -104,4 +104,15 @@ def test_service_command_without_the_service_extra_names_it(missing, tmp_path):
                        env={"PATH": "/usr/bin:/bin", "MCBRIDGE_STATE_DIR": str(tmp_path)})
     assert r.returncode == 1
     assert r.stderr.strip() == ("mcbridge: error: the service needs the 'service' extra: "
-                                f"pip install 'cloud-artifact-bridge[service]' ({missing} is missing)")
+                                f"pip install -e '{ROOT}[service]' ({missing} is missing)")
+
+
+def test_a_wheels_missing_extra_hint_names_the_wheel(installed):
+    """Installed from a built wheel, the hint adds the extra to that wheel: the distribution is on
+    no package index, so its bare name would install nothing (or whoever took the name)."""
+    r = run(installed, "python", "-c", "import sys; sys.modules['celery'] = None; from bridge.cli import main; "
+            "sys.argv = ['mcbridge', 'jobs', 'list', '--broker', 'redis://127.0.0.1:1/0']; main()")
+    wheel = next((installed.parent / "dist").glob("*.whl"))
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("mcbridge: error: the service needs the 'service' extra: "
+                                f"pip install '{wheel}[service]' (celery is missing)")

@@ -8,12 +8,12 @@ from typing import get_args, get_type_hints
 
 import pytest
 
-from bridge import estimate
+from bridge.policies.cost import usage as counting
 from bridge import routes as registry
 from bridge.config import NativeSettings, load_settings
-from bridge.costing import locate
+from bridge.pricing import locate
 from bridge.policies import routes as planner
-from bridge.policies.cost import SERVICE_OF_ROUTE
+from bridge.policies.cost.model import SERVICE_OF_ROUTE
 from tests.emulators import unique_name
 from tests.helpers import NO_CONFIG, mcbridge
 
@@ -86,7 +86,7 @@ def test_route_names_have_one_source():
     route but direct and pack is a registered Route (a stale copy of the list once left the
     native routes out of what plan called built)."""
     assert list(registry.NAMES) == ROUTES
-    assert planner.ORDER == estimate.ROUTES == registry.NAMES
+    assert planner.ORDER == counting.ROUTES == registry.NAMES
     assert set(planner.DEFAULT_SPEEDS) == set(registry.NAMES)
     assert set(SERVICE_OF_ROUTE) == set(registry.NATIVE)   # the native routes' services, priced per job
     enabled = get_args(get_type_hints(NativeSettings)["enabled"])[0]

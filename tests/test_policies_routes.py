@@ -7,13 +7,13 @@ from importlib import resources
 
 import pytest
 
-from bridge import estimate
+from bridge.policies.cost import usage as counting
 from bridge import routes as registry
 from bridge.contracts import FilePlan
 from bridge.pipeline.plan import Plan
 from bridge.policies import routes
-from bridge.policies.cost import Overrides, Place, price
-from bridge.policies.prices import GB, PriceError, builtin, parse
+from bridge.policies.cost.model import Overrides, Place, price
+from bridge.policies.cost.prices import GB, PriceError, builtin, parse
 
 MiB, GiB, TiB = 1 << 20, 1 << 30, 1 << 40
 ALL = set(routes.ORDER)
@@ -29,7 +29,7 @@ def plan_of(src: str, dst: str, files: list[tuple[int, int]], count: int = 1) ->
 
 def choose(plan: Plan, src: Place, dst: Place, host: Place = SITE, available=UNENABLED, built=ALL,
            **kw) -> list[routes.RouteChoice]:
-    usages = {r: estimate.usage(plan, r) for r in routes.ORDER}
+    usages = {r: plan.usage(r) for r in routes.ORDER}
     return routes.plan_routes(usages, src, dst, host, builtin(), available=available, built=built, **kw)
 
 
@@ -136,11 +136,11 @@ def test_forced_route_wins_and_an_invalid_one_is_refused():
         choose(plan, GCS, S3E, forced="teleport")
 
 
-# -- three plans priced by hand from policies/prices/*.yaml ----------------------------------
+# -- three plans priced by hand from policies/cost/prices/*.yaml ----------------------------------
 
 def test_hand_priced_s3_to_local_60_tib_crosses_three_egress_tiers():
     plan = plan_of("s3://src-a/x/", "/restore/", [(1 * TiB, 128 * MiB)], 60)
-    cost = price(estimate.usage(plan, "direct"), S3E, SITE, SITE, builtin())
+    cost = price(plan.usage("direct"), S3E, SITE, SITE, builtin())
     # aws.yaml egress.internet.us: 10,240 GB at $0.09, next 40,960 at $0.085, the rest (10,240) at $0.07
     egress = 10_240 * 0.09 + 40_960 * 0.085 + 10_240 * 0.07          # = 5,120.00
     # source requests: 60 x 8,192 ranged GETs + 1 HEAD (bucket) at $0.0004/1,000; 1 LIST at $0.005/1,000
@@ -152,7 +152,7 @@ def test_hand_priced_s3_to_local_60_tib_crosses_three_egress_tiers():
 
 def test_hand_priced_s3_cross_region_by_datasync():
     plan = plan_of("s3://src-a/x/", "s3://dst-b/y/", [(1 * GiB, 8 * MiB)], 100)
-    cost = price(estimate.usage(plan, "datasync"), S3E, S3W, SITE, builtin())
+    cost = price(plan.usage("datasync"), S3E, S3W, SITE, builtin())
     transfer = 100 * 0.02            # inter-region from us-east-1 (aws.yaml egress.inter_region.us)
     fee = 100 * 0.015 + 0.55         # DataSync in Enhanced mode: per GB and one task execution
     #                                  (aws.yaml services.datasync_enhanced)
@@ -165,7 +165,7 @@ def test_hand_priced_s3_cross_region_by_datasync():
     hand = transfer + fee + src_req + dst_req                         # = 4.115...
     assert cost.total == pytest.approx(hand, rel=0.02)
     assert cost.services == pytest.approx(2.05)
-    basic = price(estimate.usage(plan, "datasync"), S3E, S3W, SITE, builtin(),
+    basic = price(plan.usage("datasync"), S3E, S3W, SITE, builtin(),
                   Overrides(service_modes={"datasync": "BASIC"}))
     assert basic.services == pytest.approx(100 * 0.0125)          # services.datasync_basic: per GB only
     assert basic.total == pytest.approx(hand - fee + 100 * 0.0125, rel=0.02)
@@ -174,7 +174,7 @@ def test_hand_priced_s3_cross_region_by_datasync():
 
 def test_hand_priced_100k_small_files_local_to_s3():
     plan = plan_of("/data/x/", "s3://dst-b/y/", SMALL, 100_000)
-    cost = price(estimate.usage(plan, "direct"), SITE, S3E, SITE, builtin())
+    cost = price(plan.usage("direct"), SITE, S3E, SITE, builtin())
     # no egress (from a site, into a cloud); 100,000 PUT + manifest PUT + 1 LIST at $0.005/1,000,
     # 1 HEAD bucket + 2 GET manifest at $0.0004/1,000
     hand = 100_002 * 0.005 / 1000 + 3 * 0.0004 / 1000                 # = 0.50001
@@ -184,7 +184,7 @@ def test_hand_priced_100k_small_files_local_to_s3():
 
 def test_discounts_interconnects_and_month_to_date_apply():
     plan = plan_of("s3://src-a/x/", "/restore/", [(1 * GiB, 0)], 100)
-    usage = estimate.usage(plan, "direct")
+    usage = plan.usage("direct")
     base = price(usage, S3E, SITE, SITE, builtin()).egress
     assert base == pytest.approx(100 * 0.09)
     off = price(usage, S3E, SITE, SITE, builtin(), Overrides(discounts={"aws": {"egress_pct": 30}})).egress
@@ -197,10 +197,10 @@ def test_discounts_interconnects_and_month_to_date_apply():
 
 def test_retrieval_fee_of_a_cold_source():
     plan = plan_of("gs://src-a/x/", "gs://dst-b/y/", [(1 * GiB, 0)], 10)
-    cost = price(estimate.usage(plan, "server"), GCS, GCS, SITE, builtin(), source_class="COLDLINE")
+    cost = price(plan.usage("server"), GCS, GCS, SITE, builtin(), source_class="COLDLINE")
     assert cost.retrieval == pytest.approx(10 * 0.02)
     with pytest.raises(ValueError, match="no retrieval price for storage class 'GLACIER' on gcp"):
-        price(estimate.usage(plan, "server"), GCS, GCS, SITE, builtin(), source_class="GLACIER")
+        price(plan.usage("server"), GCS, GCS, SITE, builtin(), source_class="GLACIER")
 
 
 def test_every_price_names_its_source_and_date():
@@ -217,7 +217,7 @@ def test_every_price_names_its_source_and_date():
 
 
 def test_a_bad_price_table_is_refused_naming_the_field():
-    text = (resources.files("policies") / "prices" / "aws.yaml").read_text()
+    text = (resources.files("bridge.policies.cost") / "prices" / "aws.yaml").read_text()
     broken = text.replace("usd: 0.0004}", "usd: -1}", 1)
     with pytest.raises(PriceError, match=r"aws.yaml: requests.classes.read.usd: Input should be greater"):
         parse(broken, "aws.yaml")
@@ -233,22 +233,22 @@ def test_units_that_ran_add_up_to_the_estimate(dst):
                 ["gone.bin"])
     first = {"file:small.bin", "upload:big.bin", "part:big.bin:1", "part:big.bin:2"}
     second = first | {"part:big.bin:3", "file:big.bin"}
-    ran_first = estimate.ran(plan, set(), first, deletions=1)
+    ran_first = counting.ran(plan, set(), first, deletions=1)
     assert ran_first.payload == 5000 + 16 * MiB and ran_first.destination.requests["COMPLETE"] == 0
-    total = estimate.listing(plan)
-    for part in (ran_first, estimate.ran(plan, first, second), estimate.commit(plan)):
-        total = estimate.add(total, part)
-    expected = estimate.usage(plan, "direct")
+    total = counting.listing(plan)
+    for part in (ran_first, counting.ran(plan, first, second), counting.commit(plan)):
+        total = counting.add(total, part)
+    expected = plan.usage("direct")
     assert total.source.requests == expected.source.requests
     assert total.destination.requests == expected.destination.requests
     assert (total.payload, total.destination.bytes_written) == (expected.payload, expected.destination.bytes_written)
     # through Redis and back: the same usage, the same dollars
-    [back] = estimate.from_fields(estimate.to_fields(total), "s3://src-a/x/", dst)
+    [back] = counting.from_fields(counting.to_fields(total), "s3://src-a/x/", dst)
     place = {"s3": S3E, "gs": GCS, "az": Place("azure", "eastus")}[dst[:2]]
     assert price(back, S3E, place, SITE, builtin()).total == pytest.approx(price(expected, S3E, place, SITE,
                                                                                  builtin()).total)
     # nothing new in the journal: nothing ran
-    assert estimate.ran(plan, second, second).request_count == 0
+    assert counting.ran(plan, second, second).request_count == 0
 
 
 def test_files_a_route_carried_are_priced_as_that_route():
@@ -257,13 +257,13 @@ def test_files_a_route_carried_are_priced_as_that_route():
     plan = Plan("s3://src-a/x/", "s3://src-a/y/", None,
                 [FilePlan("a.bin", 4000), FilePlan("b.bin", 20 * MiB, 8 * MiB)], route="server")
     after = {"file:a.bin", "file:b.bin", "upload:b.bin", "part:b.bin:1", "part:b.bin:2", "part:b.bin:3"}
-    routed = estimate.ran_routed(plan, set(), after)
-    assert [f.rel for f in estimate.carried(plan, set(), after)] == ["a.bin"]
+    routed = counting.ran_routed(plan, set(), after)
+    assert [f.rel for f in counting.carried(plan, set(), after)] == ["a.bin"]
     assert routed.route == "server" and dict(routed.destination.requests) == {"COPY": 1}
-    direct = estimate.ran(plan, set(), after)
+    direct = counting.ran(plan, set(), after)
     assert direct.destination.requests["PART"] == 3 and direct.files == 1 and direct.payload == 20 * MiB
-    fields = {**estimate.to_fields(direct), **estimate.to_fields(routed)}
-    priced = {u.route: price(u, S3E, S3E, SITE, builtin()) for u in estimate.from_fields(fields, plan.source,
+    fields = {**counting.to_fields(direct), **counting.to_fields(routed)}
+    priced = {u.route: price(u, S3E, S3E, SITE, builtin()) for u in counting.from_fields(fields, plan.source,
                                                                                          plan.destination)}
     assert priced["server"].egress == 0 and priced["server"].requests == pytest.approx(0.005 / 1000)
     assert priced["direct"].egress > 0     # through this process at a site: out of AWS and back
@@ -272,5 +272,5 @@ def test_files_a_route_carried_are_priced_as_that_route():
 def test_a_spread_file_is_begun_and_completed_by_the_job():
     plan = Plan("s3://src-a/x/", "s3://dst-b/y/", None, [FilePlan("big.bin", 64 * MiB, 8 * MiB)],
                 completions=["big.bin"])
-    done = estimate.completions(plan)
+    done = counting.completions(plan)
     assert dict(done.destination.requests) == {"BEGIN": 1, "COMPLETE": 1, "HEAD": 1}

@@ -13,7 +13,7 @@ import pytest
 from tests.emulators import unique_name
 from tests.test_budgets import object_requests
 from tests.test_workers_service import service  # noqa: F401  (the fixture: a namespace, workers, the CLI)
-from bridge.workers.budgets import Budgets
+from bridge.workers.redisbudgets import Budgets
 
 pytestmark = pytest.mark.timeout(240)
 _LINE = re.compile(r'"(?:\x1b\[[0-9;]*m)*(?P<method>[A-Z]+) /(?P<bucket>[^/?\s]+)[^"]* HTTP/1\.1')
@@ -148,7 +148,7 @@ def test_spend_is_priced_from_what_ran_a_cut_short_job_costs_less(service, moto)
     from bridge.workers.settings import WorkerSettings
     configure(WorkerSettings.from_env(service.env))
     svc = make_service()
-    from bridge.costing import total_cost
+    from bridge.pricing import total_cost
     from bridge.ops import job_usages
     from bridge.config import load_settings
     settings = load_settings(environ=service.env)
@@ -174,7 +174,7 @@ def test_ten_submits_at_once_against_a_budget_for_three_admit_exactly_three(serv
     import subprocess
     import sys
     from bridge.config import load_settings
-    from bridge.costing import total_cost
+    from bridge.pricing import total_cost
     from bridge.ops import job_usages
     src, dst = unique_name(), unique_name()
     moto.create_bucket(src)

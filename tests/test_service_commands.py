@@ -113,7 +113,7 @@ def test_without_the_service_bridge_s_commands_work_and_its_own_are_absent(tmp_p
     r = _without_plugins(tmp_path, "cache", "warm", "s3://bucket/key", "--node", "n1")
     assert r.returncode == 1
     assert r.stderr == ("mcbridge: error: cache warm --node needs the service: "
-                        "pip install 'cloud-artifact-bridge[service]'\n")
+                        f"pip install -e '{ROOT}[service]'\n")   # this clone's editable install
     r = _without_plugins(tmp_path, "worker")
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == "mcbridge: error: No such command 'worker'."
 
@@ -126,7 +126,7 @@ def test_worker_without_the_service_extra_names_it(tmp_path):
                        env={**os.environ, "MCBRIDGE_STATE_DIR": str(tmp_path)})
     assert r.returncode == 1
     assert r.stderr == ("mcbridge: error: the service needs the 'service' extra: "
-                        "pip install 'cloud-artifact-bridge[service]' (celery is missing)\n")
+                        f"pip install -e '{ROOT}[service]' (celery is missing)\n")
 
 
 def test_a_hook_bridge_does_not_define_is_refused():

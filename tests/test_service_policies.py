@@ -18,7 +18,7 @@ from tests import dcpfake
 from tests.emulators import free_port, unique_name
 from tests.test_workers_service import metric_total, service  # noqa: F401  (the fixture)
 from bridge.workers import replicas
-from bridge.workers.budgets import Budgets
+from bridge.workers.redisbudgets import Budgets
 from bridge.workers.settings import WorkerSettings, celery_config
 
 pytestmark = pytest.mark.timeout(300)

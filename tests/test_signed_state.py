@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 import pytest
 
 from bridge.workers.auth import Keyring, Refused
-from bridge.workers.budgets import Budgets
+from bridge.workers.redisbudgets import Budgets
 from bridge.workers.testing import purge_namespace, tenant_env
 from tests.emulators import unique_name
 from tests.test_service_policies import Clock, _beat, _put_checkpoint

@@ -118,7 +118,7 @@ _metrics_dir: str | None = None
 # What a pool process's first tasks would import otherwise: the engine and stores, the SDK stacks
 # the stores import when first needed (a CLI's short job may never need them; a worker's jobs
 # price their plan and ask a bucket's region through them), the cost model, the metrics client.
-PRELOAD = ("bridge.pipeline.execute", "bridge.ops", "bridge.verdicts", "bridge.costing", "bridge.stores.local",
+PRELOAD = ("bridge.pipeline.execute", "bridge.ops", "bridge.verdicts", "bridge.pricing", "bridge.stores.local",
            "bridge.stores.s3", "bridge.stores.s3direct", "bridge.stores.gcs", "bridge.stores.azure",
            "s3fs", "aiobotocore.session", "gcsfs.core", "azure.storage.blob", "prometheus_client")
 
@@ -140,7 +140,7 @@ def _before_pool(**_kwargs) -> None:
             log.debug("not preloaded: %s (%s)", name, exc)
     # The price tables every job's plan is priced with (YAML, parsed once per process: a fifth
     # of a second of each pool process's first plan on this kind of machine).
-    from bridge.policies.prices import builtin
+    from bridge.policies.cost.prices import builtin
     try:
         builtin()
     except Exception as exc:   # a job priced with them says what is wrong, in its record

@@ -13,7 +13,7 @@ spaces) of plain data, so the signer and the checker hash the same bytes:
 
 A job's signature covers every field of its record that steers what a worker reads, writes,
 deletes or spends, not only the spec. ``estimate``: the USD its budget admitted it for (a job
-charged to a budget holds a reservation of at least that, workers/budgets.py; it is the
+charged to a budget holds a reservation of at least that, workers/redisbudgets.py; it is the
 submitter's own, so a worker prices the plan again, workers/gate.py ``priced``). ``record``: the
 text of the record's other steering fields as they were written (a policy run's ``policy``,
 ``policy_spec``: its mode, retention and checkpoints glob, and ``checkpoints``: the window it

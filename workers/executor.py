@@ -53,7 +53,7 @@ from bridge import meter
 from bridge.errors import BridgeError
 from bridge.workers import metrics
 from bridge.workers.auth import Refused, canonical
-from bridge.workers.budgets import Budgets
+from bridge.workers.redisbudgets import Budgets
 from bridge.workers.gate import Admitted, Gate
 from bridge.workers.jobrecords import ACTIVE, Jobs, JobRecord
 from bridge.workers.redisjournal import RedisJournal
@@ -628,9 +628,9 @@ class Service:
         beside the meter, and held against its budget (``Gate.priced``). None: not priced."""
         if not planned.estimate:
             return None
-        from bridge import costing
+        from bridge import pricing
         try:
-            usd = costing.total_cost(planned.estimate, self.settings_for(spec))
+            usd = pricing.total_cost(planned.estimate, self.settings_for(spec))
         except (BridgeError, ValueError) as exc:
             log.warning("job %s: estimate not priced: %s", job_id, exc)
             return None
@@ -985,28 +985,30 @@ class Service:
         metered = self.job_meter(record.id)
         fields = self.r.hgetall(self.keys.job(record.id, "usage"))
         if metered is not None:
-            from bridge import costing, estimate
+            from bridge import pricing
+            from bridge.policies.cost import usage as counting
             header = self._header(record.id) or {}
             source = header.get("source_root") or header.get("source") or spec.source
             destination = header.get("destination") or spec.destination
             # What a cloud's transfer service did on the job's behalf is no request of ours: the
             # route's share of the usage (counted from the files it carried) is priced beside the meter.
-            remote = [estimate.not_ours(u) for u in estimate.from_fields(fields, source, destination)
+            remote = [counting.not_ours(u) for u in counting.from_fields(fields, source, destination)
                       if u.route not in ("direct", "pack", "unpack")]
             route = remote[0].route if remote else "direct"
             try:
-                return costing.spend(metered, source, destination, self.settings_for(spec), route=route,
+                return pricing.spend(metered, source, destination, self.settings_for(spec), route=route,
                                      also=remote)
             except (BridgeError, ValueError) as exc:
                 log.warning("job %s: not priced: %s", record.id, exc)
                 return None
         if fields:
-            from bridge import costing, estimate
+            from bridge import pricing
+            from bridge.policies.cost import usage as counting
             header = self._header(record.id) or {}
-            usages = estimate.from_fields(fields, header.get("source_root") or header.get("source") or spec.source,
+            usages = counting.from_fields(fields, header.get("source_root") or header.get("source") or spec.source,
                                           header.get("destination") or spec.destination)
             try:
-                return costing.total_cost(usages, self.settings_for(spec))
+                return pricing.total_cost(usages, self.settings_for(spec))
             except (BridgeError, ValueError) as exc:
                 log.warning("job %s: not priced: %s", record.id, exc)
                 return None

@@ -130,8 +130,13 @@ class Names:
 
 def touched(kind: str, plan: dict[str, Any] | Names) -> tuple[list[str], list[str]]:
     """(what it reads, what it writes) of a plan or a task's slice of one, as URLs: the roots and
-    every file. ``kind``: the job's (copy, sync, pack, unpack)."""
+    every file. ``kind``: the job's (copy, sync, pack, unpack, or one that runs as one of them);
+    any other is refused, not read as a plan of no files."""
     from bridge.urls import parse
+    from bridge.workers.specs import runs_as
+    kind = runs_as(kind)
+    if kind not in ("copy", "sync", "pack", "unpack"):
+        raise ValueError(f"a {kind} job has no plan of its own to check")
     if isinstance(plan, Names):
         if kind not in ("copy", "sync"):
             raise ValueError(f"a {kind} plan is checked as the plan itself")
@@ -295,10 +300,10 @@ class Gate:
 
     def budget_admitted(self, record) -> None:
         """Refused unless a job signed with an estimate (one charged to a budget) holds the
-        reservation its admission makes (workers/budgets.py): that budget, that estimate. A job
+        reservation its admission makes (workers/redisbudgets.py): that budget, that estimate. A job
         moved past its admission by hand holds none; one whose record's estimate was changed
         before it was approved holds another amount. The reservation itself is Redis's word."""
-        from bridge.workers.budgets import Budgets
+        from bridge.workers.redisbudgets import Budgets
         auth = record.auth
         if "estimate" not in auth:   # not charged to a budget of its own (a policy run's child)
             return
@@ -319,7 +324,7 @@ class Gate:
         budget; Refused when it does not (and what it held is freed)."""
         if who.estimate is None or usd is None or usd <= who.estimate * (1 + REPRICE_SLACK) + 1e-9:
             return
-        from bridge.workers.budgets import Budgets
+        from bridge.workers.redisbudgets import Budgets
         budgets = Budgets(self.r, self.keys)
         if not budgets.cover(job_id, who.budget, usd):
             # refused before any task is sent: what it held is freed (its listing, like any refused

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.money import usd_number
+from bridge.policies.cost.money import usd_number
 from bridge.workers.auth import STEERING
 from bridge.workers.keys import Keys
 from bridge.redact import redact, redact_data
@@ -58,7 +58,7 @@ return {0, cur}
 
 
 def _usd(amount: float | None) -> float | None:
-    """Dollars in a --json document as the text shows them (bridge.money)."""
+    """Dollars in a --json document as the text shows them (bridge.policies.cost.money)."""
     return None if amount is None else usd_number(amount)
 
 
@@ -363,7 +363,7 @@ class Jobs:
             return False, None
         if self.finish(job_id, "cancelled", CANCELLABLE, ended=state in ("awaiting-approval", "queued")):
             if state in ("awaiting-approval", "queued"):   # nothing ran: what it held is free at once
-                from bridge.workers.budgets import Budgets
+                from bridge.workers.redisbudgets import Budgets
                 Budgets(self.r, self.keys).settle(job_id, 0.0)
             record = self.get(job_id)
             for child in record.children if record else []:

@@ -17,9 +17,9 @@ keys get the same prefix through kombu's ``global_keyprefix``::
     mcbridge:worker:<hostname>        string with a TTL: a live worker and its queues
     mcbridge:replicas                 hash: "source -> destination" -> when last synced, and last proven equal
     mcbridge:schedule:<name>          hash: the last job a schedule started
-    mcbridge:budgets                  hash: budget name -> monthly limit in USD (workers/budgets.py)
+    mcbridge:budgets                  hash: budget name -> monthly limit in USD (workers/redisbudgets.py)
     mcbridge:spend:<YYYY-MM>          hash: budget name -> USD charged that month
-    mcbridge:job:<id>:usage           hash: requests and bytes the job actually sent (bridge/estimate.py fields)
+    mcbridge:job:<id>:usage           hash: requests and bytes the job actually sent (bridge/policies/cost/usage.py fields)
     mcbridge:job:<id>:seen            hash: task id -> journal marks before its first attempt
     mcbridge:policy:<name>            hash: destination -> its replication state (workers/policies.py)
     mcbridge:policy-spend:<YYYY-MM>   hash: "<policy> <destination>" -> USD spent that month

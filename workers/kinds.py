@@ -3,7 +3,8 @@
     Files   copy and sync (bridge.pipeline): put / part / complete / delete units; a task is one
             multipart file, a run of a large file's parts (the file completed at commit), or a
             batch of small files and deletions
-    Shards  pack (bridge.packing.job): one task per shard; the index, then the manifest, last
+    Shards  pack, and migrate --pack (bridge.packing.job): one task per shard; the index, then
+            the manifest, last (a migrate job is listed as one; specs.RUNS_AS)
     Restore unpack (bridge.packing.unpack): one task per shard; the manifest, last
 
 Each kind turns a spec into a header (what finalize needs, without the file lists) and sub-plans
@@ -23,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bridge.workers.specs import JobSpec
+from bridge.workers.specs import JobSpec, runs_as
 
 
 @dataclass
@@ -32,8 +33,8 @@ class Planned:
     header: dict[str, Any]       # enough for commit() and leftovers()
     subs: Iterable[dict[str, Any]]   # one per task, made as they are taken
     totals: dict[str, int]       # bytes_total, files_total, units_total
-    usage: dict[str, int] = dataclasses.field(default_factory=dict)  # requests planning sent (estimate.to_fields)
-    estimate: list[Any] = dataclasses.field(default_factory=list)   # what the whole job will send (estimate.Usage)
+    usage: dict[str, int] = dataclasses.field(default_factory=dict)  # requests planning sent (bridge.policies.cost.usage.to_fields)
+    estimate: list[Any] = dataclasses.field(default_factory=list)   # what the whole job will send (bridge.policies.cost.usage.Usage)
 
 
 @dataclass
@@ -245,16 +246,16 @@ class Files:
             ctx.upload({"rel": f.rel, "size": f.size, "part_size": f.part_size})
         seconds = task_seconds(plan, slots, self.task_seconds) if self.task_seconds else None
         subs = (sub.to_dict() for sub in fan_out(plan, self.batch_files, self.batch_bytes, task_bytes, seconds))
-        from bridge import estimate
+        from bridge.policies.cost import usage as counting
         return Planned(plan.key, {**header.to_dict(), "deleting": len(plan.deletions)}, subs,
                        {"bytes_total": plan.bytes, "files_total": len(plan.files), "units_total": plan.unit_count()},
-                       estimate.to_fields(estimate.listing(plan)), [estimate.of_plan(plan)])
+                       counting.to_fields(counting.listing(plan)), [plan.usage()])
 
     def marks(self, sub: dict, journal) -> set[str]:
         """What the journal holds of a sub-plan's files (compared before and after a run)."""
-        from bridge import estimate
+        from bridge import pricing
         from bridge.pipeline.plan import Plan
-        return estimate.journal_marks(_parsed(sub, Plan.from_dict), journal)
+        return pricing.journal_marks(_parsed(sub, Plan.from_dict), journal)
 
     def fresh(self, sub: dict) -> bool:
         """Whether a sub-plan's files have no record in a journal that held none of its plan's
@@ -265,18 +266,18 @@ class Files:
 
     def used(self, sub: dict, before: set[str], after: set[str]) -> dict[str, int]:
         """The requests and bytes of the units that finished in one run of a sub-plan."""
-        from bridge import estimate
+        from bridge.policies.cost import usage as counting
         from bridge.pipeline.plan import Plan
         plan = _parsed(sub, Plan.from_dict)
-        fields = estimate.to_fields(estimate.ran(plan, before, after, deletions=len(plan.deletions)))
-        routed = estimate.ran_routed(plan, before, after)
-        return {**fields, **(estimate.to_fields(routed) if routed else {})}
+        fields = counting.to_fields(counting.ran(plan, before, after, deletions=len(plan.deletions)))
+        routed = counting.ran_routed(plan, before, after)
+        return {**fields, **(counting.to_fields(routed) if routed else {})}
 
     def committed(self, header: dict) -> dict[str, int]:
-        from bridge import estimate
+        from bridge.policies.cost import usage as counting
         from bridge.pipeline.plan import Plan
         header_plan = Plan.from_dict(header)
-        return estimate.to_fields(estimate.add(estimate.commit(header_plan), estimate.completions(header_plan)))
+        return counting.to_fields(counting.add(counting.commit(header_plan), counting.completions(header_plan)))
 
     def run(self, sub: dict, settings, journal, progress, units: Callable[[Iterator[dict]], Iterator[dict]]) -> Ran:
         from bridge.pipeline.execute import JobContext
@@ -319,25 +320,25 @@ class Shards:
         header = dataclasses.replace(plan, shards=[dataclasses.replace(s, files=[]) for s in plan.shards])
         packing.prepare(packing.PackContext(header, settings, journal_for(plan.key)))
         subs = [dataclasses.replace(plan, shards=[shard]).to_dict() for shard in plan.shards]
-        from bridge import estimate
+        from bridge.policies.cost import usage as counting
         return Planned(plan.key, header.to_dict(), subs, {"bytes_total": plan.shard_bytes, "files_total": plan.files,
                                                           "units_total": len(plan.shards) + 2},
-                       estimate.to_fields(estimate.pack_listing(plan)), [plan.usage()])
+                       counting.to_fields(counting.pack_listing(plan)), [plan.usage()])
 
     def marks(self, sub: dict, journal) -> set[str]:
-        from bridge import estimate
+        from bridge import pricing
         from bridge.packing import job as packing
-        return estimate.pack_marks(packing.PackPlan.from_dict(sub), journal)
+        return pricing.pack_marks(packing.PackPlan.from_dict(sub), journal)
 
     def used(self, sub: dict, before: set[str], after: set[str]) -> dict[str, int]:
-        from bridge import estimate
+        from bridge.policies.cost import usage as counting
         from bridge.packing import job as packing
-        return estimate.to_fields(estimate.pack_ran(packing.PackPlan.from_dict(sub), before, after))
+        return counting.to_fields(counting.pack_ran(packing.PackPlan.from_dict(sub), before, after))
 
     def committed(self, header: dict) -> dict[str, int]:
-        from bridge import estimate
+        from bridge.policies.cost import usage as counting
         from bridge.packing import job as packing
-        return estimate.to_fields(estimate.pack_commit(packing.PackPlan.from_dict(header)))
+        return counting.to_fields(counting.pack_commit(packing.PackPlan.from_dict(header)))
 
     def run(self, sub: dict, settings, journal, progress, units: Callable[[Iterator[dict]], Iterator[dict]]) -> Ran:
         from bridge.packing import job as packing
@@ -410,4 +411,4 @@ def kind_for(spec: JobSpec, batch_files: int, batch_bytes: int,
     kinds = {"copy": lambda: Files(batch_files, batch_bytes, file_task_bytes, task_seconds),
              "sync": lambda: Files(batch_files, batch_bytes, file_task_bytes, task_seconds),
              "pack": Shards, "unpack": Restore}
-    return kinds[spec.kind]()
+    return kinds[runs_as(spec.kind)]()

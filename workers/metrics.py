@@ -93,7 +93,9 @@ def _client():
     try:
         import prometheus_client
     except ImportError:
-        log.warning("prometheus_client is not installed: no metrics (pip install prometheus-client)")
+        from bridge.registry import install_hint
+        log.warning("prometheus_client is not installed: no metrics (it comes with the 'service' extra: %s)",
+                    install_hint("service"))
         return None
     return prometheus_client
 
@@ -389,7 +391,7 @@ class Records:
     def _budgets(self):
         from prometheus_client.core import GaugeMetricFamily
 
-        from bridge.workers.budgets import Budgets
+        from bridge.workers.redisbudgets import Budgets
         limit = GaugeMetricFamily("bridge_budget_limit_usd", "A budget's monthly limit", labels=["budget"])
         spent = GaugeMetricFamily("bridge_budget_spent_usd", "Spent this month (UTC)", labels=["budget"])
         held = GaugeMetricFamily("bridge_budget_reserved_usd", "Held by admitted jobs that have not ended",

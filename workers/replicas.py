@@ -19,7 +19,7 @@ last ran there (``last_run``, ``job``, ``ok``), the newest checkpoint verified t
 the run's end from the checkpoint's commit), the newest at the source and how many source checkpoints
 are newer than the verified one (``newest_source``, ``lag_checkpoints``), what retention removed.
 Spend per destination and month is in ``<ns>:policy-spend:<YYYY-MM>``; the policy's own monthly
-budget is the budget of its name (workers/budgets.py).
+budget is the budget of its name (workers/redisbudgets.py).
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from bridge import money
+from bridge.policies.cost import money
 from bridge.errors import BridgeError
 from bridge.redact import redact
 from bridge.policies import replication as rules
 from bridge.policies.replication import NamedPolicy, Policy
 from bridge.workers import metrics
-from bridge.workers.budgets import month
+from bridge.policies.cost.budgets import month
 from bridge.workers.jobrecords import ACTIVE, iso
 from bridge.workers.keys import Keys
 from bridge.workers.specs import JobSpec, parse_spec
@@ -146,7 +146,8 @@ def fire(svc, name: str, policy_dict: dict, fire_id: str, auth: Any = None) -> d
 def start(svc, name: str, policy: Policy, tenant: str) -> str:
     """Plan and price one run of a policy for ``tenant``; queue it, hold it for approval, or refuse
     it. Nothing is listed before the policy's places are found in the tenant's scope."""
-    from bridge import costing, estimate
+    from bridge import pricing
+    from bridge.policies.cost import usage as counting
     from bridge import replicator as run
     from bridge.workers.auth import Refused
     from bridge.workers.gate import Admitted
@@ -164,7 +165,7 @@ def start(svc, name: str, policy: Policy, tenant: str) -> str:
         from bridge import routes
         for plan in plans.values():   # priced by the route each sync's workers will choose
             routes.choose(plan, settings)
-        usd = costing.total_cost([estimate.usage(p, p.route or "direct") for p in plans.values()], settings)
+        usd = pricing.total_cost([p.usage() for p in plans.values()], settings)
     except BridgeError as exc:
         return _fail(svc, spec, name, f"policy {name}: {exc}")
     if not kept:
@@ -175,9 +176,10 @@ def start(svc, name: str, policy: Policy, tenant: str) -> str:
     policy_fields = {"policy": name, "policy_spec": json.dumps(policy.model_dump(mode="json")),
                      "checkpoints": json.dumps(kept), "waiting": json.dumps(rules.waiting(readiness)),
                      "committed_at": json.dumps({c: readiness[c].committed_at for c in kept})}
-    if policy.max_cost_usd is not None and usd > policy.max_cost_usd:
-        return _fail(svc, spec, name, f"policy {name} refused: estimated {money.usd(usd)} for {len(plans)} syncs of "
-                                      f"{', '.join(kept)} is over max_cost_usd {money.usd(policy.max_cost_usd)}; "
+    if policy.max_cost_usd is not None and money.over(usd, policy.max_cost_usd):
+        shown, cap = money.usd_apart(usd, policy.max_cost_usd)
+        return _fail(svc, spec, name, f"policy {name} refused: estimated {shown} for {len(plans)} syncs of "
+                                      f"{', '.join(kept)} is over max_cost_usd {cap}; "
                                       f"nothing was sent", estimate_usd=repr(usd), **policy_fields)
     return svc.submit(spec, schedule=name, budget=name, estimate=usd, extra=policy_fields, tenant=tenant)
 

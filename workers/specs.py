@@ -24,7 +24,15 @@ from bridge.config import _bool, _int, _str, parse_size
 from bridge.errors import BridgeError, InvalidOption
 from bridge.urls import Location, parse
 
-KINDS = ("copy", "sync", "replicate", "pack", "unpack")
+KINDS = ("copy", "sync", "replicate", "pack", "unpack", "migrate")
+# A kind named for the command that queued it, and the kind whose work it is: ``submit migrate
+# --pack`` is listed as a migrate job and runs, is checked and is priced as a pack.
+RUNS_AS = {"migrate": "pack"}
+
+
+def runs_as(kind: str) -> str:
+    """The kind whose plan, checks and price a job of ``kind`` has."""
+    return RUNS_AS.get(kind, kind)
 PACK_FIELDS = ("shard_format", "shard_size", "max_count", "shard_prefix", "row_group_size")
 VERIFY = ("store", "deep", "none")
 _REQUIRED: Any = object()
@@ -339,7 +347,7 @@ def _checked(fields: Mapping[str, Any]) -> dict[str, Any]:
 
 def _incoherent(spec: dict[str, Any]) -> str | None:
     """Why fields that are each valid do not make a job together, or None."""
-    kind, destinations = spec["kind"], spec["destinations"]
+    kind, destinations = runs_as(spec["kind"]), spec["destinations"]
     if kind != "replicate" and len(destinations) != 1:
         return f"a {kind} job has one destination; use replicate for several"
     if kind in ("copy", "pack", "unpack") and spec["delete"]:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
-from bridge.money import usd
+from bridge.policies.cost.money import usd
 from bridge.progress import human_bytes, human_duration, plural
 
 COOKIE = "mcbridge_status"
@@ -56,7 +56,8 @@ def e(value: Any) -> str:
 def gather(ws, settings, policies: Path | None) -> dict[str, Any]:
     """Everything the page shows, as plain data; a part that cannot be read says why instead."""
     from bridge.errors import BridgeError
-    from bridge.workers.budgets import Budgets, month
+    from bridge.policies.cost.budgets import month
+    from bridge.workers.redisbudgets import Budgets
     from bridge.workers.commands.connection import job_records
     from bridge.workers.commands.job_control import progress_numbers
     jobs = job_records(ws)

@@ -34,6 +34,7 @@ import os
 import shutil
 import socket
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -114,6 +115,13 @@ def file_hashes(path: Path | int, sha: bool = True) -> tuple[int, str, str]:
     return size, sums["crc32c"], sums.get("sha256", "")
 
 
+def _close_folders(dirs: dict[str, int], safe: safedir.Root) -> None:
+    for fd in dirs.values():
+        os.close(fd)
+    dirs.clear()
+    safe.close()
+
+
 class Cache:
     def __init__(self, settings: Settings, directory: str | os.PathLike | None = None):
         # A fill's record is the cache's own, inside its work folder (published or removed with
@@ -129,6 +137,10 @@ class Cache:
         self.root = Path(root).expanduser().absolute()
         self._dirs: dict[str, int] = {}
         self.safe = safedir.Root(self.root)
+        # Its folders are closed by close(), when the cache is collected, or at exit while the
+        # interpreter is whole (a __del__ run late in shutdown found ``os`` gone and printed
+        # "Exception ignored in Cache.__del__" after a script that filled it).
+        self._release = weakref.finalize(self, _close_folders, self._dirs, self.safe)
         try:
             for sub in SUBDIRS:
                 self._dirs[sub] = self.safe.opendir(self.safe.fd, sub, self.root / sub, create=True)
@@ -137,14 +149,7 @@ class Cache:
             raise
 
     def close(self) -> None:
-        for fd in self._dirs.values():
-            os.close(fd)
-        self._dirs.clear()
-        self.safe.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "safe", None) is not None:
-            self.close()
+        self._release()
 
     # -- names ------------------------------------------------------------------------------
     def data_path(self, key: str) -> Path:

@@ -14,9 +14,11 @@ import os
 
 from fsspec.implementations.chained import ChainedFileSystem
 
-from bridge.cache.core import Cache
+from bridge.cache.core import Cache, source_location
 from bridge.config import load_settings
 from bridge.errors import ObjectNotFound
+from bridge.stores import get_store
+from bridge.urls import Location
 
 # fsspec protocol names -> bridge's URL schemes
 _SCHEMES = {"s3": "s3", "s3a": "s3", "gs": "gs", "gcs": "gs", "az": "az", "abfs": "az", "file": "file",
@@ -54,15 +56,37 @@ class BridgeCacheFileSystem(ChainedFileSystem):
 
     def info(self, path, **kwargs):
         url = self._url(path)
-        try:
-            _loc, info, _key = self.cache.locate(url)
-        except ObjectNotFound as exc:
-            raise FileNotFoundError(url) from exc
-        return {"name": path, "size": info.size, "type": "file"}
+        loc = source_location(url)
+        if not loc.is_prefix:
+            try:
+                _loc, info, _key = self.cache.locate(loc)
+                return {"name": path, "size": info.size, "type": "file"}
+            except ObjectNotFound:
+                pass   # no such object: a folder of that name, or nothing
+        if next(self._level(path, loc.as_prefix()), None) is None:
+            raise FileNotFoundError(url)
+        return {"name": self._strip_protocol(path).rstrip("/"), "size": 0, "type": "directory"}
 
     def ls(self, path, detail=True, **kwargs):
+        """The object ``path`` names, or one level of the folder it names (its objects and its
+        sub-folders), as the store lists them now: the cache holds objects, not listings."""
         entry = self.info(path)
-        return [entry] if detail else [entry["name"]]
+        if entry["type"] == "file":
+            entries = [entry]
+        else:
+            folder = source_location(self._url(path)).as_prefix()
+            entries = sorted(self._level(path, folder), key=lambda e: e["name"])
+        return entries if detail else [e["name"] for e in entries]
+
+    def _level(self, path: str, prefix: Location):
+        """fsspec entries of one level of the store's listing under ``prefix``, named in the form
+        ``path`` was given in (a whole URL, or a chained path)."""
+        base = self._strip_protocol(path).rstrip("/") + "/"
+        for item in get_store(prefix, self.cache.settings).list_level(prefix):
+            if isinstance(item, Location):
+                yield {"name": base + item.key[len(prefix.key):].rstrip("/"), "size": 0, "type": "directory"}
+            else:
+                yield {"name": base + item.location.relative_to(prefix), "size": item.size, "type": "file"}
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         with self._open(path) as f:

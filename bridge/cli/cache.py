@@ -76,10 +76,11 @@ def warm(items: Annotated[list[str], typer.Argument(help="Objects, prefixes (tra
             raise InvalidOption("--node queues the targets as given: list the objects to warm there, or warm "
                                 "here with the filters")
         from bridge.errors import MissingBackend
+        from bridge.registry import install_hint
         from bridge.registry import plugins
         warm_on_node = plugins().first("warm on a node")
         if warm_on_node is None:
-            raise MissingBackend("cache warm --node needs the service: pip install 'cloud-artifact-bridge[service]'")
+            raise MissingBackend(f"cache warm --node needs the service: {install_hint('service')}")
         summary = warm_on_node(node, items, profile=profile, lookahead=lookahead, wait=wait, broker=broker,
                                timeout=timeout)
         if as_json:

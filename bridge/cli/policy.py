@@ -15,7 +15,7 @@ from bridge.cli.options import (ConfigOpt, ExcludeOpt, FilesFromOpt, IncludeOpt,
                                 MaxSizeOpt, MinAgeOpt, MinSizeOpt, ProfileOpt, ProgressBar, QuietOpt, ShardFormat, err,
                                 filters_from_flags, out, settings_from_flags, size_flag)
 from bridge.progress import human_bytes, plural
-from bridge.money import usd
+from bridge.policies.cost.money import usd_column
 
 
 def plan(src: str, dst: str,
@@ -34,7 +34,7 @@ def plan(src: str, dst: str,
          storage_class: StorageClassOpt = None) -> None:
     """Price every route for copying SRC to DST (bytes, requests, dollars, time) and say which
     one bridge would take and why. Lists the source; moves nothing."""
-    from bridge.costing import route_plan
+    from bridge.pricing import route_plan
     settings = with_object_flags(settings_from_flags(profile, config), dst, storage_class=storage_class)
     report = route_plan(src, dst, settings, pack=str(pack) if pack else None, shard_size=size_flag("--shard-size", shard_size), forced=route,
                         source_class=source_class, available=available)
@@ -45,11 +45,13 @@ def plan(src: str, dst: str,
     out.print(f"{report['files']} files, {human_bytes(report['bytes'])}: {report['source']} ({places['source']}) -> "
               f"{report['destination']} ({places['destination']}); this process runs in {places['runs_in']}",
               markup=False)
-    out.print(f"{'route':<10} {'valid':<6} {'bytes':>10} {'requests':>9} {'usd':>10} {'time':>10}  why", markup=False)
-    for row in report["routes"]:
+    column = usd_column([row["usd"] for row in report["routes"]])
+    wide = max(10, *(len(d) for d in column))
+    out.print(f"{'route':<10} {'valid':<6} {'bytes':>10} {'requests':>9} {'usd':>{wide}} {'time':>10}  why", markup=False)
+    for row, dollars in zip(report["routes"], column):
         mark = "*" if row["chosen"] else " "
         out.print(f"{mark}{row['route']:<9} {'yes' if row['valid'] else 'no':<6} {human_bytes(row['bytes']):>10} "
-                  f"{row['requests']:>9} {usd(row['usd']):>10} {row['seconds']:>9.0f}s  {row['why']}"
+                  f"{row['requests']:>9} {dollars:>{wide}} {row['seconds']:>9.0f}s  {row['why']}"
                   f"{how_to_enable(row)}", markup=False)
     chosen = next(r for r in report["routes"] if r["chosen"])
     out.print(f"chosen: {chosen['route']}", markup=False)

@@ -47,8 +47,9 @@ def cp(src: str, dst: str, concurrency: ConcOpt = None, chunk_size: ChunkOpt = N
         return
     with ProgressBar(not as_json, settings, bwlimit_file, quiet) as progress:
         summary = api.copy(src, dst, progress=progress, max_cost=max_cost, **given).summary
+    skipped = f"; {summary['skipped']} skipped (equal at the destination)" if summary.get("skipped") else ""
     emit(summary, as_json, f"copied {plural(summary['files'], 'file')}, {moved_line(summary)}"
-         f"{route_line(summary)}; manifest {summary['manifest']}", quiet)
+         f"{route_line(summary)}{skipped}; manifest {summary['manifest']}", quiet)
 
 
 def sync(src: str, dst: str, delete: DeleteOpt = False, max_delete: MaxDeleteOpt = None, force: ForceOpt = False,

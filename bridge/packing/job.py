@@ -34,6 +34,7 @@ from bridge.packing import index as indexes
 from bridge.packing import layout
 from bridge.packing.sink import put_whole, stream_part_size
 from bridge.packing.writer import FORMATS, ShardFormat, ShardWriter, get_format
+from bridge.policies.cost import usage as counting
 from bridge.progress import Progress
 from bridge.spill import Rows
 from bridge.stores import Store, get_store
@@ -120,10 +121,12 @@ class PackPlan:
         """One unit per shard, its file list read as the unit is made."""
         return (s.unit() for s in self.shards)
 
-    def usage(self):
-        """What packing will read, write and request at each store (``bridge.estimate``)."""
-        from bridge import estimate
-        return estimate.pack_usage(self)
+    def usage(self, route: str | None = None):
+        """What packing will read, write and request at each store (the one route of a pack
+        plan: ``pack``; bridge.policies.cost.usage counts it)."""
+        if route not in (None, "pack"):
+            raise ValueError(f"a pack plan runs by route pack, not {route!r}")
+        return counting.count_pack(self)
 
     def to_dict(self) -> dict[str, Any]:
         return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "shards"},
@@ -457,8 +460,8 @@ def pack(source: str, destination: str, settings: Settings, *, fmt: str = "tar",
     plan = plan_pack(source, destination, settings, fmt=fmt, prefix=prefix, shard_size=shard_size,
                      max_count=max_count, options=options, filters=filters)
     if max_cost is not None:
-        from bridge import costing, estimate
-        costing.check_budget(plan.usage(), settings, max_cost, "pack")
+        from bridge import pricing
+        pricing.check_budget(plan.usage(), settings, max_cost, "pack")
     if dry_run:
         return {"dry_run": True, **plan.summary(), "usage": plan.usage().to_dict(),
                 "plan": [{"shard": s.name, "files": len(s.files), "size": s.size} for s in plan.shards]}

@@ -40,6 +40,7 @@ from bridge import names
 from bridge.config import Settings
 from bridge.pipeline.units import pool_batch_connections
 from bridge.errors import IntegrityError, MissingBackend, ObjectNotFound
+from bridge.registry import install_hint
 from bridge.journal import Journal, job_key, journal_at
 from bridge.manifest import FileEntry
 from bridge.packing import index as indexes
@@ -48,6 +49,7 @@ from bridge.packing.layout import UnsafeMember
 from bridge.packing.rangefile import RangeFile
 from bridge.packing.reading import open_set
 from bridge.packing.sink import StreamingUpload, Written, put_whole, put_wholes, stream_part_size
+from bridge.policies.cost import usage as counting
 from bridge.packing.writer import format_for_shard
 from bridge.progress import Progress
 from bridge.spill import Rows
@@ -140,6 +142,7 @@ class UnpackPlan:
     shards: list[dict[str, Any]] = field(default_factory=list)   # shard units, without members
     key: str = ""
     table: MemberTable | None = field(default=None, repr=False, compare=False)
+    part_size: int = 0                # a streamed member's parts at the destination (its store's)
 
     @property
     def bytes(self) -> int:
@@ -185,22 +188,25 @@ class UnpackPlan:
         """The plan as JSON, without the members (a slice's shard keeps its own)."""
         return {"source": self.source, "destination": self.destination, "prefix": self.prefix, "index": self.index,
                 "shards": [dict(s) if "members" in s else self._shard_fields(s) for s in self.shards],
-                "key": self.key}
+                "key": self.key, "part_size": self.part_size}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> UnpackPlan:
-        return cls(d["source"], d["destination"], d["prefix"], d["index"], list(d["shards"]), d["key"])
+        return cls(d["source"], d["destination"], d["prefix"], d["index"], list(d["shards"]), d["key"],
+                   part_size=d.get("part_size", 0))
 
     def close(self) -> None:
         if self.table is not None:
             self.table.close()
 
-    def usage(self, settings: Settings):
-        """What the unpack will read, write and request at each store (``bridge.estimate``)."""
-        from bridge import estimate
-        dst = get_store(parse(self.destination), settings)
-        return estimate.unpack_usage(self, window=_window(parse(self.source)), stream_over=STREAM_OVER,
-                                     part_size=stream_part_size(dst, STREAM_OVER, settings.transfer.chunk_size))
+    def usage(self, route: str | None = None):
+        """What the unpack will read, write and request at each store (the one route of an
+        unpack plan: ``unpack``; bridge.policies.cost.usage counts it), members above
+        STREAM_OVER written in parts of ``part_size``."""
+        if route not in (None, "unpack"):
+            raise ValueError(f"an unpack plan runs by route unpack, not {route!r}")
+        return counting.count_unpack(self, window=_window(parse(self.source)), stream_over=STREAM_OVER,
+                                     part_size=self.part_size)
 
     def summary(self) -> dict[str, Any]:
         return {"source": self.source, "destination": self.destination, "shards": len(self.shards),
@@ -278,7 +284,7 @@ def _parquet_file(store: Store, loc: Location, size: int):
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:
-        raise MissingBackend("Parquet shards need the 'pack' extra: pip install 'cloud-artifact-bridge[pack]'") from exc
+        raise MissingBackend(f"Parquet shards need the 'pack' extra: {install_hint('pack')}") from exc
     source = loc.local_path if loc.is_local else RangeFile(store, loc, size, window=256 * 1024)
     try:
         return pq.ParquetFile(source)
@@ -621,7 +627,8 @@ def plan_unpack(source: str, destination: str, settings: Settings, prefix: str |
     store = get_store(src, settings)
     store.check_bucket(src)
     dst_root = parse(destination).as_prefix()
-    get_store(dst_root, settings).check_bucket(dst_root)
+    dst_store = get_store(dst_root, settings)
+    dst_store.check_bucket(dst_root)
     problems = _Problems()
     shard_set = None
     if src.key.endswith(".index.json"):
@@ -631,7 +638,8 @@ def plan_unpack(source: str, destination: str, settings: Settings, prefix: str |
     found = _from_index(store, shard_set, problems) if shard_set else _without_index(store, src, problems)
     where = spill_dir(settings)
     plan = UnpackPlan(source, str(dst_root), prefix, str(shard_set.root.join(shard_set.name)) if shard_set else None,
-                      key=job_key("unpack", source, str(dst_root), prefix), table=MemberTable(where))
+                      key=job_key("unpack", source, str(dst_root), prefix), table=MemberTable(where),
+                      part_size=stream_part_size(dst_store, STREAM_OVER, settings.transfer.chunk_size))
     tree = _TreeCheck(where)
     try:
         for shard in found:   # each shard's members are read once, into the table
@@ -725,7 +733,7 @@ def unpack(source: str, destination: str, settings: Settings, *, prefix: str | N
     plan = plan_unpack(source, destination, settings, prefix)
     try:
         if dry_run:
-            return {"dry_run": True, **plan.summary(), "usage": plan.usage(settings).to_dict(),
+            return {"dry_run": True, **plan.summary(), "usage": plan.usage().to_dict(),
                     "plan": [{"shard": s["name"], "files": s["files"], "size": s["size"]} for s in plan.shards]}
         progress.plan(plan.bytes, len(plan.shards) + 1)
         journal = journal_at(state_dir or Path(settings.transfer.state_dir), plan.key)

@@ -34,6 +34,7 @@ from bridge.errors import InvalidOption
 from bridge.filters import Filters
 from bridge.journal import job_key, key_bytes
 from bridge.listing import checked_listing, resolve
+from bridge.policies.cost import usage as counting
 from bridge.spill import Rows
 from bridge.stores import Store, get_store
 from bridge.stores.base import MiB, ObjectInfo
@@ -304,6 +305,15 @@ class Plan:
             else:
                 units += 1
         return units + (1 if batch else 0)
+
+    def usage(self, route: str | None = None, *, shard_size: int = 256 * MiB,
+              shard_format: str = "tar") -> counting.Usage:
+        """What this plan will read, write and request at each store, on ``route`` (its own
+        route when None; one that ``bridge.policies.cost.usage`` does not model counts as
+        direct). ``shard_size``/``shard_format``: the shards the ``pack`` route would cut."""
+        if route is None:
+            route = self.route if self.route in counting.ROUTES else "direct"
+        return counting.count_copy(self, route, shard_size=shard_size, shard_format=shard_format)
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "destination": self.destination, "single": self.single,

@@ -86,7 +86,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     files = FileList(where=spill_dir(settings))
     deletions: list[str] = []
     window: list[tuple[str, Any, Any]] = []
-    # what planning asked of the stores, for the estimate (bridge.estimate): listings' lengths and
+    # what planning asked of the stores, for the estimate (bridge.policies.cost.usage): listings' lengths and
     # the record's documents and shards read
     listed = {"source": 0, "destination": 0,
               "record_reads": sum(1 + len(s.doc.get("file_shards", [])) for s in record.sources) if record else 0}

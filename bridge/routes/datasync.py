@@ -15,7 +15,7 @@ afterwards; their ARNs are recorded in the state dir meanwhile, so that the re-r
 copy adopts its execution or deletes them (``run``).
 
 The task mode is a setting (``native.datasync_task_mode``), sent as CreateTask's ``TaskMode``
-and priced by it (policies/prices/aws.yaml): ENHANCED, the default, DataSync's agentless mode
+and priced by it (policies/cost/prices/aws.yaml): ENHANCED, the default, DataSync's agentless mode
 between clouds (the caller needs ``iam:CreateServiceLinkedRole``; no agent, no bandwidth limit);
 BASIC reaches GCS or Azure through agents (``native.datasync_agent_arns``). What a mode cannot do
 is refused before any request, as are missing AWS credentials (``check``).
@@ -36,6 +36,7 @@ from bridge.routes import delegated as native
 from bridge.config import Settings
 from bridge.errors import BridgeError, JobCancelled, MissingBackend, PermissionDenied, RouteFailed, RouteUnavailable
 from bridge.routes.ledger import Ledger
+from bridge.registry import install_hint
 from bridge.progress import Progress
 from bridge.stores import get_store
 from bridge.stores.base import GiB, ObjectInfo, Store
@@ -53,7 +54,7 @@ def _boto_session(settings: Settings):
     try:
         import boto3
     except ImportError as exc:
-        raise MissingBackend("the datasync route needs the 'native' extra: pip install 'cloud-artifact-bridge[native]'") from exc
+        raise MissingBackend(f"the datasync route needs the 'native' extra: {install_hint('native')}") from exc
     s3 = settings.s3
     return boto3.session.Session(
         aws_access_key_id=s3.access_key_id, profile_name=s3.profile,

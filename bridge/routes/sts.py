@@ -43,6 +43,7 @@ from bridge.config import Settings
 from bridge.errors import (InvalidOption, JobCancelled, MissingBackend, ObjectNotFound, PermissionDenied,
                            RouteFailed, RouteUnavailable)
 from bridge.routes.ledger import Ledger
+from bridge.registry import install_hint
 from bridge.progress import Progress
 from bridge.redact import redact
 from bridge.stores import get_store
@@ -63,7 +64,7 @@ def client_for(settings: Settings):
     try:
         from google.cloud import storage_transfer
     except ImportError as exc:
-        raise MissingBackend("the sts route needs the 'native' extra: pip install 'cloud-artifact-bridge[native]'") from exc
+        raise MissingBackend(f"the sts route needs the 'native' extra: {install_hint('native')}") from exc
     if settings.native.sts_endpoint:
         from google.auth.credentials import AnonymousCredentials
         return storage_transfer.StorageTransferServiceClient(

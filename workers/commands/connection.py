@@ -56,6 +56,7 @@ def _need_service() -> None:
     import importlib.util
 
     from bridge.errors import MissingBackend
+    from bridge.registry import install_hint
     def absent(name: str) -> bool:
         try:
             return importlib.util.find_spec(name) is None
@@ -64,7 +65,7 @@ def _need_service() -> None:
 
     missing = [name for name in ("celery", "redis") if absent(name)]
     if missing:
-        raise MissingBackend(f"the service needs the 'service' extra: pip install 'cloud-artifact-bridge[service]' "
+        raise MissingBackend(f"the service needs the 'service' extra: {install_hint('service')} "
                              f"({missing[0]} is missing)")
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from bridge.cli.options import JsonOpt, QuietOpt, err, given, out
-from bridge.money import usd
+from bridge.policies.cost.money import usd, usd_column
 from bridge.progress import human_bytes, human_duration, plural
 from bridge.workers.commands.connection import BrokerOpt, connect, job_records, service_settings
 
@@ -168,6 +168,24 @@ def _status_doc(jobs, record) -> dict[str, Any]:
     return doc
 
 
+def _cost_column(records) -> dict:
+    """Each job's dollars (spent, or ``~`` its estimate) and each replica's, printed by one rule
+    (``usd_column``), keyed by job id and by (job id, destination)."""
+    keys, amounts, marks = [], [], []
+    for r in records:
+        amount = r.spent_usd if r.spent_usd is not None else r.estimate_usd
+        if amount is not None and (r.spent_usd is not None or amount):
+            keys.append(r.id)
+            amounts.append(amount)
+            marks.append("" if r.spent_usd is not None else "~")
+        for dst, row in (r.replicas or {}).items():
+            keys.append((r.id, dst))
+            amounts.append(row["spent_usd"])
+            marks.append("")
+    shown = {key: mark + text for key, mark, text in zip(keys, marks, usd_column(amounts))}
+    return {**{r.id: "-" for r in records}, **shown}
+
+
 def jobs_list(state: Annotated[Optional[str], typer.Option("--state", help="Only jobs in this state "
                                                             "(or 'active').")] = None,
               limit: Annotated[int, typer.Option("--limit", min=1)] = 30, as_json: JsonOpt = False,
@@ -185,19 +203,20 @@ def jobs_list(state: Annotated[Optional[str], typer.Option("--state", help="Only
     if not records:
         out.print("no jobs", markup=False)
         return
-    out.print(f"{'ID':<14} {'KIND':<9} {'STATE':<10} {'PROGRESS':>22} {'USD':>9} {'CREATED':<20} ROUTE", markup=False)
+    costs = _cost_column(records)
+    wide = max(9, *(len(c) for c in costs.values()))
+    out.print(f"{'ID':<14} {'KIND':<9} {'STATE':<10} {'PROGRESS':>22} {'USD':>{wide}} {'CREATED':<20} ROUTE", markup=False)
     for r in records:
         t = totals(jobs, r)
         pct = f"{100 * min(t['bytes_done'], t['bytes_total']) / t['bytes_total']:.0f}%" if t["bytes_total"] else "-"
         progress = f"{human_bytes(min(t['bytes_done'], t['bytes_total']))} {pct}"
         route = f"{r.spec['source']} -> {', '.join(r.spec['destinations'])}"
         tag = f" [{r.schedule}]" if r.schedule else ""
-        cost = usd(r.spent_usd) if r.spent_usd is not None else f"~{usd(r.estimate_usd)}" if r.estimate_usd else "-"
-        out.print(f"{r.id:<14} {r.kind:<9} {r.state:<10} {progress:>22} {cost:>9} {r.to_dict()['created']:<20} "
-                  f"{route}{tag}", markup=False)
+        out.print(f"{r.id:<14} {r.kind:<9} {r.state:<10} {progress:>22} {costs[r.id]:>{wide}} "
+                  f"{r.to_dict()['created']:<20} {route}{tag}", markup=False)
         for dst, row in (r.replicas or {}).items():
             out.print(f"{'':<14} {dst}: lag {row['lag_checkpoints']}, newest verified "
-                      f"{row.get('newest_verified') or '-'}, {usd(row['spent_usd'])}", markup=False)
+                      f"{row.get('newest_verified') or '-'}, {costs[r.id, dst]}", markup=False)
 
 
 def jobs_status(job_id: str, as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:

@@ -10,10 +10,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from bridge import money
+from bridge.policies.cost import money
 from bridge.cli.options import ConfigOpt, JsonOpt, err, out, settings_from_flags
 from bridge.cli.options import ProfileOpt as LocalProfileOpt
-from bridge.money import usd
+from bridge.policies.cost.money import usd
 from bridge.workers.commands.connection import connect, service_settings
 
 
@@ -27,7 +27,7 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
     verified there and when, lag behind the source (listed now), and this month's spend
     against the policy's budget."""
     from bridge.errors import InvalidOption
-    from bridge.workers.budgets import month
+    from bridge.policies.cost.budgets import month
     ws = service_settings(broker)
     path = file or (Path(ws.policies) if ws.policies else None)
     if path is None:
@@ -74,7 +74,8 @@ def policy_report(ws, path: Path, name: str | None, settings) -> list[dict]:
     from bridge.errors import BridgeError
     from bridge.policies import replication as rules
     from bridge.policies.replication import select
-    from bridge.workers.budgets import Budgets, month
+    from bridge.policies.cost.budgets import month
+    from bridge.workers.redisbudgets import Budgets
     from bridge.workers.keys import Keys
     from bridge.workers.replicas import PolicyState
     from bridge.cli.policy import load_policies

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from bridge import money
+from bridge.policies.cost import money
 from bridge.cli.options import JsonOpt, out, usd_amount
-from bridge.money import usd
+from bridge.policies.cost.money import usd
 from bridge.workers.commands.connection import BrokerOpt, connect, service_settings
 
 
@@ -17,7 +17,8 @@ def budgets_set(name: Annotated[str, typer.Argument(help="Budget name, e.g. a po
                 usd: Annotated[float, typer.Argument(min=0, help="Monthly limit in US dollars.")],
                 broker: BrokerOpt = None) -> None:
     """Set the monthly limit of a budget; jobs submitted with --budget NAME are held above it."""
-    from bridge.workers.budgets import Budgets, check
+    from bridge.policies.cost.budgets import check
+    from bridge.workers.redisbudgets import Budgets
     from bridge.workers.keys import Keys
     check(name, usd)
     usd_amount("USD", usd)
@@ -28,7 +29,8 @@ def budgets_set(name: Annotated[str, typer.Argument(help="Budget name, e.g. a po
 
 def budgets_list(as_json: JsonOpt = False, broker: BrokerOpt = None) -> None:
     """Each budget's monthly limit and what was spent this month."""
-    from bridge.workers.budgets import Budgets, month
+    from bridge.policies.cost.budgets import month
+    from bridge.workers.redisbudgets import Budgets
     from bridge.workers.keys import Keys
     ws = service_settings(broker)
     rows = Budgets(connect(ws), Keys(ws.namespace)).all()

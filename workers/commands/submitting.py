@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from bridge import money
+from bridge.policies.cost import money
 from bridge.cli.options import (RUN, DeleteOpt, ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxSizeOpt,
                                 MinAgeOpt, MinSizeOpt, QuietOpt, Sha256Opt, ShardFormat, VerifyMode, bwlimit_opt,
                                 chunk_size_opt, concurrency_opt, dry_run_opt, err, filters_from_flags, given,
@@ -20,9 +20,10 @@ from bridge.cli.options import (RUN, DeleteOpt, ExcludeOpt, FilesFromOpt, Includ
                                 size_flag, store_checksums_opt, transfer_flags, usd_amount)
 from bridge.cli.placement import (AdoptOpt, BucketKeyOpt, ChecksumOpt, ContentTypeOpt, KmsKeyOpt, MetadataOpt,
                                   NoMetadataOpt, ScopeOpt, SkipExistingOpt, StorageClassOpt)
-from bridge.money import usd
+from bridge.policies.cost.money import usd
 from bridge.workers.commands.connection import BrokerOpt, connect, consumed, service_settings
 from bridge.workers.commands.job_control import follow
+from bridge.workers.specs import runs_as
 
 # The flags of mcbridge cp, with the meaning they have for a job that runs on workers.
 ConcOpt = concurrency_opt("Units in flight at once in each task (default: the worker's).")
@@ -93,7 +94,7 @@ def _submit(fields: dict[str, Any], *, wait: bool, as_json: bool, quiet: bool, d
     job_id = svc.submit(spec, budget=budget, estimate=estimate)
     if svc.jobs.state(job_id) == "awaiting-approval":
         # Held, not queued: the id on stdout (to approve or cancel it), why on stderr, exit 3.
-        from bridge.workers.budgets import Budgets
+        from bridge.workers.redisbudgets import Budgets
         b = Budgets(client, svc.keys)
         if as_json:
             out.print_json(json.dumps({"id": job_id, "state": "awaiting-approval", "queue": queue,
@@ -145,11 +146,11 @@ def _submitter(ws, client):
 def _within_budget(spec, max_cost: float | None) -> float:
     """Price the job before it is queued: an estimate above ``max_cost`` is refused (exit 1)."""
     from bridge.config import load_settings
-    from bridge.costing import check_budget, total_cost
+    from bridge.pricing import check_budget, total_cost
     from bridge.ops import job_usages
     settings = load_settings(profile=spec.profile)
     pack = None
-    if spec.kind == "pack":
+    if runs_as(spec.kind) == "pack":
         pack = {"fmt": spec.shard_format or "tar", "prefix": spec.shard_prefix or "shard",
                 "max_count": spec.max_count,
                 "options": {"row_group_size": spec.row_group_size} if spec.row_group_size else {}}
@@ -157,7 +158,7 @@ def _within_budget(spec, max_cost: float | None) -> float:
             pack["shard_size"] = spec.shard_size
     if spec.kind == "unpack":
         pack = {"prefix": spec.shard_prefix}
-    usages = job_usages(spec.kind, spec.source, list(spec.destinations), settings, delete=bool(spec.deletes),
+    usages = job_usages(runs_as(spec.kind), spec.source, list(spec.destinations), settings, delete=bool(spec.deletes),
                         pack=pack, route=spec.route, filters=spec.selection())
     if max_cost is None:
         return total_cost(usages, settings)
@@ -300,15 +301,15 @@ def submit_migrate(src: str, dst: str,
         refuse_unused("without --pack", **{"--shard-size": shard_size, "--max-count": max_count, "--prefix": prefix})
         _submit(_fields("copy", options, destinations=[dst]), **_how(options))
         return
-    _submit(_fields("pack", options, destinations=[dst], shard_format=str(pack), shard_size=shard_size or "256MiB",
+    _submit(_fields("migrate", options, destinations=[dst], shard_format=str(pack), shard_size=shard_size or "256MiB",
                     max_count=max_count, shard_prefix="shard" if prefix is None else prefix, row_group_size=None),
             **_how(options))
 
 
 def _fields(kind: str, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
     names = ("concurrency", "chunk_size", "store_checksums", "bwlimit", "profile", "queue", "verify")
-    if kind not in ("copy", "sync"):
-        refuse_unused(f"to a {kind} job", **{"--route": options.get("route")})
+    if runs_as(kind) not in ("copy", "sync"):
+        refuse_unused(f"to a {runs_as(kind)} job", **{"--route": options.get("route")})
     routed = {"route": options["route"]} if options.get("route") is not None else {}
     # The filters travel in the spec (a --files-from list read here), so that workers select what
     # mcbridge cp would select here.

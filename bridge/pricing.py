@@ -1,10 +1,13 @@
-"""Pricing a job before it runs: the facts gathered here (the plan, where each store's bytes
-are), the decisions made by bridge.policies (price tables, cost model, route planner).
+"""The I/O half of cost: pricing a live job, with the facts gathered here (the plan, where each
+store's bytes are, what a job's journal holds) and the decisions made by the pure half,
+bridge.policies.cost (usage, price tables, cost model) and bridge.policies.routes (route planner).
 
     locate(url, settings)               the place of a URL's bucket or site: a cloud region, or the
                                         site named by ``pricing.site`` (local and Lustre paths)
     route_plan(src, dst, settings)      every route priced and timed, one chosen (mcbridge plan)
     check_budget(usage, ...)            refuse a job whose estimate is above --max-cost
+    spend(meter, ...)                   what a job cost, from what its meter counted
+    journal_marks / pack_marks          what a job's journal holds of a plan's units (what ran)
 
 Places are the I/O half of the cost model: S3 buckets by GetBucketLocation, GCS buckets by their
 ``location``, Azure accounts from the settings (``azure.region``: the data plane does not say).
@@ -17,7 +20,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from bridge import estimate, money
 from bridge.config import Settings
 from bridge.pipeline.plan import Plan, plan_copy
 from bridge.errors import InvalidOption, OverBudget
@@ -25,8 +27,10 @@ from bridge.progress import human_bytes
 from bridge.stores import get_store
 from bridge.urls import parse
 from bridge.policies import routes
-from bridge.policies.cost import CLOUD_OF_SCHEME, Overrides, Place, price
-from bridge.policies.prices import builtin
+from bridge.policies.cost import money, usage as counting
+from bridge.policies.cost.model import CLOUD_OF_SCHEME, Overrides, Place, price
+from bridge.policies.cost.prices import builtin
+from bridge.policies.cost.usage import Usage
 
 DEFAULT_SHARD_SIZE = 256 * 1024 * 1024
 
@@ -116,7 +120,7 @@ def route_plan(source: str, destination: str, settings: Settings, *, pack: str |
     # marked chosen is the one cp takes here: the same decision, asked the same way.
     from bridge import routes as runnable_routes
     runs = None if forced or what_if else runnable_routes.choose(plan, settings)
-    usages = {route: estimate.usage(plan, route, shard_size=shard_size, shard_format=pack or "tar")
+    usages = {route: plan.usage(route, shard_size=shard_size, shard_format=pack or "tar")
               for route in routes.ORDER}
     try:
         choices = routes.plan_routes(usages, src, dst, where, builtin(), available=available_routes(settings, available),
@@ -148,12 +152,12 @@ def destination_class(url: str, settings: Settings) -> str | None:
             "az": settings.azure.tier}.get(scheme)
 
 
-def cost_of(usage: estimate.Usage, settings: Settings, source_url: str, destination_url: str) -> float:
+def cost_of(usage: Usage, settings: Settings, source_url: str, destination_url: str) -> float:
     src, dst = locate(source_url, settings), locate(destination_url, settings)
     return price(usage, src, dst, host(settings), builtin(), Overrides.from_settings(settings.pricing, settings.native)).total
 
 
-def check_budget(usage: estimate.Usage | list[estimate.Usage], settings: Settings, max_cost: float | None,
+def check_budget(usage: Usage | list[Usage], settings: Settings, max_cost: float | None,
                  what: str) -> float | None:
     """Refuse (OverBudget, exit 1) when ``usage`` (or all of them) would cost more than
     ``max_cost`` dollars; the estimate otherwise. Only listings, bucket lookups and (for a sync)
@@ -164,25 +168,51 @@ def check_budget(usage: estimate.Usage | list[estimate.Usage], settings: Setting
         raise InvalidOption(f"--max-cost must be zero or more, not {max_cost}")
     usages = usage if isinstance(usage, list) else [usage]
     usd = sum(cost_of(u, settings, u.source.url, u.destination.url) for u in usages)
-    if usd > max_cost:
+    if money.over(usd, max_cost):
+        shown, cap = money.usd_apart(usd, max_cost)
         files = sum(u.files for u in usages)
         requests = sum(u.request_count for u in usages)
         payload = sum(u.payload for u in usages)
         routes_used = ", ".join(sorted({u.route for u in usages}))
-        raise OverBudget(f"{what} refused: estimated {money.usd(usd)} ({files} files, {human_bytes(payload)}, "
-                         f"{requests} requests, route {routes_used}) is over --max-cost {money.usd(max_cost)}; "
+        raise OverBudget(f"{what} refused: estimated {shown} ({files} files, {human_bytes(payload)}, "
+                         f"{requests} requests, route {routes_used}) is over --max-cost {cap}; "
                          f"nothing was sent")
     return usd
 
 
-def total_cost(usages: list[estimate.Usage], settings: Settings) -> float:
+def total_cost(usages: list[Usage], settings: Settings) -> float:
     return sum(cost_of(u, settings, u.source.url, u.destination.url) for u in usages)
 
 
 def spend(meter: Any, source: str, destination: str, settings: Settings, *, route: str = "direct",
-          moved_remote: int = 0, also: list[estimate.Usage] | None = None) -> float:
+          moved_remote: int = 0, also: list[Usage] | None = None) -> float:
     """What a job cost, from what its meter counted (bridge/meter.py) with the price table, priced
     from where this process runs (``pricing.runs_in``): the process that ran it. ``also``: usages
     of work no request of ours carried (a cloud transfer service's own reads and writes)."""
-    usages = estimate.metered(meter, source, destination, route=route, moved_remote=moved_remote)
+    usages = counting.metered(meter, source, destination, route=route, moved_remote=moved_remote)
     return total_cost(usages + list(also or []), settings)
+
+
+# -- what ran: a job's journal read -----------------------------------------------------------------
+
+def journal_marks(plan: Plan, journal: Any) -> set[str]:
+    """The journal records of ``plan``'s files that are there now: ``file:REL`` (finished),
+    ``part:REL:N`` (a part sent) and ``upload:REL`` (a multipart upload begun); two looks give
+    ``bridge.policies.cost.usage.ran`` what ran between them."""
+    keys = []
+    for f in plan.files:
+        keys.append(f"file:{f.rel}")
+        if f.part_size:
+            keys += [f"upload:{f.rel}", *(f"part:{f.rel}:{n}" for n in f.part_numbers())]
+    return _present(journal, keys)
+
+
+def pack_marks(pack_plan: Any, journal: Any) -> set[str]:
+    """The shards of a pack plan that the journal holds as written (``shard:NAME``)."""
+    return _present(journal, [f"shard:{s.name}" for s in pack_plan.shards])
+
+
+def _present(journal: Any, keys: list[str]) -> set[str]:
+    if hasattr(journal, "present"):       # one round trip for many keys (workers/redisjournal.py)
+        return journal.present(keys)
+    return {k for k in keys if journal.get(k) is not None}

@@ -1,6 +1,6 @@
 """Price tables: what moving bytes and sending requests costs, per provider, as data.
 
-Each provider's table is a YAML file in ``policies/prices/`` (shipped with the package), checked
+Each provider's table is a YAML file in ``policies/cost/prices/`` (shipped with the package), checked
 with pydantic when loaded; every price names where it comes from (the provider's public pricing
 page and section) and the date it was read. Negotiated discounts and private interconnects come
 from the ``pricing`` section of the settings file and are applied on top (``with_overrides``).
@@ -185,10 +185,10 @@ def parse(text: str, name: str) -> ProviderPrices:
 
 @functools.cache
 def builtin() -> dict[str, ProviderPrices]:
-    """The tables shipped in policies/prices/, by provider."""
-    folder = resources.files("bridge.policies") / "prices"
+    """The tables shipped in policies/cost/prices/, by provider."""
+    folder = resources.files("bridge.policies.cost") / "prices"
     tables = {}
     for provider in PROVIDERS:
-        table = parse((folder / f"{provider}.yaml").read_text(), f"policies/prices/{provider}.yaml")
+        table = parse((folder / f"{provider}.yaml").read_text(), f"policies/cost/prices/{provider}.yaml")
         tables[table.provider] = table
     return tables

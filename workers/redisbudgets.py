@@ -1,4 +1,5 @@
-"""Monthly budgets for the service, kept in Redis next to the jobs.
+"""The Redis budget store: the I/O half of the service's monthly budgets (their rules, the
+limit a budget takes and the month a spend falls in, are bridge.policies.cost.budgets).
 
     <ns>:budgets                 hash: budget name -> monthly limit in USD
     <ns>:spend:<YYYY-MM>         hash: budget name -> USD spent that month (float)
@@ -6,7 +7,7 @@
     <ns>:reservations            hash: job id -> "<budget>\t<USD>": what each of them holds
 
 A job submitted with ``--budget NAME`` carries the estimate made when it was submitted
-(bridge/costing.py). It is created ``awaiting-approval``; admission (``admit``) is one Lua
+(bridge/pricing.py). It is created ``awaiting-approval``; admission (``admit``) is one Lua
 script: when the month's spend, plus what the jobs admitted before it hold (queued and running
 alike), plus its estimate fits the limit, it reserves the estimate and moves the job to
 ``queued`` in the same step, so ten jobs submitted at once against a budget for three admit
@@ -28,26 +29,10 @@ reservations here are Redis's, taken on trust: what checks them is that only adm
 
 from __future__ import annotations
 
-import math
 import time
 
+from bridge.policies.cost.budgets import check, month
 from bridge.workers.keys import Keys
-
-
-def month(ts: float | None = None) -> str:
-    return time.strftime("%Y-%m", time.gmtime(time.time() if ts is None else ts))
-
-
-def check(name: str, usd: float) -> None:
-    """A budget needs a name and a finite limit of 0 or more: nan would admit every job (it
-    compares false with every estimate), inf likewise, and an empty name is no budget."""
-    from bridge.errors import InvalidOption
-    if not name.strip():
-        raise InvalidOption("the budget name is empty: name it, e.g. after the team or policy it limits")
-    if name != name.strip() or any(not c.isprintable() for c in name):
-        raise InvalidOption(f"budget name {name!r}: no spaces at its ends and no control characters")
-    if not (math.isfinite(usd) and usd >= 0):
-        raise InvalidOption(f"budget {name}: {usd} is not a limit: give a finite number of US dollars, 0 or more")
 
 
 # KEYS: limits, spend (this month), reserved, reservations, the job's record

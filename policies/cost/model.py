@@ -1,4 +1,4 @@
-"""What a transfer costs: a usage (bridge/estimate.py) priced with the price tables.
+"""What a transfer costs: a usage (bridge.policies.cost.usage) priced with the price tables.
 
 Dollars are egress + requests + native service fees + retrieval of cold storage classes:
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge import money
-from bridge.policies.prices import GB, ProviderPrices
+from bridge.policies.cost import money
+from bridge.policies.cost.prices import GB, ProviderPrices
 
 CLOUD_OF_SCHEME = {"s3": "aws", "gs": "gcp", "az": "azure"}
 SERVICE_OF_ROUTE = {"datasync": ("aws", "datasync"), "sts": ("gcp", "storage_transfer")}
@@ -51,6 +51,11 @@ class Place:
 
     def __str__(self) -> str:
         return f"{self.provider}:{self.region}" + (" (assumed)" if self.assumed else "")
+
+    @property
+    def label(self) -> str:
+        """The place as a sentence names it: a site by its name ("local"), a region with its cloud."""
+        return self.region if self.provider == "site" else str(self)
 
 
 @dataclass
@@ -105,8 +110,11 @@ def leg_price(frm: Place, to: Place, gb: float, tables: dict[str, ProviderPrices
     for a, b, usd in overrides.interconnects:
         if (_matches(a, frm) and _matches(b, to)) or (_matches(a, to) and _matches(b, frm)):
             return gb * usd, f"{gb:.3f} GB {frm} -> {to} over a private interconnect at ${usd}/GB"
-    if frm.provider == "site" or (frm.provider == to.provider and frm.region == to.region):
-        return 0.0, f"{gb:.3f} GB {frm} -> {to}: no charge"
+    if frm.provider == "site":
+        why = "neither end is in a cloud" if to.provider == "site" else "a cloud does not bill data coming in"
+        return 0.0, f"{gb:.3f} GB {frm.label} -> {to.label}: no cloud charges ({why})"
+    if frm.provider == to.provider and frm.region == to.region:
+        return 0.0, f"{gb:.3f} GB within {frm.label}: no charge inside one region"
     table = tables[frm.provider]
     off = overrides.off(frm.provider, "egress")
     group = table.group(frm.region)
@@ -138,7 +146,7 @@ def legs(route: str, src: Place, dst: Place, host: Place) -> list[tuple[Place, P
 def price(usage: Any, src: Place, dst: Place, host: Place, tables: dict[str, ProviderPrices],
           overrides: Overrides | None = None, source_class: str | None = None,
           destination_class: str | None = None, source_classes: dict[str, int] | None = None) -> Cost:
-    """The dollars of ``usage`` (a bridge.estimate.Usage) between these places. ``source_class``
+    """The dollars of ``usage`` (a bridge.policies.cost.usage.Usage) between these places. ``source_class``
     prices every byte's retrieval from that class; else ``source_classes`` (bytes by class, from
     the listing) prices each class's bytes. ``destination_class`` is the class written."""
     overrides = overrides or Overrides()

@@ -1,8 +1,13 @@
-"""What a plan will read, write and request at each store, before anything runs.
+"""What a plan will read, write and request at each store, before anything runs: the counting
+half of cost (bridge.policies.cost prices what is counted here; nothing here knows a price).
 
-``usage(plan, route)`` turns a copy plan (files, sizes, part sizes) into a ``Usage``: per
-store (source and destination) the bytes read and written and the requests by kind, plus the
-bytes that pass through bridge itself. policies/ prices it; nothing here knows a price.
+A plan reports its usage through one method, ``plan.usage(route=...)``, for every job kind: the
+copy and sync plan (bridge.pipeline.plan.Plan) with ``count_copy``, the pack plan with
+``count_pack``, the unpack plan with ``count_unpack``. Each gives a ``Usage``: per store (source
+and destination) the bytes read and written and the requests by kind, plus the bytes that pass
+through bridge itself. What ran (``ran``, ``pack_ran``: from two looks at a job's journal) and
+what a meter counted (``metered``) come out in the same shape. Pure functions over the plan's
+data: the plans are duck-typed here, so this module sits below the plan that calls it.
 
 Request kinds are bridge's, mapped to each provider's price classes by the price tables:
 
@@ -23,16 +28,18 @@ documented to send.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridge.pipeline.plan import Plan
 from bridge.manifest import SHARD_ENTRIES
 from bridge.routes import NAMES as ROUTES
 from bridge.urls import Location, parse
+
+Plan = Any   # bridge.pipeline.plan.Plan, read by its fields (it imports this module)
 
 LIST_PAGE = {"s3": 1000, "gs": 1000, "az": 5000, "file": 10**9}
 GCS_COMPOSE_FAN_IN = 32
@@ -136,9 +143,10 @@ def _read(side: StoreUsage, size: int, part_size: int) -> None:
     side.requests["GET"] += math.ceil(size / part_size) if part_size else 1
 
 
-def usage(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_format: str = "tar",
-          shard_part_size: int = 16 * 1024**2) -> Usage:
-    """What ``plan`` reads, writes and requests at each store when run by ``route``."""
+def count_copy(plan: Plan, route: str, *, shard_size: int = 256 * 1024**2, shard_format: str = "tar",
+               shard_part_size: int = 16 * 1024**2) -> Usage:
+    """What copy plan ``plan`` reads, writes and requests at each store when run by ``route``
+    (``Plan.usage`` asks this)."""
     if route not in ROUTES:
         raise ValueError(f"unknown route {route!r}")
     src = StoreUsage(_root(plan.source if not plan.single else plan.single))
@@ -240,8 +248,9 @@ def shard_sizes(sizes: Iterable[int], shard_size: int, shard_format: str = "tar"
     return shards
 
 
-def pack_usage(pack_plan: Any) -> Usage:
-    """Usage of a real pack plan (bridge.packing.job.PackPlan): exact shard sizes for tar."""
+def count_pack(pack_plan: Any) -> Usage:
+    """Usage of a real pack plan (bridge.packing.job.PackPlan, whose ``usage`` asks this):
+    exact shard sizes for tar."""
     src = StoreUsage(_root(pack_plan.source_root))
     dst = StoreUsage(pack_plan.destination)
     files = pack_plan.files
@@ -257,8 +266,9 @@ def pack_usage(pack_plan: Any) -> Usage:
     return Usage("pack", src, dst, files, pack_plan.bytes, pack_plan.bytes, len(pack_plan.shards))
 
 
-def unpack_usage(unpack_plan: Any, *, window: int, stream_over: int, part_size: int) -> Usage:
-    """Usage of an unpack plan (bridge.packing.unpack.UnpackPlan): each shard read front to back
+def count_unpack(unpack_plan: Any, *, window: int, stream_over: int, part_size: int) -> Usage:
+    """Usage of an unpack plan (bridge.packing.unpack.UnpackPlan, whose ``usage`` asks this):
+    each shard read front to back
     in ranged reads of ``window`` bytes, each member written whole or, above ``stream_over``
     bytes, in parts of ``part_size``. Listing the shards was done by planning it."""
     src = StoreUsage(_root(unpack_plan.source))
@@ -284,28 +294,11 @@ def _root(url: str) -> str:
 
 # -- what actually ran ----------------------------------------------------------------------
 
-def journal_marks(plan: Plan, journal: Any) -> set[str]:
-    """The journal records of ``plan``'s files that are there now: ``file:REL`` (finished),
-    ``part:REL:N`` (a part sent) and ``upload:REL`` (a multipart upload begun)."""
-    keys = []
-    for f in plan.files:
-        keys.append(f"file:{f.rel}")
-        if f.part_size:
-            keys += [f"upload:{f.rel}", *(f"part:{f.rel}:{n}" for n in f.part_numbers())]
-    return _present(journal, keys)
-
-
-def _present(journal: Any, keys: list[str]) -> set[str]:
-    if hasattr(journal, "present"):       # one round trip for many keys (workers/redisjournal.py)
-        return journal.present(keys)
-    return {k for k in keys if journal.get(k) is not None}
-
-
 def ran(plan: Plan, before: set[str], after: set[str], deletions: int = 0) -> Usage:
     """The data requests and bytes of the units that finished between two looks at the journal
-    (``journal_marks`` before and after a run): each sent object or part read once at the source
-    and written once at the destination, by the same counts as ``usage``. Listing and the
-    manifest are counted by ``listing`` and ``commit``."""
+    (``bridge.pricing.journal_marks`` before and after a run): each sent object or part read once
+    at the source and written once at the destination, by the same counts as ``count_copy``.
+    Listing and the manifest are counted by ``listing`` and ``commit``."""
     new = after - before
     src = StoreUsage(_root(plan.source if not plan.single else plan.single))
     dst = StoreUsage(plan.destination)
@@ -355,9 +348,8 @@ def ran_routed(plan: Plan, before: set[str], after: set[str]) -> Usage | None:
     files = carried(plan, before, after)
     if not files:
         return None
-    root = plan.source if not plan.single else plan.single
-    full = usage(Plan(root, plan.destination, plan.single, files, []), plan.route)
-    base = usage(Plan(root, plan.destination, plan.single, [], []), plan.route)
+    full = count_copy(dataclasses.replace(plan, files=files, deletions=[]), plan.route)
+    base = count_copy(dataclasses.replace(plan, files=[], deletions=[]), plan.route)
     for side, fixed in ((full.source, base.source), (full.destination, base.destination)):
         side.requests.subtract(fixed.requests)
         side.requests = +side.requests                     # drop what is left at zero
@@ -450,14 +442,9 @@ def from_fields(fields: dict[str, Any], source: str, destination: str) -> list[U
     return out
 
 
-def pack_marks(pack_plan: Any, journal: Any) -> set[str]:
-    """The shards of a pack plan that the journal holds as written (``shard:NAME``)."""
-    return _present(journal, [f"shard:{s.name}" for s in pack_plan.shards])
-
-
 def pack_ran(pack_plan: Any, before: set[str], after: set[str]) -> Usage:
     """The reads and writes of the shards written between two looks at the journal, counted as
-    ``pack_usage`` counts them."""
+    ``count_pack`` counts them."""
     src = StoreUsage(_root(pack_plan.source_root))
     dst = StoreUsage(pack_plan.destination)
     new = after - before
@@ -487,13 +474,6 @@ def pack_commit(pack_plan: Any) -> Usage:
     dst.requests["PUT"] += 1 + len(pack_plan.shards)
     _destination_commit(dst, 0)
     return Usage("pack", StoreUsage(_root(pack_plan.source_root)), dst, 0, 0, 0, 0)
-
-
-def of_plan(plan: Plan) -> Usage:
-    """What ``plan`` will read from and write to each store, and the requests it will send by
-    kind, on the route it was given (``direct`` for one this module does not model): what
-    policies price, before anything runs."""
-    return usage(plan, plan.route if plan.route in ROUTES else "direct")
 
 
 def metered(meter: Any, source: str, destination: str, *, route: str = "direct", moved_remote: int = 0) -> list[Usage]:
