@@ -21,6 +21,7 @@ Importing this module loads no SDK and no part of the engine: each function load
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import tempfile
@@ -130,8 +131,14 @@ class CopyResult:
     elapsed_s: float
     route: Route
     record: str
-    spend_usd: float | None
     summary: Mapping[str, Any] = field(repr=False, compare=False)
+    price: Callable[[], float | None] | None = field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def spend_usd(self) -> float | None:
+        """Priced when first read, not by every copy: finding where a bucket is to price its
+        bytes is a request of its own."""
+        return self.price() if self.price is not None else None
 
     @property
     def unproven(self) -> Mapping[str, str]:
@@ -462,7 +469,7 @@ OBJECT_ARGS = ("content_type", "metadata", "no_metadata", "storage_class", "kms_
 
 
 def _transfer(job: Callable[..., dict], args: Mapping[str, Any], adopting: str | None,
-              **more: Any) -> tuple[dict, float | None]:
+              **more: Any) -> tuple[dict, Callable[[], float | None] | None]:
     """A copy or a sync (``job``: ops.copy or ops.sync) of the public function's ``args``, each
     checked before anything is listed."""
     src, dst = _url("source", args["src"]), _url("destination", args["dst"])
@@ -487,8 +494,8 @@ def _spend(metered, source: str, destination: str, settings: Settings, route: st
 
 
 def _run(job: Callable[..., dict], source: str, destination: str, settings: Settings, progress: Progress,
-         dry_run: bool, **kw: Any) -> tuple[dict, float | None]:
-    """``job`` (ops.copy or ops.sync) under a meter of its own, and what it spent."""
+         dry_run: bool, **kw: Any) -> tuple[dict, Callable[[], float | None] | None]:
+    """``job`` (ops.copy or ops.sync) under a meter of its own, and how to price what it spent."""
     from bridge import meter
     metered = meter.Meter()
     with meter.metering(metered):
@@ -497,7 +504,8 @@ def _run(job: Callable[..., dict], source: str, destination: str, settings: Sett
     if dry_run:
         return summary, None
     _last(progress)
-    return summary, _spend(metered, source, destination, settings, (summary.get("route") or {}).get("name", "direct"))
+    route = (summary.get("route") or {}).get("name", "direct")
+    return summary, lambda: _spend(metered, source, destination, settings, route)
 
 
 def _plan_result(summary: dict) -> PlanResult:
@@ -506,11 +514,11 @@ def _plan_result(summary: dict) -> PlanResult:
                       summary.get("deletions", 0), summary.get("usage") or {}, summary)
 
 
-def _copied(summary: dict, spent: float | None) -> dict[str, Any]:
+def _copied(summary: dict, price: Callable[[], float | None] | None) -> dict[str, Any]:
     return dict(source=summary["source"], destination=summary["destination"], files=summary["files"],
                 bytes=summary["bytes"], bytes_skipped=summary.get("bytes_skipped", 0),
                 elapsed_s=summary.get("elapsed_s", 0.0), route=Route.of(summary.get("route")),
-                record=summary.get("manifest", ""), spend_usd=spent, summary=summary)
+                record=summary.get("manifest", ""), summary=summary, price=price)
 
 
 def copy(src: str | Path, dst: str | Path, *, progress: ProgressCallback | Progress | None = None,

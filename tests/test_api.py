@@ -45,7 +45,7 @@ def test_copy_sync_verify_check_return_typed_results(scheme, files, make_root, e
     assert isinstance(done, api.CopyResult)
     assert (done.files, done.bytes, done.bytes_skipped) == (3, sum(map(len, files.values())), 0)
     assert done.route.name == "direct" and done.route.bytes_through_bridge == done.bytes
-    assert done.spend_usd is None or done.spend_usd >= 0
+    assert done.spend_usd is None or done.spend_usd >= 0   # priced when read
     record = parse(done.record)
     assert done.record.startswith(dst) and get_store(record, settings).info(record).size > 0
     with pytest.raises(dataclasses.FrozenInstanceError):
