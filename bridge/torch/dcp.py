@@ -316,11 +316,11 @@ class BridgeReader(FileSystemReader):
         import pickle
         from torch.distributed.checkpoint.metadata import StorageMeta
         loc = self.root.join(METADATA)
+        entry = self._recorded(METADATA)   # first: a save cut short is named as such
         try:
             data = self.store.read(loc)
         except ObjectNotFound:
             raise ManifestError(f"{self.root}: no {METADATA}: not a DCP checkpoint, or its save did not finish") from None
-        entry = self._recorded(METADATA)
         if entry is not None and (entry.size != len(data) or entry.crc32c != crc_hex(crc32c(data))):
             raise IntegrityError(f"{loc}: {len(data)} bytes with CRC32C {crc_hex(crc32c(data))}, the record says "
                                  f"{entry.size} bytes with {entry.crc32c}: changed since the save committed")
