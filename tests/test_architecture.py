@@ -62,6 +62,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("verify", ("bridge.pipeline.verify",)),
     ("commands", ("bridge.ops", "bridge.treecheck", "bridge.objects", "bridge.packing.job", "bridge.packing.unpack",
                   "bridge.replicator", "bridge.evidence", "bridge.cache", "bridge.cache.")),
+    ("training loop", ("bridge.torch", "bridge.torch.")),   # DCP and publish over the commands
     ("cli", ("bridge.cli", "bridge.cli.", "bridge.__main__")),
     ("workers", ("bridge.workers", "bridge.workers.")),
 ]

@@ -19,6 +19,7 @@ processes starting at once do not both send it.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import threading
@@ -28,12 +29,31 @@ from pathlib import Path
 
 from bridge import ops, replicator
 from bridge.config import Settings, load_settings
-from bridge.errors import BridgeError
+from bridge import manifest as manifests
+from bridge.errors import BridgeError, ObjectNotFound
 from bridge.stores import get_store
-from bridge.torch.dcp import staging_key, uncommit
 from bridge.urls import Location, parse
 
 PENDING = ".mcbridge-pending"
+METADATA = ".metadata"
+
+
+def staging_key(root: Location) -> str:
+    """A short name for the checkpoint at ``root`` (its last folder and a hash of its URL)."""
+    name = root.key.rstrip("/").rpartition("/")[2] or root.bucket or "checkpoint"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:60]
+    return f"{safe}-{hashlib.sha256(str(root).encode()).hexdigest()[:10]}"
+
+
+def uncommit(store, root: Location) -> None:
+    """An earlier checkpoint at ``root`` no longer looks complete: its record goes (commit
+    markers first), then its ``.metadata``."""
+    if manifests.committed(store, root):
+        manifests.remove(store, root)
+    try:
+        store.delete(root.join(METADATA))
+    except ObjectNotFound:
+        pass
 
 
 def staged_folder(staging: Path, root: Location) -> Path:

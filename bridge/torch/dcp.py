@@ -37,7 +37,6 @@ checked as they fill) with ``cache=True``.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import shutil
@@ -60,9 +59,10 @@ from bridge.pipeline.commit import journaled_entries
 from bridge.pipeline.execute import JobContext, journal_for
 from bridge.pipeline.plan import plan_copy
 from bridge.stores import get_store
+from bridge.torch import behind as uploads
 from bridge.urls import Location, parse
 
-METADATA = ".metadata"
+METADATA = uploads.METADATA
 
 
 def checkpoint_root(url: str | os.PathLike) -> Location:
@@ -115,17 +115,6 @@ class RankFiles:
     entries: tuple[dict, ...]
 
 
-def uncommit(store, root: Location) -> None:
-    """An earlier checkpoint at ``root`` no longer looks complete: its record goes (commit
-    markers first), then its ``.metadata``."""
-    if manifests.committed(store, root):
-        manifests.remove(store, root)
-    try:
-        store.delete(root.join(METADATA))
-    except ObjectNotFound:
-        pass
-
-
 # -- the writer ------------------------------------------------------------------------------------
 
 class BridgeWriter(FileSystemWriter):
@@ -151,14 +140,12 @@ class BridgeWriter(FileSystemWriter):
         super().__init__(self._staging_path(), thread_count=thread_count,
                          sync_files=self.behind is not None, overwrite=True, **kwargs)
         if self.behind is not None:
-            from bridge.torch import behind as uploads
             uploads.resume_pending(self.behind, self.settings, wait=False)
 
     def _staging_path(self) -> Path:
         """Where this rank's files land before they go: behind, the checkpoint's folder in the
         shared staging folder; otherwise a placeholder until the save's own scratch folder."""
         if self.behind is not None:
-            from bridge.torch import behind as uploads
             return uploads.staged_folder(self.behind, self.root)
         return Path(tempfile.gettempdir())
 
@@ -190,7 +177,7 @@ class BridgeWriter(FileSystemWriter):
     def prepare_global_plan(self, plans):
         # The coordinator, before any rank writes: an earlier checkpoint here stops looking complete.
         if self.behind is None:
-            uncommit(get_store(self.root, self.settings), self.root)
+            uploads.uncommit(get_store(self.root, self.settings), self.root)
         return super().prepare_global_plan(plans)
 
     def write_data(self, plan, planner) -> Future:
@@ -211,7 +198,6 @@ class BridgeWriter(FileSystemWriter):
         results = [[r for r in rank if not isinstance(r, RankFiles)] for rank in results]
         if self.behind is not None:
             super().finish(metadata, results)   # .metadata in the staging folder, then the upload
-            from bridge.torch import behind as uploads
             uploads.submit(Path(self.path), self.root, self.settings)
             return
         base = Path(self.settings.transfer.state_dir) / "dcp"
@@ -352,12 +338,4 @@ class BridgeReader(FileSystemReader):
         return io.BytesIO(data)
 
 
-def staging_key(root: Location) -> str:
-    """A short name for the checkpoint at ``root`` (its last folder and a hash of its URL)."""
-    name = root.key.rstrip("/").rpartition("/")[2] or root.bucket or "checkpoint"
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:60]
-    return f"{safe}-{hashlib.sha256(str(root).encode()).hexdigest()[:10]}"
-
-
-__all__ = ["BridgeReader", "BridgeWriter", "RankFiles", "commit_checkpoint", "upload_uncommitted", "uncommit",
-           "staging_key"]
+__all__ = ["BridgeReader", "BridgeWriter", "RankFiles", "commit_checkpoint", "upload_uncommitted"]
