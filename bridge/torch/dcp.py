@@ -115,9 +115,31 @@ class RankFiles:
     entries: tuple[dict, ...]
 
 
+class _AtURL:
+    """What DCP asks of a writer or reader about where it is (``root``: the checkpoint's folder).
+    Listed before torch's class among the bases."""
+
+    root: Location
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str(self.root)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return is_checkpoint_url(checkpoint_id)
+
+
+def _scratch(settings: Settings, prefix: str) -> Path:
+    """A new folder of this process's own under the state folder (``dcp/``)."""
+    base = Path(settings.transfer.state_dir) / "dcp"
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
 # -- the writer ------------------------------------------------------------------------------------
 
-class BridgeWriter(FileSystemWriter):
+class BridgeWriter(_AtURL, FileSystemWriter):
     """A DCP storage writer to ``url`` (s3://, gs://, az:// or a local folder), committed by
     bridge's record when the save returns (see the module's text).
 
@@ -136,7 +158,7 @@ class BridgeWriter(FileSystemWriter):
         self.settings = settings or load_settings()
         self.root = checkpoint_root(url)
         self.behind = Path(behind).absolute() if behind is not None else None
-        self._scratch: Path | None = None
+        self._rank_folder: Path | None = None
         super().__init__(self._staging_path(), thread_count=thread_count,
                          sync_files=self.behind is not None, overwrite=True, **kwargs)
         if self.behind is not None:
@@ -156,20 +178,9 @@ class BridgeWriter(FileSystemWriter):
         super().reset(None)
         self.path = self._staging_path()
 
-    @property
-    def checkpoint_id(self) -> str:
-        return str(self.root)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return is_checkpoint_url(checkpoint_id)
-
     def prepare_local_plan(self, plan):
         if self.behind is None:
-            base = Path(self.settings.transfer.state_dir) / "dcp"
-            base.mkdir(parents=True, exist_ok=True)
-            self._scratch = Path(tempfile.mkdtemp(prefix=f"rank{self.rank or 0}-", dir=base))
-            self.path = self._scratch
+            self.path = self._rank_folder = _scratch(self.settings, f"rank{self.rank or 0}-")
         else:
             Path(self.path).mkdir(parents=True, exist_ok=True)
         return plan   # (torch's check for an earlier .metadata looks at the staging folder: not asked)
@@ -186,9 +197,9 @@ class BridgeWriter(FileSystemWriter):
             return written
         results = written.value()
         try:
-            entries = upload_uncommitted(self._scratch, self.root, self.settings)
+            entries = upload_uncommitted(self._rank_folder, self.root, self.settings)
         finally:
-            shutil.rmtree(self._scratch, ignore_errors=True)
+            shutil.rmtree(self._rank_folder, ignore_errors=True)
         out: Future = Future()
         out.set_result([*results, RankFiles(self.rank or 0, tuple(entries))])
         return out
@@ -200,9 +211,7 @@ class BridgeWriter(FileSystemWriter):
             super().finish(metadata, results)   # .metadata in the staging folder, then the upload
             uploads.submit(Path(self.path), self.root, self.settings)
             return
-        base = Path(self.settings.transfer.state_dir) / "dcp"
-        base.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(prefix="metadata-", dir=base))
+        self.path = _scratch(self.settings, "metadata-")
         try:
             super().finish(metadata, results)
             entries = upload_uncommitted(Path(self.path), self.root, self.settings)
@@ -257,7 +266,7 @@ class _Files:
         return _Source(reader.store, loc, cached)
 
 
-class BridgeReader(FileSystemReader):
+class BridgeReader(_AtURL, FileSystemReader):
     """A DCP storage reader of ``url`` (s3://, gs://, az:// or a local folder).
 
     Args:
@@ -289,14 +298,6 @@ class BridgeReader(FileSystemReader):
         super().reset(None)
         if checkpoint_id:
             self._at(checkpoint_id)
-
-    @property
-    def checkpoint_id(self) -> str:
-        return str(self.root)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return is_checkpoint_url(checkpoint_id)
 
     def read_metadata(self, *args: Any, **kwargs: Any):
         import pickle
