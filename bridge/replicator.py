@@ -512,7 +512,8 @@ def watch(chosen: list[NamedPolicy], settings: Settings, emit: Callable[[dict[st
                 continue
             done[named.name] = (kept, report["ok"], prints)
             emit({"event": "run", **report})
-        _wait_or_announced(chosen, settings, due, stop, heard)
+        for name, urls in _wait_or_announced(chosen, settings, due, stop, heard).items():
+            emit({"event": "announced", "policy": name, "committed": urls})
 
 
 # -- replication starts at commit ------------------------------------------------------------------
@@ -575,17 +576,19 @@ def covers(policy: rules.Policy, url: str) -> bool:
 
 
 def _wait_or_announced(chosen: list[NamedPolicy], settings: Settings, due: dict[str, float],
-                       stop: threading.Event, heard: list[str]) -> None:
+                       stop: threading.Event, heard: list[str]) -> dict[str, list[str]]:
     """Until the next policy is due, or a commit under a policy's source is announced (that policy
-    is then due at once), or ``stop``."""
+    is then due at once: returned with the URLs announced under it), or ``stop``."""
     while not stop.is_set():
         left = min(due.values()) - time.monotonic()
         if left <= 0:
-            return
+            break
         stop.wait(min(left, ANNOUNCE_POLL_S))
         urls, heard[0] = announced(settings, heard[0])
-        woken = [named.name for named in chosen if any(covers(named.policy, url) for url in urls)]
+        woken = {named.name: [u for u in urls if covers(named.policy, u)] for named in chosen}
+        woken = {name: found for name, found in woken.items() if found}
         for name in woken:
             due[name] = 0.0
         if woken:
-            return
+            return woken
+    return {}

@@ -302,6 +302,7 @@ def test_a_save_under_a_watched_policy_replicates_at_commit(moto, fake_gcs, azur
             watcher.wait(timeout=30)
         except subprocess.TimeoutExpired:
             watcher.kill()
+    assert any(e.get("event") == "announced" and e["committed"] == [f"{src}run/step-100/"] for e in events)
     row = runs[0]["destinations"][gs]
     assert row["checkpoints"]["step-100"]["verified"] is True
     assert row["commit_to_verified_s"] is not None
