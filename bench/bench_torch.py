@@ -12,6 +12,9 @@ Three writers, in rotated order each round (so load from the machine's other use
 - ``fsspec``: torch's ``FsspecWriter`` on s3fs: returns once ``.metadata`` is written. No checksum
   and no record: "committed" is DCP's own ``.metadata``, taken on trust, at return.
 
+Each writer writes the tensors (16 of 64 MiB) into ``FILES`` files at once (torch's
+``thread_count``). A run that fails is reported as such and left out of the medians.
+
 One process per run (a single rank, no process group), timed inside it around ``dcp.save``;
 moto is reset between runs (it holds every object in memory). Medians of ``--repeat`` rounds.
 """
@@ -33,6 +36,8 @@ from tests.emulators import MotoServer, unique_name
 
 MiB = 1024 * 1024
 WRITERS = ("bridge", "bridge-behind", "fsspec")
+FILES = 4   # torch's thread_count: the save's files, written at once (one 1 GiB file through s3fs
+            # ended in a 500 from moto's CompleteMultipartUpload on 2026-12-06; 512 MiB did not)
 
 
 def child(writer: str, url: str, size_mib: int, staging: str) -> None:
@@ -43,10 +48,10 @@ def child(writer: str, url: str, size_mib: int, staging: str) -> None:
     state = {f"layer{i}": torch.rand(64 * MiB // 4, generator=gen) for i in range(n)}
     if writer == "fsspec":
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-        storage = FsspecWriter(url, endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+        storage = FsspecWriter(url, endpoint_url=os.environ["AWS_ENDPOINT_URL"], thread_count=FILES)
     else:
         from bridge.torch import BridgeWriter
-        storage = BridgeWriter(url, behind=staging if writer == "bridge-behind" else None)
+        storage = BridgeWriter(url, behind=staging if writer == "bridge-behind" else None, thread_count=FILES)
     started = time.perf_counter()
     dcp.save(state, storage_writer=storage)
     returned = time.perf_counter() - started
@@ -89,19 +94,26 @@ def main() -> None:
                                           f"s3://{bucket}/ckpt/step-1/", str(args.size_mib), str(staging)],
                                          env=env, capture_output=True, text=True)
                     if run.returncode != 0:
-                        raise SystemExit(f"{writer} failed: {run.stderr[-2000:]}")
+                        print(json.dumps({"writer": writer, "failed": run.stderr.strip().splitlines()[-1:]}),
+                              flush=True)
+                        continue
                     row = json.loads(run.stdout.strip().splitlines()[-1])
                     print(json.dumps(row), flush=True)
                     rows[writer].append(row)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\nmedians of {args.repeat}; load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    ran = ", ".join(f"{w} {len(r)}" for w, r in rows.items())
+    print(f"\nmedians of {args.repeat} rounds (runs that completed: {ran}); load average at end: "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print("| writer | bytes | time to return | time to committed | committed by |")
     print("|---|---:|---:|---:|---|")
     by = {"bridge": "bridge's record (per-part CRC32C and SHA-256)",
           "bridge-behind": "bridge's record, written by the upload behind",
           "fsspec": "DCP's .metadata only (no checksum, no record)"}
     for writer in WRITERS:
+        if not rows[writer]:
+            print(f"| {writer} | | failed | failed | |")
+            continue
         ret = statistics.median(r["return_s"] for r in rows[writer])
         com = statistics.median(r["committed_s"] for r in rows[writer])
         print(f"| {writer} | {rows[writer][0]['bytes']:,} | {ret:.2f} s | {com:.2f} s | {by[writer]} |")
