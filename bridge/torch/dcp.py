@@ -38,6 +38,7 @@ checked as they fill) with ``cache=True``.
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import tempfile
@@ -83,7 +84,6 @@ def is_checkpoint_url(checkpoint_id: str | os.PathLike) -> bool:
 def _entries_of_journal(ctx: jobs.Context, unit: dict) -> dict:
     """The last unit of an upload whose commit is someone else's: what it wrote, durable first."""
     ctx.settle()
-    import json
     entries = [json.loads(e.text) if isinstance(e, manifests.RawEntry) else e.to_dict()
                for e in journaled_entries(ctx.journal)]
     return {"entries": entries}
