@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,7 +117,8 @@ def _load_and_compare(url: str, cache, who: str) -> None:
     differ = _same(expected[0], got[0]) + _same(expected[1], got[1])
     if differ:
         raise SystemExit(f"{who}: loaded values differ from the saved ones: {differ[:5]}")
-    print(f"{who}: {len(dict(_flat(got)))} values bit-identical", flush=True)
+    sys.stdout.write(f"{who}: {len(dict(_flat(got)))} values bit-identical\n")   # one write: ranks share the pipe
+    sys.stdout.flush()
 
 
 def _dies_on_rank1():
@@ -182,6 +184,12 @@ def _run(env: dict, state: Path, *args: str, timeout: float = 120) -> subprocess
                           capture_output=True, text=True, timeout=timeout)
 
 
+def _verified(url: str, settings) -> bool:
+    """``mcbridge verify --deep URL`` in this process: every file read back against the record."""
+    from bridge.pipeline.verify import verify
+    return verify(url, settings, deep=True)["ok"]
+
+
 def _bucket(scheme: str, moto, fake_gcs, azurite) -> str:
     name = unique_name()
     {"s3": moto, "gs": fake_gcs, "az": azurite}[scheme].create_bucket(name)
@@ -199,10 +207,10 @@ def test_a_two_rank_save_to_s3_gs_and_az_commits_and_loads_back_bit_identical(mo
     assert ran.returncode == 0, ran.stderr[-3000:]
     for url in urls:
         for step in ("load", "load-cached"):
-            assert sum(f" {url} {step}: " in line and "bit-identical" in line for line in ran.stdout.splitlines()) \
-                == WORLD, ran.stdout
+            said = re.findall(re.escape(f" {url} {step}: ") + r"\d+ values bit-identical", ran.stdout)
+            assert len(said) == WORLD, ran.stdout
 
-    settings = settings_for(emulator_env)
+    settings = settings_for(emulator_env, state_dir=str(tmp_path))
     for url in urls:
         root = parse(url)
         store = get_store(root, settings)
@@ -212,10 +220,11 @@ def test_a_two_rank_save_to_s3_gs_and_az_commits_and_loads_back_bit_identical(mo
         assert record is not None and set(record.files) == set(files)
         for rel, entry in record.files.items():
             assert entry.size == files[rel].size and entry.crc32c and entry.sha256
-        check = mcbridge("verify", url, "--deep", env=emulator_env, state_dir=tmp_path)
-        assert check.returncode == 0, check.stdout + check.stderr
+        assert _verified(url, settings)
         cached = [p.stat().st_size for p in (tmp_path / "cache").rglob("*") if p.is_file()]
         assert files["__1_0.distcp"].size in cached, "the cached load did not read through the cache"
+    check = mcbridge("verify", urls[0], "--deep", env=emulator_env, state_dir=tmp_path)   # and as the CLI says it
+    assert check.returncode == 0, check.stdout + check.stderr
 
     # the record's commit is written after .metadata, in the order the S3 endpoint saw the writes
     root = parse(urls[0])
@@ -234,7 +243,7 @@ def test_a_rank_killed_mid_save_commits_nothing_and_the_next_save_does(moto, fak
     url = _bucket("s3", moto, fake_gcs, azurite) + "run/step-200/"
     died = _run(emulator_env, tmp_path, "save-and-die", url)
     assert died.returncode != 0
-    settings = settings_for(emulator_env)
+    settings = settings_for(emulator_env, state_dir=str(tmp_path))
     root = parse(url)
     store = get_store(root, settings)
     assert not manifests.committed(store, root)
@@ -248,7 +257,7 @@ def test_a_rank_killed_mid_save_commits_nothing_and_the_next_save_does(moto, fak
 
     again = _run(emulator_env, tmp_path, "save,load", url)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert mcbridge("verify", url, "--deep", env=emulator_env, state_dir=tmp_path).returncode == 0
+    assert _verified(url, settings)
 
 
 def test_a_save_behind_killed_mid_upload_is_finished_by_the_next_start(moto, fake_gcs, azurite, emulator_env,
@@ -263,7 +272,7 @@ def test_a_save_behind_killed_mid_upload_is_finished_by_the_next_start(moto, fak
     died = _run(slow, tmp_path, "behind", url, str(staging), "die")
     assert died.returncode == -signal.SIGKILL, died.stderr[-3000:]
     assert "returned" in died.stdout          # the save had returned before its upload
-    settings = settings_for(emulator_env)
+    settings = settings_for(emulator_env, state_dir=str(tmp_path))
     root = parse(url)
     store = get_store(root, settings)
     assert not manifests.committed(store, root)
@@ -273,7 +282,7 @@ def test_a_save_behind_killed_mid_upload_is_finished_by_the_next_start(moto, fak
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert pending(staging) == []
     assert "bit-identical" in resumed.stdout
-    assert mcbridge("verify", url, "--deep", env=emulator_env, state_dir=tmp_path).returncode == 0
+    assert _verified(url, settings)
 
 
 def test_a_save_under_a_watched_policy_replicates_at_commit(moto, fake_gcs, azurite, emulator_env, tmp_path):
