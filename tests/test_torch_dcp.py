@@ -255,8 +255,10 @@ def test_a_rank_killed_mid_save_commits_nothing_and_the_next_save_does(moto, fak
     with pytest.raises(ManifestError, match="not committed"):
         BridgeReader(url, settings=settings).read_metadata()
 
+    assert any((tmp_path / "dcp").iterdir())   # the killed ranks' scratch folders
     again = _run(emulator_env, tmp_path, "save,load", url)
     assert again.returncode == 0, again.stderr[-3000:]
+    assert not any((tmp_path / "dcp").iterdir())   # theirs removed by the next save, its own after it
     assert _verified(url, settings)
 
 

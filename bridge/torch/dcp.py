@@ -131,10 +131,25 @@ class _AtURL:
 
 
 def _scratch(settings: Settings, prefix: str) -> Path:
-    """A new folder of this process's own under the state folder (``dcp/``)."""
+    """A new folder of this process's own under the state folder (``dcp/``, named with the
+    process id); those of processes no longer running (a rank killed mid-save) go first."""
     base = Path(settings.transfer.state_dir) / "dcp"
     base.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    for old in base.iterdir():
+        pid = old.name.split("-")[1] if old.name.count("-") >= 2 else ""
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=base))
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # -- the writer ------------------------------------------------------------------------------------
