@@ -190,6 +190,13 @@ def _verified(url: str, settings) -> bool:
     return verify(url, settings, deep=True)["ok"]
 
 
+def files_at(url: str, settings) -> dict:
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    root = parse(url)
+    return dict(get_store(root, settings).walk(root))
+
+
 def _bucket(scheme: str, moto, fake_gcs, azurite) -> str:
     name = unique_name()
     {"s3": moto, "gs": fake_gcs, "az": azurite}[scheme].create_bucket(name)
@@ -214,7 +221,7 @@ def test_a_two_rank_save_to_s3_gs_and_az_commits_and_loads_back_bit_identical(mo
     for url in urls:
         root = parse(url)
         store = get_store(root, settings)
-        files = {rel: info for rel, info in store.walk(root)}
+        files = files_at(url, settings)
         assert set(files) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
         record = manifests.read(store, root)   # one record names every file, as listed
         assert record is not None and set(record.files) == set(files)
@@ -232,6 +239,15 @@ def test_a_two_rank_save_to_s3_gs_and_az_commits_and_loads_back_bit_identical(mo
     meta = [i for i, line in enumerate(log) if f"PUT /{root.bucket}/{root.key}.metadata" in line]
     commit = [i for i, line in enumerate(log) if f"PUT /{root.bucket}/{root.key}_bridge/log/c-" in line]
     assert meta and commit and max(meta) < min(commit), (meta, commit)
+
+    # a file rewritten behind the record's back is refused when read through the cache
+    from bridge.errors import IntegrityError
+    from bridge.torch import BridgeReader
+    shard = files_at(urls[0], settings)["__0_0.distcp"]
+    moto.client().put_object(Bucket=root.bucket, Key=f"{root.key}__0_0.distcp", Body=b"\0" * shard.size)
+    reader = BridgeReader(urls[0], settings=settings, cache=tmp_path / "cache")
+    with pytest.raises(IntegrityError, match="changed since the save committed"):
+        reader.fs.create_stream(root.join("__0_0.distcp"), "rb")
 
 
 def test_a_rank_killed_mid_save_commits_nothing_and_the_next_save_does(moto, fake_gcs, azurite, emulator_env,

@@ -31,8 +31,9 @@ verified (bridge/torch/behind.py).
 
 ``BridgeReader`` reads ``.metadata`` whole and checks it against the record (a checkpoint with no
 record is refused as not committed, unless ``committed_only=False``), then each item by a ranged
-read, or through the node-local cache (bridge/cache/: whole files, shared by the ranks of a node,
-checked as they fill) with ``cache=True``.
+read (not checked: a range has no checksum of its own in the record), or with ``cache=True``
+through the node-local cache (bridge/cache/: whole files, one download shared by the ranks of a
+node, each checked against the record's size and CRC32C before it is read).
 """
 
 from __future__ import annotations
@@ -247,6 +248,9 @@ def commit_checkpoint(root: Location, entries: list[dict], settings: Settings) -
     return where
 
 
+_UNREAD = object()
+
+
 # -- the reader ------------------------------------------------------------------------------------
 
 class _Source:
@@ -277,7 +281,10 @@ class _Files:
 
     def create_stream(self, loc: Location, mode: str) -> _Source:
         reader = self.reader
-        cached = reader.cache.fetch(str(loc)) if reader.cache is not None else None
+        cached = None
+        if reader.cache is not None:
+            cached = reader.cache.fetch(str(loc))
+            reader.check_whole(loc, cached)
         return _Source(reader.store, loc, cached)
 
 
@@ -308,11 +315,11 @@ class BridgeReader(_AtURL, FileSystemReader):
     def _at(self, url: str | os.PathLike) -> None:
         self.root = self.path = checkpoint_root(url)
         self.store = get_store(self.root, self.settings)
+        self._record = _UNREAD
 
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         super().reset(None)
-        if checkpoint_id:
-            self._at(checkpoint_id)
+        self._at(checkpoint_id or str(self.root))   # a new load reads the record as it is now
 
     def read_metadata(self, *args: Any, **kwargs: Any):
         import pickle
@@ -332,9 +339,23 @@ class BridgeReader(_AtURL, FileSystemReader):
         metadata.storage_meta.load_id = self.load_id
         return metadata
 
+    def check_whole(self, loc: Location, path: Path) -> None:
+        """A whole file read (the cache's copy) against the record's entry, by size and CRC32C."""
+        from bridge.cache.core import file_hashes
+        entry = self._recorded(loc.relative_to(self.root))
+        if entry is None:
+            return
+        size, crc, _ = file_hashes(path, sha=False)
+        if (size, crc) != (entry.size, entry.crc32c):
+            raise IntegrityError(f"{loc}: {size} bytes with CRC32C {crc} in the cache, the record says {entry.size} "
+                                 f"bytes with {entry.crc32c}: changed since the save committed")
+
     def _recorded(self, rel: str):
-        """The record's entry of ``rel``; None with ``committed_only=False`` and no record."""
-        record = manifests.read(self.store, self.root)
+        """The record's entry of ``rel`` (the record read once per load); None with
+        ``committed_only=False`` and no record."""
+        if self._record is _UNREAD:
+            self._record = manifests.read(self.store, self.root)
+        record = self._record
         if record is None:
             if self.committed_only:
                 raise ManifestError(f"{self.root} is not committed (no bridge record): its save did not finish; "
