@@ -381,5 +381,17 @@ def test_publish_a_save_pretrained_folder(moto, fake_gcs, azurite, emulator_env,
     assert not list(get_store(parse(other), settings).walk(parse(other)))
 
 
+def test_bridge_and_publish_go_without_torch_and_the_writer_says_what_is_missing(tmp_path):
+    code = ("import sys; sys.modules['torch'] = None\n"   # as if PyTorch were not installed
+            "import bridge.torch, bridge.ops\n"
+            "from bridge.errors import InvalidOption\n"
+            "print(bridge.torch.publish.__name__)\n"
+            "try:\n    bridge.torch.BridgeWriter\nexcept InvalidOption as exc:\n    print(exc)\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, XDG_CONFIG_HOME=NO_CONFIG, MCBRIDGE_STATE_DIR=str(tmp_path)))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["publish", "bridge.torch needs PyTorch: pip install 'cloud-artifact-bridge[torch]'"]
+
+
 if __name__ == "__main__":
     main(sys.argv[1:])
