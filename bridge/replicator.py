@@ -17,6 +17,8 @@ file of the checkpoint added, removed, resized or rewritten since readiness was 
 written; the next run sends it again. ``watch`` lists the source every ``watch.interval`` and
 runs the policy when a checkpoint commits, or when the source of one it verified changed since
 (said as ``event: changed``; a run's ``revisited`` says the same from this machine's record).
+A commit announced on this machine (``announce``: a DCP save through bridge.torch, a publish) runs
+the policy whose source covers it at once, without waiting for the next listing.
 """
 
 from __future__ import annotations
