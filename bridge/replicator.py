@@ -17,6 +17,8 @@ file of the checkpoint added, removed, resized or rewritten since readiness was 
 written; the next run sends it again. ``watch`` lists the source every ``watch.interval`` and
 runs the policy when a checkpoint commits, or when the source of one it verified changed since
 (said as ``event: changed``; a run's ``revisited`` says the same from this machine's record).
+A commit announced on this machine (``announce``: a DCP save through bridge.torch, a publish) runs
+the policy whose source covers it at once, without waiting for the next listing.
 """
 
 from __future__ import annotations
@@ -478,6 +480,7 @@ def watch(chosen: list[NamedPolicy], settings: Settings, emit: Callable[[dict[st
     done: dict[str, tuple[tuple[str, ...], bool, dict[str, str]]] = {}
     waited: dict[str, dict[str, str]] = {}
     due = dict.fromkeys((p.name for p in chosen), 0.0)
+    heard = [f"{time.time_ns():020d}"]   # commits announced from now on (announce) wake the policy covering them
     while not stop.is_set():
         for named in chosen:
             if time.monotonic() < due[named.name] or stop.is_set():
@@ -511,4 +514,83 @@ def watch(chosen: list[NamedPolicy], settings: Settings, emit: Callable[[dict[st
                 continue
             done[named.name] = (kept, report["ok"], prints)
             emit({"event": "run", **report})
-        stop.wait(max(0.05, min(due.values()) - time.monotonic()))
+        for name, urls in _wait_or_announced(chosen, settings, due, stop, heard).items():
+            emit({"event": "announced", "policy": name, "committed": urls})
+
+
+# -- replication starts at commit ------------------------------------------------------------------
+
+ANNOUNCE_POLL_S = 0.25      # how often a watch between its listings looks for announced commits
+ANNOUNCE_KEEP_S = 3600.0    # an announcement older than this is removed by the next one
+
+
+def _announce_dir(settings: Settings):
+    from pathlib import Path
+    return Path(settings.transfer.state_dir) / "announced"
+
+
+def announce(url: str, settings: Settings) -> None:
+    """Say that a checkpoint was committed at ``url`` (a DCP save through bridge.torch, a
+    publish): a watch on this machine (the same state folder) whose policy's source covers it runs
+    that policy at once instead of at its next listing. One small file per commit, named by the
+    time, which every watch reads and none removes (old ones go with a later announcement)."""
+    import json
+    import os
+    folder = _announce_dir(settings)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"{time.time_ns():020d}-{os.getpid()}-{os.urandom(4).hex()}.json"
+        tmp = folder / f".{name}.tmp"
+        tmp.write_text(json.dumps({"url": url, "at": time.time()}))
+        os.replace(tmp, folder / name)
+        cutoff = f"{int((time.time() - ANNOUNCE_KEEP_S) * 1e9):020d}"
+        for old in folder.glob("*.json"):
+            if old.name < cutoff:
+                old.unlink(missing_ok=True)
+    except OSError:
+        pass   # the watch finds the commit at its next listing all the same
+
+
+def announced(settings: Settings, after: str) -> tuple[list[str], str]:
+    """The URLs announced after the name ``after``, and the newest name read."""
+    import json
+    folder = _announce_dir(settings)
+    try:
+        names = sorted(p.name for p in folder.glob("*.json") if p.name > after)
+    except OSError:
+        return [], after
+    urls = []
+    for name in names:
+        try:
+            urls.append(json.loads((folder / name).read_text())["url"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return urls, (names[-1] if names else after)
+
+
+def covers(policy: rules.Policy, url: str) -> bool:
+    """Whether ``url`` (a checkpoint's folder) lies under the policy's source."""
+    try:
+        source, at = str(parse(policy.source).as_prefix()), str(parse(url).as_prefix())
+    except BridgeError:
+        return False
+    return at.startswith(source) and at != source
+
+
+def _wait_or_announced(chosen: list[NamedPolicy], settings: Settings, due: dict[str, float],
+                       stop: threading.Event, heard: list[str]) -> dict[str, list[str]]:
+    """Until the next policy is due, or a commit under a policy's source is announced (that policy
+    is then due at once: returned with the URLs announced under it), or ``stop``."""
+    while not stop.is_set():
+        left = min(due.values()) - time.monotonic()
+        if left <= 0:
+            break
+        stop.wait(min(left, ANNOUNCE_POLL_S))
+        urls, heard[0] = announced(settings, heard[0])
+        woken = {named.name: [u for u in urls if covers(named.policy, u)] for named in chosen}
+        woken = {name: found for name, found in woken.items() if found}
+        for name in woken:
+            due[name] = 0.0
+        if woken:
+            return woken
+    return {}

@@ -50,6 +50,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     # the distribution was called "mcbridge" before (a name PyPI gives to another project): drop it
     "$venv/bin/python" -m pip uninstall --disable-pip-version-check -q -y mcbridge >/dev/null 2>&1 || true
     "$venv/bin/python" -m pip install --disable-pip-version-check -q -e '.[all,dev]'
+    # bridge.torch's tests: this exact CPU build (any other version pulls GBs of CUDA wheels)
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q torch==2.13.0
     touch "$stamp"
 else
     step "python packages up to date ($stamp is newer than pyproject.toml)"

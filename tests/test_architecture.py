@@ -67,6 +67,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # bridge.api: the commands as Python functions; the package re-exports them (``bridge.copy``).
     ("commands", ("bridge", "bridge.api", "bridge.ops", "bridge.treecheck", "bridge.objects", "bridge.packing.job", "bridge.packing.unpack",
                   "bridge.replicator", "bridge.evidence", "bridge.cache", "bridge.cache.")),
+    ("training loop", ("bridge.torch", "bridge.torch.")),   # DCP and publish over the commands
     ("cli", ("bridge.cli", "bridge.cli.", "bridge.__main__")),
     ("workers", ("bridge.workers", "bridge.workers.")),
 ]

@@ -229,6 +229,8 @@ def _watch(chosen, settings, max_cost, as_json: bool, filters=None) -> None:
             out.print(f"{event['policy']}: waiting: {waiting or 'nothing'}", markup=False)
         elif event["event"] == "changed":
             out.print(f"{event['policy']}: {', '.join(event['checkpoints'])} {event['why']}", markup=False)
+        elif event["event"] == "announced":
+            out.print(f"{event['policy']}: committed {', '.join(event['committed'])}: replicating now", markup=False)
         else:
             err.print(f"mcbridge: {event['policy']}: {event['error']}", markup=False, soft_wrap=True)
 
