@@ -15,7 +15,7 @@ The picture (one run; every name starts with the run's own prefix, so parallel r
         a redis-server of the run's own bound here
 
 The stores and Redis are reached over two links, so that a host can lose Redis but not the
-stores (``cut_redis``), or everything (``cut``). Each host runs ``mcbridge worker`` processes
+stores (``cut_redis``: its packets to Redis dropped), or everything (``cut``: its links down). Each host runs ``mcbridge worker`` processes
 inside its namespace (``ip netns exec``) with its own state and cache folders; the submitter and
 the test run in the root namespace. The addresses exist only on these bridges and namespaces:
 nothing is sent anywhere else. Redis keeps an append-only file, fsynced at every write, so that
@@ -219,10 +219,16 @@ class Host:
         self._links(("eth0", "red0"), "down")
 
     def cut_redis(self) -> None:
-        """Only its Redis link down: it still reaches the stores."""
-        self._links(("red0",), "down")
+        """Its Redis link silently drops every packet (a partition: connections hang, as across a
+        WAN, rather than failing at once as on a link set down); it still reaches the stores. A
+        tbf whose burst is smaller than any packet drops them all (netem is not available here)."""
+        _tc("qdisc", "replace", "dev", "red0", "root", "tbf", "rate", "1kbit", "burst", "10", "limit", "1", ns=self.ns)
+        self.partitioned = True
 
     def restore(self) -> None:
+        if getattr(self, "partitioned", False):
+            _tc("qdisc", "del", "dev", "red0", "root", ns=self.ns)
+            self.partitioned = False
         self._links(("eth0", "red0"), "up")
         for inner, addr in (("eth0", self.address), ("red0", self.redis_address)):   # down drops no address
             _ip("addr", "replace", f"{addr}/25", "dev", inner, ns=self.ns)
