@@ -92,6 +92,9 @@ def main() -> None:
     ap.add_argument("--mid-mib", type=int, default=16)
     ap.add_argument("--large-mib", type=int, default=128)
     ap.add_argument("--part-mib", type=int, default=8, help="part size, and bytes per task of a spread file")
+    ap.add_argument("--batch-files", type=int, default=50,
+                    help="BRIDGE_BATCH_FILES: small files per task at most, so that a corpus makes tasks for every host "
+                         "(the service sizes tasks by an estimate of time that does not know the links are slow)")
     ap.add_argument("--routes", default="s3-gs,local-az")
     ap.add_argument("--json", help="write the rows here too")
     args = ap.parse_args()
@@ -103,9 +106,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bridge-bench-hosts-"))
     data = work / "data"
     sizes = make_local(data, args.files, args.file_kib, args.mid, args.mid_mib, args.large_mib)
-    env = {"BRIDGE_FILE_TASK_BYTES": f"{args.part_mib}MiB", "MCBRIDGE_CHUNK_SIZE": f"{args.part_mib}MiB"}
+    env = {"BRIDGE_FILE_TASK_BYTES": f"{args.part_mib}MiB", "MCBRIDGE_CHUNK_SIZE": f"{args.part_mib}MiB",
+           "BRIDGE_BATCH_FILES": str(args.batch_files)}
     print(f"corpus {sizes['corpus_files']} files, {sizes['corpus'] / MiB:.1f} MiB; large {args.large_mib} MiB; "
-          f"link {args.rate} per host; parts {args.part_mib} MiB", flush=True)
+          f"link {args.rate} per host; parts {args.part_mib} MiB; at most {args.batch_files} small files a task", flush=True)
     print(f"before: {_uptime()}", flush=True)
     rows: list[dict] = []
     started = time.time()

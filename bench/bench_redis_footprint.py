@@ -88,13 +88,22 @@ def sample_live(work: Path) -> dict:
                     if "queue" not in seen and client.llen(queue) > 0:
                         messages = client.lrange(queue, 0, -1)
                         seen["queue"] = {"messages": len(messages), "bytes": client.memory_usage(queue, samples=0),
-                                         "texts": [len(m) for m in messages]}
+                                         "files": sum(map(_message_files, messages))}
                 time.sleep(0.1)
             subprocess.run([sys.executable, "-m", "bridge", "jobs", "cancel", job], env=env, capture_output=True)
         return seen
     finally:
         moto.stop()
         redis.stop()
+
+
+def _message_files(raw: str) -> int:
+    """The files of the sub-plan a queued transfer message carries (kombu's envelope, its body
+    base64: [args, kwargs, embed], args [job, sub-plan text, signature])."""
+    import base64
+    body = json.loads(base64.b64decode(json.loads(raw)["body"]))
+    sub = body[0][1]
+    return len((json.loads(sub) if isinstance(sub, str) else sub).get("files", []))
 
 
 def journal_at_scale(client, kind: str, samples: list[str], units: int) -> dict:
@@ -176,10 +185,8 @@ def main() -> None:
     print("live job: a part record", seen["part"][1])
     if "queue" in seen:
         q = seen["queue"]
-        entry = sum(map(len, seen["tasks"])) / len(seen["tasks"])
-        print(f"live job: {q['messages']} queued messages, {q['bytes']} bytes in Redis "
-              f"({q['bytes'] / max(1, q['messages']):.0f} per message; its task-list entry averages {entry:.0f} "
-              f"bytes: a queued message costs {q['bytes'] / max(1, q['messages']) / entry:.2f}x its sub-plan again)")
+        print(f"live job: {q['messages']} queued messages carrying {q['files']} files, {q['bytes']} bytes in Redis "
+              f"({q['bytes'] / max(1, q['files']):.0f} per file queued)")
     redis = RedisServer().start()
     try:
         from bridge.workers.keys import redis_client

@@ -201,21 +201,36 @@ def test_one_large_files_parts_are_written_from_several_hosts(hosts):
     assert len(senders) >= 2, f"parts sent from {dict(senders)}"
 
 
-@needs_hosts
-def test_a_host_cut_mid_job_costs_at_most_its_in_flight_units(hosts):
-    cluster = hosts
-    src = _corpus(cluster, "cut", 400, 32 * 1024)
+def _lose_a_busy_host(cluster, name: str, lose) -> tuple:
+    """A corpus job; once a host runs a slice of it, ``lose(host)``. (job, host, the files its
+    slices had not journaled then, the endpoint's log length then, the bucket.)"""
+    src = _corpus(cluster, name, 400, 32 * 1024)
     bucket = _bucket(cluster)
-    job = cluster.submit("cp", src, f"s3://{bucket}/c/")["id"]
+    job = cluster.submit("cp", src, f"s3://{bucket}/{name}/")["id"]
     host, subs = _until(lambda: _busy_host(cluster, job))
-    host.cut()
-    in_flight = _unjournaled(cluster, job, subs)   # it can journal nothing more from now on
-    _ended_ok(cluster.wait(job))
-    puts = _puts(cluster, bucket, "c/")
+    mark = len(cluster.requests("s3"))
+    lose(host)
+    return job, host, _unjournaled(cluster, job, subs), mark, bucket   # it journals nothing more from now on
+
+
+def _sent_once_but(cluster, bucket: str, prefix: str, in_flight: set[str]) -> list[tuple[str, str]]:
+    """Every file written, and none more than once but the lost host's unjournaled ones."""
+    puts = _puts(cluster, bucket, prefix)
     sent = Counter(key for _addr, key in puts)
     again = {key for key, n in sent.items() if n > 1}
     assert len(sent) == 400
-    assert again <= in_flight, f"sent again beyond the cut host's in-flight units: {sorted(again - in_flight)[:5]}"
+    assert again <= in_flight, f"sent again beyond the lost host's in-flight units: {sorted(again - in_flight)[:5]}"
+    return puts
+
+
+@needs_hosts
+def test_a_host_cut_mid_job_costs_at_most_its_in_flight_units(hosts):
+    cluster = hosts
+    job, host, in_flight, _mark, bucket = _lose_a_busy_host(cluster, "cut", lambda host: host.cut())
+    record = cluster.wait(job)
+    _ended_ok(record)
+    assert _manifest_puts(cluster, record) == 1, "committed more than once"
+    puts = _sent_once_but(cluster, bucket, "cut/", in_flight)
     assert any(addr == host.address for addr, _ in puts), "the cut host had sent nothing: no test"
     assert any(addr != host.address for addr, _ in puts)
 
@@ -223,27 +238,18 @@ def test_a_host_cut_mid_job_costs_at_most_its_in_flight_units(hosts):
 @needs_hosts
 def test_a_host_partitioned_from_redis_stops_and_never_writes_after_its_successor(hosts):
     cluster = hosts
-    src = _corpus(cluster, "part", 400, 32 * 1024)
-    bucket = _bucket(cluster)
-    job = cluster.submit("cp", src, f"s3://{bucket}/p/")["id"]
-    host, subs = _until(lambda: _busy_host(cluster, job))
-    mark = len(cluster.requests("s3"))
-    host.cut_redis()                  # it still reaches the store
-    in_flight = _unjournaled(cluster, job, subs)
-    record = cluster.wait(job)
+    job, host, in_flight, mark, bucket = _lose_a_busy_host(cluster, "part", lambda host: host.cut_redis())
+    record = cluster.wait(job)   # it still reaches the store
     _ended_ok(record)
     assert _manifest_puts(cluster, record) == 1, "committed more than once"
-    puts = _puts(cluster, bucket, "p/", since=mark)
     last: dict[str, str] = {}
     late = []
-    for addr, key in puts:
+    for addr, key in _puts(cluster, bucket, "part/", since=mark):
         if addr == host.address and key in last and last[key] != host.address:
             late.append(key)          # it wrote a file after another host had written it again
         last[key] = addr
     assert not late, f"the partitioned host wrote after its successor: {late[:5]}"
-    sent = Counter(key for _addr, key in _puts(cluster, bucket, "p/"))
-    assert {k for k, n in sent.items() if n > 1} <= in_flight
-    assert len(sent) == 400
+    _sent_once_but(cluster, bucket, "part/", in_flight)
     logs = "".join(w.log_path.read_text(errors="replace") for w in host.workers)
     assert "no lease renewal got through" in logs, "it never stopped itself"
 

@@ -228,6 +228,14 @@ class Lease:
                               f"(Redis unreachable?): its lease may lapse and the task run elsewhere")
                     return
 
+        if time.monotonic() - self.renewed >= interval:
+            # Taken a while ago (a planner's first slice, leased before it sent the rest): renewed
+            # now, or found lost, before its fence can count the wait against it.
+            from redis.exceptions import RedisError
+            try:
+                self.renew()
+            except RedisError as exc:
+                log.warning("task %s: could not renew its lease: %s", self.ref.id, exc)
         threads = [threading.Thread(target=beat, name=f"lease-{self.ref.id}", daemon=True),
                    threading.Thread(target=fence, name=f"fence-{self.ref.id}", daemon=True)]
         for thread in threads:
