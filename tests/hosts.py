@@ -201,11 +201,16 @@ class Host:
         return {**self.cluster.env, "MCBRIDGE_STATE_DIR": str(self.root / "state"),
                 "MCBRIDGE_CACHE_DIR": str(self.root / "cache")}
 
-    def start_workers(self, count: int = 1, concurrency: int = 2) -> list[HostWorker]:
+    def launch_workers(self, count: int = 1, concurrency: int = 2) -> list[HostWorker]:
+        """Start ``count`` workers without waiting for them (``HostWorker.wait_ready``)."""
         started = [HostWorker(self, f"{self.name}w{len(self.workers) + n}", concurrency) for n in range(count)]
         for worker in started:
             self.workers.append(worker)
             worker.start()
+        return started
+
+    def start_workers(self, count: int = 1, concurrency: int = 2) -> list[HostWorker]:
+        started = self.launch_workers(count, concurrency)
         for worker in started:
             worker.wait_ready()
         return started
@@ -370,8 +375,10 @@ class Cluster:
         for emulator in (self.redis, *self.stores.values()):
             emulator.wait_ready()
         self.env = self._environment()
-        for host in self.hosts:
-            host.start_workers(self.workers_per_host, self.concurrency)
+        # every host's workers start at once: each takes seconds to import and announce itself
+        launched = [w for host in self.hosts for w in host.launch_workers(self.workers_per_host, self.concurrency)]
+        for worker in launched:
+            worker.wait_ready()
         return self
 
     def _free_net(self) -> str:
