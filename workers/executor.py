@@ -384,6 +384,7 @@ class Service:
         started = time.perf_counter()
         cancelled, returned = threading.Event(), threading.Event()
         extra = {"cancelled": cancelled} if ref.task == TRANSFER else {}
+        lease.fences.append(cancelled)   # a lease lost or fenced stops the step's requests too
         if ref.task in (PLAN, TRANSFER):   # a finalize of a cancelled job is its discard: never ended
             threading.Thread(target=self._watch_cancel, args=(lease, cancelled, returned, metered), daemon=True,
                              name=f"cancel-watch-{ref.id}").start()
@@ -397,7 +398,9 @@ class Service:
             except Exception as exc:
                 log.exception("task %s (%s of job %s) failed", ref.id, ref.task, ref.job)
                 outcome = {"error": _describe(exc)}
-                if ref.task == TRANSFER:
+                if lease.lost.is_set():
+                    pass   # no longer this delivery's task: what it failed at is the new holder's to do
+                elif ref.task == TRANSFER:
                     self.jobs.add_errors(ref.job, [outcome["error"]])
                 else:
                     self._end(ref.job, "failed", [outcome["error"]])
@@ -757,7 +760,9 @@ class Service:
         sink.close(progress, max_units=ran.units)
         if start is not None and not lease.lost.is_set():
             self._recount(job_id, lease.ref.id, progress, kind.used(sub, before, start))
-        if cancelled.is_set():
+        if lease.lost.is_set():
+            log.info("job %s: task %s stopped: its lease was lost or fenced", job_id, lease.ref.id)
+        elif cancelled.is_set():
             log.info("job %s: task %s stopped: the job was cancelled", job_id, lease.ref.id)
         elif ran.errors and not lease.lost.is_set():
             self.jobs.add_errors(job_id, ran.errors)

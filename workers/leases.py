@@ -21,8 +21,15 @@ and liveness is decided by leases instead:
   too, so that it is queued even if that worker dies right after. That worker then takes the
   finalize's lease and runs it itself (the planner does the same with a job's first transfer,
   leased before the plan is marked done): the registration is what makes it safe not to send it.
-- A holder whose lease was taken over (its Redis link was down for longer than the TTL) learns
-  it from its heartbeat and stops at the next unit; the work is idempotent either way.
+- Fencing. A holder that cannot renew (its Redis link is down, Redis is away) stops by itself
+  once ``FENCE`` of the TTL has passed since the last renewal it sent, before the lease can lapse
+  in Redis: no new unit, and its requests stop at their next piece (``Lease.fences``). So the
+  worker that takes the task over after the lease lapsed is the only one writing its units. A
+  holder whose link comes back finds the lease held by another or the task done, and a lease
+  that lapsed is taken again only while the task is neither done nor queued again: it never
+  resumes a task another worker ran. What a fenced holder had already finished is in the journal
+  or is sent again (the same bytes to the same names); it never completes the task, so it never
+  counts it twice nor hands its job's finalize over twice.
 """
 
 from __future__ import annotations
@@ -52,11 +59,18 @@ return 'ok'
 """
 
 _RENEW = """
--- KEYS: lease;  ARGV: token, ttl ms.  1 renewed, 2 taken again after expiring, 0 lost
+-- KEYS: lease, done set, running;  ARGV: token, ttl ms, task id.
+-- 1 renewed, 2 taken again after expiring (nobody else had it), 0 lost
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
-if not holder then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
-return 0
+if holder then return 0 end
+-- Expired: ours again only while nobody ran it meanwhile (it is not done) and its registration
+-- is still this holder's (the sweeper has not queued it again).
+if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1 then return 0 end
+local entry = redis.call('HGET', KEYS[3], ARGV[3])
+if not entry or not string.find(entry, ARGV[1], 1, true) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 2
 """
 
 _COMPLETE = """
@@ -137,16 +151,30 @@ class Leases:
         return Lease(self, ref)
 
 
+FENCE = 2 / 3   # of the TTL without a renewal, after which a holder stops by itself
+
+
 class Lease:
     """One task's lease. ``acquire()``, then ``with lease.heartbeat():`` around the work, then
-    ``complete()``; ``lost`` is set if another delivery took over."""
+    ``complete()``; ``lost`` is set if another delivery took over, or if no renewal got through
+    for ``FENCE`` of the TTL (it may lapse: another may take it). ``fences``: more events set
+    with ``lost`` (a step's request stopper)."""
 
     def __init__(self, leases: Leases, ref: TaskRef):
         self.leases = leases
         self.ref = ref
         self.ref.token = self.ref.token or new_token()
         self.lost = threading.Event()
+        self.fences: list[threading.Event] = []
         self.renewals = 0
+        self.renewed = time.monotonic()   # when the last renewal that got through was sent
+
+    def lose(self, why: str) -> None:
+        if not self.lost.is_set():
+            log.warning("task %s: %s; stopping", self.ref.id, why)
+        self.lost.set()
+        for event in self.fences:
+            event.set()
 
     @property
     def _keys(self) -> Keys:
@@ -156,21 +184,28 @@ class Lease:
         """'ok' (it is ours), 'busy' (another live delivery runs it) or 'done'."""
         k = self._keys
         self.ref.since = time.time()
+        self.renewed = time.monotonic()
         return self.leases._acquire(
             keys=[k.job(self.ref.job, "done"), k.lease(self.ref.id), k.running],
             args=[self.ref.id, self.ref.token, self.leases.ttl_ms, self.ref.encode()])
 
     def renew(self) -> bool:
-        result = self.leases._renew(keys=[self._keys.lease(self.ref.id)],
-                                    args=[self.ref.token, self.leases.ttl_ms])
+        sent = time.monotonic()
+        k = self._keys
+        result = self.leases._renew(keys=[k.lease(self.ref.id), k.job(self.ref.job, "done"), k.running],
+                                    args=[self.ref.token, self.leases.ttl_ms, self.ref.id])
         if result == 2:
             log.warning("lease of task %s had expired (Redis unreachable?); taken again", self.ref.id)
         if result == 0:
-            self.lost.set()
-            log.warning("task %s: another worker took over its lease; stopping", self.ref.id)
+            self.lose("another worker took over its lease, or ran it")
             return False
+        self.renewed = max(self.renewed, sent)
         self.renewals += 1
         return True
+
+    def fenced(self) -> bool:
+        """Whether no renewal got through for ``FENCE`` of the TTL (the lease may lapse soon)."""
+        return time.monotonic() - self.renewed >= self.leases.ttl * FENCE
 
     @contextmanager
     def heartbeat(self) -> Iterator[Lease]:
@@ -179,20 +214,38 @@ class Lease:
 
         def beat() -> None:
             from redis.exceptions import RedisError
-            while not stop.wait(interval):
+            while not stop.wait(interval) and not self.lost.is_set():
                 try:
                     if not self.renew():
                         return
                 except RedisError as exc:  # Redis away: keep trying; renew() notices a lost lease
                     log.warning("task %s: could not renew its lease: %s", self.ref.id, exc)
 
-        thread = threading.Thread(target=beat, name=f"lease-{self.ref.id}", daemon=True)
-        thread.start()
+        def fence() -> None:   # apart from beat(), which a renewal sent into a dead link holds up
+            while not stop.wait(min(0.2, interval / 5)):
+                if self.fenced():
+                    self.lose(f"no lease renewal got through for {time.monotonic() - self.renewed:.1f}s "
+                              f"(Redis unreachable?): its lease may lapse and the task run elsewhere")
+                    return
+
+        if time.monotonic() - self.renewed >= interval:
+            # Taken a while ago (a planner's first slice, leased before it sent the rest): renewed
+            # now, or found lost, before its fence can count the wait against it.
+            from redis.exceptions import RedisError
+            try:
+                self.renew()
+            except RedisError as exc:
+                log.warning("task %s: could not renew its lease: %s", self.ref.id, exc)
+        threads = [threading.Thread(target=beat, name=f"lease-{self.ref.id}", daemon=True),
+                   threading.Thread(target=fence, name=f"fence-{self.ref.id}", daemon=True)]
+        for thread in threads:
+            thread.start()
         try:
             yield self
         finally:
             stop.set()
-            thread.join(timeout=5)
+            for thread in threads:
+                thread.join(timeout=5)
 
     def complete(self, counts: bool, then: TaskRef | None = None) -> int:
         """Mark the task done. For a counted task, the job's pending tasks left (and when that
