@@ -155,3 +155,26 @@ def test_rm_r_dry_run_of_a_bucket_root_says_a_run_would_be_refused(make_root, en
     below = mcbridge("rm", "-r", "--dry-run", root + "team/", env=env, state_dir=tmp_path)
     assert below.returncode == 0 and "refused" not in below.stdout, below.stdout   # a prefix is no guarded place
     assert "team/f" in _keys(moto, parse_url(root).bucket), "a dry run removes nothing"
+
+
+def test_a_mirror_policys_max_delete_holds_in_process_too(moto, env_for, tmp_path):
+    """replicate --policy --once (the CLI's own process) plans through the same guard."""
+    env = env_for("s3")
+    src, dst_bucket = unique_name(), unique_name()
+    moto.create_bucket(src)
+    moto.create_bucket(dst_bucket)
+    _put_checkpoint(moto, src, "step-1")
+    dst = f"s3://{dst_bucket}/dr/"
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{dst}]\n"
+                           f"    checkpoints: \"step-*\"\n    mode: mirror\n    max_delete: 2\n")
+    first = mcbridge("replicate", "--policy", str(policy_file), "--once", env=env, state_dir=tmp_path)
+    assert first.returncode == 0, first.stderr
+    for i in range(3):
+        moto.client().put_object(Bucket=dst_bucket, Key=f"dr/step-1/stray-{i}.bin", Body=b"x")
+    before = _keys(moto, dst_bucket)
+    second = mcbridge("replicate", "--policy", str(policy_file), "--once", env=env, state_dir=tmp_path)
+    assert second.returncode != 0
+    assert (f"sync would delete 3 objects at {dst}step-1/, more than --max-delete 2: nothing copied or deleted"
+            in second.stdout + second.stderr), second.stdout + second.stderr
+    assert _keys(moto, dst_bucket) == before, "nothing deleted"
