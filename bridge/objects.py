@@ -135,6 +135,18 @@ def cat(url: str, settings: Settings, write: Callable[[bytes], Any], *, offset: 
 
 # -- rm ------------------------------------------------------------------------------------------
 
+def _guarded(verb: str, url: str, force: bool, dry_run: bool) -> str | None:
+    """bridge.guards' refusal of ``verb`` of ``url``: raised for a run; for a dry run, said (the
+    line a run would be refused with), or None."""
+    try:
+        guards.refuse_protected(verb, parse(url), force=force)
+    except guards.DeletionRefused as exc:
+        if not dry_run:
+            raise
+        return str(exc)
+    return None
+
+
 def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Filters | None = None,
            dry_run: bool = False, progress: Progress | None = None, force: bool = False) -> dict[str, Any]:
     """Remove the object ``url``, or with ``recursive`` every object under the prefix (those the
@@ -143,14 +155,7 @@ def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Fi
     filters only the selected data objects go; a manifest above them then names them missing.
     A bucket root, the filesystem root or a system folder is refused unless ``force``
     (bridge.guards); a dry run only lists, and says (``refused``) when a run would be refused."""
-    refused = None
-    if recursive:
-        try:
-            guards.refuse_protected("rm -r", parse(url), force=force)
-        except guards.DeletionRefused as exc:
-            if not dry_run:
-                raise
-            refused = str(exc)
+    refused = _guarded("rm -r", url, force, dry_run) if recursive else None
     store, root, rows, single = _objects(url, settings, filters, recursive=recursive,
                                          listed=progress.saw if progress else None)
     targets = [info.location for _rel, info in rows]
@@ -214,13 +219,7 @@ def move(source: str, destination: str, settings: Settings, *, filters: Filters 
     store's checksum), and only then remove the sources. A source whose copy is not proven stays.
     A bucket root, the filesystem root or a system folder as the source is refused unless
     ``force`` (bridge.guards), before anything is copied."""
-    refused = None
-    try:
-        guards.refuse_protected("mv", parse(source), force=force)
-    except guards.DeletionRefused as exc:
-        if not dry_run:
-            raise
-        refused = str(exc)
+    refused = _guarded("mv", source, force, dry_run)
     source, filters = listing.wildcard_source(source, filters, settings)   # s3://b/p/*.tar
     from bridge import ops
     plan = routes.choose(plan_copy(source, destination, settings, chunk_size, filters=filters,

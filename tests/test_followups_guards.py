@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +33,33 @@ def _keys(moto, bucket: str, prefix: str = "") -> list[str]:
 
 def _data(keys: list[str]) -> list[str]:
     return [k for k in keys if "/_bridge/" not in k]
+
+
+def policy_places(moto, tmp_path, destinations: int, lines: str) -> tuple[str, list[str], Path]:
+    """A source bucket holding the committed checkpoint ``step-1``, ``destinations`` buckets, and
+    a policy file ``golden`` between them with ``lines`` (YAML, indented 4) besides."""
+    src = unique_name()
+    moto.create_bucket(src)
+    _put_checkpoint(moto, src, "step-1")
+    dsts = []
+    for _ in range(destinations):
+        bucket = unique_name()
+        moto.create_bucket(bucket)
+        dsts.append(f"s3://{bucket}/dr/")
+    policy_file = tmp_path / "policies.yaml"
+    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{', '.join(dsts)}]\n"
+                           f"    checkpoints: \"step-*\"\n{lines}")
+    return src, dsts, policy_file
+
+
+def first_run(service, policy_file: Path):
+    """beat's scheduler for the policy file (due daily at 02:00) and its first run, ended:
+    (scheduler, clock, run)."""
+    clock = Clock(datetime(2026, 3, 1, 1, 59, tzinfo=timezone.utc))
+    beat = _beat(service.env, policy_file, clock)
+    beat.schedule["mcbridge-policy:golden"].last_run_at = datetime(2026, 2, 28, 2, 0, 30, tzinfo=timezone.utc)
+    beat.tick()
+    return beat, clock, _run(service, beat, clock, datetime(2026, 3, 1, 2, 0, 5, tzinfo=timezone.utc))
 
 
 def _submit(service, *args: str) -> dict:
@@ -91,21 +119,11 @@ def test_submit_sync_and_replicate_delete_are_guarded_by_the_worker(service, mot
 
 
 def test_a_mirror_policys_max_delete_refuses_a_checkpoint_sync_deleting_more(service, moto, tmp_path):  # noqa: F811
-    src, dst_bucket = unique_name(), unique_name()
-    moto.create_bucket(src)
-    moto.create_bucket(dst_bucket)
-    _put_checkpoint(moto, src, "step-1")
-    dst = f"s3://{dst_bucket}/dr/"
-    policy_file = tmp_path / "policies.yaml"
-    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{dst}]\n"
-                           f"    checkpoints: \"step-*\"\n    mode: mirror\n    max_delete: 2\n"
-                           f"    schedule: {{cron: \"0 2 * * *\"}}\n")
+    _src, [dst], policy_file = policy_places(moto, tmp_path, 1, "    mode: mirror\n    max_delete: 2\n"
+                                                                "    schedule: {cron: \"0 2 * * *\"}\n")
+    dst_bucket = parse_url(dst).bucket
     service.worker("w1").wait_ready()
-    clock = Clock(datetime(2026, 3, 1, 1, 59, tzinfo=timezone.utc))
-    beat = _beat(service.env, policy_file, clock)
-    beat.schedule["mcbridge-policy:golden"].last_run_at = datetime(2026, 2, 28, 2, 0, 30, tzinfo=timezone.utc)
-    beat.tick()
-    first = _run(service, beat, clock, datetime(2026, 3, 1, 2, 0, 5, tzinfo=timezone.utc))
+    beat, clock, first = first_run(service, policy_file)
     assert first.state == "succeeded", first.errors
     for i in range(3):   # three objects the source never had, in the checkpoint's folder
         moto.client().put_object(Bucket=dst_bucket, Key=f"dr/step-1/stray-{i}.bin", Body=b"x")
@@ -160,14 +178,8 @@ def test_rm_r_dry_run_of_a_bucket_root_says_a_run_would_be_refused(make_root, en
 def test_a_mirror_policys_max_delete_holds_in_process_too(moto, env_for, tmp_path):
     """replicate --policy --once (the CLI's own process) plans through the same guard."""
     env = env_for("s3")
-    src, dst_bucket = unique_name(), unique_name()
-    moto.create_bucket(src)
-    moto.create_bucket(dst_bucket)
-    _put_checkpoint(moto, src, "step-1")
-    dst = f"s3://{dst_bucket}/dr/"
-    policy_file = tmp_path / "policies.yaml"
-    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{dst}]\n"
-                           f"    checkpoints: \"step-*\"\n    mode: mirror\n    max_delete: 2\n")
+    _src, [dst], policy_file = policy_places(moto, tmp_path, 1, "    mode: mirror\n    max_delete: 2\n")
+    dst_bucket = parse_url(dst).bucket
     first = mcbridge("replicate", "--policy", str(policy_file), "--once", env=env, state_dir=tmp_path)
     assert first.returncode == 0, first.stderr
     for i in range(3):

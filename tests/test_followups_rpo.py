@@ -24,8 +24,9 @@ import yaml
 from bridge.policies.replication import DEFAULT_RPO, PolicyError, parse, seconds
 from bridge.workers.keys import Keys
 from bridge.workers.replicas import LAG_SAMPLES, PolicyState
-from tests.emulators import free_port, unique_name
-from tests.test_service_policies import Clock, _beat, _put_checkpoint, _run
+from tests.emulators import free_port
+from tests.test_followups_guards import first_run, policy_places
+from tests.test_service_policies import _put_checkpoint, _run
 from tests.test_status_page import fetch, status_server
 from tests.test_workers_service import metric_total, service  # noqa: F401  (the fixture)
 
@@ -92,21 +93,11 @@ def test_promtool_fires_on_a_policys_own_rpo_and_on_the_default_elsewhere(tmp_pa
 
 
 def test_rpo_per_destination_and_lag_over_time_from_the_services_runs(service, moto, tmp_path):  # noqa: F811
-    src, dst_bucket, dst2_bucket = unique_name(), unique_name(), unique_name()
-    for b in (src, dst_bucket, dst2_bucket):
-        moto.create_bucket(b)
-    _put_checkpoint(moto, src, "step-1")
-    dst, dst2 = f"s3://{dst_bucket}/dr/", f"s3://{dst2_bucket}/dr/"
-    policy_file = tmp_path / "policies.yaml"
-    policy_file.write_text(f"policies:\n  golden:\n    source: s3://{src}/golden/\n    destinations: [{dst}, {dst2}]\n"
-                           f"    checkpoints: \"step-*\"\n    rpo: 2s\n    schedule: {{cron: \"0 2 * * *\"}}\n")
+    src, [dst, dst2], policy_file = policy_places(moto, tmp_path, 2, "    rpo: 2s\n"
+                                                                     "    schedule: {cron: \"0 2 * * *\"}\n")
     port = free_port()
     service.worker("w1", metrics_port=port).wait_ready()
-    clock = Clock(datetime(2026, 3, 1, 1, 59, tzinfo=timezone.utc))
-    beat = _beat(service.env, policy_file, clock)
-    beat.schedule["mcbridge-policy:golden"].last_run_at = datetime(2026, 2, 28, 2, 0, 30, tzinfo=timezone.utc)
-    beat.tick()
-    first = _run(service, beat, clock, datetime(2026, 3, 1, 2, 0, 5, tzinfo=timezone.utc))
+    beat, clock, first = first_run(service, policy_file)
     assert first.state == "succeeded", first.errors
     assert metric_total(port, "bridge_replica_rpo_seconds") == 2 * 2   # 2 s at each of the two destinations
 
