@@ -13,8 +13,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from bridge.policies.cost import money
-from bridge.cli.options import (RUN, DeleteOpt, ExcludeOpt, ForceOpt, MaxDeleteOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxSizeOpt,
-                                MinAgeOpt, MinSizeOpt, QuietOpt, Sha256Opt, ShardFormat, VerifyMode, bwlimit_opt,
+from bridge.cli.options import (RUN, DeleteOpt, ExcludeOpt, FilesFromOpt, ForceOpt, IncludeOpt, JsonOpt, MaxAgeOpt,
+                                MaxDeleteOpt, MaxSizeOpt, MinAgeOpt, MinSizeOpt, QuietOpt, Sha256Opt, ShardFormat, VerifyMode, bwlimit_opt,
                                 chunk_size_opt, concurrency_opt, dry_run_opt, err, filters_from_flags, given,
                                 max_cost_opt, out, profile_opt, refuse_unused, route_opt, settings_from_flags,
                                 size_flag, store_checksums_opt, transfer_flags, usd_amount)
