@@ -135,6 +135,18 @@ def cat(url: str, settings: Settings, write: Callable[[bytes], Any], *, offset: 
 
 # -- rm ------------------------------------------------------------------------------------------
 
+def _guarded(verb: str, url: str, force: bool, dry_run: bool) -> str | None:
+    """bridge.guards' refusal of ``verb`` of ``url``: raised for a run; for a dry run, said (the
+    line a run would be refused with), or None."""
+    try:
+        guards.refuse_protected(verb, parse(url), force=force)
+    except guards.DeletionRefused as exc:
+        if not dry_run:
+            raise
+        return str(exc)
+    return None
+
+
 def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Filters | None = None,
            dry_run: bool = False, progress: Progress | None = None, force: bool = False) -> dict[str, Any]:
     """Remove the object ``url``, or with ``recursive`` every object under the prefix (those the
@@ -142,9 +154,8 @@ def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Fi
     the manifest first: a removal cut short never leaves a prefix that looks complete. With
     filters only the selected data objects go; a manifest above them then names them missing.
     A bucket root, the filesystem root or a system folder is refused unless ``force``
-    (bridge.guards); a dry run only lists."""
-    if recursive and not dry_run:
-        guards.refuse_protected("rm -r", parse(url), force=force)
+    (bridge.guards); a dry run only lists, and says (``refused``) when a run would be refused."""
+    refused = _guarded("rm -r", url, force, dry_run) if recursive else None
     store, root, rows, single = _objects(url, settings, filters, recursive=recursive,
                                          listed=progress.saw if progress else None)
     targets = [info.location for _rel, info in rows]
@@ -157,7 +168,7 @@ def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Fi
     summary = {"url": str(root) if not single else url, "objects": len(targets), "bytes": nbytes,
                "removed": [str(loc) for loc in targets]}
     if dry_run:
-        return {"dry_run": True, **summary}
+        return {"dry_run": True, **summary, "refused": refused}
     if progress is not None:
         progress.begin("removing")
         progress.plan_checks(len(targets), nbytes)
@@ -208,15 +219,15 @@ def move(source: str, destination: str, settings: Settings, *, filters: Filters 
     store's checksum), and only then remove the sources. A source whose copy is not proven stays.
     A bucket root, the filesystem root or a system folder as the source is refused unless
     ``force`` (bridge.guards), before anything is copied."""
-    if not dry_run:
-        guards.refuse_protected("mv", parse(source), force=force)
+    refused = _guarded("mv", source, force, dry_run)
     source, filters = listing.wildcard_source(source, filters, settings)   # s3://b/p/*.tar
     from bridge import ops
     plan = routes.choose(plan_copy(source, destination, settings, chunk_size, filters=filters,
                                    listed=listing_to(progress)), settings, route)
     ops._within_budget(plan, settings, max_cost, "move")
     if dry_run:
-        return {"dry_run": True, **ops.plan_summary(plan), "remove_from_source": [f.rel for f in plan.files]}
+        return {"dry_run": True, **ops.plan_summary(plan), "remove_from_source": [f.rel for f in plan.files],
+                "refused": refused}
     summary = executor.execute(plan, settings, progress)
     dst_root = parse(plan.destination).as_prefix()
     dst = get_store(dst_root, settings)

@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from bridge import manifest as manifests
-from bridge import bwlimit, evidence, jobs, meter, routes
+from bridge import bwlimit, evidence, guards, jobs, meter, routes
 from bridge.config import Settings
 from bridge.pipeline import syncplan
 from bridge.pipeline.execute import JobContext, journal_for
@@ -214,8 +214,12 @@ def plan_checkpoint(policy: rules.Policy, src: str, dst: str, settings: Settings
     settings = placed(policy, dst, settings)
     plan, _reasons = syncplan.plan_sync(src, dst, settings, delete=policy.mode == "mirror",
                                    chunk_size=settings.transfer.chunk_size, filters=filters)
+    present = plan.listed["destination"]
+    plan = filtered(plan, policy.include, policy.exclude)
+    # a mirror's deletions within the guard sync --delete has (max_delete, else half of what is there)
+    guards.refuse_sync_deletions(len(plan.deletions), present, plan.destination, max_delete=policy.max_delete)
     # The route the service's workers would take for the same sync: one decision for both.
-    return routes.choose(filtered(plan, policy.include, policy.exclude), settings)
+    return routes.choose(plan, settings)
 
 
 def remove_checkpoint(url: str, settings: Settings) -> int:

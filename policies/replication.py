@@ -15,6 +15,10 @@
         verify: store               # store | deep | none
         sha256: false               # also record each file's whole SHA-256 (cp --sha256)
         max_cost_usd: 5             # refuse a run estimated above this
+        rpo: 30m                    # the newest committed checkpoint must be verified at each
+                                    # destination within this (default: the alert's 4h)
+        max_delete: 100             # mirror: a checkpoint's sync deleting more objects is refused
+                                    # (default: refused past half of what is there; bridge/guards.py)
         schedule: {cron: "0 2 * * *"}
         ready: {marker: ".metadata", min_age: 10m}   # when a checkpoint counts as committed
         watch: {interval: 5s}       # replicate --watch: how often the source is listed
@@ -64,6 +68,9 @@ from bridge.errors import BridgeError, InvalidOption
 from bridge.filters import Filters
 from bridge.urls import parse as parse_url
 from bridge.policies.yamlcheck import compose, line_of, read
+
+# The RPO of a policy that sets none: the one deploy/prometheus/alerts.yml falls back to.
+DEFAULT_RPO = "4h"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
 _DIGITS = re.compile(r"(\d+)")
@@ -237,6 +244,12 @@ class Policy(BaseModel):
     verify: Literal["store", "deep", "none"] = "store"
     sha256: bool = False   # the plain whole-file SHA-256 too (transfer.sha256, README "Digests")
     max_cost_usd: float | None = Field(None, ge=0)
+    # Recovery point objective: how long the newest committed checkpoint may wait to be verified
+    # at a destination (policy status, the status page and the alert rules read it).
+    rpo: str | None = None
+    # mode mirror: the most objects one checkpoint's sync may delete (bridge/guards.py, as sync
+    # --max-delete); without it, one deleting more than half of what is there is refused.
+    max_delete: int | None = Field(None, ge=0)
     schedule: Schedule | None = None
     ready: Ready = Ready()
     watch: Watch = Watch()
@@ -263,6 +276,22 @@ class Policy(BaseModel):
             except InvalidOption as exc:
                 raise ValueError(str(exc).replace("--include ", "").replace("--exclude ", "")) from None
         return globs
+
+    @field_validator("rpo")
+    @classmethod
+    def _rpo(cls, text: str | None) -> str | None:
+        if text is not None:
+            try:
+                value = seconds(text)
+            except ValueError as exc:
+                raise ValueError(f"rpo {exc}") from None
+            if value <= 0:
+                raise ValueError(f"rpo {text!r} is no time at all; give e.g. 30m or 4h")
+        return text
+
+    @property
+    def rpo_s(self) -> float | None:
+        return seconds(self.rpo) if self.rpo else None
 
     @field_validator("checkpoints")
     @classmethod
@@ -293,6 +322,9 @@ class Policy(BaseModel):
         if self.mode == "mirror" and self.verify == "none":
             problems.append("verify:: mode mirror removes old checkpoints only once the newest is proven: "
                             "verify must be store or deep (or use mode append-only)")
+        if self.max_delete is not None and self.mode != "mirror":
+            problems.append("max_delete:: max_delete limits what mode mirror deletes; mode append-only deletes "
+                            "nothing (set mode: mirror, or leave max_delete out)")
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -307,6 +339,29 @@ class Policy(BaseModel):
     @property
     def copies_needed(self) -> int:
         return self.min_verified_copies or len(self.destinations)
+
+
+def rpo_state(policy: Policy, lag_checkpoints: int | None, committed_at: float | None,
+              now: float) -> dict[str, Any]:
+    """Whether one destination is within the policy's RPO (its ``rpo``, else ``DEFAULT_RPO``), as
+    the alert rule decides it: past it when the source's newest committed checkpoint is not
+    verified there (``lag_checkpoints`` > 0) and was committed (``committed_at``) longer ago than
+    the RPO. ``within`` is None when that is not known (the source not listed)."""
+    rpo = policy.rpo or DEFAULT_RPO
+    out: dict[str, Any] = {"rpo": rpo, "rpo_s": seconds(rpo), "rpo_default": policy.rpo is None, "within": None}
+    if lag_checkpoints == 0:
+        out["within"] = True
+    elif lag_checkpoints is not None and committed_at is not None:
+        out["within"] = now - committed_at <= out["rpo_s"]
+    return out
+
+
+def rpo_words(state: Mapping[str, Any]) -> str:
+    """``within RPO``, ``past its RPO of 30m`` (``past the default RPO of 4h``), or not known."""
+    whose = "the default" if state["rpo_default"] else "its"
+    if state["within"] is None:
+        return f"RPO {state['rpo']}: not known"
+    return "within RPO" if state["within"] else f"past {whose} RPO of {state['rpo']}"
 
 
 @dataclass(frozen=True)

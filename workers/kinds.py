@@ -223,9 +223,15 @@ class Files:
         else:
             plan, _reasons = syncplan.plan_sync(spec.source, spec.destination, settings, delete=spec.deletes,
                                            chunk_size=chunk, filters=filters, adopt=spec.adopt or "checksum")
+            present = plan.listed["destination"]
             if spec.include or spec.exclude:
                 from bridge.replicator import filtered
                 plan = filtered(plan, spec.include or [], spec.exclude or [])
+            # the CLI's guard on mass deletion (sync --delete), before any task is planned: the job
+            # fails with its one line and nothing is copied or deleted
+            from bridge import guards
+            guards.refuse_sync_deletions(len(plan.deletions), present, plan.destination,
+                                         max_delete=spec.max_delete, force=bool(spec.force_delete))
         from bridge import routes
         routes.choose(plan, settings, spec.route)
         from bridge.workers.gate import Names

@@ -25,6 +25,8 @@ metrics are a no-op and the worker says so once.
                                                             newest committed checkpoint, seen by the last run
     bridge_replica_verified_commit_timestamp_seconds{policy,destination}  commit time of the newest
                                                             checkpoint verified at the destination
+    bridge_replica_rpo_seconds{policy,destination}          the policy's own RPO (``rpo``), where it
+                                                            sets one (the alert rule's 4 h elsewhere)
     bridge_store_requests_total{store,kind}  requests sent to a store (scheme://bucket), by kind
     bridge_store_errors_total{store}         answers of status 400 or more from a store
     bridge_store_retries_total{endpoint}     requests retried, by the store's endpoint (bridge/retry.py)
@@ -131,6 +133,9 @@ def _metrics() -> dict | None:
         "verified_commit": pc.Gauge("bridge_replica_verified_commit_timestamp_seconds", "Commit time of the newest "
                                     "checkpoint verified at the destination", ["policy", "destination"],
                                     multiprocess_mode="mostrecent"),
+        "rpo": pc.Gauge("bridge_replica_rpo_seconds", "The policy's recovery point objective: how long its "
+                        "newest committed checkpoint may wait to be verified at the destination",
+                        ["policy", "destination"], multiprocess_mode="mostrecent"),
         "store_requests": pc.Counter("bridge_store_requests", "Requests sent to a store", ["store", "kind"]),
         "store_errors": pc.Counter("bridge_store_errors", "Answers of status 400 or more from a store", ["store"]),
         "store_retries": pc.Counter("bridge_store_retries", "Requests retried, by the store's endpoint", ["endpoint"]),
@@ -221,12 +226,15 @@ def cache(queue: str, hits: int = 0, misses: int = 0, bytes_filled: int = 0) -> 
 
 def replica(policy: str, destination: str, *, lag: int, verified_at: float | None, spent: float,
             commit_to_verified: float | None = None, committed_at: float | None = None,
-            verified_committed_at: float | None = None) -> None:
+            verified_committed_at: float | None = None, rpo: float | None = None) -> None:
     """``committed_at``: when the source's newest committed checkpoint was committed;
-    ``verified_committed_at``: when the newest checkpoint verified at ``destination`` was."""
+    ``verified_committed_at``: when the newest checkpoint verified at ``destination`` was;
+    ``rpo``: the policy's RPO in seconds, when it sets one."""
     m = _metrics()
     if m is None:
         return
+    if rpo is not None:
+        m["rpo"].labels(policy, destination).set(rpo)
     if committed_at is not None:
         m["committed"].labels(policy, destination).set(committed_at)
     if verified_committed_at is not None:

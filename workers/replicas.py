@@ -19,7 +19,9 @@ last ran there (``last_run``, ``job``, ``ok``), the newest checkpoint verified t
 the run's end from the checkpoint's commit), the newest at the source and how many source checkpoints
 are newer than the verified one (``newest_source``, ``lag_checkpoints``), what retention removed.
 Spend per destination and month is in ``<ns>:policy-spend:<YYYY-MM>``; the policy's own monthly
-budget is the budget of its name (workers/redisbudgets.py).
+budget is the budget of its name (workers/redisbudgets.py). The lag of each run's end, per
+destination, is kept in a short list, ``<ns>:policy:<name>:lag:<destination>`` (JSON samples
+``{"at", "lag", "job"}``, oldest first, the newest ``LAG_SAMPLES``): the status page's lag chart.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ from bridge.workers.specs import JobSpec, parse_spec
 log = logging.getLogger(__name__)
 
 POLICY = "bridge.policy"
+
+# Lag samples kept per policy and destination: a day of runs every 15 minutes.
+LAG_SAMPLES = 96
 
 
 # -- beat ------------------------------------------------------------------------------------
@@ -94,6 +99,28 @@ class PolicyState:
         state = {**state, "errors": [redact(e) for e in state.get("errors", [])]}   # they quote SDK errors
         self.r.hset(self.keys.policy(name), destination, json.dumps(state))
 
+    def _lag_key(self, name: str, destination: str) -> str:
+        return f"{self.keys.policy(name)}:lag:{destination}"   # a policy's name holds no ':'
+
+    def record_lag(self, name: str, destination: str, at: float, lag: int | None, job: str) -> None:
+        """One sample of a run's end, the list trimmed to the newest ``LAG_SAMPLES``."""
+        key = self._lag_key(name, destination)
+        pipe = self.r.pipeline()
+        pipe.rpush(key, json.dumps({"at": at, "lag": lag, "job": job}))
+        pipe.ltrim(key, -LAG_SAMPLES, -1)
+        pipe.execute()
+
+    def lag_history(self, name: str, destination: str) -> list[dict[str, Any]]:
+        """The samples of ``record_lag``, oldest first (Redis's word, as the rest of the state)."""
+        out = []
+        for raw in self.r.lrange(self._lag_key(name, destination), 0, -1):
+            try:
+                sample = json.loads(raw)
+                out.append({"at": float(sample["at"]), "lag": sample["lag"], "job": str(sample.get("job", ""))})
+            except (TypeError, ValueError, KeyError):
+                continue   # not a sample of ours: left out of the chart
+        return out
+
     def add_spend(self, name: str, destination: str, usd: float) -> None:
         if usd:
             self.r.hincrbyfloat(self.keys.policy_spend(month()), f"{name} {destination}", usd)
@@ -106,7 +133,7 @@ class PolicyState:
 
 def _spec(policy: Policy) -> JobSpec:
     return parse_spec({"kind": "replicate", "source": policy.source, "destinations": policy.destinations,
-                       "delete": policy.mode == "mirror", "verify": policy.verify,
+                       "delete": policy.mode == "mirror", "max_delete": policy.max_delete, "verify": policy.verify,
                        "include": policy.include or None, "exclude": policy.exclude or None,
                        "placement": {url: placed.model_dump(exclude_none=True)
                                      for url, placed in policy.placement.items()} or None})
@@ -299,13 +326,15 @@ def ended(svc, parent) -> None:
                "removed": removed.get(dst, []), "spent_usd": money.usd_number(spent[dst]),
                "errors": (problems[dst] + ([unlisted[dst]] if dst in unlisted else []))[:5]}
         state.put(name, dst, row)
+        state.record_lag(name, dst, now, lag["lag_checkpoints"], parent.id)
         state.add_spend(name, dst, spent[dst])
         replicas[dst] = row
         metrics.replica(name, dst, lag=lag["lag_checkpoints"],
                         verified_at=now if renewed else _ts(prev.get("verified_at")), spent=spent[dst],
                         commit_to_verified=max(0.0, now - commit) if commit is not None else None,
                         committed_at=getattr(readiness.get(lag["newest_source"]), "committed_at", None),
-                        verified_committed_at=commits.get(newest) or getattr(readiness.get(newest), "committed_at", None))
+                        verified_committed_at=commits.get(newest) or getattr(readiness.get(newest), "committed_at", None),
+                        rpo=policy.rpo_s)
     svc.jobs.update(parent.id, replicas=replicas, verified_copies=copies, copies_needed=policy.copies_needed)
     errors = [p for dst in policy.destinations for p in problems[dst]] + \
              [f"{dst}: not listed for retention: {why}" for dst, why in unlisted.items()]

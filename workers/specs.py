@@ -173,6 +173,10 @@ FIELDS: dict[str, tuple[Any, Callable[[Any], Any]]] = {
     "source": (_REQUIRED, _source),
     "destinations": (_REQUIRED, _destinations),
     "delete": (None, _flag),           # sync and replicate: deleting at a destination is asked for, never a default
+    # with delete: bridge/guards.py's limits, checked by the worker before anything is deleted
+    # (--max-delete N; --force lifts the rule that refuses deleting over half of a destination)
+    "max_delete": (None, _whole(0)),
+    "force_delete": (None, _flag),
     "chunk_size": (None, _size),
     "concurrency": (None, _whole(1, 256)),
     "profile": (None, _text(r"^[A-Za-z0-9_.\-]+$")),
@@ -216,6 +220,8 @@ class JobSpec:
     source: str
     destinations: list[str]
     delete: bool | None
+    max_delete: int | None
+    force_delete: bool | None
     chunk_size: int | None
     concurrency: int | None
     profile: str | None
@@ -352,6 +358,8 @@ def _incoherent(spec: dict[str, Any]) -> str | None:
         return f"a {kind} job has one destination; use replicate for several"
     if kind in ("copy", "pack", "unpack") and spec["delete"]:
         return f"delete applies to sync and replicate, not {kind}"
+    if not spec["delete"] and (spec["max_delete"] is not None or spec["force_delete"]):
+        return "max_delete and force_delete limit what delete removes: set delete too, or leave them out"
     if kind not in ("sync", "replicate") and (spec["include"] or spec["exclude"]):
         return f"include and exclude apply to sync and replicate, not {kind}"
     if spec["filters"] and kind == "unpack":

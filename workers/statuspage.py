@@ -1,6 +1,7 @@
 """The status page: one read-only HTML page of what the service is doing, for a browser.
 
-    GET /          jobs (progress bar, route, spend), policies (per destination, a lag chart),
+    GET /          jobs (progress bar, route, spend), policies (per destination: within its RPO
+                   or past it, and a chart of its lag over the service's last runs),
                    budgets (limit, spent, reserved), the cache
     GET /healthz   "ok" (no token needed: it says nothing but that the page answers)
 
@@ -34,6 +35,7 @@ from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 from bridge.policies.cost.money import usd
+from bridge.policies.replication import rpo_words
 from bridge.progress import human_bytes, human_duration, plural
 
 COOKIE = "mcbridge_status"
@@ -137,6 +139,56 @@ def lag_chart_svg(rows: list[tuple[str, int | None]], width: int = 560) -> str:
     return "".join(out)
 
 
+SERIES_COLOURS = ("#1565c0", "#c62828", "#2f7d32", "#8e24aa", "#ef6c00", "#00838f")
+
+
+def lag_history_svg(series: list[tuple[str, list[dict[str, Any]]]], width: int = 560, height: int = 150) -> str:
+    """Lag over time: per destination, a line through the samples its policy's runs left (when
+    each ended, how many committed checkpoints it was behind; workers/replicas.py), a dot per
+    sample, the time axis shared by all. A sample whose lag is not known is left out."""
+    left, right, top, bottom, legend_h = 34, 12, 10, 22, 18
+    drawn = [(name, [(float(s["at"]), s["lag"]) for s in samples if isinstance(s.get("lag"), int)])
+             for name, samples in series]
+    times = [at for _, points in drawn for at, _ in points]
+    first, last = (min(times), max(times)) if times else (0.0, 0.0)
+    most = max([lag for _, points in drawn for _, lag in points] + [1])
+    plot_w, plot_h = width - left - right, height - top - bottom
+    full_h = height + legend_h * len(drawn)
+
+    def x(at: float) -> float:
+        return left + (plot_w / 2 if last == first else (at - first) / (last - first) * plot_w)
+
+    def y(lag: int) -> float:
+        return top + plot_h - lag / most * plot_h
+
+    out = [f'<svg class="lag-history" width="{width}" height="{full_h}" viewBox="0 0 {width} {full_h}" role="img" '
+           f'aria-label="checkpoints behind over time, per destination">',
+           f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#8c959f"/>',
+           f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#8c959f"/>',
+           f'<text x="{left - 4}" y="{top + 4}" text-anchor="end" font-size="11">{most}</text>',
+           f'<text x="{left - 4}" y="{top + plot_h + 4}" text-anchor="end" font-size="11">0</text>']
+    if times:
+        for at, anchor in ((first, "start"), (last, "end")) if last != first else ((first, "middle"),):
+            out.append(f'<text x="{x(at):.1f}" y="{height - 6}" text-anchor="{anchor}" font-size="11">'
+                       f'{time.strftime("%m-%d %H:%M", time.gmtime(at))}</text>')
+    for i, (name, points) in enumerate(drawn):
+        colour = SERIES_COLOURS[i % len(SERIES_COLOURS)]
+        out.append(f'<g class="lag-series" aria-label="{e(name)}">')
+        if len(points) > 1:
+            line = " ".join(f"{x(at):.1f},{y(lag):.1f}" for at, lag in points)
+            out.append(f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        out.extend(f'<circle class="lag-point" cx="{x(at):.1f}" cy="{y(lag):.1f}" r="3" fill="{colour}">'
+                   f'<title>{lag} behind at {time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))}</title></circle>'
+                   for at, lag in points)
+        ly = height + i * legend_h + 12
+        shown = name if len(name) <= 60 else "\u2026" + name[-59:]
+        now = f"{points[-1][1]} behind at the last run" if points else "no run recorded"
+        out.append(f'<rect x="{left}" y="{ly - 9}" width="10" height="10" fill="{colour}"/>'
+                   f'<text x="{left + 16}" y="{ly}" font-size="12">{e(shown)}: {e(now)}</text></g>')
+    out.append("</svg>")
+    return "".join(out)
+
+
 def _job_row(job: dict[str, Any]) -> str:
     p = job["progress"]
     pct = f"{100 * p['fraction']:.0f}%" if p["fraction"] is not None else "-"
@@ -172,18 +224,25 @@ def _policy_block(p: dict[str, Any]) -> str:
             f"{lag} checkpoint{'s' if lag != 1 else ''} behind {row['newest_source']}"
         c2v = f"{row['commit_to_verified_s']}s" if row.get("commit_to_verified_s") is not None else "-"
         lagging = ' class="lagging"' if lag else ""
+        rpo = f'<td class="rpo{" err" if row.get("within") is False else ""}">{e(rpo_words(row))}</td>' \
+            if "rpo" in row else "<td>-</td>"
         rows.append(f"<tr{lagging}><td><code>{e(row['destination'])}</code></td><td>{e(state)}</td>"
-                    f"<td>{e(row['newest_verified'] or '-')}</td><td>{e(behind)}</td><td class=\"num\">{e(c2v)}</td>"
+                    f"<td>{e(row['newest_verified'] or '-')}</td><td>{e(behind)}</td>{rpo}<td class=\"num\">{e(c2v)}</td>"
                     f"<td class=\"num\">{e(usd(row['spent_usd']))}</td></tr>"
-                    + "".join(f'<tr><td></td><td colspan="5" class="err">{e(x)}</td></tr>' for x in row["errors"]))
+                    + "".join(f'<tr><td></td><td colspan="6" class="err">{e(x)}</td></tr>' for x in row["errors"]))
     notes = "".join(f'<div class="small">{e(ck)} waiting: {e(why)}</div>' for ck, why in p["waiting"].items())
     notes += "".join(f'<div class="small">{e(ck)} committed on trust: {e(why)}</div>' for ck, why in p["trusted"].items())
     if p["source_error"]:
         notes += f'<div class="err">source not listed: {e(p["source_error"])}</div>'
-    chart = lag_chart_svg([(row["destination"], row["lag_checkpoints"]) for row in p["destinations"]])
+    # lag over time from the service's runs; where none left a sample (runs made in-process
+    # only), the lag of the newest run, one bar per destination
+    if any(row.get("lag_history") for row in p["destinations"]):
+        chart = lag_history_svg([(row["destination"], row["lag_history"]) for row in p["destinations"]])
+    else:
+        chart = lag_chart_svg([(row["destination"], row["lag_checkpoints"]) for row in p["destinations"]])
     return (f'<div class="policy" id="policy-{e(p["name"])}"><h3>{e(p["name"])} <span class="small">'
             f'<code>{e(p["source"])}</code>: {e(usd(p["spent_usd"]))} spent of {e(cap)}</span></h3>{notes}'
-            f'<table><tr><th>destination</th><th>last run</th><th>newest verified</th><th>lag</th>'
+            f'<table><tr><th>destination</th><th>last run</th><th>newest verified</th><th>lag</th><th>RPO</th>'
             f'<th>commit to verified</th><th>this month</th></tr>{"".join(rows)}</table>{chart}</div>')
 
 

@@ -183,6 +183,8 @@ def rm(url: UrlArg, recursive: RecursiveOpt = False,
         for loc in summary["removed"]:
             out.print(f"would remove {shown(loc)}", markup=False)
         out.print(f"would remove {plural(summary['objects'], 'object')}, {human_bytes(summary['bytes'])}", markup=False)
+        if summary.get("refused"):
+            out.print(f"a run would be refused: {summary['refused']}", markup=False)
         return
     emit(summary, as_json, f"removed {plural(summary['objects'], 'object')}, {human_bytes(summary['bytes'])} "
          f"under {summary['url']}", quiet)

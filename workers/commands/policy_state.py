@@ -5,6 +5,7 @@ The policy group is the core's; this adds its ``status`` through the "policy com
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -32,6 +33,7 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
     path = file or (Path(ws.policies) if ws.policies else None)
     if path is None:
         raise InvalidOption("give the policy file (or set BRIDGE_POLICIES)")
+    from bridge.policies.replication import rpo_words
     report = policy_report(ws, path, name, settings_from_flags(profile, config))
     if as_json:
         out.print_json(json.dumps({"month": month(), "policies": report}))
@@ -50,7 +52,8 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
             out.print(f"  {ckpt} committed on trust: {why}", markup=False)
         for row in p["destinations"]:
             if row["last_run"] is None:
-                out.print(f"  {row['destination']}: never run (by the service, or in-process here)", markup=False)
+                out.print(f"  {row['destination']}: never run (by the service, or in-process here); {rpo_words(row)}",
+                          markup=False)
                 continue
             verified = (f"{row['newest_verified']} verified {row['verified_at']}" if row["newest_verified"]
                         else "nothing verified yet")
@@ -60,8 +63,8 @@ def policy_status(file: Annotated[Optional[Path], typer.Argument(
             behind = "up to date" if lag == 0 else f"{lag} checkpoint{'s' if lag != 1 else ''} behind {row['newest_source']}"
             by = "in-process" if row["job"] == "in-process" else f"job {row['job']}"
             out.print(f"  {row['destination']}: last run {row['last_run']} ({by}, "
-                      f"{'ok' if row['ok'] else 'FAILED'}); {verified}; {behind}; {usd(row['spent_usd'])} this month",
-                      markup=False)
+                      f"{'ok' if row['ok'] else 'FAILED'}); {verified}; {behind}; {rpo_words(row)}; "
+                      f"{usd(row['spent_usd'])} this month", markup=False)
             for problem in row["errors"]:
                 out.print(f"    {problem}", markup=False)
 
@@ -98,7 +101,8 @@ def policy_report(ws, path: Path, name: str | None, settings) -> list[dict]:
             source_now, listed, waiting = rules.committed(readiness), None, rules.waiting(readiness)
             trusted = rules.trusted(readiness)   # committed on a name's word: said, never called verified
         except BridgeError as exc:
-            source_now, listed, waiting, trusted = None, str(exc), {}, {}
+            readiness, source_now, listed, waiting, trusted = {}, None, str(exc), {}, {}
+        now = time.time()
         rows = []
         for dst in p.policy.destinations:
             row = recorded.get(dst, {})
@@ -111,7 +115,12 @@ def policy_report(ws, path: Path, name: str | None, settings) -> list[dict]:
                          "ok": row.get("ok"), "newest_verified": newest, "verified_at": row.get("verified_at"),
                          "newest_source": lag["newest_source"], "lag_checkpoints": lag["lag_checkpoints"],
                          "commit_to_verified_s": row.get("commit_to_verified_s"),
-                         "spent_usd": money.usd_number(spend.get(dst, 0.0)), "errors": row.get("errors", [])})
+                         "spent_usd": money.usd_number(spend.get(dst, 0.0)), "errors": row.get("errors", []),
+                         # as the alert rule: the source's newest committed checkpoint, verified here
+                         # within the policy's RPO (not known when the source was not listed)
+                         **rules.rpo_state(p.policy, lag["lag_checkpoints"] if source_now is not None else None,
+                                           getattr(readiness.get(lag["newest_source"]), "committed_at", None), now),
+                         "lag_history": state.lag_history(p.name, dst)})
         # The policy's spend is the sum of the destinations' as shown, so the numbers add up; its
         # budget is charged by the service's runs only (an in-process run charges none).
         report.append({"name": p.name, "source": p.policy.source, "source_error": listed,

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from bridge.policies.cost import money
-from bridge.cli.options import (RUN, DeleteOpt, ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxSizeOpt,
-                                MinAgeOpt, MinSizeOpt, QuietOpt, Sha256Opt, ShardFormat, VerifyMode, bwlimit_opt,
+from bridge.cli.options import (RUN, DeleteOpt, ExcludeOpt, FilesFromOpt, ForceOpt, IncludeOpt, JsonOpt, MaxAgeOpt,
+                                MaxDeleteOpt, MaxSizeOpt, MinAgeOpt, MinSizeOpt, QuietOpt, Sha256Opt, ShardFormat, VerifyMode, bwlimit_opt,
                                 chunk_size_opt, concurrency_opt, dry_run_opt, err, filters_from_flags, given,
                                 max_cost_opt, out, profile_opt, refuse_unused, route_opt, settings_from_flags,
                                 size_flag, store_checksums_opt, transfer_flags, usd_amount)
@@ -181,7 +181,8 @@ def submit_cp(src: str, dst: str, include: IncludeOpt = None, exclude: ExcludeOp
     _submit(_fields("copy", options, destinations=[dst], **_written(options, dst)), **_how(options))
 
 
-def submit_sync(src: str, dst: str, delete: DeleteOpt = False, include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
+def submit_sync(src: str, dst: str, delete: DeleteOpt = False, max_delete: MaxDeleteOpt = None,
+                force: ForceOpt = False, include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
               min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
               max_age: MaxAgeOpt = None, concurrency: ConcOpt = None,
                 chunk_size: ChunkOpt = None, store_checksums: StoreSumOpt = None, bwlimit: BwlimitOpt = None, profile: ProfileOpt = None,
@@ -194,7 +195,18 @@ def submit_sync(src: str, dst: str, delete: DeleteOpt = False, include: IncludeO
                 encryption_scope: ScopeOpt = None, adopt: AdoptOpt = None, sha256: Sha256Opt = False) -> None:
     """Queue a sync: make DST equal to SRC, sending only what is new or changed; prints the job id."""
     options = dict(locals())
-    _submit(_fields("sync", options, destinations=[dst], delete=delete, **_written(options, dst)), **_how(options))
+    _submit(_fields("sync", options, destinations=[dst], **_deleting(options), **_written(options, dst)),
+            **_how(options))
+
+
+def _deleting(options: dict[str, Any]) -> dict[str, Any]:
+    """The spec's fields for --delete and its guards (bridge/guards.py), which the worker applies
+    to the deletions it plans, before anything is deleted: --max-delete N, or --force."""
+    from bridge.errors import InvalidOption
+    if not options["delete"] and (options["max_delete"] is not None or options["force"]):
+        raise InvalidOption(f"{'--max-delete' if options['max_delete'] is not None else '--force'} limits what "
+                            f"--delete removes: give --delete too, or leave it out")
+    return {"delete": options["delete"], "max_delete": options["max_delete"], "force_delete": options["force"] or None}
 
 
 def _written(options: dict[str, Any], dst: str) -> dict[str, Any]:
@@ -225,6 +237,7 @@ def submit_replicate(src: str, dsts: Annotated[list[str], typer.Argument(help="O
                      delete: Annotated[bool, typer.Option(
                          "--delete", help="Remove from each DST what SRC no longer has (as sync --delete; "
                          "default: keep it).")] = False,
+                     max_delete: MaxDeleteOpt = None, force: ForceOpt = False,
                      include: IncludeOpt = None, exclude: ExcludeOpt = None, files_from: FilesFromOpt = None,
               min_size: MinSizeOpt = None, max_size: MaxSizeOpt = None, min_age: MinAgeOpt = None,
               max_age: MaxAgeOpt = None, concurrency: ConcOpt = None, chunk_size: ChunkOpt = None,
@@ -235,7 +248,7 @@ def submit_replicate(src: str, dsts: Annotated[list[str], typer.Argument(help="O
     """Queue a DR replication: keep every DST equal to SRC (sync, then verify), recording when
     each was last proven equal; prints the job id."""
     options = dict(locals())
-    _submit(_fields("replicate", options, destinations=dsts, delete=delete), **_how(options))
+    _submit(_fields("replicate", options, destinations=dsts, **_deleting(options)), **_how(options))
 
 
 def submit_pack(src: str, dst: str,
