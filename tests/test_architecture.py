@@ -65,7 +65,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("executor", ("bridge.pipeline.execute",)),
     ("verify", ("bridge.pipeline.verify",)),
     # bridge.api: the commands as Python functions; the package re-exports them (``bridge.copy``).
-    ("commands", ("bridge", "bridge.api", "bridge.ops", "bridge.treecheck", "bridge.objects", "bridge.packing.job", "bridge.packing.unpack",
+    ("commands", ("bridge", "bridge.api", "bridge.pretrained", "bridge.ops", "bridge.treecheck", "bridge.objects", "bridge.packing.job", "bridge.packing.unpack",
                   "bridge.replicator", "bridge.evidence", "bridge.cache", "bridge.cache.")),
     ("training loop", ("bridge.torch", "bridge.torch.")),   # DCP and publish over the commands
     ("cli", ("bridge.cli", "bridge.cli.", "bridge.__main__")),

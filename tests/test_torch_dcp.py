@@ -348,7 +348,7 @@ def test_publish_a_save_pretrained_folder(moto, fake_gcs, azurite, emulator_env,
     from bridge import manifest as manifests
     from bridge.errors import InvalidOption
     from bridge.stores import get_store
-    from bridge.torch import publish
+    from bridge import publish
     from bridge.urls import parse
     folder = tmp_path / "model"
     folder.mkdir()
@@ -384,13 +384,16 @@ def test_publish_a_save_pretrained_folder(moto, fake_gcs, azurite, emulator_env,
 def test_bridge_and_publish_go_without_torch_and_the_writer_says_what_is_missing(tmp_path):
     code = ("import sys; sys.modules['torch'] = None\n"   # as if PyTorch were not installed
             "import bridge.torch, bridge.ops\n"
-            "from bridge.errors import InvalidOption\n"
-            "print(bridge.torch.publish.__name__)\n"
-            "try:\n    bridge.torch.BridgeWriter\nexcept InvalidOption as exc:\n    print(exc)\n")
+            "import bridge\n"
+            "from bridge.errors import MissingBackend\n"
+            "from bridge.registry import install_hint\n"
+            "print(bridge.torch.publish.__name__, bridge.publish is bridge.torch.publish)\n"
+            "try:\n    bridge.torch.BridgeWriter\nexcept MissingBackend as exc:\n"
+            "    print(str(exc) == 'bridge.torch needs PyTorch: ' + install_hint('torch'))\n")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, XDG_CONFIG_HOME=NO_CONFIG, MCBRIDGE_STATE_DIR=str(tmp_path)))
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines() == ["publish", "bridge.torch needs PyTorch: pip install 'cloud-artifact-bridge[torch]'"]
+    assert run.stdout.splitlines() == ["publish True", "True"]
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """bridge in the training loop: PyTorch Distributed Checkpoint saved and loaded through bridge
 (``BridgeWriter``, ``BridgeReader``: bridge/torch/dcp.py), saves uploaded behind the step loop
 (``resume_pending``, ``wait``: bridge/torch/behind.py), and ``publish`` of a Hugging Face folder
-(bridge/torch/publish.py). PyTorch is an optional extra (``cloud-artifact-bridge[torch]``): it is
+(bridge/pretrained.py, also ``bridge.publish``). PyTorch is an optional extra (``[torch]``): it is
 imported only when the writer or reader is first used, and ``publish`` needs none.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge.torch.publish import publish
+from bridge.pretrained import publish
 
 _LAZY = {"BridgeWriter": "bridge.torch.dcp", "BridgeReader": "bridge.torch.dcp",
          "resume_pending": "bridge.torch.behind", "wait": "bridge.torch.behind", "pending": "bridge.torch.behind"}
@@ -24,8 +24,9 @@ def __getattr__(name: str) -> Any:
         module = importlib.import_module(where)
     except ImportError as exc:
         if exc.name is not None and exc.name.split(".")[0] == "torch":
-            from bridge.errors import InvalidOption
-            raise InvalidOption("bridge.torch needs PyTorch: pip install 'cloud-artifact-bridge[torch]'") from None
+            from bridge.errors import MissingBackend
+            from bridge.registry import install_hint
+            raise MissingBackend(f"bridge.torch needs PyTorch: {install_hint('torch')}") from None
         raise
     return getattr(module, name)
 
