@@ -45,7 +45,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from tests.emulators import (LOOPBACK, STORES, Emulator, EmulatorError, RedisServer, free_port,
+from tests.emulators import (LOOPBACK, _is_running, STORES, Emulator, EmulatorError, RedisServer, free_port,
                              redis_answers_ping)
 
 NET = "10.213"             # the harness's own private range: 10.213.X.0/24, one X per run
@@ -79,23 +79,13 @@ def unavailable() -> str | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_leftovers() -> None:
     """Delete the namespaces and bridges of runs whose process is gone (killed before teardown)."""
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     dead = set()
     for name in names:
         m = PREFIX_RE.match(name)
-        if m and not _alive(int(m.group(2))):
+        if m and not _is_running(int(m.group(2))):
             dead.add(m.group(1))
             _ip("netns", "del", name, check=False)
     for tag in dead:
