@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import pathlib
 import pickle
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 _META = "torch.distributed.checkpoint.metadata"
 _FS = "torch.distributed.checkpoint.filesystem"
@@ -103,10 +106,25 @@ _HOMES = {"torch": [Size, dtype, _Named], _META: [ChunkStorageMetadata, TensorPr
                                                   StorageMeta, Metadata, MetadataIndex], _FS: [_StorageInfo]}
 
 
+_NAMES = ("torch", "torch.distributed", "torch.distributed.checkpoint", _META, _FS)
+
+
+def _pickled_elsewhere(shards: dict[str, list[int]], folder: str) -> bytes:
+    """``metadata`` made by a Python of its own: this process holds torch itself (webdataset, for
+    one, imports it when it is installed), whose names the stand-ins cannot take."""
+    code = ("import json, sys\nfrom tests.dcpfake import metadata\n"
+            "sys.stdout.buffer.write(metadata(json.loads(sys.argv[1]), sys.argv[2]))\n")
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(shards), folder], capture_output=True,
+                         cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    if run.returncode != 0:
+        raise RuntimeError(f"making the DCP fixture failed: {run.stderr.decode(errors='replace')}")
+    return run.stdout
+
+
 @contextlib.contextmanager
 def _torch_named():
     """torch's module names in ``sys.modules`` for as long as pickling takes, holding the classes."""
-    names = ["torch", "torch.distributed", "torch.distributed.checkpoint", _META, _FS]
+    names = list(_NAMES)
     if any(n in sys.modules for n in names):
         raise RuntimeError("torch is imported here: make the fixture with the real torch")
     made = {n: types.ModuleType(n) for n in names}
@@ -127,6 +145,8 @@ def _torch_named():
 def metadata(shards: dict[str, list[int]], folder: str = "/ckpt/step") -> bytes:
     """The ``.metadata`` of a checkpoint whose storage file ``name`` holds one tensor item per
     length in ``shards[name]``, one after another: each as ``_StorageInfo(name, offset, length)``."""
+    if any(n in sys.modules for n in _NAMES):
+        return _pickled_elsewhere(shards, folder)
     state, storage = {}, {}
     for rank, (name, lengths) in enumerate(sorted(shards.items())):
         offset = 0

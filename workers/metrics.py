@@ -62,6 +62,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections import Counter
 from functools import cache
 
@@ -102,8 +103,19 @@ def _client():
     return prometheus_client
 
 
-@cache
+_MADE = threading.Lock()
+
+
 def _metrics() -> dict | None:
+    """The metrics, registered once: two threads asking first at the same moment (a task's
+    progress and the request meter) would otherwise both register them, and the second fails
+    with DuplicateTimeseries."""
+    with _MADE:
+        return _registered()
+
+
+@cache
+def _registered() -> dict | None:
     pc = _client()
     if pc is None:
         return None
