@@ -9,6 +9,12 @@
   pack      ``mcbridge pack SRC DIR --format tar`` (and parquet) local -> local against
             ``tar -cf`` of the same tree, warm page cache: throughput of the file bytes.
 
+  one-file  (``--one-file-rounds N``) ``mcbridge migrate SRC s3://… --pack tar`` against a one-file
+            upload of the same bytes (the tree as one tar file, made untimed) by ``mcbridge cp``
+            and ``s5cmd cp``, on ``rclone serve s3`` (fast, Go: the endpoint's per-request cost
+            out of the way), N rounds, each starting with the next tool, each time including a
+            ``sync``; best and median of each, and packing's ratio to the faster one-file upload.
+
 Every tool runs as its own process; its time runs from start to exit (Python start-up included).
 The S3 endpoint is moto, which keeps checksums and logs each request; it is slow per request
 (~180 small PUTs/s), which is the cost of moving loose files that packing avoids.
@@ -67,7 +73,9 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=20_000)
     ap.add_argument("--size-kib", type=int, default=8)
     ap.add_argument("--shard-size", default="256MiB", help="bridge's default, for the headline run")
-    ap.add_argument("--skip", default="", help="comma list of runs to leave out: s5cmd,rclone,pack")
+    ap.add_argument("--one-file-rounds", type=int, default=0,
+                    help="rounds of packing against a one-file upload of the same bytes (0: none)")
+    ap.add_argument("--skip", default="", help="comma list of runs to leave out: migrate (the moto section), s5cmd,rclone,pack")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     work = Path(tempfile.mkdtemp(prefix="mcbridge-bench-pack-"))
@@ -90,27 +98,30 @@ def main() -> None:
         print(f"{case:<8} {tool:<24} {seconds:8.2f}s {args.files / seconds:9.0f} files/s "
               f"{nbytes / seconds / MiB:7.1f} MiB/s {peak / MiB:6.0f} MiB peak {shown} {note}", flush=True)
 
-    with MotoServer() as s3:
-        s3.create_bucket("bench")
-        env = s3_env(base, s3)
+    if args.one_file_rounds:
+        one_file(args, src, nbytes, base, work, log)
+    if "migrate" not in skip:
+        with MotoServer() as s3:
+            s3.create_bucket("bench")
+            env = s3_env(base, s3)
 
-        def on_s3(tool: str, cmd: list[str], prefix: str, note: str = "") -> None:
-            offset = s3.log_path.stat().st_size
-            seconds, peak = run(cmd, env, log)
-            time.sleep(0.2)   # let the server flush its log
-            record("migrate", tool, seconds, peak, requests_since(s3.log_path, offset),
-                   note or f"{objects_in(s3, 'bench', prefix)} objects")
+            def on_s3(tool: str, cmd: list[str], prefix: str, note: str = "") -> None:
+                offset = s3.log_path.stat().st_size
+                seconds, peak = run(cmd, env, log)
+                time.sleep(0.2)   # let the server flush its log
+                record("migrate", tool, seconds, peak, requests_since(s3.log_path, offset),
+                       note or f"{objects_in(s3, 'bench', prefix)} objects")
 
-        mcbridge = str(BIN / "mcbridge")
-        on_s3(f"bridge tar {args.shard_size}", [mcbridge, "migrate", str(src), "s3://bench/bridge/", "--pack", "tar",
-                                                "--shard-size", args.shard_size, "-q"], "bridge/")
-        on_s3("bridge tar 64MiB", [mcbridge, "migrate", str(src), "s3://bench/bridge64/", "--pack", "tar",
-                                   "--shard-size", "64MiB", "-q"], "bridge64/")
-        if "s5cmd" not in skip:
-            on_s3("s5cmd cp", [str(BIN / "s5cmd"), "--endpoint-url", s3.endpoint, "cp", f"{src}/*",
-                               "s3://bench/s5cmd/"], "s5cmd/")
-        if "rclone" not in skip:
-            on_s3("rclone copy", [str(BIN / "rclone"), "copy", str(src), "s3e:bench/rclone/"], "rclone/")
+            mcbridge = str(BIN / "mcbridge")
+            on_s3(f"bridge tar {args.shard_size}", [mcbridge, "migrate", str(src), "s3://bench/bridge/", "--pack", "tar",
+                                                    "--shard-size", args.shard_size, "-q"], "bridge/")
+            on_s3("bridge tar 64MiB", [mcbridge, "migrate", str(src), "s3://bench/bridge64/", "--pack", "tar",
+                                       "--shard-size", "64MiB", "-q"], "bridge64/")
+            if "s5cmd" not in skip:
+                on_s3("s5cmd cp", [str(BIN / "s5cmd"), "--endpoint-url", s3.endpoint, "cp", f"{src}/*",
+                                   "s3://bench/s5cmd/"], "s5cmd/")
+            if "rclone" not in skip:
+                on_s3("rclone copy", [str(BIN / "rclone"), "copy", str(src), "s3e:bench/rclone/"], "rclone/")
 
     if "pack" not in skip:
         subprocess.run(["tar", "-cf", str(work / "warm.tar"), "-C", str(src), "."], check=True)   # warm the cache
@@ -142,6 +153,46 @@ def main() -> None:
     print(json.dumps({"files": args.files, "size_kib": args.size_kib, "shard_size": parse_size(args.shard_size),
                       "rows": rows}))
     shutil.rmtree(work, ignore_errors=True)
+
+
+def one_file(args, src: Path, nbytes: int, base: dict[str, str], work: Path, log: Path) -> None:
+    """Packing against a one-file upload of the same bytes, rotated rounds on rclone serve s3."""
+    import statistics
+    from bench.bench_transfer import _run_once
+    from tests.emulators import RcloneS3
+    one = work / "one.tar"   # the tree as one file: its bytes, tar's headers (what a tar shard holds)
+    subprocess.run(["tar", "-cf", str(one), "-C", str(src), "."], check=True)
+    mcbridge, s5cmd, rclone = str(BIN / "mcbridge"), str(BIN / "s5cmd"), str(BIN / "rclone")
+    times: dict[str, list[float]] = {}
+    with RcloneS3() as s3:
+        s3.create_bucket("bench")
+        env = s3_env(base, s3)
+        keep = ["--store-checksums", "skip"]   # rclone serve s3 keeps no S3 checksums to read back
+        tools = {"bridge pack": [mcbridge, "migrate", f"{src}/", "s3://bench/pack-{run}/", "--pack", "tar",
+                                 "--shard-size", args.shard_size, "-q", *keep],
+                 "bridge one file": [mcbridge, "cp", str(one), "s3://bench/one-bridge-{run}/", "-q", *keep],
+                 "s5cmd one file": [s5cmd, "--endpoint-url", s3.endpoint, "cp", str(one), "s3://bench/one-s5cmd-{run}/"]}
+        names = list(tools)
+        print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
+              f"one file of {one.stat().st_size / MiB:.1f} MiB", flush=True)
+        for i in range(args.one_file_rounds):
+            for tool in names[i % len(names):] + names[:i % len(names)]:
+                os.sync()
+                cmd = ["sh", "-c", '"$@" && sync', "sh", *(c.replace("{run}", str(i)) for c in tools[tool])]
+                seconds, _peak = _run_once(cmd, env, log)
+                times.setdefault(tool, []).append(seconds)
+                print(f"  round {i} {tool:<16} {seconds:6.2f}s", flush=True)
+                prefix = tools[tool][[j for j, c in enumerate(tools[tool]) if c.startswith("s3://")][0]]
+                _run_once([rclone, "purge", prefix.replace("s3://", "s3e:").replace("{run}", str(i))], env, log)
+    best = {t: min(v) for t, v in times.items()}
+    median = {t: statistics.median(v) for t, v in times.items()}
+    peer_best = min(v for t, v in best.items() if t != "bridge pack")
+    peer_median = min(v for t, v in median.items() if t != "bridge pack")
+    for tool in names:
+        print(f"{tool:<16} best {best[tool]:6.2f}s  median {median[tool]:6.2f}s  ({nbytes / best[tool] / MiB:.0f} MiB/s)")
+    print(f"pack / fastest one-file upload: {best['bridge pack'] / peer_best:.2f}x by best, "
+          f"{median['bridge pack'] / peer_median:.2f}x by median (load {' '.join(f'{x:.1f}' for x in os.getloadavg())})",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ Cases, on each store:
   big-up      the big file, local -> store
   small-up    N x 16 KiB loose files, local -> store
   small-down  the same N objects, store -> local
+  adopt       ``sync`` onto a copy another tool made (S3 only): before each timed run, untimed, rclone
+              copies ``--adopt-files`` x ``--adopt-kib`` KiB to a prefix of that run's own; then
+              ``mcbridge sync TREE/ s3://...`` (adopts each object whose MD5 ETag equals the local
+              file's MD5, sends none, commits a record naming them all) beside ``rclone sync
+              --checksum`` (compares the same MD5s, sends none, writes nothing)
 Stores: S3 = ``rclone serve s3`` (fast, Go), GCS = fake-gcs-server, Azure = Azurite. Method as in
 bench_transfer.py: each tool is its own process, wall time from start to exit, peak RSS from
 wait4(); each tool runs at its defaults with bridge's hashing and manifest on. Runs alternate
@@ -87,6 +92,8 @@ def main() -> None:
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--adopt-files", type=int, default=20000, help="files of the adopt case's tree")
+    ap.add_argument("--adopt-kib", type=int, default=8, help="size of each file of the adopt case's tree")
     ap.add_argument("--bridge-args", default="", help="extra arguments for mcbridge cp")
     ap.add_argument("--verbose", action="store_true", help="print every run's time, not only the fastest")
     ap.add_argument("--tls", action="store_true", help="the emulators behind HTTPS, with a CA made for the run")
@@ -108,10 +115,16 @@ def main() -> None:
     base.update({"MCBRIDGE_STATE_DIR": str(work / "state"), "XDG_CONFIG_HOME": str(work / "noconfig"),
                  "AWS_EC2_METADATA_DISABLED": "true"})
     big, small = make_data(work / "data", args.size_mib, args.files)
+    theirs = work / "data" / "adopt"
+    if "adopt" in cases:
+        for i in range(args.adopt_files):
+            folder = theirs / f"{i // 1000:03d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{i:07d}.bin").write_bytes(os.urandom(args.adopt_kib * 1024))
     byte_compile(Path(__file__).resolve().parent.parent, *([Path(args.before)] if args.before else []))
     sizes = {"big-down": big.stat().st_size, "big-down-bridge": big.stat().st_size, "big-up": big.stat().st_size,
              "small-up": args.files * 16 * 1024,
-             "small-down": args.files * 16 * 1024}
+             "small-down": args.files * 16 * 1024, "adopt": args.adopt_files * args.adopt_kib * 1024}
     extra = args.bridge_args.split()
     rows: list[dict] = []
     print(f"load average at start: {load()}", flush=True)
@@ -161,6 +174,8 @@ def main() -> None:
             # deleting 2,000-file trees between runs made every later run slower, by up to 2x.
             out = outs / f"out-{store}"
             for case in cases:
+                if case == "adopt" and store != "s3":
+                    continue
                 tools: dict[str, list[str]] = {}
                 if case in ("big-down", "big-down-bridge"):
                     seed = "seed-big" if case == "big-down" else "seed-big-bridge"
@@ -186,6 +201,10 @@ def main() -> None:
                     if store == "s3":
                         tools["s5cmd"] = [s5cmd, "--endpoint-url", endpoint, "cp",
                                           "s3://bench/seed-small/*", f"{out}/{{run}}/s5cmd/"]
+                elif case == "adopt":
+                    tools["bridge"] = [str(BIN / "mcbridge"), "sync", f"{theirs}/", f"{scheme}bench/up-bridge-{{run}}/",
+                                       "-q", *keep, *extra]
+                    tools["rclone"] = [rclone, "sync", "--checksum", str(theirs), f"{remote}bench/up-rclone-{{run}}/"]
                 else:
                     tools["bridge"] = [str(BIN / "mcbridge"), "cp", f"{small}/", f"{scheme}bench/up-bridge-{{run}}/",
                                        "-q", *extra]
@@ -209,12 +228,16 @@ def main() -> None:
                         # No tool pays for another's dirty pages (bridge's syncfs would write them back).
                         os.sync()
                         run = [c.replace("{run}", f"{case}-{i}") for c in cmd]
+                        if case == "adopt":   # the copy another tool made, at this run's own prefix (untimed)
+                            _run_once([rclone, "copy", str(theirs), f"{remote}bench/up-{tool}-{case}-{i}/",
+                                       "--transfers", "16"], env, log)
+                            os.sync()
                         if args.sync_in_time:
                             run = ["sh", "-c", '"$@" && sync', "sh", *run]
                         t, peak = _run_once(run, before_env if tool == "before" else far, log)
                         if args.verbose:
                             print(f"  {store} {case} run {i} {tool:<7} {t:6.2f}s", flush=True)
-                        if case in ("small-up", "big-up"):
+                        if case in ("small-up", "big-up", "adopt"):
                             # Gone again before the next run (not timed): fake-gcs-server and
                             # Azurite slow down as they fill up (2,000 uploads to fake-gcs-server:
                             # 9 s into a fresh one, 43 s with 10,000 objects in it), which made
