@@ -26,7 +26,7 @@ from bridge.errors import BridgeError, IntegrityError, InvalidOption, ObjectNotF
 from bridge.filters import Filters
 from bridge.progress import Progress
 from bridge.stores import get_store
-from bridge.stores.base import MiB, identity_changed
+from bridge.stores.base import DELETES_PER_REQUEST, MiB, identity_changed
 from bridge.urls import CLOUD_SCHEMES, Location, parse
 
 READ_PIECE = 8 * MiB   # cat and hashsum read an object this much per request
@@ -174,26 +174,27 @@ def remove(url: str, settings: Settings, *, recursive: bool = False, filters: Fi
         progress.plan_checks(len(targets), nbytes)
     failed: list[str] = []
 
-    def delete(loc: Location) -> None:
-        try:
-            store.delete(loc)
-        except ObjectNotFound:
-            pass
+    def delete(locs: list[Location]) -> None:
+        store.delete_many(locs)
         if progress is not None:
-            progress.checked()
-            progress.deleted(str(loc))
+            for loc in locs:
+                progress.checked()
+                progress.deleted(str(loc))
 
-    for loc in [t for t in targets if manifests.is_commit_marker(t)]:
-        delete(loc)
+    # the commit markers first (what was committed stops looking complete), then the rest as
+    # many a request as the store removes at once
+    delete([t for t in targets if manifests.is_commit_marker(t)])
     rest = [t for t in targets if not manifests.is_commit_marker(t)]
+    per_request = DELETES_PER_REQUEST.get(root.scheme, 1)
+    groups = [rest[start:start + per_request] for start in range(0, len(rest), per_request)]
     with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
-        for loc, fut in zip(rest, [pool.submit(delete, loc) for loc in rest]):
+        for group, fut in zip(groups, [pool.submit(delete, group) for group in groups]):
             try:
                 fut.result()
             except BridgeError as exc:
-                failed.append(f"{loc}: {exc}")
+                failed.append((len(group), f"{group[0] if len(group) == 1 else 'a group from ' + str(group[0])}: {exc}"))
     if failed:
-        raise BridgeError(f"{len(failed)} of {len(targets)} objects not removed: {failed[0]}")
+        raise BridgeError(f"{sum(n for n, _ in failed)} of {len(targets)} objects not removed: {failed[0][1]}")
     if whole and root.is_local:
         _remove_empty_folders(root.local_path)
         if home != root:
@@ -257,20 +258,14 @@ def move(source: str, destination: str, settings: Settings, *, filters: Filters 
     if whole:   # every object moved: the source's own records name nothing any more
         home, records = manifests.record_files(src, src_root)
         gone = records + gone
+    per_request = DELETES_PER_REQUEST.get(parse(plan.single or plan.source).scheme, 1)
     with cf.ThreadPoolExecutor(settings.transfer.concurrency) as pool:
-        list(pool.map(lambda loc: _delete_quietly(src, loc), gone))
+        list(pool.map(src.delete_many, [gone[start:start + per_request] for start in range(0, len(gone), per_request)]))
     if whole and src_root.is_local:
         _remove_empty_folders(src_root.local_path)
         if home is not None and home != src_root.as_prefix():
             _remove_empty_folders(home.local_path)
     return {**summary, "removed_from_source": len(plan.files)}
-
-
-def _delete_quietly(store, loc: Location) -> None:
-    try:
-        store.delete(loc)
-    except ObjectNotFound:
-        pass
 
 
 # -- hashsum -------------------------------------------------------------------------------------

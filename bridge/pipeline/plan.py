@@ -37,7 +37,7 @@ from bridge.listing import checked_listing, resolve
 from bridge.policies.cost import usage as counting
 from bridge.spill import Rows
 from bridge.stores import Store, get_store
-from bridge.stores.base import MiB, ObjectInfo
+from bridge.stores.base import DELETES_PER_REQUEST, MiB, ObjectInfo
 from bridge.urls import Location, parse
 
 
@@ -245,8 +245,9 @@ class Plan:
         if self.route != "direct":
             yield from routes.get(self.route).units(self)
             return
-        for rel in self.deletions:
-            yield {"op": "delete", "rel": rel}
+        per_unit = self.deletes_per_unit()
+        for start in range(0, len(self.deletions), per_unit):
+            yield {"op": "deletes", "rels": self.deletions[start:start + per_unit]}
         yield from self.direct_units(self.files)
 
     def direct_units(self, files: Iterable[FilePlan]) -> Iterator[dict[str, Any]]:
@@ -279,6 +280,11 @@ class Plan:
         # named after its first file, so that its failure stops only itself (jobs._group)
         return {"op": "batch", "name": f"batch:{files[0][0]}", "files": files, "slots": self.slots}
 
+    def deletes_per_unit(self) -> int:
+        """The destination's deletions a unit takes: as many as one request removes there
+        (``DELETES_PER_REQUEST``), so that deletions one at a time still run side by side."""
+        return DELETES_PER_REQUEST.get(self.destination.split("://", 1)[0], 1)
+
     def unit_count(self) -> int:
         if self.route != "direct":
             return routes.get(self.route).unit_count(self)
@@ -290,7 +296,7 @@ class Plan:
     def _count_direct(self) -> int:
         """What ``direct_units`` would yield, and the completions that follow, counted in one
         pass over the files without making the units."""
-        units = len(self.completions) + len(self.deletions) + 1
+        units = len(self.completions) + math.ceil(len(self.deletions) / self.deletes_per_unit()) + 1
         batch = held = 0
         for f in self.files.shapes():
             if f.part_size:

@@ -378,12 +378,19 @@ def _route(ctx: jobs.Context, unit: dict) -> dict:
 
 
 def _delete(ctx: jobs.Context, unit: dict) -> dict:
-    try:
-        ctx.dst.delete(ctx.dst_loc(unit["rel"]))
-    except ObjectNotFound:
-        pass  # already gone: a re-run after a kill
-    ctx.progress.deleted(unit["rel"])
-    return {"deleted": unit["rel"]}
+    """One deletion (units planned before deletions went in groups)."""
+    return {"deleted": _deletes(ctx, {"rels": [unit["rel"]]})["deleted"][0]}
 
 
-OPS = {"put": _put, "batch": _batch, "part": _part, "complete": _complete, "delete": _delete, "route": _route}
+def _deletes(ctx: jobs.Context, unit: dict) -> dict:
+    """Deletions, as many as one request removes at the destination (one already gone, after a
+    re-run of a killed job, counts as deleted)."""
+    rels = unit["rels"]
+    ctx.dst.delete_many([ctx.dst_loc(rel) for rel in rels])
+    for rel in rels:
+        ctx.progress.deleted(rel)
+    return {"deleted": rels}
+
+
+OPS = {"put": _put, "batch": _batch, "part": _part, "complete": _complete, "delete": _delete, "deletes": _deletes,
+       "route": _route}

@@ -34,6 +34,12 @@ from bridge.urls import Location
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
+# How many objects one delete request removes, by store: S3's DeleteObjects takes up to 1,000
+# keys; GCS, Azure and local files delete one a request. A sync's deletions go in units of this
+# many, and its estimate counts requests by it.
+DELETES_PER_REQUEST = {"s3": 1000}
+
+
 RESERVED = "_bridge"  # bridge's metadata folder; never copied as data
 
 
@@ -291,6 +297,16 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def delete(self, loc: Location) -> None: ...
+
+    def delete_many(self, locs: list[Location]) -> None:
+        """Delete each of ``locs``; one already gone counts as deleted. A store whose API removes
+        several objects in one request (``DELETES_PER_REQUEST``) overrides this; here, one
+        request each."""
+        for loc in locs:
+            try:
+                self.delete(loc)
+            except ObjectNotFound:
+                pass
 
     @abc.abstractmethod
     def check_bucket(self, loc: Location) -> None:

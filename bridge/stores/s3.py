@@ -10,6 +10,7 @@ import errno
 import functools
 import http.client
 import importlib.util
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -26,7 +27,7 @@ from bridge.errors import (BridgeError, BucketNotFound, ClockSkewed, Credentials
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported)
 from bridge.hashing import crc_hex
 from bridge.retry import call_with_retries
-from bridge.stores.base import (put_args, GiB, MiB, BufferReader, Features, ObjectInfo, PartRecord, Store, crc_b64_to_hex,
+from bridge.stores.base import (DELETES_PER_REQUEST, put_args, GiB, MiB, BufferReader, Features, ObjectInfo, PartRecord, Store, crc_b64_to_hex,
                                 crc_hex_to_b64, is_reserved, utc_seconds)
 from bridge.urls import Location
 
@@ -38,6 +39,8 @@ for _module in ("s3fs", "aiobotocore", "botocore", "aiohttp"):
     if importlib.util.find_spec(_module) is None:
         raise ImportError(f"No module named {_module!r}", name=_module)
 
+# characters XML 1.0 cannot carry in an element (a carriage return it would read as a newline)
+_XML_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\ufffe\uffff]")
 _THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                    "InternalError", "ServiceUnavailable", "503", "500", "502", "504"}
 
@@ -384,6 +387,42 @@ class S3Store(Store):
             self._request(loc, lambda: self._direct.delete(loc, _from_code))
         else:
             self._call(loc, "delete_object", Bucket=loc.bucket, Key=loc.key)
+
+    def delete_many(self, locs: list[Location]) -> None:
+        """DeleteObjects, up to 1,000 keys a request (a key no XML can carry, one with a control
+        character, goes alone by DELETE). A key S3 refuses fails the call with its error; a
+        transient refusal (SlowDown, InternalError) sends that request again, whole: deleting
+        twice is deleting."""
+        by_bucket: dict[str, list[str]] = {}
+        for loc in locs:
+            if _XML_UNSAFE.search(loc.key):
+                try:
+                    self.delete(loc)
+                except ObjectNotFound:
+                    pass
+            else:
+                by_bucket.setdefault(loc.bucket, []).append(loc.key)
+        per_request = DELETES_PER_REQUEST["s3"]
+        for bucket, keys in by_bucket.items():
+            where = Location("s3", bucket, "")
+            for start in range(0, len(keys), per_request):
+                self._request(where, functools.partial(self._delete_objects, where, keys[start:start + per_request]))
+
+    def _delete_objects(self, where: Location, keys: list[str]) -> None:
+        if self._direct is not None:
+            errors = self._direct.delete_many(where, keys, _from_code)
+        else:
+            answer = self.fs.call_s3("delete_objects", Bucket=where.bucket,
+                                     Delete={"Objects": [{"Key": key} for key in keys], "Quiet": True})
+            errors = [_from_code(Location("s3", where.bucket, e.get("Key", "")), e.get("Code", ""), e.get("Message", ""))
+                      for e in answer.get("Errors", [])]
+        errors = [e for e in errors if not isinstance(e, ObjectNotFound)]
+        if not errors:
+            return
+        first = next((e for e in errors if isinstance(e, TransientError)), errors[0])
+        if len(errors) > 1:
+            first.args = (f"{first} (and {len(errors) - 1} more of {len(keys)} objects refused)",)
+        raise first
 
     def check_bucket(self, loc: Location) -> None:
         try:

@@ -41,6 +41,7 @@ bridge's errors, through the same codes as the store's own translation; nothing 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import http.client
@@ -604,6 +605,25 @@ class Direct:
 
     def delete(self, loc: Location, from_code) -> None:
         self._call(loc, "DELETE", self._path(loc), from_code)
+
+    def delete_many(self, bucket: Location, keys: list[str], from_code) -> list[BridgeError]:
+        """DeleteObjects of up to 1,000 ``keys`` in ``bucket`` (quiet: S3 answers only the keys it
+        could not delete; a key already gone counts as deleted). The errors of the keys it
+        refused, as ``from_code`` names them; a refusal of the whole request raises."""
+        from xml.sax.saxutils import escape
+        body = "".join(
+            ["<Delete xmlns=\"http://s3.amazonaws.com/doc/2006-03-01/\"><Quiet>true</Quiet>"]
+            + [f"<Object><Key>{escape(key)}</Key></Object>" for key in keys]
+            + ["</Delete>"]).encode()
+        # S3 requires a checksum of the body on DeleteObjects: Content-MD5
+        headers = {"Content-Type": "application/xml",
+                   "Content-MD5": base64.b64encode(hashlib.md5(body).digest()).decode()}
+        _, answer = self._call(bucket, "POST", self._bucket_path(bucket), from_code, query="delete=",
+                               headers=headers, body=body)
+        root, ns = _answer_of(bucket, answer, from_code)
+        return [from_code(Location(bucket.scheme, bucket.bucket, error.findtext(f"{ns}Key", "")), error.findtext(f"{ns}Code", ""),
+                          error.findtext(f"{ns}Message", ""))
+                for error in root.iterfind(f"{ns}Error")]
 
     def _list_xml(self, loc: Location, params: dict[str, str], from_code, path: str | None = None,
                   host: _Host | None = None) -> tuple[ET.Element, str]:

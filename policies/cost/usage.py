@@ -45,6 +45,7 @@ LIST_PAGE = {"s3": 1000, "gs": 1000, "az": 5000, "file": 10**9}
 GCS_COMPOSE_FAN_IN = 32
 S3_COPY_LIMIT = 5 * 1024**3          # CopyObject takes up to 5 GiB; above, UploadPartCopy
 AZ_SYNC_COPY_LIMIT = 256 * 1024**2   # Copy Blob From URL is synchronous up to 256 MiB
+DELETES_PER_REQUEST = {"s3": 1000}   # DeleteObjects takes up to 1,000 keys; elsewhere one a request
 TAR_BLOCK = 512
 
 
@@ -112,7 +113,7 @@ def _destination_commit(side: StoreUsage, deletions: int, entries: int = 1) -> N
     side.requests["HEAD"] += 1
     side.requests["LIST"] += 2
     side.requests["PUT"] += 1 + (math.ceil(entries / SHARD_ENTRIES) if entries > SHARD_ENTRIES else 0)
-    side.requests["DELETE"] += deletions
+    side.requests["DELETE"] += math.ceil(deletions / DELETES_PER_REQUEST.get(side.scheme, 1))
 
 
 def _upload(side: StoreUsage, size: int, part_size: int) -> None:
