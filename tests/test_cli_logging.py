@@ -162,6 +162,22 @@ def test_v_names_every_object_copied_and_deleted_with_size_route_and_retries(mak
     assert bad.returncode == 2 and "text, json" in bad.stderr and bad.stderr.count("\n") == 1
 
 
+def test_v_names_every_object_cache_warm_filled_or_found_cached(make_root, env_for, tmp_path):
+    env = {**env_for("s3"), "MCBRIDGE_CACHE_DIR": str(tmp_path / "cache")}
+    root = make_root("s3")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, size in (("one.bin", 10), ("two.bin", 2000)):
+        (src / name).write_bytes(b"w" * size)
+    assert mcbridge("cp", f"{src}/", root, "-q", env=env, state_dir=tmp_path).returncode == 0
+    quiet = mcbridge("cache", "warm", f"{root}one.bin", env=env, state_dir=tmp_path)
+    assert quiet.returncode == 0 and "filled s3://" not in quiet.stderr, quiet.stderr
+    r = mcbridge("-v", "cache", "warm", root, "--exclude", "_bridge/**", env=env, state_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = sorted(line for line in r.stderr.splitlines() if line.startswith(("filled ", "cached ")))
+    assert lines == [f"cached {root}one.bin (10 B, held already)", f"filled {root}two.bin (2,000 B)"], r.stderr
+
+
 def test_q_is_accepted_everywhere_and_keeps_the_results(make_root, env_for, tmp_path):
     env = env_for("s3")
     src = tmp_path / "src"

@@ -618,14 +618,23 @@ def targets(target: str, settings: Settings, filters: Filters | None = None) -> 
     return found
 
 
+_WARMED = {"hit": ("cached", "held already"), "waited": ("cached", "filled by another process meanwhile"),
+           "filled": ("filled", None)}
+
+
 def warm(items: Iterable[str], settings: Settings, lookahead: int | None = None,
-         cache: Cache | None = None, filters: Filters | None = None) -> dict[str, Any]:
-    """Fill the cache with every object the targets stand for, in order with bounded lookahead."""
+         cache: Cache | None = None, filters: Filters | None = None,
+         progress: Progress | None = None) -> dict[str, Any]:
+    """Fill the cache with every object the targets stand for, in order with bounded lookahead;
+    a line per object on ``progress``'s audit log (filled, or cached already)."""
     cache = cache or Cache(settings)
     urls = [url for item in items for url in targets(item, settings, filters)]
     tally = {"hit": 0, "waited": 0, "filled": 0}
     nbytes, filled = 0, 0
-    for _url, (_path, outcome, size) in cache._window(urls, lookahead):
+    for url, (_path, outcome, size) in cache._window(urls, lookahead):
+        if progress is not None:
+            event, why = _WARMED[outcome]
+            progress.said(event, url, size, why=why)
         tally[outcome] += 1
         nbytes += size
         filled += size if outcome == "filled" else 0

@@ -19,7 +19,7 @@ import typer
 from bridge.cli.options import (ConfigOpt, ExcludeOpt, FilesFromOpt, IncludeOpt, JsonOpt, MaxAgeOpt, MaxSizeOpt,
                                 MinAgeOpt, MinSizeOpt, ProfileOpt, err, filters_from_flags, given, out,
                                 settings_from_flags)
-from bridge.progress import human_bytes, plural
+from bridge.progress import Progress, human_bytes, plural
 
 LookaheadOpt = Annotated[Optional[int], typer.Option(
     "--lookahead", min=1, max=256, help="Objects filled ahead of the one read (default: cache.lookahead).")]
@@ -93,7 +93,8 @@ def warm(items: Annotated[list[str], typer.Argument(help="Objects, prefixes (tra
         return
     from bridge.cache.core import warm as run_warm
     settings = settings_from_flags(profile, config)
-    summary = run_warm(items, settings, lookahead, filters=filters)
+    # a line per object where -v or --log-file lets it through
+    summary = run_warm(items, settings, lookahead, filters=filters, progress=Progress(audit=True))
     if as_json:
         out.print_json(json.dumps(summary))
     else:
