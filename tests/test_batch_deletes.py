@@ -1,5 +1,6 @@
-"""Deletions on S3 go 1,000 keys a request (DeleteObjects), over real HTTP against moto, the
-requests counted at a loopback proxy in front of it (tests/faultproxy.py): what the endpoint saw.
+"""Deletions on S3 go 1,000 keys a request (DeleteObjects), on Azure 256 a Blob Batch, over real
+HTTP against moto and Azurite, the requests counted at a loopback proxy in front of them
+(tests/faultproxy.py): what the endpoint saw.
 A sync's deletions, ``rm -r`` and the estimate agree on the count; keys XML must escape go in the
 batch, a key XML cannot carry goes alone; a failed batch is sent again whole; stores without a
 batch delete keep one request per object, side by side."""
@@ -9,11 +10,14 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 
+import pytest
+
+from bridge.errors import BucketNotFound
 from bridge.pipeline import syncplan
 from bridge.policies.cost import usage
 from bridge.stores import get_store
 from bridge.stores.base import DELETES_PER_REQUEST
-from bridge.urls import parse
+from bridge.urls import Location, parse
 from tests.faultproxy import FaultProxy, Rule, proxied_environment
 from tests.helpers import mcbridge, settings_for
 
@@ -37,7 +41,7 @@ def _requests(proxy, method: str, bucket: str) -> list[str]:
 
 def test_a_syncs_deletions_go_a_thousand_a_request_and_the_estimate_counts_them(moto, make_root, emulator_env,
                                                                                 tmp_path):
-    assert DELETES_PER_REQUEST == usage.DELETES_PER_REQUEST == {"s3": 1000}   # what the stores do, as counted
+    assert DELETES_PER_REQUEST == usage.DELETES_PER_REQUEST == {"s3": 1000, "az": 256}   # what the stores do, as counted
     src = tmp_path / "src"
     src.mkdir()
     for name in ("a.txt", "b.txt"):
@@ -129,3 +133,35 @@ def test_stores_without_a_batch_delete_keep_a_unit_per_object(emulator_env, tmp_
     assert plan.usage(route="direct").destination.requests["DELETE"] == 5
     assert get_store(parse(f"{dst}/"), settings).delete_many([parse(f"{dst}/old/{i}.txt") for i in range(5)]) is None
     assert not list((dst / "old").iterdir())
+
+
+def test_azure_deletions_go_256_a_blob_batch_and_the_estimate_counts_them(azurite, make_root, emulator_env, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"a" * 10)
+    dst = make_root("az") + "mirror/"
+    first = mcbridge("sync", f"{src}/", dst, "-q", env=emulator_env, state_dir=tmp_path / "st")
+    assert first.returncode == 0, first.stderr
+    store = get_store(parse(dst), settings_for(emulator_env))
+    extra = 600
+    with cf.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda i: store.put(parse(dst).join(f"old/{i:04d}.bin"), b"x", crc32c="", metadata={}),
+                      range(extra)))
+    with FaultProxy(azurite.endpoint) as proxy:
+        env = proxied_environment(emulator_env, {"az": proxy})
+        plan, _ = syncplan.plan_sync(f"{src}/", dst, settings_for(env), delete=True)
+        assert len(plan.deletions) == extra
+        assert plan.usage(route="direct").destination.requests["DELETE"] == 3, "600 blobs: three batches"
+        proxy.log.clear()
+        r = mcbridge("sync", f"{src}/", dst, "--delete", "--force", "--json", env=env, state_dir=tmp_path / "st")
+        assert r.returncode == 0, r.stderr
+        assert len(json.loads(r.stdout)["deleted"]) == extra
+        batches = [line for line, _ in proxy.log if line.startswith("POST ") and "comp=batch" in line]
+        assert len(batches) == 3, batches
+        assert not [line for line, _ in proxy.log if line.startswith("DELETE ") and "/old/" in line]
+    left = [info.location.key for info in store.list(parse(dst)) if "/_bridge/" not in info.location.key]
+    assert left == [parse(dst).key + "a.txt"], left
+    # a blob already gone, and one never there, count as deleted; a container that is not there fails
+    store.delete_many([parse(dst).join("a.txt"), parse(dst).join("never/there")])
+    with pytest.raises(BucketNotFound):
+        store.delete_many([Location("az", "no-such-container-zz", "x")])

@@ -35,9 +35,9 @@ MiB = 1024 * 1024
 GiB = 1024 * MiB
 
 # How many objects one delete request removes, by store: S3's DeleteObjects takes up to 1,000
-# keys; GCS, Azure and local files delete one a request. A sync's deletions go in units of this
+# keys, an Azure Blob Batch up to 256 deletions; GCS and local files delete one a request. A sync's deletions go in units of this
 # many, and its estimate counts requests by it.
-DELETES_PER_REQUEST = {"s3": 1000}
+DELETES_PER_REQUEST = {"s3": 1000, "az": 256}
 
 
 RESERVED = "_bridge"  # bridge's metadata folder; never copied as data

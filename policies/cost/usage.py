@@ -45,7 +45,8 @@ LIST_PAGE = {"s3": 1000, "gs": 1000, "az": 5000, "file": 10**9}
 GCS_COMPOSE_FAN_IN = 32
 S3_COPY_LIMIT = 5 * 1024**3          # CopyObject takes up to 5 GiB; above, UploadPartCopy
 AZ_SYNC_COPY_LIMIT = 256 * 1024**2   # Copy Blob From URL is synchronous up to 256 MiB
-DELETES_PER_REQUEST = {"s3": 1000}   # DeleteObjects takes up to 1,000 keys; elsewhere one a request
+# S3's DeleteObjects takes up to 1,000 keys, an Azure Blob Batch 256 deletions; elsewhere one a request
+DELETES_PER_REQUEST = {"s3": 1000, "az": 256}
 TAR_BLOCK = 512
 
 
