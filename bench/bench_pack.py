@@ -14,6 +14,7 @@
             and ``s5cmd cp``, on ``rclone serve s3`` (fast, Go: the endpoint's per-request cost
             out of the way), N rounds, each starting with the next tool, each time including a
             ``sync``; best and median of each, and packing's ratio to the faster one-file upload.
+            bridge's modules are byte-compiled first, as an installed wheel's are.
 
 Every tool runs as its own process; its time runs from start to exit (Python start-up included).
 The S3 endpoint is moto, which keeps checksums and logs each request; it is slow per request
@@ -75,6 +76,9 @@ def main() -> None:
     ap.add_argument("--shard-size", default="256MiB", help="bridge's default, for the headline run")
     ap.add_argument("--one-file-rounds", type=int, default=0,
                     help="rounds of packing against a one-file upload of the same bytes (0: none)")
+    ap.add_argument("--before", default="", help="with --one-file-rounds: a folder holding an earlier bridge/ "
+                    "package (git archive REV bridge policies workers, the last two moved into bridge/): its "
+                    "packing runs in the same rounds, as 'bridge pack, before'")
     ap.add_argument("--skip", default="", help="comma list of runs to leave out: migrate (the moto section), s5cmd,rclone,pack")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -158,10 +162,13 @@ def main() -> None:
 def one_file(args, src: Path, nbytes: int, base: dict[str, str], work: Path, log: Path) -> None:
     """Packing against a one-file upload of the same bytes, rotated rounds on rclone serve s3."""
     import statistics
-    from bench.bench_transfer import _run_once
+    from bench.bench_transfer import _run_once, byte_compile
     from tests.emulators import RcloneS3
     one = work / "one.tar"   # the tree as one file: its bytes, tar's headers (what a tar shard holds)
     subprocess.run(["tar", "-cf", str(one), "-C", str(src), "."], check=True)
+    # bridge as installed (pip byte-compiles a wheel): a checkout run with PYTHONDONTWRITEBYTECODE
+    # would compile every module at each start, 0.3 s of CPU that every bridge row would pay.
+    byte_compile(Path(__file__).resolve().parent.parent, *([Path(args.before)] if args.before else []))
     mcbridge, s5cmd, rclone = str(BIN / "mcbridge"), str(BIN / "s5cmd"), str(BIN / "rclone")
     times: dict[str, list[float]] = {}
     with RcloneS3() as s3:
@@ -172,6 +179,9 @@ def one_file(args, src: Path, nbytes: int, base: dict[str, str], work: Path, log
                                  "--shard-size", args.shard_size, "-q", *keep],
                  "bridge one file": [mcbridge, "cp", str(one), "s3://bench/one-bridge-{run}/", "-q", *keep],
                  "s5cmd one file": [s5cmd, "--endpoint-url", s3.endpoint, "cp", str(one), "s3://bench/one-s5cmd-{run}/"]}
+        if args.before:   # the same packing by an earlier checkout, in the same rounds
+            tools["bridge pack, before"] = [c.replace("/pack-{run}/", "/before-{run}/") for c in tools["bridge pack"]]
+        envs = {tool: dict(env, PYTHONPATH=args.before) if tool.endswith("before") else env for tool in tools}
         names = list(tools)
         print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
               f"one file of {one.stat().st_size / MiB:.1f} MiB", flush=True)
@@ -179,20 +189,21 @@ def one_file(args, src: Path, nbytes: int, base: dict[str, str], work: Path, log
             for tool in names[i % len(names):] + names[:i % len(names)]:
                 os.sync()
                 cmd = ["sh", "-c", '"$@" && sync', "sh", *(c.replace("{run}", str(i)) for c in tools[tool])]
-                seconds, _peak = _run_once(cmd, env, log)
+                seconds, _peak = _run_once(cmd, envs[tool], log)
                 times.setdefault(tool, []).append(seconds)
                 print(f"  round {i} {tool:<16} {seconds:6.2f}s", flush=True)
                 prefix = tools[tool][[j for j, c in enumerate(tools[tool]) if c.startswith("s3://")][0]]
                 _run_once([rclone, "purge", prefix.replace("s3://", "s3e:").replace("{run}", str(i))], env, log)
     best = {t: min(v) for t, v in times.items()}
     median = {t: statistics.median(v) for t, v in times.items()}
-    peer_best = min(v for t, v in best.items() if t != "bridge pack")
-    peer_median = min(v for t, v in median.items() if t != "bridge pack")
+    peer_best = min(v for t, v in best.items() if not t.startswith("bridge pack"))
+    peer_median = min(v for t, v in median.items() if not t.startswith("bridge pack"))
     for tool in names:
         print(f"{tool:<16} best {best[tool]:6.2f}s  median {median[tool]:6.2f}s  ({nbytes / best[tool] / MiB:.0f} MiB/s)")
-    print(f"pack / fastest one-file upload: {best['bridge pack'] / peer_best:.2f}x by best, "
-          f"{median['bridge pack'] / peer_median:.2f}x by median (load {' '.join(f'{x:.1f}' for x in os.getloadavg())})",
-          flush=True)
+    for tool in (t for t in names if t.startswith("bridge pack")):
+        print(f"{tool} / fastest one-file upload: {best[tool] / peer_best:.2f}x by best, "
+              f"{median[tool] / peer_median:.2f}x by median")
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
 
 
 if __name__ == "__main__":

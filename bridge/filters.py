@@ -661,12 +661,13 @@ def walk(store: Any, root: Any, filters: Filters | None = None,
         start = ""   # a folder of odd segments: not pushed down (the rules still apply to each path)
     base = root.as_prefix()
     seen = 0
+    active = filters.active   # (a property that looks at every rule: once, not per object)
     for rel, info in store.walk(type(base)(base.scheme, base.bucket, base.key + start)):
         seen += 1
         if listed is not None and seen % 500 == 0:
             listed(500)
         rel = start + rel
-        if not filters.active or filters.selects(rel, info):
+        if not active or filters.selects(rel, info):
             yield rel, info
     if listed is not None and seen % 500:
         listed(seen % 500)

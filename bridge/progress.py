@@ -126,6 +126,11 @@ class Progress:
         if rel is not None:
             self.said("copied", rel, size, route=route)
 
+    def files_finished(self, count: int) -> None:
+        """``count`` more files done, said by no name (a run of a shard's files)."""
+        with self._lock:
+            self.files_done += count
+
     def deleted(self, rel: str) -> None:
         self.said("deleted", rel, None)
 

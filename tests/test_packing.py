@@ -556,6 +556,46 @@ def test_commit_aborts_leftover_uploads_to_its_shards_only(tree, settings, tmp_p
     assert store.list_parts(root.join("other/ckpt.bin"), theirs) == {}
 
 
+def test_a_run_of_files_encodes_as_tarfile_writes_it_and_lists_as_json_dumps():
+    """TarEncoder.add_many builds short ASCII names' headers from pieces kept once, and the shard
+    list's lines by formatting: the same bytes as tarfile's archive and json.dumps' lines."""
+    import collections
+
+    from bridge.packing.tarfmt import TarEncoder
+
+    class Sink:
+        def __init__(self):
+            self.buf = bytearray()
+
+        def write(self, data):
+            self.buf += data
+
+        def tell(self):
+            return len(self.buf)
+
+    files = [("a/b.jpg", b"x" * 8192), ("x" * 100, b""), ("y" * 101, b"12345"), ("naïve/ü 名.txt", b"abc"),
+             ('q"uo\\te\t.bin', os.urandom(513)), ("d/0000001.cls", b"7")]
+    read = [(data, hashlib.sha256(data).hexdigest()) for _rel, data in files]
+    encoder = TarEncoder(Sink())
+    encoder.add_many([(rel, len(data)) for rel, data in files], read)
+    placed = collections.deque((rel, sha) for (rel, _), (_, sha) in zip(files, read))
+    lines = encoder.lines(placed)
+    encoder.finish()
+    expected = io.BytesIO()
+    with tarfile.open(fileobj=expected, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8") as tar:
+        for rel, data in files:
+            info = tarfile.TarInfo(rel)
+            info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = len(data), 0, 0o644, 0, 0, "", ""
+            tar.addfile(info, io.BytesIO(data))
+    assert bytes(encoder.sink.buf) == expected.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(expected.getvalue())) as tar:
+        offsets = [m.offset_data for m in tar.getmembers()]
+    assert lines == b"".join(json.dumps({"path": rel, "offset": off, "length": len(data), "sha256": sha},
+                                        separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+                             for (rel, data), off, (_, sha) in zip(files, offsets, read))
+    assert not placed and not encoder.placements
+
+
 def test_a_failed_part_stops_the_shard_and_drops_its_upload(settings, tmp_path, monkeypatch):
     from bridge.errors import PermissionDenied
     from bridge.packing.sink import StreamingUpload

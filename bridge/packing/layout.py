@@ -69,6 +69,14 @@ def normalize_member(name: str) -> tuple[str, str | None]:
     ``./a//b`` is ``a/b``; absolute names, ``..`` anywhere (with either slash), NUL bytes and
     bridge's reserved folder are refused rather than repaired.
     """
+    if "\\" not in name and "\x00" not in name and name[:1] != "/" and name[1:3] != ":/":
+        # A plain path (the common case, checked per file of a pack): no backslash, no empty,
+        # "." or ".." segment; what is left of the checks below is the reserved folder.
+        wrapped = f"/{name}/"
+        if "//" not in wrapped and "/./" not in wrapped and "/../" not in wrapped:
+            if name.partition("/")[0] == RESERVED:
+                return name, f"is inside bridge's reserved {RESERVED}/ folder"
+            return name, None
     if "\x00" in name:
         return name, "has a NUL byte in its name"
     if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:[\\/]", name):

@@ -55,7 +55,7 @@ class ParquetFormat(ShardFormat):
 
     def memory_per_writer(self, part_size: int) -> int:
         # the rows of one row group, its Arrow table, and the written bytes kept to locate values
-        return 3 * part_size + READ_AHEAD_BYTES + 3 * self.row_group_size
+        return super().memory_per_writer(part_size) + 3 * self.row_group_size
 
     def encoder(self, sink) -> ParquetEncoder:
         return ParquetEncoder(sink, self.row_group_size)

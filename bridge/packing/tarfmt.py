@@ -10,6 +10,7 @@ therefore every member's data offset, are known before a byte is read.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from json.encoder import encode_basestring   # what json.dumps(ensure_ascii=False) quotes a str with
 
 from bridge.errors import IntegrityError
 from bridge.packing.writer import ShardEncoder, ShardFormat
@@ -36,6 +37,25 @@ def _ustar(name: bytes, size: int, typeflag: bytes, mode: int = MODE) -> bytes:
         bytes(8), bytes(8), bytes(155), bytes(12),             # devmajor, devminor, prefix, pad
     ])
     return block[:148] + b"%06o\0 " % sum(block) + block[156:]
+
+
+# A regular file's ustar block around its two varying fields (name, size), and the checksum of
+# the constant bytes: a short ASCII name's header is then six joins and two sums, not a block
+# built anew per file (``_ustar`` lays out the same bytes; tests compare the two).
+_PLAIN = _ustar(b"", 0, b"0")
+_MODE_TO_SIZE = _PLAIN[_USTAR_NAME:124]
+_AFTER_SIZE = _PLAIN[136:148]
+_AFTER_SUM = _PLAIN[156:]
+_PLAIN_SUM = sum(_MODE_TO_SIZE) + sum(_AFTER_SIZE) + 8 * ord(" ") + sum(_AFTER_SUM)
+_ZEROS = [bytes(n) for n in range(BLOCK)]   # padding by length
+
+
+def _plain_header(name: bytes, size: int) -> list[bytes]:
+    """The pieces of the ustar block of a regular file whose name is ASCII and at most 100 bytes
+    and whose size fits the octal field."""
+    size_field = b"%011o\0" % size
+    return [name, _ZEROS[_USTAR_NAME - len(name)], _MODE_TO_SIZE, size_field, _AFTER_SIZE,
+            b"%06o\0 " % (_PLAIN_SUM + sum(name) + sum(size_field)), _AFTER_SUM]
 
 
 def _pax_record(key: str, value: str) -> bytes:
@@ -65,6 +85,9 @@ def header_size(rel: str, size: int) -> int:
     return len(member_header(rel, size))
 
 
+_LINE = '{"path":%s,"offset":%d,"length":%d,"sha256":"%s"}\n'
+
+
 def padding(size: int) -> int:
     return -size % BLOCK
 
@@ -75,14 +98,39 @@ def archive_size(members_bytes: int) -> int:
 
 
 class TarEncoder(ShardEncoder):
+    """Placements are (offset, length) pairs; a run of small files is one write to the sink."""
+
     def _member(self, rel: str, size: int) -> None:
         self.sink.write(member_header(rel, size))
-        self.placements.append({"offset": self.sink.tell(), "length": size})
+        self.placements.append((self.sink.tell(), size))
 
     def add(self, rel: str, data: bytes, sha256: str) -> None:
-        self._member(rel, len(data))
-        self.sink.write(data)
-        self.sink.write(bytes(padding(len(data))))
+        self.add_many([(rel, len(data))], [(data, sha256)])
+
+    def add_many(self, files: list[tuple[str, int]], read: list[tuple[bytes, str]]) -> None:
+        pieces: list[bytes] = []
+        pos = self.sink.tell()
+        placements = self.placements
+        for (rel, _size), (data, _sha) in zip(files, read, strict=True):
+            size = len(data)
+            if len(rel) <= _USTAR_NAME and size < _USTAR_SIZE and rel.isascii():
+                pieces += _plain_header(rel.encode("ascii"), size)
+                pos += BLOCK
+            else:
+                head = member_header(rel, size)
+                pieces.append(head)
+                pos += len(head)
+            placements.append((pos, size))
+            pad = -size % BLOCK
+            pieces += (data, _ZEROS[pad])
+            pos += size + pad
+        self.sink.write(b"".join(pieces))
+
+    def format_lines(self, placed: list[tuple[str, str]], placements: list) -> bytes:
+        """The bytes json.dumps gives (compact, not ASCII-escaped) for {"path", "offset",
+        "length", "sha256"}, formatted without a dict per file."""
+        return "".join([_LINE % (encode_basestring(rel), offset, length, sha)
+                        for (rel, sha), (offset, length) in zip(placed, placements, strict=True)]).encode()
 
     def add_stream(self, rel: str, size: int, chunks: Iterable[bytes]) -> None:
         self._member(rel, size)

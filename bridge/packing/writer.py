@@ -21,9 +21,9 @@ from typing import Any, ClassVar
 from bridge import registry
 from bridge.errors import BridgeError, IntegrityError, InvalidOption
 from bridge.packing import layout
-from bridge.packing.sink import StreamingUpload
+from bridge.packing.sink import PARTS_IN_FLIGHT, StreamingUpload
 from bridge.progress import Progress
-from bridge.retry import reported
+from bridge.retry import reported, reporting
 from bridge.stores.base import MiB, Store
 from bridge.urls import Location
 
@@ -38,16 +38,35 @@ class ShardEncoder(abc.ABC):
 
     def __init__(self, sink: StreamingUpload):
         self.sink = sink
-        self.placements: list[dict[str, int]] = []   # one per file, in order: offset, length, ...
+        self.placements: list = []   # one per file, in order, since the last lines(): where it landed
 
     @abc.abstractmethod
     def add(self, rel: str, data: bytes, sha256: str) -> None: ...
+
+    def add_many(self, files: list[tuple[str, int]], read: list[tuple[bytes, str]]) -> None:
+        """A run of small files: (rel, size) and their (bytes, sha256), in order."""
+        for (rel, _size), (data, sha) in zip(files, read, strict=True):
+            self.add(rel, data, sha)
 
     def add_stream(self, rel: str, size: int, chunks: Iterable[bytes]) -> None:
         raise NotImplementedError
 
     @abc.abstractmethod
     def finish(self) -> None: ...
+
+    def lines(self, placed: collections.deque[tuple[str, str]]) -> bytes:
+        """The shard list's lines of the files placed since the last call (taken, in order, from
+        ``placed``: (rel, sha256) of the files added and not yet listed)."""
+        if not self.placements:
+            return b""
+        placements, self.placements = self.placements, []
+        return self.format_lines([placed.popleft() for _ in placements], placements)
+
+    def format_lines(self, placed: list[tuple[str, str]], placements: list) -> bytes:
+        """One JSON line per file: its path, its placement's fields (a dict), its SHA-256."""
+        return b"".join([json.dumps({"path": rel, **placement, "sha256": sha}, separators=(",", ":"),
+                                    ensure_ascii=False).encode() + b"\n"
+                         for (rel, sha), placement in zip(placed, placements, strict=True)])
 
 
 class ShardFormat(abc.ABC):
@@ -71,7 +90,7 @@ class ShardFormat(abc.ABC):
         """A shard's size from the sum of ``file_size`` of its files."""
 
     def memory_per_writer(self, part_size: int) -> int:
-        return 3 * part_size + READ_AHEAD_BYTES   # see sink.StreamingUpload
+        return (PARTS_IN_FLIGHT + 1) * part_size + READ_AHEAD_BYTES   # sent, and filling: sink.StreamingUpload
 
     @abc.abstractmethod
     def encoder(self, sink: StreamingUpload) -> ShardEncoder: ...
@@ -105,14 +124,6 @@ def format_for_shard(name: str) -> str | None:
 
 # -- reading the files of one shard -------------------------------------------------------------
 
-def read_checked(store: Store, loc: Location, size: int, progress: Progress) -> bytes:
-    data = reported(lambda: store.read(loc), lambda _e: progress.retried())
-    if len(data) != size:
-        raise IntegrityError(f"{loc}: read {len(data)} bytes, listed {size}: the source changed "
-                             f"during packing")
-    return data
-
-
 Batch = list[tuple[str, int]]
 
 
@@ -124,9 +135,15 @@ def _read_batch(store: Store, root: Location, batch: Batch, progress: Progress,
     ``connections`` of them: a small object's time is mostly the endpoint's round trip."""
     if not store.reads_many:
         out = []
-        for rel, size in batch:
-            data = read_checked(store, root.join(rel), size, progress)
-            out.append((data, hashlib.sha256(data).hexdigest()))
+        sha256 = hashlib.sha256
+        with reporting(lambda _e: progress.retried()):
+            for rel, size in batch:
+                loc = root.join(rel)
+                data = store.read(loc)
+                if len(data) != size:
+                    raise IntegrityError(f"{loc}: read {len(data)} bytes, listed {size}: the source changed "
+                                         f"during packing")
+                out.append((data, sha256(data).hexdigest()))
         return out
     got: list[tuple[bytes, str] | None] = [None] * len(batch)
 
@@ -164,12 +181,12 @@ def _batches(files: list[tuple[str, int]], stream_over: int) -> Iterator[tuple[B
         yield batch, False
 
 
-def source_files(store: Store, root: Location, files: list[tuple[str, int]], *, stream_over: int,
-                 pool: cf.Executor, progress: Progress, connections: int
-                 ) -> Iterator[tuple[str, int, bytes | None, str | None]]:
-    """(rel, size, bytes, sha256) in order, read ahead on ``pool`` within a bounded window of
-    READ_AHEAD_BYTES; bytes and sha256 are None for files over ``stream_over``, which the writer
-    streams in ranges. ``connections``: requests in flight per batch (``_read_batch``)."""
+def source_batches(store: Store, root: Location, files: list[tuple[str, int]], *, stream_over: int,
+                   pool: cf.Executor, progress: Progress, connections: int
+                   ) -> Iterator[tuple[Batch, list[tuple[bytes, str]] | None]]:
+    """Runs of files in order with their (bytes, sha256), read ahead on ``pool`` within a bounded
+    window of READ_AHEAD_BYTES; a file over ``stream_over`` comes alone, with None: the writer
+    streams it in ranges. ``connections``: requests in flight per batch (``_read_batch``)."""
     window: collections.deque = collections.deque()
     ahead = 0
     todo = _batches(files, stream_over)
@@ -188,13 +205,8 @@ def source_files(store: Store, root: Location, files: list[tuple[str, int]], *, 
             if not window:
                 return
             batch, future, nbytes = window.popleft()
-            if future is None:
-                rel, size = batch[0]
-                yield rel, size, None, None
-                continue
             ahead -= nbytes
-            for (rel, size), (data, sha) in zip(batch, future.result(), strict=True):
-                yield rel, size, data, sha
+            yield batch, None if future is None else future.result()
     finally:
         for _batch, future, _n in window:
             if future:
@@ -262,28 +274,23 @@ class ShardWriter:
     def _encode(self, encoder: ShardEncoder, files: list[tuple[str, int]], listing: StreamingUpload) -> None:
         stream_over = self.part_size if self.fmt.streams_large_files else self.fmt.max_file_size
         placed: collections.deque[tuple[str, str]] = collections.deque()   # (rel, sha) the format has not placed yet
-
-        def drain() -> None:   # placements come in file order, a Parquet row group's at its flush
-            for placement in encoder.placements:
-                rel, sha = placed.popleft()
-                listing.write(json.dumps({"path": rel, **placement, "sha256": sha}, separators=(",", ":"),
-                                         ensure_ascii=False).encode() + b"\n")
-            encoder.placements.clear()
-
-        for rel, size, data, sha in source_files(self.src, self.src_root, files, stream_over=stream_over,
-                                                 pool=self.read_pool, progress=self.progress,
-                                                 connections=self.read_connections):
-            if data is None:
+        for batch, read in source_batches(self.src, self.src_root, files, stream_over=stream_over,
+                                          pool=self.read_pool, progress=self.progress,
+                                          connections=self.read_connections):
+            if read is None:
+                (rel, size), = batch
                 hasher = hashlib.sha256()
                 encoder.add_stream(rel, size, ranged_chunks(self.src, self.src_root.join(rel), size,
                                                             self.part_size, self.progress, hasher))
                 placed.append((rel, hasher.hexdigest()))
             else:
-                encoder.add(rel, data, sha)
-                placed.append((rel, sha))
-            drain()
-            self.progress.file_finished()
+                encoder.add_many(batch, read)
+                placed.extend([(rel, sha) for (rel, _size), (_data, sha) in zip(batch, read)])
+            lines = encoder.lines(placed)   # in file order; a Parquet row group's at its flush
+            if lines:
+                listing.write(lines)
+            self.progress.files_finished(len(batch))
         encoder.finish()
-        drain()
+        listing.write(encoder.lines(placed))
         if placed:
             raise BridgeError(f"internal error: {len(placed)} files of the shard were never placed")

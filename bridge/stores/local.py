@@ -98,18 +98,36 @@ def _stale(dirpath: str, name: str) -> bool:
 def _translate(loc: Location):
     try:
         yield
-    except FileNotFoundError as exc:
-        raise ObjectNotFound(f"{loc}: no such file or directory") from exc
-    except PermissionError as exc:
-        raise PermissionDenied(f"{loc}: permission denied") from exc
-    except IsADirectoryError as exc:
-        raise BridgeError(f"{loc}: is a directory") from exc
-    except NotADirectoryError as exc:
-        raise BridgeError(f"{loc}: a parent is a file, not a directory") from exc
     except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            raise BridgeError(f"{loc}: no space left on device") from exc
-        raise BridgeError(f"{loc}: {exc.strerror or exc}") from exc
+        raise _bridge_error(loc, exc) from exc
+
+
+def _bridge_error(loc: Location, exc: OSError) -> BridgeError:
+    if isinstance(exc, FileNotFoundError):
+        return ObjectNotFound(f"{loc}: no such file or directory")
+    if isinstance(exc, PermissionError):
+        return PermissionDenied(f"{loc}: permission denied")
+    if isinstance(exc, IsADirectoryError):
+        return BridgeError(f"{loc}: is a directory")
+    if isinstance(exc, NotADirectoryError):
+        return BridgeError(f"{loc}: a parent is a file, not a directory")
+    if exc.errno == errno.ENOSPC:
+        return BridgeError(f"{loc}: no space left on device")
+    return BridgeError(f"{loc}: {exc.strerror or exc}")
+
+
+def _pread_all(fd: int, offset: int, length: int, until_eof: bool) -> bytes:
+    """``length`` bytes at ``offset`` (fewer at the end of the file); with ``until_eof``, on to
+    the end of the file however long it has grown. A short read is not taken for the end: the
+    end is a read that returns nothing."""
+    pieces, got = [], 0
+    while until_eof or got < length:
+        data = os.pread(fd, max(length - got, 0) + (64 * 1024 if until_eof else 0), offset + got)
+        if not data:
+            break
+        pieces.append(data)
+        got += len(data)
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def _sorted_files(folder: str) -> Iterator[ObjectInfo]:
@@ -180,9 +198,19 @@ class LocalStore(Store):
         return ObjectInfo(loc, st.st_size, identity=_identity(st), modified=st.st_mtime)
 
     def read(self, loc: Location, offset: int = 0, length: int | None = None) -> bytes:
-        with _translate(loc), open(loc.local_path, "rb") as f:
-            f.seek(offset)
-            return f.read() if length is None else f.read(length)
+        """By the descriptor (open, fstat, pread to the end, close): a file object's buffering,
+        seek and size probes cost four times the CPU of reading a small file (0.60 s against
+        0.15 s for 20,000 x 8 KiB, 2026-12-06), which a pack of small files pays per file."""
+        try:   # (not _translate: a generator's context costs as much as the read of 8 KiB)
+            fd = os.open(loc.local_path, os.O_RDONLY)
+            try:
+                if length is None:
+                    return _pread_all(fd, offset, max(os.fstat(fd).st_size - offset, 0), True)
+                return _pread_all(fd, offset, max(length, 0), False)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise _bridge_error(loc, exc) from exc
 
     def read_through(self, loc: Location, offset: int, length: int, buf: bytearray, each) -> int:
         """Read into ``buf`` a piece at a time (Store.read_through): a part of a big local file
