@@ -169,6 +169,10 @@ class Progress:
         with self._lock:
             return here + self._pending.pop(rel, 0), shared
 
+    def auditing(self, level: int = logging.INFO) -> bool:
+        """Whether ``said`` writes anything: asked once before a loop over many objects."""
+        return self.audit and AUDIT.isEnabledFor(level)
+
     def said(self, event: str, rel: str, size: int | None, *, route: str | None = None, why: str | None = None,
              level: int = logging.INFO) -> None:
         """One object's line on the audit log (when ``audit``): what happened to it, its size, the

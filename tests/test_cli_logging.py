@@ -178,6 +178,28 @@ def test_v_names_every_object_cache_warm_filled_or_found_cached(make_root, env_f
     assert lines == [f"cached {root}one.bin (10 B, held already)", f"filled {root}two.bin (2,000 B)"], r.stderr
 
 
+def test_v_names_every_file_pack_and_unpack_place(make_root, env_for, tmp_path):
+    env = env_for("s3")
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    files = {"a.txt": b"alpha", "d/b.bin": b"b" * 3000, "d/c.txt": b"gamma!"}
+    for rel, data in files.items():
+        (src / rel).write_bytes(data)
+    dst = make_root("s3") + "set/"
+    quiet = mcbridge("pack", f"{src}/", dst, env=env, state_dir=tmp_path / "s0")
+    assert quiet.returncode == 0 and "packed " not in quiet.stderr, quiet.stderr
+    r = mcbridge("-v", "pack", f"{src}/", make_root("s3") + "set/", env=env, state_dir=tmp_path / "s1")
+    assert r.returncode == 0, r.stderr
+    lines = sorted(line for line in r.stderr.splitlines() if line.startswith("packed "))
+    assert lines == [f"packed {rel} ({len(data):,} B, into shard-000000.tar)" for rel, data in sorted(files.items())], \
+        r.stderr
+    r = mcbridge("-v", "unpack", f"{dst}shard.index.json", f"{tmp_path}/out/", env=env, state_dir=tmp_path / "s2")
+    assert r.returncode == 0, r.stderr
+    lines = sorted(line for line in r.stderr.splitlines() if line.startswith("unpacked "))
+    assert lines == [f"unpacked {rel} ({len(data):,} B, from shard-000000.tar)" for rel, data in sorted(files.items())], \
+        r.stderr
+
+
 def test_q_is_accepted_everywhere_and_keeps_the_results(make_root, env_for, tmp_path):
     env = env_for("s3")
     src = tmp_path / "src"

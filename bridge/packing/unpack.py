@@ -420,6 +420,8 @@ class _Extractor:
 
     def restored(self, shard: Shard, m: Member, entry: FileEntry, *, settled: bool = True) -> FileEntry:
         record = {**entry.to_dict(), "member_sha256": m.sha256, "shard": shard.token}
+        if self.progress.auditing():
+            self.progress.said("unpacked", m.path, entry.size, why=f"from {shard.loc.name}")
         if settled:
             self.journal.put(f"file:{m.path}", record)
             return entry

@@ -256,7 +256,7 @@ class ShardWriter:
         listing = StreamingUpload(self.dst, self.dst_root.join(list_rel), part_size=self.part_size)
         try:
             encoder = self.fmt.encoder(sink)
-            self._encode(encoder, files, listing)
+            self._encode(encoder, files, listing, name)
             written = sink.close()
             listed = listing.close()
         except BaseException:
@@ -271,9 +271,11 @@ class ShardWriter:
                 "list": listing_record, "part_size": written.part_size, "parts": written.parts,
                 "committed": written.committed}
 
-    def _encode(self, encoder: ShardEncoder, files: list[tuple[str, int]], listing: StreamingUpload) -> None:
+    def _encode(self, encoder: ShardEncoder, files: list[tuple[str, int]], listing: StreamingUpload,
+                name: str) -> None:
         stream_over = self.part_size if self.fmt.streams_large_files else self.fmt.max_file_size
         placed: collections.deque[tuple[str, str]] = collections.deque()   # (rel, sha) the format has not placed yet
+        auditing = self.progress.auditing()   # a line per file packed, at -v
         for batch, read in source_batches(self.src, self.src_root, files, stream_over=stream_over,
                                           pool=self.read_pool, progress=self.progress,
                                           connections=self.read_connections):
@@ -290,6 +292,9 @@ class ShardWriter:
             if lines:
                 listing.write(lines)
             self.progress.files_finished(len(batch))
+            if auditing:
+                for rel, size in batch:
+                    self.progress.said("packed", rel, size, why=f"into {name}")
         encoder.finish()
         listing.write(encoder.lines(placed))
         if placed:
