@@ -113,13 +113,29 @@ def _read_into_files(ctx: jobs.Context, todo: list[dict], connections: int) -> d
     handed, as it arrives, to one of FILE_WRITERS threads that hashes, writes and records it,
     while the batch's event loop goes on receiving. Written by the loop itself, each file's
     creation, extended attributes and rename (system calls of 100-200 us each on ext4) held up
-    the batch's 64 requests in flight. Failures by index, as ``read_many`` gives them, a write's
-    BridgeError among them; any other exception from a write is raised here."""
+    the batch's requests in flight. At most ``connections`` bodies wait for a writer (the loop
+    waits for one to finish beyond that), so the batch holds at most twice its bytes in flight.
+    Failures by index, as ``read_many`` gives them, a write's BridgeError among them; any other
+    exception from a write ends the batch, as it did when the loop wrote the files."""
+    import threading
     from bridge.meter import Pool   # its tasks run in the loop task's context: meter, stop, breaker
     writing: dict[int, object] = {}
+    waiting = threading.BoundedSemaphore(max(1, connections))
+    broken: list[BaseException] = []
+
+    def written(done) -> None:
+        waiting.release()
+        exc = None if done.cancelled() else done.exception()
+        if exc is not None and not isinstance(exc, BridgeError):
+            broken.append(exc)
+
     with Pool(FILE_WRITERS, thread_name_prefix="bridge-write") as writers:
         def each(i: int, data: bytes) -> None:
+            if broken:
+                raise broken[0]
+            waiting.acquire()
             writing[i] = writers.submit(_write, ctx, todo[i], ctx.dst.body(data))
+            writing[i].add_done_callback(written)
 
         try:
             # a bandwidth limit is taken before each request goes, so that the answers, not only
@@ -130,12 +146,12 @@ def _read_into_files(ctx: jobs.Context, todo: list[dict], connections: int) -> d
             for pending in writing.values():   # what has not begun is not written; the rest ends first
                 pending.cancel()
             raise
+    if broken:
+        raise broken[0]
     for i, done in writing.items():
         exc = done.exception()
         if isinstance(exc, BridgeError):
             failures[i] = exc
-        elif exc is not None:
-            raise exc
     return failures
 
 
