@@ -81,6 +81,22 @@ STORES = {
 }
 
 
+def _run_cpu(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, int, float]:
+    """bench_transfer._run_once's wall time and peak RSS, with the CPU seconds (user + system) of
+    the run and of the processes it waited for (``sh -c 'TOOL && sync'``: the tool's and sync's)."""
+    import time
+    with open(log, "ab") as out:
+        out.write(("\n$ " + " ".join(cmd) + "\n").encode())
+        out.flush()
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)} (see {log})")
+    return elapsed, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
+
+
 def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -218,6 +234,7 @@ def main() -> None:
                 before_env = dict(far, PYTHONPATH=args.before)
                 best: dict[str, tuple[float, int]] = {}
                 times: dict[str, list[float]] = {}
+                cpus: dict[str, list[float]] = {}   # CPU seconds of each run (user + system)
                 names = list(tools)
                 for i in range(args.repeat):
                     # Each round starts with the next tool: an emulator that slows as it fills up
@@ -234,9 +251,10 @@ def main() -> None:
                             os.sync()
                         if args.sync_in_time:
                             run = ["sh", "-c", '"$@" && sync', "sh", *run]
-                        t, peak = _run_once(run, before_env if tool == "before" else far, log)
+                        t, peak, cpu = _run_cpu(run, before_env if tool == "before" else far, log)
+                        cpus.setdefault(tool, []).append(cpu)
                         if args.verbose:
-                            print(f"  {store} {case} run {i} {tool:<7} {t:6.2f}s", flush=True)
+                            print(f"  {store} {case} run {i} {tool:<7} {t:6.2f}s  cpu {cpu:5.2f}s", flush=True)
                         if case in ("small-up", "big-up", "adopt"):
                             # Gone again before the next run (not timed): fake-gcs-server and
                             # Azurite slow down as they fill up (2,000 uploads to fake-gcs-server:
@@ -260,15 +278,20 @@ def main() -> None:
                 median = {t: statistics.median(v) for t, v in times.items()}
                 row["median_ratio"] = round(median["bridge"] / min(median[t] for t in median if t not in ("bridge", "before")), 2)
                 row.update({f"{t}_median_s": round(v, 2) for t, v in median.items()})
+                # CPU seconds per GiB moved (median of the runs): what each tool's time costs the machine's cores
+                gib = sizes[case] / (1024 * MiB)
+                row.update({f"{t}_cpu_s_per_gib": round(statistics.median(v) / gib, 2) for t, v in cpus.items()})
                 if "before" in best:
                     row["before_ratio"] = round(best["before"][0] / best[peer][0], 2)
                     row["before_peak_mib"] = round(best["before"][1] / MiB)
                 rows.append(row)
+                per_gib = ", ".join(f"{t} {row[f'{t}_cpu_s_per_gib']:.2f}" for t in cpus)
                 tools_line = "  ".join(f"{t} {v[0]:6.2f}s" for t, v in best.items())
                 before = f"  before/{peer} {row['before_ratio']:5.2f}" if "before" in row else ""
                 print(f"{store:<6} {case:<11} {tools_line}  bridge/{peer} {row['ratio']:5.2f}{before}  "
                       f"(medians: bridge/best peer {row['median_ratio']:5.2f})  "
                       f"bridge peak {row['bridge_peak_mib']} MiB  (load {row['load']}, "
+                      f"CPU s/GiB {per_gib}, "
                       f"{sizes[case] / best['bridge'][0] / MiB:.0f} MiB/s)", flush=True)
             if proxy is not None:
                 proxy.terminate()

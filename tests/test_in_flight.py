@@ -12,6 +12,7 @@ import pytest
 
 from bridge import ops
 from bridge.config import load_settings
+from bridge.errors import BridgeError
 from bridge.pipeline.units import BATCH_IN_FLIGHT, batch_connections
 from tests.emulators import unique_name
 from tests.helpers import settings_for
@@ -220,3 +221,62 @@ def test_small_files_between_two_stores_go_in_batches_read_then_sent(moto, fake_
              if not b.name.startswith("out/_bridge/")}   # the record
     assert {name: blob.download_as_bytes() for name, blob in blobs.items()} == data
     assert {blob.content_type for blob in blobs.values()} == {"application/x-test"}
+
+
+def test_a_batch_to_a_local_folder_writes_beside_its_requests_and_names_the_files_it_could_not_write(
+        moto, tmp_path, monkeypatch):
+    """A batch's files are written by threads of their own while its requests go on
+    (units._read_into_files): every file that could be written arrives byte-exact, each one whose
+    write failed is the unit's error, and the job commits no record."""
+    from bridge.errors import TransferFailed
+    from bridge.stores.local import LocalStore
+    bucket = unique_name()
+    moto.create_bucket(bucket)
+    src = tmp_path / "src"
+    _tree(src, 40, 3000)
+    env = {**moto.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+    settings = settings_for(env)
+    assert ops.copy(f"{src}/", f"s3://{bucket}/in/", settings)["ok"]
+    refused = {"d1/0005.bin", "d2/0030.bin"}
+    put = LocalStore.put
+    writers = set()
+
+    def failing_put(self, loc, data, **kw):
+        import threading
+        writers.add(threading.current_thread().name)
+        if any(loc.local_path.endswith(rel) for rel in refused):
+            raise BridgeError(f"{loc}: refused by the test")
+        return put(self, loc, data, **kw)
+
+    monkeypatch.setattr(LocalStore, "put", failing_put)
+    back = tmp_path / "back"
+    plan = planning.plan_copy(f"s3://{bucket}/in/", f"{back}/", settings)
+    assert [len(u["files"]) for u in plan.units() if u["op"] == "batch"] == [40]
+    with pytest.raises(TransferFailed, match=r"refused by the test \(and 1 more files of its batch of 40\)"):
+        executor.execute(plan, settings)
+    assert writers and all(name.startswith("bridge-write") for name in writers), writers
+    for i in range(40):
+        rel = f"d{i % 4}/{i:04d}.bin"
+        assert (back / rel).exists() == (rel not in refused)
+        if rel not in refused:
+            assert (back / rel).read_bytes() == (src / rel).read_bytes()
+    assert not list(back.rglob("*manifest*"))
+
+
+def test_a_write_that_breaks_in_a_batch_to_a_local_folder_is_raised_as_it_was(moto, tmp_path, monkeypatch):
+    """An error that is not bridge's (a bug, not a file's failure) ends the unit as it ended it
+    when the event loop wrote the files itself."""
+    from bridge.stores.local import LocalStore
+    bucket = unique_name()
+    moto.create_bucket(bucket)
+    src = tmp_path / "src"
+    _tree(src, 12, 1000)
+    settings = settings_for({**moto.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")})
+    assert ops.copy(f"{src}/", f"s3://{bucket}/in/", settings)["ok"]
+
+    def broken_put(self, loc, data, **kw):
+        raise ZeroDivisionError("a bug in a write")
+
+    monkeypatch.setattr(LocalStore, "put", broken_put)
+    with pytest.raises(Exception, match="a bug in a write"):
+        ops.copy(f"s3://{bucket}/in/", f"{tmp_path / 'back'}/", settings)
