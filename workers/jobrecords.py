@@ -318,6 +318,12 @@ class Jobs:
                     self.keys.job(job_id, "reported")):
             pipe.expire(key, self.ttl)
         pipe.delete(self.keys.job(job_id, "tasks"))
+        # a job listed by parts: its parts' lists of tasks, and what each part recorded
+        lists = self.r.hget(self.keys.job(job_id), "task_lists")
+        for key in json.loads(lists) if lists else ():
+            pipe.delete(key)
+        for key in (self.keys.job(job_id, "parts"), self.keys.job(job_id, "listing")):
+            pipe.expire(key, self.ttl)
         pipe.execute()
 
     def update(self, job_id: str, **fields: Any) -> None:
