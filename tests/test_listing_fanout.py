@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -110,3 +111,110 @@ def test_a_copy_is_listed_by_sub_prefix_on_two_workers_and_commits_once_verified
     assert lists[("corpus/", "")] == 0, lists
     # one manifest, written last
     assert record.manifest and record.manifest.startswith(f"s3://{dst_bucket}/out/")
+
+
+def _synced(service, moto) -> tuple[str, str, dict[str, bytes]]:
+    """A source prefix of six folders and three files of its own, synced once to another bucket."""
+    src_bucket, dst_bucket = _bucket(moto), _bucket(moto)
+    files = _tree()
+    _put_tree(moto, src_bucket, "corpus/", files)
+    _two_workers(service)
+    first = service.wait(service.submit("sync", f"s3://{src_bucket}/corpus/", f"s3://{dst_bucket}/out/"))
+    assert first.state == "succeeded", first.errors
+    return src_bucket, dst_bucket, files
+
+
+def test_a_sync_by_sub_prefix_deletes_what_each_part_finds_gone_and_adds_what_is_new(service, emulator_for):
+    moto = emulator_for("s3")
+    src_bucket, dst_bucket, files = _synced(service, moto)
+    client = moto.client()
+    gone = ["d1/f000.bin", "d1/f007.bin", "d4/f003.bin", "top1.bin"] + [f"d5/f{i:03d}.bin" for i in range(15)]
+    for rel in gone:   # a folder emptied whole (d5): at the destination only
+        client.delete_object(Bucket=src_bucket, Key="corpus/" + rel)
+        files.pop(rel)
+    new = {"d0/new.bin": os.urandom(700), "d6/a.bin": os.urandom(800), "d6/b.bin": os.urandom(900),
+           "top9.bin": os.urandom(10), "d2/f004.bin": os.urandom(999)}   # a new folder, a changed file
+    _put_tree(moto, src_bucket, "corpus/", new)
+    files.update(new)
+    job_id = service.submit("sync", f"s3://{src_bucket}/corpus/", f"s3://{dst_bucket}/out/", "--delete")
+    record = service.wait(job_id)
+    assert record.state == "succeeded", record.errors
+    raw = service.redis.hgetall(service.keys.job(job_id))
+    assert len(json.loads(raw["list_parts"])) >= 3
+    assert json.loads(raw["plan"])["deleting"] == len(gone)
+    assert record.verify["ok"] and record.verify["extra"] == 0 and record.verify["checked"] == len(files)
+    assert _contents(moto, dst_bucket, "out/") == {rel: hashlib.sha256(d).hexdigest() for rel, d in files.items()}
+
+
+def test_a_sync_by_sub_prefix_is_refused_by_its_whole_jobs_deletions_before_anything_moves(service, emulator_for):
+    """--max-delete 3, two objects gone from each of three folders: no part deletes more than
+    three, the job six; refused before any copy or deletion."""
+    moto = emulator_for("s3")
+    src_bucket, dst_bucket, files = _synced(service, moto)
+    client = moto.client()
+    for sub in ("d0", "d2", "d4"):
+        for i in (1, 2):
+            client.delete_object(Bucket=src_bucket, Key=f"corpus/{sub}/f{i:03d}.bin")
+    _put_tree(moto, src_bucket, "corpus/", {"d3/new.bin": b"new"})
+    before = _contents(moto, dst_bucket, "out/")
+    mark = _log_length(moto)
+    job_id = service.submit("sync", f"s3://{src_bucket}/corpus/", f"s3://{dst_bucket}/out/", "--delete",
+                            "--max-delete", "3")
+    record = service.wait(job_id)
+    assert record.state == "failed"
+    assert any("sync would delete 6 objects" in e and "--max-delete 3" in e for e in record.errors), record.errors
+    assert _contents(moto, dst_bucket, "out/") == before
+    raw = service.redis.hgetall(service.keys.job(job_id))
+    parts = service.redis.hgetall(service.keys.job(job_id, "parts"))
+    assert len(parts) == len(json.loads(raw["list_parts"])) >= 3
+    assert max(json.loads(p)["deletions"] for p in parts.values()) <= 3   # each part alone would pass
+    written = [line for line in moto.log_path.read_text(errors="replace").splitlines()[mark:]
+               if f"/{dst_bucket}/" in line and ('"PUT ' in line or '"DELETE ' in line or '"POST ' in line)]
+    assert written == [], written[:5]
+
+
+def test_a_listing_part_whose_worker_dies_is_listed_again_elsewhere(service, emulator_for):
+    """The LIST of one folder held at a proxy until its worker is killed: its part's lease lapses,
+    the sweeper queues the part again, the other worker lists it, and the job commits once."""
+    from tests.faultproxy import FaultProxy, Rule, proxied_environment
+    moto = emulator_for("s3")
+    src_bucket, dst_bucket = _bucket(moto), _bucket(moto)
+    files = _tree()
+    _put_tree(moto, src_bucket, "corpus/", files)
+    with FaultProxy(moto.endpoint) as proxy:
+        proxy.configure(rules=[Rule(rf"GET /{src_bucket}/?\?.*prefix=corpus(%2F|/)d3(%2F|/)", "hold")])
+        service.env.update(proxied_environment(service.env, {"s3": proxy}))
+        w1, w2 = _two_workers(service)
+        job_id = service.submit("cp", f"s3://{src_bucket}/corpus/", f"s3://{dst_bucket}/out/")
+
+        def holder():
+            if not proxy.counts["hold"]:
+                return None
+            for task_id, raw in service.redis.hgetall(service.keys.running).items():
+                ref = json.loads(raw)
+                if ref["task"] == "bridge.list" and '"d3/"' in ref["args"][2]:
+                    return task_id, ref["worker"]
+            return None
+        found = None
+        for _ in range(600):
+            found = holder()
+            if found:
+                break
+            time.sleep(0.05)
+        assert found, "no worker listed d3/"
+        task_id, worker = found
+        victim, survivor = (w1, w2) if worker == w1.hostname else (w2, w1)
+        victim.kill()
+        record = service.wait(job_id)
+        assert record.state == "succeeded", record.errors
+        assert record.verify["ok"] and record.verify["checked"] == len(files)
+        index = task_id.rsplit(".l", 1)[1]
+        part = json.loads(service.redis.hget(service.keys.job(job_id, "parts"), index))
+        assert part["worker"] == survivor.hostname
+        assert int(service.redis.hget(service.keys.job(job_id, "attempts"), task_id)) == 2
+        lists = _lists(moto, src_bucket)
+        assert lists[("corpus/d3/", "")] == 1, lists   # the held one never reached moto
+        assert record.counters.get("requeued", 0) >= 1
+        proxy.release()
+    expected = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
+    assert _contents(moto, dst_bucket, "out/") == expected
