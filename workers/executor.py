@@ -333,6 +333,10 @@ class Service:
         """One delivery of a leased task: take the lease, do the step, mark it done."""
         lease = self.leases.lease(ref)
         got = lease.acquire()
+        if got == "ok" and not self.r.hexists(self.keys.job(ref.job), "state"):
+            # its job is gone (expired, or Redis lost its data): nothing of it is made again
+            lease.release()
+            got = "no such job"
         if got != "ok":
             metrics.task(ref.task, got)
             log.info("task %s (%s): %s; nothing to do", ref.id, ref.task, got)
@@ -391,7 +395,7 @@ class Service:
         outcome: dict[str, Any]
         attempts = self.r.hincrby(self.keys.job(ref.job, "attempts"), ref.id, 1)
         # every request this task sends, counted in the job's meter as it leaves (workers/metering.py)
-        metered = meter.Meter(ahead=JobMeterLog(self.r, self.keys.job(ref.job, "meter")))
+        metered = meter.Meter(ahead=JobMeterLog(self.r, self.keys.job(ref.job), self.keys.job(ref.job, "meter")))
         started = time.perf_counter()
         cancelled, returned = threading.Event(), threading.Event()
         extra = {"cancelled": cancelled} if ref.task in (TRANSFER, LIST) else {}
@@ -851,11 +855,9 @@ class Service:
         if not fields:
             return
         from redis.exceptions import RedisError
+        from bridge.workers.metering import count
         try:
-            pipe = self.r.pipeline(transaction=False)
-            for name, value in fields.items():
-                pipe.hincrby(self.keys.job(job_id, "meter"), name, value)
-            pipe.execute()
+            count(self.r, self.keys.job(job_id), self.keys.job(job_id, "meter"), fields)
         except RedisError as exc:
             log.warning("job %s: requests not metered: %s", job_id, exc)
 
@@ -867,10 +869,8 @@ class Service:
         """Add requests and bytes that ran to the job's usage (what it is charged from)."""
         if not fields:
             return
-        pipe = self.r.pipeline(transaction=False)
-        for name, value in fields.items():
-            pipe.hincrby(self.keys.job(job_id, "usage"), name, value)
-        pipe.execute()
+        from bridge.workers.metering import count
+        count(self.r, self.keys.job(job_id), self.keys.job(job_id, "usage"), fields)
 
     FRESH = "~fresh"   # a field of <job>:seen: its journal held none of its plan's files when it was planned
 
