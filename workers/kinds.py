@@ -293,7 +293,7 @@ class Files:
         try:
             found = splitting.top_level(get_store(src, settings), src)
             there = splitting.top_level(get_store(dst, settings), dst) if spec.kind == "sync" and spec.deletes \
-                else (set(), 0)
+                else (set(), 0, False)
         except BridgeError:
             return None   # the one-lister path says what is wrong, as it always has
         if found is None or there is None:
@@ -301,7 +301,7 @@ class Files:
         subs = found[0] | there[0]
         if len(found[0]) < 2:
             return None
-        return [p.to_dict() for p in splitting.split(subs, bool(found[1] or there[1]), count)]
+        return [p.to_dict() for p in splitting.split(subs, bool(found[1] or there[1]), count, record=found[2])]
 
     def plan_key(self, spec: JobSpec, settings) -> str:
         """The key of the plan ``plan_part`` makes for any part of the job (its journal's name),

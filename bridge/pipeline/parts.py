@@ -26,12 +26,15 @@ MAX_PARTS = 256        # parts of one job, at most
 
 @dataclass(frozen=True)
 class Part:
-    """Top-level sub-prefixes (each ``name/``), or the objects directly under the root (``level``)."""
+    """Top-level sub-prefixes (each ``name/``), or the objects directly under the root (``level``).
+    ``record``: whether the source root holds a record (``_bridge/``) whose hashes its files may
+    carry (bridge.carry); the top level's listing showed it, so no part looks for it in vain."""
     subs: tuple[str, ...] = ()
     level: bool = False
+    record: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        return {"subs": list(self.subs), "level": self.level}
+        return {"subs": list(self.subs), "level": self.level, "record": self.record}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Part:
@@ -40,7 +43,7 @@ class Part:
             name = sub[:-1]
             if not sub.endswith("/") or not name or "/" in name or name in (".", ".."):
                 raise ValueError(f"not a top-level sub-prefix: {sub!r}")
-        return cls(subs, bool(d.get("level")))
+        return cls(subs, bool(d.get("level")), bool(d.get("record", True)))
 
     def holds(self, rel: str) -> bool:
         head, sep, _ = rel.partition("/")
@@ -66,12 +69,12 @@ class Part:
                 listed(seen)
 
 
-def top_level(store: Any, root: Location, limit: int = LEVEL_LIMIT) -> tuple[set[str], int] | None:
-    """(the sub-prefixes directly under ``root``, the objects directly under it), or None when
-    more than ``limit`` objects are (the listing stops there: a flat prefix is not split).
-    ``_bridge/`` is never a part."""
+def top_level(store: Any, root: Location, limit: int = LEVEL_LIMIT) -> tuple[set[str], int, bool] | None:
+    """(the sub-prefixes directly under ``root``, the objects directly under it, whether ``_bridge/``
+    is there), or None when more than ``limit`` objects are (the listing stops there: a flat prefix
+    is not split) or a sub-prefix has an empty or odd name. ``_bridge/`` is never a part."""
     subs: set[str] = set()
-    objects = 0
+    objects, reserved = 0, False
     root = root.as_prefix()
     for item in store.list_level(root):
         if isinstance(item, Location):
@@ -79,7 +82,9 @@ def top_level(store: Any, root: Location, limit: int = LEVEL_LIMIT) -> tuple[set
             name = sub[:-1]
             if not name or "/" in name or name in (".", ".."):
                 return None   # an empty or odd segment: not a folder a part can name
-            if not is_reserved(name):
+            if is_reserved(name):
+                reserved = True
+            else:
                 subs.add(sub)
         else:
             rel = item.location.relative_to(root)
@@ -87,19 +92,20 @@ def top_level(store: Any, root: Location, limit: int = LEVEL_LIMIT) -> tuple[set
                 objects += 1
                 if objects > limit:
                     return None
-    return subs, objects
+    return subs, objects, reserved
 
 
-def split(subs: Iterable[str], level: bool, parts: int) -> list[Part]:
+def split(subs: Iterable[str], level: bool, parts: int, record: bool = True) -> list[Part]:
     """The sub-prefixes in name order, in at most ``parts`` groups of nearly equal counts (one
-    group each when there are fewer), and the root's own objects as one more part when ``level``."""
+    group each when there are fewer), and the root's own objects as one more part when ``level``;
+    ``record``: whether the source root holds a record (``Part.record``)."""
     names = sorted(subs)
     parts = max(1, min(parts, len(names), MAX_PARTS))
     out, start = [], 0
     for i in range(parts):
         end = start + len(names) // parts + (1 if i < len(names) % parts else 0)
-        out.append(Part(tuple(names[start:end])))
+        out.append(Part(tuple(names[start:end]), record=record))
         start = end
     if level:
-        out.append(Part(level=True))
+        out.append(Part(level=True, record=record))
     return out

@@ -378,7 +378,7 @@ def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int
     if early is not None and single is None and early[0] == src_root:
         carrier = early[1].result()
     else:
-        carrier = carrier_for(src_root, single, settings)
+        carrier = carrier_for(src_root, single, settings) if part is None or part.record else None
     for rel, info in checked:
         files.append(file_plan(rel, info, dst_store, chunk_size, carrier))
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files)

@@ -69,7 +69,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     record = manifests.open_record(dst_store, dst_root)
-    carrier = carrier_for(src_root, single, settings)
+    carrier = carrier_for(src_root, single, settings) if part is None or part.record else None
     counts = {"new": 0, "changed": 0, "repaired": 0, "unchanged": 0, "adopted": 0}
     adopted = Entries(where=spill_dir(settings))   # on disk past a few thousand
     if progress is not None:
