@@ -565,8 +565,6 @@ class Service:
         return {"tasks": sent, **({"here": (here, held[0], held[1:])} if here is not None else {})}
 
     # -- a listing fanned out by sub-prefix ---------------------------------------------------
-    LIST_PARTS_PER_SLOT = 2   # parts of a split listing per pool process of the job's queue
-
     def _fan_out(self, job_id: str, spec: JobSpec, who: Admitted, queue: str) -> dict | None:
         """A job whose source splits by its top-level sub-prefixes (workers/kinds.py ``Files.parts``)
         is listed by parts: a ``bridge.list`` task each, signed like a transfer's slice and run by
@@ -578,10 +576,10 @@ class Service:
         raw = self.r.hget(key, "list_parts")
         if raw is None:
             kind = self.kind(spec)
-            if not hasattr(kind, "parts"):
+            if not hasattr(kind, "parts") or self.ws.list_parts <= 0:
                 return None
             settings = self.settings_for(spec)
-            parts = kind.parts(spec, settings, self.LIST_PARTS_PER_SLOT * self.slots(queue))
+            parts = kind.parts(spec, settings, self.ws.list_parts * self.slots(queue))
             if parts is None:
                 return None
             plan_key = kind.plan_key(spec, settings)
