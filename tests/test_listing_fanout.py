@@ -218,3 +218,46 @@ def test_a_listing_part_whose_worker_dies_is_listed_again_elsewhere(service, emu
         proxy.release()
     expected = {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()}
     assert _contents(moto, dst_bucket, "out/") == expected
+
+
+# -- the split itself, on a local folder (no service) ----------------------------------------------
+
+def test_parts_group_folders_in_name_order_and_their_plans_add_up_to_the_whole(tmp_path):
+    from bridge.pipeline import parts as splitting
+    from bridge.pipeline.plan import plan_copy
+    from bridge.stores import get_store
+    from bridge.urls import parse
+    from tests.helpers import settings_for
+    src = tmp_path / "src"
+    names = ["a", "a-b", "a.c", "b", "z", "\u00e9t\u00e9"]
+    for name in names:
+        for i in range(3):
+            (src / name / "deep").mkdir(parents=True, exist_ok=True)
+            (src / name / f"f{i}").write_bytes(b"x" * i)
+            (src / name / "deep" / f"g{i}").write_bytes(b"y")
+    (src / "top").write_bytes(b"t")
+    (src / "_bridge").mkdir()
+    (src / "_bridge" / "log").write_bytes(b"not data")
+    settings = settings_for(dict(os.environ))
+    root = parse(f"{src}/")
+    subs, objects, reserved = splitting.top_level(get_store(root, settings), root)
+    assert subs == {f"{n}/" for n in names} and objects == 1 and reserved
+    assert splitting.top_level(get_store(root, settings), root, limit=0) is None   # flat enough: not split
+    parts = splitting.split(subs, bool(objects), 4)
+    assert [p.subs for p in parts[:-1]] == [("a-b/", "a.c/"), ("a/", "b/"), ("z/",), ("\u00e9t\u00e9/",)]
+    assert parts[-1].level and not parts[-1].subs
+    whole = plan_copy(f"{src}/", f"{tmp_path}/dst/", settings)
+    pieces = [plan_copy(f"{src}/", f"{tmp_path}/dst/", settings, part=p) for p in parts]
+    assert {p.key for p in pieces} == {whole.key}
+    assert sorted(f.rel for p in pieces for f in p.files) == sorted(f.rel for f in whole.files)
+    for p, planned in zip(parts, pieces):
+        rels = [f.rel for f in planned.files]
+        assert rels == sorted(rels) and all(p.holds(rel) for rel in rels)
+
+
+def test_a_part_names_only_top_level_folders():
+    from bridge.pipeline.parts import Part
+    for bad in (["../"], ["a/b/"], ["/"], ["a"], ["./"]):
+        with pytest.raises(ValueError):
+            Part.from_dict({"subs": bad})
+    assert Part.from_dict({"subs": ["b/", "a/"], "level": False}).subs == ("a/", "b/")

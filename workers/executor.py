@@ -615,7 +615,9 @@ class Service:
         record, who, refused = self._admitted(job_id, lease.ref.id)
         if who is None:
             return refused
-        try:   # the planner's part, before any request
+        try:   # the planner's part, before any request; its index is the one its id was signed with
+            if lease.ref.id != f"{job_id}.l{index}":
+                raise Refused(f"task {lease.ref.id}: not part {index} of job {job_id}'s listing")
             part = self.gate.keyring.check_task(who.tenant, who.digest, lease.ref.id, text, sig)
         except Refused as exc:
             return self._refuse(record, str(exc), lease.ref.id)

@@ -7,8 +7,9 @@ under the root (when there are any) are a part of their own. Each part is listed
 ``Store.walk`` lists the whole prefix (paths relative to the root, in code-point order), so a
 part's plan is the plan of exactly the paths it holds, made by the same code (bridge.pipeline.plan
 ``plan_copy``, bridge.pipeline.syncplan ``plan_sync`` with ``part``). A prefix with fewer than
-two sub-prefixes, or with more than ``LEVEL_LIMIT`` objects directly under it (a flat prefix:
-listing them again per part would hold them in memory), is not split: one lister, as before.
+two sub-prefixes, with more than ``LEVEL_LIMIT`` objects directly under it (a flat prefix:
+listing them again per part would hold them in memory) or with more than ``FOLDER_LIMIT``
+folders (their names would be held), is not split: one lister, as before.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 from bridge.stores.base import ObjectInfo, is_reserved
 from bridge.urls import Location
 
-LEVEL_LIMIT = 10_000   # objects directly under the root, at most, for the root to be split
-MAX_PARTS = 256        # parts of one job, at most
+LEVEL_LIMIT = 10_000    # objects directly under the root, at most, for the root to be split
+FOLDER_LIMIT = 50_000   # top-level folders, at most (their names are held, and signed into the parts)
+MAX_PARTS = 256         # parts of one job, at most
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,8 @@ class Part:
 def top_level(store: Any, root: Location, limit: int = LEVEL_LIMIT) -> tuple[set[str], int, bool] | None:
     """(the sub-prefixes directly under ``root``, the objects directly under it, whether ``_bridge/``
     is there), or None when more than ``limit`` objects are (the listing stops there: a flat prefix
-    is not split) or a sub-prefix has an empty or odd name. ``_bridge/`` is never a part."""
+    is not split), more than ``FOLDER_LIMIT`` folders, or a sub-prefix has an empty or odd name.
+    ``_bridge/`` is never a part."""
     subs: set[str] = set()
     objects, reserved = 0, False
     root = root.as_prefix()
@@ -86,6 +89,8 @@ def top_level(store: Any, root: Location, limit: int = LEVEL_LIMIT) -> tuple[set
                 reserved = True
             else:
                 subs.add(sub)
+                if len(subs) > FOLDER_LIMIT:
+                    return None
         else:
             rel = item.location.relative_to(root)
             if rel and not is_reserved(rel):
