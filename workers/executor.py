@@ -610,7 +610,8 @@ class Service:
         to list to 0 dispatches the job; a run again of that part after its worker died finds its
         part recorded and dispatches again (``_dispatch`` is idempotent)."""
         record = self.jobs.get(job_id)
-        if record is None or record.state not in ("planning", "cancelled"):
+        # running: its dispatch began, perhaps in this part's earlier attempt, whose worker died
+        if record is None or record.state not in ("planning", "running", "cancelled"):
             return {"skipped": record.state if record else "no such job"}
         record, who, refused = self._admitted(job_id, lease.ref.id)
         if who is None:
@@ -625,6 +626,8 @@ class Service:
         parts_key, listing_key = self.keys.job(job_id, "parts"), self.keys.job(job_id, "listing")
         recorded = self.r.hexists(parts_key, str(index))
         count = 0
+        if not recorded and record.state == "running":
+            return {"skipped": "running"}   # not this part's: listed and dispatched by others
         if not recorded:
             outcome: dict[str, Any] = {"count": 0, "cancelled": True}
             if record.state == "planning":
@@ -699,10 +702,10 @@ class Service:
         if record.state == "cancelled":   # during the listing: nothing was sent, nothing begun
             self._discard(record, spec, who, lease.ref.id)
             return {"cancelled": True}
-        if record.state != "planning":
+        if record.state not in ("planning", "running"):
             return {"skipped": record.state}
         key = self.keys.job(job_id)
-        if not self.r.hexists(key, "plan"):
+        if record.state == "planning" and not self.r.hexists(key, "plan"):
             parts = [json.loads(v) for _, v in sorted(self.r.hgetall(self.keys.job(job_id, "parts")).items(),
                                                       key=lambda item: int(item[0]))]
             if any(p.get("cancelled") for p in parts):
@@ -738,8 +741,12 @@ class Service:
             pipe.execute()
             self._used(job_id, usage)
             self.gate.priced(who, job_id, self._estimate(job_id, spec, estimate))   # before any task is sent
+        if not self.r.hexists(key, "plan"):
+            return {"skipped": record.state}
+        # (run again after its worker died while it sent them: they are sent again, and each
+        # one already run or running finds itself done or leased)
         count = int(self.r.hget(key, "tasks_total") or 0)
-        started = float(self.r.hget(key, "list_started") or time.time())
+        started = float(self.r.hget(key, "started") or self.r.hget(key, "list_started") or time.time())
         return self._start(lease, job_id, spec, who, count, [], time.time() - started)
 
     PAGE = 200                  # sub-plans read from Redis at a time

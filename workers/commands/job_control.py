@@ -72,6 +72,8 @@ def follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, int
     --json). The record is read every ``interval`` seconds, and at once when the job's end is
     announced (``Jobs.following``). With ``timeout``, gives up after that many seconds with one
     line (exit 1; the job goes on)."""
+    from redis.exceptions import RedisError   # here: --help imports this module, and never redis
+
     from bridge.cli.options import RUN
     from bridge.errors import EndpointUnreachable
     from bridge.workers.jobrecords import TERMINAL
@@ -187,12 +189,6 @@ def _no_job(job_id: str):
     from bridge.errors import InvalidOption
     return InvalidOption(f"no job {job_id!r} (it never existed, its record expired, or Redis lost it: "
                          f"restarted without persistence, or flushed)")
-
-
-try:
-    from redis.exceptions import RedisError
-except ImportError:   # the service's extra not installed: no follower runs then
-    RedisError = OSError
 
 
 def rerun_command(record) -> str:
