@@ -261,3 +261,29 @@ def test_a_part_names_only_top_level_folders():
         with pytest.raises(ValueError):
             Part.from_dict({"subs": bad})
     assert Part.from_dict({"subs": ["b/", "a/"], "level": False}).subs == ("a/", "b/")
+
+
+def test_a_job_cancelled_while_its_parts_are_listed_ends_cancelled_with_nothing_sent(service, emulator_for):
+    """One folder's LIST held at a proxy, the job cancelled: the parts record the cancel, the last
+    one ends the job (cancelled, its end announced), and no transfer was ever sent."""
+    from tests.faultproxy import FaultProxy, Rule, proxied_environment
+    moto = emulator_for("s3")
+    src_bucket, dst_bucket = _bucket(moto), _bucket(moto)
+    _put_tree(moto, src_bucket, "corpus/", _tree())
+    with FaultProxy(moto.endpoint) as proxy:
+        proxy.configure(rules=[Rule(rf"GET /{src_bucket}/?\?.*prefix=corpus(%2F|/)d2(%2F|/)", "hold")])
+        service.env.update(proxied_environment(service.env, {"s3": proxy}))
+        _two_workers(service)
+        job_id = service.submit("cp", f"s3://{src_bucket}/corpus/", f"s3://{dst_bucket}/out/")
+        deadline = time.monotonic() + 120
+        while not proxy.counts["hold"]:
+            assert time.monotonic() < deadline, "no part listed d2/"
+            time.sleep(0.05)
+        cancel = service.cli("jobs", "cancel", job_id)
+        proxy.release()
+        record = service.wait(job_id)
+        assert cancel.returncode == 0, cancel.stderr
+    assert record.state == "cancelled"
+    assert service.redis.hget(service.keys.job(job_id), "finished")
+    assert not service.redis.hexists(service.keys.job(job_id), "plan")   # never dispatched
+    assert _contents(moto, dst_bucket, "out/") == {}
