@@ -18,6 +18,7 @@ load average before and after.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -120,7 +121,7 @@ def main() -> None:
                 time.sleep(2)   # its workers settle before the next job
         load_after = os.getloadavg()
         print(f"\nload average before {load_before[0]:.1f}, after {load_after[0]:.1f}")
-        print(f"| queue | workers | parts | planning median | best |")
+        print("| queue | workers | parts | planning median | best |")
         print("|---|---:|---:|---:|---:|")
         for queue, (count, parts) in QUEUES.items():
             times = rows[queue]
@@ -128,7 +129,7 @@ def main() -> None:
                   f"{statistics.median(times):.2f} s | {min(times):.2f} s |")
     finally:
         for p in processes:
-            with __import__("contextlib").suppress(ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, 15)
         for p in processes:
             try:

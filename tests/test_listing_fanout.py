@@ -16,11 +16,9 @@ import re
 import time
 import uuid
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-from bridge.workers.testing import ServiceProcess
 from tests.test_workers_service import service  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.timeout(240)
