@@ -631,6 +631,20 @@ class RedisServer(Emulator):
     def url(self, db: int = 0) -> str:
         return f"{self.endpoint}/{db}"
 
+    def restart(self, down: float = 0.0) -> None:
+        """SIGKILL it and start it again on its port after ``down`` seconds: it keeps nothing on
+        disk, so it comes back empty (a Redis restarted without persistence)."""
+        process, self._process = self._process, None
+        _signal_group(process, signal.SIGKILL)
+        process.wait()
+        time.sleep(down)
+        self.fixed_port = self.port
+        self._attempts = 1
+        self._launched_at = time.monotonic()
+        self._log.close()
+        self._spawn()
+        self.wait_ready()
+
 
 class Redis:
     """A Redis for tests: the machine's own on 127.0.0.1:``port`` if it answers PING, else our own.

@@ -54,7 +54,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # makes; the executor that runs units and ends in the commit; verify; then the commands
     # built on the pipeline.
     ("contracts", ("bridge.contracts",)),
-    ("listing", ("bridge.listing",)),
+    ("listing", ("bridge.listing", "bridge.pipeline.parts")),
     ("job model", ("bridge.jobs",)),
     ("choose", ("bridge.routes", "bridge.routes.")),
     ("usage", ("bridge.policies.cost.usage",)),

@@ -201,6 +201,51 @@ def test_one_large_files_parts_are_written_from_several_hosts(hosts):
     assert len(senders) >= 2, f"parts sent from {dict(senders)}"
 
 
+def _lists(cluster, bucket: str, since: int = 0) -> list[tuple[str, str, str]]:
+    """(client address, prefix, delimiter) of each LIST of ``bucket`` the endpoint answered."""
+    from urllib.parse import parse_qs, urlsplit
+    found = []
+    for addr, method, path in cluster.requests("s3")[since:]:
+        split = urlsplit(path)
+        if method == "GET" and split.path.rstrip("/") == f"/{bucket}" and split.query:
+            query = parse_qs(split.query, keep_blank_values=True)
+            if "list-type" in query or "prefix" in query:
+                found.append((addr, query.get("prefix", [""])[0], query.get("delimiter", [""])[0]))
+    return found
+
+
+@needs_hosts
+def test_a_prefixs_listing_is_split_by_sub_prefix_over_hosts(hosts):
+    """Twelve folders under one prefix: the top level is listed once with a delimiter, then each
+    folder once, the whole prefix never, and the folders' LISTs come from several hosts (by their
+    addresses in the endpoint's log); the job commits verified. (Before the tests that cut hosts:
+    a host cut off may take a while to consume again.)"""
+    cluster = hosts
+    bucket = _bucket(cluster)
+    client = cluster.stores["s3"].client()
+    subs = [f"s{n:02d}" for n in range(12)]
+    for sub in subs:
+        for i in range(10):
+            client.put_object(Bucket=bucket, Key=f"src/{sub}/f{i:02d}.bin", Body=os.urandom(2048))
+    mark = len(cluster.requests("s3"))
+    out = Path(cluster.data) / "fanned"
+    job = cluster.submit("cp", f"s3://{bucket}/src/", f"{out}/")["id"]
+    record = cluster.wait(job)
+    _ended_ok(record)
+    # 2 parts per live pool process (3 hosts x -c 2 when all have announced themselves), at most one a folder
+    assert 2 <= len(json.loads(record["list_parts"])) <= len(subs)
+    lists = _lists(cluster, bucket, mark)
+    hosts_addresses = {h.address for h in cluster.hosts}
+    assert {addr for addr, _p, _d in lists} <= hosts_addresses
+    assert Counter((p, d) for _a, p, d in lists if p == "src/") == {("src/", "/"): 1}, lists   # never the whole prefix
+    per_folder = Counter(p for _a, p, d in lists if p != "src/")
+    assert per_folder == {f"src/{sub}/": 1 for sub in subs}, per_folder
+    listers = Counter(addr for addr, p, _d in lists if p != "src/")
+    assert len(listers) >= 2, f"every folder listed from one host: {dict(listers)}"
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.bin")) == \
+        sorted(f"{sub}/f{i:02d}.bin" for sub in subs for i in range(10))
+
+
 def _lose_a_busy_host(cluster, name: str, lose) -> tuple:
     """A corpus job; once a host runs a slice of it, ``lose(host)``. (job, host, the files its
     slices had not journaled then, the endpoint's log length then, the bucket.)"""
@@ -267,3 +312,4 @@ def test_redis_restarted_mid_job_the_job_resumes_and_commits_once(hosts):
     assert _manifest_puts(cluster, record) == 1, "committed more than once"
     sent = Counter(key for _addr, key in _puts(cluster, bucket, "r/"))
     assert len(sent) == 400
+

@@ -21,7 +21,7 @@ from functools import cached_property
 from bridge.workers.leases import Leases, TaskRef
 
 # Tasks whose first argument is a job id and which take a lease when they start.
-LEASED_TASKS = ("bridge.plan", "bridge.transfer", "bridge.finalize")
+LEASED_TASKS = ("bridge.plan", "bridge.list", "bridge.transfer", "bridge.finalize")
 # Tasks that are safe to send twice (they deduplicate themselves) but take no lease.
 IDEMPOTENT_TASKS = ("bridge.scheduled",)
 

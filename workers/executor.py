@@ -67,6 +67,17 @@ from bridge.workers.specs import JobSpec, parse_spec
 log = logging.getLogger(__name__)
 
 PLAN, TRANSFER, FINALIZE, SCHEDULED = "bridge.plan", "bridge.transfer", "bridge.finalize", "bridge.scheduled"
+LIST = "bridge.list"   # one part of a job's listing, fanned out by sub-prefix (``Service._fan_out``)
+
+# Records a part of a job's listing, once, while its lister holds its lease; the part that brings
+# the count of parts still to list to 0 dispatches the job.
+_LISTED = """
+-- KEYS: parts hash, parts still to list, lease;  ARGV: part index, record, token
+-- Returns the parts still to list; -1 if this part was recorded already; -2 if the lease is not ours.
+if redis.call('GET', KEYS[3]) ~= ARGV[3] then return -2 end
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return -1 end
+return redis.call('DECR', KEYS[2])
+"""
 
 
 def route(ws: WorkerSettings, spec: JobSpec, destination: str | None = None) -> str:
@@ -322,6 +333,10 @@ class Service:
         """One delivery of a leased task: take the lease, do the step, mark it done."""
         lease = self.leases.lease(ref)
         got = lease.acquire()
+        if got == "ok" and not self.r.hexists(self.keys.job(ref.job), "state"):
+            # its job is gone (expired, or Redis lost its data): nothing of it is made again
+            lease.release()
+            got = "no such job"
         if got != "ok":
             metrics.task(ref.task, got)
             log.info("task %s (%s): %s; nothing to do", ref.id, ref.task, got)
@@ -376,16 +391,16 @@ class Service:
         """One step under its lease; its outcome, and what this process runs next: (lease,
         slice) or, after a plan, (lease, slice, the slices held after it); None: nothing."""
         ref = lease.ref
-        step = {PLAN: self._plan, TRANSFER: self._transfer, FINALIZE: self._finalize}[ref.task]
+        step = {PLAN: self._plan, LIST: self._list, TRANSFER: self._transfer, FINALIZE: self._finalize}[ref.task]
         outcome: dict[str, Any]
         attempts = self.r.hincrby(self.keys.job(ref.job, "attempts"), ref.id, 1)
         # every request this task sends, counted in the job's meter as it leaves (workers/metering.py)
-        metered = meter.Meter(ahead=JobMeterLog(self.r, self.keys.job(ref.job, "meter")))
+        metered = meter.Meter(ahead=JobMeterLog(self.r, self.keys.job(ref.job), self.keys.job(ref.job, "meter")))
         started = time.perf_counter()
         cancelled, returned = threading.Event(), threading.Event()
-        extra = {"cancelled": cancelled} if ref.task == TRANSFER else {}
+        extra = {"cancelled": cancelled} if ref.task in (TRANSFER, LIST) else {}
         lease.fences.append(cancelled)   # a lease lost or fenced stops the step's requests too
-        if ref.task in (PLAN, TRANSFER):   # a finalize of a cancelled job is its discard: never ended
+        if ref.task in (PLAN, LIST, TRANSFER):   # a finalize of a cancelled job is its discard: never ended
             threading.Thread(target=self._watch_cancel, args=(lease, cancelled, returned, metered), daemon=True,
                              name=f"cancel-watch-{ref.id}").start()
         with lease.heartbeat(), meter.metering(metered):
@@ -490,6 +505,15 @@ class Service:
         planning = time.perf_counter()
         held: list[Planned] = []
         if not self.r.hexists(self.keys.job(job_id), "plan"):
+            try:   # listed by parts, on any workers, when the source splits by sub-prefix
+                fanned = self._fan_out(job_id, spec, who, record.queue)
+            except Refused as exc:
+                return self._refuse(record, str(exc), lease.ref.id)
+            except BridgeError as exc:
+                self._end(job_id, "failed", [_describe(exc)])
+                return {"error": _describe(exc)}
+            if fanned is not None:
+                return fanned
             # Not planned yet, or its planner died before writing the plan (which it writes
             # last): the tasks that planner pushed go, and the job is planned again.
             self.r.delete(self.keys.job(job_id, "tasks"))
@@ -502,6 +526,11 @@ class Service:
                 return {"error": _describe(exc)}
         else:
             count = int(self.r.hget(self.keys.job(job_id), "tasks_total") or 0)
+        return self._start(lease, job_id, spec, who, count, held, time.perf_counter() - planning)
+
+    def _start(self, lease: Lease, job_id: str, spec: JobSpec, who: Admitted, count: int, held: list[Planned],
+               planned_in: float) -> dict:
+        """A planned job's tasks sent (the first held one run here), or its finalize when it has none."""
         self.jobs.transition(job_id, "running", ("planning",))
         record = self.jobs.get(job_id)
         if record is not None and record.state == "cancelled":   # while it was planned: no task was sent
@@ -509,7 +538,7 @@ class Service:
             return {"cancelled": True}
         if record is None or record.state != "running":
             return {"skipped": record.state if record else "no such job"}
-        self.jobs.add_progress(job_id, {"plan_ms": int((time.perf_counter() - planning) * 1000)})
+        self.jobs.add_progress(job_id, {"plan_ms": int(planned_in * 1000)})
         finalize = TaskRef(f"{job_id}.finalize", FINALIZE, [job_id], record.queue, job_id)
         # The first task, planned here, is this process's next: its lease taken now, before the
         # plan is marked done, so that it is registered to be sent again should this worker die
@@ -535,6 +564,191 @@ class Service:
                  f", the first here and {len(held) - 1} more held" if here is not None else "")
         return {"tasks": sent, **({"here": (here, held[0], held[1:])} if here is not None else {})}
 
+    # -- a listing fanned out by sub-prefix ---------------------------------------------------
+    def _fan_out(self, job_id: str, spec: JobSpec, who: Admitted, queue: str) -> dict | None:
+        """A job whose source splits by its top-level sub-prefixes (workers/kinds.py ``Files.parts``)
+        is listed by parts: a ``bridge.list`` task each, signed like a transfer's slice and run by
+        any worker, leased and fenced like one; the part that finishes the listing dispatches the
+        job (``_dispatch``). None: not split (a flat prefix, one object ...): the planner lists it.
+        A planner run again after its first died sends the same parts again (duplicates find them
+        leased or done)."""
+        key = self.keys.job(job_id)
+        raw = self.r.hget(key, "list_parts")
+        if raw is None:
+            kind = self.kind(spec)
+            if not hasattr(kind, "parts") or self.ws.list_parts <= 0:
+                return None
+            settings = self.settings_for(spec)
+            parts = kind.parts(spec, settings, self.ws.list_parts * self.slots(queue))
+            if parts is None:
+                return None
+            plan_key = kind.plan_key(spec, settings)
+            self._fresh(job_id, self.journal(plan_key))   # before any part writes to it
+            signed = []
+            for index, part in enumerate(parts):
+                task_id = f"{job_id}.l{index}"
+                text, sig = self.gate.keyring.task_text(who.tenant, who.digest, task_id, part)
+                signed.append([task_id, text, sig])
+            pipe = self.r.pipeline()   # one transaction: the job is split when its parts are there
+            pipe.set(self.keys.job(job_id, "listing"), len(signed))
+            pipe.hset(key, mapping={"list_parts": json.dumps(signed), "list_key": plan_key,
+                                    "list_started": time.time()})
+            pipe.execute()
+            raw = self.r.hget(key, "list_parts")
+        signed = json.loads(raw)
+        for index, (task_id, text, sig) in enumerate(signed):
+            self.send(TaskRef(task_id, LIST, [job_id, index, text, sig], queue, job_id))
+        log.info("job %s: its listing split in %d parts by sub-prefix, a task each on %s", job_id, len(signed), queue)
+        return {"lists": len(signed)}
+
+    def _list(self, lease: Lease, job_id: str, index: int, text: str, sig: str, *,
+              cancelled: threading.Event | None = None) -> dict:
+        """One part of a job's listing (``_fan_out``): listed and, for a sync, compared with the
+        destination's same part and its record; its slices signed and pushed to a list of this
+        attempt's own (a list an earlier attempt left is never read); then recorded, once and only
+        while this lease is held, with what the dispatch sums. The part that brings the parts still
+        to list to 0 dispatches the job; a run again of that part after its worker died finds its
+        part recorded and dispatches again (``_dispatch`` is idempotent)."""
+        record = self.jobs.get(job_id)
+        # running: its dispatch began, perhaps in this part's earlier attempt, whose worker died
+        if record is None or record.state not in ("planning", "running", "cancelled"):
+            return {"skipped": record.state if record else "no such job"}
+        record, who, refused = self._admitted(job_id, lease.ref.id)
+        if who is None:
+            return refused
+        try:   # the planner's part, before any request; its index is the one its id was signed with
+            if lease.ref.id != f"{job_id}.l{index}":
+                raise Refused(f"task {lease.ref.id}: not part {index} of job {job_id}'s listing")
+            part = self.gate.keyring.check_task(who.tenant, who.digest, lease.ref.id, text, sig)
+        except Refused as exc:
+            return self._refuse(record, str(exc), lease.ref.id)
+        spec = JobSpec.from_dict(record.spec)
+        parts_key, listing_key = self.keys.job(job_id, "parts"), self.keys.job(job_id, "listing")
+        recorded = self.r.hexists(parts_key, str(index))
+        count = 0
+        if not recorded and record.state == "running":
+            return {"skipped": "running"}   # not this part's: listed and dispatched by others
+        if not recorded:
+            outcome: dict[str, Any] = {"count": 0, "cancelled": True}
+            if record.state == "planning":
+                try:
+                    outcome = self._list_part(lease, job_id, index, spec, who, part, record.queue, cancelled)
+                except Refused as exc:
+                    return self._refuse(record, str(exc), lease.ref.id)
+                if outcome is None and lease.lost.is_set():   # another attempt lists it
+                    return {"lost": True}
+                # cancelled on the way: recorded as such, so that the last part still ends the job
+                outcome = outcome or {"count": 0, "cancelled": True}
+            count = outcome["count"]
+            left = int(self.r.register_script(_LISTED)(
+                keys=[parts_key, listing_key, self.keys.lease(lease.ref.id)],
+                args=[str(index), json.dumps(outcome), lease.ref.token]))
+            if left == -2:
+                lease.lose("its lease was taken over before its part was recorded")
+                return {"lost": True}
+        else:
+            left = int(self.r.get(listing_key) or -1)
+        if left != 0:
+            return {"listed": index, "tasks": count}
+        return {"listed": index, "tasks": count, **self._dispatch(lease, job_id, who)}
+
+    def _list_part(self, lease: Lease, job_id: str, index: int, spec: JobSpec, who: Admitted, part: dict,
+                   queue: str, cancelled: threading.Event | None) -> dict | None:
+        """List and plan one part, its slices pushed to this attempt's list; what the part
+        records (None: stopped, its lease lost or its job cancelled)."""
+        key = self.r.hget(self.keys.job(job_id), "list_key")
+        journal = self.journal(key)
+        listing = self.kind(spec).plan_part(spec, self.settings_for(spec), part, journal,
+                                            check=lambda plan: self.gate.plan(who, spec.kind, plan),
+                                            slots=self.slots(queue))
+        journal.flush()   # the adopted objects' records, before any task may read the journal
+        tasks = self.keys.job(job_id, "tasks", str(index), lease.ref.token.rsplit(":", 1)[-1])
+        self.r.delete(tasks)
+        keyring = self.gate.keyring
+        count, chunk, held = 0, [], 0
+
+        def push() -> None:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.rpush(tasks, *chunk)
+            pipe.expire(tasks, int(self.ws.journal_ttl))
+            pipe.execute()
+
+        for sub in listing.pop("subs"):
+            if lease.lost.is_set() or (cancelled is not None and cancelled.is_set()):
+                return None
+            task_id = f"{job_id}.l{index}.t{count}"
+            text, sig = keyring.task_text(who.tenant, who.digest, task_id, sub)
+            raw = f"[{json.dumps(task_id)},{text},{json.dumps(sig)}]"   # what _tasks reads: [id, sub, sig]
+            chunk.append(raw)
+            held += len(raw)
+            count += 1
+            if held >= self.PUSH_BYTES or len(chunk) >= 1000:
+                push()
+                chunk, held = [], 0
+        if chunk:
+            push()
+        if lease.lost.is_set() or (cancelled is not None and cancelled.is_set()):
+            return None
+        return {**listing, "count": count, "list": tasks if count else None, "worker": lease.ref.worker or ""}
+
+    def _dispatch(self, lease: Lease, job_id: str, who: Admitted) -> dict:
+        """Every part of a job's listing is recorded: the header from their sums, the deletion
+        guard counting the whole job's deletions before anything is written or deleted, the
+        header and the pending count written in one transaction (as ``_make_plan`` does), then
+        the tasks sent (``_start``). Run again, it finds the plan written and sends them again."""
+        record, spec = self._record(job_id)
+        if record is None:
+            return {"skipped": "no such job"}
+        if record.state == "cancelled":   # during the listing: nothing was sent, nothing begun
+            self._discard(record, spec, who, lease.ref.id)
+            return {"cancelled": True}
+        if record.state not in ("planning", "running"):
+            return {"skipped": record.state}
+        key = self.keys.job(job_id)
+        if record.state == "planning" and not self.r.hexists(key, "plan"):
+            parts = [json.loads(v) for _, v in sorted(self.r.hgetall(self.keys.job(job_id, "parts")).items(),
+                                                      key=lambda item: int(item[0]))]
+            if any(p.get("cancelled") for p in parts):
+                return {"skipped": "a part found the job cancelled"}
+            kind = self.kind(spec)
+            plan_key = self.r.hget(key, "list_key")
+            journal = self.journal(plan_key)
+            try:
+                if any(p["key"] != plan_key for p in parts):
+                    raise BridgeError(f"internal error: job {job_id}'s parts planned another journal than its split named")
+                header, estimate = kind.dispatch(spec, self.settings_for(spec), parts, journal)
+                self.gate.plan(who, spec.kind, header)
+            except Refused as exc:
+                return self._refuse(record, str(exc), lease.ref.id)
+            except BridgeError as exc:
+                self._end(job_id, "failed", [_describe(exc)])
+                return {"error": _describe(exc)}
+            count = sum(p["count"] for p in parts)
+            totals: dict[str, int] = {}
+            usage: dict[str, int] = {}
+            for p in parts:
+                for name, value in p["totals"].items():
+                    totals[name] = totals.get(name, 0) + value
+                for name, value in p["usage"].items():
+                    usage[name] = usage.get(name, 0) + value
+            plan_sig = self.gate.keyring.sign_task(who.tenant, who.digest, f"{job_id}.plan", header)
+            pipe = self.r.pipeline()   # one transaction: the job is planned when its plan is there
+            pipe.set(self.keys.job(job_id, "pending"), count)
+            pipe.hset(key, mapping={"plan_key": plan_key, "plan": json.dumps(header), "plan_sig": plan_sig,
+                                    **totals, "tasks_total": count,
+                                    "task_lists": json.dumps([p["list"] for p in parts if p["list"]]),
+                                    "listed_by": json.dumps(sorted({p["worker"] for p in parts}))})
+            pipe.execute()
+            self._used(job_id, usage)
+            self.gate.priced(who, job_id, self._estimate(job_id, spec, estimate))   # before any task is sent
+        if not self.r.hexists(key, "plan"):
+            return {"skipped": record.state}
+        # (run again after its worker died while it sent them: they are sent again, and each
+        # one already run or running finds itself done or leased)
+        count = int(self.r.hget(key, "tasks_total") or 0)
+        started = float(self.r.hget(key, "started") or self.r.hget(key, "list_started") or time.time())
+        return self._start(lease, job_id, spec, who, count, [], time.time() - started)
+
     PAGE = 200                  # sub-plans read from Redis at a time
     PUSH_BYTES = 4 * 1024 * 1024  # sub-plans written to Redis at a time, at most
     HOLD_BYTES = 4 * 1024 * 1024  # sub-plans (as text) the planner keeps to run itself, at most
@@ -543,15 +757,16 @@ class Service:
         """The job's signed sub-plans, (task id, sub-plan, signature), a page at a time;
         ``texts``: each sub-plan as the text its signature covers, not read (a transfer task
         carries that text, and its worker checks the signature over it before it reads it)."""
-        key = self.keys.job(job_id, "tasks")
-        start = 0
-        while True:
-            page = self.r.lrange(key, start, start + self.PAGE - 1)
-            for raw in page:
-                yield _task_entry(raw) if texts else tuple(json.loads(raw))
-            if len(page) < self.PAGE:
-                return
-            start += self.PAGE
+        lists = self.r.hget(self.keys.job(job_id), "task_lists")   # a job listed by parts: one list each
+        for key in json.loads(lists) if lists else [self.keys.job(job_id, "tasks")]:
+            start = 0
+            while True:
+                page = self.r.lrange(key, start, start + self.PAGE - 1)
+                for raw in page:
+                    yield _task_entry(raw) if texts else tuple(json.loads(raw))
+                if len(page) < self.PAGE:
+                    break
+                start += self.PAGE
 
     def slots(self, queue: str) -> int:
         """The pool processes of the live workers that consume ``queue`` (at least 1)."""
@@ -615,7 +830,7 @@ class Service:
                                                   **({"route": json.dumps(route)} if route else {})})
         pipe.execute()
         self._used(job_id, planned.usage)
-        self.gate.priced(who, job_id, self._estimate(job_id, spec, planned))   # before any task is sent
+        self.gate.priced(who, job_id, self._estimate(job_id, spec, planned.estimate))   # before any task is sent
         return count, kept
 
     def _removed(self, record: JobRecord, who: Admitted) -> Iterator[str]:
@@ -626,18 +841,18 @@ class Service:
                 self.gate.keyring.check_task(who.tenant, who.digest, task_id, sub, sig)
                 yield from sub["deletions"]
 
-    def _estimate(self, job_id: str, spec: JobSpec, planned) -> float | None:
+    def _estimate(self, job_id: str, spec: JobSpec, estimate: list) -> float | None:
         """The job's estimate, priced here, where it runs (its spend is priced here too): shown
         beside the meter, and held against its budget (``Gate.priced``). None: not priced."""
-        if not planned.estimate:
+        if not estimate:
             return None
         from bridge import pricing
         try:
-            usd = pricing.total_cost(planned.estimate, self.settings_for(spec))
+            usd = pricing.total_cost(estimate, self.settings_for(spec))
         except (BridgeError, ValueError) as exc:
             log.warning("job %s: estimate not priced: %s", job_id, exc)
             return None
-        requests = sum(u.request_count for u in planned.estimate)
+        requests = sum(u.request_count for u in estimate)
         self.jobs.update(job_id, estimate_usd=repr(usd), estimate_requests=requests)
         return usd
 
@@ -647,11 +862,9 @@ class Service:
         if not fields:
             return
         from redis.exceptions import RedisError
+        from bridge.workers.metering import count
         try:
-            pipe = self.r.pipeline(transaction=False)
-            for name, value in fields.items():
-                pipe.hincrby(self.keys.job(job_id, "meter"), name, value)
-            pipe.execute()
+            count(self.r, self.keys.job(job_id), self.keys.job(job_id, "meter"), fields)
         except RedisError as exc:
             log.warning("job %s: requests not metered: %s", job_id, exc)
 
@@ -663,10 +876,8 @@ class Service:
         """Add requests and bytes that ran to the job's usage (what it is charged from)."""
         if not fields:
             return
-        pipe = self.r.pipeline(transaction=False)
-        for name, value in fields.items():
-            pipe.hincrby(self.keys.job(job_id, "usage"), name, value)
-        pipe.execute()
+        from bridge.workers.metering import count
+        count(self.r, self.keys.job(job_id), self.keys.job(job_id, "usage"), fields)
 
     FRESH = "~fresh"   # a field of <job>:seen: its journal held none of its plan's files when it was planned
 

@@ -169,10 +169,21 @@ def _steering(raw: dict[str, str], auth: Any) -> dict[str, str]:
 class Jobs:
     """Job records of one deployment."""
 
+    _ADD = """
+-- KEYS: the record, what each task reported;  ARGV: task ('' for none), then name, delta pairs
+if redis.call('HEXISTS', KEYS[1], 'state') == 0 then return 0 end
+for i = 2, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+  if ARGV[1] ~= '' then redis.call('HINCRBY', KEYS[2], ARGV[1] .. ':' .. ARGV[i], ARGV[i + 1]) end
+end
+return 1
+"""
+
     def __init__(self, client, keys: Keys, ttl: float):
         self.r = client
         self.keys = keys
         self.ttl = int(ttl)
+        self._add = client.register_script(self._ADD)
         self._transition = client.register_script(_TRANSITION)
 
     @staticmethod
@@ -318,6 +329,12 @@ class Jobs:
                     self.keys.job(job_id, "reported")):
             pipe.expire(key, self.ttl)
         pipe.delete(self.keys.job(job_id, "tasks"))
+        # a job listed by parts: its parts' lists of tasks, and what each part recorded
+        lists = self.r.hget(self.keys.job(job_id), "task_lists")
+        for key in json.loads(lists) if lists else ():
+            pipe.delete(key)
+        for key in (self.keys.job(job_id, "parts"), self.keys.job(job_id, "listing")):
+            pipe.expire(key, self.ttl)
         pipe.execute()
 
     def update(self, job_id: str, **fields: Any) -> None:
@@ -333,12 +350,10 @@ class Jobs:
         deltas = {k: v for k, v in deltas.items() if v}
         if not deltas:
             return
-        pipe = self.r.pipeline(transaction=False)
-        for name, delta in deltas.items():
-            pipe.hincrby(self.keys.job(job_id), name, delta)
-            if task is not None:
-                pipe.hincrby(self.keys.job(job_id, "reported"), f"{task}:{name}", delta)
-        pipe.execute()
+        # Only to a record that is there: one Redis lost (restarted without persistence, flushed)
+        # is not made again, as a hash of counters no reader can use and no expiry reaches.
+        args = [task or ""] + [x for name, delta in deltas.items() for x in (name, delta)]
+        self._add(keys=[self.keys.job(job_id), self.keys.job(job_id, "reported")], args=args)
 
     def reported(self, job_id: str, task: str) -> dict[str, int]:
         """What the attempts of ``task`` added to the job's counters so far."""

@@ -210,26 +210,13 @@ class Files:
              check: Callable[[Any], None] = lambda plan: None, slots: int = 1) -> Planned:
         """``slots``: the pool processes that will run the job's tasks (they size its tasks);
         ``check`` is given the plan's names (workers/gate.py ``Names``), before anything is written."""
-        from bridge import ops
-        from bridge.pipeline import syncplan
         from bridge.pipeline.commit import journal_adopted
         from bridge.pipeline.execute import JobContext, prepare
-        from bridge.pipeline.plan import Plan, plan_copy
-        chunk = settings.transfer.chunk_size
-        filters = spec.selection()
-        if spec.kind == "copy":
-            plan = plan_copy(spec.source, spec.destination, settings, chunk, filters=filters)
-            ops.adopt_existing(plan, settings, spec.adopt or "off")   # (cp --skip-existing)
-        else:
-            plan, _reasons = syncplan.plan_sync(spec.source, spec.destination, settings, delete=spec.deletes,
-                                           chunk_size=chunk, filters=filters, adopt=spec.adopt or "checksum")
-            present = plan.listed["destination"]
-            if spec.include or spec.exclude:
-                from bridge.replicator import filtered
-                plan = filtered(plan, spec.include or [], spec.exclude or [])
-            # the CLI's guard on mass deletion (sync --delete), before any task is planned: the job
-            # fails with its one line and nothing is copied or deleted
-            from bridge import guards
+        from bridge.pipeline.plan import Plan
+        plan, present = self._listed(spec, settings)
+        from bridge import guards
+        if spec.kind == "sync":   # the CLI's guard on mass deletion (sync --delete), before any task is
+            # planned: the job fails with its one line and nothing is copied or deleted
             guards.refuse_sync_deletions(len(plan.deletions), present, plan.destination,
                                          max_delete=spec.max_delete, force=bool(spec.force_delete))
         from bridge import routes
@@ -256,6 +243,140 @@ class Files:
         return Planned(plan.key, {**header.to_dict(), "deleting": len(plan.deletions)}, subs,
                        {"bytes_total": plan.bytes, "files_total": len(plan.files), "units_total": plan.unit_count()},
                        counting.to_fields(counting.listing(plan)), [plan.usage()])
+
+    def _listed(self, spec: JobSpec, settings, part=None) -> tuple[Any, int]:
+        """(the plan of the job's files, or of one ``part`` of them (bridge.pipeline.parts), before
+        any route is chosen; the objects a sync listed at the destination)."""
+        from bridge import ops
+        from bridge.pipeline import syncplan
+        from bridge.pipeline.plan import plan_copy
+        chunk = settings.transfer.chunk_size
+        filters = spec.selection()
+        if spec.kind == "copy":
+            plan = plan_copy(spec.source, spec.destination, settings, chunk, filters=filters, part=part)
+            ops.adopt_existing(plan, settings, spec.adopt or "off")   # (cp --skip-existing)
+            return plan, 0
+        plan, _reasons = syncplan.plan_sync(spec.source, spec.destination, settings, delete=spec.deletes,
+                                            chunk_size=chunk, filters=filters, adopt=spec.adopt or "checksum",
+                                            part=part)
+        present = plan.listed["destination"]
+        if spec.include or spec.exclude:
+            from bridge.replicator import filtered
+            plan = filtered(plan, spec.include or [], spec.exclude or [])
+        return plan, present
+
+    # -- a listing fanned out by sub-prefix (bridge.pipeline.parts) ----------------------------
+    def parts(self, spec: JobSpec, settings, count: int) -> list | None:
+        """The job's source prefix split into at most ``count`` parts by its top-level
+        sub-prefixes (and, for a sync that deletes, the destination's too: what only the
+        destination has is found by the part that holds its folder); None when it is not split:
+        one object, a wildcard, a flat prefix, a route that carries all the files in one remote
+        job, a copy that adopts."""
+        import os
+        from bridge import filters as filtering
+        from bridge import routes
+        from bridge.errors import BridgeError
+        from bridge.pipeline import parts as splitting
+        from bridge.stores import get_store
+        from bridge.urls import parse
+        if spec.kind not in ("copy", "sync") or (spec.kind == "copy" and (spec.adopt or "off") != "off"):
+            return None
+        src, dst = parse(spec.source), parse(spec.destination)
+        if filtering.split_wildcard(src.key) is not None:
+            return None
+        if not src.is_prefix and not (src.is_local and os.path.isdir(src.local_path)):
+            return None   # perhaps one object: resolve decides, on the one-lister path
+        src, dst = src.as_prefix(), dst.as_prefix()
+        route = routes.decide(src, dst, settings, spec.route)[0]
+        if route != routes.DIRECT and not _per_file(route):
+            return None   # one remote job carries all the files: one task, one lister
+        try:
+            found = splitting.top_level(get_store(src, settings), src)
+            there = splitting.top_level(get_store(dst, settings), dst) if spec.kind == "sync" and spec.deletes \
+                else (set(), 0, False)
+        except BridgeError:
+            return None   # the one-lister path says what is wrong, as it always has
+        if found is None or there is None:
+            return None
+        subs = found[0] | there[0]
+        if len(found[0]) < 2:
+            return None
+        return [p.to_dict() for p in splitting.split(subs, bool(found[1] or there[1]), count, record=found[2])]
+
+    def plan_key(self, spec: JobSpec, settings) -> str:
+        """The key of the plan ``plan_part`` makes for any part of the job (its journal's name),
+        known before any part is listed: as bridge.pipeline's plan_copy and plan_sync make it."""
+        from bridge.journal import job_key
+        from bridge.urls import parse
+        filters = spec.selection()
+        more = (filters.key(),) if filters is not None and filters.active else ()
+        src, dst = str(parse(spec.source).as_prefix()), str(parse(spec.destination).as_prefix())
+        chunk = settings.transfer.chunk_size
+        if spec.kind == "copy":
+            return job_key("copy", src, dst, chunk, *more)
+        return job_key("sync", src, dst, chunk, spec.deletes, *more)
+
+    def plan_part(self, spec: JobSpec, settings, part: dict, journal, check: Callable[[Any], None],
+                  slots: int = 1) -> dict[str, Any]:
+        """One part's plan: its sub-plans (``subs``, made as they are taken) and what the job's
+        dispatch sums over its parts (the header's source, destination and key, the files whose
+        parts are spread over tasks, the totals, the listing's usage and the estimate, and for a
+        sync the deletions and the objects listed at the destination). Objects adopted are
+        journaled here; nothing is written at the destination: uploads are begun, and the
+        destination prepared, by the dispatch once the deletion guard has counted every part."""
+        from bridge import routes
+        from bridge.pipeline.commit import journal_adopted
+        from bridge.pipeline.parts import Part
+        from bridge.pipeline.plan import _file_dict
+        from bridge.policies.cost import usage as counting
+        from bridge.workers.gate import Names
+        plan, present = self._listed(spec, settings, Part.from_dict(part))
+        routes.choose(plan, settings, spec.route)
+        check(Names.of(plan))   # every file it reads and writes, before anything is written
+        task_bytes = self.file_task_bytes if plan.route == "direct" else None   # a route carries a file whole
+        spread = split(plan, task_bytes)
+        journal_adopted(journal, plan.adopted)
+        seconds = task_seconds(plan, slots, self.task_seconds) if self.task_seconds else None
+        return {"source": plan.source, "destination": plan.destination, "key": plan.key, "route": plan.route,
+                "route_why": plan.route_why, "spread": [_file_dict(f) for f in spread],
+                "totals": {"bytes_total": plan.bytes, "files_total": len(plan.files),
+                           "units_total": plan.unit_count()},
+                "usage": counting.to_fields(counting.listing(plan)), "estimate": counting.to_fields(plan.usage()),
+                "deletions": len(plan.deletions), "present": present,
+                "subs": (sub.to_dict() for sub in fan_out(plan, self.batch_files, self.batch_bytes, task_bytes,
+                                                          seconds))}
+
+    def dispatch(self, spec: JobSpec, settings, parts: list[dict], journal) -> tuple[dict, list]:
+        """The job's header from its parts' plans (``plan_part``), once every part is listed: the
+        deletion guard over the whole job's deletions (DeletionRefused: nothing was written), the
+        destination prepared and the spread files' uploads begun, as ``plan`` does. (The header,
+        the estimate's usages.)"""
+        from bridge import guards
+        from bridge.pipeline.execute import JobContext, prepare
+        from bridge.pipeline.plan import Plan
+        from bridge.policies.cost import usage as counting
+        from bridge.contracts import FilePlan
+        first = parts[0]
+        if any((p["source"], p["destination"], p["key"]) != (first["source"], first["destination"], first["key"])
+               for p in parts):
+            raise ValueError("the parts of one job planned different roots")
+        deleting = sum(p["deletions"] for p in parts)
+        if spec.kind == "sync":
+            guards.refuse_sync_deletions(deleting, sum(p["present"] for p in parts), first["destination"],
+                                         max_delete=spec.max_delete, force=bool(spec.force_delete))
+        spread = [FilePlan(**f) for p in parts for f in p["spread"]]
+        header = Plan(first["source"], first["destination"], None, spread, [], first["key"],
+                      completions=[f.rel for f in spread], route=first["route"], route_why=first["route_why"])
+        ctx = JobContext(header, settings, journal)
+        prepare(ctx)
+        for f in spread:   # begun here, once: its tasks all continue this one upload
+            ctx.upload({"rel": f.rel, "size": f.size, "part_size": f.part_size})
+        from collections import Counter
+        estimate: Counter = Counter()
+        for p in parts:
+            estimate.update(p["estimate"])
+        return {**header.to_dict(), "deleting": deleting}, counting.from_fields(estimate, first["source"],
+                                                                                first["destination"])
 
     def marks(self, sub: dict, journal) -> set[str]:
         """What the journal holds of a sub-plan's files (compared before and after a run)."""

@@ -74,12 +74,16 @@ return 2
 """
 
 _COMPLETE = """
--- KEYS: done set, pending, running, lease;  ARGV: task id, token, counts (0/1), next id, next record
--- Returns the tasks still pending, or -1 if this task was already done.
-local added = redis.call('SADD', KEYS[1], ARGV[1])
+-- KEYS: done set, pending, running, lease, the job's record;  ARGV: task id, token, counts (0/1),
+-- next id, next record. Returns the tasks still pending, -1 if this task was already done, -3 if
+-- its job is gone (a counted task: its count of pending tasks; another: its record): Redis lost
+-- its data, and nothing of the job is made again, nothing handed over.
 local entry = redis.call('HGET', KEYS[3], ARGV[1])
 if entry and string.find(entry, ARGV[2], 1, true) then redis.call('HDEL', KEYS[3], ARGV[1]) end
 if redis.call('GET', KEYS[4]) == ARGV[2] then redis.call('DEL', KEYS[4]) end
+if ARGV[3] == '1' and redis.call('EXISTS', KEYS[2]) == 0 then return -3 end
+if ARGV[3] == '0' and redis.call('HEXISTS', KEYS[5], 'state') == 0 then return -3 end
+local added = redis.call('SADD', KEYS[1], ARGV[1])
 if added == 0 then return -1 end
 if ARGV[3] == '0' then return tonumber(redis.call('GET', KEYS[2]) or '-2') end
 local left = redis.call('DECR', KEYS[2])
@@ -249,11 +253,12 @@ class Lease:
 
     def complete(self, counts: bool, then: TaskRef | None = None) -> int:
         """Mark the task done. For a counted task, the job's pending tasks left (and when that
-        reaches 0, ``then`` is handed over); -1 if it was done already."""
+        reaches 0, ``then`` is handed over); -1 if it was done already; -3 if the job's count is
+        gone (Redis lost its data: the task is not marked, nothing is handed over)."""
         k = self._keys
         job = self.ref.job
         return int(self.leases._complete(
-            keys=[k.job(job, "done"), k.job(job, "pending"), k.running, k.lease(self.ref.id)],
+            keys=[k.job(job, "done"), k.job(job, "pending"), k.running, k.lease(self.ref.id), k.job(job)],
             args=[self.ref.id, self.ref.token, "1" if counts else "0", then.id if then else "",
                   then.encode() if then else ""]))
 

@@ -24,24 +24,35 @@ from bridge.workers import metrics
 log = logging.getLogger(__name__)
 
 
-class JobMeterLog:
-    """``Meter(ahead=JobMeterLog(client, key))``: counts added to the hash ``key`` as they come."""
+# Counters added to a hash of a job's only while its record is there: a job that Redis lost
+# (restarted without persistence, flushed) is not made again as counters no reader can use and
+# no expiry reaches. One round trip, as the HINCRBY it replaces.
+_COUNT = """
+-- KEYS: the job's record, a hash of counters;  ARGV: name, delta pairs
+if redis.call('HEXISTS', KEYS[1], 'state') == 0 then return 0 end
+for i = 1, #ARGV, 2 do redis.call('HINCRBY', KEYS[2], ARGV[i], ARGV[i + 1]) end
+return 1
+"""
 
-    def __init__(self, client, key: str):
-        self.client, self.key = client, key
+
+def count(client, record_key: str, key: str, fields: dict[str, int]) -> bool:
+    """Add ``fields`` to the hash ``key`` if the job's record ``record_key`` is there (False if not)."""
+    script = client.register_script(_COUNT)   # no round trip: its SHA-1, sent with EVALSHA
+    return bool(script(keys=[record_key, key], args=[x for item in fields.items() for x in item]))
+
+
+class JobMeterLog:
+    """``Meter(ahead=JobMeterLog(client, record_key, key))``: counts added to the hash ``key`` as
+    they come, while the job's record ``record_key`` is there."""
+
+    def __init__(self, client, record_key: str, key: str):
+        self.client, self.record_key, self.key = client, record_key, key
         self._warned = False
 
     def __call__(self, fields: dict[str, int]) -> bool:
         metrics.metered(fields)
         try:
-            if len(fields) == 1:
-                (name, value), = fields.items()
-                self.client.hincrby(self.key, name, value)
-            else:
-                pipe = self.client.pipeline(transaction=False)
-                for name, value in fields.items():
-                    pipe.hincrby(self.key, name, value)
-                pipe.execute()
+            count(self.client, self.record_key, self.key, fields)
             return True
         except RedisError as exc:   # kept by the meter, handed over when the task ends
             if not self._warned:

@@ -153,6 +153,11 @@ class WorkerSettings:
         "A task of small files is sized to take about this long at most, estimated from its files and "
         "bytes; a job too small to give each live pool process of its queue three such tasks (when "
         "there are several) gets shorter ones (half a second at least), so that adding workers adds speed.")
+    list_parts: int = _setting(
+        "BRIDGE_LIST_PARTS", 2, int,
+        "A job whose source prefix has folders is listed by parts, on any workers: this many parts per "
+        "live pool process of its queue (at most 256), each a group of the top-level folders; 0: the "
+        "planner lists the whole source itself.")
     batch_files: int = _setting(
         "BRIDGE_BATCH_FILES", 5000, int,
         "At most this many small files per task (bounds a task's message and its plan in memory).")

@@ -14,7 +14,7 @@ Celery stores no result for them (a round trip less per task).
 from __future__ import annotations
 
 from bridge.workers.app import app, service
-from bridge.workers.executor import FINALIZE, PLAN, SCHEDULED, TRANSFER
+from bridge.workers.executor import FINALIZE, LIST, PLAN, SCHEDULED, TRANSFER
 from bridge.workers.leases import TaskRef
 from bridge.workers.replicas import POLICY
 
@@ -30,6 +30,13 @@ def _ref(task, args: list) -> TaskRef:
 def plan(self, job_id: str) -> dict:
     """List the source, prepare the destination, fan the units out."""
     return service().run(_ref(self, [job_id]))
+
+
+@app.task(name=LIST, bind=True, ignore_result=True)
+def list_part(self, job_id: str, index: int, part: str, sig: str) -> dict:
+    """One part of a job's listing split by sub-prefix (the text of the planner's part that
+    ``sig`` signs): listed, compared, its slices pushed; the last part dispatches the job."""
+    return service().run(_ref(self, [job_id, index, part, sig]))
 
 
 @app.task(name=TRANSFER, bind=True, ignore_result=True)

@@ -34,6 +34,7 @@ from bridge.errors import InvalidOption
 from bridge.filters import Filters
 from bridge.journal import job_key, key_bytes
 from bridge.listing import checked_listing, resolve
+from bridge.pipeline.parts import Part
 from bridge.policies.cost import usage as counting
 from bridge.spill import Rows
 from bridge.stores import Store, get_store
@@ -367,10 +368,15 @@ def check_chunk_size(chunk_size: int | None, store: Store) -> None:
 
 def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int | None = None,
               archived_ok: bool = False, filters: Filters | None = None,
-              listed: Callable[[int], None] | None = None) -> Plan:
-    """``archived_ok``: plan sources that need a restore too (to price them: mcbridge plan)."""
-    early = _early_carrier(source, settings)
-    src_root, dst_root, objects, single = resolve(source, destination, settings, filters, listed)
+              listed: Callable[[int], None] | None = None, part: Part | None = None) -> Plan:
+    """``archived_ok``: plan sources that need a restore too (to price them: mcbridge plan).
+    ``part``: only the paths of one part of the source prefix (bridge.pipeline.parts), listed by
+    themselves; the plan's roots and key are the whole job's."""
+    early = _early_carrier(source, settings) if part is None else None
+    if part is None:
+        src_root, dst_root, objects, single = resolve(source, destination, settings, filters, listed)
+    else:
+        src_root, dst_root, objects, single = part_roots(source, destination, settings, part, filters, listed)
     checked = checked_listing(src_root, dst_root, objects, single, archived_ok)
     dst_store = get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
@@ -378,7 +384,7 @@ def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int
     if early is not None and single is None and early[0] == src_root:
         carrier = early[1].result()
     else:
-        carrier = carrier_for(src_root, single, settings)
+        carrier = carrier_for(src_root, single, settings) if part is None or part.record else None
     for rel, info in checked:
         files.append(file_plan(rel, info, dst_store, chunk_size, carrier))
     plan = Plan(str(src_root) if single is None else single, str(dst_root), single, files)
@@ -388,6 +394,24 @@ def plan_copy(source: str, destination: str, settings: Settings, chunk_size: int
                        *((filters.key(),) if filters is not None and filters.active else ()))
     batching(plan, src_root, dst_root, settings)
     return plan
+
+def part_roots(source: str, destination: str, settings: Settings, part: Part, filters: Filters | None = None,
+               listed: Callable[[int], None] | None = None):
+    """``resolve``'s answer for one part of a prefix: (source root, destination root, the part's
+    listing that ``filters`` select, None). The job was split from the top level of a prefix:
+    both roots are prefixes."""
+    src_root, dst_root = parse(source).as_prefix(), parse(destination).as_prefix()
+    return src_root, dst_root, part_listing(get_store(src_root, settings), src_root, part, filters, listed), None
+
+
+def part_listing(store: Store, root: Location, part: Part, filters: Filters | None = None,
+                 listed: Callable[[int], None] | None = None) -> Iterator[tuple[str, ObjectInfo]]:
+    """A part's listing, as ``bridge.filters.walk`` gives a whole prefix's: what ``filters`` select."""
+    objects = part.walk(store, root, listed)
+    if filters is None or not filters.active:
+        return objects
+    return ((rel, info) for rel, info in objects if filters.selects(rel, info))
+
 
 def batching(plan: Plan, src_root: Location, dst_root: Location, settings: Settings) -> None:
     """Batches of small files where they pay, each side overlapping many requests from one

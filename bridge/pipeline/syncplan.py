@@ -19,7 +19,9 @@ from bridge.meter import Pool
 from bridge.progress import Progress
 from bridge.stores import get_store
 from bridge.stores.base import identity_changed
-from bridge.pipeline.plan import Entries, FileList, Plan, batching, carrier_for, check_chunk_size, file_plan, spill_dir
+from bridge.pipeline.parts import Part
+from bridge.pipeline.plan import (Entries, FileList, Plan, batching, carrier_for, check_chunk_size, file_plan,
+                                   part_listing, part_roots, spill_dir)
 
 
 def _source_differs(store, info, entry) -> bool:
@@ -45,7 +47,7 @@ def _source_differs(store, info, entry) -> bool:
 
 def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool = False,
               chunk_size: int | None = None, adopt: str = "checksum", filters: Filters | None = None,
-              progress: Progress | None = None) -> tuple[Plan, dict[str, int]]:
+              progress: Progress | None = None, part: Part | None = None) -> tuple[Plan, dict[str, int]]:
     """Only what is new, changed or no longer matches the destination's record; with ``delete``,
     what the source no longer has. The source's listing, the destination's listing and its record
     are merged in path order (none is held whole), and an object costs no request of its own
@@ -56,13 +58,18 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     the recorded one (``_source_differs``).
     An object there that the record does not name (or with no record at all) is adopted when equal
     to its source (bridge/adopt.py; ``adopt``: checksum, deep or off). ``filters`` apply to both
-    sides, as in rclone: a file they leave out is neither sent nor deleted."""
-    src_root, dst_root, objects, single = resolve(source, destination, settings, filters, listing_to(progress))
+    sides, as in rclone: a file they leave out is neither sent nor deleted. ``part``: only the
+    paths of one part of the prefixes (bridge.pipeline.parts), on both sides and in the record."""
+    if part is None:
+        src_root, dst_root, objects, single = resolve(source, destination, settings, filters, listing_to(progress))
+    else:
+        src_root, dst_root, objects, single = part_roots(source, destination, settings, part, filters,
+                                                         listing_to(progress))
     objects = checked_listing(src_root, dst_root, objects, single)   # checked as the merge reads it
     src_store, dst_store = get_store(src_root, settings), get_store(dst_root, settings)
     check_chunk_size(chunk_size, dst_store)
     record = manifests.open_record(dst_store, dst_root)
-    carrier = carrier_for(src_root, single, settings)
+    carrier = carrier_for(src_root, single, settings) if part is None or part.record else None
     counts = {"new": 0, "changed": 0, "repaired": 0, "unchanged": 0, "adopted": 0}
     adopted = Entries(where=spill_dir(settings))   # on disk past a few thousand
     if progress is not None:
@@ -109,10 +116,11 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     with Pool(settings.transfer.concurrency) as pool:
         # each stream read by a thread of its own, ahead of the merge: a listing page is fetched
         # (and the record read) while the objects of the last are judged, not between
-        for rel, info, entry, there in _merged(meter.ahead(objects),
-                                               meter.ahead(record.entries()) if record else iter(()),
-                                               meter.ahead(filtering.walk(dst_store, dst_root, filters,
-                                                                          progress.saw if progress else None)),
+        entries = iter(()) if record is None else record.entries() if part is None else \
+            (e for e in record.entries() if part.holds(e.path))
+        present = filtering.walk(dst_store, dst_root, filters, progress.saw if progress else None) if part is None \
+            else part_listing(dst_store, dst_root, part, filters, progress.saw if progress else None)
+        for rel, info, entry, there in _merged(meter.ahead(objects), meter.ahead(entries), meter.ahead(present),
                                                listed):
             if info is None:
                 if delete and single is None and there is not None:

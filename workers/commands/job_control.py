@@ -60,6 +60,7 @@ def progress_line(record, n: dict[str, Any]) -> str:
 
 
 END_GRACE = 5.0   # seconds a follower waits, after a job's end, for its worker to announce it
+UNREACHABLE = 120.0   # seconds a follower waits for Redis to answer again before it gives up
 EVERY = 10.0      # seconds between progress lines when stderr is no terminal and --stats is not given
 
 
@@ -71,7 +72,10 @@ def follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, int
     --json). The record is read every ``interval`` seconds, and at once when the job's end is
     announced (``Jobs.following``). With ``timeout``, gives up after that many seconds with one
     line (exit 1; the job goes on)."""
+    from redis.exceptions import RedisError   # here: --help imports this module, and never redis
+
     from bridge.cli.options import RUN
+    from bridge.errors import EndpointUnreachable
     from bridge.workers.jobrecords import TERMINAL
     every = every or RUN.get("stats") or EVERY
     bar_on = not quiet and not as_json and err.is_terminal
@@ -86,12 +90,40 @@ def follow(jobs, job_id: str, *, quiet: bool = False, as_json: bool = False, int
     ended_at: float | None = None
     next_line = time.monotonic() + every
     deadline = None if timeout is None else time.monotonic() + timeout
+    seen = None          # the record as last read: a job seen and then gone was lost with Redis's data
+    unreachable = None   # since when Redis has not answered
     try:
-        with jobs.following(job_id) as wait:
+        with jobs.following(job_id) as announced:
+            def wait(seconds: float) -> None:
+                try:
+                    announced(seconds)
+                except RedisError:   # its channel went with a restart: read again after the pause
+                    time.sleep(seconds)
             while True:
-                record = jobs.get(job_id)
+                try:
+                    record = jobs.get(job_id)
+                    unreachable = None
+                except RedisError as exc:   # a restart or failover: followed through, for a while
+                    now = time.monotonic()
+                    if unreachable is None:
+                        unreachable = now
+                        if lines_on:
+                            err.print(f"job {job_id}: Redis unreachable ({type(exc).__name__}); following "
+                                      f"again when it answers", markup=False)
+                    if now - unreachable > UNREACHABLE:
+                        raise EndpointUnreachable(f"job {job_id}: Redis has not answered for {UNREACHABLE:.0f}s "
+                                                  f"({exc}); its workers go on without this follower: "
+                                                  f"mcbridge jobs watch {job_id}") from None
+                    time.sleep(min(1.0, interval * 2))
+                    continue
+                if record is None and seen is not None and seen.state not in TERMINAL:
+                    if bar is not None:
+                        bar.stop()
+                        bar = None
+                    return _lost(seen, as_json)
                 if record is None:
                     raise _no_job(job_id)
+                seen = record
                 if deadline is not None and time.monotonic() > deadline and record.state not in TERMINAL:
                     if bar is not None:
                         bar.stop()
@@ -155,7 +187,33 @@ def estimated_text(estimate: float | None, requests: int | None) -> str:
 
 def _no_job(job_id: str):
     from bridge.errors import InvalidOption
-    return InvalidOption(f"no job {job_id!r} (it never existed, or its record expired)")
+    return InvalidOption(f"no job {job_id!r} (it never existed, its record expired, or Redis lost it: "
+                         f"restarted without persistence, or flushed)")
+
+
+def rerun_command(record) -> str:
+    """The command that runs a job's copy again (a sync adopts what is already there)."""
+    spec = record.spec or {}
+    source = spec.get("source", "SRC")
+    destinations = spec.get("destinations") or [spec.get("destination", "DST")]
+    return f"mcbridge submit sync {source} {' '.join(destinations)}" + (" --delete" if spec.get("delete") else "")
+
+
+def _lost(record, as_json: bool) -> int:
+    """A job whose record was seen and is now gone, before it ended: Redis lost its data (a
+    restart without persistence, a flush, a failover to an empty replica). Its queue, journal and
+    leases went with it: its workers stop at their next unit (their lease and their job are gone),
+    nothing finalizes it, so no manifest is written: the destination holds files of it but no
+    commit. One line saying so and how to run it again; exit 1."""
+    line = (f"job {record.id} is lost: its record is gone from Redis (restarted without persistence, or "
+            f"flushed) while it was {record.state}; nothing of it was committed. Run it again: "
+            f"{rerun_command(record)} (it adopts the files this one had copied)")
+    if as_json:
+        out.print_json(json.dumps({"id": record.id, "state": "lost", "was": record.state, "errors": [line],
+                                   "rerun": rerun_command(record)}))
+    else:
+        err.print(f"mcbridge: error: {line}", markup=False, soft_wrap=True)
+    return 1
 
 
 def _status_doc(jobs, record) -> dict[str, Any]:
