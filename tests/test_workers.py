@@ -514,12 +514,13 @@ def test_a_task_whose_worker_keeps_dying_fails_its_job_instead_of_looping(client
 @pytest.fixture
 def local_service(redis_url, namespace, tmp_path):
     """A Service of a worker that may read and write under tmp_path, its messages kept in a list
-    instead of sent, and a tree of three files to copy."""
+    instead of sent, and a tree of three files to copy. The lease is 4 s: at 1 s, a plan on a
+    loaded machine outlived the lease a test took for a slice (and its own: fenced at 2/3 of it)."""
     from bridge.workers.executor import Service
     from bridge.workers.keys import redis_client
     from bridge.workers.testing import tenant_env
     ws = WorkerSettings.from_env({"BRIDGE_BROKER_URL": redis_url, "BRIDGE_NAMESPACE": namespace,
-                                  "BRIDGE_LEASE": "1s", "BRIDGE_SWEEP": "0.2s", "BRIDGE_BATCH_FILES": "2",
+                                  "BRIDGE_LEASE": "4s", "BRIDGE_SWEEP": "0.2s", "BRIDGE_BATCH_FILES": "2",
                                   **tenant_env(tmp_path / "tenant", local_roots=[str(tmp_path)])})
     sent: list = []
     src = tmp_path / "src"
