@@ -22,6 +22,7 @@ only, so that it reads no cloud object.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -67,9 +68,34 @@ def reported(store: Store | None, info: ObjectInfo, ask: bool = False) -> dict[s
 
 def digest(store: Store, info: ObjectInfo, names: tuple[str, ...]) -> dict[str, str]:
     """``names`` (of ``md5``, ``crc32c``, ``crc32``, ``sha256``) and the CRC32C of the object's
-    bytes, read in bounded ranges."""
+    bytes, read in bounded ranges (a small local file in one read: ``_small``)."""
+    if info.location.is_local and info.size <= INLINE_BYTES:
+        data = _small(info)
+        if data is not None:
+            return {name: hashing.digest_bytes(data, name) for name in dict.fromkeys(("crc32c", *names))}
     return hashing.digest(hashing.reader(store, info.location), info.size, ("crc32c", *names),
                           name=str(info.location))
+
+
+def _small(info: ObjectInfo) -> bytes | None:
+    """A small local file's bytes in one read, when it still holds ``info.size`` of them; None
+    otherwise, or on any error (the store's read then says what is wrong, as for any file).
+    Python's buffered ``open`` cost more than hashing 8 KiB: 20,000 files' adoption spent a
+    tenth of its time opening them."""
+    try:
+        fd = os.open(info.location.local_path, os.O_RDONLY | O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, info.size + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data if len(data) == info.size else None
+
+
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 # A local file up to this size is hashed for a comparison in the thread that asks (a pool's

@@ -358,6 +358,19 @@ def _hasher(name: str):
     return hashlib.new(name)   # md5, sha256, ...: hashlib's names
 
 
+def digest_bytes(data: bytes, algorithm: str) -> str:
+    """``digest``'s hex of bytes in memory, for one algorithm."""
+    if algorithm == "crc32c":
+        return crc_hex(crc32c(data))
+    if algorithm == "crc32":
+        return crc_hex(zlib.crc32(data))
+    made = _MAKERS.get(algorithm)
+    return (made(data) if made else hashlib.new(algorithm, data)).hexdigest()
+
+
+_MAKERS = {"md5": hashlib.md5, "sha256": hashlib.sha256}   # hashlib.new's lookup costs more than 8 KiB's MD5
+
+
 def digest(read: Read, size: int, algorithms: Iterable[str], *, name: str = "",
            piece: int = READ_SIZE) -> dict[str, str]:
     """``{algorithm: hex}`` of the ``size`` bytes ``read(offset, length)`` gives, in one pass of

@@ -292,3 +292,39 @@ def test_an_object_shorter_than_listed_has_no_digest(tmp_path, emulator_env):
     path.write_bytes(b"y" * 1000)                       # cut short after it was listed
     with pytest.raises(ObjectNotFound, match="read 1000 bytes of 4096"):
         digest(store, info, ("sha256",))
+
+
+def test_a_small_local_file_is_hashed_in_one_read_to_the_same_digests(tmp_path, emulator_env):
+    """The one-read path of a small local file (``adopt._small``) gives what reading it in
+    ranges gives, for every checksum adoption compares or records, and each is the digest of the
+    file's bytes; the entry adoption journals is the text of that entry, encoded once."""
+    import hashlib
+    import zlib
+
+    from bridge import hashing
+    from bridge.adopt import _small, digest
+    from bridge.journal import Encoded
+    from bridge.pipeline.plan import Entries
+    path = tmp_path / "small.bin"
+    data = os.urandom(8192 + 17)
+    path.write_bytes(data)
+    store = get_store(parse(str(path)), settings_for(emulator_env))
+    info = store.info(parse(str(path)))
+    assert _small(info) == data
+    names = ("md5", "sha256", "crc32")
+    fast = digest(store, info, names)
+    ranged = hashing.digest(hashing.reader(store, info.location), info.size, ("crc32c", *names), piece=1000)
+    assert fast == ranged
+    assert fast["md5"] == hashlib.md5(data).hexdigest() and fast["sha256"] == hashlib.sha256(data).hexdigest()
+    assert fast["crc32"] == f"{zlib.crc32(data):08x}" and fast["crc32c"] == hashing.crc_hex(hashing.crc32c(data))
+    path.write_bytes(data + b"!")                       # longer than listed: not the object listed
+    assert _small(info) is None
+
+    from bridge.manifest import FileEntry
+    entry = FileEntry("d/small.bin", info.size, fast["crc32c"], fast["sha256"], computed=["crc32c", "sha256"],
+                      reported={"md5": fast["md5"]}, adopted="md5")
+    entries = Entries()
+    entries.append(entry)
+    [(rel, text)] = list(entries.encoded())
+    assert rel == "d/small.bin" and type(text) is Encoded and json.loads(text) == entry.to_dict()
+    assert list(entries) == [entry.to_dict()]

@@ -81,7 +81,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     def adoption(rel: str, info, there):
         from bridge import adopt as adopting
         found = adopting.compare(src_store, info, dst_store, there, rel, deep=adopt == "deep")
-        return ("adopted", found.entry.to_dict()) if found.equal else "changed"
+        return ("adopted", found.entry) if found.equal else "changed"
 
     files = FileList(where=spill_dir(settings))
     deletions: list[str] = []
