@@ -328,3 +328,67 @@ def test_a_small_local_file_is_hashed_in_one_read_to_the_same_digests(tmp_path, 
     [(rel, text)] = list(entries.encoded())
     assert rel == "d/small.bin" and type(text) is Encoded and json.loads(text) == entry.to_dict()
     assert list(entries) == [entry.to_dict()]
+
+
+def test_adoptions_digests_from_its_processes_are_the_files_own(moto, make_root, emulator_env, tmp_path,
+                                                                 monkeypatch):
+    """A sync onto another tool's copy hashes its small local files in processes of their own
+    (``adopt.Prefetch``, batches lowered here): what those digests decide and record is what
+    the files hold. A file changed after it was copied is sent; one cut short after it was
+    listed is hashed here (and sent); every adopted entry's CRC32C, SHA-256 and MD5 are those of
+    its bytes, and ``verify --deep`` passes."""
+    import hashlib
+
+    from bridge import adopt as adopting
+    from bridge import hashing
+    from bridge.errors import BridgeError
+    made: list[adopting.Prefetch] = []
+
+    class Counted(adopting.Prefetch):
+        BATCH = 32
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(adopting, "Prefetch", Counted)
+    src = tmp_path / "src"
+    files = {f"d{i // 100}/{i:04d}.bin": os.urandom(100 + i) for i in range(300)}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    dst = make_root("s3") + "theirs/"
+    _by_boto3(moto, files, dst)
+    changed, cut = "d1/0150.bin", "d2/0299.bin"
+    (src / changed).write_bytes(bytes(b ^ 1 for b in files[changed]))   # same size, other bytes
+    settings = settings_for({**emulator_env, "MCBRIDGE_STATE_DIR": str(tmp_path / "state")})
+
+    real_add = Counted.add
+
+    def add_then_cut(self, info):
+        ticket = real_add(self, info)
+        if info.location.local_path.endswith(cut):
+            (src / cut).write_bytes(b"short")   # cut after it was listed, before a process reads it
+        return ticket
+
+    monkeypatch.setattr(Counted, "add", add_then_cut)
+    with pytest.raises(BridgeError, match="read 5 bytes of 399"):   # as when hashed here: refused, not hashed
+        syncplan.plan_sync(f"{src}/", dst, settings)
+    assert made[0]._pool is None                                     # its processes ended all the same
+    monkeypatch.setattr(Counted, "add", real_add)
+    (src / cut).write_bytes(files[cut])
+    plan, counts = syncplan.plan_sync(f"{src}/", dst, settings)
+    assert made[1].elsewhere >= 290 and made[1]._pool is None        # hashed elsewhere, and ended
+    assert counts["adopted"] == 299 and counts["changed"] == 1, counts
+    assert [f.rel for f in plan.files] == [changed]
+    assert executor.execute(plan, settings)["ok"]
+    entries = manifests.read(get_store(parse(dst), settings), parse(dst)).files
+    for rel, data in files.items():
+        if rel == changed:
+            continue
+        e = entries[rel]
+        assert e.adopted == "md5" and e.reported["md5"] == hashlib.md5(data).hexdigest()
+        assert e.sha256 == hashlib.sha256(data).hexdigest() and e.crc32c == hashing.crc_hex(hashing.crc32c(data))
+        assert e.computed == ["crc32c", "sha256"]
+    report = verifying.verify(dst, settings, deep=True)
+    assert report["ok"] and report["checked"] == 300, report["counts"]
