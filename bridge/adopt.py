@@ -180,7 +180,7 @@ class Prefetch:
     file the process could not read as listed (read again here, so that the error is the
     store's), or a batch handed out before ``BATCH`` files were waiting, as in a small sync,
     which never starts a process. The processes are forked when the first full batch is handed
-    out (Linux only, and never in a daemonic process such as a Celery prefork worker), and an
+    out (Linux only, and never in a daemonic process such as a Celery prefork worker's), and an
     answer that takes longer than ``WAIT`` seconds ends them (its files hashed here)."""
 
     BATCH = 256
@@ -252,6 +252,13 @@ def _child() -> None:
 
 
 def _can_fork() -> bool:
-    import multiprocessing
+    """Linux, and not a daemonic process of multiprocessing's or of billiard's (Celery's prefork
+    workers), asked only of a module already loaded: a sync's start imports neither."""
     import sys
-    return sys.platform == "linux" and not multiprocessing.current_process().daemon
+    if sys.platform != "linux":
+        return False
+    for name in ("multiprocessing", "billiard"):
+        module = sys.modules.get(name)
+        if module is not None and module.current_process().daemon:
+            return False
+    return True

@@ -392,3 +392,24 @@ def test_adoptions_digests_from_its_processes_are_the_files_own(moto, make_root,
         assert e.computed == ["crc32c", "sha256"]
     report = verifying.verify(dst, settings, deep=True)
     assert report["ok"] and report["checked"] == 300, report["counts"]
+
+
+def _can_fork_to(queue) -> None:
+    from bridge import adopt as adopting
+    queue.put(adopting._can_fork())
+
+
+@pytest.mark.parametrize("maker", ["multiprocessing", "billiard"])
+def test_adoption_starts_no_process_from_a_daemonic_one(maker):
+    """A daemonic process (a Celery prefork worker is billiard's) may have no children: adoption
+    hashes in the planner there; elsewhere on Linux it may fork."""
+    import importlib
+    from bridge import adopt as adopting
+    module = importlib.import_module(maker)
+    ctx = module.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_can_fork_to, args=(queue,), daemon=True)
+    child.start()
+    assert queue.get(timeout=60) is False
+    child.join(60)
+    assert adopting._can_fork() is (sys.platform == "linux")
