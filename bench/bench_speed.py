@@ -10,11 +10,15 @@ Cases, on each store:
   big-up      the big file, local -> store
   small-up    N x 16 KiB loose files, local -> store
   small-down  the same N objects, store -> local
-  adopt       ``sync`` onto a copy another tool made (S3 only): before each timed run, untimed, rclone
-              copies ``--adopt-files`` x ``--adopt-kib`` KiB to a prefix of that run's own; then
-              ``mcbridge sync TREE/ s3://...`` (adopts each object whose MD5 ETag equals the local
-              file's MD5, sends none, commits a record naming them all) beside ``rclone sync
-              --checksum`` (compares the same MD5s, sends none, writes nothing)
+  adopt       ``sync`` onto a copy another tool made (S3 only): once, untimed, rclone copies
+              ``--adopt-files`` x ``--adopt-kib`` KiB to a prefix; then ``mcbridge sync TREE/
+              s3://...`` (adopts each object whose MD5 ETag equals the local file's MD5, sends
+              none, commits a record naming them all) beside ``rclone sync --checksum`` (compares
+              the same MD5s, sends none, writes nothing), each onto that prefix; after each bridge
+              run its record (``_bridge/``) is deleted, untimed, so that every run meets the copy
+              as rclone left it (neither tool rewrites an equal object; a fresh copy per run took
+              minutes at 100,000 files); one untimed ``rclone sync --checksum`` first, so that no
+              timed run pays the endpoint's first MD5 of each file
 Stores: S3 = ``rclone serve s3`` (fast, Go), GCS = fake-gcs-server, Azure = Azurite. Method as in
 bench_transfer.py: each tool is its own process, wall time from start to exit, peak RSS from
 wait4(); each tool runs at its defaults with bridge's hashing and manifest on. Runs alternate
@@ -218,9 +222,15 @@ def main() -> None:
                         tools["s5cmd"] = [s5cmd, "--endpoint-url", endpoint, "cp",
                                           "s3://bench/seed-small/*", f"{out}/{{run}}/s5cmd/"]
                 elif case == "adopt":
-                    tools["bridge"] = [str(BIN / "mcbridge"), "sync", f"{theirs}/", f"{scheme}bench/up-bridge-{{run}}/",
+                    # the copy another tool made (untimed, once), which every run syncs onto
+                    _run_once([rclone, "copy", str(theirs), f"{remote}bench/adopt-theirs/", "--transfers", "16"],
+                              env, log)
+                    # and listed once with its MD5s (untimed): the first listing of a copy costs
+                    # rclone serve s3 an MD5 of each file, which the first timed run would pay
+                    _run_once([rclone, "sync", "--checksum", str(theirs), f"{remote}bench/adopt-theirs/"], env, log)
+                    tools["bridge"] = [str(BIN / "mcbridge"), "sync", f"{theirs}/", f"{scheme}bench/adopt-theirs/",
                                        "-q", *keep, *extra]
-                    tools["rclone"] = [rclone, "sync", "--checksum", str(theirs), f"{remote}bench/up-rclone-{{run}}/"]
+                    tools["rclone"] = [rclone, "sync", "--checksum", str(theirs), f"{remote}bench/adopt-theirs/"]
                 else:
                     tools["bridge"] = [str(BIN / "mcbridge"), "cp", f"{small}/", f"{scheme}bench/up-bridge-{{run}}/",
                                        "-q", *extra]
@@ -245,17 +255,16 @@ def main() -> None:
                         # No tool pays for another's dirty pages (bridge's syncfs would write them back).
                         os.sync()
                         run = [c.replace("{run}", f"{case}-{i}") for c in cmd]
-                        if case == "adopt":   # the copy another tool made, at this run's own prefix (untimed)
-                            _run_once([rclone, "copy", str(theirs), f"{remote}bench/up-{tool}-{case}-{i}/",
-                                       "--transfers", "16"], env, log)
-                            os.sync()
                         if args.sync_in_time:
                             run = ["sh", "-c", '"$@" && sync', "sh", *run]
                         t, peak, cpu = _run_cpu(run, before_env if tool == "before" else far, log)
                         cpus.setdefault(tool, []).append(cpu)
                         if args.verbose:
                             print(f"  {store} {case} run {i} {tool:<7} {t:6.2f}s  cpu {cpu:5.2f}s", flush=True)
-                        if case in ("small-up", "big-up", "adopt"):
+                        if case == "adopt" and tool in ("bridge", "before"):
+                            # its record gone again (untimed): the next run meets rclone's copy alone
+                            _run_once([rclone, "purge", f"{remote}bench/adopt-theirs/_bridge/"], env, log)
+                        if case in ("small-up", "big-up"):
                             # Gone again before the next run (not timed): fake-gcs-server and
                             # Azurite slow down as they fill up (2,000 uploads to fake-gcs-server:
                             # 9 s into a fresh one, 43 s with 10,000 objects in it), which made

@@ -656,7 +656,8 @@ def walk(store: Any, root: Any, filters: Filters | None = None,
     ``filters`` select, listing from their common folder; ``listed(n)`` hears of every few
     hundred objects listed (progress for long listings)."""
     filters = filters or NONE
-    start = filters.prefix() if filters.active else ""
+    active = filters.active   # once: a property of six fields, asked per object was 3% of a long sync
+    start = filters.prefix() if active else ""
     if any(part in ("", ".", "..") for part in start.split("/")[:-1]):
         start = ""   # a folder of odd segments: not pushed down (the rules still apply to each path)
     base = root.as_prefix()

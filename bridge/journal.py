@@ -62,8 +62,18 @@ def journal_at(state_dir: Path | str, key: str) -> FileJournal:
 _ENCODER = json.JSONEncoder(separators=(",", ":"))   # json.dumps(value, separators=...), made once
 
 
-def _dumps(value: Any) -> str:
-    return _ENCODER.encode(value)
+class Encoded(str):
+    """A record's value already encoded as JSON text (compact): stored as it is, not encoded again
+    (an adopted object's entry is encoded once, where it was judged)."""
+    __slots__ = ()
+
+
+def encode(value: Any) -> str:
+    """A record's value as the journals store it: compact JSON, or the ``Encoded`` text given."""
+    return value if type(value) is Encoded else _ENCODER.encode(value)
+
+
+_dumps = encode
 
 
 class FileJournal:

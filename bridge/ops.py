@@ -83,7 +83,7 @@ def adopt_existing(plan: Plan, settings: Settings, mode: str) -> None:
             f, judged = window.pop(0)
             found = judged.result() if isinstance(judged, cf.Future) else judged
             if found is not None and found.equal:
-                adopted.append(found.entry.to_dict())
+                adopted.append(found.entry)
             else:
                 kept.append(f)
 

@@ -292,3 +292,124 @@ def test_an_object_shorter_than_listed_has_no_digest(tmp_path, emulator_env):
     path.write_bytes(b"y" * 1000)                       # cut short after it was listed
     with pytest.raises(ObjectNotFound, match="read 1000 bytes of 4096"):
         digest(store, info, ("sha256",))
+
+
+def test_a_small_local_file_is_hashed_in_one_read_to_the_same_digests(tmp_path, emulator_env):
+    """The one-read path of a small local file (``adopt._small``) gives what reading it in
+    ranges gives, for every checksum adoption compares or records, and each is the digest of the
+    file's bytes; the entry adoption journals is the text of that entry, encoded once."""
+    import hashlib
+    import zlib
+
+    from bridge import hashing
+    from bridge.adopt import _small, digest
+    from bridge.journal import Encoded
+    from bridge.pipeline.plan import Entries
+    path = tmp_path / "small.bin"
+    data = os.urandom(8192 + 17)
+    path.write_bytes(data)
+    store = get_store(parse(str(path)), settings_for(emulator_env))
+    info = store.info(parse(str(path)))
+    assert _small(info) == data
+    names = ("md5", "sha256", "crc32")
+    fast = digest(store, info, names)
+    ranged = hashing.digest(hashing.reader(store, info.location), info.size, ("crc32c", *names), piece=1000)
+    assert fast == ranged
+    assert fast["md5"] == hashlib.md5(data).hexdigest() and fast["sha256"] == hashlib.sha256(data).hexdigest()
+    assert fast["crc32"] == f"{zlib.crc32(data):08x}" and fast["crc32c"] == hashing.crc_hex(hashing.crc32c(data))
+    path.write_bytes(data + b"!")                       # longer than listed: not the object listed
+    assert _small(info) is None
+
+    from bridge.manifest import FileEntry
+    entry = FileEntry("d/small.bin", info.size, fast["crc32c"], fast["sha256"], computed=["crc32c", "sha256"],
+                      reported={"md5": fast["md5"]}, adopted="md5")
+    entries = Entries()
+    entries.append(entry)
+    [(rel, text)] = list(entries.encoded())
+    assert rel == "d/small.bin" and type(text) is Encoded and json.loads(text) == entry.to_dict()
+    assert list(entries) == [entry.to_dict()]
+
+
+def test_adoptions_digests_from_its_processes_are_the_files_own(moto, make_root, emulator_env, tmp_path,
+                                                                 monkeypatch):
+    """A sync onto another tool's copy hashes its small local files in processes of their own
+    (``adopt.Prefetch``, batches lowered here): what those digests decide and record is what
+    the files hold. A file changed after it was copied is sent; one cut short after it was
+    listed is hashed here (and sent); every adopted entry's CRC32C, SHA-256 and MD5 are those of
+    its bytes, and ``verify --deep`` passes."""
+    import hashlib
+
+    from bridge import adopt as adopting
+    from bridge import hashing
+    from bridge.errors import BridgeError
+    made: list[adopting.Prefetch] = []
+
+    class Counted(adopting.Prefetch):
+        BATCH = 32
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(adopting, "Prefetch", Counted)
+    src = tmp_path / "src"
+    files = {f"d{i // 100}/{i:04d}.bin": os.urandom(100 + i) for i in range(300)}
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    dst = make_root("s3") + "theirs/"
+    _by_boto3(moto, files, dst)
+    changed, cut = "d1/0150.bin", "d2/0299.bin"
+    (src / changed).write_bytes(bytes(b ^ 1 for b in files[changed]))   # same size, other bytes
+    settings = settings_for({**emulator_env, "MCBRIDGE_STATE_DIR": str(tmp_path / "state")})
+
+    real_add = Counted.add
+
+    def add_then_cut(self, info):
+        ticket = real_add(self, info)
+        if info.location.local_path.endswith(cut):
+            (src / cut).write_bytes(b"short")   # cut after it was listed, before a process reads it
+        return ticket
+
+    monkeypatch.setattr(Counted, "add", add_then_cut)
+    with pytest.raises(BridgeError, match="read 5 bytes of 399"):   # as when hashed here: refused, not hashed
+        syncplan.plan_sync(f"{src}/", dst, settings)
+    assert made[0]._pool is None                                     # its processes ended all the same
+    monkeypatch.setattr(Counted, "add", real_add)
+    (src / cut).write_bytes(files[cut])
+    plan, counts = syncplan.plan_sync(f"{src}/", dst, settings)
+    assert made[1].elsewhere >= 290 and made[1]._pool is None        # hashed elsewhere, and ended
+    assert counts["adopted"] == 299 and counts["changed"] == 1, counts
+    assert [f.rel for f in plan.files] == [changed]
+    assert executor.execute(plan, settings)["ok"]
+    entries = manifests.read(get_store(parse(dst), settings), parse(dst)).files
+    for rel, data in files.items():
+        if rel == changed:
+            continue
+        e = entries[rel]
+        assert e.adopted == "md5" and e.reported["md5"] == hashlib.md5(data).hexdigest()
+        assert e.sha256 == hashlib.sha256(data).hexdigest() and e.crc32c == hashing.crc_hex(hashing.crc32c(data))
+        assert e.computed == ["crc32c", "sha256"]
+    report = verifying.verify(dst, settings, deep=True)
+    assert report["ok"] and report["checked"] == 300, report["counts"]
+
+
+def _can_fork_to(queue) -> None:
+    from bridge import adopt as adopting
+    queue.put(adopting._can_fork())
+
+
+@pytest.mark.parametrize("maker", ["multiprocessing", "billiard"])
+def test_adoption_starts_no_process_from_a_daemonic_one(maker):
+    """A daemonic process (a Celery prefork worker is billiard's) may have no children: adoption
+    hashes in the planner there; elsewhere on Linux it may fork."""
+    import importlib
+    from bridge import adopt as adopting
+    module = importlib.import_module(maker)
+    ctx = module.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_can_fork_to, args=(queue,), daemon=True)
+    child.start()
+    assert queue.get(timeout=60) is False
+    child.join(60)
+    assert adopting._can_fork() is (sys.platform == "linux")

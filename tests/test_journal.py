@@ -93,3 +93,19 @@ def test_get_many_answers_each_key_in_order_across_its_query_chunks(tmp_path):
     assert got[-4:] == [{"size": -1}, {"size": 3}, {"size": 3}, None]
     assert sum(g is not None for g in got) == 400 + 3
     assert journal.get_many([]) == []
+
+
+def test_an_encoded_value_is_stored_as_its_text_and_reads_back_as_its_value(tmp_path):
+    """An adopted object's entry is encoded once, where it was judged (``Encoded``), and stored as
+    that text: it reads back as the value it encodes, raw as the very text; a plain string is
+    still a JSON string."""
+    import json
+
+    from bridge.journal import Encoded, encode
+    journal = FileJournal(tmp_path / "j.db")
+    entry = {"path": "a b/ü\"q.bin", "size": 3, "reported": {"md5": "00" * 16}}
+    text = Encoded(json.dumps(entry, separators=(",", ":")))
+    journal.put_many([("file:a", text), ("file:b", "plain text")])
+    assert journal.get("file:a") == entry and journal.get("file:b") == "plain text"
+    assert dict(journal.raw_items("file:")) == {"file:a": str(text), "file:b": '"plain text"'}
+    assert encode(text) is text and encode("x") == '"x"'

@@ -24,6 +24,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from bridge.journal import encode
+
 PAGE = 1000   # values read per HMGET by items()
 BUFFERED = ("file",)
 ORDERED = "file"
@@ -35,8 +37,7 @@ FLUSH_SECONDS = 1.0
 _EXISTS = "local out = {} for i = 1, #ARGV do out[i] = redis.call('HEXISTS', KEYS[1], ARGV[i]) end return out"
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+_dumps = encode   # compact JSON, or an ``Encoded`` value's text as given
 
 
 class RedisJournal:

@@ -6,26 +6,30 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from bridge import jobs
 from bridge.journal import Journal
 from bridge.manifest import FileEntry, RawEntry
+from bridge.pipeline.plan import Entries
 
 
-def journal_adopted(journal: Journal, adopted: Iterable[dict]) -> None:
+def journal_adopted(journal: Journal, adopted: Iterable[dict] | Entries) -> None:
     """Adopted objects' entries into the job's journal as files it holds (``file:<path>``), a page
     at a time, where the journal has no record of the path yet (a file a killed run of the job
     wrote keeps the record of what it wrote): the commit then names them with what the job
-    wrote, read from the journal as those are (in process, and the service's finalize alike)."""
-    page: list[tuple[str, dict]] = []
+    wrote, read from the journal as those are (in process, and the service's finalize alike).
+    A plan's ``Entries`` are journaled as the text they were encoded to once."""
+    page: list[tuple[str, Any]] = []
 
     def flush() -> None:
         held = journal.get_many([key for key, _ in page])
         journal.put_many([record for record, there in zip(page, held) if there is None])
         page.clear()
 
-    for entry in adopted:
-        page.append((f"file:{entry['path']}", entry))
+    pairs = adopted.encoded() if isinstance(adopted, Entries) else ((e["path"], e) for e in adopted)
+    for path, entry in pairs:
+        page.append((f"file:{path}", entry))
         if len(page) >= 2000:
             flush()
     if page:

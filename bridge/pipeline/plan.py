@@ -32,7 +32,8 @@ from bridge.config import Settings
 from bridge.contracts import FilePlan
 from bridge.errors import InvalidOption
 from bridge.filters import Filters
-from bridge.journal import job_key, key_bytes
+from bridge.journal import Encoded, encode, job_key, key_bytes
+from bridge.manifest import FileEntry
 from bridge.listing import checked_listing, resolve
 from bridge.pipeline.parts import Part
 from bridge.policies.cost import usage as counting
@@ -169,32 +170,42 @@ class FileList:
 
 class Entries:
     """Manifest entries (``FileEntry.to_dict``'s form) in the order added: a plan's adopted
-    objects. Up to ``SPILL_FILES`` are held in memory; past that, all of them go to an SQLite file
-    of their own under ``where`` as their JSON text (bridge.spill), so that a sync that adopts the
-    ten million objects of another tool's copy holds a few thousand at once."""
+    objects. Each is held as its JSON text, encoded once where it is added (a ``FileEntry`` or
+    its dict) and journaled as that text (``encoded``): a sync that adopted 20,000 objects spent
+    a fifth of its time encoding, decoding and encoding each entry again. Up to ``SPILL_FILES``
+    are held in memory; past that, all of them go to an SQLite file of their own under
+    ``where`` (bridge.spill), so that a sync that adopts the ten million objects of another
+    tool's copy holds a few thousand at once."""
 
     def __init__(self, entries: Iterable[dict] = (), where: Path | str | None = None):
         self.where = where
-        self._held: list[dict] = []
+        self._held: list[tuple[str, str]] = []   # (path, JSON text)
         self._rows: Rows | None = None
         for entry in entries:
             self.append(entry)
 
-    def append(self, entry: dict) -> None:
+    def append(self, entry: dict | FileEntry) -> None:
+        if isinstance(entry, FileEntry):
+            row = (entry.path, encode(entry.to_dict()))
+        else:
+            row = (entry["path"], encode(entry))
         if self._rows is not None:
-            self._rows.append((json.dumps(entry, separators=(",", ":")),))
+            self._rows.append(row)
             return
-        self._held.append(entry)
+        self._held.append(row)
         if len(self._held) > SPILL_FILES:
-            self._rows = Rows(1, self.where)
+            self._rows = Rows(2, self.where)
             for held in self._held:
-                self._rows.append((json.dumps(held, separators=(",", ":")),))
+                self._rows.append(held)
             self._held = []
 
+    def encoded(self) -> Iterator[tuple[str, Encoded]]:
+        """(path, the entry's JSON text) of each, in order: the text as encoded when added."""
+        for path, text in (self._held if self._rows is None else self._rows):
+            yield path, Encoded(text)
+
     def __iter__(self) -> Iterator[dict]:
-        if self._rows is None:
-            return iter(self._held)
-        return (json.loads(text) for text, in self._rows)
+        return (json.loads(text) for _path, text in (self._held if self._rows is None else self._rows))
 
     def __len__(self) -> int:
         return len(self._held) if self._rows is None else len(self._rows)

@@ -4,6 +4,7 @@ record merged in path order; only what is new, changed or no longer matches is p
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 from typing import Any
 
 from bridge import filters as filtering
@@ -85,10 +86,15 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
             return "unchanged"   # the very version committed (and checked then)
         return "repaired" if mismatch(dst_store, there, entry) is not None else "unchanged"
 
-    def adoption(rel: str, info, there):
-        from bridge import adopt as adopting
-        found = adopting.compare(src_store, info, dst_store, there, rel, deep=adopt == "deep")
-        return ("adopted", found.entry.to_dict()) if found.equal else "changed"
+    def adoption(rel: str, info, there, known=None):
+        found = adopting.compare(src_store, info, dst_store, there, rel, deep=adopt == "deep", known=known)
+        return ("adopted", found.entry) if found.equal else "changed"
+
+    from bridge import adopt as adopting
+    # small local files onto a destination that reports their checksums: hashed by processes of
+    # their own, a batch at a time (bridge/adopt.py Prefetch); verdicts wait in a longer window
+    prefetch = adopting.Prefetch() if adopt == "checksum" and src_root.is_local and not dst_root.is_local else None
+    window_size = 4 * settings.transfer.concurrency + (3 * prefetch.BATCH if prefetch is not None else 0)
 
     files = FileList(where=spill_dir(settings))
     deletions: list[str] = []
@@ -103,6 +109,8 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
             rel, info, verdict = window.pop(0)
             if isinstance(verdict, cf.Future):
                 verdict = verdict.result()
+            elif isinstance(verdict, _Prefetched):
+                verdict = adoption(rel, info, verdict.there, prefetch.get(verdict.ticket))
             if isinstance(verdict, tuple):    # adopted: its entry is committed, nothing sent
                 verdict, entry = verdict
                 adopted.append(entry)
@@ -113,7 +121,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
             if verdict not in ("unchanged", "adopted"):
                 files.append(file_plan(rel, info, dst_store, chunk_size, carrier))
 
-    with Pool(settings.transfer.concurrency) as pool:
+    with Pool(settings.transfer.concurrency) as pool, _closing(prefetch):
         # each stream read by a thread of its own, ahead of the merge: a listing page is fetched
         # (and the record read) while the objects of the last are judged, not between
         entries = iter(()) if record is None else record.entries() if part is None else \
@@ -127,9 +135,12 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
                     deletions.append(rel)
                 continue
             if entry is None and there is not None and adopt != "off":
-                from bridge import adopt as adopting
                 if adopting.offline(info, there):   # decided here: no request, a small file
-                    window.append((rel, info, adoption(rel, info, there)))
+                    ticket = None
+                    if prefetch is not None and info.size == there.size:
+                        ticket = prefetch.add(info)
+                    window.append((rel, info, _Prefetched(there, ticket) if ticket is not None
+                                   else adoption(rel, info, there)))
                 else:
                     window.append((rel, info, pool.submit(adoption, rel, info, there)))
             elif entry is None or there is None:
@@ -140,7 +151,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
                 window.append((rel, info, "unchanged"))   # the common case, decided without a thread
             else:
                 window.append((rel, info, pool.submit(judge, info, entry, there)))
-            settle(4 * settings.transfer.concurrency)
+            settle(window_size)
         settle(0)
     if delete and single is None:
         counts["deleted"] = len(deletions)
@@ -152,6 +163,27 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
                        *((filters.key(),) if filters is not None and filters.active else ()))
     batching(plan, src_root, dst_root, settings)
     return plan, counts
+
+
+class _Prefetched:
+    """A verdict that waits for a file's digests from adoption's processes (bridge/adopt.py)."""
+    __slots__ = ("there", "ticket")
+
+    def __init__(self, there, ticket) -> None:
+        self.there, self.ticket = there, ticket
+
+
+@contextlib.contextmanager
+def _closing(prefetch):
+    """Adoption's processes ended with the plan: after their last batch, or at once on an error."""
+    try:
+        yield
+    except BaseException:
+        if prefetch is not None:
+            prefetch.close(done=False)
+        raise
+    if prefetch is not None:
+        prefetch.close()
 
 
 def _merged(objects, entries, present, listed: dict[str, int]):
