@@ -2,8 +2,8 @@
 network namespace whose link to the stores is shaped by tc tbf (tests/hosts.py), so that the
 links and not this machine's two cores are the bottleneck, as across real hosts.
 
-    sudo .venv/bin/python -m bench.bench_hosts                 # defaults below, a few minutes
-    sudo .venv/bin/python -m bench.bench_hosts --hosts 1,4 --rate 20mbit --files 500
+    sudo .venv/bin/python -m bench.bench_hosts                 # the recorded run's settings, about 30 minutes
+    sudo .venv/bin/python -m bench.bench_hosts --hosts 4 --routes local-az --workloads corpus --logs /tmp/logs
 
 Two workloads, each over two routes:
 
@@ -152,18 +152,20 @@ def _rate_bytes(rate: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hosts", default="1,2,4")
-    ap.add_argument("--rate", default="16mbit", help="each host's link, both ways (tc tbf)")
-    ap.add_argument("--files", type=int, default=1000)
+    ap.add_argument("--rate", default="4mbit", help="each host's link, both ways (tc tbf)")
+    ap.add_argument("--files", type=int, default=600)
     ap.add_argument("--file-kib", type=int, default=64)
     ap.add_argument("--mid", type=int, default=2)
-    ap.add_argument("--mid-mib", type=int, default=16)
-    ap.add_argument("--large-mib", type=int, default=128)
-    ap.add_argument("--part-mib", type=int, default=8, help="part size, and bytes per task of a spread file")
+    ap.add_argument("--mid-mib", type=int, default=24)
+    ap.add_argument("--large-mib", type=int, default=80)
+    ap.add_argument("--part-mib", type=int, default=4, help="part size, and bytes per task of a spread file")
     ap.add_argument("--batch-files", type=int, default=50,
                     help="BRIDGE_BATCH_FILES: small files per task at most, so that a corpus makes tasks for every host "
                          "(the service sizes tasks by an estimate of time that does not know the links are slow)")
-    ap.add_argument("--small-in-flight", type=int, default=None,
-                    help="MCBRIDGE_SMALL_FILES_IN_FLIGHT of every worker (default: bridge's)")
+    ap.add_argument("--small-in-flight", type=int, default=8,
+                    help="MCBRIDGE_SMALL_FILES_IN_FLIGHT of every worker (0: bridge's default, 64): at 64 a "
+                         "process, a host's two processes overflowed its shaped link's queue, and the drops "
+                         "left tasks waiting on TCP's retransmission timers")
     ap.add_argument("--routes", default="s3-gs,local-az")
     ap.add_argument("--workloads", default="corpus,large")
     ap.add_argument("--json", help="write the rows here too")
