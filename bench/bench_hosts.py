@@ -166,7 +166,8 @@ def main() -> None:
                     help="MCBRIDGE_SMALL_FILES_IN_FLIGHT of every worker (0: bridge's default, 64): at 64 a "
                          "process, a host's two processes overflowed its shaped link's queue, and the drops "
                          "left tasks waiting on TCP's retransmission timers")
-    ap.add_argument("--routes", default="s3-gs,local-az")
+    ap.add_argument("--routes", default="s3-gs,local-az",
+                    help="SOURCE-DEST pairs: SOURCE s3 or local (a folder every host sees), DEST gs, az or s3")
     ap.add_argument("--workloads", default="corpus,large")
     ap.add_argument("--json", help="write the rows here too")
     ap.add_argument("--logs", help="copy every host's worker logs into this folder before each cluster's teardown")
@@ -176,6 +177,10 @@ def main() -> None:
         raise SystemExit(f"bench_hosts: {why}")
     counts = [int(n) for n in args.hosts.split(",")]
     routes = args.routes.split(",")
+    for route in routes:
+        source, _, target = route.partition("-")
+        if source not in ("s3", "local") or target not in ("gs", "az", "s3") or route == "s3-s3":
+            raise SystemExit(f"bench_hosts: --routes {route!r}: write SOURCE-DEST, SOURCE s3 or local, DEST gs, az or s3")
     workloads = args.workloads.split(",")
     link = _rate_bytes(args.rate)
     work = Path(tempfile.mkdtemp(prefix="bridge-bench-hosts-"))
@@ -192,17 +197,15 @@ def main() -> None:
     for count in counts:
         with Cluster(hosts=count, rate=args.rate, stores=("s3", "gs", "az"), workers=1, concurrency=2,
                      env=env, local_roots=[str(data)]) as cluster:
-            if "s3-gs" in routes:
+            if any(route.startswith("s3-") for route in routes):
                 seed_s3(cluster, data)
             for route in routes:
                 for workload in workloads:
                     dst = f"d{count}-{workload}"
-                    if route == "s3-gs":
-                        cluster.stores["gs"].create_bucket(dst)
-                        src, destination = f"s3://src/{workload}/", f"gs://{dst}/"
-                    else:
-                        cluster.stores["az"].create_bucket(dst)
-                        src, destination = f"{data / workload}/", f"az://{dst}/"
+                    source, target = route.split("-")
+                    cluster.stores[target].create_bucket(dst)
+                    src = f"s3://src/{workload}/" if source == "s3" else f"{data / workload}/"
+                    destination = f"{target}://{dst}/"
                     row = {"hosts": count, "route": route, "workload": workload, **run_job(cluster, src, destination)}
                     row["MB_s"] = sizes[workload] / 1e6 / row["seconds"]
                     row["of_links"] = sizes[workload] / row["seconds"] / (link * count)
