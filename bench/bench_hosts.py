@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 
 import redis as redis_lib  # noqa: E402
 
+from tests.emulators import RcloneS3  # noqa: E402
 from tests.hosts import Cluster, unavailable  # noqa: E402
 
 MiB = 1024 * 1024
@@ -169,6 +170,8 @@ def main() -> None:
     ap.add_argument("--routes", default="s3-gs,local-az",
                     help="SOURCE-DEST pairs: SOURCE s3 or local (a folder every host sees), DEST gs, az or s3")
     ap.add_argument("--workloads", default="corpus,large")
+    ap.add_argument("--s3", choices=("moto", "rclone"), default="moto",
+                    help="the S3 source's emulator: moto (the tests') or rclone serve s3 (faster; no checksums kept)")
     ap.add_argument("--json", help="write the rows here too")
     ap.add_argument("--logs", help="copy every host's worker logs into this folder before each cluster's teardown")
     args = ap.parse_args()
@@ -189,13 +192,14 @@ def main() -> None:
     env = {"BRIDGE_FILE_TASK_BYTES": f"{args.part_mib}MiB", "MCBRIDGE_CHUNK_SIZE": f"{args.part_mib}MiB",
            "BRIDGE_BATCH_FILES": str(args.batch_files),
            **({"MCBRIDGE_SMALL_FILES_IN_FLIGHT": str(args.small_in_flight)} if args.small_in_flight else {})}
-    print(f"corpus {sizes['corpus_files']} files, {sizes['corpus'] / MiB:.1f} MiB; large {args.large_mib} MiB; "
+    print(f"S3 source: {args.s3}; corpus {sizes['corpus_files']} files, {sizes['corpus'] / MiB:.1f} MiB; large {args.large_mib} MiB; "
           f"link {args.rate} per host; parts {args.part_mib} MiB; at most {args.batch_files} small files a task", flush=True)
     print(f"before: {_uptime()}", flush=True)
     rows: list[dict] = []
     started = time.time()
     for count in counts:
         with Cluster(hosts=count, rate=args.rate, stores=("s3", "gs", "az"), workers=1, concurrency=2,
+                     emulators={"s3": RcloneS3} if args.s3 == "rclone" else None,
                      env=env, local_roots=[str(data)]) as cluster:
             if any(route.startswith("s3-") for route in routes):
                 seed_s3(cluster, data)
