@@ -107,9 +107,11 @@ class _Bound:
         return super().endpoint.replace(LOOPBACK, self.address)
 
 
-def bound(scheme: str, address: str) -> Emulator:
-    """The emulator of ``scheme`` (s3, gs, az) listening on ``address``."""
-    cls = type(f"Bound{STORES[scheme].__name__}", (_Bound, STORES[scheme]), {"address": address})
+def bound(scheme: str, address: str, emulator: type[Emulator] | None = None) -> Emulator:
+    """The emulator of ``scheme`` (s3, gs, az) listening on ``address``: the project's usual one,
+    or ``emulator`` (tests/emulators.py ``RcloneS3``, a faster S3 for throughput runs)."""
+    base = emulator or STORES[scheme]
+    cls = type(f"Bound{base.__name__}", (_Bound, base), {"address": address})
     return cls()
 
 
@@ -293,8 +295,10 @@ class Cluster:
 
     def __init__(self, hosts: int = 2, *, rate: str | None = "20mbit", stores: Iterable[str] = ("s3",),
                  workers: int = 1, concurrency: int = 2, env: Mapping[str, str] | None = None,
-                 local_roots: Iterable[str] = ()):
+                 local_roots: Iterable[str] = (), emulators: Mapping[str, type[Emulator]] | None = None):
+        """``emulators``: by scheme, an emulator other than the usual one (``bound``)."""
         self.count, self.rate, self.schemes = hosts, rate, tuple(stores)
+        self.emulators = dict(emulators or {})
         self.workers_per_host, self.concurrency = workers, concurrency
         self.extra_env = dict(env or {})
         self.local_roots = list(local_roots)
@@ -359,7 +363,7 @@ class Cluster:
         for host in self.hosts:
             host.build(self.rate)
         self.redis = PersistentRedis(f"{self.net}.129")
-        self.stores = {scheme: bound(scheme, f"{self.net}.1") for scheme in self.schemes}
+        self.stores = {scheme: bound(scheme, f"{self.net}.1", self.emulators.get(scheme)) for scheme in self.schemes}
         for emulator in (self.redis, *self.stores.values()):
             emulator.launch()
         for emulator in (self.redis, *self.stores.values()):

@@ -688,6 +688,30 @@ def test_small_files_go_in_tasks_sized_by_time_that_batch_as_an_in_process_copy_
     assert [len(s.files) for s in fan_out(plan, 1500, 2**40, seconds=100)] == [1500, 1500, 1000]
 
 
+def test_a_task_of_small_files_carries_at_most_its_share_of_the_jobs_bytes():
+    """The few larger files of a corpus (under the part size, so not spread by parts) each get a
+    task of their own when several processes share the job, instead of one task at the end."""
+    from bridge.contracts import FilePlan
+    from bridge.pipeline.plan import Plan
+    from bridge.workers.kinds import TASKS_PER_SLOT, fan_out, share_bytes, task_seconds
+    kib, mib = 1024, 1024 * 1024
+    files = [FilePlan(f"d/{i:04d}", 64 * kib) for i in range(800)] + [FilePlan("mid0", 8 * mib), FilePlan("mid1", 8 * mib)]
+    plan = Plan("/src/", "az://b-b/", None, files, [], "k")
+    assert share_bytes(plan, 1) is None
+    share = share_bytes(plan, 8)
+    assert share == -(-plan.bytes // (8 * TASKS_PER_SLOT))
+    subs = list(fan_out(plan, 50, min(10**9, share), seconds=task_seconds(plan, 8, 10.0)))
+    assert sum(len(s.files) for s in subs) == 802
+    # each 8 MiB file alone, every other task within the share (the time estimate alone put
+    # both in the last task: 16 MiB, a tenth of a second at this machine's pace)
+    assert [[f.rel for f in s.files] for s in subs[-2:]] == [["mid0"], ["mid1"]]
+    assert all(s.bytes <= share for s in subs if len(s.files) > 1)
+    without = list(fan_out(plan, 50, 10**9, seconds=task_seconds(plan, 8, 10.0)))
+    assert [f.rel for f in without[-1].files] == ["mid0", "mid1"]
+    # the rule makes at most about TASKS_PER_SLOT x slots tasks (plus one per file over the share)
+    assert len(subs) <= 8 * TASKS_PER_SLOT + 2
+
+
 def test_fan_out_spreads_the_parts_of_a_file_bigger_than_file_task_bytes_over_tasks():
     from bridge.contracts import FilePlan
     from bridge.pipeline.plan import Plan

@@ -72,6 +72,19 @@ def task_seconds(plan, slots: int, longest: float) -> float:
     return max(MIN_TASK_SECONDS, min(longest, whole / (max(1, slots) * per_slot)))
 
 
+def share_bytes(plan, slots: int) -> int | None:
+    """At most this many bytes of small files in one task: the job's bytes spread over ``slots``
+    pool processes, ``TASKS_PER_SLOT`` each; None with one process. The time estimate
+    (``task_seconds``) sizes tasks at one process's pace on this machine and knows nothing of the
+    links: where they are slow, the few larger files of a corpus (those under the part size) went
+    in one task that one host carried alone at the end, the others idle (bench/notes/hosts.md).
+    A share of the bytes holds whatever the links' rate: no task carries much more than a
+    3 x ``slots``-th of the job, and the rule alone makes at most about that many tasks more."""
+    if slots <= 1 or not plan.bytes:
+        return None
+    return max(1, -(-plan.bytes // (slots * TASKS_PER_SLOT)))
+
+
 def fan_out(plan, batch_files: int, batch_bytes: int, file_task_bytes: int | None = None,
             seconds: float | None = None) -> Iterator:
     """Sub-plans, one per task, made as they are taken (a plan of millions of files is never
@@ -238,7 +251,9 @@ class Files:
         for f in spread:   # begun here, once: its tasks all continue this one upload
             ctx.upload({"rel": f.rel, "size": f.size, "part_size": f.part_size})
         seconds = task_seconds(plan, slots, self.task_seconds) if self.task_seconds else None
-        subs = (sub.to_dict() for sub in fan_out(plan, self.batch_files, self.batch_bytes, task_bytes, seconds))
+        share = share_bytes(plan, slots) if self.task_seconds else None
+        batch_bytes = min(self.batch_bytes, share) if share else self.batch_bytes
+        subs = (sub.to_dict() for sub in fan_out(plan, self.batch_files, batch_bytes, task_bytes, seconds))
         from bridge.policies.cost import usage as counting
         return Planned(plan.key, {**header.to_dict(), "deleting": len(plan.deletions)}, subs,
                        {"bytes_total": plan.bytes, "files_total": len(plan.files), "units_total": plan.unit_count()},
