@@ -172,6 +172,10 @@ def main() -> None:
     ap.add_argument("--workloads", default="corpus,large")
     ap.add_argument("--s3", choices=("moto", "rclone"), default="moto",
                     help="the S3 source's emulator: moto (the tests') or rclone serve s3 (faster; no checksums kept)")
+    ap.add_argument("--concurrency", type=int, default=2,
+                    help="pool processes of each host's worker (mcbridge worker -c): a store-to-store task "
+                         "downloads a batch or part before it uploads it, so more processes keep both "
+                         "directions of a host's link busy")
     ap.add_argument("--json", help="write the rows here too")
     ap.add_argument("--logs", help="copy every host's worker logs into this folder before each cluster's teardown")
     args = ap.parse_args()
@@ -193,12 +197,12 @@ def main() -> None:
            "BRIDGE_BATCH_FILES": str(args.batch_files),
            **({"MCBRIDGE_SMALL_FILES_IN_FLIGHT": str(args.small_in_flight)} if args.small_in_flight else {})}
     print(f"S3 source: {args.s3}; corpus {sizes['corpus_files']} files, {sizes['corpus'] / MiB:.1f} MiB; large {args.large_mib} MiB; "
-          f"link {args.rate} per host; parts {args.part_mib} MiB; at most {args.batch_files} small files a task", flush=True)
+          f"link {args.rate} per host; worker -c {args.concurrency}; parts {args.part_mib} MiB; at most {args.batch_files} small files a task", flush=True)
     print(f"before: {_uptime()}", flush=True)
     rows: list[dict] = []
     started = time.time()
     for count in counts:
-        with Cluster(hosts=count, rate=args.rate, stores=("s3", "gs", "az"), workers=1, concurrency=2,
+        with Cluster(hosts=count, rate=args.rate, stores=("s3", "gs", "az"), workers=1, concurrency=args.concurrency,
                      emulators={"s3": RcloneS3} if args.s3 == "rclone" else None,
                      env=env, local_roots=[str(data)]) as cluster:
             if any(route.startswith("s3-") for route in routes):
