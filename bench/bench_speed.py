@@ -54,7 +54,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.bench_transfer import BIN, MiB, _run_once, byte_compile, make_data, s3_env
+from bench.bench_transfer import BIN, MiB, _run_once, byte_compile, make_data, run_cpu, s3_env
 from tests.emulators import (AZURITE_ACCOUNT, AZURITE_KEY, Azurite, FakeGCS, LocalCA, RcloneS3, TLSAzurite,
                              TLSFakeGCS, TLSRcloneS3)
 
@@ -83,22 +83,6 @@ STORES = {
     "gcs": (FakeGCS, "gs://", "g:", gcs_env),
     "azure": (Azurite, "az://", "az:", azure_env),
 }
-
-
-def _run_cpu(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, int, float]:
-    """bench_transfer._run_once's wall time and peak RSS, with the CPU seconds (user + system) of
-    the run and of the processes it waited for (``sh -c 'TOOL && sync'``: the tool's and sync's)."""
-    import time
-    with open(log, "ab") as out:
-        out.write(("\n$ " + " ".join(cmd) + "\n").encode())
-        out.flush()
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-        _pid, status, usage = os.wait4(proc.pid, 0)
-        elapsed = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)} (see {log})")
-    return elapsed, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 def load() -> str:
@@ -257,7 +241,7 @@ def main() -> None:
                         run = [c.replace("{run}", f"{case}-{i}") for c in cmd]
                         if args.sync_in_time:
                             run = ["sh", "-c", '"$@" && sync', "sh", *run]
-                        t, peak, cpu = _run_cpu(run, before_env if tool == "before" else far, log)
+                        t, peak, cpu = run_cpu(run, before_env if tool == "before" else far, log)
                         cpus.setdefault(tool, []).append(cpu)
                         if args.verbose:
                             print(f"  {store} {case} run {i} {tool:<7} {t:6.2f}s  cpu {cpu:5.2f}s", flush=True)

@@ -41,6 +41,14 @@ def run(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, int]:
 
 
 def _run_once(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, int]:
+    """The wall time and peak RSS of one run of ``cmd`` (its output appended to ``log``)."""
+    elapsed, peak, _cpu = run_cpu(cmd, env, log)
+    return elapsed, peak
+
+
+def run_cpu(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, int, float]:
+    """The wall time and peak RSS of one run of ``cmd``, with the CPU seconds (user + system) of
+    the run and of the processes it waited for (``sh -c 'TOOL && sync'``: the tool's and sync's)."""
     with open(log, "ab") as out:
         out.write(("\n$ " + " ".join(cmd) + "\n").encode())
         out.flush()
@@ -50,7 +58,7 @@ def _run_once(cmd: list[str], env: dict[str, str], log: Path) -> tuple[float, in
         elapsed = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(cmd)} (see {log})")
-    return elapsed, usage.ru_maxrss * 1024
+    return elapsed, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 def byte_compile(*trees: Path) -> None:

@@ -633,7 +633,8 @@ class RedisServer(Emulator):
 
     def restart(self, down: float = 0.0) -> None:
         """SIGKILL it and start it again on its port after ``down`` seconds: it keeps nothing on
-        disk, so it comes back empty (a Redis restarted without persistence)."""
+        disk, so it comes back empty (a Redis restarted without persistence); a subclass that
+        keeps an append-only file (tests/hosts.py) comes back from it."""
         process, self._process = self._process, None
         _signal_group(process, signal.SIGKILL)
         process.wait()

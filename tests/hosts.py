@@ -135,19 +135,6 @@ class PersistentRedis(_Bound, RedisServer):
     def is_ready(self) -> bool:
         return redis_answers_ping(self.address, self.port)
 
-    def restart(self, down: float = 0.0) -> None:
-        process, self._process = self._process, None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        time.sleep(down)
-        self.fixed_port = self.port
-        self._attempts = 1
-        self._launched_at = time.monotonic()
-        self._log.close()
-        self._spawn()
-        self.wait_ready()
-
 
 # -- hosts -------------------------------------------------------------------------------------
 class Host:

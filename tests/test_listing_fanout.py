@@ -19,6 +19,7 @@ from collections import Counter
 
 import pytest
 
+from tests.test_workers_service import s3_hashes as _contents
 from tests.test_workers_service import service  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.timeout(240)
@@ -36,17 +37,6 @@ def _tree(per_sub: int = 15, root_files: int = 3) -> dict[str, bytes]:
     files = {f"{sub}/f{i:03d}.bin": os.urandom(512 + i) for sub in SUBS for i in range(per_sub)}
     files.update({f"top{i}.bin": os.urandom(100 + i) for i in range(root_files)})
     return files
-
-
-def _contents(moto, bucket: str, prefix: str) -> dict[str, str]:
-    client = moto.client()
-    out = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for obj in page.get("Contents", []):
-            rel = obj["Key"][len(prefix):]
-            if not rel.startswith("_bridge/"):
-                out[rel] = hashlib.sha256(client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()).hexdigest()
-    return out
 
 
 def _lists(moto, bucket: str, since: int = 0) -> Counter:

@@ -40,7 +40,7 @@ from bridge.errors import (BridgeError, BucketNotFound, CredentialsMissing, Endp
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError,
                            Unsupported, CopySourceUnreadable)
 from bridge.retry import call_with_retries
-from bridge.stores.base import (DELETES_PER_REQUEST, put_args, GiB, MiB, DirectReads, Features, ObjectInfo, PartRecord, Store, in_code_point_order, is_reserved,
+from bridge.stores.base import (DELETES_PER_REQUEST, put_args, raise_refused_deletions, GiB, MiB, DirectReads, Features, ObjectInfo, PartRecord, Store, in_code_point_order, is_reserved,
                                 utc_seconds)
 from bridge.urls import Location
 
@@ -511,13 +511,7 @@ class AzureStore(DirectReads, Store):
             raise TransientError(f"{locs[0]}: Azure answered {len(answers)} of a batch of {len(locs)} deletions")
         errors = [_from_code(loc, answer.status_code, answer.headers.get("x-ms-error-code", ""), answer.reason or "")
                   for loc, answer in zip(locs, answers) if answer.status_code >= 300]
-        errors = [e for e in errors if not isinstance(e, ObjectNotFound)]   # already gone: deleted
-        if not errors:
-            return
-        first = next((e for e in errors if isinstance(e, TransientError)), errors[0])
-        if len(errors) > 1:
-            first.args = (f"{first} (and {len(errors) - 1} more of {len(locs)} blobs refused)",)
-        raise first
+        raise_refused_deletions(errors, len(locs))
 
     def _gone(self, loc: Location) -> bool:
         # A delete whose answer was lost is found done by the next attempt's BlobNotFound.

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bridge.attributes import Attrs
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, ObjectNotFound, TransientError
 from bridge.urls import Location
 
 MiB = 1024 * 1024
@@ -38,6 +38,19 @@ GiB = 1024 * MiB
 # keys, an Azure Blob Batch up to 256 deletions; GCS and local files delete one a request. A sync's deletions go in units of this
 # many, and its estimate counts requests by it.
 DELETES_PER_REQUEST = {"s3": 1000, "az": 256}
+
+
+def raise_refused_deletions(errors: list[BridgeError], asked: int) -> None:
+    """What a batch delete answered for the objects it did not delete, raised: nothing when each
+    was only gone already (deleted), else the first transient error (the whole request is worth
+    sending again: deleting twice is deleting) or the first error, with how many more there were."""
+    errors = [e for e in errors if not isinstance(e, ObjectNotFound)]
+    if not errors:
+        return
+    first = next((e for e in errors if isinstance(e, TransientError)), errors[0])
+    if len(errors) > 1:
+        first.args = (f"{first} (and {len(errors) - 1} more of {asked} objects refused)",)
+    raise first
 
 
 RESERVED = "_bridge"  # bridge's metadata folder; never copied as data

@@ -27,7 +27,7 @@ from bridge.errors import (BridgeError, BucketNotFound, ClockSkewed, Credentials
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported)
 from bridge.hashing import crc_hex
 from bridge.retry import call_with_retries
-from bridge.stores.base import (DELETES_PER_REQUEST, put_args, GiB, MiB, BufferReader, Features, ObjectInfo, PartRecord, Store, crc_b64_to_hex,
+from bridge.stores.base import (DELETES_PER_REQUEST, put_args, raise_refused_deletions, GiB, MiB, BufferReader, Features, ObjectInfo, PartRecord, Store, crc_b64_to_hex,
                                 crc_hex_to_b64, is_reserved, utc_seconds)
 from bridge.urls import Location
 
@@ -416,13 +416,7 @@ class S3Store(Store):
                                      Delete={"Objects": [{"Key": key} for key in keys], "Quiet": True})
             errors = [_from_code(Location("s3", where.bucket, e.get("Key", "")), e.get("Code", ""), e.get("Message", ""))
                       for e in answer.get("Errors", [])]
-        errors = [e for e in errors if not isinstance(e, ObjectNotFound)]
-        if not errors:
-            return
-        first = next((e for e in errors if isinstance(e, TransientError)), errors[0])
-        if len(errors) > 1:
-            first.args = (f"{first} (and {len(errors) - 1} more of {len(keys)} objects refused)",)
-        raise first
+        raise_refused_deletions(errors, len(keys))
 
     def check_bucket(self, loc: Location) -> None:
         try:
