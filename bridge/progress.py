@@ -148,7 +148,7 @@ class Progress:
         threads started with its context) are its own, said on the line of the object it
         finishes; those of a unit that finishes none (a part) wait for the one that does; those
         of a unit of several files (a batch, a route's) are the unit's, said on each line."""
-        counter = [0, "files" in unit]
+        counter = [0, "files" in unit, []]   # retries, shared by several files, their lines held
         token = _UNIT_RETRIES.set(counter)
         try:
             yield
@@ -158,6 +158,10 @@ class Progress:
             if counter[0] and rel is not None:
                 with self._lock:
                     self._pending[rel] = self._pending.get(rel, 0) + counter[0]
+            # a batch's lines wait for its end: a file answered before another's retry would
+            # otherwise say fewer retries than its batch took
+            for event, held, size, route, why, level, earlier in counter[2]:
+                self._say(event, held, size, route, why, level, counter[0] + earlier, True)
 
     def _retries_of(self, rel: str) -> tuple[int, bool]:
         """The retries to say on ``rel``'s line, and whether they are its unit's, shared with
@@ -180,6 +184,15 @@ class Progress:
         retries, shared = self._retries_of(rel)
         if not self.audit or not AUDIT.isEnabledFor(level):
             return
+        counter = _UNIT_RETRIES.get()
+        if shared and counter is not None:
+            counter[2].append((event, rel, size, route, why, level, retries - counter[0]))
+            return
+        self._say(event, rel, size, route, why, level, retries, shared)
+
+    @staticmethod
+    def _say(event: str, rel: str, size: int | None, route: str | None, why: str | None, level: int,
+             retries: int, shared: bool) -> None:
         fields = {"event": event, "path": rel, "size": size, "route": route, "retries": retries, "why": why,
                   **({"retries_of": "batch"} if shared else {})}
         counted = plural(retries, "retry", "retries") + (" in its batch" if shared and retries else "")
