@@ -53,8 +53,19 @@ for _module in ("azure.core", "azure.storage.blob"):
         raise ImportError(f"No module named {_module!r}", name=_module)
 
 
-@functools.cache
+_SDK_LOCK = threading.Lock()
+
+
 def _sdk():
+    """The SDK's names, imported by one thread at a time: two threads importing azure.core and
+    azure.storage.blob at once can meet in Python's module locks (_DeadlockError, seen in a
+    gs -> az copy)."""
+    with _SDK_LOCK:
+        return _load_sdk()
+
+
+@functools.cache
+def _load_sdk():
     from azure.core import MatchConditions
     from azure.core import exceptions
     from azure.storage.blob import BlobBlock, BlobPrefix, BlobServiceClient, ExponentialRetry
