@@ -1,6 +1,7 @@
-"""The Azure SDK is imported lazily (bridge/stores/azure.py ``_sdk``); the first calls from several
-threads at once, in a fresh interpreter, import it once without Python's _DeadlockError (a gs -> az
-copy met it when two threads imported azure.core and azure.storage.blob at the same time)."""
+"""The SDKs are imported lazily (``_sdk`` in bridge/stores/azure.py, s3.py, gcs.py); the first calls
+from several threads at once, in a fresh interpreter, import each once without Python's
+_DeadlockError (a gs -> az copy met it when two threads imported azure.core and azure.storage.blob
+at the same time)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import sys
 
 SCRIPT = """
 import threading
-from bridge.stores import azure
+from bridge.stores import azure, gcs, s3
 barrier, errors = threading.Barrier(8), []
 def first():
     barrier.wait()
     try:
-        azure._sdk().BlobServiceClient
+        azure._sdk().BlobServiceClient, s3._sdk(), gcs._sdk()
     except BaseException as exc:
         errors.append(repr(exc))
 threads = [threading.Thread(target=first) for _ in range(8)]

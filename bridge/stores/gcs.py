@@ -65,8 +65,18 @@ def _signed_v4(creds, endpoint: str, loc: Location, expires: int, now=None) -> s
     return f"{endpoint}{path}?{canonical_query}&X-Goog-Signature={signature}"
 
 
-@functools.cache
+_SDK_LOCK = threading.Lock()
+
+
 def _sdk():
+    """``_load_sdk()``, imported by one thread at a time (two threads importing an SDK's modules
+    at once can meet in Python's module locks: _DeadlockError)."""
+    with _SDK_LOCK:
+        return _load_sdk()
+
+
+@functools.cache
+def _load_sdk():
     import aiohttp
     from fsspec.asyn import sync
     from gcsfs.core import GCSFileSystem  # gcsfs.core skips the experimental gRPC bucket probe

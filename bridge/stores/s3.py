@@ -45,8 +45,18 @@ _THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTime
                    "InternalError", "ServiceUnavailable", "503", "500", "502", "504"}
 
 
-@functools.cache
+_SDK_LOCK = threading.Lock()
+
+
 def _sdk():
+    """``_load_sdk()``, imported by one thread at a time (two threads importing an SDK's modules
+    at once can meet in Python's module locks: _DeadlockError)."""
+    with _SDK_LOCK:
+        return _load_sdk()
+
+
+@functools.cache
+def _load_sdk():
     """The SDK's modules, and the errors that mean a dropped connection or a body cut short:
     from botocore (ReadTimeoutError, ConnectionClosedError, ResponseStreamingError are
     HTTPClientErrors), from aiohttp under aiobotocore, or the stdlib."""
