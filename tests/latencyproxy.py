@@ -8,7 +8,8 @@ certificate, for 127.0.0.1). ``connections`` counts the connections accepted and
 most open at once; ``carried`` lists (monotonic time, bytes) of every piece written, each way
 (``"down"``: to the client, ``"up"``: to the endpoint), for what crossed the wire when. The proxy runs on its own event loop in a daemon thread, or in a process of its
 own (``python -m tests.latencyproxy PORT DELAY_MS``, which prints its endpoint's port) so that its
-CPU does not share a benchmark's interpreter.
+CPU does not share a benchmark's interpreter. ``rate`` paces each direction as a link of that
+many bytes a second, shared by every connection.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ class LatencyProxy:
     """``LatencyProxy(upstream_port, delay)``: connections to ``port`` reach ``upstream_port``
     on loopback, each direction ``delay`` seconds late."""
 
-    def __init__(self, upstream_port: int, delay: float, port: int | None = None):
+    def __init__(self, upstream_port: int, delay: float, port: int | None = None, rate: float | None = None):
         self.upstream_port, self.delay = upstream_port, delay
+        # bytes a second each way, shared by all connections (a host's link); None: unpaced
+        self.rate = rate
+        self._free = {"up": 0.0, "down": 0.0}   # when each direction's link is next free
         self.port = port or _free_port()
         self.connections = self.open = self.most = 0
         self.carried: dict[str, list[tuple[float, int]]] = {"up": [], "down": []}
@@ -84,17 +88,18 @@ class LatencyProxy:
             self.open += 1
             self.most = max(self.most, self.open)
         try:
-            await asyncio.gather(self._carry(client_r, up_w, self.carried["up"]),
-                                 self._carry(up_r, client_w, self.carried["down"]), return_exceptions=True)
+            await asyncio.gather(self._carry(client_r, up_w, "up"),
+                                 self._carry(up_r, client_w, "down"), return_exceptions=True)
         finally:
             with self._lock:
                 self.open -= 1
 
-    async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     log: list[tuple[float, int]]) -> None:
+    async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, way: str) -> None:
         """What ``reader`` gives, to ``writer``, each piece ``delay`` after it came (an end of
         stream too): a queue between a task that reads and this one that writes, so that pieces
-        in flight overlap their delays as on a long wire."""
+        in flight overlap their delays as on a long wire. With ``rate``, each piece also waits
+        for its turn on the direction's link, which carries ``rate`` bytes a second in all."""
+        log = self.carried[way]
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
         async def read() -> None:
@@ -112,6 +117,10 @@ class LatencyProxy:
             while True:
                 due, data = await queue.get()
                 wait = due - time.monotonic()
+                if self.rate and data:
+                    start = max(time.monotonic(), self._free[way])
+                    self._free[way] = start + len(data) / self.rate
+                    wait = max(wait, self._free[way] - time.monotonic())
                 if wait > 0:
                     await asyncio.sleep(wait)
                 if not data:

@@ -6,9 +6,11 @@ upload) and is not sent again."""
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import hashlib
 import math
+from typing import NamedTuple
 
 from bridge import carry as carrying
 from bridge import verdicts
@@ -18,7 +20,7 @@ from bridge import routes
 from bridge.config import Settings
 from bridge.errors import BridgeError, IntegrityError, ObjectNotFound
 from bridge.hashing import FileHash, combine_parts, crc32c, crc_hex, rehash_parts, sha256_tree
-from bridge.stores.base import MiB, ObjectInfo
+from bridge.stores.base import MiB, ObjectInfo, PartRecord
 
 
 BATCH_IN_FLIGHT = 64 * MiB   # a batch's bytes in flight at once, at most (batch_connections)
@@ -31,6 +33,9 @@ PIECE = 256 * 1024
 # overlap. 2,000 x 16 KiB with sync, on two shared cores (bench/notes/speed.md): 4 took a median
 # 3.79 s against 4.39 s with 2 and 3.99 s with 8, six rotated rounds.
 FILE_WRITERS = 4
+# A batch from a store to a store is read in up to this many runs, each sent while the next is
+# read (_relay_files): with N runs the two directions overlap for all but 1/N of the batch.
+RELAY_RUNS = 8
 
 
 def _metadata(h: FileHash) -> dict[str, str]:
@@ -48,8 +53,8 @@ def _put(ctx: jobs.Context, unit: dict) -> dict:
 
 def _batch(ctx: jobs.Context, unit: dict) -> dict:
     """Small whole files through ``Store.read_many`` (to a local destination), ``Store.put_many``
-    (from a local source), or both (between two stores: the batch's bytes read first, at most
-    BATCH_BYTES, then sent): each written and journaled as it arrives, as ``_put`` does one.
+    (from a local source), or both (between two stores: runs of the batch read, each sent while
+    the next is read, _relay_files): each written and journaled as it arrives, as ``_put`` does one.
     Files already journaled are skipped; those that fail are the unit's error (the first, and
     how many more), the rest of the batch written all the same."""
     todo = []
@@ -65,39 +70,10 @@ def _batch(ctx: jobs.Context, unit: dict) -> dict:
     connections = batch_connections(ctx.settings, max((one["size"] for one in todo), default=0))
     if ctx.src.reads_many and ctx.dst_root.is_local:
         failures = _read_into_files(ctx, todo, connections)
+    elif ctx.src_root.is_local:
+        failures = _send_files(ctx, todo, list(range(len(todo))), {}, connections)
     else:
-        read: dict[int, bytes] = {}
-        failures = {}
-        if not ctx.src_root.is_local:   # from a store to a store: the batch's bytes first
-            failures = ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], read.__setitem__,
-                                         connections=connections)
-        going = [i for i in range(len(todo)) if i not in failures]
-        hashes: dict[int, FileHash] = {}
-        md5s: dict[int, str | None] = {}
-
-        def body(k: int) -> tuple:
-            i = going[k]
-            rel = todo[i]["rel"]
-            ctx.progress.throttle(todo[i]["size"])   # a bandwidth limit paces what goes out
-            data = ctx.dst.body(read.pop(i) if i in read else ctx.src.read(ctx.src_loc(rel)))
-            hashes[i] = _hashed(ctx, todo[i], data)
-            md5s[i] = _md5(ctx, data)
-            return (ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i]), ctx.attrs(rel),
-                    None if "carry" in todo[i] else hashes[i].sha256)
-
-        # What was sent is journaled in one transaction when the batch is done (one per file
-        # cost a SQLite commit each); a kill before that only sends those files again.
-        journaled: list[tuple[str, dict]] = []
-
-        def sent(k: int, committed: ObjectInfo) -> None:
-            i = going[k]
-            _record(ctx, todo[i], hashes.pop(i), verdicts.md5_evidence(committed, md5s.pop(i)), journaled)
-
-        try:
-            unsent = ctx.dst.put_many(len(going), body, sent, connections=connections)
-        finally:
-            ctx.journal.put_many(journaled)
-        failures.update((going[k], exc) for k, exc in unsent.items())
+        failures = _relay_files(ctx, todo, connections)
     if failures:
         first = failures[min(failures)]
         if len(failures) == 1:
@@ -106,6 +82,104 @@ def _batch(ctx: jobs.Context, unit: dict) -> dict:
         error.args = (f"{first} (and {len(failures) - 1} more files of its batch of {len(unit['files'])})",)
         raise error
     return {}
+
+
+def _send_files(ctx: jobs.Context, todo: list[dict], going: list[int], read: dict[int, bytes],
+                connections: int) -> dict[int, BaseException]:
+    """Files ``going`` (indices into ``todo``) through the destination's ``put_many``, each body
+    from ``read`` when it was read already, else read here; what was sent journaled in one
+    transaction. Failures by index."""
+    hashes: dict[int, FileHash] = {}
+    md5s: dict[int, str | None] = {}
+
+    def body(k: int) -> tuple:
+        i = going[k]
+        rel = todo[i]["rel"]
+        ctx.progress.throttle(todo[i]["size"])   # a bandwidth limit paces what goes out
+        data = ctx.dst.body(read.pop(i) if i in read else ctx.src.read(ctx.src_loc(rel)))
+        hashes[i] = _hashed(ctx, todo[i], data)
+        md5s[i] = _md5(ctx, data)
+        return (ctx.dst_loc(rel), data, hashes[i].crc32c, _metadata(hashes[i]), ctx.attrs(rel),
+                None if "carry" in todo[i] else hashes[i].sha256)
+
+    # What was sent is journaled in one transaction when the batch is done (one per file
+    # cost a SQLite commit each); a kill before that only sends those files again.
+    journaled: list[tuple[str, dict]] = []
+
+    def sent(k: int, committed: ObjectInfo) -> None:
+        i = going[k]
+        _record(ctx, todo[i], hashes.pop(i), verdicts.md5_evidence(committed, md5s.pop(i)), journaled)
+
+    try:
+        unsent = ctx.dst.put_many(len(going), body, sent, connections=connections)
+    finally:
+        ctx.journal.put_many(journaled)
+    return {going[k]: exc for k, exc in unsent.items()}
+
+
+def _relay_files(ctx: jobs.Context, todo: list[dict], connections: int) -> dict[int, BaseException]:
+    """A batch from a store to a store, in runs of files: a thread of its own reads each run
+    (``read_many``) while the run before it is sent, so that a host's link carries the batch's
+    downloads and uploads at once; read whole first and sent then, each direction of the link
+    had waited on the other (bench/notes/hosts.md). The reader is at most the batch ahead, as
+    the batch was read whole before; it stops after its run when the sending fails. Failures by
+    index, the reads' and the sends'."""
+    import queue
+    import threading
+    runs = _runs(len(todo), connections)
+    failures: dict[int, BaseException] = {}
+
+    def read(run: range) -> tuple[range, dict[int, bytes], dict[int, BaseException]]:
+        got: dict[int, bytes] = {}
+        failed = ctx.src.read_many([ctx.src_loc(todo[i]["rel"]) for i in run],
+                                   lambda k, data: got.__setitem__(run[k], data), connections=connections)
+        return run, got, {run[k]: exc for k, exc in failed.items()}
+
+    if len(runs) == 1:
+        handed = iter([read(runs[0])])
+        reader = None
+    else:
+        arrived: queue.SimpleQueue = queue.SimpleQueue()
+        stop = threading.Event()
+
+        def reading() -> None:
+            try:
+                for run in runs:
+                    if stop.is_set():
+                        return
+                    arrived.put(read(run))
+            except BaseException as exc:   # raised where the run would have been sent
+                arrived.put(exc)
+
+        reader = threading.Thread(target=contextvars.copy_context().run, args=(reading,), daemon=True,
+                                  name="bridge-relay")
+        reader.start()
+
+        def take():
+            for _ in runs:
+                got = arrived.get()
+                if isinstance(got, BaseException):
+                    raise got
+                yield got
+        handed = take()
+    try:
+        for run, got, failed in handed:
+            failures.update(failed)
+            going = [i for i in run if i not in failed]
+            failures.update(_send_files(ctx, todo, going, got, connections))
+    finally:
+        if reader is not None:
+            stop.set()
+            reader.join()
+    return failures
+
+
+def _runs(count: int, connections: int) -> list[range]:
+    """``count`` files in at most RELAY_RUNS runs of at least ``connections`` each (a run fills
+    the requests a batch keeps in flight)."""
+    runs = max(1, min(RELAY_RUNS, count // max(connections, 1)))
+    size = -(-count // runs)
+    return [range(at, min(at + size, count)) for at in range(0, count, size)] or [range(0)]
 
 
 def _read_into_files(ctx: jobs.Context, todo: list[dict], connections: int) -> dict[int, BridgeError]:
@@ -268,10 +342,14 @@ def _part(ctx: jobs.Context, unit: dict) -> dict:
             record = ctx.dst.record_part(dst, upload_id, number, offset, length, crc)
             hasher.feed(number, region)
         else:
-            data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel), offset, length))
+            streamed = None
+            if ctx.dst.streams_parts and not ctx.src_root.is_local:
+                data, streamed = _pipe_part(ctx, rel, dst, upload_id, number, offset, length)
+            else:
+                data = ctx.dst.body(ctx.src.read(ctx.src_loc(rel), offset, length))
             if len(data) != length:
                 raise IntegrityError(f"{ctx.src_loc(rel)}: short read at {offset}: the source changed")
-            crc = crc_hex(crc32c(data))
+            crc = streamed.crc32c if streamed is not None else crc_hex(crc32c(data))
             if finished and known["crc32c"] == crc:
                 hasher.feed(number, data)
                 ctx.progress.skipped(length)
@@ -282,9 +360,12 @@ def _part(ctx: jobs.Context, unit: dict) -> dict:
             if "carry" in unit:
                 _check_carried(ctx, unit, crc, unit["carry"]["crc32c"], number)
                 sha, taken = unit["carry"]["sha256"], None
+            elif streamed is not None:
+                sha = streamed.sha256
             else:   # taken from these bytes: a store that signs the payload's hash signs this one
                 sha = taken = hashlib.sha256(data).hexdigest()
-            record = ctx.dst.upload_part(dst, upload_id, number, offset, data, crc, sha256=taken)
+            record = streamed.record if streamed is not None else \
+                ctx.dst.upload_part(dst, upload_id, number, offset, data, crc, sha256=taken)
         if record.crc32c != crc:
             raise IntegrityError(f"{dst}: part {number} stored with CRC32C {record.crc32c}, "
                                  f"sent {crc}")
@@ -295,6 +376,82 @@ def _part(ctx: jobs.Context, unit: dict) -> dict:
     except BaseException as exc:
         hasher.fail(exc)
         raise
+
+
+class _Piped(NamedTuple):
+    record: PartRecord
+    crc32c: str
+    sha256: str
+
+
+class _SourceRestarted(Exception):
+    """The source's read began again (a retried request) or ended while its bytes were being sent."""
+
+
+def _pipe_part(ctx: jobs.Context, rel: str, dst, upload_id: str, number: int, offset: int,
+               length: int) -> tuple[bytearray, _Piped | None]:
+    """Bytes [offset, offset+length) of ``rel`` from a store into a part of the destination's
+    upload, each piece sent on as it arrives (``Store.upload_part_stream``): the part's download
+    and upload overlap, where reading it whole before sending it had used one direction of a
+    host's link at a time (bench/notes/hosts.md). A thread of its own reads the source into a
+    buffer of the part's size; the upload sends from that buffer what has arrived, hashing it
+    (CRC32C, SHA-256) as it goes. Returns the part's bytes, and how it was stored; None for the
+    second when the stream did not finish (the source's read began again, or the upload failed),
+    in which case the caller sends the bytes, read whole by then, as any part is sent."""
+    import queue
+    import threading
+    from bridge.errors import JobCancelled
+    src = ctx.src_loc(rel)
+    data = bytearray(length)
+    arrived: queue.SimpleQueue = queue.SimpleQueue()   # (position, size) of each piece, None at the end
+    outcome: dict = {}
+
+    def read() -> None:
+        def each(pos: int, view: memoryview) -> None:
+            if pos + len(view) > length:
+                raise IntegrityError(f"{src}: short read at {offset}: the source changed")
+            data[pos:pos + len(view)] = view
+            arrived.put((pos, len(view)))
+        try:
+            outcome["read"] = ctx.src.read_through(src, offset, length, bytearray(PIECE), each)
+        except BaseException as exc:   # raised by the part's own thread, below
+            outcome["error"] = exc
+        finally:
+            arrived.put(None)
+
+    reader = threading.Thread(target=contextvars.copy_context().run, args=(read,), daemon=True,
+                              name="bridge-pipe")
+    reader.start()
+    crc, digest, sent = 0, hashlib.sha256(), 0
+
+    def pieces():
+        nonlocal crc, sent
+        view = memoryview(data)
+        while sent < length:
+            got = arrived.get()
+            if got is None or got[0] != sent:
+                raise _SourceRestarted(f"{src}: the read of part {number} began again")
+            piece = view[got[0]:got[0] + got[1]]
+            crc, sent = crc32c(piece, crc), sent + got[1]
+            digest.update(piece)
+            yield piece
+
+    record = None
+    try:
+        record = ctx.dst.upload_part_stream(dst, upload_id, number, length, pieces(), lambda: crc_hex(crc))
+    except JobCancelled:
+        raise
+    except (BridgeError, _SourceRestarted):
+        record = None   # sent again whole below, with the upload's own retries
+    finally:
+        reader.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    if outcome["read"] != length:
+        raise IntegrityError(f"{src}: short read at {offset}: the source changed")
+    if record is None or sent != length:
+        return data, None
+    return data, _Piped(record, crc_hex(crc), digest.hexdigest())
 
 
 def _receive_part(ctx: jobs.Context, rel: str, upload_id: str, offset: int, length: int,

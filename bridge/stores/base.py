@@ -350,6 +350,19 @@ class Store(abc.ABC):
         hash (S3 over plain HTTP) signs that, rather than hash the bytes a second time."""
         raise NotImplementedError
 
+    # A store whose ``upload_part_stream`` sends a part's body as it arrives from the source
+    # (store -> store routes: the download and the upload of one part overlap).
+    streams_parts: bool = False
+
+    def upload_part_stream(self, loc: Location, upload_id: str, number: int, length: int,
+                           pieces: Iterable, crc32c: Callable[[], str]) -> PartRecord:
+        """Part ``number`` (``length`` bytes) of an upload, its body the buffers ``pieces``
+        yields, sent as each comes; ``crc32c()`` the hex CRC32C of what was sent, asked once the
+        body is out, which the store's own checksum of the stored part must equal. Sent once,
+        never retried here (``pieces`` cannot be read again): the caller sends the part by
+        ``upload_part`` after any failure. Only where ``streams_parts``."""
+        raise NotImplementedError
+
     def list_parts(self, loc: Location, upload_id: str) -> dict[int, PartRecord] | None:
         """Parts the store holds for an unfinished upload, or None when the upload is gone."""
         raise NotImplementedError

@@ -443,6 +443,20 @@ class GCSStore(DirectReads, Store):
         self._check_crc(part, item, crc32c)
         return PartRecord(number, len(data), crc32c, part.key)
 
+    @property
+    def streams_parts(self) -> bool:
+        return self._direct is not None
+
+    def upload_part_stream(self, loc: Location, upload_id: str, number: int, length: int, pieces,
+                           crc32c) -> PartRecord:
+        part = self._part_loc(loc, upload_id, number)
+        # no CRC32C in the request (it is known only once the body is out): GCS computes the
+        # stored part's, which must equal that of the bytes sent
+        item = self._direct.put_stream(part, length, pieces, self.resource(part, {"bridge_target": loc.key}, None))
+        crc = crc32c()
+        self._check_crc(part, item, crc)
+        return PartRecord(number, length, crc, part.key)
+
     def list_parts(self, loc: Location, upload_id: str) -> dict[int, PartRecord] | None:
         prefix = Location("gs", loc.bucket, f"{UPLOADS}{upload_id}/")
         parts = {}

@@ -260,6 +260,17 @@ class Direct:
         except ObjectNotFound as error:   # an upload's 404: no such bucket
             raise BucketNotFound(f"bucket {loc.bucket!r} does not exist") from error
 
+    def put_stream(self, loc: Location, length: int, pieces, resource: dict) -> dict:
+        """``put`` of a body of ``length`` bytes that ``pieces`` yields as it comes, with no
+        CRC32C in the request (the caller compares GCS's with the bytes it sent). One attempt:
+        a body that was partly sent cannot be sent again from here."""
+        import itertools
+        content_type, (head, _, tail) = multipart_pieces(loc, b"", None, resource)
+        headers = {"Content-Type": content_type, "Content-Length": str(len(head) + length + len(tail))}
+        target = (f"{self.upload_base}{quote(loc.bucket, safe='')}/o?uploadType=multipart"
+                  f"&name={quote(loc.key, safe='')}")
+        return self._json(loc, target, "POST", itertools.chain((head,), pieces, (tail,)), headers)
+
     def compose(self, loc: Location, request: dict) -> dict:
         """objects.compose into ``loc`` (``request``: the composeRequest, as gcsfs sends it); the
         object resource GCS answered with."""
@@ -314,10 +325,12 @@ def multipart(loc: Location, data, crc32c_b64: str, resource: dict) -> tuple[str
     return content_type, b"".join(pieces)
 
 
-def multipart_pieces(loc: Location, data, crc32c_b64: str, resource: dict) -> tuple[str, list]:
+def multipart_pieces(loc: Location, data, crc32c_b64: str | None, resource: dict) -> tuple[str, list]:
     """``multipart``'s body as its three pieces (head, ``data`` itself, tail), for a body too
-    large to copy: a part of 8 MiB sent joined held a second 8 MiB copy while in flight."""
-    meta = {"metadata": {}, **resource, "name": loc.key, "crc32c": crc32c_b64}
+    large to copy: a part of 8 MiB sent joined held a second 8 MiB copy while in flight.
+    ``crc32c_b64`` None: the request declares no CRC32C (``Direct.put_stream``)."""
+    meta = {"metadata": {}, **resource, "name": loc.key,
+            **({"crc32c": crc32c_b64} if crc32c_b64 is not None else {})}
     boundary = "bridge-" + os.urandom(16).hex()
     head = b"".join([
         f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n".encode(),
