@@ -101,6 +101,30 @@ def test_a_copy_is_listed_by_sub_prefix_on_two_workers_and_commits_once_verified
     assert record.manifest and record.manifest.startswith(f"s3://{dst_bucket}/out/")
 
 
+def test_the_part_holding_the_largest_file_sends_its_tasks_first(service, emulator_for, monkeypatch):
+    """The top level's own objects are the last part by index, but one of them is sent in parts:
+    its part's tasks go before every folder's, so the long tasks start first (at the end, two
+    24 MiB files had run alone on two hosts while the others idled: bench/notes/hosts.md)."""
+    moto = emulator_for("s3")
+    src_bucket, dst_bucket = _bucket(moto), _bucket(moto)
+    files = _tree(per_sub=4, root_files=1)
+    files["top-big.bin"] = os.urandom(11 * 1024 * 1024)   # three 5 MiB parts (S3's least)
+    _put_tree(moto, src_bucket, "corpus/", files)
+    _two_workers(service)
+    job_id = service.submit("cp", f"s3://{src_bucket}/corpus/", f"s3://{dst_bucket}/out/", "--chunk-size", "5MiB")
+    record = service.wait(job_id)
+    assert record.state == "succeeded", record.errors
+    assert record.verify["ok"] and record.verify["checked"] == len(files)
+    raw = service.redis.hgetall(service.keys.job(job_id))
+    parts = [json.loads(text) for _task_id, text, _sig in json.loads(raw["list_parts"])]
+    level = next(i for i, part in enumerate(parts) if part["level"])
+    assert level == len(parts) - 1, parts   # listed last ...
+    lists = json.loads(raw["task_lists"])
+    assert len(lists) == len(parts)
+    assert f":tasks:{level}:" in lists[0], lists   # ... sent first
+    assert [f":tasks:{i}:" in key for i, key in zip(range(len(parts) - 1), lists[1:])] == [True] * (len(parts) - 1)
+
+
 def _synced(service, moto) -> tuple[str, str, dict[str, bytes]]:
     """A source prefix of six folders and three files of its own, synced once to another bucket."""
     src_bucket, dst_bucket = _bucket(moto), _bucket(moto)

@@ -358,6 +358,9 @@ class Files:
                            "units_total": plan.unit_count()},
                 "usage": counting.to_fields(counting.listing(plan)), "estimate": counting.to_fields(plan.usage()),
                 "deletions": len(plan.deletions), "present": present,
+                # its largest file sent in parts: the dispatch sends such parts' tasks first
+                "longest": max((f.size for f in plan.files.shapes() if f.part_size), default=0)
+                if plan.files.multipart else 0,
                 "subs": (sub.to_dict() for sub in fan_out(plan, self.batch_files, self.batch_bytes, task_bytes,
                                                           seconds))}
 
