@@ -710,6 +710,13 @@ def test_a_task_of_small_files_carries_at_most_its_share_of_the_jobs_bytes():
     assert [f.rel for f in without[-1].files] == ["mid0", "mid1"]
     # the rule makes at most about TASKS_PER_SLOT x slots tasks (plus one per file over the share)
     assert len(subs) <= 8 * TASKS_PER_SLOT + 2
+    # one of a job's 16 listing parts (a folder of 30 files): the job's bytes taken as 16 times
+    # the part's, so its files go in two tasks, not one that a host carries alone at the end
+    part = Plan("/src/", "az://b-b/", None, files[:30], [], "k")
+    share = share_bytes(part, 8, 16)
+    assert share == -(-part.bytes * 16 // (8 * TASKS_PER_SLOT))
+    assert [len(s.files) for s in fan_out(part, 50, share, seconds=task_seconds(part, 8, 10.0))] == [20, 10]
+    assert [len(s.files) for s in fan_out(part, 50, 10**9, seconds=task_seconds(part, 8, 10.0))] == [30]
 
 
 def test_fan_out_spreads_the_parts_of_a_file_bigger_than_file_task_bytes_over_tasks():

@@ -666,11 +666,11 @@ class Service:
                    queue: str, cancelled: threading.Event | None) -> dict | None:
         """List and plan one part, its slices pushed to this attempt's list; what the part
         records (None: stopped, its lease lost or its job cancelled)."""
-        key = self.r.hget(self.keys.job(job_id), "list_key")
+        key, signed = self.r.hmget(self.keys.job(job_id), "list_key", "list_parts")
         journal = self.journal(key)
         listing = self.kind(spec).plan_part(spec, self.settings_for(spec), part, journal,
                                             check=lambda plan: self.gate.plan(who, spec.kind, plan),
-                                            slots=self.slots(queue))
+                                            slots=self.slots(queue), parts=len(json.loads(signed or "[]")))
         journal.flush()   # the adopted objects' records, before any task may read the journal
         tasks = self.keys.job(job_id, "tasks", str(index), lease.ref.token.rsplit(":", 1)[-1])
         self.r.delete(tasks)

@@ -72,17 +72,19 @@ def task_seconds(plan, slots: int, longest: float) -> float:
     return max(MIN_TASK_SECONDS, min(longest, whole / (max(1, slots) * per_slot)))
 
 
-def share_bytes(plan, slots: int) -> int | None:
+def share_bytes(plan, slots: int, parts: int = 1) -> int | None:
     """At most this many bytes of small files in one task: the job's bytes spread over ``slots``
     pool processes, ``TASKS_PER_SLOT`` each; None with one process. The time estimate
     (``task_seconds``) sizes tasks at one process's pace on this machine and knows nothing of the
     links: where they are slow, the few larger files of a corpus (those under the part size) went
     in one task that one host carried alone at the end, the others idle (bench/notes/hosts.md).
     A share of the bytes holds whatever the links' rate: no task carries much more than a
-    3 x ``slots``-th of the job, and the rule alone makes at most about that many tasks more."""
+    3 x ``slots``-th of the job, and the rule alone makes at most about that many tasks more.
+    ``plan`` may be one of a job's ``parts`` (its listing split by sub-prefix), the job's bytes
+    then taken as ``parts`` times its own."""
     if slots <= 1 or not plan.bytes:
         return None
-    return max(1, -(-plan.bytes // (slots * TASKS_PER_SLOT)))
+    return max(1, -(-plan.bytes * max(1, parts) // (slots * TASKS_PER_SLOT)))
 
 
 def fan_out(plan, batch_files: int, batch_bytes: int, file_task_bytes: int | None = None,
@@ -332,7 +334,7 @@ class Files:
         return job_key("sync", src, dst, chunk, spec.deletes, *more)
 
     def plan_part(self, spec: JobSpec, settings, part: dict, journal, check: Callable[[Any], None],
-                  slots: int = 1) -> dict[str, Any]:
+                  slots: int = 1, parts: int = 1) -> dict[str, Any]:
         """One part's plan: its sub-plans (``subs``, made as they are taken) and what the job's
         dispatch sums over its parts (the header's source, destination and key, the files whose
         parts are spread over tasks, the totals, the listing's usage and the estimate, and for a
@@ -352,6 +354,12 @@ class Files:
         spread = split(plan, task_bytes)
         journal_adopted(journal, plan.adopted)
         seconds = task_seconds(plan, slots, self.task_seconds) if self.task_seconds else None
+        # A task of small files holds at most its share of the job's bytes, as ``plan``'s do: the
+        # job's bytes taken as this part's times the job's ``parts``, which the split made alike.
+        # Without it a part's small files went in one task, and at four hosts the last parts'
+        # tasks ran on while other hosts idled (bench/notes/hosts.md).
+        share = share_bytes(plan, slots, parts) if self.task_seconds else None
+        batch_bytes = min(self.batch_bytes, share) if share else self.batch_bytes
         return {"source": plan.source, "destination": plan.destination, "key": plan.key, "route": plan.route,
                 "route_why": plan.route_why, "spread": [_file_dict(f) for f in spread],
                 "totals": {"bytes_total": plan.bytes, "files_total": len(plan.files),
@@ -361,7 +369,7 @@ class Files:
                 # its largest file sent in parts: the dispatch sends such parts' tasks first
                 "longest": max((f.size for f in plan.files.shapes() if f.part_size), default=0)
                 if plan.files.multipart else 0,
-                "subs": (sub.to_dict() for sub in fan_out(plan, self.batch_files, self.batch_bytes, task_bytes,
+                "subs": (sub.to_dict() for sub in fan_out(plan, self.batch_files, batch_bytes, task_bytes,
                                                           seconds))}
 
     def dispatch(self, spec: JobSpec, settings, parts: list[dict], journal) -> tuple[dict, list]:
