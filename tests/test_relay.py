@@ -140,3 +140,13 @@ def test_a_file_of_a_relayed_batch_that_cannot_be_read_fails_alone(moto, fake_gc
         assert sum(size for _when, size in destination.carried["up"]) < 64 * 1024
         _verified(f"gs://{dst}/b/", settings)
     assert bucket.blob("b/030").download_as_bytes() == s3.get_object(Bucket=src, Key="b/030")["Body"].read()
+
+
+def test_runs_cover_a_batch_once_in_order():
+    from bridge.pipeline.units import RELAY_RUNS, _runs
+    assert _runs(0, 8) == [range(0)]   # every file of the batch journaled already: nothing to read
+    assert _runs(5, 8) == [range(0, 5)]   # fewer than the requests in flight: one run
+    for count, connections in ((64, 8), (65, 8), (1000, 64), (17, 1)):
+        runs = _runs(count, connections)
+        assert [i for run in runs for i in run] == list(range(count))
+        assert len(runs) <= RELAY_RUNS and all(len(run) >= min(connections, count) for run in runs[:-1])

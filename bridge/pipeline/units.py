@@ -178,7 +178,7 @@ def _runs(count: int, connections: int) -> list[range]:
     """``count`` files in at most RELAY_RUNS runs of at least ``connections`` each (a run fills
     the requests a batch keeps in flight)."""
     runs = max(1, min(RELAY_RUNS, count // max(connections, 1)))
-    size = -(-count // runs)
+    size = max(1, -(-count // runs))
     return [range(at, min(at + size, count)) for at in range(0, count, size)] or [range(0)]
 
 
