@@ -142,11 +142,23 @@ def test_a_file_of_a_relayed_batch_that_cannot_be_read_fails_alone(moto, fake_gc
     assert bucket.blob("b/030").download_as_bytes() == s3.get_object(Bucket=src, Key="b/030")["Body"].read()
 
 
-def test_runs_cover_a_batch_once_in_order():
-    from bridge.pipeline.units import RELAY_RUNS, _runs
-    assert _runs(0, 8) == [range(0)]   # every file of the batch journaled already: nothing to read
-    assert _runs(5, 8) == [range(0, 5)]   # fewer than the requests in flight: one run
-    for count, connections in ((64, 8), (65, 8), (1000, 64), (17, 1)):
-        runs = _runs(count, connections)
-        assert [i for run in runs for i in run] == list(range(count))
-        assert len(runs) <= RELAY_RUNS and all(len(run) >= min(connections, count) for run in runs[:-1])
+def test_a_rerun_after_a_failed_commit_sends_none_of_a_relayed_batch_again(moto, fake_gcs, buckets, tmp_path):
+    """Every file of the batch was sent and journaled, then the record could not be written: the
+    rerun finds the whole batch journaled (nothing to read or send) and commits."""
+    src, dst = buckets
+    s3 = moto.client()
+    for i in range(24):
+        s3.put_object(Bucket=src, Key=f"j/{i:03d}", Body=os.urandom(2048 + i))
+    with FaultProxy(fake_gcs.endpoint) as faults:
+        faults.configure(rules=[Rule(r"name=[^&]*_bridge", "error", times=1000)])
+        env = _env(moto, fake_gcs, tmp_path, moto.endpoint, faults.endpoint, MCBRIDGE_SMALL_FILES_IN_FLIGHT="8")
+        settings = settings_for(env)
+        with pytest.raises(Exception):
+            ops.copy(f"s3://{src}/j/", f"gs://{dst}/j/", settings)
+        sent_first = [line for line, _done in faults.log if "uploadType=multipart" in line and "_bridge" not in line]
+        assert len(sent_first) == 24
+        faults.configure()
+        ops.copy(f"s3://{src}/j/", f"gs://{dst}/j/", settings)
+        sent_again = [line for line, _done in faults.log if "uploadType=multipart" in line and "_bridge" not in line]
+        assert sent_again == []
+        _verified(f"gs://{dst}/j/", settings)

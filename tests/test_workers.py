@@ -693,7 +693,7 @@ def test_a_task_of_small_files_carries_at_most_its_share_of_the_jobs_bytes():
     task of their own when several processes share the job, instead of one task at the end."""
     from bridge.contracts import FilePlan
     from bridge.pipeline.plan import Plan
-    from bridge.workers.kinds import TASKS_PER_SLOT, fan_out, share_bytes, task_seconds
+    from bridge.workers.kinds import MIN_SHARE_BYTES, TASKS_PER_SLOT, fan_out, share_bytes, task_seconds
     kib, mib = 1024, 1024 * 1024
     files = [FilePlan(f"d/{i:04d}", 64 * kib) for i in range(800)] + [FilePlan("mid0", 8 * mib), FilePlan("mid1", 8 * mib)]
     plan = Plan("/src/", "az://b-b/", None, files, [], "k")
@@ -717,6 +717,11 @@ def test_a_task_of_small_files_carries_at_most_its_share_of_the_jobs_bytes():
     assert share == -(-part.bytes * 16 // (8 * TASKS_PER_SLOT))
     assert [len(s.files) for s in fan_out(part, 50, share, seconds=task_seconds(part, 8, 10.0))] == [20, 10]
     assert [len(s.files) for s in fan_out(part, 50, 10**9, seconds=task_seconds(part, 8, 10.0))] == [30]
+    # but a part of a few small files beside a large one is not cut a file a task: the share
+    # never goes below MIN_SHARE_BYTES
+    few = Plan("/src/", "az://b-b/", None, files[:3], [], "k")
+    assert share_bytes(few, 4, 2) == MIN_SHARE_BYTES
+    assert [len(s.files) for s in fan_out(few, 50, share_bytes(few, 4, 2), seconds=task_seconds(few, 4, 10.0))] == [3]
 
 
 def test_fan_out_spreads_the_parts_of_a_file_bigger_than_file_task_bytes_over_tasks():

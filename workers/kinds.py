@@ -52,6 +52,10 @@ FILE_SECONDS = 0.0015
 TASK_RATE = 40 * 1024 * 1024      # bytes per second of one task
 TASKS_PER_SLOT = 3                # a job of few files still gives each of several pool processes this many
 MIN_TASK_SECONDS = 0.5            # ... but none smaller: its set-up would show
+# The share rule (share_bytes) cuts no task of small files below this: a task's own costs (its
+# delivery, lease and journal round trips) would show, and a listing part much smaller than the
+# others (the top level's few files beside a folder's checkpoint) would go one file a task.
+MIN_SHARE_BYTES = 1024 * 1024
 
 
 def expected_seconds(files: int, nbytes: int) -> float:
@@ -81,10 +85,10 @@ def share_bytes(plan, slots: int, parts: int = 1) -> int | None:
     A share of the bytes holds whatever the links' rate: no task carries much more than a
     3 x ``slots``-th of the job, and the rule alone makes at most about that many tasks more.
     ``plan`` may be one of a job's ``parts`` (its listing split by sub-prefix), the job's bytes
-    then taken as ``parts`` times its own."""
+    then taken as ``parts`` times its own. Never below MIN_SHARE_BYTES."""
     if slots <= 1 or not plan.bytes:
         return None
-    return max(1, -(-plan.bytes * max(1, parts) // (slots * TASKS_PER_SLOT)))
+    return max(MIN_SHARE_BYTES, -(-plan.bytes * max(1, parts) // (slots * TASKS_PER_SLOT)))
 
 
 def fan_out(plan, batch_files: int, batch_bytes: int, file_task_bytes: int | None = None,

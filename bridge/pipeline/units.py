@@ -33,9 +33,6 @@ PIECE = 256 * 1024
 # overlap. 2,000 x 16 KiB with sync, on two shared cores (bench/notes/speed.md): 4 took a median
 # 3.79 s against 4.39 s with 2 and 3.99 s with 8, six rotated rounds.
 FILE_WRITERS = 4
-# A batch from a store to a store is read in up to this many runs, each sent while the next is
-# read (_relay_files): with N runs the two directions overlap for all but 1/N of the batch.
-RELAY_RUNS = 8
 
 
 def _metadata(h: FileHash) -> dict[str, str]:
@@ -53,8 +50,8 @@ def _put(ctx: jobs.Context, unit: dict) -> dict:
 
 def _batch(ctx: jobs.Context, unit: dict) -> dict:
     """Small whole files through ``Store.read_many`` (to a local destination), ``Store.put_many``
-    (from a local source), or both (between two stores: runs of the batch read, each sent while
-    the next is read, _relay_files): each written and journaled as it arrives, as ``_put`` does one.
+    (from a local source), or both (between two stores: what has arrived sent while the rest
+    is read, _relay_files): each written and journaled as it arrives, as ``_put`` does one.
     Files already journaled are skipped; those that fail are the unit's error (the first, and
     how many more), the rest of the batch written all the same."""
     todo = []
@@ -117,69 +114,65 @@ def _send_files(ctx: jobs.Context, todo: list[dict], going: list[int], read: dic
     return {going[k]: exc for k, exc in unsent.items()}
 
 
+class _SendingEnded(Exception):
+    """A relayed batch's sending failed as a whole: its reader stops."""
+
+
 def _relay_files(ctx: jobs.Context, todo: list[dict], connections: int) -> dict[int, BaseException]:
-    """A batch from a store to a store, in runs of files: a thread of its own reads each run
-    (``read_many``) while the run before it is sent, so that a host's link carries the batch's
-    downloads and uploads at once; read whole first and sent then, each direction of the link
-    had waited on the other (bench/notes/hosts.md). The reader is at most the batch ahead, as
-    the batch was read whole before; it stops after its run when the sending fails. Failures by
-    index, the reads' and the sends'."""
+    """A batch from a store to a store, read and sent at once: a thread of its own reads the
+    whole batch (``read_many``, ``connections`` requests in flight), and this one sends, again
+    and again, what has arrived since its last send (``put_many``; at least a send's worth of
+    requests, or what is left), so that a host's link carries the batch's downloads and uploads
+    together. Read whole first and sent then, each direction of the link had waited on the
+    other (bench/notes/hosts.md). What waits to be sent is at most the batch, as it was when the
+    batch was read whole. Failures by index, the reads' and the sends'; when a send fails as a
+    whole the reader stops at its next file."""
     import queue
     import threading
-    runs = _runs(len(todo), connections)
+    arrived: queue.SimpleQueue = queue.SimpleQueue()   # (index, body); then (None, the read's failures)
+    stop = threading.Event()
+
+    def received(k: int, data: bytes) -> None:
+        if stop.is_set():
+            raise _SendingEnded()   # not a BridgeError: it ends read_many's run, not one file
+        arrived.put((k, data))
+
+    def reading() -> None:
+        try:
+            arrived.put((None, ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], received,
+                                                 connections=connections)))
+        except BaseException as exc:   # raised here, where the next file would have come
+            arrived.put((None, exc))
+
+    reader = threading.Thread(target=contextvars.copy_context().run, args=(reading,), daemon=True,
+                              name="bridge-relay")
+    reader.start()
     failures: dict[int, BaseException] = {}
-
-    def read(run: range) -> tuple[range, dict[int, bytes], dict[int, BaseException]]:
-        got: dict[int, bytes] = {}
-        failed = ctx.src.read_many([ctx.src_loc(todo[i]["rel"]) for i in run],
-                                   lambda k, data: got.__setitem__(run[k], data), connections=connections)
-        return run, got, {run[k]: exc for k, exc in failed.items()}
-
-    if len(runs) == 1:
-        handed = iter([read(runs[0])])
-        reader = None
-    else:
-        arrived: queue.SimpleQueue = queue.SimpleQueue()
-        stop = threading.Event()
-
-        def reading() -> None:
-            try:
-                for run in runs:
-                    if stop.is_set():
-                        return
-                    arrived.put(read(run))
-            except BaseException as exc:   # raised where the run would have been sent
-                arrived.put(exc)
-
-        reader = threading.Thread(target=contextvars.copy_context().run, args=(reading,), daemon=True,
-                                  name="bridge-relay")
-        reader.start()
-
-        def take():
-            for _ in runs:
-                got = arrived.get()
-                if isinstance(got, BaseException):
-                    raise got
-                yield got
-        handed = take()
+    left = len(todo)
     try:
-        for run, got, failed in handed:
-            failures.update(failed)
-            going = [i for i in run if i not in failed]
-            failures.update(_send_files(ctx, todo, going, got, connections))
+        while left:
+            got: dict[int, bytes] = {}
+            ended = None
+            # at least a send's worth of requests in flight (or all that is left), then what else is there
+            while ended is None and (len(got) < min(connections, left) or not arrived.empty()):
+                k, data = arrived.get()
+                if k is None:
+                    ended = data
+                else:
+                    got[k] = data
+            if isinstance(ended, BaseException):
+                raise ended
+            if ended is not None:
+                failures.update(ended)
+            left -= len(got) + (len(ended) if ended is not None else 0)
+            if got:
+                failures.update(_send_files(ctx, todo, sorted(got), got, connections))
+            if ended is not None:
+                break
     finally:
-        if reader is not None:
-            stop.set()
-            reader.join()
+        stop.set()
+        reader.join()
     return failures
-
-
-def _runs(count: int, connections: int) -> list[range]:
-    """``count`` files in at most RELAY_RUNS runs of at least ``connections`` each (a run fills
-    the requests a batch keeps in flight)."""
-    runs = max(1, min(RELAY_RUNS, count // max(connections, 1)))
-    size = max(1, -(-count // runs))
-    return [range(at, min(at + size, count)) for at in range(0, count, size)] or [range(0)]
 
 
 def _read_into_files(ctx: jobs.Context, todo: list[dict], connections: int) -> dict[int, BridgeError]:
