@@ -393,7 +393,13 @@ class Cluster:
         return json.loads(done.stdout)
 
     def job(self, job_id: str) -> dict[str, str]:
-        return self.redis_client().hgetall(f"{self.namespace}:job:{job_id}")
+        """The job's record, with its errors (a list of their own) as ``errors``, one a line."""
+        client = self.redis_client()
+        record = client.hgetall(f"{self.namespace}:job:{job_id}")
+        errors = client.lrange(f"{self.namespace}:job:{job_id}:errors", 0, -1)
+        if errors:
+            record["errors"] = "\n".join(e.decode() if isinstance(e, bytes) else e for e in errors)
+        return record
 
     def wait(self, job_id: str, timeout: float = 300) -> dict[str, str]:
         """The job's record once it has ended (succeeded, failed, cancelled)."""
