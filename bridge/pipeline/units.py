@@ -10,7 +10,7 @@ import contextvars
 import copy
 import hashlib
 import math
-from typing import NamedTuple
+from typing import Any, Awaitable, Callable, NamedTuple
 
 from bridge import carry as carrying
 from bridge import verdicts
@@ -68,7 +68,7 @@ def _batch(ctx: jobs.Context, unit: dict) -> dict:
     if ctx.src.reads_many and ctx.dst_root.is_local:
         failures = _read_into_files(ctx, todo, connections)
     elif ctx.src_root.is_local:
-        failures = _send_files(ctx, todo, list(range(len(todo))), {}, connections)
+        failures = _send_files(ctx, todo, len(todo), lambda k: k, {}, connections)
     else:
         failures = _relay_files(ctx, todo, connections)
     if failures:
@@ -81,16 +81,20 @@ def _batch(ctx: jobs.Context, unit: dict) -> dict:
     return {}
 
 
-def _send_files(ctx: jobs.Context, todo: list[dict], going: list[int], read: dict[int, bytes],
-                connections: int) -> dict[int, BaseException]:
-    """Files ``going`` (indices into ``todo``) through the destination's ``put_many``, each body
-    from ``read`` when it was read already, else read here; what was sent journaled in one
-    transaction. Failures by index."""
+def _send_files(ctx: jobs.Context, todo: list[dict], count: int, index: Callable[[int], int],
+                read: dict[int, bytes], connections: int,
+                ready: Callable[[int], Awaitable[None]] | None = None) -> dict[int, BaseException]:
+    """``count`` files through the destination's ``put_many``: the k-th is ``todo[index(k)]``, its
+    body from ``read`` when it was read already, else read here; what was sent journaled in one
+    transaction. ``ready(k)``: awaited in the sending event loop before the k-th is asked for
+    (a relayed batch's file may not have arrived yet). Failures by todo index; a k that
+    ``index`` finds never read (_NotRead) is left out (its read's failure is the reader's)."""
     hashes: dict[int, FileHash] = {}
     md5s: dict[int, str | None] = {}
+    which: dict[int, int] = {}   # k -> its todo index, once asked for
 
     def body(k: int) -> tuple:
-        i = going[k]
+        i = which[k] = index(k)
         rel = todo[i]["rel"]
         ctx.progress.throttle(todo[i]["size"])   # a bandwidth limit paces what goes out
         data = ctx.dst.body(read.pop(i) if i in read else ctx.src.read(ctx.src_loc(rel)))
@@ -104,74 +108,127 @@ def _send_files(ctx: jobs.Context, todo: list[dict], going: list[int], read: dic
     journaled: list[tuple[str, dict]] = []
 
     def sent(k: int, committed: ObjectInfo) -> None:
-        i = going[k]
+        i = which[k]
         _record(ctx, todo[i], hashes.pop(i), verdicts.md5_evidence(committed, md5s.pop(i)), journaled)
 
     try:
-        unsent = ctx.dst.put_many(len(going), body, sent, connections=connections)
+        unsent = ctx.dst.put_many(count, body, sent, connections=connections, ready=ready)
     finally:
         ctx.journal.put_many(journaled)
-    return {going[k]: exc for k, exc in unsent.items()}
+    return {which.get(k, k): exc for k, exc in unsent.items() if not isinstance(exc, _NotRead)}
 
 
 class _SendingEnded(Exception):
     """A relayed batch's sending failed as a whole: its reader stops."""
 
 
+class _NotRead(BridgeError):
+    """A relayed batch's k-th send when fewer files than that were read (the others failed)."""
+
+
+class _Arrivals:
+    """A relayed batch's files in the order they arrive: put by the reader's thread, taken by the
+    sender, which waits for the k-th either on its event loop (``ready``: the loop's other
+    requests go on meanwhile) or on its thread (``index``: a store whose put_many has no loop)."""
+
+    def __init__(self) -> None:
+        import threading
+        self.cond = threading.Condition()
+        self.order: list[int] = []   # todo indices, as they arrived
+        self.bodies: dict[int, bytes] = {}
+        self.ended: dict[int, BaseException] | BaseException | None = None   # the read's failures, or what stopped it
+        self.waiting: list[tuple[int, Any, Any]] = []   # (k, its loop, its future)
+
+    def arrive(self, i: int, data: bytes) -> None:
+        with self.cond:
+            self.bodies[i] = data
+            self.order.append(i)
+            self._wake()
+
+    def end(self, result: dict[int, BaseException] | BaseException) -> None:
+        with self.cond:
+            self.ended = result
+            self._wake()
+
+    def _wake(self) -> None:
+        self.cond.notify_all()
+        still = []
+        for k, loop, future in self.waiting:
+            if k < len(self.order) or self.ended is not None:
+                loop.call_soon_threadsafe(_resolve, future)
+            else:
+                still.append((k, loop, future))
+        self.waiting = still
+
+    def _settled(self, k: int) -> int:
+        if k < len(self.order):
+            return self.order[k]
+        if isinstance(self.ended, BaseException):
+            raise self.ended
+        raise _NotRead(f"file {k + 1} of a relayed batch: not read")
+
+    async def ready(self, k: int) -> None:
+        import asyncio
+        with self.cond:
+            if k < len(self.order) or self.ended is not None:
+                self._settled(k)
+                return
+            loop = asyncio.get_running_loop()
+            future = loop.create_future()
+            self.waiting.append((k, loop, future))
+        await future
+        with self.cond:
+            self._settled(k)
+
+    def index(self, k: int) -> int:
+        with self.cond:
+            self.cond.wait_for(lambda: k < len(self.order) or self.ended is not None)
+            return self._settled(k)
+
+
+def _resolve(future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _relay_files(ctx: jobs.Context, todo: list[dict], connections: int) -> dict[int, BaseException]:
     """A batch from a store to a store, read and sent at once: a thread of its own reads the
-    whole batch (``read_many``, ``connections`` requests in flight), and this one sends, again
-    and again, what has arrived since its last send (``put_many``; at least a send's worth of
-    requests, or what is left), so that a host's link carries the batch's downloads and uploads
-    together. Read whole first and sent then, each direction of the link had waited on the
-    other (bench/notes/hosts.md). What waits to be sent is at most the batch, as it was when the
-    batch was read whole. Failures by index, the reads' and the sends'; when a send fails as a
-    whole the reader stops at its next file."""
-    import queue
+    whole batch (``read_many``, ``connections`` requests in flight), and one ``put_many`` sends
+    each file as it arrives, ``connections`` requests in flight, so that a host's link carries the
+    batch's downloads and uploads together. Read whole first and sent then, each direction of
+    the link had waited on the other; sent in groups of ``connections``, the uploads waited for
+    a group to arrive and each group for its slowest upload (bench/notes/hosts.md). What waits
+    to be sent is at most the batch, as it was when the batch was read whole. Failures by index,
+    the reads' and the sends'; when the sending fails as a whole the reader stops at its next
+    file, and when the reading does, the sending stops at its next file."""
     import threading
-    arrived: queue.SimpleQueue = queue.SimpleQueue()   # (index, body); then (None, the read's failures)
+    arrivals = _Arrivals()
     stop = threading.Event()
 
     def received(k: int, data: bytes) -> None:
         if stop.is_set():
             raise _SendingEnded()   # not a BridgeError: it ends read_many's run, not one file
-        arrived.put((k, data))
+        arrivals.arrive(k, data)
 
     def reading() -> None:
         try:
-            arrived.put((None, ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], received,
-                                                 connections=connections)))
-        except BaseException as exc:   # raised here, where the next file would have come
-            arrived.put((None, exc))
+            arrivals.end(ctx.src.read_many([ctx.src_loc(one["rel"]) for one in todo], received,
+                                           connections=connections))
+        except BaseException as exc:   # raised in the sender, where its next file would have come
+            arrivals.end(exc)
 
     reader = threading.Thread(target=contextvars.copy_context().run, args=(reading,), daemon=True,
                               name="bridge-relay")
     reader.start()
-    failures: dict[int, BaseException] = {}
-    left = len(todo)
     try:
-        while left:
-            got: dict[int, bytes] = {}
-            ended = None
-            # at least a send's worth of requests in flight (or all that is left), then what else is there
-            while ended is None and (len(got) < min(connections, left) or not arrived.empty()):
-                k, data = arrived.get()
-                if k is None:
-                    ended = data
-                else:
-                    got[k] = data
-            if isinstance(ended, BaseException):
-                raise ended
-            if ended is not None:
-                failures.update(ended)
-            left -= len(got) + (len(ended) if ended is not None else 0)
-            if got:
-                failures.update(_send_files(ctx, todo, sorted(got), got, connections))
-            if ended is not None:
-                break
+        failures = _send_files(ctx, todo, len(todo), arrivals.index, arrivals.bodies, connections,
+                               ready=arrivals.ready)
     finally:
         stop.set()
         reader.join()
+    if isinstance(arrivals.ended, BaseException):
+        raise arrivals.ended
+    failures.update(arrivals.ended or {})
     return failures
 
 

@@ -461,12 +461,12 @@ class AzureStore(DirectReads, Store):
     def writes_many(self) -> bool:
         return self._direct is not None
 
-    def put_many(self, count: int, body, each, *, connections: int | None = None) -> dict:
+    def put_many(self, count: int, body, each, *, connections: int | None = None, ready=None) -> dict:
         """Batches of small blobs go by the direct path's Put Blob, several in flight from one
         thread: through the SDK, a copy of 2,000 x 16 KiB files to Azurite took 6.7 s of CPU,
         its pipeline's work per request more than the request's."""
         if self._direct is None:
-            return super().put_many(count, body, each)
+            return super().put_many(count, body, each, ready=ready)
         sent: dict[int, tuple[Location, int, dict]] = {}   # what each answer is about
 
         def request(i: int) -> tuple:
@@ -480,7 +480,7 @@ class AzureStore(DirectReads, Store):
 
         return self._direct.put_many(count, request, answered,
                                      connections=connections or self.settings.transfer.concurrency,
-                                     retries=self.retries)
+                                     retries=self.retries, ready=ready)
 
     def direct_headers(self, loc: Location, metadata: dict[str, str], attrs: Attrs | None) -> dict[str, str]:
         """What ``written`` says, as Put Blob's headers (the direct path)."""

@@ -366,7 +366,7 @@ class Direct:
                        retries=retries, tls=self._tls, pace=pace)
 
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], *,
-                 connections: int, retries: int) -> dict[int, BridgeError]:
+                 connections: int, retries: int, ready=None) -> dict[int, BridgeError]:
         """Put Blob for whole block blobs, ``connections`` requests in flight from this thread:
         ``body(i)`` gives (location, bytes, headers: metadata, content headers, tier) when blob i is first about to go (its
         retries send the same), ``each(i, answer)`` takes what the service answered: etag,
@@ -402,7 +402,7 @@ class Direct:
 
         return each_of(count, send, each, self.origin, connections=connections, timeout=self._timeout,
                        metered=("az", self.base),
-                       retries=retries, tls=self._tls)
+                       retries=retries, tls=self._tls, ready=ready)
 
     def stage_block(self, loc: Location, block_id: str, data, extra: dict[str, str]) -> None:
         """Put Block on this thread's connection, with the Content-MD5 the service checks (and

@@ -21,7 +21,7 @@ import abc
 import contextlib
 import base64
 import io
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 import dataclasses
 import heapq
 from dataclasses import dataclass, field
@@ -281,12 +281,15 @@ class Store(abc.ABC):
     writes_many: bool = False
 
     def put_many(self, count: int, body: Callable[[int], tuple[Location, bytes, str, dict[str, str], Attrs | None]],
-                 each: Callable[[int, ObjectInfo], None], *, connections: int | None = None) -> dict[int, BridgeError]:
+                 each: Callable[[int, ObjectInfo], None], *, connections: int | None = None,
+                 ready: Callable[[int], Awaitable[None]] | None = None) -> dict[int, BridgeError]:
         """Whole objects: ``body(i)`` gives (location, bytes, CRC32C hex, metadata[, attrs[, SHA-256]]) when object i is
         about to be sent, ``each(i, info)`` takes what ``put`` would have returned; what failed,
         by index. A BridgeError from ``body`` or ``each`` is that object's failure. Here one after
         another; stores with ``writes_many`` overlap them, ``connections`` requests in flight (None:
-        ``transfer.concurrency``)."""
+        ``transfer.concurrency``), each awaiting ``ready(i)`` (where given) before ``body(i)``, so that
+        a body still on its way holds up none of the others (here, one after another, ``body``
+        waits for it itself)."""
         failures: dict[int, BridgeError] = {}
         for i in range(count):
             try:

@@ -206,7 +206,7 @@ class Direct:
                        retries=retries, tls=self._tls, pace=pace)
 
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], *,
-                 connections: int, retries: int) -> dict[int, BridgeError]:
+                 connections: int, retries: int, ready=None) -> dict[int, BridgeError]:
         """Whole objects by multipart upload (objects.insert), ``connections`` in flight from this
         thread: ``body(i)`` gives (location, bytes, CRC32C base64, the object resource's other
         fields: metadata, headers, class) when object i is
@@ -238,7 +238,7 @@ class Direct:
 
         return each_of(count, send, each, self.origin, connections=connections, timeout=self._timeout,
                        metered=("gs", self.root),
-                       retries=retries, tls=self._tls)
+                       retries=retries, tls=self._tls, ready=ready)
 
     def put(self, loc: Location, data, crc32c_b64: str, resource: dict) -> dict:
         """One object by multipart upload (objects.insert) on this thread's connection, its body

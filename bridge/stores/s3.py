@@ -374,9 +374,9 @@ class S3Store(Store):
     def writes_many(self) -> bool:
         return self._direct is not None
 
-    def put_many(self, count: int, body, each, *, connections: int | None = None) -> dict:
+    def put_many(self, count: int, body, each, *, connections: int | None = None, ready=None) -> dict:
         if self._direct is None:
-            return super().put_many(count, body, each)
+            return super().put_many(count, body, each, ready=ready)
         sent: dict[int, tuple[Location, int, dict]] = {}   # what each answer is about
 
         def request(i: int) -> tuple:
@@ -390,7 +390,7 @@ class S3Store(Store):
 
         return self._direct.put_many(count, request, answered, _from_code,
                                      connections=connections or self.settings.transfer.concurrency,
-                                     retries=self.retries)
+                                     retries=self.retries, ready=ready)
 
     def delete(self, loc: Location) -> None:
         if self._direct is not None:

@@ -448,7 +448,7 @@ class Direct:
         return path, headers
 
     def put_many(self, count: int, body: Callable[[int], tuple], each: Callable[[int, dict], None], from_code, *,
-                 connections: int, retries: int) -> dict[int, BridgeError]:
+                 connections: int, retries: int, ready=None) -> dict[int, BridgeError]:
         """Whole objects, ``connections`` PUTs in flight from this thread: ``body(i)`` gives
         (location, bytes, CRC32C base64, put_object's parameters, the bytes' SHA-256 or None) when its request is first about to go (its
         retries send the same), ``each(i, answer)`` takes what S3 answered (as ``put`` returns
@@ -468,7 +468,7 @@ class Direct:
             return _put_answer(lambda name: answer.headers.get(name.lower()))
 
         host = self._one or self._batch_host(count, body, bodies)
-        return self._each_of(host, count, send, each, connections, retries)
+        return self._each_of(host, count, send, each, connections, retries, ready=ready)
 
     def _batch_host(self, count: int, body: Callable[[int], tuple], bodies: dict[int, tuple]) -> _Host:
         """On AWS, the host of a batch's bucket (a batch is of one destination): the first body
@@ -482,11 +482,11 @@ class Direct:
             return self._host(bodies[i][0].bucket)
         return self._aws_host("", self.region)   # nothing to send: no request goes
 
-    def _each_of(self, host: _Host, count: int, send, each, connections: int, retries: int, pace=None):
+    def _each_of(self, host: _Host, count: int, send, each, connections: int, retries: int, pace=None, ready=None):
         """``streams.each_of`` to one host (a batch's objects are in one bucket)."""
         from bridge.stores.streams import each_of
         return each_of(count, send, each, host.origin, connections=connections, timeout=self._timeout,
-                       metered=("s3", host.meter_base), retries=retries, tls=host.tls, pace=pace)
+                       metered=("s3", host.meter_base), retries=retries, tls=host.tls, pace=pace, ready=ready)
 
     def _path(self, loc: Location) -> str:
         return f"{self._host(loc.bucket).bucket_path(loc.bucket)}/{quote(loc.key, safe='/~')}"

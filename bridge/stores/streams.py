@@ -329,19 +329,24 @@ def _discard(home: _Home) -> None:
 def each_of(count: int, send: Callable[[int, Link], Awaitable[T]], each: Callable[[int, T], None],
             origin: str, *, connections: int, timeout: float, retries: int,
             metered: tuple[str, str] | None = None, tls: ssl.SSLContext | None = None,
-            pace: Callable[[int], None] | None = None) -> dict[int, BridgeError]:
+            pace: Callable[[int], None] | None = None,
+            ready: Callable[[int], Awaitable[None]] | None = None) -> dict[int, BridgeError]:
     """What the stores' ``read_many`` and ``put_many`` share: for every i in range(count),
     ``await send(i, link)`` (one attempt: a request and its answer checked, raising bridge's
     error), retried on its own through bridge.retry, then ``each(i, result)`` here, in any
     order. What failed, by index: a BridgeError from ``send`` once its retries are spent, or
     from ``each``; any other exception ends the run. ``pace(i)``: called before object i's
     first request, where a read's bandwidth limit is taken (bridge.bwlimit: its request then
-    goes when the bytes are due)."""
+    goes when the bytes are due). ``ready(i)``: awaited before object i is first asked for (a
+    relayed batch's file that has not arrived yet: the loop's other requests go on meanwhile); a
+    BridgeError from it is object i's failure."""
     from bridge.retry import acall_with_retries
     failures: dict[int, BridgeError] = {}
 
     async def one(i: int, link: Link) -> None:
         try:
+            if ready is not None:
+                await ready(i)
             if pace is not None:
                 pace(i)
                 await bwlimit.settle()   # before its request is signed: it goes when its bytes are due
