@@ -46,7 +46,10 @@ def service():
         from bridge.workers.broker import publisher
         from bridge.workers.executor import Service
         from bridge.workers.keys import redis_client
-        _service = (os.getpid(), Service(settings, redis_client(settings.broker_url), publisher(app)))
+        # (a call rides out a Redis restart for as long as the task's lease would keep it: FENCE)
+        from bridge.workers.leases import FENCE
+        _service = (os.getpid(), Service(settings, redis_client(settings.broker_url, ride_out=settings.lease * FENCE),
+                                         publisher(app)))
     return _service[1]
 
 

@@ -99,15 +99,42 @@ class Keys:
         return self._k("policy-spend", month)
 
 
-def redis_client(url: str):
-    """One client per URL and process (a client must not cross a fork)."""
+def redis_client(url: str, ride_out: float = 0.0):
+    """One client per URL and process (a client must not cross a fork). ``ride_out``: seconds
+    for which a call whose connection is refused or dropped tries again (a worker's, through a
+    Redis restart or failover: two thirds of its lease, when its fence would stop the task
+    anyway); 0 (a command-line call's) keeps redis-py's default, which did not reconnect to a
+    restarted Redis: a call made while it was down failed in 10 ms (redis-py 8.2)."""
     import redis
 
-    key = (url, os.getpid())
+    key = (url, os.getpid(), ride_out)
     with _lock:
         client = _clients.get(key)
         if client is None:
             client = _clients[key] = redis.Redis.from_url(
                 url, decode_responses=True, socket_connect_timeout=5, socket_timeout=30,
-                health_check_interval=30)
+                health_check_interval=30, **_riding_out(ride_out))
         return client
+
+
+RIDE_OUT_STEP = 0.5   # the longest wait between two tries of a call through an outage
+
+
+def _riding_out(seconds: float) -> dict:
+    """redis-py's retry settings that keep a call trying for about ``seconds`` while Redis
+    refuses connections (waits of 0.05 s doubling up to RIDE_OUT_STEP). Each try against a host
+    that does not answer at all (a partition) takes up to the 5 s connect timeout, so there a
+    call ends later; the lease's fence runs on a thread of its own and is not held up."""
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import ConnectionError, TimeoutError
+    from redis.retry import Retry
+
+    if seconds <= 0:
+        return {}
+    tries, waited, wait = 0, 0.0, 0.05
+    while waited < seconds:
+        wait = min(RIDE_OUT_STEP, wait * 2)
+        waited += wait
+        tries += 1
+    return {"retry": Retry(ExponentialBackoff(cap=RIDE_OUT_STEP, base=0.05), tries),
+            "retry_on_error": [ConnectionError, TimeoutError]}
