@@ -93,10 +93,12 @@ def test_a_source_read_begun_again_mid_part_sends_the_part_whole(moto, fake_gcs,
     assert got == data
 
 
-def test_a_batch_of_small_files_is_sent_while_the_rest_is_read(moto, fake_gcs, buckets, tmp_path):
+def _relayed(moto, fake_gcs, buckets, tmp_path, files: dict[str, bytes], up: int) -> int:
+    """``files`` copied s3 -> gs as one batch, 8 requests in flight each way, the source behind a
+    link of 1 MiB/s: verified and byte-exact; the bytes the source's link had carried when the
+    destination's had carried ``up`` (_down_before_upload)."""
     src, dst = buckets
     s3 = moto.client()
-    files = {f"c/{i:03d}.bin": os.urandom(32 * 1024 + i) for i in range(64)}
     for key, body in files.items():
         s3.put_object(Bucket=src, Key=key, Body=body)
     with LatencyProxy(_port(moto.endpoint), 0.0, rate=1 * MiB) as source, \
@@ -105,36 +107,28 @@ def test_a_batch_of_small_files_is_sent_while_the_rest_is_read(moto, fake_gcs, b
                    f"http://127.0.0.1:{destination.port}", MCBRIDGE_SMALL_FILES_IN_FLIGHT="8")
         settings = settings_for(env)
         ops.copy(f"s3://{src}/c/", f"gs://{dst}/c/", settings)
-        # one batch of 2 MiB, 8 files in flight each way: the first uploads cross the destination's
-        # link before the source's has carried the batch (read whole first, they came after it)
-        assert _down_before_upload(source, destination, 256 * 1024) < sum(map(len, files.values())) // 2
+        carried = _down_before_upload(source, destination, up)
         _verified(f"gs://{dst}/c/", settings)
     bucket = fake_gcs.client().bucket(dst)
     for key, body in files.items():
         assert bucket.blob(key).download_as_bytes() == body
+    return carried
 
+
+def test_a_batch_of_small_files_is_sent_while_the_rest_is_read(moto, fake_gcs, buckets, tmp_path):
+    files = {f"c/{i:03d}.bin": os.urandom(32 * 1024 + i) for i in range(64)}
+    # one batch of 2 MiB: its first uploads cross the destination's link before the source's has
+    # carried half of it (read whole first, they came after all of it)
+    assert _relayed(moto, fake_gcs, buckets, tmp_path, files, 256 * 1024) < sum(map(len, files.values())) // 2
 
 
 def test_a_relayed_file_is_sent_when_it_arrives_not_when_a_send_of_them_has(moto, fake_gcs, buckets, tmp_path):
-    """A small file first, then 15 of 128 KiB, 8 requests in flight each way: the small one's
-    upload crosses the destination's link as soon as it has arrived. Sent in groups of a send's
-    worth (8), it waited for seven of the large ones (896 KiB) to arrive first."""
-    src, dst = buckets
-    s3 = moto.client()
+    """A small file first, then 15 of 128 KiB: the small one's upload crosses the destination's
+    link as soon as it has arrived. Sent in groups of a send's worth (8), it waited for seven of
+    the large ones (896 KiB) to arrive first."""
     files = {"c/000.bin": os.urandom(4096), **{f"c/{i:03d}.bin": os.urandom(128 * 1024 + i) for i in range(1, 16)}}
-    for key, body in files.items():
-        s3.put_object(Bucket=src, Key=key, Body=body)
-    with LatencyProxy(_port(moto.endpoint), 0.0, rate=1 * MiB) as source, \
-            LatencyProxy(_port(fake_gcs.endpoint), 0.0) as destination:
-        env = _env(moto, fake_gcs, tmp_path, f"http://127.0.0.1:{source.port}",
-                   f"http://127.0.0.1:{destination.port}", MCBRIDGE_SMALL_FILES_IN_FLIGHT="8")
-        settings = settings_for(env)
-        ops.copy(f"s3://{src}/c/", f"gs://{dst}/c/", settings)
-        assert _down_before_upload(source, destination, 4096) < 3 * 128 * 1024
-        _verified(f"gs://{dst}/c/", settings)
-    bucket = fake_gcs.client().bucket(dst)
-    for key, body in files.items():
-        assert bucket.blob(key).download_as_bytes() == body
+    assert _relayed(moto, fake_gcs, buckets, tmp_path, files, 4096) < 3 * 128 * 1024
+
 
 def test_a_file_of_a_relayed_batch_that_cannot_be_read_fails_alone(moto, fake_gcs, buckets, tmp_path):
     """One file of a later run answers 404 (gone between the listing and its read): the job fails
