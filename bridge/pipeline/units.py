@@ -6,6 +6,7 @@ upload) and is not sent again."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import copy
 import hashlib
@@ -154,8 +155,11 @@ class _Arrivals:
         self.cond.notify_all()
         still = []
         for k, loop, future in self.waiting:
+            if future.cancelled():   # its lane was stopped (the sending ended): nobody waits
+                continue
             if k < len(self.order) or self.ended is not None:
-                loop.call_soon_threadsafe(_resolve, future)
+                with contextlib.suppress(RuntimeError):   # its loop closed since: nobody waits either
+                    loop.call_soon_threadsafe(_resolve, future)
             else:
                 still.append((k, loop, future))
         self.waiting = still
