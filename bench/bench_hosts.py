@@ -133,7 +133,8 @@ def run_job(cluster: Cluster, source: str, destination: str) -> dict:
     # where the job's time went, from its record: waiting for a worker to take its plan task,
     # planning, the transfer tasks (from the plan's end to the finalize's start, so with the
     # hand-over to the finalize), the finalize (the commit and the verify)
-    phases = {"queued": started - created, "plan": plan, "tasks": finished - started - plan - final, "finalize": final}
+    phases = {"queued": started - created, "plan": plan, "tasks": finished - started - plan - final, "finalize": final,
+              "(verify)": int(job.get("verify_ms") or 0) / 1000}   # (within the finalize)
     return {"state": job.get("state"), "seconds": finished - created,
             "verified": bool(verify.get("ok")), "checked": int(verify.get("checked") or 0),
             "tasks": int(job.get("tasks_total") or 0), "phases": phases,

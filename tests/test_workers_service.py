@@ -196,6 +196,8 @@ def test_a_job_of_100_mb_and_300_small_files_between_two_emulators(service, emul
     # exactly-once counts of moto's log below prove. How often it happens is timing, not tested.
     assert status["progress"]["files_done"] == 301
     assert status["progress"]["bytes_total"] == len(big) + sum(map(len, smalls.values()))
+    timings = status["timings"]   # the finalize's time, and the verify's within it
+    assert 0 < timings["verify_s"] <= timings["finalize_s"]
 
     assert s3_hashes(moto, bucket) == expected
     whole, parts = moto_puts(moto, bucket)

@@ -1105,9 +1105,12 @@ class Service:
         self.jobs.update(job_id, manifest=manifest_url)
         self.jobs.add_progress(job_id, {"units_done": record.counters.get("units_total", 1)
                                         - record.counters.get("units_done", 0)})
+        verifying = time.perf_counter()
         problems, summary = self._verify(spec, header["destination"], settings)
         self.jobs.update(job_id, verify=summary)
-        self.jobs.add_progress(job_id, {"finalize_ms": int((time.perf_counter() - started) * 1000)})
+        done = time.perf_counter()
+        self.jobs.add_progress(job_id, {"finalize_ms": int((done - started) * 1000),
+                                        "verify_ms": int((done - verifying) * 1000)})
         if problems:
             self._end(job_id, "failed", problems)
             return {"failed": problems[:5]}

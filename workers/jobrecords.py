@@ -40,9 +40,10 @@ REPORTS = ("replicas", "verify", "route")   # fields shown to people, never read
 COUNTERS = ("bytes_total", "files_total", "units_total", "tasks_total", "tasks_done", "bytes_done",
             "bytes_skipped", "units_done", "units_failed", "files_done", "retries", "requeued",
             "error_count", "bytes_through", "fallbacks")
-# Where a job's time went, in milliseconds: planning, committing, and its transfer tasks in all
-# (``task_ms``) and in their units (``moving_ms``); the rest of a task's time is its overhead.
-TIMINGS = ("plan_ms", "finalize_ms", "task_ms", "moving_ms")
+# Where a job's time went, in milliseconds: planning, its finalize (the commit and then the verify,
+# ``verify_ms`` of it), and its transfer tasks in all (``task_ms``) and in their units
+# (``moving_ms``); the rest of a task's time is its overhead.
+TIMINGS = ("plan_ms", "finalize_ms", "verify_ms", "task_ms", "moving_ms")
 
 _TRANSITION = """
 local cur = redis.call('HGET', KEYS[1], 'state')
@@ -118,12 +119,14 @@ class JobRecord:
         return moved / self.elapsed if self.elapsed > 0 else 0.0
 
     def timings(self) -> dict[str, float]:
-        """Seconds spent planning, committing, in transfer tasks, in their units, and per task
-        outside its units (Celery's delivery not counted: it is outside the task)."""
+        """Seconds spent planning, in the finalize (its verify apart too), in transfer tasks, in
+        their units, and per task outside its units (Celery's delivery not counted: it is outside
+        the task)."""
         c = self.counters
         tasks = c.get("tasks_done", 0)
         overhead = (c.get("task_ms", 0) - c.get("moving_ms", 0)) / tasks / 1000 if tasks else 0.0
         return {"plan_s": c.get("plan_ms", 0) / 1000, "finalize_s": c.get("finalize_ms", 0) / 1000,
+                "verify_s": c.get("verify_ms", 0) / 1000,
                 "tasks_s": c.get("task_ms", 0) / 1000, "moving_s": c.get("moving_ms", 0) / 1000,
                 "per_task_overhead_s": round(overhead, 4)}
 
