@@ -122,11 +122,12 @@ RIDE_OUT_STEP = 0.5   # the longest wait between two tries of a call through an 
 
 def _riding_out(seconds: float) -> dict:
     """redis-py's retry settings that keep a call trying for about ``seconds`` while Redis
-    refuses connections (waits of 0.05 s doubling up to RIDE_OUT_STEP). Each try against a host
-    that does not answer at all (a partition) takes up to the 5 s connect timeout, so there a
-    call ends later; the lease's fence runs on a thread of its own and is not held up."""
+    refuses or drops its connections (waits of 0.1 s doubling up to RIDE_OUT_STEP): a restart,
+    a failover. A timeout (a host that does not answer at all: a partition) is not tried again,
+    as before: each try would wait out the 5 s connect or 30 s read timeout; the lease's fence,
+    on a thread of its own, stops the task meanwhile."""
     from redis.backoff import ExponentialBackoff
-    from redis.exceptions import ConnectionError, TimeoutError
+    from redis.exceptions import ConnectionError
     from redis.retry import Retry
 
     if seconds <= 0:
@@ -136,5 +137,5 @@ def _riding_out(seconds: float) -> dict:
         wait = min(RIDE_OUT_STEP, wait * 2)
         waited += wait
         tries += 1
-    return {"retry": Retry(ExponentialBackoff(cap=RIDE_OUT_STEP, base=0.05), tries),
-            "retry_on_error": [ConnectionError, TimeoutError]}
+    return {"retry": Retry(ExponentialBackoff(cap=RIDE_OUT_STEP, base=0.05), tries, supported_errors=(ConnectionError,)),
+            "retry_on_error": [ConnectionError]}
