@@ -30,11 +30,7 @@ def _call_while_restarting(client, server: RedisServer, down: float) -> tuple[st
     """``client.set`` made just after the server was killed; it starts again ``down`` s later."""
     client.ping()   # connected before the kill: the call finds its connection dropped
     original = server._process
-
-    def restart() -> None:
-        server.restart(down=down)
-
-    thread = threading.Thread(target=restart)
+    thread = threading.Thread(target=server.restart, kwargs={"down": down})
     thread.start()
     while server._process is original:   # restart() kills, then sleeps ``down``, then spawns
         time.sleep(0.005)
