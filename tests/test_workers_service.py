@@ -324,9 +324,12 @@ def test_cancel_stops_a_running_job_and_leaves_no_manifest(service, emulator_for
     dst = make_root("s3")
     bucket = dst[len("s3://"):].rstrip("/")
     service.worker("w1", concurrency=1, threads=1).wait_ready()
+    # Held to 16 MiB/s (about 6 s for the 97 MiB): on an idle machine the copy ended before the
+    # cancel, a CLI process started after the first bytes, reached the worker (all 97 MiB done,
+    # the job cancelled at its finalize), and this test could not show the bytes stopping.
     waiting = subprocess.Popen([sys.executable, "-m", "bridge", "submit", "cp", f"{src}/", dst, "--chunk-size",
-                                "5MiB", "--wait", "--quiet"], env=service.env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                                "5MiB", "--bwlimit", "16MiB", "--wait", "--quiet"], env=service.env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while True:
         records = service.jobs.list()
