@@ -703,3 +703,70 @@ def test_no_packing_signature_takes_a_retries_argument():
                          [m for m in vars(thing).values() if inspect.isfunction(m)] if inspect.isclass(thing) else [])
               if "retries" in inspect.signature(fn).parameters]
     assert taking == []
+
+
+def test_a_file_that_changed_after_the_plan_stops_the_pack_before_its_commit(settings, tmp_path):
+    """read_listed reads a file's listed size and a byte more: one that grew or shrank since the
+    plan listed it is refused, and no index or manifest names the shards."""
+    from bridge.errors import BridgeError
+    for change in ("grow", "shrink"):
+        src = tmp_path / change / "src"
+        write_tree(src, {f"f{i:03d}.bin": bytes([i]) * 100 for i in range(200)})
+        plan = job.plan_pack(f"{src}/", f"{tmp_path / change / 'out'}/", settings)
+        victim = src / "f150.bin"
+        victim.write_bytes(bytes(101) if change == "grow" else bytes(99))
+        with pytest.raises(BridgeError) as caught:
+            job.execute(plan, settings, state_dir=tmp_path / change / "st")
+        assert "f150.bin" in str(caught.value) and "changed during packing" in str(caught.value)
+        out = tmp_path / change / "out"
+        assert not (out / "_bridge").exists() and not list(out.glob("*.index"))
+
+
+def test_local_reads_go_wide_only_once_runs_wait_on_their_storage(tmp_path, monkeypatch):
+    """A local source is read by one thread (page-cache reads in parallel only take turns with
+    the GIL) until SLOW_READS runs in a row waited on their storage: then by the pool. A store
+    whose every open waits a millisecond (a network filesystem's round trip) goes wide; one whose
+    runs never wait stays on the one thread. Either way each file's bytes and SHA-256 are its own."""
+    import concurrent.futures as cf
+    import threading
+    import time as timing
+
+    from bridge.packing import writer
+    from bridge.progress import Progress
+    from bridge.stores.local import LocalStore
+    files = {f"d/{i:04d}.bin": os.urandom(64 + i % 7) for i in range(64 * 12)}
+    write_tree(tmp_path / "src", files)
+    listed = [(rel, len(data)) for rel, data in sorted(files.items())]
+    root = parse(f"{tmp_path / 'src'}/")
+    seen: list[str] = []
+
+    class Waiting(LocalStore):
+        def read_listed(self, root, batch):
+            seen.append(threading.current_thread().name)
+            timing.sleep(len(batch) * 1e-3)
+            return super().read_listed(root, batch)
+
+    class Counted(LocalStore):
+        def read_listed(self, root, batch):
+            seen.append(threading.current_thread().name)
+            return super().read_listed(root, batch)
+
+    def run(store) -> list[str]:
+        seen.clear()
+        with cf.ThreadPoolExecutor(1, thread_name_prefix="first") as first, \
+                cf.ThreadPoolExecutor(4, thread_name_prefix="wide") as wide:
+            got = {}
+            for batch, read in writer.source_batches(store, root, listed, stream_over=1 << 20, pool=wide,
+                                                     first=first, progress=Progress(), connections=1):
+                for (rel, _size), (data, sha) in zip(batch, read, strict=True):
+                    got[rel] = (data, sha)
+        assert got == {rel: (data, hashlib.sha256(data).hexdigest()) for rel, data in files.items()}
+        return list(seen)
+
+    monkeypatch.setattr(writer, "READ_AHEAD_BATCHES", 4)   # (what is queued already stays with its reader)
+    slow = run(Waiting(settings_for(dict(os.environ))))
+    assert slow[:writer.SLOW_READS] == ["first_0"] * writer.SLOW_READS
+    assert any(name.startswith("wide") for name in slow)
+    monkeypatch.setattr(writer, "SLOW_READ_FILE", 10.0)   # no run of this machine waits 10 s a file
+    fast = run(Counted(settings_for(dict(os.environ))))
+    assert fast == ["first_0"] * 12

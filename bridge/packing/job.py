@@ -176,12 +176,7 @@ def plan_pack(source: str, destination: str, settings: Settings, *, fmt: str = "
     key = hashlib.sha256("\x00".join(map(str, ("pack", plan.source, plan.destination, fmt, prefix, shard_size,
                                                 max_count, sorted(plan.options.items())))).encode())
 
-    def keyed(files: Iterator[tuple[str, int]]) -> Iterator[tuple[str, int]]:
-        for rel, size in files:
-            key.update(f"\x00{rel}:{size}".encode())
-            yield rel, size
-
-    plan.shards = _cut(_samples(keyed(members.in_pack_order())), shard_format, prefix, shard_size, max_count,
+    plan.shards = _cut(_samples(members.in_pack_order(), key), shard_format, prefix, shard_size, max_count,
                        members.cut_table())
     plan.key = key.hexdigest()[:20]
     return plan
@@ -212,10 +207,15 @@ class _Members:
         self.rows.append((layout.sample_key(rel).encode("utf-8", "surrogatepass"),
                           rel.encode("utf-8", "surrogatepass"), size))
 
-    def in_pack_order(self) -> Iterator[tuple[str, int]]:
+    def in_pack_order(self) -> Iterator[tuple[str, str, int]]:
+        """(sample key, rel, size) in pack order (layout.pack_order: by sample key, then path)."""
         if self.held is not None:
-            return iter(sorted(self.held, key=lambda f: layout.pack_order(f[0])))
-        return ((rel.decode("utf-8", "surrogatepass"), size) for _key, rel, size in self.rows.ordered_by(0, 1))
+            sample_key = layout.sample_key
+            ordered = [(sample_key(rel), rel, size) for rel, size in self.held]
+            ordered.sort()   # (rel is unique: no two tuples get as far as their sizes)
+            return iter(ordered)
+        return ((key.decode("utf-8", "surrogatepass"), rel.decode("utf-8", "surrogatepass"), size)
+                for key, rel, size in self.rows.ordered_by(0, 1))
 
     def cut_table(self) -> Rows | None:
         """Where the shards' file lists go: none (lists in memory) for a short plan."""
@@ -232,16 +232,25 @@ def _check_file(rel: str, size: int, fmt: ShardFormat) -> None:
                             f"{fmt.max_file_size} bytes per file; use --format tar")
 
 
-def _samples(files: Iterable[tuple[str, int]]) -> Iterator[list[tuple[str, int]]]:
+def _samples(files: Iterable[tuple[str, str, int]], key: Any = None) -> Iterator[list[tuple[str, int]]]:
+    """The (rel, size) of each sample's files, a list a sample, from (sample key, rel, size) in
+    pack order; ``key``: a hash that takes each file's name and size as they pass (the job's key)."""
     group: list[tuple[str, int]] = []
     last_key = None
-    for rel, size in files:
-        key = layout.sample_key(rel)
-        if key != last_key and group:
+    names: list[str] = []
+    for sample, rel, size in files:
+        if sample != last_key and group:
             yield group
             group = []
-        last_key = key
+        last_key = sample
         group.append((rel, size))
+        if key is not None:
+            names.append(f"\x00{rel}:{size}")
+            if len(names) >= 4096:
+                key.update("".join(names).encode())
+                names.clear()
+    if key is not None and names:
+        key.update("".join(names).encode())
     if group:
         yield group
 
@@ -269,13 +278,17 @@ def _cut(groups: Iterable[list[tuple[str, int]]], fmt: ShardFormat, prefix: str,
                                     fmt.shard_size(current_bytes), files))
         current, current_bytes = [], 0
 
+    file_size, whole = fmt.file_size, fmt.shard_size
     for group in groups:
-        group_bytes = sum(fmt.file_size(rel, size) for rel, size in group)
-        too_big = fmt.shard_size(current_bytes + group_bytes) > shard_size
+        group_bytes = 0
+        for rel, size in group:
+            group_bytes += file_size(rel, size)
+        too_big = whole(current_bytes + group_bytes) > shard_size
         too_many = max_count is not None and len(current) + len(group) > max_count
         if current and (too_big or too_many):
             close()
-        current.extend([rel, size] for rel, size in group)
+        for rel, size in group:
+            current.append([rel, size])
         current_bytes += group_bytes
     close()
     return shards
@@ -295,6 +308,7 @@ class PackContext(jobs.Context):
         self.src = get_store(self.src_root, settings)
         self.dst = get_store(self.dst_root, settings)
         self._read_pool: cf.ThreadPoolExecutor | None = None
+        self._first_reader: cf.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     def read_pool(self) -> cf.ThreadPoolExecutor:
@@ -305,6 +319,17 @@ class PackContext(jobs.Context):
                                                         thread_name_prefix="bridge-read")
             return self._read_pool
 
+    def first_reader(self) -> cf.ThreadPoolExecutor | None:
+        """For a local source, the one thread that reads ahead of the shard writers until a run
+        of files turns out to wait on its storage (bridge.packing.writer.source_batches); None
+        for an object store, whose reads wait on the network from the first."""
+        if self.src.scheme != "file":
+            return None
+        with self._lock:
+            if self._first_reader is None:
+                self._first_reader = Pool(1, thread_name_prefix="bridge-read-first")
+            return self._first_reader
+
     def writers(self, memory: int = DEFAULT_MEMORY) -> int:
         """Shards written at once: the concurrency setting, within a memory budget."""
         per_writer = self.fmt.memory_per_writer(self.plan.part_size)
@@ -312,8 +337,9 @@ class PackContext(jobs.Context):
                           memory // per_writer))
 
     def close(self) -> None:
-        if self._read_pool is not None:
-            self._read_pool.shutdown(cancel_futures=True)
+        for pool in (self._first_reader, self._read_pool):
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
 
     def prepare(self) -> None:
         """The old index stops vouching for the root before any shard is rewritten (the shards it
@@ -339,7 +365,8 @@ def _shard(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
     writer = ShardWriter(ctx.fmt, src=ctx.src, src_root=ctx.src_root, dst=ctx.dst, dst_root=ctx.dst_root,
                          prefix=ctx.plan.prefix, part_size=ctx.plan.part_size,
                          progress=ctx.progress, read_pool=ctx.read_pool(),
-                         read_connections=pool_batch_connections(ctx.settings))
+                         read_connections=pool_batch_connections(ctx.settings),
+                         first_read_pool=ctx.first_reader())
     record = writer.write(name, unit["files"])   # [rel, size] pairs, not copied
     if ctx.fmt.exact_sizes and record["size"] != unit["size"]:
         raise BridgeError(f"internal error: {name} has {record['size']} bytes, planned {unit['size']}")

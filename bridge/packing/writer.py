@@ -14,6 +14,7 @@ import collections
 import concurrent.futures as cf
 import hashlib
 import json
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -31,6 +32,13 @@ READ_AHEAD_BYTES = 16 * MiB   # read ahead of each shard writer
 READ_AHEAD_BATCHES = 64       # ... and at most this many batches (a shard of tiny files is not read whole)
 READ_BATCH_FILES = 64         # small files read and hashed together, one pool task
 READ_BATCH_BYTES = 1 * MiB
+# A run of local files waited on its storage (not on the CPU) when it took more than this a file
+# and this rate's time for its bytes: 64 files of 8 KiB are read from the page cache and hashed
+# in about 2 ms (30 us a file); opening a file on a network or parallel filesystem is a round
+# trip (NFS, a Lustre metadata server: hundreds of microseconds and up), and a cold disk seeks.
+SLOW_READ_FILE = 100e-6
+SLOW_READ_RATE = 200 * MiB
+SLOW_READS = 3   # runs in a row that waited on their storage before the reads go wide
 
 
 class ShardEncoder(abc.ABC):
@@ -128,23 +136,24 @@ Batch = list[tuple[str, int]]
 
 
 def _read_batch(store: Store, root: Location, batch: Batch, progress: Progress,
-                connections: int) -> list[tuple[bytes, str]]:
-    """Read and hash a run of small files; hashing and I/O release the GIL, so batches on a pool
-    overlap with the encoder of the same shard. A store that keeps several requests in flight
-    from one thread (``reads_many``: the object stores' direct paths) reads the run with
-    ``connections`` of them: a small object's time is mostly the endpoint's round trip."""
+                connections: int) -> tuple[list[tuple[bytes, str]], float]:
+    """Read and hash a run of small files; with the seconds it took. Hashing and I/O release the
+    GIL, so batches on a pool overlap with the encoder of the same shard. A store that keeps
+    several requests in flight from one thread (``reads_many``: the object stores' direct paths)
+    reads the run with ``connections`` of them: a small object's time is mostly the endpoint's
+    round trip."""
+    started = time.monotonic()
     if not store.reads_many:
         out = []
         sha256 = hashlib.sha256
         with reporting(lambda _e: progress.retried()):
-            for rel, size in batch:
-                loc = root.join(rel)
-                data = store.read(loc)
-                if len(data) != size:
-                    raise IntegrityError(f"{loc}: read {len(data)} bytes, listed {size}: the source changed "
-                                         f"during packing")
-                out.append((data, sha256(data).hexdigest()))
-        return out
+            read = store.read_listed(root, batch)
+        for (rel, size), data in zip(batch, read, strict=True):
+            if len(data) != size:
+                raise IntegrityError(f"{root.join(rel)}: read {len(data)} bytes, listed {size}: the source "
+                                     f"changed during packing")
+            out.append((data, sha256(data).hexdigest()))
+        return out, time.monotonic() - started
     got: list[tuple[bytes, str] | None] = [None] * len(batch)
 
     def each(i: int, data: bytes) -> None:
@@ -157,7 +166,15 @@ def _read_batch(store: Store, root: Location, batch: Batch, progress: Progress,
     failures = store.read_many([root.join(rel) for rel, _size in batch], each, connections=connections)
     if failures:
         raise failures[min(failures)]
-    return got   # type: ignore[return-value]   (every index filled, or failed)
+    return got, time.monotonic() - started   # type: ignore[return-value]   (every index filled, or failed)
+
+
+def waits_on_storage(seconds: float, files: int, nbytes: int) -> bool:
+    """Whether a run of ``files`` local files (``nbytes``) read in ``seconds`` waited on its
+    storage (a cold disk, a parallel or network filesystem: reads in parallel then overlap their
+    waits) rather than took CPU (the page cache: reads in parallel then only contend for the
+    GIL). Above SLOW_READ_FILE a file plus SLOW_READ_RATE's time for its bytes, it waited."""
+    return seconds > files * SLOW_READ_FILE + nbytes / SLOW_READ_RATE
 
 
 def _batches(files: list[tuple[str, int]], stream_over: int) -> Iterator[tuple[Batch, bool]]:
@@ -182,14 +199,22 @@ def _batches(files: list[tuple[str, int]], stream_over: int) -> Iterator[tuple[B
 
 
 def source_batches(store: Store, root: Location, files: list[tuple[str, int]], *, stream_over: int,
-                   pool: cf.Executor, progress: Progress, connections: int
+                   pool: cf.Executor, progress: Progress, connections: int, first: cf.Executor | None = None
                    ) -> Iterator[tuple[Batch, list[tuple[bytes, str]] | None]]:
     """Runs of files in order with their (bytes, sha256), read ahead on ``pool`` within a bounded
     window of READ_AHEAD_BYTES; a file over ``stream_over`` comes alone, with None: the writer
-    streams it in ranges. ``connections``: requests in flight per batch (``_read_batch``)."""
+    streams it in ranges. ``connections``: requests in flight per batch (``_read_batch``).
+    ``first``: a pool of one thread that reads the runs one after another until SLOW_READS of
+    them in a row waited on their storage (``waits_on_storage``), and ``pool`` from then on:
+    local files in the page cache are read faster by one thread than by eight (which take turns
+    holding the GIL for each system call), files on a slow or remote filesystem faster by eight.
+    (In a row: a run read in the page cache now and then takes 50-90 ms, not 2, waiting for the
+    GIL that the encoder and the part senders hold.)"""
     window: collections.deque = collections.deque()
     ahead = 0
     todo = _batches(files, stream_over)
+    reading = first or pool
+    slow = 0   # runs in a row that waited on their storage
     try:
         while True:
             while ahead < READ_AHEAD_BYTES and len(window) < READ_AHEAD_BATCHES:   # tiny files: by count too
@@ -197,8 +222,8 @@ def source_batches(store: Store, root: Location, files: list[tuple[str, int]], *
                 if item is None:
                     break
                 batch, stream = item
-                future = None if stream else pool.submit(_read_batch, store, root, batch, progress,
-                                                          connections)
+                future = None if stream else reading.submit(_read_batch, store, root, batch, progress,
+                                                             connections)
                 nbytes = 0 if stream else sum(size for _rel, size in batch)
                 window.append((batch, future, nbytes))
                 ahead += nbytes
@@ -206,7 +231,15 @@ def source_batches(store: Store, root: Location, files: list[tuple[str, int]], *
                 return
             batch, future, nbytes = window.popleft()
             ahead -= nbytes
-            yield batch, None if future is None else future.result()
+            if future is None:
+                yield batch, None
+                continue
+            read, seconds = future.result()
+            if reading is not pool:
+                slow = slow + 1 if waits_on_storage(seconds, len(batch), nbytes) else 0
+                if slow >= SLOW_READS:
+                    reading = pool   # (the runs already queued stay with the first reader)
+            yield batch, read
     finally:
         for _batch, future, _n in window:
             if future:
@@ -232,10 +265,11 @@ class ShardWriter:
 
     def __init__(self, fmt: ShardFormat, *, src: Store, src_root: Location, dst: Store, dst_root: Location,
                  prefix: str, part_size: int, progress: Progress, read_pool: cf.Executor,
-                 read_connections: int):
+                 read_connections: int, first_read_pool: cf.Executor | None = None):
         self.fmt, self.src, self.src_root, self.dst, self.dst_root = fmt, src, src_root, dst, dst_root
         self.prefix, self.part_size = prefix, part_size
         self.progress, self.read_pool, self.read_connections = progress, read_pool, read_connections
+        self.first_read_pool = first_read_pool   # (source_batches' ``first``)
 
     def write(self, name: str, files: Iterable[tuple[str, int]]) -> dict[str, Any]:
         """The shard, and its file list streamed beside it: each file's line is written as soon
@@ -277,7 +311,8 @@ class ShardWriter:
         placed: collections.deque[tuple[str, str]] = collections.deque()   # (rel, sha) the format has not placed yet
         auditing = self.progress.auditing()   # a line per file packed, at -v
         for batch, read in source_batches(self.src, self.src_root, files, stream_over=stream_over,
-                                          pool=self.read_pool, progress=self.progress,
+                                          pool=self.read_pool, first=self.first_read_pool,
+                                          progress=self.progress,
                                           connections=self.read_connections):
             if read is None:
                 (rel, size), = batch

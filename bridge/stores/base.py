@@ -149,6 +149,19 @@ class ObjectInfo:
     # for ``ls -l`` and the age filters (bridge/filters.py). Never part of the identity.
     modified: float | None = None
 
+    @classmethod
+    def listed(cls, location: Location, size: int, identity: dict[str, str], modified: float | None) -> ObjectInfo:
+        """``cls(location, size, identity=identity, modified=modified)``, made without the frozen
+        dataclass's ``__init__`` (one ``object.__setattr__`` a field, and a call per default):
+        a local walk makes one a file (tests/test_local_walk.py: equal to the constructor's)."""
+        info = _new(cls)
+        info.__dict__.update(location=location, size=size, checksums={}, metadata={}, identity=identity,
+                             attrs=None, storage_class="", needs_restore=False, modified=modified)
+        return info
+
+
+_new = object.__new__
+
 
 def identity_changed(recorded: dict[str, str], seen: dict[str, str]) -> bool:
     """Whether ``seen`` names another version of the object than ``recorded``. Only the fields
@@ -254,6 +267,12 @@ class Store(abc.ABC):
         still in the CPU's cache). A retried request hands over again from ``pos`` 0. Returns the
         count of bytes, which may differ from ``length``: the caller checks. Here read() first."""
         return hand_over(self.read(loc, offset, length), len(buf), each)
+
+    def read_listed(self, root: Location, files: list[tuple[str, int]]) -> list[bytes]:
+        """The whole bytes of each (rel, size) under ``root``, one after another (a pack's run of
+        small files). A file's bytes may differ in length from its listed size (the caller
+        refuses that); one that grew may be read only to one byte past it. Here read() of each."""
+        return [self.read(root.join(rel)) for rel, _size in files]
 
     # True where read_many keeps several requests in flight from one thread: the engine then
     # hands it batches of small whole files (bridge.pipeline.units, "batch" units) instead of one per unit.

@@ -24,11 +24,12 @@ from bridge.attributes import Attrs, MetadataError
 from bridge.config import Settings
 from bridge.errors import BridgeError, ObjectNotFound, PermissionDenied
 from bridge.hashing import FileRegion, ShortRead, digest, file_reader
-from bridge.names import NAME_MAX, PARTIAL, TEMPORARY, check_local_path
-from bridge.stores.base import GiB, Features, ObjectInfo, PartRecord, Store
+from bridge.names import NAME_MAX, PARTIAL, TEMPORARY, check_local_path, local_join
+from bridge.stores.base import RESERVED, GiB, Features, ObjectInfo, PartRecord, Store
 from bridge.urls import Location
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+_READ = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 OLD_TEMP_AGE = 3600   # seconds: a temporary named without its writer is stale after this
 SHORT_NAME = 16       # hex digits of a long name's digest, in the names of its temporary files
 SIDECAR = ".parts"    # beside a partial file: its finished parts, one JSON line each
@@ -149,6 +150,30 @@ def _sorted_files(folder: str) -> Iterator[ObjectInfo]:
                 yield info
 
 
+def _walk_files(folder: str, rel: str, key: str, top: bool) -> Iterator[tuple[str, ObjectInfo]]:
+    """(relative path, info) of the files under ``folder`` (whose path relative to the walk's
+    root is ``rel``, and whose location key is ``key``: both "" or ending in "/"), as
+    _sorted_files lists them and Store.walk keeps them: bridge's reserved folder is skipped at
+    every depth, and a file of its name at the top (``is_reserved``)."""
+    with os.scandir(folder) as it:
+        entries = sorted(((entry.name + "/" if _is_folder(entry) else entry.name), entry) for entry in it)
+    listed = ObjectInfo.listed
+    for name, entry in entries:
+        if name.endswith("/"):
+            if name == RESERVED + "/":
+                continue
+            try:
+                yield from _walk_files(entry.path, rel + name, key + name, False)
+            except (FileNotFoundError, NotADirectoryError, PermissionError):
+                continue   # gone or closed since it was listed, as os.walk skips it
+        elif PARTIAL not in name and TEMPORARY not in name and not (top and name == RESERVED) and entry.is_file():
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            yield rel + name, listed(Location("file", "", key + name), st.st_size, _identity(st), st.st_mtime)
+
+
 def _is_folder(entry: os.DirEntry) -> bool:
     try:
         return entry.is_dir() and not entry.is_symlink()
@@ -173,6 +198,19 @@ class LocalStore(Store):
             return
         with _translate(prefix):
             yield from _sorted_files(root.rstrip("/") or "/")
+
+    def walk(self, prefix: Location) -> Iterator[tuple[str, ObjectInfo]]:
+        """Store.walk of a folder, in the same order with the same infos, each file's relative
+        path built as the folders are entered (not cut from its location) and bridge's folders
+        skipped whole: a third less time a file, which every local source of a copy, a pack or an
+        adoption pays (tests/test_local_walk.py compares the two)."""
+        root = prefix.as_prefix()
+        folder = root.local_path.rstrip("/") or "/"
+        if not os.path.isdir(folder):
+            yield from super().walk(prefix)
+            return
+        with _translate(root):
+            yield from _walk_files(folder, "", root.key, True)
 
     def list_level(self, prefix: Location) -> Iterator[ObjectInfo | Location]:
         """One scandir of the folder: its files, and its folders (not followed into)."""
@@ -211,6 +249,29 @@ class LocalStore(Store):
                 os.close(fd)
         except OSError as exc:
             raise _bridge_error(loc, exc) from exc
+
+    def read_listed(self, root: Location, files: list[tuple[str, int]]) -> list[bytes]:
+        """Each file by its path (open, one pread of its listed size and a byte more, close): no
+        Location, fstat or loop per file unless a read comes up short. 20,000 x 8 KiB read and
+        hashed in one thread took 0.29 s, where read() of each on a pool of eight took 0.8-1.2 s
+        (bench/notes/adopt-pack.md). A name that is not a plain relative path is refused, as
+        Location.join refuses it."""
+        base = root.as_prefix().key
+        out = []
+        for rel, size in files:
+            path = "/" + local_join(base, rel)
+            try:
+                fd = os.open(path, _READ)
+                try:
+                    data = os.pread(fd, size + 1, 0)
+                    if len(data) < size:   # (a filesystem that answers in pieces: on to the end)
+                        data += _pread_all(fd, len(data), 0, True)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise _bridge_error(root.join(rel), exc) from exc
+            out.append(data)
+        return out
 
     def read_through(self, loc: Location, offset: int, length: int, buf: bytearray, each) -> int:
         """Read into ``buf`` a piece at a time (Store.read_through): a part of a big local file
@@ -600,8 +661,7 @@ def _entry_info(entry: os.DirEntry) -> ObjectInfo | None:
         st = entry.stat()
     except FileNotFoundError:
         return None
-    return ObjectInfo(Location("file", "", entry.path.lstrip("/")), st.st_size, identity=_identity(st),
-                      modified=st.st_mtime)
+    return ObjectInfo.listed(Location("file", "", entry.path.lstrip("/")), st.st_size, _identity(st), st.st_mtime)
 
 
 def _identity(st: os.stat_result) -> dict[str, str]:
