@@ -31,9 +31,11 @@ BATCH_IN_FLIGHT = 64 * MiB   # a batch's bytes in flight at once, at most (batch
 PIECE = 256 * 1024
 # Threads that write a batch's files into a local destination beside the batch's event loop
 # (_read_into_files): the file system's calls release the GIL, so the writes and the requests
-# overlap. 2,000 x 16 KiB with sync, on two shared cores (bench/notes/speed.md): 4 took a median
-# 3.79 s against 4.39 s with 2 and 3.99 s with 8, six rotated rounds.
-FILE_WRITERS = 4
+# overlap; but each call's return waits for the GIL, so more threads take turns more than they
+# overlap. 2,000 x 16 KiB with sync from rclone serve s3 (bench/notes/speed.md), six rotated
+# rounds: on a machine at rest 2 took a median 2.21 s against 2.36 s with 4, faster in all six;
+# at a load of 10-15 (other benches) 4 had taken 3.79 s against 4.39 s with 2 and 3.99 s with 8.
+FILE_WRITERS = 2
 
 
 def _metadata(h: FileHash) -> dict[str, str]:
