@@ -232,7 +232,7 @@ def _check_file(rel: str, size: int, fmt: ShardFormat) -> None:
                             f"{fmt.max_file_size} bytes per file; use --format tar")
 
 
-def _samples(files: Iterable[tuple[str, str, int]], key: Any = None) -> Iterator[list[tuple[str, int]]]:
+def _samples(files: Iterable[tuple[str, str, int]], key: Any) -> Iterator[list[tuple[str, int]]]:
     """The (rel, size) of each sample's files, a list a sample, from (sample key, rel, size) in
     pack order; ``key``: a hash that takes each file's name and size as they pass (the job's key)."""
     group: list[tuple[str, int]] = []
@@ -244,13 +244,11 @@ def _samples(files: Iterable[tuple[str, str, int]], key: Any = None) -> Iterator
             group = []
         last_key = sample
         group.append((rel, size))
-        if key is not None:
-            names.append(f"\x00{rel}:{size}")
-            if len(names) >= 4096:
-                key.update("".join(names).encode())
-                names.clear()
-    if key is not None and names:
-        key.update("".join(names).encode())
+        names.append(f"\x00{rel}:{size}")
+        if len(names) >= 4096:
+            key.update("".join(names).encode())
+            names.clear()
+    key.update("".join(names).encode())
     if group:
         yield group
 

@@ -136,37 +136,31 @@ def _sorted_files(folder: str) -> Iterator[ObjectInfo]:
     contract): each folder's entries sorted by name, a subfolder as its name and "/" (so "a-b"
     and "a.b" come before the folder "a", and "a0" after it), one folder's names held at a
     time. Links to files are followed; links to folders are not (as os.walk does)."""
-    with os.scandir(folder) as it:
-        entries = sorted(((entry.name + "/" if _is_folder(entry) else entry.name), entry) for entry in it)
-    for key, entry in entries:
-        if key.endswith("/"):
-            try:
-                yield from _sorted_files(entry.path)
-            except (FileNotFoundError, NotADirectoryError, PermissionError):
-                continue   # gone or closed since it was listed, as os.walk skips it
-        elif PARTIAL not in key and TEMPORARY not in key and entry.is_file():
-            info = _entry_info(entry)
-            if info is not None:
-                yield info
+    key = folder.strip("/")
+    for _rel, info in _walk_files(folder, "", key + "/" if key else ""):
+        yield info
 
 
-def _walk_files(folder: str, rel: str, key: str, top: bool) -> Iterator[tuple[str, ObjectInfo]]:
-    """(relative path, info) of the files under ``folder`` (whose path relative to the walk's
-    root is ``rel``, and whose location key is ``key``: both "" or ending in "/"), as
-    _sorted_files lists them and Store.walk keeps them: bridge's reserved folder is skipped at
-    every depth, and a file of its name at the top (``is_reserved``)."""
+def _walk_files(folder: str, rel: str, key: str, walking: bool = False,
+                top: bool = True) -> Iterator[tuple[str, ObjectInfo]]:
+    """(relative path, info) of the files under ``folder``, as _sorted_files lists them:
+    ``rel`` is the folder's path relative to the walk's root and ``key`` its location key (both
+    "" or ending in "/"), each file's built from them as the folders are entered. ``walking``:
+    as Store.walk keeps them, bridge's reserved folder skipped at every depth and a file of its
+    name at the ``top`` (``is_reserved``)."""
     with os.scandir(folder) as it:
         entries = sorted(((entry.name + "/" if _is_folder(entry) else entry.name), entry) for entry in it)
     listed = ObjectInfo.listed
     for name, entry in entries:
         if name.endswith("/"):
-            if name == RESERVED + "/":
+            if walking and name == RESERVED + "/":
                 continue
             try:
-                yield from _walk_files(entry.path, rel + name, key + name, False)
+                yield from _walk_files(entry.path, rel + name, key + name, walking, False)
             except (FileNotFoundError, NotADirectoryError, PermissionError):
                 continue   # gone or closed since it was listed, as os.walk skips it
-        elif PARTIAL not in name and TEMPORARY not in name and not (top and name == RESERVED) and entry.is_file():
+        elif (PARTIAL not in name and TEMPORARY not in name and not (walking and top and name == RESERVED)
+              and entry.is_file()):
             try:
                 st = entry.stat()
             except FileNotFoundError:
@@ -210,7 +204,7 @@ class LocalStore(Store):
             yield from super().walk(prefix)
             return
         with _translate(root):
-            yield from _walk_files(folder, "", root.key, True)
+            yield from _walk_files(folder, "", root.key, walking=True)
 
     def list_level(self, prefix: Location) -> Iterator[ObjectInfo | Location]:
         """One scandir of the folder: its files, and its folders (not followed into)."""
