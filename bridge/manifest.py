@@ -362,14 +362,30 @@ def _read_doc(store: Store, loc: Location, *, must_exist: bool = True) -> dict |
 
 
 def _doc_entries(store: Store, root: Location, loc: Location, doc: dict) -> Iterator[dict]:
-    """A document's entries in path order, one shard in memory at a time."""
+    """A document's entries in path order, one shard decoded at a time. The shards' bytes are
+    read (and checked against their hashes) by a thread one or two shards ahead, so that a record
+    of many shards costs its reads' round trips beside the decoding, not between; the decoding
+    stays in the reader's thread (a second thread of Python work beside a sync's merge cost it
+    more CPU than it saved in waits: bench/notes/adopt-pack.md)."""
     if "files" in doc:
         files = doc["files"]
         if doc.get("version", 1) < 3:
             files = sorted(files, key=lambda e: e["path"])
         yield from files
         return
-    for shard in doc.get("file_shards", []):
+    shards = doc.get("file_shards", [])
+    bodies = _shard_bodies(store, root, loc, shards)
+    if len(shards) > 1:
+        from bridge import meter
+        bodies = meter.ahead(bodies, chunk=1, chunks=2)
+    loads = json.loads
+    for body in bodies:
+        for line in body.splitlines():
+            yield loads(line)
+
+
+def _shard_bodies(store: Store, root: Location, loc: Location, shards: list[dict]) -> Iterator[bytes]:
+    for shard in shards:
         where = root.join(shard["name"])
         try:
             body = store.read(where)
@@ -377,8 +393,7 @@ def _doc_entries(store: Store, root: Location, loc: Location, doc: dict) -> Iter
             raise _Vanished(str(where)) from None
         if hashlib.sha256(body).hexdigest() != shard["sha256"]:
             raise ManifestError(f"{where}: manifest shard does not match its hash (in {loc})")
-        for line in body.splitlines():
-            yield json.loads(line)
+        yield body
 
 
 @dataclass
@@ -419,8 +434,23 @@ class Record:
 
     def entries(self) -> Iterator[FileEntry]:
         """Every live entry in path order (the newest commit's, per path). May raise ManifestError
-        when a file of the record vanished under the reader (compactions faster than it reads)."""
+        when a file of the record vanished under the reader (compactions faster than it reads).
+        A record of one document that removes nothing (one commit, or a checkpoint alone) is
+        read without the merge: it has one entry a path, in path order."""
+        if len(self.sources) == 1 and not self.sources[0].doc.get("removed"):
+            return self._one_source(self.sources[0])
         return (entry for entry, _doc in self.entries_with_origin())
+
+    def _one_source(self, src: _Source) -> Iterator[FileEntry]:
+        from_dict, last = FileEntry.from_dict, None
+        try:
+            for entry in _doc_entries(self.store, self.root, src.loc, src.doc):
+                if entry["path"] != last:   # (as the merge keeps one entry a path)
+                    last = entry["path"]
+                    yield from_dict(entry)
+        except _Vanished as exc:
+            raise ManifestError(f"{exc}: part of the record at {self.root} was compacted away while "
+                                f"it was read; run the command again") from None
 
     def entries_with_origin(self) -> Iterator[tuple[FileEntry, str]]:
         """``entries()``, each with the document it was read from (``_bridge/log/c-….json``, a

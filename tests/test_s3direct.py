@@ -134,12 +134,16 @@ def test_the_signature_is_botocores(monkeypatch):
 
 
 def test_listing_is_the_sdks(s3, monkeypatch):
-    """Listed page by page (two objects a page here) with keys XML cannot carry as they are:
-    the same objects, sizes and identities as through the SDK."""
-    keys = ["list/a b.bin", "list/ü/名前.txt", "list/x+y%z.bin", "list/amp&lt.bin", "list/tab\tkey", "list/z"]
+    """Listed page by page (two objects a page here) with keys XML cannot carry as they are, and
+    (moto) archived objects: the same objects, sizes, identities, times and classes as through
+    the SDK."""
+    keys = ["list/a b.bin", "list/ü/名前.txt", "list/x+y%z.bin", "list/amp&lt.bin", "list/tab\tkey", "list/z",
+            "list/cold", "list/colder"]
+    classes = {"list/cold": "GLACIER", "list/colder": "STANDARD_IA"} if s3.name == "moto" else {}
     client = s3.client()
     for i, key in enumerate(keys):
-        client.put_object(Bucket="direct", Key=key, Body=os.urandom(10 + i))
+        client.put_object(Bucket="direct", Key=key, Body=os.urandom(10 + i),
+                          **({"StorageClass": classes[key]} if key in classes else {}))
     store = get_store(parse("s3://direct/"), settings_for(s3.env()))
     monkeypatch.setattr(store._direct, "page_size", 2)
     direct = sorted(store.list(parse("s3://direct/list/")), key=lambda o: o.location.key)
@@ -147,6 +151,8 @@ def test_listing_is_the_sdks(s3, monkeypatch):
     sdk = sorted(store.list(parse("s3://direct/list/")), key=lambda o: o.location.key)
     assert [o.location.key for o in direct] == sorted(keys)
     assert direct == sdk
+    assert {o.location.key: o.storage_class for o in direct if o.needs_restore} == \
+        ({"list/cold": "GLACIER"} if classes else {})
     with pytest.raises(BucketNotFound):
         list(get_store(parse("s3://direct/"), settings_for(s3.env())).list(parse("s3://no-such-bucket-here/x/")))
     with pytest.raises(BucketNotFound):

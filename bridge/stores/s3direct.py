@@ -653,12 +653,13 @@ class Direct:
                          "upload-id-marker": root.findtext(f"{ns}NextUploadIdMarker") or ""}
 
     def list_page(self, prefix: Location, token: str | None, from_code,
-                  level: bool = False) -> tuple[list[dict[str, str]], str | None]:
-        """One page of ListObjectsV2 under ``prefix`` (from ``token``): per object its Key, Size,
-        ETag and LastModified as the XML gives them, and the next page's token (None: the last).
+                  level: bool = False) -> tuple[tuple[list[tuple[str, str, str, str, str]], list[str]], str | None]:
+        """One page of ListObjectsV2 under ``prefix`` (from ``token``): per object (Key, Size,
+        ETag, LastModified, StorageClass) as the XML gives them, the common prefixes below it
+        (``level``: one level, delimiter "/"), and the next page's token (None: the last).
         Keys are asked for URL-encoded (a space comes back as "+"), and decoded as botocore
-        decodes them, so that any key survives XML. ``level``: one level (delimiter "/"), each
-        common prefix below it given as {"Prefix": ...} after the page's objects."""
+        decodes them, so that any key survives XML. Each object's fields are read in one pass
+        over its elements (a listed object costs this once: 20,000 of them are an adoption's)."""
         params = {"list-type": "2", "prefix": prefix.key, "encoding-type": "url"}
         if level:
             params["delimiter"] = "/"
@@ -668,23 +669,26 @@ class Direct:
             params["continuation-token"] = token
         root, ns = self._list_xml(prefix, params, from_code)
         encoded = root.findtext(f"{ns}EncodingType") == "url"
-        items = []
+        cut = len(ns)
+        objects = []
         for item in root.iterfind(f"{ns}Contents"):
-            key = item.findtext(f"{ns}Key", "")
-            items.append({"Key": unquote_plus(key) if encoded else key, "Size": item.findtext(f"{ns}Size", "0"),
-                          "ETag": item.findtext(f"{ns}ETag", ""),
-                          "LastModified": item.findtext(f"{ns}LastModified", ""),
-                          "StorageClass": item.findtext(f"{ns}StorageClass", "")})
+            fields = {child.tag[cut:]: child.text for child in item}
+            key = fields.get("Key") or ""
+            if encoded and ("%" in key or "+" in key):
+                key = unquote_plus(key)
+            objects.append((key, fields.get("Size") or "0", fields.get("ETag") or "",
+                            fields.get("LastModified") or "", fields.get("StorageClass") or ""))
+        prefixes = []
         for common in root.iterfind(f"{ns}CommonPrefixes"):
             key = common.findtext(f"{ns}Prefix", "")
-            items.append({"Prefix": unquote_plus(key) if encoded else key})
+            prefixes.append(unquote_plus(key) if encoded else key)
         following = root.findtext(f"{ns}NextContinuationToken")
         if root.findtext(f"{ns}IsTruncated") != "true":
-            return items, None
+            return (objects, prefixes), None
         if not following:
             raise BridgeError(f"{prefix}: the endpoint truncated the listing without saying where "
                               f"the next page starts")
-        return items, following
+        return (objects, prefixes), following
 
 
 # put_object's parameters that travel as headers of their own (Metadata goes as x-amz-meta-*).
