@@ -56,7 +56,12 @@ def prefix_end(prefix: bytes) -> bytes | None:
 
 def journal_at(state_dir: Path | str, key: str) -> FileJournal:
     """The journal of the job ``key`` in a state dir."""
-    return FileJournal(Path(state_dir) / "journal" / f"{key}.db")
+    return FileJournal(journal_at_path(state_dir, key))
+
+
+def journal_at_path(state_dir: Path | str, key: str) -> Path:
+    """Where ``journal_at`` keeps the journal of the job ``key`` (opening it makes it)."""
+    return Path(state_dir) / "journal" / f"{key}.db"
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))   # json.dumps(value, separators=...), made once

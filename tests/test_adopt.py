@@ -413,3 +413,34 @@ def test_adoption_starts_no_process_from_a_daemonic_one(maker):
     assert queue.get(timeout=60) is False
     child.join(60)
     assert adopting._can_fork() is (sys.platform == "linux")
+
+
+def test_a_sync_that_only_adopts_commits_as_the_journal_would_without_one(tmp_path):
+    """A plan with nothing to send and nothing to delete commits its adopted entries as the plan
+    holds them, and makes no journal; a journal a killed run of the same job left keeps the
+    journal's way. Both ways commit the same entries (each copy's own identity aside)."""
+    src = tmp_path / "src"
+    for i in range(300):
+        (src / f"d{i // 100}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i // 100}" / f"{i:04d}.bin").write_bytes(os.urandom(100 + i))
+    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state")})
+    records = {}
+    for name in ("direct", "journaled"):
+        shutil.copytree(src, tmp_path / name)
+        plan, counts = syncplan.plan_sync(f"{src}/", f"{tmp_path / name}/", settings)
+        assert counts["adopted"] == 300 and not plan.files
+        journal = executor.journal_path(plan, settings)
+        if name == "journaled":   # as a killed run leaves it
+            executor.journal_for(plan, settings).close()
+            assert journal.exists()
+        summary = executor.execute(plan, settings)
+        assert summary["ok"] and summary["units_done"] == summary["units_total"] == 1
+        assert not journal.exists()   # none made, or removed once committed
+        if name == "direct":
+            assert not journal.parent.exists()   # no journal was ever opened
+        dst = parse(f"{tmp_path / name}/")
+        records[name] = [{k: v for k, v in e.to_dict().items() if k != "identity"}
+                         for e in manifests.open_record(get_store(dst, settings), dst).entries()]
+        assert verifying.verify(f"{tmp_path / name}/", settings, deep=True)["ok"]
+    assert len(records["direct"]) == 300 and records["direct"] == records["journaled"]
+    assert all(e["adopted"] == "md5" and e["computed"] == ["crc32c", "sha256"] for e in records["direct"])
