@@ -55,15 +55,18 @@ def reported(store: Store | None, info: ObjectInfo, ask: bool = False) -> dict[s
     multipart upload) is asked for them (S3's checksums come with HEAD only). Never a value a
     client could have written: not an object's metadata (``bridge_crc32c``), not an Azure blob's
     Content-MD5, so an Azure blob reports none."""
-    if info.location.scheme in CLIENT_WRITTEN:
+    scheme = info.location.scheme
+    if scheme in CLIENT_WRITTEN:
         return {}
-    sums = dict(info.checksums)
-    etag = info.identity.get("etag", "").lower()
-    if info.location.scheme == "s3" and _MD5.match(etag):
-        sums.setdefault("md5", etag)          # a one-request upload's ETag is its MD5
-    elif ask and info.location.scheme == "s3" and not sums:
-        sums = dict(store.info(info.location).checksums)
-    return {k: v.lower() for k, v in sums.items() if k in ORDER and v}
+    sums = info.checksums
+    if scheme == "s3":
+        etag = info.identity.get("etag", "").lower()
+        if _MD5.match(etag):
+            sums = {**sums}
+            sums.setdefault("md5", etag)          # a one-request upload's ETag is its MD5
+        elif ask and not sums:
+            sums = store.info(info.location).checksums
+    return {k: v.lower() for k, v in sums.items() if k in ORDER and v} if sums else {}
 
 
 def digest(store: Store, info: ObjectInfo, names: tuple[str, ...]) -> dict[str, str]:

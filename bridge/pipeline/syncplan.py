@@ -3,6 +3,7 @@ record merged in path order; only what is new, changed or no longer matches is p
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import contextlib
 from typing import Any
@@ -98,7 +99,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
 
     files = FileList(where=spill_dir(settings))
     deletions: list[str] = []
-    window: list[tuple[str, Any, Any]] = []
+    window: collections.deque[tuple[str, Any, Any]] = collections.deque()
     # what planning asked of the stores, for the estimate (bridge.policies.cost.usage): listings' lengths and
     # the record's documents and shards read
     listed = {"source": 0, "destination": 0,
@@ -106,7 +107,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
 
     def settle(limit: int) -> None:
         while len(window) > limit:
-            rel, info, verdict = window.pop(0)
+            rel, info, verdict = window.popleft()
             if isinstance(verdict, cf.Future):
                 verdict = verdict.result()
             elif isinstance(verdict, _Prefetched):
