@@ -613,3 +613,62 @@ def test_a_timestamp_is_the_same_utc_second_whatever_form_it_came_in():
             datetime(2026, 12, 3, 8, 37, 22, 500000, tzinfo=tzoffset(None, -5 * 3600))]
     assert {utc_seconds(when) for when in same} == {"2026-12-03T13:37:22Z"}
     assert utc_seconds(datetime(2027, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1)))) == "2026-12-31T23:30:00Z"
+
+
+FAN_KEYS = ["a!b", "a-b/x", "a.txt", "a/", "a/1", "a/2/3", "a0", "b/_bridge/x", "b/y", "_bridge/log/c.json",
+            "_bridgeX", "ü/名前", "z z/q", "c//d", "d/e/f/g", "d/e/h"]
+
+
+def test_a_walk_lists_its_sub_prefixes_at_once_and_gives_the_listings_order(s3, monkeypatch):
+    """S3Store.walk (bridge/stores/fanout.py) lists each sub-prefix of the top level by itself,
+    several at once, and gives what the plain walk gives, in its order: names that sort around a
+    folder's ("a!b", "a-b/", "a.txt", "a/", "a0"), a folder's own marker object, bridge's
+    reserved folder at the top and deeper, a double slash, names XML cannot carry; two objects
+    a page. Under a lone folder it fans out one level down. (rclone serve s3 keeps objects as files:
+    no folder marker there, no double slash.)"""
+    from bridge.stores.base import Store
+    keys = FAN_KEYS if s3.name == "moto" else [k for k in FAN_KEYS if k not in ("a/", "c//d")]
+    client = s3.client()
+    for root in ("fan/", "lone/data/"):
+        for key in keys:
+            client.put_object(Bucket="direct", Key=root + key, Body=key.encode())
+    store = get_store(parse("s3://direct/"), settings_for(s3.env()))
+    monkeypatch.setattr(store._direct, "page_size", 2)
+    listed: list[str] = []
+    whole = store._direct_list
+    monkeypatch.setattr(store, "_direct_list", lambda prefix, level=False: (listed.append(prefix.key), whole(prefix, level))[1])
+    for root in ("fan/", "lone/"):
+        listed.clear()
+        fanned = list(store.walk(parse(f"s3://direct/{root}")))
+        subs = list(listed)
+        plain = list(Store.walk(store, parse(f"s3://direct/{root}")))
+        assert fanned == plain
+        assert [rel for rel, _info in fanned] == sorted(rel for rel, _info in plain)
+        under = "data/" if root == "lone/" else ""
+        assert [rel for rel, _ in fanned] == [under + k for k in sorted(keys) if not k.startswith("_bridge/")
+                                              and "/_bridge/" not in k]
+        assert sorted(subs) == sorted(f"{root}{under}{sub}" for sub in ("a-b/", "a/", "b/", "z z/", "ü/", "d/",
+                                                                         *(["c/"] if "c//d" in keys else [])))
+
+
+def test_a_fanned_walk_refuses_a_listing_out_of_order():
+    """A sub-prefix's listing that is not in key order fails the walk where it breaks: a sync's
+    merge that trusted it could take an object for missing and delete it."""
+    from bridge.errors import BridgeError
+    from bridge.stores import fanout
+    from bridge.stores.base import ObjectInfo
+    from bridge.urls import Location
+
+    def info(key):
+        return ObjectInfo(Location("s3", "b", key), 1)
+
+    def level(prefix):
+        return iter([info("r/a"), Location("s3", "b", "r/m/"), Location("s3", "b", "r/n/")])
+
+    def listing(prefix):
+        return iter([info("r/m/2"), info("r/m/1")] if prefix.key == "r/m/" else [info("r/n/1")])
+
+    walked = fanout.fanned_walk(Location("s3", "b", "r/"), level, listing)
+    assert next(walked)[0] == "a" and next(walked)[0] == "m/2"
+    with pytest.raises(BridgeError, match="not in order"):
+        next(walked)
