@@ -205,78 +205,54 @@ def ahead(items: Iterable[T], chunk: int = 500, chunks: int = 8) -> Iterator[T]:
     counts in this meter), up to ``chunks`` chunks of ``chunk`` ahead of the consumer: a listing
     fetched while what it gave is judged, not between. An error in the thread is raised here,
     where the next item would have come; a consumer that stops early stops the thread (at its
-    next chunk, and the iterator is closed there). The thread starts at the first item asked
-    for (``Ahead``: at once)."""
-    with Ahead(items, chunk, chunks) as made:
-        yield from made
+    next chunk, and the iterator is closed there)."""
+    import queue
+    import threading
+    handed: queue.Queue = queue.Queue(maxsize=chunks)
+    stop = threading.Event()
+    done = object()
 
-
-class Ahead:
-    """``ahead``'s thread, started when made: iterate it for the items; ``close()`` (or leaving
-    its ``with``) stops the thread, whether or not anything was asked of it. Several of them let
-    one consumer have several streams made at once (bridge/stores/fanout.py)."""
-
-    def __init__(self, items: Iterable[T], chunk: int = 500, chunks: int = 8) -> None:
-        import queue
-        self._handed: queue.Queue = queue.Queue(maxsize=chunks)
-        self._stop = threading.Event()
-        self._done = object()
-        self._chunk = chunk
-        self._items = items
-        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._make,), daemon=True,
-                                        name="ahead")
-        self._thread.start()
-
-    def _hand(self, item: Any) -> bool:
-        import queue
-        while not self._stop.is_set():
+    def hand(item: Any) -> bool:
+        while not stop.is_set():
             try:
-                self._handed.put(item, timeout=0.2)
+                handed.put(item, timeout=0.2)
                 return True
             except queue.Full:
                 continue
         return False
 
-    def _make(self) -> None:
-        source = iter(self._items)
+    def make() -> None:
+        source = iter(items)
         try:
             piece: list = []
             for item in source:
                 piece.append(item)
-                if len(piece) >= self._chunk:
-                    if not self._hand(piece):
+                if len(piece) >= chunk:
+                    if not hand(piece):
                         return
                     piece = []
-            if piece and not self._hand(piece):
+            if piece and not hand(piece):
                 return
-            self._hand(self._done)
+            hand(done)
         except BaseException as exc:   # raised again in the consumer's thread
-            self._hand(exc)
+            hand(exc)
         finally:
             close = getattr(source, "close", None)
             if close is not None:
                 close()
 
-    def __iter__(self) -> Iterator[T]:
-        try:
-            while True:
-                got = self._handed.get()
-                if got is self._done:
-                    return
-                if isinstance(got, BaseException):
-                    raise got
-                yield from got
-        finally:
-            self._stop.set()
-
-    def close(self) -> None:
-        self._stop.set()
-
-    def __enter__(self) -> Ahead:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    thread = threading.Thread(target=contextvars.copy_context().run, args=(make,), daemon=True, name="ahead")
+    thread.start()
+    try:
+        while True:
+            got = handed.get()
+            if got is done:
+                return
+            if isinstance(got, BaseException):
+                raise got
+            yield from got
+    finally:
+        stop.set()
 
 
 def carried(fn: Callable[..., T]) -> Callable[..., T]:

@@ -27,7 +27,6 @@ from bridge.errors import (BridgeError, BucketNotFound, ClockSkewed, Credentials
                            IntegrityError, ObjectNotFound, PermissionDenied, TransientError, Unsupported)
 from bridge.hashing import crc_hex
 from bridge.retry import call_with_retries
-from bridge.stores import fanout
 from bridge.stores.base import (DELETES_PER_REQUEST, put_args, raise_refused_deletions, GiB, MiB, BufferReader, Features, ObjectInfo, PartRecord, Store, crc_b64_to_hex,
                                 crc_hex_to_b64, is_reserved, utc_seconds)
 from bridge.urls import Location
@@ -259,27 +258,6 @@ class S3Store(Store):
                 yield Location("s3", prefix.bucket, common["Prefix"])
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
-                return
-
-    def walk(self, prefix: Location) -> Iterator[tuple[str, ObjectInfo]]:
-        """Store.walk, its sub-prefixes listed at once (bridge/stores/fanout.py) where the
-        direct path lists: each page of a listing is a round trip, and pages follow tokens."""
-        if self._direct is None:
-            yield from super().walk(prefix)
-            return
-        yield from fanout.fanned_walk(prefix.as_prefix(), self._direct_level, self._direct_list)
-
-    def _direct_level(self, prefix: Location) -> Iterator[ObjectInfo | Location]:
-        """One level under ``prefix`` (delimiter "/"), in key order: each page's objects and
-        sub-prefixes merged."""
-        token = None
-        made = _Lister(prefix.bucket)
-        while True:
-            (objects, prefixes), token = self._request(
-                prefix, lambda: self._direct.list_page(prefix, token, _from_code, True))
-            yield from fanout.in_key_order([made(*item) for item in objects],
-                                           [Location("s3", prefix.bucket, key) for key in prefixes])
-            if token is None:
                 return
 
     def _direct_list(self, prefix: Location, level: bool = False) -> Iterator[ObjectInfo | Location]:
