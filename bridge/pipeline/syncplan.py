@@ -126,7 +126,7 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
         # each listing made by a thread of its own, ahead of the merge: a page is fetched while
         # the objects of the last are judged, not between. The record is decoded here, its
         # shards read ahead (Record.entries): a third thread of Python work beside these cost a
-        # no-op sync of 20,000 files more CPU in turns for the GIL than it saved (notes/speed.md)
+        # no-op sync of 20,000 files more CPU in turns for the GIL than it saved (bench/notes/adopt-pack.md)
         entries = iter(()) if record is None else record.entries() if part is None else \
             (e for e in record.entries() if part.holds(e.path))
         present = filtering.walk(dst_store, dst_root, filters, progress.saw if progress else None) if part is None \
