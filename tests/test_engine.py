@@ -83,6 +83,33 @@ def test_manifest_shards_for_large_corpora(tmp_path, emulator_env, monkeypatch):
     assert again.files == files
 
 
+def test_a_sharded_record_reads_its_shards_ahead_and_fails_on_one_changed_or_gone(tmp_path, emulator_env,
+                                                                                   monkeypatch):
+    """A record of one commit in three shards is read as written, its shards read ahead of the
+    decoding by a thread (manifest._doc_entries); a reader that stops early leaves; a shard whose
+    bytes no longer match its hash, or that is gone (a compaction under the reader), fails the
+    read with one line, raised where the entries are read."""
+    from bridge.errors import ManifestError
+    store = get_store(parse(f"{tmp_path}/"), settings_for(emulator_env))
+    files = {f"f{i:05d}": manifests.FileEntry(f"f{i:05d}", i, "00000000", "0" * 64) for i in range(25)}
+    monkeypatch.setattr(manifests, "SHARD_ENTRIES", 10)
+    manifests.write(store, parse(f"{tmp_path}/"), manifests.Manifest("src", "dst", files))
+    record = manifests.open_record(store, parse(f"{tmp_path}/"))
+    assert [e.path for e in record.entries()] == sorted(files)
+    first = record.entries()
+    assert [next(first).path for _ in range(3)] == ["f00000", "f00001", "f00002"]
+    first.close()
+    [shard_dir] = (tmp_path / "_bridge/seg").iterdir()
+    second = shard_dir / "000001.jsonl"
+    body = second.read_bytes()
+    second.write_bytes(body.replace(b'"f00012"', b'"f00012x"'))
+    with pytest.raises(ManifestError, match="does not match its hash"):
+        list(manifests.open_record(store, parse(f"{tmp_path}/")).entries())
+    second.unlink()
+    with pytest.raises(ManifestError, match="compacted away"):
+        list(manifests.open_record(store, parse(f"{tmp_path}/")).entries())
+
+
 @pytest.mark.parametrize("scheme", ["local", "s3", "gs", "az"])
 def test_verify_passes_then_names_the_corrupted_file(scheme, make_root, emulator_for, emulator_env, tmp_path):
     files = make_tree(tmp_path / "src")
