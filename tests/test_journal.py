@@ -109,3 +109,30 @@ def test_an_encoded_value_is_stored_as_its_text_and_reads_back_as_its_value(tmp_
     assert journal.get("file:a") == entry and journal.get("file:b") == "plain text"
     assert dict(journal.raw_items("file:")) == {"file:a": str(text), "file:b": '"plain text"'}
     assert encode(text) is text and encode("x") == '"x"'
+
+
+def test_a_record_is_encoded_as_json_dumps_writes_it():
+    """``encode`` (the C encoder made once, not at each call) writes the very text
+    ``json.dumps(value, separators=(",", ":"))`` writes: nested containers, names no ASCII can
+    carry, quotes and control characters, numbers of every kind, keys that are not strings; and
+    refuses what JSON cannot hold, as json.dumps does."""
+    import json
+    import math
+
+    import pytest
+
+    from bridge.journal import encode
+    values = [
+        {"path": "a b/ü\"q\\\n\t\x01.bin", "size": 2**70, "parts": [], "computed": ["crc32c", "sha256"],
+         "reported": {"md5": "00" * 16}, "identity": {}, "ratio": 0.1, "neg": -3, "big": 1e300,
+         "flags": [True, False, None], "nested": {"x": [{"y": [1, 2.5, "z"]}]}, "名前": "\U0001F600"},
+        {1: "int key", 2.5: "float key", True: "bool key", None: "none key"},
+        [], {}, [[[]]], "a string", 7, 2.0, None, True, float("nan"), float("inf"),
+    ]
+    for value in values:
+        assert encode(value) == json.dumps(value, separators=(",", ":"))
+    with pytest.raises(TypeError):
+        encode({"at": object()})
+    with pytest.raises(TypeError):
+        encode({("a", "tuple"): 1})
+    assert math.isnan(json.loads(encode([float("nan")]))[0])
