@@ -136,7 +136,10 @@ class Progress:
 
     def judged(self, rel: str, verdict: str, size: int) -> None:
         """A sync's verdict on a file it does not send: adopted (equal already, committed
-        without copying) at -v, unchanged at -vv."""
+        without copying) at -v, unchanged at -vv. (Asked of every file a sync judges: nothing
+        to do unless an audit is asked for; such a file ran no unit, so no retries wait for it.)"""
+        if not self.audit:
+            return
         if verdict == "adopted":
             self.said("adopted", rel, size, why="equal already: committed without copying")
         elif verdict == "unchanged":
