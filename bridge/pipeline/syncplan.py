@@ -194,7 +194,11 @@ def _merged(objects, entries, present, listed: dict[str, int]):
     objects each listing gave."""
     src, ent, dst = next(objects, None), next(entries, None), next(present, None)
     while src is not None or ent is not None or dst is not None:
-        path = min(p for p in (src and src[0], ent and ent.path, dst and dst[0]) if p is not None)
+        path = src[0] if src is not None else None   # the least of the three (a comparison each, not min())
+        if ent is not None and (path is None or ent.path < path):
+            path = ent.path
+        if dst is not None and (path is None or dst[0] < path):
+            path = dst[0]
         row_src = src[1] if src is not None and src[0] == path else None
         row_ent = ent if ent is not None and ent.path == path else None
         row_dst = dst[1] if dst is not None and dst[0] == path else None
