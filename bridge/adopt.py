@@ -32,6 +32,7 @@ from bridge.stores.base import ObjectInfo, Store
 
 ORDER = ("md5", "crc64nvme", "crc32c", "crc32")   # strongest first
 COMPUTABLE = ("md5", "crc32c", "crc32")            # what bridge can hash a local file's bytes with
+_COMPUTABLE = frozenset(COMPUTABLE)
 _MD5 = re.compile(r"[0-9a-f]{32}\Z")
 
 
@@ -98,7 +99,7 @@ def offline(src: ObjectInfo, dst: ObjectInfo) -> bool:
         return True
     if not src.location.is_local or src.size > INLINE_BYTES:
         return False
-    return dst.location.is_local or any(name in COMPUTABLE for name in reported(None, dst))
+    return dst.location.is_local or not _COMPUTABLE.isdisjoint(reported(None, dst))
 
 
 def common(src_sums: dict[str, str], dst_sums: dict[str, str], src_local: bool, dst_local: bool) -> str | None:
@@ -164,8 +165,8 @@ def _entry(rel: str, src: ObjectInfo, dst: ObjectInfo, dst_sums: dict[str, str],
     the source's version it was found equal to (``source_id``), as a copy records the version it
     read: while both listings show those versions, a later sync passes the object at no request
     (without it, every sync read each adopted object of a cloud source to hash it again)."""
-    computed = [h for h in ("crc32c", "sha256") if h in src_sums and (src.location.is_local or both_read
-                                                                      or "sha256" in src_sums)]
+    read = src.location.is_local or both_read or "sha256" in src_sums   # (the same for both names)
+    computed = [h for h in ("crc32c", "sha256") if h in src_sums] if read else []
     note = f"adopted: equal to its source by {'reading both' if by == 'deep' else by.upper()}"
     return FileEntry(rel, dst.size, src_sums.get("crc32c", ""), src_sums.get("sha256", ""),
                      computed=computed, reported=dict(dst_sums), identity=dict(dst.identity), note=note,
