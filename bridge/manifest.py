@@ -231,6 +231,12 @@ class RawEntry:
         return cls(path, int(size.group(1)), text) if size else None
 
 
+def entry_of(text: str) -> RawEntry | FileEntry:
+    """An entry held as its JSON text (a journal's record, a plan's adopted entry): committed as
+    that text where it is one line of the usual form (``RawEntry``), else decoded."""
+    return RawEntry.of(text) or FileEntry.from_dict(json.loads(text))
+
+
 _scanstring = json.decoder.scanstring
 _SIZE = re.compile(r',"size":(\d+),')
 
@@ -449,8 +455,11 @@ class Record:
                     last = entry["path"]
                     yield from_dict(entry)
         except _Vanished as exc:
-            raise ManifestError(f"{exc}: part of the record at {self.root} was compacted away while "
-                                f"it was read; run the command again") from None
+            raise self._compacted(exc) from None
+
+    def _compacted(self, exc: _Vanished) -> ManifestError:
+        return ManifestError(f"{exc}: part of the record at {self.root} was compacted away while "
+                             f"it was read; run the command again")
 
     def entries_with_origin(self) -> Iterator[tuple[FileEntry, str]]:
         """``entries()``, each with the document it was read from (``_bridge/log/c-….json``, a
@@ -464,8 +473,7 @@ class Record:
                 if entry is not None:
                     yield FileEntry.from_dict(entry), self.sources[-rank].loc.relative_to(self.root)
         except _Vanished as exc:
-            raise ManifestError(f"{exc}: part of the record at {self.root} was compacted away while "
-                                f"it was read; run the command again") from None
+            raise self._compacted(exc) from None
 
 
 def _legacy_extra(doc: dict) -> dict:

@@ -4,13 +4,12 @@ that the commit names them beside what the job wrote."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from bridge import jobs
 from bridge.journal import Journal
-from bridge.manifest import FileEntry, RawEntry
+from bridge.manifest import FileEntry, RawEntry, entry_of
 from bridge.pipeline.plan import Entries
 
 
@@ -43,7 +42,7 @@ def journaled_entries(journal: Journal, counted: list[int] | None = None) -> Ite
     for _key, raw in journal.raw_items("file:"):
         if counted is not None:
             counted[0] += 1
-        yield RawEntry.of(raw) or FileEntry.from_dict(json.loads(raw))
+        yield entry_of(raw)
 
 
 def finalize(ctx: jobs.Context, unit: dict) -> dict:

@@ -8,7 +8,6 @@ import collections
 import concurrent.futures as cf
 import contextlib
 import gc
-import json
 import math
 import threading
 from collections.abc import Iterator
@@ -323,16 +322,14 @@ def _commit_adopted(plan: Plan, settings: Settings, progress: Progress) -> dict[
     progress.begin("copying")
     progress.plan(plan.bytes, plan.unit_count())
 
-    def entries() -> Iterator[manifests.RawEntry | manifests.FileEntry]:
-        for _path, text in plan.adopted.encoded():
-            yield manifests.RawEntry.of(text) or manifests.FileEntry.from_dict(json.loads(text))
-
-    with meter.metering(meter.current() or meter.Meter()):
-        where = jobs.commit(dst, dst_root, plan.source, plan.destination, entries())
+    metered = meter.current() or meter.Meter()   # (the summary's: what the commit asked of the store)
+    with meter.metering(metered):
+        where = jobs.commit(dst, dst_root, plan.source, plan.destination,
+                            (manifests.entry_of(text) for _path, text in plan.adopted.encoded()))
     progress.unit_finished(True)
     return {"source": plan.source, "destination": plan.destination, "files": 0, "bytes": 0, "ok": True,
             "errors": [], **progress.snapshot(), "route": routes.report(plan, {}, 0, {}), "manifest": where,
-            "metered": (meter.current() or meter.Meter()).to_dict()}
+            "metered": metered.to_dict()}
 
 
 def _quiet_gc() -> None:
