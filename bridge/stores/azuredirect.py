@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import http.client
 import re
 import threading
@@ -53,6 +52,7 @@ from urllib.parse import quote, unquote, urlsplit
 
 from bridge.config import AzureSettings, Settings
 from bridge.errors import BridgeError, BucketNotFound, IntegrityError, ObjectNotFound, TransientError
+from bridge.hashing import hmac_sha256
 from bridge import bwlimit, meter
 from bridge.stores.base import kept_connection, receive, tls_context
 from bridge.urls import Location
@@ -136,7 +136,7 @@ class SharedKey:
                                                             key=_service_order))
         resource = f"/{self.account}{path}" + "".join(f"\n{k.lower()}:{v}" for k, v in sorted(query.items()))
         to_sign = f"{method}\n{standard}{ms}{resource}"
-        signature = base64.b64encode(hmac.digest(self._key, to_sign.encode(), "sha256")).decode()
+        signature = base64.b64encode(hmac_sha256(self._key, to_sign.encode())).decode()
         headers["Authorization"] = f"SharedKey {self.account}:{signature}"
 
 

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import http.client
 import re
 import ssl
@@ -58,6 +57,7 @@ from urllib.parse import quote, unquote_plus, urlsplit
 from bridge import bwlimit, meter
 from bridge.config import Settings
 from bridge.errors import BadURL, BridgeError, TransientError
+from bridge.hashing import hmac_sha256
 from bridge.stores.base import kept_connection, receive, tls_context
 from bridge.urls import Location
 
@@ -770,9 +770,9 @@ class SigV4:
     def _key_for(self, day: str, secret: str) -> bytes:
         derived = self._derived
         if derived[0] != day or derived[1] != secret:
-            k = hmac.digest(("AWS4" + secret).encode(), day.encode(), "sha256")
+            k = hmac_sha256(("AWS4" + secret).encode(), day.encode())
             for part in (self.region, "s3", "aws4_request"):
-                k = hmac.digest(k, part.encode(), "sha256")
+                k = hmac_sha256(k, part.encode())
             derived = self._derived = (day, secret, k)
         return derived[2]
 
@@ -805,7 +805,7 @@ class SigV4:
         canonical = "\n".join((method, path, query, "".join(f"{k}:{v}\n" for k, v in signed), names, payload))
         scope = f"{day}/{self.region}/s3/aws4_request"
         to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-        signature = hmac.digest(self._key_for(day, secret), to_sign.encode(), "sha256").hex()
+        signature = hmac_sha256(self._key_for(day, secret), to_sign.encode()).hex()
         headers["Authorization"] = (f"AWS4-HMAC-SHA256 Credential={key}/{scope}, "
                                     f"SignedHeaders={names}, Signature={signature}")
 
@@ -826,5 +826,5 @@ class SigV4:
         query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(params.items()))
         canonical = "\n".join((method, path, query, f"host:{host}\n", "host", "UNSIGNED-PAYLOAD"))
         to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-        signature = hmac.digest(self._key_for(day, secret), to_sign.encode(), "sha256").hex()
+        signature = hmac_sha256(self._key_for(day, secret), to_sign.encode()).hex()
         return f"{query}&X-Amz-Signature={signature}"
