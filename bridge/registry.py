@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import json
-from importlib import metadata
 from typing import Any, Callable
 from urllib.parse import unquote, urlparse
 
@@ -21,6 +20,7 @@ def install_hint(extra: str) -> str:
     for a clone installed editable, ``pip install 'PATH[extra]'`` for one installed from a folder
     or a wheel file. Otherwise both forms: the distribution is on no package index, so a bare
     ``pip install 'cloud-artifact-bridge[extra]'`` would install nothing, or whoever took the name."""
+    from importlib import metadata   # (imported here: at the top it cost every command 20 ms of start-up)
     records = (dist.read_text("direct_url.json") for dist in metadata.distributions(name=DISTRIBUTION))
     try:   # a clone's own *.egg-info (no record) may come first on the path
         origin = json.loads(next((text for text in records if text), "{}"))
