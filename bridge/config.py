@@ -468,21 +468,8 @@ def _not_empty(value: str | None, what: str) -> str | None:
     return value
 
 
-def default_concurrency() -> int:
-    """Units in flight when nothing says: two for each core this process may run on, at most
-    eight. A part in flight is a thread that receives, hashes and writes; past two a core they
-    only took turns for the GIL and the CPU. On two cores, 512 MiB from S3 over HTTPS took a
-    median 1.27 s with four parts in flight, 1.52 s with eight (1.40 s of CPU against 1.76 s),
-    three and six in between (bench/notes/speed.md); a machine of four cores or more keeps eight."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):   # (no affinity on macOS and Windows)
-        cores = os.cpu_count() or 4
-    return max(2, min(8, 2 * cores))
-
-
 class TransferSettings(_Model):
-    concurrency: int = Field(default_concurrency(), ge=1, le=256)
+    concurrency: int = Field(8, ge=1, le=256)
     # Requests in flight for small whole files, which go in batches on one event loop (one
     # connection each): a small object's time is mostly the endpoint's latency, so eight in flight
     # left a copy waiting on the network (2,000 x 16 KiB over a 20 ms round trip: 6.6 s at 8,

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.config import (S3Settings, SecretStr, Settings, TransferSettings, default_concurrency, load_settings,
-                           parse_size)
+from bridge.config import S3Settings, SecretStr, Settings, TransferSettings, load_settings, parse_size
 from bridge.errors import InvalidOption
 from bridge.urls import parse
 from bridge.errors import BadURL
@@ -26,24 +25,8 @@ def test_order_defaults_file_env_flags(tmp_path):
     assert load_settings(profile="dr", config_path=cfg, environ={}).s3.region == "us-west-2"
 
 
-@pytest.mark.parametrize("cores, expected", [(1, 2), (2, 4), (3, 6), (4, 8), (64, 8)])
-def test_the_default_concurrency_is_two_units_a_core_at_most_eight(monkeypatch, cores, expected):
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)), raising=False)
-    assert default_concurrency() == expected
-
-
-def test_the_default_concurrency_counts_the_cores_this_process_may_use_else_all(monkeypatch):
-    def unavailable(pid):
-        raise OSError("no affinity here")
-    monkeypatch.setattr("os.sched_getaffinity", unavailable, raising=False)
-    monkeypatch.setattr("os.cpu_count", lambda: 3)
-    assert default_concurrency() == 6
-    monkeypatch.setattr("os.cpu_count", lambda: None)   # unknown: as if four
-    assert default_concurrency() == 8
-
-
 def test_missing_file_is_fine_unless_named(tmp_path):
-    assert load_settings(environ={"XDG_CONFIG_HOME": str(tmp_path)}).transfer.concurrency == default_concurrency()
+    assert load_settings(environ={"XDG_CONFIG_HOME": str(tmp_path)}).transfer.concurrency == 8
     with pytest.raises(InvalidOption, match="does not exist"):
         load_settings(config_path=tmp_path / "nope.yaml", environ={})
 
@@ -128,7 +111,7 @@ def test_the_environment_and_yaml_are_coerced_to_the_fields_types(tmp_path):
 
 
 def test_settings_built_from_keywords_are_checked():
-    assert TransferSettings().concurrency == default_concurrency() and S3Settings(endpoint_url="http://x").endpoint_url == "http://x"
+    assert TransferSettings().concurrency == 8 and S3Settings(endpoint_url="http://x").endpoint_url == "http://x"
     with pytest.raises(InvalidOption, match=r"^invalid setting bogus: unknown setting$"):
         TransferSettings(bogus=1)
     with pytest.raises(InvalidOption, match=r"^invalid setting transfer\.chunk_size: chunk size 0 must be at least 1 byte$"):

@@ -113,7 +113,8 @@ def test_packing_small_files_far_away_reads_each_batch_with_requests_in_flight_o
         env = {**server.env(), "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
         assert ops.copy(f"{src}/", "s3://corpus/in/", settings_for(env))["ok"]
         with LatencyProxy(server.port, 0.005) as proxy:
-            far = settings_for({**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}, concurrency=8)
+            far = settings_for({**env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"})
+            assert far.transfer.concurrency == 8
             summary = job.pack("s3://corpus/in/", f"{tmp_path / 'shards'}/", far, state_dir=tmp_path / "pack")
     assert summary["files"] == count
     # 8 threads with 8 requests in flight each (one thread's blocking reads: at most 8 and a few)

@@ -38,7 +38,7 @@ def print_findings(report: dict, kinds: tuple[str, ...]) -> None:
             out.print(f"{kind:<11} {shown(path)}{why}", markup=False)
 
 
-def concurrency_opt(help: str = "Units (files or parts) in flight at once [default: two a core, at most 8]."):
+def concurrency_opt(help: str = "Units (files or parts) in flight at once."):
     return Annotated[Optional[int], typer.Option("--concurrency", "-j", metavar="N", min=1, max=256, help=help)]
 
 
