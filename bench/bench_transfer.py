@@ -65,9 +65,12 @@ def byte_compile(*trees: Path) -> None:
     """Byte-compile bridge's packages in each checkout ``trees`` (this one when none is given), so
     that it runs from its bytecode as a wheel's install does: with PYTHONDONTWRITEBYTECODE set (as
     on this machine) a source checkout compiles its modules again in every run (~50 ms of a
-    small copy, more for the service's submitter, which imports more of them)."""
+    small copy, more for the service's submitter, which imports more of them). A tree named on
+    ``$PYTHONPATH`` (bench/README.md: bridge run from a ``git archive`` of a commit) is compiled
+    too: left out, its bridge compiled itself in every run beside a compiled ``--before``."""
     import compileall
-    for tree in trees or (Path(__file__).resolve().parent.parent,):
+    on_path = [Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for tree in [*(trees or (Path(__file__).resolve().parent.parent,)), *on_path]:
         for package in ("bridge", "policies", "workers"):
             if (tree / package).is_dir():
                 compileall.compile_dir(str(tree / package), quiet=1)
