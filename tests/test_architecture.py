@@ -58,7 +58,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("job model", ("bridge.jobs",)),
     ("choose", ("bridge.routes", "bridge.routes.")),
     ("usage", ("bridge.policies.cost.usage",)),
-    ("plan", ("bridge.pipeline", "bridge.pipeline.plan", "bridge.pipeline.syncplan")),
+    ("plan", ("bridge.pipeline", "bridge.pipeline.plan", "bridge.pipeline.forkplan", "bridge.pipeline.syncplan")),
     ("price", ("bridge.pricing", "bridge.policies", "bridge.policies.")),
     ("units", ("bridge.pipeline.units",)),
     ("commit", ("bridge.pipeline.commit",)),

@@ -186,9 +186,13 @@ class Entries:
 
     def append(self, entry: dict | FileEntry) -> None:
         if isinstance(entry, FileEntry):
-            row = (entry.path, encode(entry.to_dict()))
+            self.append_encoded(entry.path, encode(entry.to_dict()))
         else:
-            row = (entry["path"], encode(entry))
+            self.append_encoded(entry["path"], encode(entry))
+
+    def append_encoded(self, path: str, text: str) -> None:
+        """An entry already encoded (``encoded``'s text, as another process's plan gave it)."""
+        row = (path, text)
         if self._rows is not None:
             self._rows.append(row)
             return

@@ -61,7 +61,14 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     An object there that the record does not name (or with no record at all) is adopted when equal
     to its source (bridge/adopt.py; ``adopt``: checksum, deep or off). ``filters`` apply to both
     sides, as in rclone: a file they leave out is neither sent nor deleted. ``part``: only the
-    paths of one part of the prefixes (bridge.pipeline.parts), on both sides and in the record."""
+    paths of one part of the prefixes (bridge.pipeline.parts), on both sides and in the record.
+    A large local folder is planned by parts in processes of their own (bridge.pipeline.forkplan)."""
+    if part is None:
+        from bridge.pipeline.forkplan import plan_sync_split
+        split = plan_sync_split(plan_sync, source, destination, settings, delete=delete, chunk_size=chunk_size, adopt=adopt,
+                                filters=filters, progress=progress)
+        if split is not None:
+            return split
     if part is None:
         src_root, dst_root, objects, single = resolve(source, destination, settings, filters, listing_to(progress))
     else:

@@ -1,0 +1,324 @@
+"""A sync of a large local folder planned by several processes at once, one part of its folders each.
+
+Planning a sync is Python work for every file: the local walk, the destination's listing, the
+record, the merge, and for another tool's copy the hashing and judging of each file (bridge/adopt.py).
+In one process those threads take turns for one GIL: 20,000 files adopted took 1.2 s of planning
+on two cores, one of them mostly idle (bench/notes/adopt-pack.md). Here the folder is split by its
+top-level folders, as the service splits a job's listing among workers (bridge.pipeline.parts),
+and each part is planned by ``plan_sync`` itself (``part=``) in a process of its own, forked, so
+that its result is exactly the plan of the paths it holds. What the parts found is merged back in
+path order: the files to send, the adopted entries (their JSON text as the part encoded it), the
+deletions, the counts, the listing's lengths and the requests each part sent (``meter``).
+
+When: the source is a local folder whose top level holds two folders or more, and at least
+``MIN_ENTRIES`` entries one level below (a smaller sync's fork would cost more than it saves), as
+many a folder as make each part's listings no longer than one of the whole (``_big_enough``);
+Linux, not a daemonic process (a Celery prefork worker's: ``adopt._can_fork``), and
+``transfer.plan_processes`` (0: one a core, at most ``MAX_PROCESSES``) above 1. Otherwise None,
+and the sync is planned in this process as before.
+
+Each process writes what it found to files this process opened (and unlinked) before forking,
+so a killed run leaves nothing on disk, and a million adopted entries go through no pipe and sit
+in no list; it says only how it went (counts, errors, progress) through a pipe of its own. A part
+that fails raises its error here (the first part's, in path order); a process that dies without
+a word fails the plan, naming its exit code; ^C here ends them all.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import pickle
+import signal
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from bridge import meter
+from bridge.config import Settings
+from bridge.errors import BridgeError
+from bridge.filters import Filters
+from bridge.journal import job_key
+from bridge.pipeline.parts import Part, split, top_level
+from bridge.pipeline.plan import Entries, FileList, Plan, batching, check_chunk_size, spill_dir
+from bridge.progress import Progress
+from bridge.stores import get_store
+from bridge.urls import parse
+
+MIN_ENTRIES = 4096     # entries one level below the top-level folders, at least, for a plan to be split
+MAX_PROCESSES = 4
+PAGE = 1000            # keys in a page of a store's listing (S3's, GCS's and Azure's most)
+CHUNK = 1000           # entries or files per pickled record of a part's output
+FLUSH_SECONDS = 0.2    # how often a part's progress reaches this process
+
+
+def processes_for(settings: Settings) -> int:
+    wanted = settings.transfer.plan_processes
+    return wanted if wanted else min(MAX_PROCESSES, os.cpu_count() or 1)
+
+
+def plan_sync_split(plan_part: Callable[..., tuple[Plan, dict[str, int]]], source: str, destination: str,
+                    settings: Settings, *, delete: bool, chunk_size: int | None, adopt: str, filters: Filters | None,
+                    progress: Progress | None) -> tuple[Plan, dict[str, int]] | None:
+    """The sync's plan made by parts in processes of their own, each by ``plan_part`` (syncplan's
+    ``plan_sync``, given ``part=``), or None where it is not split."""
+    from bridge.adopt import _can_fork
+    processes = processes_for(settings)
+    src = parse(source)
+    if processes < 2 or not src.is_local or not os.path.isdir(src.local_path) or not _can_fork():
+        return None
+    if filters is not None and filters.active and filters.prefix():
+        return None   # the listing starts in the one folder the filters reach: nothing to split
+    src, dst = src.as_prefix(), parse(destination).as_prefix()
+    src_store, dst_store = get_store(src, settings), get_store(dst, settings)
+    found = top_level(src_store, src)
+    if found is None or len(found[0]) < 2 or not _big_enough(src, found[0], processes):
+        return None
+    dst_store.check_bucket(dst)              # as resolve does, before any process starts
+    check_chunk_size(chunk_size, dst_store)
+    there: tuple[set[str], int, bool] | None = (set(), 0, False)
+    if delete:   # what only the destination has is found by the part that holds its folder
+        there = top_level(dst_store, dst)
+        if there is None:
+            return None
+    parts = split(found[0] | there[0], bool(found[1] or there[1]), processes, record=found[2])
+    if progress is not None:
+        progress.begin("planning")
+    outcomes = _run(parts, min(processes, len(parts)), progress,
+                    (plan_part, source, destination, settings, delete, chunk_size, adopt, filters))
+    try:
+        return _merged(outcomes, settings, src, dst, chunk_size, delete, filters)
+    finally:
+        for outcome in outcomes:
+            outcome["files"].close()
+            outcome["adopted"].close()
+
+
+def _big_enough(root, subs: set[str], processes: int) -> bool:
+    """Whether the top-level folders hold ``MIN_ENTRIES`` entries or more between them, counted
+    one level down, and enough a folder that the parts' listings of a store, one LIST a page per
+    folder and each part's in turn, take no more round trips than one listing of the whole: at
+    least PAGE / (processes - 1) a folder (with 2 processes, a full page of 1,000 each)."""
+    need = max(MIN_ENTRIES, len(subs) * -(-PAGE // (processes - 1)))
+    seen = 0
+    for sub in sorted(subs):
+        try:
+            with os.scandir(os.path.join(root.local_path, sub)) as entries:
+                for _ in entries:
+                    seen += 1
+                    if seen >= need:
+                        return True
+        except OSError:
+            continue
+    return False
+
+
+def _run(parts: list[Part], processes: int, progress: Progress | None, job: tuple) -> list[dict[str, Any]]:
+    """Each part planned in one of ``processes`` forked processes (part i by process i mod n);
+    what each part found, in the parts' order."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+    ctx = multiprocessing.get_context("fork")
+    outputs = [(tempfile.TemporaryFile(dir=_output_dir(job[3])), tempfile.TemporaryFile(dir=_output_dir(job[3])))
+               for _ in parts]
+    audit = bool(progress is not None and getattr(progress, "audit", False))
+    children, readers = [], {}
+    try:
+        for n in range(processes):
+            mine = list(range(n, len(parts), processes))
+            reader, writer = ctx.Pipe(duplex=False)
+            child = ctx.Process(target=_child, daemon=True, name=f"mcbridge-plan-{n}",
+                                args=(writer, [(i, parts[i], outputs[i]) for i in mine], job, audit))
+            child.start()
+            writer.close()
+            children.append(child)
+            readers[reader] = child
+        done: dict[int, dict[str, Any]] = {}
+        failed: dict[int, tuple[bytes | None, str]] = {}
+        while readers:   # a pipe ends when its process does, after all it sent
+            for ready in wait(list(readers)):
+                try:
+                    _heard(ready.recv(), progress, done, failed)
+                except EOFError:
+                    readers.pop(ready).join()
+        for child in children:
+            child.join()
+        if failed:
+            index = min(failed)
+            raised, text = failed[index]
+            if raised is not None:
+                raise pickle.loads(raised)
+            raise BridgeError(text)
+        missing = [i for i in range(len(parts)) if i not in done]
+        if missing:
+            codes = ", ".join(str(c.exitcode) for c in children if c.exitcode)
+            raise BridgeError(f"planning the sync: a planning process ended without its part "
+                              f"(exit code {codes or 'unknown'}); run the same command again")
+        return [{**done[i], "files": outputs[i][0], "adopted": outputs[i][1]} for i in range(len(parts))]
+    except BaseException:
+        for child in children:
+            if child.exitcode is None:
+                child.terminate()
+        for child in children:
+            child.join()
+        for files, adopted in outputs:
+            files.close()
+            adopted.close()
+        raise
+
+
+def _output_dir(settings: Settings) -> str:
+    folder = spill_dir(settings)
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder)
+
+
+def _heard(message: tuple, progress: Progress | None, done: dict, failed: dict) -> None:
+    kind = message[0]
+    if kind == "progress":
+        _, listed, checked, judged = message
+        if progress is not None:
+            if listed:
+                progress.saw(listed)
+            for _ in range(checked):
+                progress.checked()
+            for rel, verdict, size in judged:
+                progress.judged(rel, verdict, size)
+    elif kind == "done":
+        done[message[1]] = message[2]
+    else:
+        failed[message[1]] = (message[2], message[3])
+
+
+class _Relay:
+    """A part's progress, said to the planning parent a batch at a time (``FLUSH_SECONDS``); the
+    per-file verdicts only when the parent's progress audits them (-v)."""
+
+    def __init__(self, conn, audit: bool) -> None:
+        self.conn, self.audit = conn, audit
+        self.listed = self.checks = 0
+        self.judgements: list[tuple[str, str, int]] = []
+        self.last = time.monotonic()
+
+    def begin(self, phase: str) -> None:
+        pass
+
+    def saw(self, objects: int) -> None:
+        self.listed += objects
+        self._maybe()
+
+    def checked(self, nbytes: int = 0) -> None:
+        self.checks += 1
+        self._maybe()
+
+    def judged(self, rel: str, verdict: str, size: int) -> None:
+        if self.audit and verdict in ("adopted", "unchanged"):
+            self.judgements.append((rel, verdict, size))
+
+    def _maybe(self) -> None:
+        now = time.monotonic()
+        if now - self.last >= FLUSH_SECONDS:
+            self.last = now
+            self.flush()
+
+    def flush(self) -> None:
+        if self.listed or self.checks or self.judgements:
+            self.conn.send(("progress", self.listed, self.checks, self.judgements))
+            self.listed = self.checks = 0
+            self.judgements = []
+
+
+def _child(conn, mine: list[tuple[int, Part, tuple]], job: tuple, audit: bool) -> None:
+    """A planning process: its parts planned in turn, each one's output written to its files."""
+    from bridge import stores
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # a ^C reaches the parent, which ends this one
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    stores._cache.clear()                           # no connection shared with the parent
+    plan_sync, source, destination, settings, delete, chunk_size, adopt, filters = job
+    relay = _Relay(conn, audit)
+    for index, part, (files_out, adopted_out) in mine:
+        try:
+            with meter.metering(meter.Meter()) as counted:
+                plan, counts = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size,
+                                         adopt=adopt, filters=filters, progress=relay, part=part)
+            _dump(files_out, plan.files)
+            _dump(adopted_out, ((path, str(text)) for path, text in plan.adopted.encoded()))
+            relay.flush()
+            conn.send(("done", index, {"counts": counts, "listed": plan.listed, "deletions": plan.deletions,
+                                       "source": plan.source, "destination": plan.destination, "key": plan.key,
+                                       "requests": counted.to_fields()}))
+            plan.files.close()
+            plan.adopted.close()
+        except BaseException as exc:   # said to the parent, which raises it (or its text)
+            relay.flush()
+            conn.send(("error", index, _picklable(exc), f"{exc}" or type(exc).__name__))
+            break
+    conn.close()
+
+
+def _picklable(exc: BaseException) -> bytes | None:
+    try:
+        raised = pickle.dumps(exc)
+        pickle.loads(raised)
+        return raised
+    except Exception:
+        return None
+
+
+def _dump(out, items) -> None:
+    chunk: list = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) >= CHUNK:
+            pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
+            chunk = []
+    if chunk:
+        pickle.dump(chunk, out, protocol=pickle.HIGHEST_PROTOCOL)
+    out.flush()
+
+
+def _load(out) -> Iterator:
+    out.seek(0)
+    while True:
+        try:
+            chunk = pickle.load(out)
+        except EOFError:
+            return
+        yield from chunk
+
+
+def _merged(outcomes: list[dict[str, Any]], settings: Settings, src, dst, chunk_size: int | None, delete: bool,
+            filters: Filters | None) -> tuple[Plan, dict[str, int]]:
+    source, destination = str(src), str(dst)
+    key = job_key("sync", source, destination, chunk_size, delete,
+                  *((filters.key(),) if filters is not None and filters.active else ()))
+    for outcome in outcomes:
+        if (outcome["source"], outcome["destination"], outcome["key"]) != (source, destination, key):
+            raise BridgeError(f"internal error: a part planned {outcome['source']} -> {outcome['destination']}, "
+                              f"not {source} -> {destination}")
+    files = FileList(where=spill_dir(settings))
+    files.extend(heapq.merge(*(_load(o["files"]) for o in outcomes), key=lambda f: f.rel))
+    adopted = Entries(where=spill_dir(settings))
+    for path, text in heapq.merge(*(_load(o["adopted"]) for o in outcomes), key=lambda e: e[0]):
+        adopted.append_encoded(path, text)
+    counts: Counter = Counter({"new": 0, "changed": 0, "repaired": 0, "unchanged": 0, "adopted": 0})
+    listed: Counter = Counter()
+    for outcome in outcomes:
+        counts.update(outcome["counts"])
+        listed.update(outcome["listed"])
+    deletions = list(heapq.merge(*(o["deletions"] for o in outcomes)))
+    if delete:
+        counts["deleted"] = len(deletions)
+    ran = meter.current()
+    if ran is not None:
+        for outcome in outcomes:
+            ran.add(meter.Meter.from_fields(outcome["requests"]))
+    plan = Plan(source, destination, None, files, deletions)
+    plan.listed = {"source": listed["source"], "destination": listed["destination"],
+                   "record_reads": listed["record_reads"]}
+    plan.adopted = adopted
+    plan.key = key
+    batching(plan, src, dst, settings)
+    return plan, dict(counts)

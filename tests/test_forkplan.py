@@ -1,0 +1,201 @@
+"""A sync of a large local folder planned by parts in forked processes (bridge/pipeline/forkplan.py):
+the same plan as one process makes, to the byte of every adopted entry; progress, requests and
+errors reach the command; a process that dies fails the plan; a small folder is not split.
+
+The thresholds (``MIN_ENTRIES``, ``PAGE``) are lowered here so that trees of a few hundred files
+split; the command-line test meets the real ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bridge import meter
+from bridge.adopt import _can_fork
+from bridge.errors import BridgeError, InvalidOption
+from bridge.pipeline import execute as executor
+from bridge.pipeline import forkplan
+from bridge.pipeline import syncplan
+from bridge.pipeline import verify as verifying
+from bridge.progress import Progress
+from bridge.urls import parse
+from tests.helpers import mcbridge, settings_for
+
+pytestmark = pytest.mark.skipif(not _can_fork(), reason="forks on Linux only")
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Three top-level folders (one two levels deep), files directly under the root between
+    their names, and names that sort around the folders' ('a.bin' < 'b/' < 'b.bin' < 'b0/')."""
+    files = {f"b/{i:03d}.bin": os.urandom(50 + i) for i in range(120)}
+    files.update({f"b0/deep/{i:03d}.bin": os.urandom(70 + i) for i in range(90)})
+    files.update({f"c/{i:03d}.bin": os.urandom(30 + i) for i in range(100)})
+    files.update({"a.bin": b"a" * 10, "b.bin": b"b" * 11, "z.bin": b"z" * 12})
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return files
+
+
+@pytest.fixture
+def low(monkeypatch):
+    """Every tree of these tests split; the runs of parts counted."""
+    monkeypatch.setattr(forkplan, "MIN_ENTRIES", 1)
+    monkeypatch.setattr(forkplan, "PAGE", 1)
+    runs: list[int] = []
+    real = forkplan._run
+
+    def counted(parts, processes, progress, job):
+        runs.append(processes)
+        return real(parts, processes, progress, job)
+
+    monkeypatch.setattr(forkplan, "_run", counted)
+    return runs
+
+
+def _plan(src: str, dst: str, settings, **kw):
+    progress = Progress()
+    with meter.metering(meter.Meter()) as counted:
+        plan, counts = syncplan.plan_sync(src, dst, settings, progress=progress, **kw)
+    return {"counts": counts, "files": [(f.rel, f.size, f.part_size, f.source_id) for f in plan.files],
+            "adopted": [(p, str(t)) for p, t in plan.adopted.encoded()], "deletions": list(plan.deletions),
+            "key": plan.key, "source": plan.source, "destination": plan.destination,
+            "listed": (plan.listed["source"], plan.listed["destination"]),
+            "progress": (progress.listed, progress.checks_done),
+            "lists": sum(row["requests"].get("LIST", 0) for row in counted.to_dict().values())}, plan
+
+
+@pytest.mark.parametrize("scheme", ["s3", "local"])
+def test_a_split_plan_is_the_plan_one_process_makes(scheme, low, make_root, moto, emulator_env, tmp_path):
+    """Onto another tool's copy (adopted, one file changed, one new, one only there) and again
+    onto bridge's own record (one file changed since): with two processes, exactly one
+    process's plan, adopted entries to the byte, in path order; it runs, and verifies."""
+    src = tmp_path / "src"
+    files = _tree(src)
+    dst = make_root(scheme) + "theirs/"
+    loc = parse(dst)
+    for rel, data in files.items():   # the other tool's copy
+        if scheme == "s3":
+            moto.client().put_object(Bucket=loc.bucket, Key=loc.key + rel, Body=data)
+        else:
+            (Path(loc.local_path) / rel).parent.mkdir(parents=True, exist_ok=True)
+            (Path(loc.local_path) / rel).write_bytes(data)
+    (src / "c/007.bin").write_bytes(bytes(b ^ 1 for b in files["c/007.bin"]))   # same size, other bytes
+    (src / "b0/deep/new.bin").write_bytes(b"new")
+    if scheme == "s3":
+        moto.client().put_object(Bucket=loc.bucket, Key=loc.key + "b/only-there.bin", Body=b"x")
+    else:
+        (Path(loc.local_path) / "b/only-there.bin").write_bytes(b"x")
+    one = settings_for({**emulator_env, "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PLAN_PROCESSES": "1"})
+    two = settings_for({**emulator_env, "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PLAN_PROCESSES": "2"})
+
+    alone, _ = _plan(f"{src}/", dst, one, delete=True)
+    assert low == []
+    split, plan = _plan(f"{src}/", dst, two, delete=True)
+    assert low == [2]
+    lists = (alone.pop("lists"), split.pop("lists"))
+    assert split == alone
+    assert split["counts"] == {"new": 1, "changed": 1, "repaired": 0, "unchanged": 0, "adopted": len(files) - 1,
+                               "deleted": 1}
+    assert [p for p, _ in split["adopted"]] == sorted(set(files) - {"c/007.bin"})
+    assert split["deletions"] == ["b/only-there.bin"]
+    if scheme == "s3":   # every part's listing counted in the command's meter: a LIST a folder at least
+        assert lists[1] >= 3 and lists[0] >= 1, lists
+    assert executor.execute(plan, two)["ok"]
+    assert verifying.verify(dst, two, deep=True)["ok"]
+
+    (src / "b/005.bin").write_bytes(b"changed since")   # now against bridge's own record
+    alone, _ = _plan(f"{src}/", dst, one)
+    split, _ = _plan(f"{src}/", dst, two)
+    alone.pop("lists"), split.pop("lists")
+    assert split == alone and low == [2, 2]
+    assert split["counts"]["changed"] == 1 and split["counts"]["unchanged"] == len(files)
+    assert split["files"][0][0] == "b/005.bin"
+
+
+def test_a_parts_error_is_the_error_one_process_raises(low, tmp_path):
+    """A destination inside its source: refused by the part that meets it, with the error one
+    process raises, and nothing is written there."""
+    src = tmp_path / "src"
+    _tree(src)
+    dst = f"{src}/c/inside/"
+    for processes in ("1", "2"):
+        settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PLAN_PROCESSES": processes,
+                                 "PATH": os.environ.get("PATH", "")})
+        with pytest.raises(InvalidOption, match="is the source .* or inside it") as raised:
+            syncplan.plan_sync(f"{src}/", dst, settings)
+        if processes == "1":
+            first = str(raised.value)
+        else:
+            assert str(raised.value) == first
+    assert low == [2] and not (src / "c/inside").exists()
+
+
+def _dies(*args, **kwargs):
+    os._exit(3)
+
+
+def test_a_planning_process_that_dies_fails_the_plan(low, tmp_path):
+    src = tmp_path / "src"
+    _tree(src)
+    (tmp_path / "dst").mkdir()
+    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PLAN_PROCESSES": "2",
+                             "PATH": os.environ.get("PATH", "")})
+    with pytest.raises(BridgeError, match=r"a planning process ended without its part \(exit code 3"):
+        forkplan.plan_sync_split(_dies, f"{src}/", f"{tmp_path}/dst/", settings, delete=False, chunk_size=None,
+                                 adopt="checksum", filters=None, progress=None)
+    assert list((tmp_path / "state" / "spill").iterdir()) == []   # the parts' output went with them
+
+
+def test_a_small_folder_or_one_process_is_not_split(tmp_path):
+    src = tmp_path / "src"
+    _tree(src)
+    (tmp_path / "dst").mkdir()
+    for processes in ("0", "1"):
+        settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PLAN_PROCESSES": processes,
+                                 "PATH": os.environ.get("PATH", "")})
+        assert forkplan.plan_sync_split(syncplan.plan_sync, f"{src}/", f"{tmp_path}/dst/", settings, delete=False, chunk_size=None,
+                                        adopt="checksum", filters=None, progress=None) is None
+
+
+def test_many_small_top_level_folders_are_not_split(monkeypatch, tmp_path):
+    """A folder a part would list per top-level folder: 400 folders of 12 files would be 400 LISTs
+    where 5 pages of 1,000 serve, so the plan stays in one process."""
+    monkeypatch.setattr(forkplan, "MIN_ENTRIES", 100)
+    src = tmp_path / "src"
+    for i in range(400):
+        (src / f"f{i:03d}").mkdir(parents=True)
+        for j in range(12):
+            (src / f"f{i:03d}" / f"{j}.bin").write_bytes(b"x")
+    (tmp_path / "dst").mkdir()
+    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PLAN_PROCESSES": "2",
+                             "PATH": os.environ.get("PATH", "")})
+    assert not forkplan._big_enough(parse(f"{src}/"), {f"f{i:03d}/" for i in range(400)}, 2)
+    assert forkplan.plan_sync_split(syncplan.plan_sync, f"{src}/", f"{tmp_path}/dst/", settings, delete=False, chunk_size=None,
+                                    adopt="checksum", filters=None, progress=None) is None
+    assert forkplan._big_enough(parse(f"{src}/"), {f"f{i:03d}/" for i in range(400)}, 100)
+
+
+def test_the_command_adopts_a_large_folder_planned_in_parts(tmp_path):
+    """At the real thresholds: two folders of 2,100 files each, copied by another tool (cp), are
+    adopted by ``mcbridge sync`` planned by two processes; -v says each adopted file, the
+    summary counts them, and ``verify`` checks them all."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    for folder in ("one", "two"):
+        (src / folder).mkdir(parents=True)
+        for i in range(2100):
+            (src / folder / f"{i:04d}.txt").write_bytes(f"{folder} {i}\n".encode())
+    shutil.copytree(src, dst)
+    env = {**os.environ, "MCBRIDGE_PLAN_PROCESSES": "2"}
+    r = mcbridge("sync", f"{src}/", f"{dst}/", "--json", "-v", env=env, state_dir=tmp_path / "state")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["reasons"]["adopted"] == 4200 and summary["sent"] == []
+    said = [line for line in r.stderr.splitlines() if "adopted" in line and ".txt" in line]
+    assert len(said) == 4200, r.stderr[-2000:]
+    v = mcbridge("verify", f"{dst}/", "--json", env=env, state_dir=tmp_path / "state")
+    assert v.returncode == 0 and json.loads(v.stdout)["checked"] == 4200, v.stdout + v.stderr
