@@ -7,8 +7,9 @@ on two cores, one of them mostly idle (bench/notes/adopt-pack.md). Here the fold
 top-level folders, as the service splits a job's listing among workers (bridge.pipeline.parts),
 and each part is planned by ``plan_sync`` itself (``part=``) in a process of its own, forked, so
 that its result is exactly the plan of the paths it holds. What the parts found is merged back in
-path order: the files to send, the adopted entries (their JSON text as the part encoded it), the
-deletions, the counts, the listing's lengths and the requests each part sent (``meter``).
+path order: the files to send, the deletions, the counts, the listing's lengths and the requests
+each part sent (``meter``); the adopted entries (their JSON text as the part encoded it) are read
+from the parts' files in path order each time the plan's ``adopted`` is read (``PartEntries``).
 
 When: the source is a local folder whose top level holds two folders or more, and at least
 ``MIN_ENTRIES`` entries one level below (a smaller sync's fork would cost more than it saves), as
@@ -19,7 +20,7 @@ and the sync is planned in this process as before.
 
 Each process writes what it found to files this process opened (and unlinked) before forking,
 so a killed run leaves nothing on disk, and a million adopted entries go through no pipe and sit
-in no list; it says only how it went (counts, errors, progress) through a pipe of its own. A part
+in no list (nor in a second copy: the plan reads them where the parts wrote them); it says only how it went (counts, errors, progress) through a pipe of its own. A part
 that fails raises its error here (the first part's, in path order); a process that dies without
 a word fails the plan, naming its exit code; ^C here ends them all.
 """
@@ -27,6 +28,7 @@ a word fails the plan, naming its exit code; ^C here ends them all.
 from __future__ import annotations
 
 import heapq
+import json
 import os
 import pickle
 import signal
@@ -40,7 +42,7 @@ from bridge import meter
 from bridge.config import Settings
 from bridge.errors import BridgeError
 from bridge.filters import Filters
-from bridge.journal import job_key
+from bridge.journal import Encoded, job_key
 from bridge.pipeline.parts import Part, split, top_level
 from bridge.pipeline.plan import Entries, FileList, Plan, batching, check_chunk_size, spill_dir
 from bridge.progress import Progress
@@ -90,10 +92,13 @@ def plan_sync_split(plan_part: Callable[..., tuple[Plan, dict[str, int]]], sourc
                     (plan_part, source, destination, settings, delete, chunk_size, adopt, filters))
     try:
         return _merged(outcomes, settings, src, dst, chunk_size, delete, filters)
+    except BaseException:
+        for outcome in outcomes:
+            outcome["adopted"].close()
+        raise
     finally:
         for outcome in outcomes:
             outcome["files"].close()
-            outcome["adopted"].close()
 
 
 def _big_enough(root, subs: set[str], processes: int) -> bool:
@@ -280,13 +285,48 @@ def _dump(out, items) -> None:
 
 
 def _load(out) -> Iterator:
-    out.seek(0)
-    while True:
-        try:
-            chunk = pickle.load(out)
-        except EOFError:
-            return
-        yield from chunk
+    """What ``_dump`` wrote to ``out``, read through a file of its own (its own offset: two
+    readings at once do not move each other's place)."""
+    with open(f"/proc/self/fd/{out.fileno()}", "rb") as own:
+        while True:
+            try:
+                chunk = pickle.load(own)
+            except EOFError:
+                return
+            yield from chunk
+
+
+class PartEntries(Entries):
+    """The parts' adopted entries, merged in path order each time they are read, from the files
+    the parts wrote them to (as the JSON text each part encoded): none copied, none held."""
+
+    def __init__(self, outputs: list, count: int):
+        super().__init__()
+        self._outputs, self._count = outputs, count
+
+    def append_encoded(self, path: str, text: str) -> None:
+        raise TypeError("the parts' adopted entries are read, not added to")
+
+    def encoded(self) -> Iterator[tuple[str, Encoded]]:
+        for path, text in heapq.merge(*(_load(out) for out in self._outputs), key=_first):
+            yield path, Encoded(text)
+
+    def __iter__(self) -> Iterator[dict]:
+        return (json.loads(text) for _path, text in self.encoded())
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __repr__(self) -> str:
+        return f"PartEntries({self._count})"
+
+    def close(self) -> None:
+        for out in self._outputs:
+            out.close()
+
+
+def _first(pair: tuple[str, str]) -> str:
+    return pair[0]
 
 
 def _merged(outcomes: list[dict[str, Any]], settings: Settings, src, dst, chunk_size: int | None, delete: bool,
@@ -300,9 +340,6 @@ def _merged(outcomes: list[dict[str, Any]], settings: Settings, src, dst, chunk_
                               f"not {source} -> {destination}")
     files = FileList(where=spill_dir(settings))
     files.extend(heapq.merge(*(_load(o["files"]) for o in outcomes), key=lambda f: f.rel))
-    adopted = Entries(where=spill_dir(settings))
-    for path, text in heapq.merge(*(_load(o["adopted"]) for o in outcomes), key=lambda e: e[0]):
-        adopted.append_encoded(path, text)
     counts: Counter = Counter({"new": 0, "changed": 0, "repaired": 0, "unchanged": 0, "adopted": 0})
     listed: Counter = Counter()
     for outcome in outcomes:
@@ -318,7 +355,7 @@ def _merged(outcomes: list[dict[str, Any]], settings: Settings, src, dst, chunk_
     plan = Plan(source, destination, None, files, deletions)
     plan.listed = {"source": listed["source"], "destination": listed["destination"],
                    "record_reads": listed["record_reads"]}
-    plan.adopted = adopted
+    plan.adopted = PartEntries([o["adopted"] for o in outcomes], counts["adopted"])
     plan.key = key
     batching(plan, src, dst, settings)
     return plan, dict(counts)
