@@ -92,6 +92,13 @@ class Limiter:
     def __init__(self, bucket: Bucket, sleep: Callable[[float], None] = time.sleep):
         self.bucket = bucket
         self._sleep = sleep
+        self.changeable = False   # whether a signal may set a limit while it runs (install_signal's file)
+
+    @property
+    def never_limits(self) -> bool:
+        """No limit now, and none a signal could set (no ``--bwlimit-file``): a job may then be
+        run by several processes, which one bucket could not pace."""
+        return not self.bucket.rate and not self.changeable
 
     @property
     def rate(self) -> int | None:
@@ -141,6 +148,7 @@ def install_signal(limiter: Limiter, configured: int | None, rate_file: Path | N
     bucket = limiter.bucket
     if not isinstance(bucket, TokenBucket) or threading.current_thread() is not threading.main_thread():
         return
+    limiter.changeable = rate_file is not None
     remembered = {"rate": configured}
     tell = said or (lambda _line: None)
 

@@ -477,8 +477,9 @@ class TransferSettings(_Model):
     # requests than ``concurrency`` (bridge.pipeline.units.batch_connections).
     small_files_in_flight: int = Field(64, ge=1, le=1024)
     # Processes that plan a sync of a large local folder at once, a part of its top-level
-    # folders each (bridge.pipeline.forkplan); 0: one a core, at most 4; 1: planned in one.
-    plan_processes: int = Field(0, ge=0, le=64)
+    # folders each (bridge.pipeline.forkplan), and that run a copy's batches of small files at
+    # once (bridge.pipeline.forkrun); 0: one a core, at most 4; 1: all in one process.
+    processes: int = Field(0, ge=0, le=64)
     # None: derived per store from its limits
     chunk_size: int | None = Field(None, before=_size_at_least_1("chunk size"))
     retries: int = Field(5, ge=0, le=20)
@@ -629,7 +630,7 @@ _ENV_MAP: dict[str, tuple[str, str]] = {
     "MCBRIDGE_POLL_INTERVAL": ("native", "poll_interval"),
     "MCBRIDGE_CONCURRENCY": ("transfer", "concurrency"),
     "MCBRIDGE_SMALL_FILES_IN_FLIGHT": ("transfer", "small_files_in_flight"),
-    "MCBRIDGE_PLAN_PROCESSES": ("transfer", "plan_processes"),
+    "MCBRIDGE_PROCESSES": ("transfer", "processes"),
     "MCBRIDGE_CHUNK_SIZE": ("transfer", "chunk_size"),
     "MCBRIDGE_STORE_CHECKSUMS": ("transfer", "store_checksums"),
     "MCBRIDGE_SHA256": ("transfer", "sha256"),

@@ -230,15 +230,18 @@ def failure(what: str, errors: list[str]) -> TransferFailed:
     return TransferFailed(f"{what} did not complete: {first}{more}; run it again to resume")
 
 
-def run(ctx: Context, units: Iterable[dict], journal: FileJournal, concurrency: int, what: str) -> dict[str, Any]:
+def run(ctx: Context, units: Iterable[dict], journal: FileJournal, concurrency: int, what: str,
+        executor: Any = None) -> dict[str, Any]:
     """A whole job in this process: prepare, the units, the finals; the journal is removed once
-    the job has committed, and kept (for the re-run to resume from) when it has not."""
+    the job has committed, and kept (for the re-run to resume from) when it has not. The units
+    run on a ``ThreadExecutor`` of ``concurrency`` threads, or on ``executor`` (one with its
+    ``run``: bridge.pipeline.forkrun's processes)."""
     try:
         if getattr(ctx, "dst_root", None) is not None:   # a record that cannot be kept where asked: before any byte
             manifests.record_home(ctx.dst, ctx.dst_root)
         with retry.reporting(lambda _exc: ctx.progress.retried()), meter.metering(meter.current() or ctx.meter):
             ctx.prepare()
-        outcome = ThreadExecutor(concurrency).run(ctx, units, ctx.finals())
+        outcome = (executor or ThreadExecutor(concurrency)).run(ctx, units, ctx.finals())
     except BaseException:
         ctx.close()
         journal.close()

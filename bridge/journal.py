@@ -217,6 +217,12 @@ class FileJournal:
         with self._lock:
             self._db.close()
 
+    def reopen(self) -> None:
+        """Connected again after ``close``: a process forked while none was open makes its own
+        connection, sharing none of SQLite's state with this one (bridge.pipeline.forkrun)."""
+        with self._lock:
+            self._db = self._open()
+
     def remove(self) -> None:
         """Closed and gone, with the files SQLite keeps beside it."""
         self.close()

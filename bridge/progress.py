@@ -206,6 +206,14 @@ class Progress:
         AUDIT.log(level, "%s %s%s", event, rel, f" ({detail})" if detail else "",
                   extra={"audit": {k: v for k, v in fields.items() if v is not None}})
 
+    def add(self, counts: dict[str, int]) -> None:
+        """Counts made elsewhere (a process running part of the job: bridge.pipeline.forkrun)
+        added to these: ``bytes_done``, ``files_done``, ``units_done``, ``retries`` ..."""
+        with self._lock:
+            for name, n in counts.items():
+                setattr(self, name, getattr(self, name) + n)
+        self._changed()
+
     def fell_back(self, files: int) -> None:
         with self._lock:
             self.fallbacks += files

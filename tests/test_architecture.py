@@ -62,7 +62,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("price", ("bridge.pricing", "bridge.policies", "bridge.policies.")),
     ("units", ("bridge.pipeline.units",)),
     ("commit", ("bridge.pipeline.commit",)),
-    ("executor", ("bridge.pipeline.execute",)),
+    ("executor", ("bridge.pipeline.forkrun", "bridge.pipeline.execute")),
     ("verify", ("bridge.pipeline.verify",)),
     # bridge.api: the commands as Python functions; the package re-exports them (``bridge.copy``).
     ("commands", ("bridge", "bridge.api", "bridge.pretrained", "bridge.ops", "bridge.treecheck", "bridge.objects", "bridge.packing.job", "bridge.packing.unpack",

@@ -90,8 +90,8 @@ def test_a_split_plan_is_the_plan_one_process_makes(scheme, low, make_root, moto
         moto.client().put_object(Bucket=loc.bucket, Key=loc.key + "b/only-there.bin", Body=b"x")
     else:
         (Path(loc.local_path) / "b/only-there.bin").write_bytes(b"x")
-    one = settings_for({**emulator_env, "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PLAN_PROCESSES": "1"})
-    two = settings_for({**emulator_env, "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PLAN_PROCESSES": "2"})
+    one = settings_for({**emulator_env, "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PROCESSES": "1"})
+    two = settings_for({**emulator_env, "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PROCESSES": "2"})
 
     alone, _ = _plan(f"{src}/", dst, one, delete=True)
     assert low == []
@@ -124,7 +124,7 @@ def test_a_parts_error_is_the_error_one_process_raises(low, tmp_path):
     _tree(src)
     dst = f"{src}/c/inside/"
     for processes in ("1", "2"):
-        settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PLAN_PROCESSES": processes,
+        settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PROCESSES": processes,
                                  "PATH": os.environ.get("PATH", "")})
         with pytest.raises(InvalidOption, match="is the source .* or inside it") as raised:
             syncplan.plan_sync(f"{src}/", dst, settings)
@@ -143,7 +143,7 @@ def test_a_planning_process_that_dies_fails_the_plan(low, tmp_path):
     src = tmp_path / "src"
     _tree(src)
     (tmp_path / "dst").mkdir()
-    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PLAN_PROCESSES": "2",
+    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PROCESSES": "2",
                              "PATH": os.environ.get("PATH", "")})
     with pytest.raises(BridgeError, match=r"a planning process ended without its part \(exit code 3"):
         forkplan.plan_sync_split(_dies, f"{src}/", f"{tmp_path}/dst/", settings, delete=False, chunk_size=None,
@@ -156,7 +156,7 @@ def test_a_small_folder_or_one_process_is_not_split(tmp_path):
     _tree(src)
     (tmp_path / "dst").mkdir()
     for processes in ("0", "1"):
-        settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PLAN_PROCESSES": processes,
+        settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PROCESSES": processes,
                                  "PATH": os.environ.get("PATH", "")})
         assert forkplan.plan_sync_split(syncplan.plan_sync, f"{src}/", f"{tmp_path}/dst/", settings, delete=False, chunk_size=None,
                                         adopt="checksum", filters=None, progress=None) is None
@@ -172,7 +172,7 @@ def test_many_small_top_level_folders_are_not_split(monkeypatch, tmp_path):
         for j in range(12):
             (src / f"f{i:03d}" / f"{j}.bin").write_bytes(b"x")
     (tmp_path / "dst").mkdir()
-    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PLAN_PROCESSES": "2",
+    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PROCESSES": "2",
                              "PATH": os.environ.get("PATH", "")})
     assert not forkplan._big_enough(parse(f"{src}/"), {f"f{i:03d}/" for i in range(400)}, 2)
     assert forkplan.plan_sync_split(syncplan.plan_sync, f"{src}/", f"{tmp_path}/dst/", settings, delete=False, chunk_size=None,
@@ -190,7 +190,7 @@ def test_the_command_adopts_a_large_folder_planned_in_parts(tmp_path):
         for i in range(2100):
             (src / folder / f"{i:04d}.txt").write_bytes(f"{folder} {i}\n".encode())
     shutil.copytree(src, dst)
-    env = {**os.environ, "MCBRIDGE_PLAN_PROCESSES": "2"}
+    env = {**os.environ, "MCBRIDGE_PROCESSES": "2"}
     r = mcbridge("sync", f"{src}/", f"{dst}/", "--json", "-v", env=env, state_dir=tmp_path / "state")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)

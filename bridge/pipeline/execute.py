@@ -358,9 +358,12 @@ def execute(plan: Plan, settings: Settings, progress: Progress | None = None,
     remote = getattr(routes.REGISTRY.get(plan.route), "remote", False)
     if remote:
         from bridge.routes.delegated import sigterm_cancels
+    from bridge.pipeline import forkrun   # small files' batches in processes of their own, where they pay
+    processes = 0 if remote else forkrun.forkable(plan, settings, progress)
     try:
         with (sigterm_cancels() if remote else contextlib.nullcontext()):
-            results = jobs.run(ctx, plan.units(), journal, settings.transfer.concurrency, "copy")
+            results = jobs.run(ctx, plan.units(), journal, settings.transfer.concurrency, "copy",
+                               forkrun.ForkedExecutor(processes) if processes else None)
     except (KeyboardInterrupt, JobCancelled) as exc:
         if not ctx.cancel_note:
             raise

@@ -15,7 +15,7 @@ When: the source is a local folder whose top level holds two folders or more, an
 ``MIN_ENTRIES`` entries one level below (a smaller sync's fork would cost more than it saves), as
 many a folder as make each part's listings no longer than one of the whole (``_big_enough``);
 Linux, not a daemonic process (a Celery prefork worker's: ``adopt._can_fork``), and
-``transfer.plan_processes`` (0: one a core, at most ``MAX_PROCESSES``) above 1. Otherwise None,
+``transfer.processes`` (0: one a core, at most ``MAX_PROCESSES``) above 1. Otherwise None,
 and the sync is planned in this process as before.
 
 Each process writes what it found to files this process opened (and unlinked) before forking,
@@ -57,7 +57,7 @@ FLUSH_SECONDS = 0.2    # how often a part's progress reaches this process
 
 
 def processes_for(settings: Settings) -> int:
-    wanted = settings.transfer.plan_processes
+    wanted = settings.transfer.processes
     return wanted if wanted else min(MAX_PROCESSES, os.cpu_count() or 1)
 
 
@@ -237,10 +237,7 @@ class _Relay:
 
 def _child(conn, mine: list[tuple[int, Part, tuple]], job: tuple, audit: bool) -> None:
     """A planning process: its parts planned in turn, each one's output written to its files."""
-    from bridge import stores
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # a ^C reaches the parent, which ends this one
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    stores._cache.clear()                           # no connection shared with the parent
+    forked_child()
     plan_sync, source, destination, settings, delete, chunk_size, adopt, filters = job
     relay = _Relay(conn, audit)
     for index, part, (files_out, adopted_out) in mine:
@@ -261,6 +258,16 @@ def _child(conn, mine: list[tuple[int, Part, tuple]], job: tuple, audit: bool) -
             conn.send(("error", index, _picklable(exc), f"{exc}" or type(exc).__name__))
             break
     conn.close()
+
+
+def forked_child() -> None:
+    """What a process forked to plan or run part of a job does first: a ^C reaches its parent,
+    which ends it (SIGTERM's default), and it makes stores of its own (no connection of the
+    parent's is shared)."""
+    from bridge import stores
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    stores._cache.clear()
 
 
 def _picklable(exc: BaseException) -> bytes | None:

@@ -163,6 +163,11 @@ class FileList:
             self._by_rel = {f.rel: f for f in reversed(self._held)}
         return self._by_rel.get(rel)
 
+    @property
+    def spilled(self) -> bool:
+        """Whether the files are on disk (an SQLite connection a forked process may not share)."""
+        return self._rows is not None
+
     def close(self) -> None:
         if self._rows is not None:
             self._rows.close()

@@ -1,0 +1,228 @@
+"""A copy of many small files run by several processes at once, a batch at a time each.
+
+Small files travel in batches, each on one event loop that keeps the job's requests in flight
+(bridge.pipeline.units ``batch``), one batch at a time: a second loop in the same process would
+take turns with the first for its GIL. Between the loop, the file writers (hashing, a temporary
+name, attributes, the journal's record) and the settling of what was written, one process spent
+about a core's worth of Python on 2,000 x 16 KiB while the second core waited (bench/notes/speed.md).
+Here the batches go to forked processes, each running them one at a time as the one process
+did, with its own stores (its own connections), its own connection to the job's journal (SQLite
+in WAL mode takes their transactions in turn) and its own settling: a file is journaled by the
+process that wrote it, once it is durable. The finals (the uploads to complete, the manifest)
+run here, after every process has ended, from the journal, exactly as after the thread pool.
+
+When: every unit of the plan is such a batch (no file sent in parts, no deletion, the direct
+route), there are two or more of them, the plan's files are held in memory (up to
+``plan.SPILL_FILES``: past that they are in an SQLite file whose connection a forked process may
+not use), no bandwidth limit is set (one limiter cannot span processes), on Linux outside a daemonic process (``adopt._can_fork``), and
+``transfer.processes`` allows two or more. The batches are handed out one at a time as each
+process asks, so a slow one holds back no other. What a process counts (bytes, files, units,
+retries) reaches this process's ``Progress`` as it goes, its requests this job's meter when it
+ends; -v's per-file lines are written by the process that moved the file. A failed batch fails
+the job as it would in one process (the others run on; an authentication or bucket error, or a
+store that stopped answering, stops them all); a process that dies without a word fails the
+job, naming its exit code; ^C here ends them all, and the journal keeps what they finished.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from bridge import jobs
+from bridge import meter
+from bridge.errors import BridgeError
+from bridge.journal import FileJournal
+from bridge.progress import Progress
+from bridge.redact import redact
+from bridge.pipeline.forkplan import forked_child, processes_for
+from bridge.pipeline.plan import Plan
+
+COUNTERS = ("bytes_done", "bytes_skipped", "bytes_through", "fallbacks", "units_done", "units_failed",
+            "files_done", "retries")
+FLUSH_SECONDS = 0.1
+
+
+def forkable(plan: Plan, settings, progress: Progress) -> int:
+    """How many processes run this plan's batches (0: it runs on the thread pool here)."""
+    from bridge.adopt import _can_fork
+    processes = processes_for(settings)
+    if processes < 2 or plan.route != "direct" or not plan.batch or plan.deletions or plan.files.multipart:
+        return 0
+    limiter = progress.limiter
+    if limiter is not None and not getattr(limiter, "never_limits", False):
+        return 0
+    if settings.transfer.bwlimit or plan.files.spilled or not _can_fork():
+        return 0
+    batches = plan.unit_count() - 1   # the finalize unit aside: every other unit is a batch
+    if batches < 2:
+        return 0
+    return min(processes, batches)
+
+
+class ForkedExecutor:
+    """``jobs.ThreadExecutor``'s ``run`` for a plan of batches only (``forkable``): the units in
+    ``processes`` forked processes, then the finals here."""
+
+    def __init__(self, processes: int):
+        self.processes = processes
+
+    def run(self, ctx, units: Iterable[dict], final: dict | list[dict] | None) -> jobs.Outcome:
+        import multiprocessing
+        from multiprocessing.connection import wait
+        mp = multiprocessing.get_context("fork")
+        pending = iter(units)
+        errors: list[str] = []
+        failed: set[str | None] = set()
+        stopped = False
+        tripped = ""
+        children, links = [], {}
+        spoke: set = set()   # the processes that said how they ended
+        ctx.journal.close()   # no connection open across the fork: each process opens its own
+        try:
+            for n in range(self.processes):
+                here, there = mp.Pipe()
+                child = mp.Process(target=_child, args=(there, ctx), daemon=True, name=f"mcbridge-batches-{n}")
+                child.start()
+                there.close()
+                children.append(child)
+                links[here] = child
+            running: dict[Any, dict | None] = {link: None for link in links}
+            for link in links:
+                stopped = self._hand(link, pending, failed, stopped, running)
+            ended: set = set()
+            while len(ended) < len(links):
+                for link in wait([link for link in links if link not in ended]):
+                    try:
+                        message = link.recv()
+                    except EOFError:   # it ended: after its last word, or without it
+                        ended.add(link)
+                        links[link].join()
+                        if link not in spoke:
+                            code = links[link].exitcode
+                            errors.append(f"a process running the small files' batches ended with exit code "
+                                          f"{code} before it was done; run it again to resume")
+                            stopped = True
+                        continue
+                    kind = message[0]
+                    if kind == "progress":
+                        ctx.progress.add(message[1])
+                    elif kind == "done":
+                        running[link] = None
+                        stopped = self._hand(link, pending, failed, stopped, running)
+                    elif kind == "failed":
+                        unit, text, fatal = running[link], message[1], message[2]
+                        running[link] = None
+                        group = jobs._group(unit) if unit is not None else None
+                        if group not in failed:
+                            errors.append(text)
+                        failed.add(group)
+                        stopped = stopped or fatal
+                        stopped = self._hand(link, pending, failed, stopped, running)
+                    elif kind == "end":
+                        spoke.add(link)
+                        _, settle_errors, fields, reason = message
+                        errors.extend(settle_errors)
+                        ctx.meter.add(meter.Meter.from_fields(fields))
+                        tripped = tripped or reason
+            for child in children:
+                child.join()
+        except BaseException:
+            ctx.journal.reopen()
+            cancelled = getattr(ctx, "cancelled", None)
+            if cancelled is not None:
+                cancelled.set()
+            for child in children:
+                if child.exitcode is None:
+                    child.terminate()
+            for child in children:
+                child.join()
+            raise
+        ctx.journal.reopen()   # what the processes journaled, for the finals
+        if tripped:
+            return jobs.Outcome(False, [tripped], {})
+        if errors or stopped:
+            return jobs.Outcome(False, errors or ["stopped"], {})
+        results: dict[str, Any] = {}
+        for unit in [final] if isinstance(final, dict) else final or []:
+            results.update(ctx.run_unit(unit))
+            ctx.progress.unit_finished(True)
+        return jobs.Outcome(True, [], results)
+
+    @staticmethod
+    def _hand(link, pending, failed: set, stopped: bool, running: dict) -> bool:
+        """The next unit to the process at ``link``, or None (no more: it settles and ends)."""
+        unit = None
+        while not stopped:
+            unit = next(pending, None)
+            if unit is None or jobs._group(unit) not in failed:
+                break
+        if stopped:
+            unit = None
+        running[link] = unit
+        link.send(unit)
+        return stopped
+
+
+class _Relay:
+    """A process's counts, sent to the parent's ``Progress`` at most every FLUSH_SECONDS."""
+
+    def __init__(self, link, progress: Progress):
+        self.link, self.progress = link, progress
+        self.sent = dict.fromkeys(COUNTERS, 0)
+        self.last = time.monotonic()
+
+    def __call__(self, _progress: Progress) -> None:
+        now = time.monotonic()
+        if now - self.last >= FLUSH_SECONDS:
+            self.last = now
+            self.flush()
+
+    def flush(self) -> None:
+        now = {name: getattr(self.progress, name) for name in COUNTERS}
+        delta = {name: value - self.sent[name] for name, value in now.items() if value != self.sent[name]}
+        if delta:
+            self.sent = now
+            self.link.send(("progress", delta))
+
+
+def _child(link, ctx) -> None:
+    """A process of batches: the units it is handed run one at a time, as the thread pool runs
+    a batch (alone), until it is handed None; then what it wrote is settled and journaled."""
+    from bridge.stores import get_store
+    forked_child()
+    ctx.src, ctx.dst = get_store(ctx.src_root, ctx.settings), get_store(ctx.dst_root, ctx.settings)
+    ctx.journal = FileJournal(ctx.journal.path)   # a connection of its own
+    parent = ctx.progress
+    ctx.progress = Progress(audit=parent.audit)
+    relay = _Relay(link, ctx.progress)
+    ctx.progress.listeners.append(relay)
+    counted = meter.Meter()
+    ctx.meter = counted
+    settle_errors: list[str] = []
+    with meter.metering(counted):
+        while True:
+            unit = link.recv()
+            if unit is None:
+                break
+            try:
+                ctx.run_unit(unit)
+            except BaseException as exc:   # said to the parent, which fails the job as the pool would
+                ctx.progress.unit_finished(False)
+                relay.flush()
+                fatal = isinstance(exc, jobs.FATAL) or not isinstance(exc, BridgeError)
+                link.send(("failed", jobs.describe(exc), fatal))
+                continue
+            ctx.progress.unit_finished(True)
+            link.send(("done",))
+        try:
+            ctx.settle()
+        except BridgeError as exc:
+            settle_errors.append(jobs.describe(exc))
+    relay.flush()
+    breaker = ctx.__dict__.get("_breaker")
+    reason = redact(breaker.reason) if breaker is not None and breaker.tripped.is_set() else ""
+    link.send(("end", settle_errors, counted.to_fields(), reason))
+    ctx.journal.close()
+    link.close()
