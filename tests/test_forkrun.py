@@ -188,3 +188,60 @@ def test_the_command_says_every_file_a_process_copied(make_root, emulator_env, t
     assert said == sorted(f"d{i % 4}/{i:04d}.txt" for i in range(600)), r.stderr[-2000:]
     v = mcbridge("verify", dst, "--json", env=env, state_dir=tmp_path / "state")
     assert v.returncode == 0 and json.loads(v.stdout)["checked"] == 600, v.stdout + v.stderr
+
+
+def _state(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process, None once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return fields[0], int(fields[1])
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        state = _state(int(entry)) if entry.isdigit() else None
+        if state is not None and state[1] == pid and state[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def _running(pid: int) -> bool:
+    state = _state(pid)
+    return state is not None and state[0] != "Z"
+
+
+def test_the_processes_end_with_their_parent_however_it_dies(make_root, emulator_env, tmp_path):
+    """``mcbridge cp`` killed with SIGKILL (no handler of its own runs) while its processes run
+    batches: they end too (PR_SET_PDEATHSIG, or their pipe's end), and a run again finishes the
+    copy."""
+    import signal
+    import subprocess
+    import time
+    from tests.helpers import MCBRIDGE, NO_CONFIG
+    src = tmp_path / "src"
+    for i in range(3000):
+        (src / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (src / f"d{i % 3}" / f"{i:05d}.bin").write_bytes(os.urandom(2000))
+    dst = make_root("s3")
+    env = {**emulator_env, "MCBRIDGE_PROCESSES": "2", "MCBRIDGE_STATE_DIR": str(tmp_path / "state"),
+           "XDG_CONFIG_HOME": NO_CONFIG}
+    run = subprocess.Popen([*MCBRIDGE, "cp", f"{src}/", dst, "-q"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while len(_children(run.pid)) < 2 and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.01)
+    forked = _children(run.pid)
+    assert len(forked) >= 2, "the batches did not go to processes of their own"
+    run.send_signal(signal.SIGKILL)
+    run.wait(30)
+    deadline = time.monotonic() + 30
+    while any(_running(pid) for pid in forked) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid in forked if _running(pid)] == [], "processes outlived their parent"
+    again = mcbridge("cp", f"{src}/", dst, "--json", env=env, state_dir=tmp_path / "state")
+    assert again.returncode == 0, again.stderr
+    v = mcbridge("verify", dst, "--json", env=env, state_dir=tmp_path / "state")
+    assert v.returncode == 0 and json.loads(v.stdout)["checked"] == 3000, v.stdout + v.stderr

@@ -236,7 +236,15 @@ class _Relay:
 
 
 def _child(conn, mine: list[tuple[int, Part, tuple]], job: tuple, audit: bool) -> None:
-    """A planning process: its parts planned in turn, each one's output written to its files."""
+    """A planning process: its parts planned in turn, each one's output written to its files; a
+    parent gone (its end of the pipe closed) ends it at once."""
+    try:
+        _plan_parts(conn, mine, job, audit)
+    except (BrokenPipeError, ConnectionResetError):
+        os._exit(1)
+
+
+def _plan_parts(conn, mine: list[tuple[int, Part, tuple]], job: tuple, audit: bool) -> None:
     forked_child()
     plan_sync, source, destination, settings, delete, chunk_size, adopt, filters = job
     relay = _Relay(conn, audit)
@@ -262,11 +270,21 @@ def _child(conn, mine: list[tuple[int, Part, tuple]], job: tuple, audit: bool) -
 
 def forked_child() -> None:
     """What a process forked to plan or run part of a job does first: a ^C reaches its parent,
-    which ends it (SIGTERM's default), and it makes stores of its own (no connection of the
-    parent's is shared)."""
+    which ends it (SIGTERM's default), as does its parent's death, however it died (a SIGKILL
+    runs none of the parent's handlers: Linux's PR_SET_PDEATHSIG); and it makes stores of its
+    own (no connection of the parent's is shared)."""
     from bridge import stores
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    import multiprocessing
+    parent = multiprocessing.parent_process()
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if parent is not None and os.getppid() != parent.pid:   # it died before the signal was asked for
+        os._exit(1)
     stores._cache.clear()
 
 

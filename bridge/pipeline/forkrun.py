@@ -26,6 +26,7 @@ job, naming its exit code; ^C here ends them all, and the journal keeps what the
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -189,7 +190,15 @@ class _Relay:
 
 def _child(link, ctx) -> None:
     """A process of batches: the units it is handed run one at a time, as the thread pool runs
-    a batch (alone), until it is handed None; then what it wrote is settled and journaled."""
+    a batch (alone), until it is handed None; then what it wrote is settled and journaled. A
+    parent gone (its end of the pipe closed) ends it at once: what it journaled stays."""
+    try:
+        _batches(link, ctx)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        os._exit(1)
+
+
+def _batches(link, ctx) -> None:
     from bridge.stores import get_store
     forked_child()
     ctx.src, ctx.dst = get_store(ctx.src_root, ctx.settings), get_store(ctx.dst_root, ctx.settings)
