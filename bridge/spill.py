@@ -126,6 +126,28 @@ class Rows:
         if first is not None:
             yield from self.range(first - 1, self._count - first + 1)
 
+    def copy_to(self, path: Path | str) -> None:
+        """The rows, with the index ``find`` reads, written to a new SQLite file at ``path`` that
+        another process opens for itself (``reading``): a connection must not cross a fork."""
+        self._flush()
+        with self._lock:
+            self._index()
+            target = sqlite3.connect(path)
+            try:
+                self._db.backup(target)
+            finally:
+                target.close()
+
+    @classmethod
+    def reading(cls, path: Path | str, columns: int, count: int) -> Rows:
+        """The rows ``copy_to`` wrote at ``path``, read-only, through a connection of this process."""
+        rows = cls.__new__(cls)
+        rows.columns, rows._count, rows._pending, rows._indexed = columns, count, [], True
+        rows._insert = ""
+        rows._lock = threading.Lock()
+        rows._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, isolation_level=None, check_same_thread=False)
+        return rows
+
     def close(self) -> None:
         with self._lock:
             self._db.close()

@@ -106,6 +106,41 @@ def test_forked_batches_copy_what_the_thread_pool_copies(way, forked, make_root,
     assert not list((tmp_path / "state" / "journal").glob("*.db"))   # committed: no journal left
 
 
+def test_a_plan_kept_on_disk_is_read_by_each_process_through_its_own_copy(forked, make_root, emulator_env,
+                                                                           tmp_path, monkeypatch):
+    """A plan past ``SPILL_FILES`` (lowered to 50) keeps its files in SQLite: the processes read
+    a copy of it, each through a connection of its own (an upload asks the plan for each file's
+    size and attributes); the copy is gone afterwards, and the files are the source's, with the
+    type each one's name gives."""
+    monkeypatch.setattr(planning, "SPILL_FILES", 50)
+    src = tmp_path / "src"
+    files = _tree(src)
+    (src / "d0" / "page.html").write_bytes(b"<p>hi</p>")
+    files["d0/page.html"] = b"<p>hi</p>"
+    dst = make_root("s3")
+    settings = settings_for({**emulator_env, "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PROCESSES": "2"})
+    plan = planning.plan_copy(f"{src}/", dst, settings)
+    assert plan.files.spilled
+    ours, here = plan.files._rows, os.getpid()
+    real_find = planning.FileList.find
+
+    def find(self, rel):   # the parent's connection, used in a forked process: refused
+        if self._rows is ours and os.getpid() != here:
+            raise RuntimeError("a forked process used its parent's SQLite connection")
+        return real_find(self, rel)
+
+    monkeypatch.setattr(planning.FileList, "find", find)
+    assert executor.execute(plan, settings)["files_done"] == FILES + 1
+    assert forked == [2]
+    assert not list((tmp_path / "state" / "spill").glob("files-*.sqlite"))   # the copy removed
+    assert _read(dst, settings) == files
+    loc = parse(dst)
+    head = get_store(loc, settings).info(loc.join("d0/page.html"))
+    assert get_store(loc, settings).attributes(head).content_type == "text/html"
+    report = verifying.verify(dst, settings, deep=True)
+    assert report["ok"] and report["checked"] == FILES + 1, report["counts"]
+
+
 def test_a_failed_batch_fails_the_job_and_the_run_again_finishes_it(forked, make_root, emulator_env, tmp_path):
     """A file gone between the plan and its batch: that batch fails the job, with the error the
     thread pool would give; the other batches' files are journaled, so the run again sends only

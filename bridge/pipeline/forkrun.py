@@ -12,22 +12,25 @@ process that wrote it, once it is durable. The finals (the uploads to complete, 
 run here, after every process has ended, from the journal, exactly as after the thread pool.
 
 When: every unit of the plan is such a batch (no file sent in parts, no deletion, the direct
-route), there are two or more of them, the plan's files are held in memory (up to
-``plan.SPILL_FILES``: past that they are in an SQLite file whose connection a forked process may
-not use), no bandwidth limit is set (one limiter cannot span processes), on Linux outside a daemonic process (``adopt._can_fork``), and
+route), there are two or more of them, no bandwidth limit is set (one limiter cannot span
+processes), on Linux outside a daemonic process (``adopt._can_fork``), and
 ``transfer.processes`` allows two or more. The batches are handed out one at a time as each
 process asks, so a slow one holds back no other. What a process counts (bytes, files, units,
 retries) reaches this process's ``Progress`` as it goes, its requests this job's meter when it
-ends; -v's per-file lines are written by the process that moved the file. A failed batch fails
-the job as it would in one process (the others run on; an authentication or bucket error, or a
-store that stopped answering, stops them all); a process that dies without a word fails the
-job, naming its exit code; ^C here ends them all, and the journal keeps what they finished.
+ends; -v's per-file lines are written by the process that moved the file. A plan of more files
+than it holds in memory keeps them in an SQLite file whose connection may not cross a fork: it
+is copied (SQLite's backup, with its index) to a file each process opens for itself. A failed
+batch fails the job as it would in one process (the others run on; an authentication or bucket
+error, or a store that stopped answering, stops them all); a process that dies without a word
+fails the job, naming its exit code; ^C here ends them all, and the journal keeps what they
+finished.
 """
 
 from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -38,7 +41,7 @@ from bridge.journal import FileJournal
 from bridge.progress import Progress
 from bridge.redact import redact
 from bridge.pipeline.forkplan import forked_child, processes_for
-from bridge.pipeline.plan import Plan
+from bridge.pipeline.plan import Plan, spill_dir
 
 COUNTERS = ("bytes_done", "bytes_skipped", "bytes_through", "fallbacks", "units_done", "units_failed",
             "files_done", "retries")
@@ -54,7 +57,7 @@ def forkable(plan: Plan, settings, progress: Progress) -> int:
     limiter = progress.limiter
     if limiter is not None and not getattr(limiter, "never_limits", False):
         return 0
-    if settings.transfer.bwlimit or plan.files.spilled or not _can_fork():
+    if settings.transfer.bwlimit or not _can_fork():
         return 0
     batches = plan.unit_count() - 1   # the finalize unit aside: every other unit is a batch
     if batches < 2:
@@ -80,11 +83,18 @@ class ForkedExecutor:
         tripped = ""
         children, links = [], {}
         spoke: set = set()   # the processes that said how they ended
+        shared = None
+        if ctx.plan.files.spilled:   # a file of its own, for the processes to open (FileList.reading)
+            folder = spill_dir(ctx.settings)
+            folder.mkdir(parents=True, exist_ok=True)
+            shared = folder / f"files-{uuid.uuid4().hex}.sqlite"
+            ctx.plan.files.copy_to(shared)
         ctx.journal.close()   # no connection open across the fork: each process opens its own
         try:
             for n in range(self.processes):
                 here, there = mp.Pipe()
-                child = mp.Process(target=_child, args=(there, ctx), daemon=True, name=f"mcbridge-batches-{n}")
+                child = mp.Process(target=_child, args=(there, ctx, shared), daemon=True,
+                                   name=f"mcbridge-batches-{n}")
                 child.start()
                 there.close()
                 children.append(child)
@@ -140,6 +150,9 @@ class ForkedExecutor:
             for child in children:
                 child.join()
             raise
+        finally:
+            if shared is not None:
+                shared.unlink(missing_ok=True)
         ctx.journal.reopen()   # what the processes journaled, for the finals
         if tripped:
             return jobs.Outcome(False, [tripped], {})
@@ -188,21 +201,23 @@ class _Relay:
             self.link.send(("progress", delta))
 
 
-def _child(link, ctx) -> None:
+def _child(link, ctx, shared) -> None:
     """A process of batches: the units it is handed run one at a time, as the thread pool runs
     a batch (alone), until it is handed None; then what it wrote is settled and journaled. A
     parent gone (its end of the pipe closed) ends it at once: what it journaled stays."""
     try:
-        _batches(link, ctx)
+        _batches(link, ctx, shared)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         os._exit(1)
 
 
-def _batches(link, ctx) -> None:
+def _batches(link, ctx, shared) -> None:
     from bridge.stores import get_store
     forked_child()
     ctx.src, ctx.dst = get_store(ctx.src_root, ctx.settings), get_store(ctx.dst_root, ctx.settings)
     ctx.journal = FileJournal(ctx.journal.path)   # a connection of its own
+    if shared is not None:
+        ctx.plan.files = ctx.plan.files.reading(shared)
     parent = ctx.progress
     ctx.progress = Progress(audit=parent.audit)
     relay = _Relay(link, ctx.progress)

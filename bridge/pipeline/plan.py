@@ -168,6 +168,17 @@ class FileList:
         """Whether the files are on disk (an SQLite connection a forked process may not share)."""
         return self._rows is not None
 
+    def copy_to(self, path: Path | str) -> None:
+        """A spilled list's rows written to ``path``, for a forked process to read (``reading``)."""
+        self._rows.copy_to(path)
+
+    def reading(self, path: Path | str) -> FileList:
+        """This list as ``copy_to`` left it at ``path``, read through a connection of this process."""
+        copy = FileList(where=self.where)
+        copy.bytes, copy.multipart = self.bytes, self.multipart
+        copy._rows = Rows.reading(path, 7, len(self))
+        return copy
+
     def close(self) -> None:
         if self._rows is not None:
             self._rows.close()
