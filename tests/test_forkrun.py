@@ -141,6 +141,31 @@ def test_a_plan_kept_on_disk_is_read_by_each_process_through_its_own_copy(forked
     assert report["ok"] and report["checked"] == FILES + 1, report["counts"]
 
 
+def test_each_process_keeps_its_share_of_the_requests_in_flight(forked, make_root, emulator_env, tmp_path,
+                                                                 monkeypatch):
+    """``transfer.small_files_in_flight`` is the job's: 40 in all, 20 for each of two processes
+    (each batch asks ``batch_connections`` for its count, written down here by the process)."""
+    from bridge.pipeline import units
+    src = tmp_path / "src"
+    _tree(src)
+    asked = tmp_path / "asked"
+    real = units.batch_connections
+
+    def noted(settings, biggest):
+        with open(asked, "a") as out:
+            out.write(f"{os.getpid()} {settings.transfer.small_files_in_flight}\n")
+        return real(settings, biggest)
+
+    monkeypatch.setattr(units, "batch_connections", noted)
+    settings = settings_for({**emulator_env, "MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PROCESSES": "2",
+                             "MCBRIDGE_SMALL_FILES_IN_FLIGHT": "40"})
+    executor.execute(planning.plan_copy(f"{src}/", make_root("s3"), settings), settings)
+    lines = [line.split() for line in asked.read_text().splitlines()]
+    assert forked == [2] and len(lines) == FILES // 16 + 1
+    assert {n for _pid, n in lines} == {"20"} and len({pid for pid, _n in lines}) == 2
+    assert all(int(pid) != os.getpid() for pid, _n in lines)
+
+
 def test_a_failed_batch_fails_the_job_and_the_run_again_finishes_it(forked, make_root, emulator_env, tmp_path):
     """A file gone between the plan and its batch: that batch fails the job, with the error the
     thread pool would give; the other batches' files are journaled, so the run again sends only

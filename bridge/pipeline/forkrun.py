@@ -15,7 +15,9 @@ When: every unit of the plan is such a batch (no file sent in parts, no deletion
 route), there are two or more of them, no bandwidth limit is set (one limiter cannot span
 processes), on Linux outside a daemonic process (``adopt._can_fork``), and
 ``transfer.processes`` allows two or more. The batches are handed out one at a time as each
-process asks, so a slow one holds back no other. What a process counts (bytes, files, units,
+process asks, so a slow one holds back no other, and each keeps its share of the job's small
+files in flight (``transfer.small_files_in_flight`` in all, never fewer than ``concurrency``
+each, as a batch always has). What a process counts (bytes, files, units,
 retries) reaches this process's ``Progress`` as it goes, its requests this job's meter when it
 ends; -v's per-file lines are written by the process that moved the file. A plan of more files
 than it holds in memory keeps them in an SQLite file whose connection may not cross a fork: it
@@ -93,7 +95,7 @@ class ForkedExecutor:
         try:
             for n in range(self.processes):
                 here, there = mp.Pipe()
-                child = mp.Process(target=_child, args=(there, ctx, shared), daemon=True,
+                child = mp.Process(target=_child, args=(there, ctx, shared, self.processes), daemon=True,
                                    name=f"mcbridge-batches-{n}")
                 child.start()
                 there.close()
@@ -175,7 +177,10 @@ class ForkedExecutor:
         if stopped:
             unit = None
         running[link] = unit
-        link.send(unit)
+        try:
+            link.send(unit)
+        except OSError:   # it died meanwhile: its pipe's end says so (and its exit code), next
+            pass
         return stopped
 
 
@@ -201,19 +206,23 @@ class _Relay:
             self.link.send(("progress", delta))
 
 
-def _child(link, ctx, shared) -> None:
+def _child(link, ctx, shared, processes: int) -> None:
     """A process of batches: the units it is handed run one at a time, as the thread pool runs
     a batch (alone), until it is handed None; then what it wrote is settled and journaled. A
     parent gone (its end of the pipe closed) ends it at once: what it journaled stays."""
     try:
-        _batches(link, ctx, shared)
+        _batches(link, ctx, shared, processes)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         os._exit(1)
 
 
-def _batches(link, ctx, shared) -> None:
+def _batches(link, ctx, shared, processes: int) -> None:
     from bridge.stores import get_store
     forked_child()
+    # the job's small files in flight, shared: each process keeps its part of them
+    t = ctx.settings.transfer
+    share = -(-t.small_files_in_flight // processes)
+    ctx.settings = ctx.settings.model_copy(update={"transfer": t.model_copy(update={"small_files_in_flight": share})})
     ctx.src, ctx.dst = get_store(ctx.src_root, ctx.settings), get_store(ctx.dst_root, ctx.settings)
     ctx.journal = FileJournal(ctx.journal.path)   # a connection of its own
     if shared is not None:
