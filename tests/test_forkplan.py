@@ -117,6 +117,29 @@ def test_a_split_plan_is_the_plan_one_process_makes(scheme, low, make_root, moto
     assert split["files"][0][0] == "b/005.bin"
 
 
+def test_filters_select_the_same_files_in_parts(low, moto, make_root, emulator_env, tmp_path):
+    """--exclude and --min-size apply in every part as in one process (a rule on a folder's
+    files, one on names anywhere), deleting what only the destination has, unless excluded."""
+    from bridge.filters import from_flags
+    src = tmp_path / "src"
+    files = _tree(src)
+    dst = make_root("s3") + "mirror/"
+    loc = parse(dst)
+    for rel in ("b/old.bin", "c/old.txt", "b/small.bin"):
+        moto.client().put_object(Bucket=loc.bucket, Key=loc.key + rel, Body=b"old" * (1 if "small" in rel else 40))
+    env = {**emulator_env, "MCBRIDGE_STATE_DIR": str(tmp_path / "state")}
+    one, two = settings_for({**env, "MCBRIDGE_PROCESSES": "1"}), settings_for({**env, "MCBRIDGE_PROCESSES": "2"})
+    rules = from_flags(exclude=["c/**", "*.txt"], min_size=60)
+    alone, _ = _plan(f"{src}/", dst, one, delete=True, filters=rules)
+    split, _ = _plan(f"{src}/", dst, two, delete=True, filters=rules)
+    assert low == [2]
+    alone.pop("lists"), split.pop("lists")
+    assert split == alone
+    sent = {rel for rel, *_ in split["files"]}
+    assert sent == {rel for rel, data in files.items() if not rel.startswith("c/") and len(data) >= 60}
+    assert split["deletions"] == ["b/old.bin"]   # c/old.txt and b/small.bin (3 bytes) are left out: kept
+
+
 def test_a_parts_error_is_the_error_one_process_raises(low, tmp_path):
     """A destination inside its source: refused by the part that meets it, with the error one
     process raises, and nothing is written there."""
