@@ -30,6 +30,16 @@ def _tree(root: Path) -> None:
     (root / "emptydir").mkdir()
 
 
+def test_sizes_are_the_walks_files(tmp_path):
+    """``LocalStore.sizes`` (a pack plan's listing) names the files the walk names, with their sizes."""
+    _tree(tmp_path / "src")
+    store = LocalStore(settings_for(dict(os.environ)))
+    for prefix in (f"{tmp_path}/src/", f"{tmp_path}/src/a/", f"{tmp_path}/src/deep/"):
+        root = parse(prefix)
+        assert sorted(store.sizes(root)) == sorted((rel, info.size) for rel, info in store.walk(root))
+    assert len(list(store.sizes(parse(f"{tmp_path}/src/")))) > 10
+
+
 def test_the_local_walk_is_store_walk_over_the_listing(tmp_path):
     _tree(tmp_path / "src")
     store = LocalStore(settings_for(dict(os.environ)))

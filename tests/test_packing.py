@@ -770,3 +770,41 @@ def test_local_reads_go_wide_only_once_runs_wait_on_their_storage(tmp_path, monk
     monkeypatch.setattr(writer, "SLOW_READ_FILE", 10.0)   # no run of this machine waits 10 s a file
     fast = run(Counted(settings_for(dict(os.environ))))
     assert fast == ["first_0"] * 12
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_a_local_folder_is_planned_from_its_sizes_as_from_its_listing(spill, tmp_path, monkeypatch):
+    """A local folder packed whole is planned from ``LocalStore.sizes`` (names and sizes, no
+    info a file): the same shards, members, sizes and job key as from the store's listing,
+    bridge's own folders and temporaries left out either way, held in memory or on disk."""
+    from bridge.names import PARTIAL, TEMPORARY
+    if spill:
+        monkeypatch.setattr(job, "SPILL_FILES", 10)
+    src = tmp_path / "src"
+    names = [f"s{i // 7:02d}/{i:03d}.{'jpg' if i % 2 else 'json'}" for i in range(120)]
+    names += ["a-b", "a.b", "a/x", "a0", "deep/_bridge/inner", "naïve/名前.txt", "sub dir/with space",
+              f"t/f{PARTIAL}1", f"t/g{TEMPORARY}123.host.abcd", "_bridge/manifest.json", "z/_bridge"]
+    for i, rel in enumerate(names):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(os.urandom(i * 13))
+    (src / "link-to-file").symlink_to(src / "a0")
+    (src / "link-to-folder").symlink_to(src / "a", target_is_directory=True)
+    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "PATH": os.environ.get("PATH", "")})
+    made = []
+    real = job._local_sizes
+
+    def counted(*args):
+        found = real(*args)
+        made.append(found is not None)
+        return found
+
+    monkeypatch.setattr(job, "_local_sizes", counted)
+    fast = job.plan_pack(f"{src}/", f"{tmp_path}/out/", settings, shard_size=4096).to_dict()
+    monkeypatch.setattr(job, "_local_sizes", lambda *args: made.append(False))
+    listed = job.plan_pack(f"{src}/", f"{tmp_path}/out/", settings, shard_size=4096).to_dict()
+    assert made == [True, False]
+    assert fast == listed and len(fast["shards"]) > 3
+    members = [rel for shard in fast["shards"] for rel, _size in shard["files"]]
+    assert "z/_bridge" in members and "link-to-file" in members and "a/x" in members
+    assert not any(PARTIAL in rel or TEMPORARY in rel or rel.startswith("_bridge/") or "/_bridge/" in rel
+                   or rel.startswith("link-to-folder") for rel in members)

@@ -153,7 +153,13 @@ def plan_pack(source: str, destination: str, settings: Settings, *, fmt: str = "
     is written, what cannot work."""
     layout.check_prefix(prefix)
     shard_format = get_format(fmt, options)
-    src_root, dst_root, objects, single = resolve(source, destination, settings, filters)
+    sized = _local_sizes(source, destination, settings, filters)
+    if sized is not None:
+        src_root, dst_root, files = sized
+        single = None
+    else:
+        src_root, dst_root, objects, single = resolve(source, destination, settings, filters)
+        files = ((rel, info.size) for rel, info in objects)
     dst_store = get_store(dst_root, settings)
     if shard_size <= 0:
         raise InvalidOption("--shard-size must be positive")
@@ -166,9 +172,9 @@ def plan_pack(source: str, destination: str, settings: Settings, *, fmt: str = "
         raise InvalidOption(f"the destination {dst_root} is inside the source {src_root}: the shards "
                             f"would be packed into themselves")
     members = _Members(spill_dir(settings))
-    for rel, info in objects:
-        _check_file(rel, info.size, shard_format)
-        members.add(rel, info.size)
+    for rel, size in files:
+        _check_file(rel, size, shard_format)
+        members.add(rel, size)
     plan = PackPlan(str(src_root) if single is None else single, str(src_root), str(dst_root), fmt, prefix,
                     shard_size, max_count, stream_part_size(dst_store, shard_size, settings.transfer.chunk_size),
                     dict(options or {}))
@@ -180,6 +186,20 @@ def plan_pack(source: str, destination: str, settings: Settings, *, fmt: str = "
                        members.cut_table())
     plan.key = key.hexdigest()[:20]
     return plan
+
+
+def _local_sizes(source: str, destination: str, settings: Settings, filters: Filters | None):
+    """For a local folder packed whole (no filters): (source root, destination root, its files'
+    (path, size) in no set order) from ``LocalStore.sizes``, which makes no ``ObjectInfo`` a
+    file (the plan sorts them itself: ``_Members``); None otherwise (``resolve`` lists them).
+    The destination's bucket is checked as ``resolve`` checks it."""
+    import os
+    src = parse(source)
+    if not src.is_local or (filters is not None and filters.active) or not os.path.isdir(src.local_path):
+        return None
+    src, dst = src.as_prefix(), parse(destination).as_prefix()
+    get_store(dst, settings).check_bucket(dst)
+    return src, dst, get_store(src, settings).sizes(src)
 
 
 class _Members:

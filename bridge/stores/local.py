@@ -206,6 +206,38 @@ class LocalStore(Store):
         with _translate(root):
             yield from _walk_files(folder, "", root.key, walking=True)
 
+    def sizes(self, prefix: Location) -> Iterator[tuple[str, int]]:
+        """(relative path, size) of the files ``walk`` lists under the folder ``prefix``, in no
+        set order and without an ``ObjectInfo`` a file: for a plan that sorts its files itself
+        and needs only their names and sizes (a pack's, bridge.packing.job), 20,000 files in
+        about 0.07 s where the walk took 0.15-0.2 s. The same files (tests/test_local_walk.py):
+        links to files followed, links to folders not, bridge's reserved folder skipped at every
+        depth and a file of its name at the top, partial and temporary files left out."""
+        root = prefix.as_prefix()
+        folders = [(root.local_path.rstrip("/") or "/", "")]
+        with _translate(root):
+            while folders:
+                folder, rel = folders.pop()
+                try:
+                    found = os.scandir(folder)
+                except (FileNotFoundError, NotADirectoryError, PermissionError):
+                    if not rel:
+                        raise
+                    continue   # gone or closed since it was listed, as the walk skips it
+                with found:
+                    for entry in found:
+                        name = entry.name
+                        if _is_folder(entry):
+                            if name != RESERVED:
+                                folders.append((entry.path, rel + name + "/"))
+                        elif (PARTIAL not in name and TEMPORARY not in name and (rel or name != RESERVED)
+                              and entry.is_file()):
+                            try:
+                                size = entry.stat().st_size
+                            except FileNotFoundError:
+                                continue
+                            yield rel + name, size
+
     def list_level(self, prefix: Location) -> Iterator[ObjectInfo | Location]:
         """One scandir of the folder: its files, and its folders (not followed into)."""
         root = prefix.local_path.rstrip("/") or "/"
