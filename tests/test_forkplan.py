@@ -140,6 +140,18 @@ def test_filters_select_the_same_files_in_parts(low, moto, make_root, emulator_e
     assert split["deletions"] == ["b/old.bin"]   # c/old.txt and b/small.bin (3 bytes) are left out: kept
 
 
+def test_a_sync_that_deletes_into_a_folder_not_made_yet_is_split(low, tmp_path):
+    src = tmp_path / "src"
+    files = _tree(src)
+    dst = f"{tmp_path}/new/mirror/"
+    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PROCESSES": "2",
+                             "PATH": os.environ.get("PATH", "")})
+    plan, counts = syncplan.plan_sync(f"{src}/", dst, settings, delete=True)
+    assert low == [2] and counts["new"] == len(files) and plan.deletions == []
+    assert executor.execute(plan, settings)["ok"]
+    assert verifying.verify(dst, settings)["ok"]
+
+
 def test_a_parts_error_is_the_error_one_process_raises(low, tmp_path):
     """A destination inside its source: refused by the part that meets it, with the error one
     process raises, and nothing is written there."""

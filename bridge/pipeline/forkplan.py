@@ -40,7 +40,7 @@ from typing import Any
 
 from bridge import meter
 from bridge.config import Settings
-from bridge.errors import BridgeError
+from bridge.errors import BridgeError, ObjectNotFound
 from bridge.filters import Filters
 from bridge.journal import Encoded, job_key
 from bridge.pipeline.parts import Part, split, top_level
@@ -75,14 +75,22 @@ def plan_sync_split(plan_part: Callable[..., tuple[Plan, dict[str, int]]], sourc
         return None   # the listing starts in the one folder the filters reach: nothing to split
     src, dst = src.as_prefix(), parse(destination).as_prefix()
     src_store, dst_store = get_store(src, settings), get_store(dst, settings)
-    found = top_level(src_store, src)
+    try:
+        found = top_level(src_store, src)
+    except BridgeError:
+        return None   # planned in one process, which says what is wrong as it always has
     if found is None or len(found[0]) < 2 or not _big_enough(src, found[0], processes):
         return None
     dst_store.check_bucket(dst)              # as resolve does, before any process starts
     check_chunk_size(chunk_size, dst_store)
     there: tuple[set[str], int, bool] | None = (set(), 0, False)
     if delete:   # what only the destination has is found by the part that holds its folder
-        there = top_level(dst_store, dst)
+        try:
+            there = top_level(dst_store, dst)
+        except ObjectNotFound:
+            there = (set(), 0, False)   # a folder not made yet: nothing there to delete
+        except BridgeError:
+            return None
         if there is None:
             return None
     parts = split(found[0] | there[0], bool(found[1] or there[1]), processes, record=found[2])
