@@ -234,3 +234,16 @@ def test_the_command_adopts_a_large_folder_planned_in_parts(tmp_path):
     assert len(said) == 4200, r.stderr[-2000:]
     v = mcbridge("verify", f"{dst}/", "--json", env=env, state_dir=tmp_path / "state")
     assert v.returncode == 0 and json.loads(v.stdout)["checked"] == 4200, v.stdout + v.stderr
+
+
+def test_no_process_is_forked_from_another_thread_than_the_main_one(tmp_path):
+    """A fork copies only the thread that forks: from another thread (the Python API's caller's,
+    a replicator's) a job runs in one process."""
+    import threading
+    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PROCESSES": "3",
+                             "PATH": os.environ.get("PATH", "")})
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(forkplan.processes_for(settings)))
+    worker.start()
+    worker.join()
+    assert seen == [1] and forkplan.processes_for(settings) == 3

@@ -33,6 +33,7 @@ import os
 import pickle
 import signal
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -57,6 +58,13 @@ FLUSH_SECONDS = 0.2    # how often a part's progress reaches this process
 
 
 def processes_for(settings: Settings) -> int:
+    """The processes a job's work may be split over: ``transfer.processes`` (0: one a core, at
+    most ``MAX_PROCESSES``), and 1 (none forked) outside the main thread: a fork copies only the
+    thread that forks, and a lock another thread held then would be held in the child for good
+    (a command runs its job on the main thread; the Python API, a replicator's or a checkpoint
+    writer's thread, run it in one process)."""
+    if threading.current_thread() is not threading.main_thread():
+        return 1
     wanted = settings.transfer.processes
     return wanted if wanted else min(MAX_PROCESSES, os.cpu_count() or 1)
 
@@ -293,6 +301,7 @@ def forked_child() -> None:
         pass
     if parent is not None and os.getppid() != parent.pid:   # it died before the signal was asked for
         os._exit(1)
+    stores._lock = threading.Lock()   # (another thread of the parent's may have held it at the fork)
     stores._cache.clear()
 
 
