@@ -23,7 +23,8 @@ ends; -v's per-file lines are written by the process that moved the file. A plan
 than it holds in memory keeps them in an SQLite file whose connection may not cross a fork: it
 is copied (SQLite's backup, with its index) to a file each process opens for itself. A failed
 batch fails the job as it would in one process (the others run on; an authentication or bucket
-error, or a store that stopped answering, stops them all); a process that dies without a word
+error stops handing out batches; a store that stopped answering, by one process's breaker, ends
+the other processes at once, as the breaker ends every unit of one process); a process that dies without a word
 fails the job, naming its exit code; ^C here ends them all, and the journal keeps what they
 finished.
 """
@@ -85,6 +86,8 @@ class ForkedExecutor:
         tripped = ""
         children, links = [], {}
         spoke: set = set()   # the processes that said how they ended
+        ended_by_us: set = set()   # ended here (terminated): a store they use stopped answering
+        ended: set = set()
         shared = None
         if ctx.plan.files.spilled:   # a file of its own, for the processes to open (FileList.reading)
             folder = spill_dir(ctx.settings)
@@ -104,7 +107,6 @@ class ForkedExecutor:
             running: dict[Any, dict | None] = {link: None for link in links}
             for link in links:
                 stopped = self._hand(link, pending, failed, stopped, running)
-            ended: set = set()
             while len(ended) < len(links):
                 for link in wait([link for link in links if link not in ended]):
                     try:
@@ -112,7 +114,7 @@ class ForkedExecutor:
                     except EOFError:   # it ended: after its last word, or without it
                         ended.add(link)
                         links[link].join()
-                        if link not in spoke:
+                        if link not in spoke and link not in ended_by_us:
                             code = links[link].exitcode
                             errors.append(f"a process running the small files' batches ended with exit code "
                                           f"{code} before it was done; run it again to resume")
@@ -125,13 +127,21 @@ class ForkedExecutor:
                         running[link] = None
                         stopped = self._hand(link, pending, failed, stopped, running)
                     elif kind == "failed":
-                        unit, text, fatal = running[link], message[1], message[2]
+                        unit, text, fatal, down = running[link], message[1], message[2], message[3]
                         running[link] = None
                         group = jobs._group(unit) if unit is not None else None
                         if group not in failed:
                             errors.append(text)
                         failed.add(group)
-                        stopped = stopped or fatal
+                        stopped = stopped or fatal or bool(down)
+                        if down and not tripped:
+                            # a store stopped answering: in one process the breaker stops every
+                            # unit at once; here the others may wait on requests that never end
+                            tripped = down
+                            for other, child in links.items():
+                                if other is not link and other not in ended and child.exitcode is None:
+                                    ended_by_us.add(other)
+                                    child.terminate()
                         stopped = self._hand(link, pending, failed, stopped, running)
                     elif kind == "end":
                         spoke.add(link)
@@ -245,7 +255,9 @@ def _batches(link, ctx, shared, processes: int) -> None:
                 ctx.progress.unit_finished(False)
                 relay.flush()
                 fatal = isinstance(exc, jobs.FATAL) or not isinstance(exc, BridgeError)
-                link.send(("failed", jobs.describe(exc), fatal))
+                breaker = ctx.__dict__.get("_breaker")
+                down = redact(breaker.reason) if breaker is not None and breaker.tripped.is_set() else ""
+                link.send(("failed", jobs.describe(exc), fatal, down))
                 continue
             ctx.progress.unit_finished(True)
             link.send(("done",))
