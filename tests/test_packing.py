@@ -808,3 +808,49 @@ def test_a_local_folder_is_planned_from_its_sizes_as_from_its_listing(spill, tmp
     assert "z/_bridge" in members and "link-to-file" in members and "a/x" in members
     assert not any(PARTIAL in rel or TEMPORARY in rel or rel.startswith("_bridge/") or "/_bridge/" in rel
                    or rel.startswith("link-to-folder") for rel in members)
+
+
+NAMES = ["a/b.txt", "a/./b", "a//b", "./a", "a/", "", ".", "..", "a/..", "..a", "a..b/c", "/abs", "C:/x", "c:\\x",
+         "a\\b", "a:/b", "_bridge", "_bridge/x", "x/_bridge/y", "_bridgex/y", "a\x00b", "ok/" + "n" * 120,
+         "naïve/ünïcödé.txt"]
+
+
+@pytest.mark.parametrize("fmt", ["tar", "parquet"])
+def test_a_run_of_names_is_refused_as_each_name_alone_is(fmt):
+    """job._check_files (the names of a run searched at once) refuses a run when, and as, the
+    first file that _check_file refuses on its own; it passes runs that _check_file passes."""
+    from bridge.packing.writer import get_format
+    if fmt == "parquet":
+        pytest.importorskip("pyarrow")
+    shard_format = get_format(fmt)
+
+    def alone(files):
+        try:
+            for rel, size in files:
+                job._check_file(rel, size, shard_format)
+        except InvalidOption as exc:
+            return str(exc)
+        return None
+
+    def at_once(files):
+        try:
+            job._check_files(files, shard_format)
+        except InvalidOption as exc:
+            return str(exc)
+        return None
+
+    good = [(f"d{i}/s{i}.jpg", i) for i in range(50)]
+    assert at_once(good) is None and at_once([]) is None
+    refused = 0
+    rng = random.Random(3)
+    for name in NAMES:
+        for where in (0, 25, 50):
+            files = good[:where] + [(name, 10)] + good[where:]
+            assert at_once(files) == alone(files), (name, where)
+            refused += alone(files) is not None
+        many = [(name, 1)] + [(n, 2) for n in rng.sample(NAMES, 5)]
+        assert at_once(many) == alone(many), many
+    assert refused >= 3 * 14   # most of NAMES are refused, each in every place
+    too_big = good + [("big.bin", shard_format.max_file_size + 1)]
+    assert at_once(too_big) == alone(too_big) is not None
+

@@ -13,8 +13,9 @@ stopped and started again skips shards that are already stored.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import threading
 import hashlib
+import itertools
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -38,7 +39,7 @@ from bridge.policies.cost import usage as counting
 from bridge.progress import Progress
 from bridge.spill import Rows
 from bridge.stores import Store, get_store
-from bridge.stores.base import GiB, MiB
+from bridge.stores.base import RESERVED, GiB, MiB
 from bridge.urls import Location, parse
 
 DEFAULT_SHARD_SIZE = 256 * MiB
@@ -49,6 +50,7 @@ DEFAULT_MEMORY = 1 * GiB
 # Held in memory, 50,000 names and sizes are a few MB; spilling 20,000 to SQLite and reading
 # each shard's back cost about 0.1 s of CPU before the first byte went up (2026-12-06).
 SPILL_FILES = 50_000
+CHECK_RUN = 4096   # files whose names are checked at once (_check_files)
 
 
 class MemberSlice:
@@ -172,9 +174,10 @@ def plan_pack(source: str, destination: str, settings: Settings, *, fmt: str = "
         raise InvalidOption(f"the destination {dst_root} is inside the source {src_root}: the shards "
                             f"would be packed into themselves")
     members = _Members(spill_dir(settings))
-    for rel, size in files:
-        _check_file(rel, size, shard_format)
-        members.add(rel, size)
+    files = iter(files)
+    while chunk := list(itertools.islice(files, CHECK_RUN)):
+        _check_files(chunk, shard_format)
+        members.add_many(chunk)
     plan = PackPlan(str(src_root) if single is None else single, str(src_root), str(dst_root), fmt, prefix,
                     shard_size, max_count, stream_part_size(dst_store, shard_size, settings.transfer.chunk_size),
                     dict(options or {}))
@@ -182,7 +185,7 @@ def plan_pack(source: str, destination: str, settings: Settings, *, fmt: str = "
     key = hashlib.sha256("\x00".join(map(str, ("pack", plan.source, plan.destination, fmt, prefix, shard_size,
                                                 max_count, sorted(plan.options.items())))).encode())
 
-    plan.shards = _cut(_samples(members.in_pack_order(), key), shard_format, prefix, shard_size, max_count,
+    plan.shards = _cut(members.in_pack_order(), key, shard_format, prefix, shard_size, max_count,
                        members.cut_table())
     plan.key = key.hexdigest()[:20]
     return plan
@@ -211,17 +214,16 @@ class _Members:
         self.held: list[tuple[str, int]] | None = []
         self.rows: Rows | None = None
 
-    def add(self, rel: str, size: int) -> None:
+    def add_many(self, files: list[tuple[str, int]]) -> None:
+        """(rel, size) of a run of files."""
         if self.held is not None:
-            self.held.append((rel, size))
+            self.held += files
             if len(self.held) <= SPILL_FILES:
                 return
-            held, self.held = self.held, None
+            files, self.held = self.held, None
             self.rows = Rows(3, self.where)
-            for one in held:
-                self._spill(*one)
-            return
-        self._spill(rel, size)
+        for one in files:
+            self._spill(*one)
 
     def _spill(self, rel: str, size: int) -> None:
         self.rows.append((layout.sample_key(rel).encode("utf-8", "surrogatepass"),
@@ -230,8 +232,8 @@ class _Members:
     def in_pack_order(self) -> Iterator[tuple[str, str, int]]:
         """(sample key, rel, size) in pack order (layout.pack_order: by sample key, then path)."""
         if self.held is not None:
-            sample_key = layout.sample_key
-            ordered = [(sample_key(rel), rel, size) for rel, size in self.held]
+            rels = [rel for rel, _size in self.held]
+            ordered = list(zip(layout.sample_keys(rels), rels, [size for _rel, size in self.held]))
             ordered.sort()   # (rel is unique: no two tuples get as far as their sizes)
             return iter(ordered)
         return ((key.decode("utf-8", "surrogatepass"), rel.decode("utf-8", "surrogatepass"), size)
@@ -240,6 +242,23 @@ class _Members:
     def cut_table(self) -> Rows | None:
         """Where the shards' file lists go: none (lists in memory) for a short plan."""
         return None if self.rows is None else Rows(2, self.where)
+
+
+def _check_files(files: list[tuple[str, int]], fmt: ShardFormat) -> None:
+    """``_check_file`` of a run of files, their names searched at once (joined, each between
+    slashes) for anything that could need a closer look: a backslash, a NUL, an empty, "." or
+    ".." segment, a drive's colon, bridge's reserved folder's name as a segment. Any of these
+    in any name, or a size over the format's limit, and each file is checked on its own, which
+    says which one is refused and why."""
+    if not files:
+        return
+    joined = "/\x00/".join([rel for rel, _size in files])
+    wrapped = f"/{joined}/"
+    if ("\\" in joined or joined.count("\x00") != len(files) - 1 or ":/" in joined or "//" in wrapped
+            or "/./" in wrapped or "/../" in wrapped or f"/{RESERVED}/" in wrapped
+            or max([size for _rel, size in files]) > fmt.max_file_size):
+        for rel, size in files:
+            _check_file(rel, size, fmt)
 
 
 def _check_file(rel: str, size: int, fmt: ShardFormat) -> None:
@@ -252,31 +271,12 @@ def _check_file(rel: str, size: int, fmt: ShardFormat) -> None:
                             f"{fmt.max_file_size} bytes per file; use --format tar")
 
 
-def _samples(files: Iterable[tuple[str, str, int]], key: Any) -> Iterator[list[tuple[str, int]]]:
-    """The (rel, size) of each sample's files, a list a sample, from (sample key, rel, size) in
-    pack order; ``key``: a hash that takes each file's name and size as they pass (the job's key)."""
-    group: list[tuple[str, int]] = []
-    last_key = None
-    names: list[str] = []
-    for sample, rel, size in files:
-        if sample != last_key and group:
-            yield group
-            group = []
-        last_key = sample
-        group.append((rel, size))
-        names.append(f"\x00{rel}:{size}")
-        if len(names) >= 4096:
-            key.update("".join(names).encode())
-            names.clear()
-    key.update("".join(names).encode())
-    if group:
-        yield group
-
-
-def _cut(groups: Iterable[list[tuple[str, int]]], fmt: ShardFormat, prefix: str, shard_size: int,
+def _cut(files: Iterable[tuple[str, str, int]], key: Any, fmt: ShardFormat, prefix: str, shard_size: int,
          max_count: int | None, table: Rows | None = None) -> list[ShardPlan]:
-    """Shards of whole samples; with ``table``, each shard's files are appended to it as the
-    shard closes and the shard keeps only where they are (MemberSlice)."""
+    """Shards of whole samples (the files of one sample key, consecutive in pack order), from
+    (sample key, rel, size) in pack order, in one pass; ``key``: a hash that takes each file's
+    name and size as they pass (the job's key). With ``table``, each shard's files are appended
+    to it as the shard closes and the shard keeps only where they are (MemberSlice)."""
     shards: list[ShardPlan] = []
     current: list[list[Any]] = []
     current_bytes = 0
@@ -296,18 +296,34 @@ def _cut(groups: Iterable[list[tuple[str, int]]], fmt: ShardFormat, prefix: str,
                                     fmt.shard_size(current_bytes), files))
         current, current_bytes = [], 0
 
-    file_size, whole = fmt.file_size, fmt.shard_size
-    for group in groups:
-        group_bytes = 0
-        for rel, size in group:
-            group_bytes += file_size(rel, size)
+    def place(group: list[list[Any]], group_bytes: int) -> None:
+        nonlocal current_bytes
         too_big = whole(current_bytes + group_bytes) > shard_size
         too_many = max_count is not None and len(current) + len(group) > max_count
         if current and (too_big or too_many):
             close()
-        for rel, size in group:
-            current.append([rel, size])
+        current.extend(group)
         current_bytes += group_bytes
+
+    file_size, whole = fmt.file_size, fmt.shard_size
+    group: list[list[Any]] = []
+    group_bytes = 0
+    last = None
+    names: list[str] = []
+    for sample, rel, size in files:
+        if sample != last:
+            if group:
+                place(group, group_bytes)
+            group, group_bytes, last = [], 0, sample
+        group.append([rel, size])
+        group_bytes += file_size(rel, size)
+        names.append(f"\x00{rel}:{size}")
+        if len(names) >= 4096:
+            key.update("".join(names).encode())
+            names.clear()
+    key.update("".join(names).encode())
+    if group:
+        place(group, group_bytes)
     close()
     return shards
 

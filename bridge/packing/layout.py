@@ -33,6 +33,11 @@ def sample_key(path: str) -> str:
     return match.group(1) if match else path
 
 
+def sample_keys(paths: list[str]) -> list[str]:
+    """``sample_key`` of each path, in one pass (a plan's every file)."""
+    return [match[1] if match else path for path, match in zip(paths, map(_SAMPLE_KEY.match, paths))]
+
+
 def pack_order(path: str) -> tuple[str, str]:
     return sample_key(path), path
 

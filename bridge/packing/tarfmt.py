@@ -156,6 +156,8 @@ class TarFormat(ShardFormat):
     exact_sizes = True
 
     def file_size(self, rel: str, size: int) -> int:
+        if size < _USTAR_SIZE and len(rel) <= _USTAR_NAME and rel.isascii():   # (header_size's own test)
+            return BLOCK + size + -size % BLOCK
         return header_size(rel, size) + size + padding(size)
 
     def shard_size(self, files_bytes: int) -> int:
