@@ -854,3 +854,36 @@ def test_a_run_of_names_is_refused_as_each_name_alone_is(fmt):
     too_big = good + [("big.bin", shard_format.max_file_size + 1)]
     assert at_once(too_big) == alone(too_big) is not None
 
+
+def test_a_streamed_object_reuses_its_parts_buffers(settings, tmp_path):
+    """Bytes written in pieces of every size, across parts' ends, make the object as written,
+    its SHA-256 and CRC32C those of its bytes; the parts go out of at most PARTS_IN_FLIGHT
+    buffers, reused part after part."""
+    from bridge.hashing import crc32c, crc_hex
+    from bridge.packing import sink as sinks
+    store = get_store(parse("/"), settings)
+    loc = parse(f"{tmp_path}/obj.bin")
+    upload = sinks.StreamingUpload(store, loc, part_size=1000)
+    rng = random.Random(7)
+    written = bytearray()
+    made = []
+    real = bytearray
+
+    class Counted(real):   # noqa: N801 (bytearray's stand-in in the sink's module only)
+        def __init__(self, *args):
+            super().__init__(*args)
+            made.append(len(self))
+
+    sinks.bytearray = Counted
+    try:
+        while len(written) < 23_456:
+            piece = rng.randbytes(rng.choice([1, 17, 999, 1000, 1001, 2500]))
+            upload.write(piece if rng.random() < 0.5 else memoryview(piece))
+            written += piece
+        result = upload.close()
+    finally:
+        del sinks.bytearray
+    assert (tmp_path / "obj.bin").read_bytes() == bytes(written)
+    assert result.size == len(written) and result.sha256 == hashlib.sha256(written).hexdigest()
+    assert result.crc32c == crc_hex(crc32c(bytes(written))) and len(result.parts) == -(-len(written) // 1000) > 20
+    assert made and len(made) <= sinks.PARTS_IN_FLIGHT and set(made) == {1000}

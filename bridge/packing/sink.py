@@ -75,6 +75,10 @@ class StreamingUpload:
         # the writer's own work (which on two cores would otherwise wait for it).
         self._hasher: cf.ThreadPoolExecutor | None = None
         self._in_flight: collections.deque[tuple[cf.Future, cf.Future]] = collections.deque()   # in part order
+        # Parts' buffers, sent and hashed, for the next parts: a part copied into memory already
+        # in use, not into a new 16 MiB, whose every page the kernel would map and zero again.
+        self._free: list[bytearray] = []
+        self._buffers: collections.deque[bytearray] = collections.deque()   # those of the parts in flight
 
     def _retrying(self, fn):
         return reported(fn, lambda _e: self.progress.retried())  # the store retries each request
@@ -89,24 +93,29 @@ class StreamingUpload:
         return n
 
     def _send_full_parts(self) -> None:
-        """Each full part is joined from the chunks that make it (one copy); a chunk that
-        crosses the part's end is split there."""
+        """Each full part is copied from the chunks that make it into a part's buffer (one copy:
+        a buffer of a part already sent when there is one); a chunk that crosses the part's end
+        is split there."""
         chunks, size = self._chunks, self.part_size
         while self._buffered >= size:
-            taken, need = 0, size
-            while len(chunks[taken]) <= need:
-                need -= len(chunks[taken])
-                taken += 1
-                if need == 0:
-                    break
-            part = chunks[:taken]
-            if need:
-                head = memoryview(chunks[taken])
-                part.append(head[:need])
-                chunks[taken] = bytes(head[need:])
-            del chunks[:taken]
+            if len(self._in_flight) >= PARTS_IN_FLIGHT:
+                self._collect_one()   # (its buffer is then free for this part)
+            buf = self._free.pop() if self._free else bytearray(size)
+            at = 0
+            while at < size:
+                chunk = chunks[0]
+                take = min(len(chunk), size - at)
+                if take == len(chunk):
+                    buf[at:at + take] = chunk
+                    chunks.pop(0)
+                else:
+                    view = memoryview(chunk)
+                    buf[at:at + take] = view[:take]
+                    chunks[0] = view[take:]
+                at += take
             self._buffered -= size
-            self._send_part(bytes(part[0]) if len(part) == 1 else b"".join(part))
+            self._buffers.append(buf)
+            self._send_part(buf)
     def tell(self) -> int:
         return self._pos
 
@@ -146,6 +155,8 @@ class StreamingUpload:
         sending, hashing = self._in_flight.popleft()
         hashing.result()
         self._parts.append(sending.result())
+        if self._buffers:   # (in part order; the last part, when short, is bytes of its own)
+            self._free.append(self._buffers.popleft())
 
     def _collect(self) -> None:
         while self._in_flight:
