@@ -247,3 +247,71 @@ def test_no_process_is_forked_from_another_thread_than_the_main_one(tmp_path):
     worker.start()
     worker.join()
     assert seen == [1] and forkplan.processes_for(settings) == 3
+
+
+def _walk_settings(tmp_path, processes: str):
+    return settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state"), "MCBRIDGE_PROCESSES": processes,
+                         "PATH": os.environ.get("PATH", "")})
+
+
+def test_a_folders_sizes_walked_by_processes_are_the_walks(monkeypatch, tmp_path):
+    """``sizes_split`` (a pack plan's walk, its top-level folders shared among processes) names
+    the files ``LocalStore.sizes`` names, with their sizes, and the pack plan made from it is the
+    one process's plan; the processes' output leaves nothing on disk."""
+    from bridge.packing import job
+    from bridge.stores.local import LocalStore
+    from tests.test_local_walk import _tree as odd_names
+    monkeypatch.setattr(forkplan, "MIN_ENTRIES", 1)
+    src = tmp_path / "src"
+    odd_names(src)
+    _tree(src / "more")
+    root = parse(f"{src}/")
+    store = LocalStore(_walk_settings(tmp_path, "1"))
+    whole = sorted(store.sizes(root))
+    assert len(whole) > 300 and ("z/_bridge", 5) in whole and "_bridge.txt" in dict(whole)
+    for processes in ("2", "3"):
+        walked = forkplan.sizes_split(store, root, _walk_settings(tmp_path, processes))
+        assert walked is not None and sorted(walked) == whole
+    plans = [job.plan_pack(f"{src}/", f"{tmp_path}/out/", _walk_settings(tmp_path, p), shard_size=8192).to_dict()
+             for p in ("1", "2")]
+    assert plans[0] == plans[1] and len(plans[0]["shards"]) > 3
+    assert list((tmp_path / "state" / "spill").iterdir()) == []
+
+
+def test_a_walking_processes_error_or_death_fails_the_walk(monkeypatch, tmp_path):
+    from bridge.errors import PermissionDenied
+    from bridge.stores.local import LocalStore
+    monkeypatch.setattr(forkplan, "MIN_ENTRIES", 1)
+    src = tmp_path / "src"
+    _tree(src)
+    root = parse(f"{src}/")
+    real = LocalStore.sizes
+    how = {}
+
+    def shared(self, prefix, only=None, top_files=True):
+        if not top_files:   # another process's share
+            if how["fail"] == "error":
+                raise PermissionDenied(f"{prefix}: access denied (simulated)")
+            os._exit(3)
+        return real(self, prefix, only, top_files)
+
+    monkeypatch.setattr(LocalStore, "sizes", shared)
+    store = LocalStore(_walk_settings(tmp_path, "2"))
+    how["fail"] = "error"
+    with pytest.raises(PermissionDenied, match="access denied \\(simulated\\)"):
+        list(forkplan.sizes_split(store, root, _walk_settings(tmp_path, "2")))
+    how["fail"] = "death"
+    with pytest.raises(BridgeError, match=r"walking part of the folder ended \(exit code 3\)"):
+        list(forkplan.sizes_split(store, root, _walk_settings(tmp_path, "2")))
+
+
+def test_a_small_folder_or_one_process_is_walked_in_one(monkeypatch, tmp_path):
+    from bridge.stores.local import LocalStore
+    src = tmp_path / "src"
+    _tree(src)
+    store = LocalStore(_walk_settings(tmp_path, "2"))
+    root = parse(f"{src}/")
+    assert forkplan.sizes_split(store, root, _walk_settings(tmp_path, "2")) is None   # 313 entries
+    monkeypatch.setattr(forkplan, "MIN_ENTRIES", 1)
+    assert forkplan.sizes_split(store, root, _walk_settings(tmp_path, "1")) is None
+    assert forkplan.sizes_split(store, parse(f"{src}/c/"), _walk_settings(tmp_path, "2")) is None   # no folder

@@ -200,9 +200,11 @@ def _local_sizes(source: str, destination: str, settings: Settings, filters: Fil
     src = parse(source)
     if not src.is_local or (filters is not None and filters.active) or not os.path.isdir(src.local_path):
         return None
+    from bridge.pipeline.forkplan import sizes_split
     src, dst = src.as_prefix(), parse(destination).as_prefix()
     get_store(dst, settings).check_bucket(dst)
-    return src, dst, get_store(src, settings).sizes(src)
+    store = get_store(src, settings)
+    return src, dst, sizes_split(store, src, settings) or store.sizes(src)
 
 
 class _Members:
