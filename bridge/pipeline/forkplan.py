@@ -83,11 +83,8 @@ def plan_sync_split(plan_part: Callable[..., tuple[Plan, dict[str, int]]], sourc
         return None   # the listing starts in the one folder the filters reach: nothing to split
     src, dst = src.as_prefix(), parse(destination).as_prefix()
     src_store, dst_store = get_store(src, settings), get_store(dst, settings)
-    try:
-        found = top_level(src_store, src)
-    except BridgeError:
-        return None   # planned in one process, which says what is wrong as it always has
-    if found is None or len(found[0]) < 2 or not _big_enough(src, found[0], processes):
+    found = _splittable(src_store, src, lambda subs: _big_enough(src, subs, processes))
+    if found is None:
         return None
     dst_store.check_bucket(dst)              # as resolve does, before any process starts
     check_chunk_size(chunk_size, dst_store)
@@ -130,11 +127,8 @@ def sizes_split(store: Any, root: Location, settings: Settings) -> Iterator[tupl
     processes = processes_for(settings)
     if processes < 2 or not _can_fork():
         return None
-    try:
-        found = top_level(store, root)
-    except BridgeError:
-        return None   # walked in one process, which says what is wrong as it always has
-    if found is None or len(found[0]) < 2 or not _reaches(root, found[0], MIN_ENTRIES):
+    found = _splittable(store, root, lambda subs: _reaches(root, subs, MIN_ENTRIES))
+    if found is None:
         return None
     subs = sorted(found[0])
     shares = [set(subs[n::processes]) for n in range(min(processes, len(subs)))]
@@ -155,6 +149,19 @@ def sizes_split(store: Any, root: Location, settings: Settings) -> Iterator[tupl
         _end(children, outputs)
         raise
     return _walked(store, root, shares[0], children, pipes, outputs)
+
+
+def _splittable(store: Any, root: Location, enough: Callable[[set[str]], bool]) -> tuple[set[str], int, bool] | None:
+    """``top_level`` of the folder ``root`` where it holds two top-level folders or more and
+    ``enough`` of them; None otherwise, and where the top level cannot be listed (one process
+    then says what is wrong, as it always has)."""
+    try:
+        found = top_level(store, root)
+    except BridgeError:
+        return None
+    if found is None or len(found[0]) < 2 or not enough(found[0]):
+        return None
+    return found
 
 
 def _walk_share(conn, store: Any, root: Location, share: set[str], out) -> None:
