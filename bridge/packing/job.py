@@ -344,6 +344,7 @@ class PackContext(jobs.Context):
         self.src = get_store(self.src_root, settings)
         self.dst = get_store(self.dst_root, settings)
         self._read_pool: cf.ThreadPoolExecutor | None = None
+        self._first_reader: cf.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     def read_pool(self) -> cf.ThreadPoolExecutor:
@@ -354,6 +355,17 @@ class PackContext(jobs.Context):
                                                         thread_name_prefix="bridge-read")
             return self._read_pool
 
+    def first_reader(self) -> cf.ThreadPoolExecutor | None:
+        """For a local source, the one thread that reads ahead of the shard writers until a run
+        of files turns out to wait on its storage (bridge.packing.writer.source_batches); None
+        for an object store, whose reads wait on the network from the first."""
+        if self.src.scheme != "file":
+            return None
+        with self._lock:
+            if self._first_reader is None:
+                self._first_reader = Pool(1, thread_name_prefix="bridge-read-first")
+            return self._first_reader
+
     def writers(self, memory: int = DEFAULT_MEMORY) -> int:
         """Shards written at once: the concurrency setting, within a memory budget."""
         per_writer = self.fmt.memory_per_writer(self.plan.part_size)
@@ -361,8 +373,9 @@ class PackContext(jobs.Context):
                           memory // per_writer))
 
     def close(self) -> None:
-        if self._read_pool is not None:
-            self._read_pool.shutdown(cancel_futures=True)
+        for pool in (self._first_reader, self._read_pool):
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
 
     def prepare(self) -> None:
         """The old index stops vouching for the root before any shard is rewritten (the shards it
@@ -389,7 +402,7 @@ def _shard(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
                          prefix=ctx.plan.prefix, part_size=ctx.plan.part_size,
                          progress=ctx.progress, read_pool=ctx.read_pool(),
                          read_connections=pool_batch_connections(ctx.settings),
-                         local_reads=ctx.src.scheme == "file")
+                         first_read_pool=ctx.first_reader())
     record = writer.write(name, unit["files"])   # [rel, size] pairs, not copied
     if ctx.fmt.exact_sizes and record["size"] != unit["size"]:
         raise BridgeError(f"internal error: {name} has {record['size']} bytes, planned {unit['size']}")

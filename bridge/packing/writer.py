@@ -1,8 +1,7 @@
 """Writing one shard: the steps are fixed here; a format only encodes.
 
 ``ShardWriter.write`` opens a streaming upload for the shard's predictable name, reads each
-file of the shard (in batches: a local folder's in the writer's own thread until its reads wait
-on their storage, others ahead of time on a shared pool), hashes it, hands
+file of the shard (ahead of time, in batches on a shared pool), hashes it, hands
 it to the format's encoder, closes the upload, and writes the shard's file list. Formats are
 found through ``FORMATS`` (module, class, the extra that installs them); each declares its limits
 so a plan can refuse what it cannot hold before anything is written.
@@ -200,43 +199,31 @@ def _batches(files: list[tuple[str, int]], stream_over: int) -> Iterator[tuple[B
 
 
 def source_batches(store: Store, root: Location, files: list[tuple[str, int]], *, stream_over: int,
-                   pool: cf.Executor, progress: Progress, connections: int, local: bool = False
+                   pool: cf.Executor, progress: Progress, connections: int, first: cf.Executor | None = None
                    ) -> Iterator[tuple[Batch, list[tuple[bytes, str]] | None]]:
     """Runs of files in order with their (bytes, sha256), read ahead on ``pool`` within a bounded
     window of READ_AHEAD_BYTES; a file over ``stream_over`` comes alone, with None: the writer
     streams it in ranges. ``connections``: requests in flight per batch (``_read_batch``).
-    ``local``: the runs are read here, in the caller's thread, one after another, until
-    SLOW_READS of them in a row waited on their storage (``waits_on_storage``), and on ``pool``
-    from then on. Local files in the page cache cost less CPU read by the thread that encodes
-    them than handed over from another (which takes turns with it for the GIL at every system
-    call): a pack of 20,000 x 8 KiB took 1.69 s of CPU by median against 1.74 s with one
-    reading thread ahead, in twelve alternated runs on two cores that the endpoint shares. Files
-    on a slow or remote filesystem are read faster by many threads, whose waits overlap. (In a row: a run read in the page cache now and then waits 50-90 ms, not 2, for the
-    GIL that the part senders hold.)"""
+    ``first``: a pool of one thread that reads the runs one after another until SLOW_READS of
+    them in a row waited on their storage (``waits_on_storage``), and ``pool`` from then on:
+    local files in the page cache are read faster by one thread than by eight (which take turns
+    holding the GIL for each system call), files on a slow or remote filesystem faster by eight.
+    (In a row: a run read in the page cache now and then takes 50-90 ms, not 2, waiting for the
+    GIL that the encoder and the part senders hold.)"""
     window: collections.deque = collections.deque()
     ahead = 0
     todo = _batches(files, stream_over)
-    slow = 0   # runs in a row read here that waited on their storage
+    reading = first or pool
+    slow = 0   # runs in a row that waited on their storage
     try:
-        while local:
-            item = next(todo, None)
-            if item is None:
-                return
-            batch, stream = item
-            if stream:
-                yield batch, None
-                continue
-            read, seconds = _read_batch(store, root, batch, progress, connections)
-            slow = slow + 1 if waits_on_storage(seconds, len(batch), sum(size for _rel, size in batch)) else 0
-            local = slow < SLOW_READS
-            yield batch, read
         while True:
             while ahead < READ_AHEAD_BYTES and len(window) < READ_AHEAD_BATCHES:   # tiny files: by count too
                 item = next(todo, None)
                 if item is None:
                     break
                 batch, stream = item
-                future = None if stream else pool.submit(_read_batch, store, root, batch, progress, connections)
+                future = None if stream else reading.submit(_read_batch, store, root, batch, progress,
+                                                             connections)
                 nbytes = 0 if stream else sum(size for _rel, size in batch)
                 window.append((batch, future, nbytes))
                 ahead += nbytes
@@ -247,7 +234,12 @@ def source_batches(store: Store, root: Location, files: list[tuple[str, int]], *
             if future is None:
                 yield batch, None
                 continue
-            yield batch, future.result()[0]
+            read, seconds = future.result()
+            if reading is not pool:
+                slow = slow + 1 if waits_on_storage(seconds, len(batch), nbytes) else 0
+                if slow >= SLOW_READS:
+                    reading = pool   # (the runs already queued stay with the first reader)
+            yield batch, read
     finally:
         for _batch, future, _n in window:
             if future:
@@ -273,11 +265,11 @@ class ShardWriter:
 
     def __init__(self, fmt: ShardFormat, *, src: Store, src_root: Location, dst: Store, dst_root: Location,
                  prefix: str, part_size: int, progress: Progress, read_pool: cf.Executor,
-                 read_connections: int, local_reads: bool = False):
+                 read_connections: int, first_read_pool: cf.Executor | None = None):
         self.fmt, self.src, self.src_root, self.dst, self.dst_root = fmt, src, src_root, dst, dst_root
         self.prefix, self.part_size = prefix, part_size
         self.progress, self.read_pool, self.read_connections = progress, read_pool, read_connections
-        self.local_reads = local_reads   # (source_batches' ``local``)
+        self.first_read_pool = first_read_pool   # (source_batches' ``first``)
 
     def write(self, name: str, files: Iterable[tuple[str, int]]) -> dict[str, Any]:
         """The shard, and its file list streamed beside it: each file's line is written as soon
@@ -319,7 +311,7 @@ class ShardWriter:
         placed: collections.deque[tuple[str, str]] = collections.deque()   # (rel, sha) the format has not placed yet
         auditing = self.progress.auditing()   # a line per file packed, at -v
         for batch, read in source_batches(self.src, self.src_root, files, stream_over=stream_over,
-                                          pool=self.read_pool, local=self.local_reads,
+                                          pool=self.read_pool, first=self.first_read_pool,
                                           progress=self.progress,
                                           connections=self.read_connections):
             if read is None:
