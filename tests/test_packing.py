@@ -722,11 +722,13 @@ def test_a_file_that_changed_after_the_plan_stops_the_pack_before_its_commit(set
         assert not (out / "_bridge").exists() and not list(out.glob("*.index"))
 
 
-def test_local_reads_go_wide_only_once_runs_wait_on_their_storage(tmp_path, monkeypatch):
+@pytest.mark.parametrize("alone", [False, True], ids=["shared-reader", "writer-reads"])
+def test_local_reads_go_wide_only_once_runs_wait_on_their_storage(alone, tmp_path, monkeypatch):
     """A local source is read by one thread (page-cache reads in parallel only take turns with
-    the GIL) until SLOW_READS runs in a row waited on their storage: then by the pool. A store
-    whose every open waits a millisecond (a network filesystem's round trip) goes wide; one whose
-    runs never wait stays on the one thread. Either way each file's bytes and SHA-256 are its own."""
+    the GIL) until SLOW_READS runs in a row waited on their storage: then by the pool. That one
+    thread is the shared first reader, or for a writer alone the writer's own. A store whose
+    every open waits a millisecond (a network filesystem's round trip) goes wide; one whose runs
+    never wait stays on the one thread. Either way each file's bytes and SHA-256 are its own."""
     import concurrent.futures as cf
     import threading
     import time as timing
@@ -757,19 +759,23 @@ def test_local_reads_go_wide_only_once_runs_wait_on_their_storage(tmp_path, monk
                 cf.ThreadPoolExecutor(4, thread_name_prefix="wide") as wide:
             got = {}
             for batch, read in writer.source_batches(store, root, listed, stream_over=1 << 20, pool=wide,
-                                                     first=first, progress=Progress(), connections=1):
+                                                     first=None if alone else first, local=alone,
+                                                     progress=Progress(), connections=1):
                 for (rel, _size), (data, sha) in zip(batch, read, strict=True):
                     got[rel] = (data, sha)
         assert got == {rel: (data, hashlib.sha256(data).hexdigest()) for rel, data in files.items()}
         return list(seen)
 
     monkeypatch.setattr(writer, "READ_AHEAD_BATCHES", 4)   # (what is queued already stays with its reader)
+    one = threading.current_thread().name if alone else "first_0"
     slow = run(Waiting(settings_for(dict(os.environ))))
-    assert slow[:writer.SLOW_READS] == ["first_0"] * writer.SLOW_READS
+    assert slow[:writer.SLOW_READS] == [one] * writer.SLOW_READS
     assert any(name.startswith("wide") for name in slow)
+    if alone:   # (the writer sends every later run to the pool: none is queued with another reader)
+        assert all(name.startswith("wide") for name in slow[writer.SLOW_READS:]) and len(slow) == 12
     monkeypatch.setattr(writer, "SLOW_READ_FILE", 10.0)   # no run of this machine waits 10 s a file
     fast = run(Counted(settings_for(dict(os.environ))))
-    assert fast == ["first_0"] * 12
+    assert fast == [one] * 12
 
 
 @pytest.mark.parametrize("spill", [False, True])
@@ -855,35 +861,60 @@ def test_a_run_of_names_is_refused_as_each_name_alone_is(fmt):
     assert at_once(too_big) == alone(too_big) is not None
 
 
-def test_a_streamed_object_reuses_its_parts_buffers(settings, tmp_path):
+def test_a_streamed_object_reuses_its_parts_buffers(settings, tmp_path, monkeypatch):
     """Bytes written in pieces of every size, across parts' ends, make the object as written,
     its SHA-256 and CRC32C those of its bytes; the parts go out of at most PARTS_IN_FLIGHT
     buffers, reused part after part."""
     from bridge.hashing import crc32c, crc_hex
     from bridge.packing import sink as sinks
     store = get_store(parse("/"), settings)
+    original = type(store).upload_part
+    buffers: list[int] = []
+
+    def seen(self, loc, upload_id, number, offset, data, crc32c, **kw):
+        if isinstance(data, bytearray):
+            buffers.append(id(data))
+        return original(self, loc, upload_id, number, offset, data, crc32c, **kw)
+
+    monkeypatch.setattr(type(store), "upload_part", seen)
     loc = parse(f"{tmp_path}/obj.bin")
     upload = sinks.StreamingUpload(store, loc, part_size=1000)
     rng = random.Random(7)
     written = bytearray()
-    made = []
-    real = bytearray
-
-    class Counted(real):   # noqa: N801 (bytearray's stand-in in the sink's module only)
-        def __init__(self, *args):
-            super().__init__(*args)
-            made.append(len(self))
-
-    sinks.bytearray = Counted
-    try:
-        while len(written) < 23_456:
-            piece = rng.randbytes(rng.choice([1, 17, 999, 1000, 1001, 2500]))
-            upload.write(piece if rng.random() < 0.5 else memoryview(piece))
-            written += piece
-        result = upload.close()
-    finally:
-        del sinks.bytearray
+    while len(written) < 23_456:
+        piece = rng.randbytes(rng.choice([1, 17, 999, 1000, 1001, 2500]))
+        upload.write(piece if rng.random() < 0.5 else memoryview(piece))
+        written += piece
+    result = upload.close()
     assert (tmp_path / "obj.bin").read_bytes() == bytes(written)
     assert result.size == len(written) and result.sha256 == hashlib.sha256(written).hexdigest()
     assert result.crc32c == crc_hex(crc32c(bytes(written))) and len(result.parts) == -(-len(written) // 1000) > 20
-    assert made and len(made) <= sinks.PARTS_IN_FLIGHT and set(made) == {1000}
+    assert len(buffers) >= 20 and len(set(buffers)) <= sinks.PARTS_IN_FLIGHT
+
+
+def test_a_shard_written_alone_reads_its_own_files_and_several_share_one_reader(tmp_path, monkeypatch):
+    """A local folder's files are read by the shard's writer itself when it is the only one
+    running (one shard at a time), and by one shared reading thread when several shards are
+    written at once; the shard sets are the same either way."""
+    import threading
+
+    from bridge.stores.local import LocalStore
+    files = {f"d{i % 3}/{i:04d}.bin": os.urandom(700 + i) for i in range(600)}
+    write_tree(tmp_path / "src", files)
+    readers: set[str] = set()
+    real = LocalStore.read_listed
+
+    def noted(self, root, batch):
+        readers.add(threading.current_thread().name.rstrip("0123456789").rstrip("_"))
+        return real(self, root, batch)
+
+    monkeypatch.setattr(LocalStore, "read_listed", noted)
+    settings = settings_for(dict(os.environ), concurrency=4)
+    job.pack(f"{tmp_path / 'src'}/", f"{tmp_path / 'one'}/", settings, shard_size=64 << 20)
+    alone, readers = set(readers), set()
+    job.pack(f"{tmp_path / 'src'}/", f"{tmp_path / 'many'}/", settings, shard_size=96 << 10)
+    assert alone and "bridge-read-first" not in alone and readers == {"bridge-read-first"}
+    assert len(json.loads((tmp_path / "many" / "shard.index.json").read_text())["shards"]) > 3
+    for out in ("one", "many"):
+        unpack(f"{tmp_path / out}/", f"{tmp_path / out}-back/", settings)
+        assert read_back(tmp_path / f"{out}-back") == files

@@ -346,6 +346,7 @@ class PackContext(jobs.Context):
         self._read_pool: cf.ThreadPoolExecutor | None = None
         self._first_reader: cf.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self.shards_at_once = 0   # shard writers this process runs at once (execute); 0: not known
 
     def read_pool(self) -> cf.ThreadPoolExecutor:
         """Reads (and per-file hashes) run ahead of the shard writers on one shared pool."""
@@ -398,11 +399,12 @@ def _shard(ctx: PackContext, unit: dict[str, Any]) -> dict[str, Any]:
         for _ in unit["files"]:
             ctx.progress.file_finished()
         return done
+    alone = ctx.src.scheme == "file" and ctx.shards_at_once == 1   # reads its files itself (source_batches)
     writer = ShardWriter(ctx.fmt, src=ctx.src, src_root=ctx.src_root, dst=ctx.dst, dst_root=ctx.dst_root,
                          prefix=ctx.plan.prefix, part_size=ctx.plan.part_size,
                          progress=ctx.progress, read_pool=ctx.read_pool(),
                          read_connections=pool_batch_connections(ctx.settings),
-                         first_read_pool=ctx.first_reader())
+                         first_read_pool=None if alone else ctx.first_reader(), local_reads=alone)
     record = writer.write(name, unit["files"])   # [rel, size] pairs, not copied
     if ctx.fmt.exact_sizes and record["size"] != unit["size"]:
         raise BridgeError(f"internal error: {name} has {record['size']} bytes, planned {unit['size']}")
@@ -510,7 +512,8 @@ def execute(plan: PackPlan, settings: Settings, progress: Progress | None = None
     journal = journal_at(state_dir or Path(settings.transfer.state_dir), plan.key)
     ctx = PackContext(plan, settings, journal, progress)
     progress.plan(plan.shard_bytes, len(plan.shards) + 2)
-    results = jobs.run(ctx, plan.units(), journal, ctx.writers(memory), "packing")
+    ctx.shards_at_once = ctx.writers(memory)
+    results = jobs.run(ctx, plan.units(), journal, ctx.shards_at_once, "packing")
     return {**plan.summary(), "ok": True, "index": results["index"], "stale_removed": len(results["stale"]),
             "manifest": results["manifest"], **progress.snapshot()}
 

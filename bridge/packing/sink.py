@@ -100,19 +100,24 @@ class StreamingUpload:
         while self._buffered >= size:
             if len(self._in_flight) >= PARTS_IN_FLIGHT:
                 self._collect_one()   # (its buffer is then free for this part)
-            buf = self._free.pop() if self._free else bytearray(size)
-            at = 0
-            while at < size:
+            pieces, need = [], size
+            while need:
                 chunk = chunks[0]
-                take = min(len(chunk), size - at)
-                if take == len(chunk):
-                    buf[at:at + take] = chunk
-                    chunks.pop(0)
+                if len(chunk) <= need:
+                    pieces.append(chunks.pop(0))
+                    need -= len(chunk)
                 else:
                     view = memoryview(chunk)
-                    buf[at:at + take] = view[:take]
-                    chunks[0] = view[take:]
-                at += take
+                    pieces.append(view[:need])
+                    chunks[0] = view[need:]
+                    need = 0
+            if self._free:
+                buf, at = self._free.pop(), 0
+                for piece in pieces:
+                    buf[at:at + len(piece)] = piece
+                    at += len(piece)
+            else:   # (joined, not zeroed first: a shard of few parts never reuses one)
+                buf = bytearray().join(pieces)
             self._buffered -= size
             self._buffers.append(buf)
             self._send_part(buf)
