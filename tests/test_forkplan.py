@@ -341,3 +341,6 @@ def test_a_small_folder_or_one_process_is_walked_in_one(monkeypatch, tmp_path):
     monkeypatch.setattr(forkplan, "MIN_ENTRIES", 1)
     assert forkplan.sizes_split(store, root, _walk_settings(tmp_path, "1")) is None
     assert forkplan.sizes_split(store, parse(f"{src}/c/"), _walk_settings(tmp_path, "2")) is None   # no folder
+    (tmp_path / "state").mkdir(exist_ok=True)
+    (tmp_path / "state" / "spill").write_bytes(b"")   # no folder for the shares' output: one process
+    assert forkplan.sizes_split(store, root, _walk_settings(tmp_path, "2")) is None

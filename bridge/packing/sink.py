@@ -121,6 +121,7 @@ class StreamingUpload:
             self._buffered -= size
             self._buffers.append(buf)
             self._send_part(buf)
+
     def tell(self) -> int:
         return self._pos
 

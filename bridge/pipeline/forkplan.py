@@ -134,7 +134,10 @@ def sizes_split(store: Any, root: Location, settings: Settings) -> Iterator[tupl
     shares = [set(subs[n::processes]) for n in range(min(processes, len(subs)))]
     import multiprocessing
     ctx = multiprocessing.get_context("fork")
-    outputs = [tempfile.TemporaryFile(dir=_output_dir(settings)) for _ in shares[1:]]
+    try:
+        outputs = [tempfile.TemporaryFile(dir=_output_dir(settings)) for _ in shares[1:]]
+    except OSError:
+        return None   # no room for the shares' output: walked in one process, which needs none
     children, pipes = [], []
     try:
         for n, share in enumerate(shares[1:]):
