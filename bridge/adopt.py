@@ -22,12 +22,13 @@ only, so that it reads no cloud object.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
 
 from bridge import hashing
-from bridge.manifest import FileEntry
+from bridge.manifest import FileEntry, entry_text
 from bridge.stores.base import ObjectInfo, Store
 
 ORDER = ("md5", "crc64nvme", "crc32c", "crc32")   # strongest first
@@ -146,6 +147,39 @@ def compare(src_store: Store, src: ObjectInfo, dst_store: Store, dst: ObjectInfo
     if src_sums[name] != dst_sums[name]:
         return Adoption(False, name, f"{name.upper()} {dst_sums[name]}, source {src_sums[name]}")
     return Adoption(True, name, f"{name.upper()} equal", _entry(rel, src, dst, dst_sums, {**src_sums, **read}, name))
+
+
+def quick(rel: str, src: ObjectInfo, dst: ObjectInfo, known: dict[str, str] | None = None) -> str | bool | None:
+    """``compare``'s answer in its most common case, for half its time a file: a small local
+    file against a cloud object whose listing reports its MD5 (an S3 ETag of one request, GCS
+    md5Hash), the file read once (or its ``known`` digests). The adopted object's entry as the
+    JSON text ``compare``'s entry encodes to (tests/test_adopt.py holds the two equal), False
+    where the MD5s differ, None where ``compare`` is to answer: any other case, or a file that
+    cannot be read as listed (its error is the store's). Adopting 20,000 files spent a fifth of
+    its CPU in ``compare``'s dicts, its dataclasses and the entry's encoding."""
+    if (src.size != dst.size or src.size > INLINE_BYTES or src.location.scheme != "file"
+            or dst.location.scheme == "file" or src.checksums):
+        return None
+    theirs = reported(None, dst)
+    md5 = theirs.get("md5")
+    if md5 is None:
+        return None
+    if known is None:
+        data = hashing.read_small("/" + src.location.key, src.size)   # (its local_path)
+        if data is None:
+            return None
+        if hashlib.md5(data).hexdigest() != md5:
+            return False
+        crc, sha = hashing.crc_hex(hashing.crc32c(data)), hashlib.sha256(data).hexdigest()
+    elif known["md5"] != md5:
+        return False
+    else:
+        crc, sha = known["crc32c"], known["sha256"]
+    return entry_text(rel, dst.size, crc, sha, 0, [], ["crc32c", "sha256"], theirs, dst.identity, [], _BY_MD5,
+                      src.identity, "md5", "", {})
+
+
+_BY_MD5 = "adopted: equal to its source by MD5"   # (``_entry``'s note)
 
 
 def _none_common(src: ObjectInfo, dst: ObjectInfo) -> str:

@@ -156,6 +156,12 @@ class FileEntry:
                    dict(d.get("source_id", {})), d.get("adopted", ""), d.get("sha256_tree", ""),
                    dict(d.get("carried", {})))
 
+    def text(self) -> str:
+        """``to_dict`` as compact JSON (``entry_text``)."""
+        return entry_text(self.path, self.size, self.crc32c, self.sha256, self.part_size, self.parts, self.computed,
+                          self.reported, self.identity, self.part_sha256, self.note, self.source_id, self.adopted,
+                          self.sha256_tree, self.carried)
+
     def to_dict(self) -> dict:
         """As ``dataclasses.asdict`` gives it, without its deep copy (~10x faster; one per file)."""
         return {"path": self.path, "size": self.size, "crc32c": self.crc32c, "sha256": self.sha256,
@@ -182,6 +188,40 @@ class FileEntry:
         if last:
             sizes.append(last)
         return sizes
+
+
+_FIELDS = tuple(f.name for f in FileEntry.__dataclass_fields__.values())
+_esc = json.encoder.encode_basestring_ascii   # (C) a str as JSON; TypeError for anything else
+
+
+def _strs(items: list[str]) -> str:
+    return "[" + ",".join([_esc(v) for v in items]) + "]" if items else "[]"
+
+
+def _flat(items: dict[str, str]) -> str:
+    return "{" + ",".join([f"{_esc(k)}:{_esc(v)}" for k, v in items.items()]) + "}" if items else "{}"
+
+
+def entry_text(path: str, size: int, crc32c: str, sha256: str, part_size: int, parts: list[str], computed: list[str],
+               reported: dict[str, str], identity: dict[str, str], part_sha256: list[str], note: str,
+               source_id: dict[str, str], adopted: str, sha256_tree: str, carried: dict) -> str:
+    """A ``FileEntry``'s ``to_dict`` (the fields given in its order) as the compact JSON text
+    ``json.dumps(..., separators=(",", ":"))`` writes, built from the fields rather than through
+    a dict and the encoder: a third of the time, once per adopted file (tests/test_manifest.py
+    holds the two texts equal). Values of other types than the usual (a nested ``carried``, a
+    number where a str is usual) take the encoder's way."""
+    if type(size) is int and type(part_size) is int and not carried:
+        try:
+            return (f'{{"path":{_esc(path)},"size":{size},"crc32c":{_esc(crc32c)},"sha256":{_esc(sha256)},'
+                    f'"part_size":{part_size},"parts":{_strs(parts)},"computed":{_strs(computed)},'
+                    f'"reported":{_flat(reported)},"identity":{_flat(identity)},'
+                    f'"part_sha256":{_strs(part_sha256)},"note":{_esc(note)},"source_id":{_flat(source_id)},'
+                    f'"adopted":{_esc(adopted)},"sha256_tree":{_esc(sha256_tree)},"carried":{{}}}}')
+        except TypeError:
+            pass
+    values = (path, size, crc32c, sha256, part_size, parts, computed, reported, identity, part_sha256, note,
+              source_id, adopted, sha256_tree, carried)
+    return json.dumps(dict(zip(_FIELDS, values)), separators=(",", ":"))
 
 
 @dataclass

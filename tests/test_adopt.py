@@ -444,3 +444,78 @@ def test_a_sync_that_only_adopts_commits_as_the_journal_would_without_one(tmp_pa
         assert verifying.verify(f"{tmp_path / name}/", settings, deep=True)["ok"]
     assert len(records["direct"]) == 300 and records["direct"] == records["journaled"]
     assert all(e["adopted"] == "md5" and e["computed"] == ["crc32c", "sha256"] for e in records["direct"])
+
+
+def test_the_quick_answer_is_compares_own_and_steps_aside_where_it_does_not_apply(moto, fake_gcs, make_root,
+                                                                                   emulator_env, tmp_path, monkeypatch):
+    """``adopt.quick`` (a small local file against an object listed with its MD5: adoption's usual
+    case) answers what ``compare`` answers, its entry the very text of ``compare``'s entry, read
+    from the file or from digests already known; where the MD5s differ it says so (False); in
+    every other case it leaves the answer to ``compare`` (None): an S3 object of a multipart
+    upload (no MD5 ETag), an Azure blob (a client's Content-MD5), a local destination, a file
+    larger than adoption reads in one go, sizes that differ, a file no longer as listed."""
+    import hashlib
+
+    from bridge import adopt as adopting
+    from bridge import hashing
+    settings = settings_for(emulator_env)
+    src = tmp_path / "src"
+    src.mkdir()
+    files = {"same.bin": os.urandom(5000), "other.bin": os.urandom(5000), "über \"q\".bin": os.urandom(300),
+             "multi.bin": os.urandom(6 << 20)}
+    for rel, data in files.items():
+        (src / rel).write_bytes(data)
+    theirs = {**files, "other.bin": bytes(b ^ 1 for b in files["other.bin"])}
+    s3_root, gs_root = make_root("s3") + "t/", make_root("gs") + "t/"
+    s3, s3_loc = moto.client(), parse(s3_root)
+    for rel, data in theirs.items():
+        if rel != "multi.bin":
+            s3.put_object(Bucket=s3_loc.bucket, Key=s3_loc.key + rel, Body=data)
+    upload = s3.create_multipart_upload(Bucket=s3_loc.bucket, Key=s3_loc.key + "multi.bin")
+    part = s3.upload_part(Bucket=s3_loc.bucket, Key=s3_loc.key + "multi.bin", PartNumber=1,
+                          UploadId=upload["UploadId"], Body=theirs["multi.bin"])
+    s3.complete_multipart_upload(Bucket=s3_loc.bucket, Key=s3_loc.key + "multi.bin", UploadId=upload["UploadId"],
+                                 MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]})
+    bucket = fake_gcs.client().bucket(parse(gs_root).bucket)
+    for rel, data in theirs.items():
+        bucket.blob(parse(gs_root).key + rel).upload_from_string(data)
+
+    src_root = parse(f"{src}/")
+    src_store = get_store(src_root, settings)
+    ours = {info.location.relative_to(src_root): info for info in src_store.list(src_root)}
+    monkeypatch.setattr(adopting, "INLINE_BYTES", 8 << 20)
+    for root in (s3_root, gs_root):
+        dst_root = parse(root)
+        dst_store = get_store(dst_root, settings)
+        listed = {info.location.relative_to(dst_root): info for info in dst_store.list(dst_root)}
+        for rel in ("same.bin", "über \"q\".bin"):
+            found = adopting.compare(src_store, ours[rel], dst_store, listed[rel], rel)
+            assert found.equal and found.by == "md5"
+            text = adopting.quick(rel, ours[rel], listed[rel])
+            assert text == found.entry.text() == json.dumps(found.entry.to_dict(), separators=(",", ":"))
+            data = files[rel]
+            known = {"crc32c": hashing.crc_hex(hashing.crc32c(data)), "md5": hashlib.md5(data).hexdigest(),
+                     "sha256": hashlib.sha256(data).hexdigest()}
+            assert adopting.quick(rel, ours[rel], listed[rel], known) == text
+            assert json.loads(text)["sha256"] == known["sha256"] and json.loads(text)["crc32c"] == known["crc32c"]
+        assert not adopting.compare(src_store, ours["other.bin"], dst_store, listed["other.bin"], "other.bin").equal
+        assert adopting.quick("other.bin", ours["other.bin"], listed["other.bin"]) is False
+        known = {"crc32c": "0", "md5": "0" * 32, "sha256": "0"}
+        assert adopting.quick("same.bin", ours["same.bin"], listed["same.bin"], known) is False
+        assert adopting.quick("same.bin", ours["same.bin"], listed["other.bin"]) is False   # (same size)
+        assert adopting.quick("same.bin", ours["same.bin"], listed["über \"q\".bin"]) is None   # sizes differ
+    s3_listed = {i.location.relative_to(s3_loc): i for i in get_store(s3_loc, settings).list(s3_loc)}
+    assert "-" in s3_listed["multi.bin"].identity["etag"]                 # no MD5 in the listing
+    assert adopting.quick("multi.bin", ours["multi.bin"], s3_listed["multi.bin"]) is None
+    monkeypatch.setattr(adopting, "INLINE_BYTES", 1 << 20)
+    gs_listed = {i.location.relative_to(parse(gs_root)): i for i in get_store(parse(gs_root), settings).list(parse(gs_root))}
+    assert adopting.quick("multi.bin", ours["multi.bin"], gs_listed["multi.bin"]) is None   # not read in one go
+    assert adopting.quick("same.bin", ours["same.bin"], ours["same.bin"]) is None            # a local destination
+    az_root = parse(make_root("az") + "t/")
+    az_store = get_store(az_root, settings)
+    az_store.put(az_root.join("same.bin"), files["same.bin"], crc32c=hashing.crc_hex(hashing.crc32c(files["same.bin"])),
+                 metadata={})
+    [az_info] = list(az_store.list(az_root))
+    assert adopting.quick("same.bin", ours["same.bin"], az_info) is None                      # Azure: a client's word
+    (src / "same.bin").write_bytes(files["same.bin"] + b"!")                                 # no longer as listed
+    assert adopting.quick("same.bin", ours["same.bin"], s3_listed["same.bin"]) is None

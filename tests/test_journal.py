@@ -136,3 +136,36 @@ def test_a_record_is_encoded_as_json_dumps_writes_it():
     with pytest.raises(TypeError):
         encode({("a", "tuple"): 1})
     assert math.isnan(json.loads(encode([float("nan")]))[0])
+
+
+def test_an_entrys_text_is_what_json_dumps_writes_of_its_dict():
+    """``FileEntry.text`` (``manifest.entry_text``: built from the fields, not through a dict and
+    the encoder) is ``json.dumps(entry.to_dict(), separators=(",", ":"))`` for the entries a
+    copy, a multipart upload or an adoption records, for names no ASCII carries, quotes and
+    control characters, and for values of other types than the usual (a number where a str is
+    usual, a nested ``carried``, a size that is not an int), which take the encoder's way."""
+    import json
+
+    from bridge.manifest import FileEntry, entry_text
+    odd = "a b/ü\"q\\\n\t\x01\x7f\u2028名前\U0001F600.bin"
+    entries = [
+        FileEntry("d/0000001.bin", 8192, "58e26ff2", "ab" * 32),
+        FileEntry(odd, 0, "", "", computed=[], note="unproven: " + odd),
+        FileEntry("big.ckpt", 2**40 + 3, "00000000", "cd" * 32, part_size=8 << 20, parts=["aa" * 16, "bb" * 16],
+                  part_sha256=["ef" * 32, "01" * 32], sha256_tree="23" * 32, identity={"etag": "\"x-2\"", "version_id": odd},
+                  source_id={"generation": "17", odd: odd}, reported={"crc32c": "0a0b0c0d", "md5": "ff" * 16}),
+        FileEntry("adopted.bin", 5, "1", "2", computed=["crc32c", "sha256"], reported={"md5": "00" * 16},
+                  identity={"etag": "00" * 16, "last_modified": "2026-12-07T06:09:56Z"},
+                  note="adopted: equal to its source by MD5", adopted="md5",
+                  source_id={"inode": "13", "size": "5", "mtime_ns": "1", "ctime_ns": "2"}),
+        FileEntry("carried.bin", 5, "1", "2", carried={"sha256": {"from": "s3://b/x/", "parts": [1, 2]}}),
+        FileEntry("numbers.bin", 5, "1", "2", identity={"generation": 17, "metageneration": 1.5},
+                  source_id={"size": None}),
+        FileEntry("tuple.bin", 5, "1", "2", computed=("crc32c",), parts=("x",)),
+        FileEntry("floatsize.bin", 5.0, "1", "2"),
+        FileEntry("boolsize.bin", True, "1", "2", part_size=False),
+    ]
+    for entry in entries:
+        assert entry.text() == json.dumps(entry.to_dict(), separators=(",", ":")), entry
+        assert json.loads(entry.text()) == json.loads(json.dumps(entry.to_dict()))
+    assert entry_text(*(getattr(entries[2], f) for f in entries[2].__dataclass_fields__)) == entries[2].text()

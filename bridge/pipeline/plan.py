@@ -202,7 +202,7 @@ class Entries:
 
     def append(self, entry: dict | FileEntry) -> None:
         if isinstance(entry, FileEntry):
-            self.append_encoded(entry.path, encode(entry.to_dict()))
+            self.append_encoded(entry.path, entry.text())
         else:
             self.append_encoded(entry["path"], encode(entry))
 

@@ -95,6 +95,9 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
         return "repaired" if mismatch(dst_store, there, entry) is not None else "unchanged"
 
     def adoption(rel: str, info, there, known=None):
+        text = adopting.quick(rel, info, there, known)   # (the usual case, for less)
+        if text is not None:
+            return ("adopted", text) if text else "changed"
         found = adopting.compare(src_store, info, dst_store, there, rel, deep=adopt == "deep", known=known)
         return ("adopted", found.entry) if found.equal else "changed"
 
@@ -121,7 +124,10 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
                 verdict = adoption(rel, info, verdict.there, prefetch.get(verdict.ticket))
             if isinstance(verdict, tuple):    # adopted: its entry is committed, nothing sent
                 verdict, entry = verdict
-                adopted.append(entry)
+                if isinstance(entry, str):   # (quick's text)
+                    adopted.append_encoded(rel, entry)
+                else:
+                    adopted.append(entry)
             counts[verdict] += 1
             if progress is not None:
                 progress.checked()
