@@ -150,7 +150,9 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
                     deletions.append(rel)
                 continue
             if entry is None and there is not None and adopt != "off":
-                if adopting.offline(info, there):   # decided here: no request, a small file
+                if prefetch is None and (text := adopting.quick(rel, info, there)) is not None:
+                    window.append((rel, info, ("adopted", text) if text else "changed"))   # the usual case
+                elif adopting.offline(info, there):   # decided here: no request, a small file
                     ticket = None
                     if prefetch is not None and info.size == there.size:
                         ticket = prefetch.add(info)
