@@ -200,3 +200,56 @@ def _entry_bytes(root: Path) -> list[bytes]:
     shards = [p.read_bytes() for p in sorted(root.rglob("*.jsonl"))]
     docs = [p.read_bytes() for p in sorted(root.rglob("*.json"))]
     return shards + [d[d.index(b'"files": ['):] for d in docs if b'"files": [' in d]
+
+
+def test_a_commits_shards_are_written_at_once_and_its_document_after_every_one(moto, make_root, emulator_env,
+                                                                             monkeypatch):
+    """A big commit's shards go out several at once (``SHARDS_IN_FLIGHT``, each by a thread of
+    its own) while the next fills, and its document, the commit, only once every shard is
+    written: with the first shard held at the endpoint, the next three arrive, the fifth waits
+    for a slot, and the document waits for the first; a shard that cannot be written fails
+    the commit, and no document names it."""
+    import threading
+
+    from bridge.errors import BridgeError
+    from bridge.manifest import FileEntry
+    from tests.faultproxy import FaultProxy, Rule, proxied_environment
+    monkeypatch.setattr(manifests, "SHARD_ENTRIES", 50)
+    entries = [FileEntry(f"d/{i:05d}.bin", i, "00000000", "ab" * 32) for i in range(400)]   # 8 shards
+    root = parse(make_root("s3") + "rec/")
+
+    def puts(proxy) -> list[str]:
+        return [line.split("?")[0] for line, _ in proxy.log if line.startswith("PUT ")]
+
+    with FaultProxy(moto.endpoint) as proxy:
+        store = get_store(root, settings_for(proxied_environment(emulator_env, {"s3": proxy}), retries=0))
+        proxy.configure(rules=[Rule(r"PUT [^?]*/_bridge/seg/[^?]*/000000\.jsonl", "hold")])
+        failed: list[BaseException] = []
+
+        def commit() -> None:
+            try:
+                manifests.append(store, root, "src/", str(root), entries)
+            except BaseException as exc:
+                failed.append(exc)
+        writer = threading.Thread(target=commit)
+        writer.start()
+        deadline = time.monotonic() + 30
+        while len(puts(proxy)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)   # time enough for a fifth shard or the document, were either not held back
+        seen = puts(proxy)
+        assert sorted(p[-12:] for p in seen) == [f"{i:06d}.jsonl" for i in range(4)], seen
+        proxy.release()
+        writer.join(60)
+        assert not failed, failed
+        seen = puts(proxy)
+        assert sorted(p[-12:] for p in seen[:-1]) == [f"{i:06d}.jsonl" for i in range(8)]
+        assert "/_bridge/log/" in seen[-1]                                      # the commit, last
+        assert list(manifests.read(store, root).files.values()) == entries
+
+        other = parse(make_root("s3") + "rec2/")
+        proxy.configure(rules=[Rule(r"PUT [^?]*/_bridge/seg/[^?]*/000005\.jsonl", "error", times=10)])
+        with pytest.raises(BridgeError):
+            manifests.append(store, other, "src/", str(other), entries)
+        assert not any("/_bridge/log/" in p for p in puts(proxy))
+        assert manifests.read(store, other) is None
