@@ -264,13 +264,7 @@ def commit(store: Store, root: Location, source: str, destination: str, entries:
     time keep theirs. What follows is cleaning up, and a failure there leaves leftovers, not a
     failed job."""
     root = root.as_prefix()
-    # Unfinished uploads to the objects this commit names are leftovers of runs that were killed
-    # and not resumed; uploads to other keys may belong to another job running now, and stay.
-    try:
-        uploads = [] if store.commit_discards_uploads else list(store.list_uploads(root))
-    except BridgeError:
-        uploads = []
-    waiting = {loc.relative_to(root) for loc, _id in uploads}
+    uploads, waiting = _uploads(store, root)
     written: set[str] = set()
 
     def noted(items: Iterable[FileEntry]) -> Iterator[FileEntry]:
@@ -283,10 +277,43 @@ def commit(store: Store, root: Location, source: str, destination: str, entries:
     sized = hasattr(entries, "__len__")
     where = manifests.append(store, root, source, destination, list(noted(entries)) if sized else noted(entries),
                              removed=removed, extra=extra)
+    _abort_written(store, root, uploads, written)
+    return str(where)
+
+
+def commit_blocks(store: Store, root: Location, source: str, destination: str,
+                  blocks: Iterable[manifests.Block]) -> str:
+    """``commit`` of entries laid out already as shards (``manifest.blocks_of``), in path order."""
+    root = root.as_prefix()
+    uploads, waiting = _uploads(store, root)
+    written: set[str] = set()
+
+    def noted(items: Iterable[manifests.Block]) -> Iterator[manifests.Block]:
+        for block in items:
+            if waiting:
+                written.update(waiting.intersection(block.paths))
+            yield block
+
+    where = manifests.append_blocks(store, root, source, destination, noted(blocks))
+    _abort_written(store, root, uploads, written)
+    return str(where)
+
+
+def _uploads(store: Store, root: Location) -> tuple[list, set[str]]:
+    """The unfinished uploads under ``root``, and the paths they are to. Those to the objects a
+    commit names are leftovers of runs that were killed and not resumed; uploads to other keys
+    may belong to another job running now, and stay."""
+    try:
+        uploads = [] if store.commit_discards_uploads else list(store.list_uploads(root))
+    except BridgeError:
+        uploads = []
+    return uploads, {loc.relative_to(root) for loc, _id in uploads}
+
+
+def _abort_written(store: Store, root: Location, uploads: list, written: set[str]) -> None:
     try:
         for loc, upload_id in uploads:
             if loc.relative_to(root) in written:
                 store.abort_upload(loc, upload_id)
     except BridgeError:
         pass  # `mcbridge uploads --abort` removes what is left
-    return str(where)

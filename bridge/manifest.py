@@ -104,7 +104,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -648,11 +648,15 @@ class _SegmentWriter:
     def _flush(self) -> None:
         if not self.pending:
             return
-        name = f"{self.folder}{len(self.shards):06d}.jsonl"
         body = b"".join(_line(e) for e in self.pending)
-        self.shards.append({"name": name, "entries": len(self.pending), "sha256": hashlib.sha256(body).hexdigest(),
-                            "first": _path(self.pending[0]), "last": _path(self.pending[-1])})
+        fields = {"entries": len(self.pending), "sha256": hashlib.sha256(body).hexdigest(),
+                  "first": _path(self.pending[0]), "last": _path(self.pending[-1])}
         self.pending = []
+        self._send(body, fields)
+
+    def _send(self, body: bytes, fields: dict) -> None:
+        name = f"{self.folder}{len(self.shards):06d}.jsonl"
+        self.shards.append({"name": name, **fields})
         if len(self._sending) >= SHARDS_IN_FLIGHT:
             self._sent(1)
         failed: list[BaseException] = []
@@ -676,6 +680,18 @@ class _SegmentWriter:
             if failed:
                 raise failed[0]
             at_most = None if at_most is None else at_most - 1
+
+    def add_block(self, block: Block) -> None:
+        """A shard laid out already (``blocks_of``), written as it is, after what came before it."""
+        if self.pending:
+            raise BridgeError("internal error: a laid-out shard after single entries")
+        if self.last is not None and block.paths[0] <= self.last:
+            raise BridgeError(f"internal error: manifest entries out of order ({self.last!r}, then {block.paths[0]!r})")
+        self.last = block.paths[-1]
+        self.files += len(block.paths)
+        self.bytes += block.size
+        self._send(block.body, {"entries": len(block.paths), "sha256": block.sha256, "first": block.paths[0],
+                                "last": block.paths[-1]})
 
     def fields(self) -> dict:
         if not self.shards:
@@ -726,12 +742,64 @@ def append(store: Store, root: Location, source: str, destination: str,
            removed: Iterable[str] = (), extra: dict | None = None) -> Location:
     """Commit ``entries`` (and the removal of ``removed``) at ``root``: their shards, then the
     commit's document, last. Returns the document's location. Folds the log when it has grown."""
+    def fill(writer: _SegmentWriter) -> None:
+        for entry in _sorted_entries(entries):
+            writer.add(entry)
+    return _append(store, root, source, destination, fill, removed, extra)
+
+
+@dataclass
+class Block:
+    """Entries laid out as one shard of a commit (``blocks_of``): their paths in order, their
+    lines as the shard holds them, the sum of their sizes and the lines' SHA-256. A sync planned
+    by parts (bridge.pipeline.forkplan) lays out its adopted entries in the parts' processes, so
+    that the commit writes them as they are instead of taking each entry apart again in one
+    process (a tenth of adopting 20,000 files, after the parts)."""
+    paths: list[str]
+    body: bytes
+    size: int
+    sha256: str
+
+
+def blocks_of(rows: Iterable[tuple[str, str]]) -> Iterator[Block]:
+    """(path, JSON text of its entry) in path order, as blocks of at most SHARD_ENTRIES entries."""
+    paths: list[str] = []
+    lines: list[bytes] = []
+    size = 0
+    for path, text in rows:
+        if paths and path <= paths[-1]:
+            raise BridgeError(f"internal error: manifest entries out of order ({paths[-1]!r}, then {path!r})")
+        raw = RawEntry.of(text)
+        if raw is None or raw.path != path:
+            raise BridgeError(f"internal error: the entry of {path!r} is not one line of the usual form")
+        paths.append(path)
+        lines.append(text.encode() + b"\n")
+        size += raw.size
+        if len(paths) >= SHARD_ENTRIES:
+            body = b"".join(lines)
+            yield Block(paths, body, size, hashlib.sha256(body).hexdigest())
+            paths, lines, size = [], [], 0
+    if paths:
+        body = b"".join(lines)
+        yield Block(paths, body, size, hashlib.sha256(body).hexdigest())
+
+
+def append_blocks(store: Store, root: Location, source: str, destination: str, blocks: Iterable[Block]) -> Location:
+    """``append`` of entries laid out already (``blocks_of``), each block written as a shard of
+    its own, in the order given (which must be path order): a commit of many adopted entries."""
+    def fill(writer: _SegmentWriter) -> None:
+        for block in blocks:
+            writer.add_block(block)
+    return _append(store, root, source, destination, fill, (), None)
+
+
+def _append(store: Store, root: Location, source: str, destination: str, fill: Callable[[_SegmentWriter], None],
+            removed: Iterable[str], extra: dict | None) -> Location:
     root = record_home(store, root)
     state = _list_state(store, root)
     name = _Name.new("c", state.top_seq + 1)
     writer = _SegmentWriter(store, root, name.name)
-    for entry in _sorted_entries(entries):
-        writer.add(entry)
+    fill(writer)
     doc = _doc("commit", name.seq, source, destination, writer, extra, sorted(set(removed)))
     where = root.join(LOG + name.name)
     _put_json(store, where, _dumps(doc))

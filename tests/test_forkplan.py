@@ -344,3 +344,61 @@ def test_a_small_folder_or_one_process_is_walked_in_one(monkeypatch, tmp_path):
     (tmp_path / "state").mkdir(exist_ok=True)
     (tmp_path / "state" / "spill").write_bytes(b"")   # no folder for the shares' output: one process
     assert forkplan.sizes_split(store, root, _walk_settings(tmp_path, "2")) is None
+
+
+@pytest.mark.parametrize("top_files", [False, True])
+def test_a_split_adoption_commits_the_parts_shards_as_one_process_commits_its_entries(top_files, low, moto, make_root,
+                                                                                      emulator_env, tmp_path,
+                                                                                      monkeypatch):
+    """The parts lay out their adopted entries as the commit's shards (``manifest.blocks_of``)
+    and the commit writes them as they are (``jobs.commit_blocks``): the record holds what one
+    process commits, entry for entry and to the byte, its shards in path order with their
+    counts, first and last paths and SHA-256, and the totals; it verifies. Where files at the
+    top of the folder fall between the parts' folders, the commit takes the entries one by one,
+    to the same record."""
+    from bridge import jobs
+    from bridge import manifest as manifests
+    from bridge.stores import get_store
+    monkeypatch.setattr(manifests, "SHARD_ENTRIES", 40)
+    src = tmp_path / "src"
+    files = _tree(src)
+    if not top_files:
+        for rel in ("a.bin", "b.bin", "z.bin"):
+            (src / rel).unlink()
+            del files[rel]
+    dst = make_root("s3") + "theirs/"
+    loc = parse(dst)
+    for rel, data in files.items():
+        moto.client().put_object(Bucket=loc.bucket, Key=loc.key + rel, Body=data)
+    laid_out: list[int] = []
+    real = jobs.commit_blocks
+
+    def counted(*args, **kwargs):
+        laid_out.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(jobs, "commit_blocks", counted)
+
+    records = []
+    for processes in ("1", "2"):
+        settings = settings_for({**emulator_env, "MCBRIDGE_STATE_DIR": str(tmp_path / f"state{processes}"),
+                                 "MCBRIDGE_PROCESSES": processes})
+        plan, counts = syncplan.plan_sync(f"{src}/", dst, settings)
+        assert counts["adopted"] == len(files) and not plan.files
+        assert executor.execute(plan, settings)["ok"]
+        store = get_store(loc, settings)
+        record = manifests.open_record(store, loc)
+        [source] = record.sources
+        shards = source.doc["file_shards"]
+        lines = [line for s in shards for line in store.read(loc.join(s["name"])).splitlines()]
+        for s in shards:
+            body = store.read(loc.join(s["name"]))
+            paths = [json.loads(line)["path"] for line in body.splitlines()]
+            assert (s["entries"], s["first"], s["last"]) == (len(paths), paths[0], paths[-1])
+            assert s["sha256"] == __import__("hashlib").sha256(body).hexdigest()
+        assert [json.loads(line)["path"] for line in lines] == sorted(files)
+        assert source.doc["totals"] == {"files": len(files), "bytes": sum(len(d) for d in files.values())}
+        records.append(lines)
+        assert verifying.verify(dst, settings, deep=True)["ok"]
+        manifests.remove(store, loc)
+    assert records[0] == records[1]
+    assert low == [2] and laid_out == ([] if top_files else [1])

@@ -323,9 +323,13 @@ def _commit_adopted(plan: Plan, settings: Settings, progress: Progress) -> dict[
     progress.plan(plan.bytes, plan.unit_count())
 
     metered = meter.current() or meter.Meter()   # (the summary's: what the commit asked of the store)
+    blocks = plan.adopted.blocks() if len(plan.adopted) > manifests.SHARD_ENTRIES else None
     with meter.metering(metered):
-        where = jobs.commit(dst, dst_root, plan.source, plan.destination,
-                            (manifests.entry_of(text) for _path, text in plan.adopted.encoded()))
+        if blocks is not None:   # laid out as shards by the parts' processes
+            where = jobs.commit_blocks(dst, dst_root, plan.source, plan.destination, blocks)
+        else:
+            where = jobs.commit(dst, dst_root, plan.source, plan.destination,
+                                (manifests.entry_of(text) for _path, text in plan.adopted.encoded()))
     progress.unit_finished(True)
     return {"source": plan.source, "destination": plan.destination, "files": 0, "bytes": 0, "ok": True,
             "errors": [], **progress.snapshot(), "route": routes.report(plan, {}, 0, {}), "manifest": where,

@@ -39,6 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from bridge import manifest as manifests
 from bridge import meter
 from bridge.config import Settings
 from bridge.errors import BridgeError, ObjectNotFound
@@ -370,11 +371,11 @@ def _plan_parts(conn, mine: list[tuple[int, Part, tuple]], job: tuple, audit: bo
                 plan, counts = plan_sync(source, destination, settings, delete=delete, chunk_size=chunk_size,
                                          adopt=adopt, filters=filters, progress=relay, part=part)
             _dump(files_out, plan.files)
-            _dump(adopted_out, ((path, str(text)) for path, text in plan.adopted.encoded()))
+            heads = _dump_blocks(adopted_out, plan.adopted.encoded())
             relay.flush()
             conn.send(("done", index, {"counts": counts, "listed": plan.listed, "deletions": plan.deletions,
                                        "source": plan.source, "destination": plan.destination, "key": plan.key,
-                                       "requests": counted.to_fields()}))
+                                       "requests": counted.to_fields(), "blocks": heads}))
             plan.files.close()
             plan.adopted.close()
         except BaseException as exc:   # said to the parent, which raises it (or its text)
@@ -427,31 +428,71 @@ def _dump(out, items) -> None:
 
 
 def _load(out) -> Iterator:
-    """What ``_dump`` wrote to ``out``, read through a file of its own (its own offset: two
+    """What ``_dump`` wrote to ``out``."""
+    for chunk in _load_records(out):
+        yield from chunk
+
+
+def _load_records(out) -> Iterator:
+    """The records pickled to ``out``, read through a file of its own (its own offset: two
     readings at once do not move each other's place)."""
     with open(f"/proc/self/fd/{out.fileno()}", "rb") as own:
         while True:
             try:
-                chunk = pickle.load(own)
+                yield pickle.load(own)
             except EOFError:
                 return
-            yield from chunk
+
+
+def _dump_blocks(out, rows: Iterator[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A part's adopted entries (path, JSON text), in path order, laid out in ``out`` as the
+    shards of a commit (``manifest.blocks_of``: here, in the part's process, not in the parent's
+    one after the parts); the first and last path of each."""
+    heads = []
+    for block in manifests.blocks_of((path, str(text)) for path, text in rows):
+        pickle.dump((block.paths, block.body, block.size, block.sha256), out, protocol=pickle.HIGHEST_PROTOCOL)
+        heads.append((block.paths[0], block.paths[-1]))
+    out.flush()
+    return heads
+
+
+def _blocks(out) -> Iterator[manifests.Block]:
+    for paths, body, size, sha256 in _load_records(out):
+        yield manifests.Block(paths, body, size, sha256)
+
+
+def _rows(out) -> Iterator[tuple[str, str]]:
+    for block in _blocks(out):
+        yield from zip(block.paths, block.body.decode().split("\n"))
 
 
 class PartEntries(Entries):
-    """The parts' adopted entries, merged in path order each time they are read, from the files
-    the parts wrote them to (as the JSON text each part encoded): none copied, none held."""
+    """The parts' adopted entries, laid out by the parts as a commit's shards in the files they
+    wrote them to (``_dump_blocks``): committed as they are where no part's entries fall between
+    another's (``blocks``), else merged in path order each time they are read: none copied, none held."""
 
-    def __init__(self, outputs: list, count: int):
+    def __init__(self, outputs: list, heads: list[list[tuple[str, str]]], count: int):
         super().__init__()
-        self._outputs, self._count = outputs, count
+        self._outputs, self._heads, self._count = outputs, heads, count
 
     def append_encoded(self, path: str, text: str) -> None:
         raise TypeError("the parts' adopted entries are read, not added to")
 
     def encoded(self) -> Iterator[tuple[str, Encoded]]:
-        for path, text in heapq.merge(*(_load(out) for out in self._outputs), key=_first):
+        for path, text in heapq.merge(*(_rows(out) for out in self._outputs), key=_first):
             yield path, Encoded(text)
+
+    def blocks(self) -> Iterator[manifests.Block] | None:
+        """The parts' blocks in path order, or None where one part's paths fall between
+        another's (the files at the top of the folder, among its folders' names)."""
+        order = sorted((heads[0][0], i) for i, heads in enumerate(self._heads) if heads)
+        last = None
+        for _first, i in order:
+            for first, end in self._heads[i]:
+                if last is not None and first <= last:
+                    return None
+                last = end
+        return (block for _first, i in order for block in _blocks(self._outputs[i]))
 
     def __iter__(self) -> Iterator[dict]:
         return (json.loads(text) for _path, text in self.encoded())
@@ -497,7 +538,7 @@ def _merged(outcomes: list[dict[str, Any]], settings: Settings, src, dst, chunk_
     plan = Plan(source, destination, None, files, deletions)
     plan.listed = {"source": listed["source"], "destination": listed["destination"],
                    "record_reads": listed["record_reads"]}
-    plan.adopted = PartEntries([o["adopted"] for o in outcomes], counts["adopted"])
+    plan.adopted = PartEntries([o["adopted"] for o in outcomes], [o["blocks"] for o in outcomes], counts["adopted"])
     plan.key = key
     batching(plan, src, dst, settings)
     return plan, dict(counts)

@@ -219,6 +219,11 @@ class Entries:
                 self._rows.append(held)
             self._held = []
 
+    def blocks(self) -> Iterator | None:
+        """The entries laid out as a commit's shards (``manifest.Block``) where they are held so
+        (bridge.pipeline.forkplan ``PartEntries``); None here."""
+        return None
+
     def encoded(self) -> Iterator[tuple[str, Encoded]]:
         """(path, the entry's JSON text) of each, in order: the text as encoded when added."""
         for path, text in (self._held if self._rows is None else self._rows):
