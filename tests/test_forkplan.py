@@ -402,3 +402,53 @@ def test_a_split_adoption_commits_the_parts_shards_as_one_process_commits_its_en
         manifests.remove(store, loc)
     assert records[0] == records[1]
     assert low == [2] and laid_out == ([] if top_files else [1])
+
+
+@pytest.mark.parametrize("here", [True, False])
+def test_a_parts_walk_of_a_local_folder_is_read_in_its_merge_and_ahead_on_a_server(here, tmp_path, monkeypatch):
+    """A part's plan (what each planning process runs, one process a core) reads its local
+    source's walk in the merge's own thread where the filesystem answers here (a thread ahead
+    would only take turns with the merge for the GIL and the core), and in a thread ahead where
+    a server answers each stat (Lustre, NFS: the waits overlap the merge); the destination's
+    listing is ahead either way. The plan is the same."""
+    import threading
+
+    from bridge.pipeline.parts import Part
+    from bridge.stores.local import LocalStore
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    files = _tree(src)
+    shutil.copytree(src, dst)
+    seen: list[tuple[str, str]] = []
+    real = LocalStore.walk
+
+    def walk(self, prefix):
+        for item in real(self, prefix):
+            seen.append((prefix.local_path, threading.current_thread().name))
+            yield item
+    monkeypatch.setattr(LocalStore, "walk", walk)
+    monkeypatch.setattr(syncplan, "answered_here", lambda path: here)
+    settings = settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state")})
+    plan, counts = syncplan.plan_sync(f"{src}/", f"{dst}/", settings, part=Part(("b/", "b0/")))
+    assert counts["adopted"] == 210 and not plan.files
+    source = {name for path, name in seen if path.startswith(str(src))}
+    destination = {name for path, name in seen if path.startswith(str(dst))}
+    assert source == ({threading.current_thread().name} if here else {"ahead"}), seen[:3]
+    assert destination == {"ahead"}
+
+
+def test_a_filesystem_answers_here_when_its_type_is_a_local_ones(tmp_path):
+    """``answered_here`` by the longest mount point holding the path (``/proc/mounts``): a disk's
+    or memory's filesystem answers here; Lustre, NFS, a FUSE mount of a bucket, a type not
+    known, or no mount table at all, do not."""
+    from bridge.stores.local import answered_here
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/vda / ext4 rw 0 0\ntmpfs /dev/shm tmpfs rw 0 0\n"
+                      "mds@o2ib:/scratch /lustre/scratch lustre rw 0 0\nnas:/home /nfs/home nfs4 rw 0 0\n"
+                      "s3fs /mnt/bucket fuse.s3fs rw 0 0\nthing /mnt/odd oddfs rw 0 0\n"
+                      "/dev/vdb /mnt/with\\040space xfs rw 0 0\n")
+    assert answered_here("/data/corpus", str(mounts)) and answered_here("/dev/shm/x", str(mounts))
+    assert answered_here("/mnt/with space/corpus", str(mounts))
+    for path in ("/lustre/scratch/corpus", "/nfs/home/me", "/mnt/bucket/prefix", "/mnt/odd/x"):
+        assert not answered_here(path, str(mounts)), path
+    assert answered_here("/lustre/scratchy/x", str(mounts))             # not under the Lustre mount
+    assert not answered_here("/data", str(tmp_path / "no-such-mounts"))

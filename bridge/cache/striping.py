@@ -17,6 +17,7 @@ import subprocess
 from functools import lru_cache
 
 from bridge.config import CacheSettings, parse_size
+from bridge.stores.local import filesystem_type
 
 log = logging.getLogger(__name__)
 
@@ -27,26 +28,6 @@ def count_for(size: int, classes: dict[str, int]) -> int:
         if size >= threshold:
             chosen = count
     return chosen
-
-
-def filesystem_type(path: str, mounts: str = "/proc/mounts") -> str | None:
-    """The type of the filesystem ``path`` lives on: the longest mount point that holds it."""
-    real = os.path.realpath(path)
-    best, kind = "", None
-    try:
-        with open(mounts) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ")
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, kind = point, fields[2]
-    return kind
 
 
 @lru_cache(maxsize=16)

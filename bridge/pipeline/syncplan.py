@@ -21,6 +21,7 @@ from bridge.meter import Pool
 from bridge.progress import Progress
 from bridge.stores import get_store
 from bridge.stores.base import identity_changed
+from bridge.stores.local import answered_here
 from bridge.pipeline.parts import Part
 from bridge.pipeline.plan import (Entries, FileList, Plan, batching, carrier_for, check_chunk_size, file_plan,
                                    part_listing, part_roots, spill_dir)
@@ -144,7 +145,12 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
             (e for e in record.entries() if part.holds(e.path))
         present = filtering.walk(dst_store, dst_root, filters, progress.saw if progress else None) if part is None \
             else part_listing(dst_store, dst_root, part, filters, progress.saw if progress else None)
-        for rel, info, entry, there in _merged(meter.ahead(objects), entries, meter.ahead(present), listed):
+        # A part's process has a core of its own at most (as many processes as cores): there a walk
+        # of a local filesystem, which waits on nothing, is read in the merge's thread, where a
+        # thread ahead would only take turns with it for the GIL and the core (bench/notes/adopt-pack.md)
+        inline = part is not None and src_root.is_local and answered_here(src_root.local_path)
+        for rel, info, entry, there in _merged(objects if inline else meter.ahead(objects), entries,
+                                               meter.ahead(present), listed):
             if info is None:
                 if delete and single is None and there is not None:
                     deletions.append(rel)

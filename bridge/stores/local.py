@@ -168,6 +168,40 @@ def _walk_files(folder: str, rel: str, key: str, walking: bool = False,
             yield rel + name, listed(Location("file", "", key + name), st.st_size, _identity(st), st.st_mtime)
 
 
+def filesystem_type(path: str, mounts: str = "/proc/mounts") -> str | None:
+    """The type of the filesystem ``path`` lives on: the longest mount point that holds it."""
+    real = os.path.realpath(path)
+    best, kind = "", None
+    try:
+        with open(mounts) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
+# Filesystems whose folders and inodes this machine's kernel reads from its own disks or memory:
+# a walk of one is work for the CPU, not waiting. Any other (Lustre, NFS, GPFS, CephFS, a FUSE
+# mount of a bucket...) or one not known answers a stat from a server.
+LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "ramfs", "zfs", "f2fs", "overlay",
+                               "vfat", "exfat", "ntfs", "ntfs3", "reiserfs", "jfs", "squashfs", "iso9660",
+                               "devtmpfs"})
+
+
+def answered_here(path: str, mounts: str = "/proc/mounts") -> bool:
+    """Whether a walk of ``path`` is answered by this machine's kernel from a local filesystem
+    (``LOCAL_FILESYSTEMS``), rather than by a server; False where the type is not known."""
+    return filesystem_type(path, mounts) in LOCAL_FILESYSTEMS
+
+
 def _is_folder(entry: os.DirEntry) -> bool:
     try:
         return entry.is_dir() and not entry.is_symlink()
