@@ -105,7 +105,9 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
     from bridge import adopt as adopting
     # small local files onto a destination that reports their checksums: hashed by processes of
     # their own, a batch at a time (bridge/adopt.py Prefetch); verdicts wait in a longer window
-    prefetch = adopting.Prefetch() if adopt == "checksum" and src_root.is_local and not dst_root.is_local else None
+    # (not where no process can be forked: a part's, a Celery worker's)
+    prefetch = adopting.Prefetch() if (adopt == "checksum" and src_root.is_local and not dst_root.is_local
+                                       and adopting._can_fork()) else None
     window_size = 4 * settings.transfer.concurrency + (3 * prefetch.BATCH if prefetch is not None else 0)
 
     files = FileList(where=spill_dir(settings))
