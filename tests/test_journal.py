@@ -169,3 +169,35 @@ def test_an_entrys_text_is_what_json_dumps_writes_of_its_dict():
         assert entry.text() == json.dumps(entry.to_dict(), separators=(",", ":")), entry
         assert json.loads(entry.text()) == json.loads(json.dumps(entry.to_dict()))
     assert entry_text(*(getattr(entries[2], f) for f in entries[2].__dataclass_fields__)) == entries[2].text()
+
+
+def test_entries_laid_out_as_shards_keep_their_text_order_and_sizes():
+    """``manifest.blocks_of`` cuts entries (path, JSON text) into shards of at most SHARD_ENTRIES
+    lines: each block's body is the texts, one a line, in order; its size the sum of theirs,
+    read from each text whatever its path holds (quotes, ',"size":', names no ASCII carries);
+    its SHA-256 the body's. Entries out of order, or a text that is not one line of the usual
+    form, are refused."""
+    import hashlib
+
+    import pytest
+
+    from bridge import manifest
+    from bridge.errors import BridgeError
+    from bridge.manifest import FileEntry, blocks_of
+    odd = ['a",\\"size\\":5,"x', 'b ü,"size":9,', "c\n\t名前", "d"]
+    entries = [FileEntry(path, 1000 + i, "1", "2", identity={"etag": 'e,"size":3'}) for i, path in enumerate(sorted(odd))]
+    rows = [(e.path, e.text()) for e in entries]
+    [block] = list(blocks_of(rows))
+    assert block.paths == [e.path for e in entries] and block.size == sum(e.size for e in entries)
+    assert block.body == b"".join(e.text().encode() + b"\n" for e in entries)
+    assert block.sha256 == hashlib.sha256(block.body).hexdigest()
+    many = [(f"f/{i:05d}", FileEntry(f"f/{i:05d}", i, "1", "2").text()) for i in range(manifest.SHARD_ENTRIES + 3)]
+    blocks = list(blocks_of(many))
+    assert [len(b.paths) for b in blocks] == [manifest.SHARD_ENTRIES, 3]
+    assert sum(b.size for b in blocks) == sum(range(manifest.SHARD_ENTRIES + 3))
+    with pytest.raises(BridgeError, match="out of order"):
+        list(blocks_of([rows[1], rows[0]]))
+    with pytest.raises(BridgeError, match="usual form"):
+        list(blocks_of([("x", '{"path":"x","size":1,\n"crc32c":""}')]))
+    with pytest.raises(BridgeError, match="usual form"):
+        list(blocks_of([("x", '{"size":1,"path":"x"}')]))
