@@ -210,7 +210,7 @@ def entry_text(path: str, size: int, crc32c: str, sha256: str, part_size: int, p
                source_id: dict[str, str], adopted: str, sha256_tree: str, carried: dict) -> str:
     """A ``FileEntry``'s ``to_dict`` (the fields given in its order) as the compact JSON text
     ``json.dumps(..., separators=(",", ":"))`` writes, built from the fields rather than through
-    a dict and the encoder: a third of the time, once per adopted file (tests/test_manifest.py
+    a dict and the encoder: a third of the time, once per adopted file (tests/test_journal.py
     holds the two texts equal). Values of other types than the usual (a nested ``carried``, a
     number where a str is usual) take the encoder's way."""
     if type(size) is int and type(part_size) is int and not carried:

@@ -11,7 +11,6 @@ size). Striping is on when the cache directory is on a Lustre mount (``/proc/mou
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
 from functools import lru_cache
