@@ -315,8 +315,8 @@ class _Name:
         return cls(int(parts[1]), int(parts[2]), name, parts[0])
 
     @classmethod
-    def new(cls, kind: str, seq: int) -> _Name:
-        ms = int(time.time() * 1000)
+    def new(cls, kind: str, seq: int, ms: int | None = None) -> _Name:
+        ms = int(time.time() * 1000) if ms is None else ms
         return cls(seq, ms, f"{kind}-{seq:012d}-{ms:013d}-{os.urandom(6).hex()}.json", kind)
 
 
@@ -829,13 +829,19 @@ def compact(store: Store, root: Location) -> Location | None:
 
 
 def _compact(store: Store, root: Location) -> Location | None:
+    # The checkpoint's clock is when its listing began, not when it is named: of two checkpoints
+    # of one seq, the one that listed later (and so saw every commit the other saw, or the
+    # checkpoint that folded it) must be the newest. Named after its reading, a compaction that
+    # listed before a commit landed could outrank one that folded that commit and deleted its
+    # document, and hide it from every reader (tests/test_many_writers.py).
+    listed_at = int(time.time() * 1000)
     state = _list_state(store, root)
     record = _open(store, root, state)
     if record is None:
         return None
     base_doc = record.sources[0].doc if record.sources and record.sources[0].doc.get("kind") == "checkpoint" else None
     commits = [n.name for n in state.names if n.kind == "c"]
-    name = _Name.new("k", state.top_seq)
+    name = _Name.new("k", state.top_seq, listed_at)
     writer = _SegmentWriter(store, root, name.name)
     for entry in record.entries():
         writer.add(entry.to_dict())

@@ -253,3 +253,65 @@ def test_a_commits_shards_are_written_at_once_and_its_document_after_every_one(m
             manifests.append(store, other, "src/", str(other), entries)
         assert not any("/_bridge/log/" in p for p in puts(proxy))
         assert manifests.read(store, other) is None
+
+
+def test_a_compaction_that_listed_first_never_outranks_one_that_folded_a_later_commit(tmp_path, monkeypatch):
+    """The race behind a lost entry among eight writers, played out in turn. Commit x takes its
+    seq, then waits; commit y lands with the same seq; compaction D lists (x not there yet) and
+    then reads for a while; x lands; compaction B folds x into a checkpoint, and compaction C,
+    on top of B's, deletes x's document (one generation late, as it should). When D names its
+    checkpoint only after reading, its clock is the latest of the three checkpoints of that seq:
+    readers take it as the newest, and x, which it never saw and whose document is gone, is lost.
+    Named by the clock when its listing began, D's checkpoint is the oldest of the three, and
+    every entry stays."""
+    import threading
+
+    from bridge.manifest import FileEntry
+    root = parse(str(tmp_path / "shared")).as_prefix()
+    (tmp_path / "shared").mkdir()
+    store = get_store(root, settings_for({"MCBRIDGE_STATE_DIR": str(tmp_path / "state")}))
+
+    def entry(path: str) -> FileEntry:
+        return FileEntry(path, 1, "00000000", "ab" * 32)
+
+    manifests.append(store, root, "s", "d", [entry("a")])
+    manifests._compact(store, root)                                  # k0, over the first commit
+    x_held, x_go, d_held, d_go = (threading.Event() for _ in range(4))
+    real_put, real_new = manifests._put_json, manifests._Name.new.__func__
+
+    def put(store_, loc, data):
+        if threading.current_thread().name == "x" and "/_bridge/log/" in str(loc):
+            x_held.set()
+            x_go.wait(30)
+        return real_put(store_, loc, data)
+
+    def new(cls, kind, seq, *clock):
+        if threading.current_thread().name == "D" and kind == "k":
+            d_held.set()
+            d_go.wait(30)
+        return real_new(cls, kind, seq, *clock)
+    monkeypatch.setattr(manifests, "_put_json", put)
+    monkeypatch.setattr(manifests._Name, "new", classmethod(new))
+
+    x = threading.Thread(target=manifests.append, args=(store, root, "s", "d", [entry("x")]), name="x")
+    x.start()
+    assert x_held.wait(30)                                           # x has its seq, not yet its document
+    manifests.append(store, root, "s", "d", [entry("y")])            # y: the same seq, landed
+    time.sleep(0.01)
+    d = threading.Thread(target=manifests._compact, args=(store, root), name="D")
+    d.start()
+    assert d_held.wait(30)                                           # D listed without x, and read
+    time.sleep(0.01)
+    x_go.set()
+    x.join(30)                                                       # x lands
+    time.sleep(0.01)
+    manifests._compact(store, root)                                  # B folds x
+    time.sleep(0.01)
+    manifests._compact(store, root)                                  # C deletes x's document
+    assert not [n for n in manifests._list_state(store, root).names if n.kind == "c"]
+    time.sleep(0.01)
+    d_go.set()
+    d.join(30)                                                       # D's checkpoint written last
+    checkpoints = manifests._list_state(store, root).checkpoints
+    assert len({k.seq for k in checkpoints}) == 1 and len(checkpoints) == 3
+    assert sorted(manifests.read(store, root).files) == ["a", "x", "y"]
