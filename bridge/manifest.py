@@ -27,7 +27,8 @@ order, newest first per path (``entries``): a merge of sorted shards, one shard 
 memory at a time, never the whole record.
 
 Compaction folds the checkpoint and the commits on top of it into a new checkpoint once more than
-COMPACT_AFTER commits lie on top. It deletes only what the checkpoint *below* its base covered (and
+COMPACT_AFTER commits lie on top. A checkpoint's clock is the time its listing began, so that of
+two checkpoints of one seq the one that listed later, and so holds all the other held, is newest. It deletes only what the checkpoint *below* its base covered (and
 checkpoints below that): one generation late, so that a reader (or a compaction) that started from
 the older state still finds every file it needs, and two compactions running at once can neither
 lose a commit nor each other's work. A reader whose file vanished under it starts again.
