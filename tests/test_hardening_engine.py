@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from bridge.names import NAME_MAX
 from bridge.stores import get_store
 from bridge.stores.local import LocalStore
 from bridge.urls import canonical, parse
-from tests.faultproxy import FaultProxy, proxied_environment
+from tests.faultproxy import LOOPBACK, FaultProxy, proxied_environment
 from tests.helpers import has_record, mcbridge, settings_for
 from bridge.pipeline import verify as verifying
 
@@ -181,7 +182,11 @@ def test_an_unfinished_upload_to_a_long_name_is_listed_under_that_name(tmp_path)
 
 class Vanishing(FaultProxy):
     """Forwards the first ``after`` requests, then goes away as a stopped emulator does: it stops
-    listening (new connections are refused) and drops every connection still open."""
+    listening (new connections are refused) and drops every connection still open. Its port
+    stays bound, not listening, until the proxy stops: freed, another test's server (the suite
+    runs in several processes) could take it, and the job's requests would reach that server
+    instead of being refused; one that accepted and never answered held a request for the whole
+    read timeout (120 s), past the test's guard."""
 
     name = "vanishing"
 
@@ -189,6 +194,7 @@ class Vanishing(FaultProxy):
         super().__init__(upstream)
         self.after = after
         self.gone = False
+        self._held_port: socket.socket | None = None
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         with self._lock:
@@ -199,10 +205,19 @@ class Vanishing(FaultProxy):
                 self.gone = True
                 for site in list(self._runner.sites):
                     await site.stop()
+                held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # (past its connections' TIME_WAIT)
+                held.bind((LOOPBACK, self.port))   # bound, never listening: a connection is refused
+                self._held_port = held
             request.transport.abort()
             await asyncio.sleep(0)
             return web.Response(status=503)   # never reaches the client: its connection is gone
         return await super()._handle(request)
+
+    def stop(self) -> None:
+        super().stop()
+        if self._held_port is not None:
+            self._held_port.close()
 
 
 def small_tree(root: Path, count: int) -> None:
