@@ -770,14 +770,15 @@ def blocks_of(rows: Iterable[tuple[str, str]]) -> Iterator[Block]:
     for path, text in rows:
         if paths and path <= paths[-1]:
             raise BridgeError(f"internal error: manifest entries out of order ({paths[-1]!r}, then {path!r})")
-        # (the text encode or entry_text made: '{"path":"...","size":N,' first, its size after the
-        # path's string, whose every quote is escaped; one line, since control characters are too)
-        at = text.find(',"size":') + 8
-        if not text.startswith('{"path":"') or at < 8 or "\n" in text:
+        # (the text encode or entry_text made: '{"path":"...","size":N,' first, RawEntry's form; its
+        # size the first _SIZE, since every quote inside the path is escaped; one line, since
+        # control characters are too)
+        found = _SIZE.search(text)
+        if found is None or not text.startswith('{"path":"') or "\n" in text:
             raise BridgeError(f"internal error: the entry of {path!r} is not one line of the usual form")
         paths.append(path)
         lines.append(text.encode() + b"\n")
-        size += int(text[at:text.index(",", at)])
+        size += int(found.group(1))
         if len(paths) >= SHARD_ENTRIES:
             body = b"".join(lines)
             yield Block(paths, body, size, hashlib.sha256(body).hexdigest())

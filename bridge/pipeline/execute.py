@@ -323,6 +323,7 @@ def _commit_adopted(plan: Plan, settings: Settings, progress: Progress) -> dict[
     progress.plan(plan.bytes, plan.unit_count())
 
     metered = meter.current() or meter.Meter()   # (the summary's: what the commit asked of the store)
+    # (laid-out shards only where a commit would have shards: fewer entries go inline in its document)
     blocks = plan.adopted.blocks() if len(plan.adopted) > manifests.SHARD_ENTRIES else None
     with meter.metering(metered):
         if blocks is not None:   # laid out as shards by the parts' processes
