@@ -7,11 +7,12 @@ import asyncio
 import hashlib
 import os
 import time
+from urllib.parse import unquote_plus
 
 import pytest
 
 from bridge import ops
-from bridge.errors import BucketNotFound, ObjectNotFound
+from bridge.errors import BridgeError, BucketNotFound, ObjectNotFound
 from bridge.stores import get_store
 from bridge.stores.base import crc_hex_to_b64
 from bridge.stores.s3direct import Direct
@@ -158,6 +159,101 @@ def test_listing_is_the_sdks(s3, monkeypatch):
     with pytest.raises(BucketNotFound):
         store_direct = get_store(parse("s3://direct/"), settings_for(s3.env()))
         store_direct.check_bucket(parse("s3://no-such-bucket-here/"))
+
+
+def test_each_listing_page_of_either_emulator_is_read_by_the_pattern_as_elementtree_reads_it(s3, monkeypatch):
+    """The emulators' pages are in S3's usual layout: each is read by ``_plain_listing``, never
+    handed to ElementTree, and reads as ElementTree reads the same body."""
+    from bridge.stores import s3direct
+    client = s3.client()
+    keys = [f"plain/{i:03d} &<q>+%.bin" for i in range(5)]
+    for key in keys:
+        client.put_object(Bucket="direct", Key=key, Body=b"x")
+    bodies, trees = [], []
+    plain, tree = s3direct._plain_listing, s3direct._tree_listing
+    monkeypatch.setattr(s3direct, "_plain_listing", lambda body: bodies.append(body) or plain(body))
+    monkeypatch.setattr(s3direct, "_tree_listing", lambda prefix, body: trees.append(body) or tree(prefix, body))
+    store = get_store(parse("s3://direct/"), settings_for(s3.env()))
+    monkeypatch.setattr(store._direct, "page_size", 2)
+    assert [o.location.key for o in store.list(parse("s3://direct/plain/"))] == keys
+    assert len(bodies) == 3 and trees == []
+    for body in bodies:
+        objects, encoded, following = plain(body)
+        (tree_objects, prefixes), tree_following = tree(parse("s3://direct/plain/"), body)
+        assert encoded and prefixes == [] and following == tree_following
+        assert [(unquote_plus(o[0]), *o[1:]) for o in objects] == tree_objects
+
+
+def _page(contents: str, top: str = "<IsTruncated>false</IsTruncated>", head: str = '<?xml version="1.0" encoding="UTF-8"?>\n') -> bytes:
+    return (f'{head}<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>b</Name>'
+            f"<Prefix></Prefix><KeyCount>2</KeyCount><MaxKeys>1000</MaxKeys>{top}{contents}</ListBucketResult>").encode()
+
+
+_AWS = ("<Contents><Key>a&amp;b &lt;c&gt; &apos;d&apos;</Key><LastModified>2026-12-07T08:58:13.000Z</LastModified>"
+        "<ETag>&quot;e5e983bc2eebb06f78121dcbec67e718&quot;</ETag><ChecksumAlgorithm>CRC64NVME</ChecksumAlgorithm>"
+        "<ChecksumType>FULL_OBJECT</ChecksumType><Size>8192</Size><StorageClass>STANDARD</StorageClass></Contents>\n"
+        "  <Contents>\n <Key>x</Key> <LastModified>2026-12-07T08:58:14.000Z</LastModified><ETag>\"abc-2\"</ETag>"
+        "<Size></Size><Owner><ID>o1</ID><DisplayName>me</DisplayName></Owner>"
+        "<StorageClass>GLACIER</StorageClass></Contents>"
+        "<Contents><Key>名前 y</Key><LastModified>t</LastModified><ETag></ETag><Size>3</Size>"
+        "<StorageClass>STANDARD_IA</StorageClass><Owner><ID>o2</ID></Owner></Contents>")
+
+
+@pytest.mark.parametrize("body", [
+    _page(_AWS),
+    _page(_AWS, "<IsTruncated>true</IsTruncated><NextContinuationToken>AbC+/=&amp;</NextContinuationToken>"),
+    _page(_AWS, "<EncodingType>url</EncodingType><IsTruncated>false</IsTruncated>", head=""),
+    _page(""),
+    _page(_AWS + "<NextContinuationToken>t</NextContinuationToken>" + _AWS, "<IsTruncated>true</IsTruncated>"),
+], ids=["aws", "truncated", "url-no-prolog", "empty", "token-between"])
+def test_a_page_in_s3s_layout_reads_by_the_pattern_as_by_elementtree(body):
+    from bridge.stores.s3direct import _plain_listing, _tree_listing
+    objects, encoded, following = _plain_listing(body)
+    (tree_objects, prefixes), tree_following = _tree_listing(parse("s3://bucket/"), body)
+    assert prefixes == [] and following == tree_following
+    assert encoded == (b"<EncodingType>url" in body)
+    assert [(unquote_plus(o[0]) if encoded else o[0], *o[1:]) for o in objects] == tree_objects
+    if body != _page(""):
+        assert objects[0][0] == "a&b <c> 'd'" and objects[0][2] == '"e5e983bc2eebb06f78121dcbec67e718"'
+        assert objects[1][1] == "0"
+
+
+_OBJECT = ("<Contents><Key>k</Key><LastModified>t</LastModified><ETag>e</ETag><Size>1</Size>"
+           "<StorageClass>STANDARD</StorageClass></Contents>")
+
+
+@pytest.mark.parametrize("body", [
+    _page(_OBJECT.replace("<Key>k</Key>", "<Key><![CDATA[k]]></Key>")),
+    _page(_OBJECT + "<!-- a comment -->"),
+    _page(_OBJECT.replace("<Key>k</Key>", "<Key>k&#13;</Key>")),
+    _page(_OBJECT.replace("<ETag>e</ETag>", "<ETag/>")),
+    _page(_OBJECT.replace("</StorageClass>", "</StorageClass><RestoreStatus><IsRestoreInProgress>true"
+                                              "</IsRestoreInProgress></RestoreStatus>")),
+    _page(_OBJECT.replace("<Contents>", '<Contents x="1">')),
+    _page(_OBJECT + "<CommonPrefixes><Prefix>p/</Prefix></CommonPrefixes>"),
+    _page(_OBJECT, "<IsTruncated>false</IsTruncated><IsTruncated>true</IsTruncated>"),
+    _page(_OBJECT).replace(b"2006-03-01", b"2006-03-02"),
+    _page(_OBJECT).replace(b"<Name>", b"\r\n<Name>"),
+    _page(_OBJECT, head='<?xml version="1.0" encoding="ISO-8859-1"?>'),
+    _page(_OBJECT, "<IsTruncated>true</IsTruncated>"),
+    _page(_OBJECT)[:-30],
+    _page(_OBJECT)[:-1],
+    _page(_OBJECT) + b"<x/>",
+    b"<html><body>502 Bad Gateway</body></html>",
+    b"\xff" + _page(_OBJECT),
+], ids=["cdata", "comment", "charref", "empty-element", "unknown-element", "attribute", "prefixes",
+        "twice", "namespace", "cr", "latin-1", "no-token", "cut", "cut-by-one", "trailing",
+        "html", "not-utf-8"])
+def test_any_other_page_is_left_to_elementtree(body):
+    """Anything outside S3's usual layout is not read by the pattern; ElementTree reads it whole
+    (the same objects where it is a listing) or refuses it (a page cut short, or not XML)."""
+    from bridge.stores.s3direct import _plain_listing, _tree_listing
+    assert _plain_listing(body) is None
+    try:
+        (objects, _prefixes), _following = _tree_listing(parse("s3://bucket/"), body)
+    except BridgeError:
+        return
+    assert len(objects) == body.count(b"<Contents")
 
 
 def test_head_is_the_sdks(s3, monkeypatch):

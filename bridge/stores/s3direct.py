@@ -628,9 +628,13 @@ class Direct:
     def _list_xml(self, loc: Location, params: dict[str, str], from_code, path: str | None = None,
                   host: _Host | None = None) -> tuple[ET.Element, str]:
         """GET the bucket of ``loc`` (or ``path``) with a query; the parsed XML answer and its namespace."""
+        return _xml(loc, self._list_body(loc, params, from_code, path, host))
+
+    def _list_body(self, loc: Location, params: dict[str, str], from_code, path: str | None = None,
+                   host: _Host | None = None) -> bytes:
+        """GET the bucket of ``loc`` (or ``path``) with a query; the answer's body."""
         query = "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}" for k, v in sorted(params.items()))
-        _, body = self._call(loc, "GET", path or self._bucket_path(loc), from_code, query=query, host=host)
-        return _xml(loc, body)
+        return self._call(loc, "GET", path or self._bucket_path(loc), from_code, query=query, host=host)[1]
 
     def uploads_page(self, prefix: Location, markers: dict[str, str], from_code) -> tuple[list[tuple[str, str]], dict[str, str] | None]:
         """One page of ListMultipartUploads under ``prefix``: [(key, upload id)] and the markers
@@ -658,8 +662,8 @@ class Direct:
         ETag, LastModified, StorageClass) as the XML gives them, the common prefixes below it
         (``level``: one level, delimiter "/"), and the next page's token (None: the last).
         Keys are asked for URL-encoded (a space comes back as "+"), and decoded as botocore
-        decodes them, so that any key survives XML. Each object's fields are read in one pass
-        over its elements (a listed object costs this once: 20,000 of them are an adoption's)."""
+        decodes them, so that any key survives XML. A page in S3's usual layout is read by a
+        pattern (``_plain_listing``), any other by ElementTree (``_tree_listing``)."""
         params = {"list-type": "2", "prefix": prefix.key, "encoding-type": "url"}
         if level:
             params["delimiter"] = "/"
@@ -667,28 +671,14 @@ class Direct:
             params["max-keys"] = str(self.page_size)
         if token:
             params["continuation-token"] = token
-        root, ns = self._list_xml(prefix, params, from_code)
-        encoded = root.findtext(f"{ns}EncodingType") == "url"
-        cut = len(ns)
-        objects = []
-        for item in root.iterfind(f"{ns}Contents"):
-            fields = {child.tag[cut:]: child.text for child in item}
-            key = fields.get("Key") or ""
-            if encoded and ("%" in key or "+" in key):
-                key = unquote_plus(key)
-            objects.append((key, fields.get("Size") or "0", fields.get("ETag") or "",
-                            fields.get("LastModified") or "", fields.get("StorageClass") or ""))
-        prefixes = []
-        for common in root.iterfind(f"{ns}CommonPrefixes"):
-            key = common.findtext(f"{ns}Prefix", "")
-            prefixes.append(unquote_plus(key) if encoded else key)
-        following = root.findtext(f"{ns}NextContinuationToken")
-        if root.findtext(f"{ns}IsTruncated") != "true":
-            return (objects, prefixes), None
-        if not following:
-            raise BridgeError(f"{prefix}: the endpoint truncated the listing without saying where "
-                              f"the next page starts")
-        return (objects, prefixes), following
+        body = self._list_body(prefix, params, from_code)
+        plain = None if level else _plain_listing(body)
+        if plain is None:
+            return _tree_listing(prefix, body)
+        objects, encoded, following = plain
+        if encoded:
+            objects = [(unquote_plus(o[0]) if "%" in o[0] or "+" in o[0] else o[0], *o[1:]) for o in objects]
+        return (objects, []), following
 
 
 # put_object's parameters that travel as headers of their own (Metadata goes as x-amz-meta-*).
@@ -707,6 +697,95 @@ def _param_headers(params: dict) -> dict[str, str]:
         if name in PUT_HEADERS:
             headers[PUT_HEADERS[name]] = str(value).lower() if isinstance(value, bool) else value
     return headers
+
+
+# One page of ListObjectsV2 in the layout S3 and its emulators write (no delimiter): the document
+# whole, each object's elements in S3's order (optional checksum fields and owner), the rest
+# simple elements, no comments, CDATA, character references or attributes. Read by one pattern
+# in a fifth of ElementTree's time (a page of 1,000 objects: 0.75 ms against 3.7 ms; adopting
+# 100,000 files lists 100 pages). Any other document is ElementTree's, which reads it whole or
+# refuses it.
+_LISTING = re.compile(
+    r'\A(?:<\?xml version="1\.0" encoding="(?i:utf-8)"\?>)?\s*'
+    r'<ListBucketResult xmlns="http://s3\.amazonaws\.com/doc/2006-03-01/">(.*)</ListBucketResult>\s*\Z', re.S)
+_LISTED = re.compile(
+    r"<Contents>\s*<Key>([^<]*)</Key>\s*<LastModified>([^<]*)</LastModified>\s*<ETag>([^<]*)</ETag>\s*"
+    r"(?:<Checksum(?:Algorithm|Type)>[^<]*</Checksum(?:Algorithm|Type)>\s*)*<Size>([^<]*)</Size>\s*"
+    r"(?:<Owner>\s*(?:<(?:ID|DisplayName)>[^<]*</(?:ID|DisplayName)>\s*)*</Owner>\s*)?"
+    r"<StorageClass>([^<]*)</StorageClass>\s*"
+    r"(?:<Owner>\s*(?:<(?:ID|DisplayName)>[^<]*</(?:ID|DisplayName)>\s*)*</Owner>\s*)?</Contents>"
+    r"|<(\w+)>([^<]*)</\6>"   # an element of the page's own: its name and text
+    r"|(\S)")                  # anything else: not this layout
+_ENTITIES = (("&lt;", "<"), ("&gt;", ">"), ("&quot;", '"'), ("&apos;", "'"), ("&amp;", "&"))
+
+
+def _plain_listing(body: bytes) -> tuple[list[tuple[str, str, str, str, str]], bool, str | None] | None:
+    """A ListObjectsV2 page in S3's own layout, read as ElementTree would read it: its objects
+    (Key, Size, ETag, LastModified, StorageClass; keys as sent), whether the keys are URL-encoded,
+    and the next page's token (None: the last). None for any other document, for ElementTree."""
+    try:
+        text = body.decode()
+    except UnicodeDecodeError:
+        return None
+    if "&#" in text or "\r" in text or "<!" in text:
+        return None   # character references, CR (which XML reads as LF), comments, CDATA
+    whole = _LISTING.match(text)
+    if whole is None:
+        return None
+    amp = "&" in text
+    objects = []
+    top: dict[str, str] = {}
+    for key, modified, etag, size, storage, name, value, stray in _LISTED.findall(whole.group(1)):
+        if stray:
+            return None
+        if name:
+            if name in top or name == "Contents":
+                return None
+            top[name] = _unescaped(value)
+        elif amp:
+            objects.append((_unescaped(key), _unescaped(size) or "0", _unescaped(etag), _unescaped(modified),
+                            _unescaped(storage)))
+        else:
+            objects.append((key, size or "0", etag, modified, storage))
+    following = top.get("NextContinuationToken")
+    if top.get("IsTruncated") != "true":
+        following = None
+    elif not following:
+        return None   # ElementTree's reading raises it
+    return objects, top.get("EncodingType") == "url", following
+
+
+def _tree_listing(prefix: Location, body: bytes) -> tuple[tuple[list[tuple[str, str, str, str, str]], list[str]], str | None]:
+    """``list_page``'s answer from any ListObjectsV2 document, read by ElementTree."""
+    root, ns = _xml(prefix, body)
+    encoded = root.findtext(f"{ns}EncodingType") == "url"
+    cut = len(ns)
+    objects = []
+    for item in root.iterfind(f"{ns}Contents"):
+        fields = {child.tag[cut:]: child.text for child in item}
+        key = fields.get("Key") or ""
+        if encoded and ("%" in key or "+" in key):
+            key = unquote_plus(key)
+        objects.append((key, fields.get("Size") or "0", fields.get("ETag") or "",
+                        fields.get("LastModified") or "", fields.get("StorageClass") or ""))
+    prefixes = []
+    for common in root.iterfind(f"{ns}CommonPrefixes"):
+        key = common.findtext(f"{ns}Prefix", "")
+        prefixes.append(unquote_plus(key) if encoded else key)
+    following = root.findtext(f"{ns}NextContinuationToken")
+    if root.findtext(f"{ns}IsTruncated") != "true":
+        return (objects, prefixes), None
+    if not following:
+        raise BridgeError(f"{prefix}: the endpoint truncated the listing without saying where "
+                          f"the next page starts")
+    return (objects, prefixes), following
+
+
+def _unescaped(text: str) -> str:
+    if "&" in text:
+        for entity, char in _ENTITIES:
+            text = text.replace(entity, char)
+    return text
 
 
 def _xml(loc: Location, body: bytes) -> tuple[ET.Element, str]:
