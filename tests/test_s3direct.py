@@ -226,6 +226,11 @@ _OBJECT = ("<Contents><Key>k</Key><LastModified>t</LastModified><ETag>e</ETag><S
     _page(_OBJECT.replace("<Key>k</Key>", "<Key><![CDATA[k]]></Key>")),
     _page(_OBJECT + "<!-- a comment -->"),
     _page(_OBJECT.replace("<Key>k</Key>", "<Key>k&#13;</Key>")),
+    _page(_OBJECT.replace("<Key>k</Key>", "<Key>k&nbsp;</Key>")),
+    _page(_OBJECT.replace("<Key>k</Key>", "<Key>k\x01</Key>")),
+    _page(_OBJECT.replace("<Key>k</Key>", "<Key>k]]></Key>")),
+    _page(_OBJECT.replace("<Key>k</Key>", "<Key>k\ufffe</Key>")),
+    _page(_OBJECT.replace("<Contents>", "\u2028<Contents>")),
     _page(_OBJECT.replace("<ETag>e</ETag>", "<ETag/>")),
     _page(_OBJECT.replace("</StorageClass>", "</StorageClass><RestoreStatus><IsRestoreInProgress>true"
                                               "</IsRestoreInProgress></RestoreStatus>")),
@@ -241,7 +246,7 @@ _OBJECT = ("<Contents><Key>k</Key><LastModified>t</LastModified><ETag>e</ETag><S
     _page(_OBJECT) + b"<x/>",
     b"<html><body>502 Bad Gateway</body></html>",
     b"\xff" + _page(_OBJECT),
-], ids=["cdata", "comment", "charref", "empty-element", "unknown-element", "attribute", "prefixes",
+], ids=["cdata", "comment", "charref", "entity", "control", "cdata-end", "noncharacter", "unicode-space", "empty-element", "unknown-element", "attribute", "prefixes",
         "twice", "namespace", "cr", "latin-1", "no-token", "cut", "cut-by-one", "trailing",
         "html", "not-utf-8"])
 def test_any_other_page_is_left_to_elementtree(body):
