@@ -236,6 +236,7 @@ _OBJECT = ("<Contents><Key>k</Key><LastModified>t</LastModified><ETag>e</ETag><S
                                               "</IsRestoreInProgress></RestoreStatus>")),
     _page(_OBJECT.replace("<Contents>", '<Contents x="1">')),
     _page(_OBJECT + "<CommonPrefixes><Prefix>p/</Prefix></CommonPrefixes>"),
+    _page(_OBJECT + "<CommonPrefixes></CommonPrefixes>"),
     _page(_OBJECT, "<IsTruncated>false</IsTruncated><IsTruncated>true</IsTruncated>"),
     _page(_OBJECT).replace(b"2006-03-01", b"2006-03-02"),
     _page(_OBJECT).replace(b"<Name>", b"\r\n<Name>"),
@@ -246,7 +247,7 @@ _OBJECT = ("<Contents><Key>k</Key><LastModified>t</LastModified><ETag>e</ETag><S
     _page(_OBJECT) + b"<x/>",
     b"<html><body>502 Bad Gateway</body></html>",
     b"\xff" + _page(_OBJECT),
-], ids=["cdata", "comment", "charref", "entity", "control", "cdata-end", "noncharacter", "unicode-space", "empty-element", "unknown-element", "attribute", "prefixes",
+], ids=["cdata", "comment", "charref", "entity", "control", "cdata-end", "noncharacter", "unicode-space", "empty-element", "unknown-element", "attribute", "prefixes", "empty-prefixes",
         "twice", "namespace", "cr", "latin-1", "no-token", "cut", "cut-by-one", "trailing",
         "html", "not-utf-8"])
 def test_any_other_page_is_left_to_elementtree(body):

@@ -747,7 +747,7 @@ def _plain_listing(body: bytes) -> tuple[list[tuple[str, str, str, str, str]], b
         if stray:
             return None
         if name:
-            if name in top or name == "Contents":
+            if name in top or name in ("Contents", "CommonPrefixes"):
                 return None
             top[name] = _unescaped(value)
         elif amp:
