@@ -218,6 +218,32 @@ def test_a_page_in_s3s_layout_reads_by_the_pattern_as_by_elementtree(body):
         assert objects[1][1] == "0"
 
 
+def test_random_keys_escaped_as_s3_escapes_them_read_the_same_both_ways():
+    """Keys of any printable character, escaped with or without quotes' entities, as they are or
+    URL-encoded: the pattern reads each page as ElementTree does."""
+    import random
+    from urllib.parse import quote_plus
+    from xml.sax.saxutils import escape
+    from bridge.stores.s3direct import _plain_listing, _tree_listing
+    rng = random.Random(52)
+    alphabet = [chr(c) for c in range(0x20, 0x7f)] + list("\tüß名前€😀\u00a0")
+    for round_ in range(40):
+        keys = sorted("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 30))) for _ in range(25))
+        encoded = round_ % 2 == 0
+        quotes = {'"': "&quot;", "'": "&apos;"} if round_ % 4 < 2 else {}
+        contents = "".join(
+            f"<Contents><Key>{escape(quote_plus(k, safe='/') if encoded else k, quotes)}</Key>"
+            f"<LastModified>2026-12-07T09:00:00.000Z</LastModified><ETag>&quot;{i:032x}&quot;</ETag>"
+            f"<Size>{i}</Size><StorageClass>STANDARD</StorageClass></Contents>" for i, k in enumerate(keys))
+        top = ("<EncodingType>url</EncodingType>" if encoded else "") + "<IsTruncated>false</IsTruncated>"
+        body = _page(contents, top)
+        plain = _plain_listing(body)
+        assert plain is not None
+        (tree_objects, _), _ = _tree_listing(parse("s3://bucket/"), body)
+        assert [(unquote_plus(o[0]) if encoded else o[0], *o[1:]) for o in plain[0]] == tree_objects
+        assert [o[0] for o in tree_objects] == keys
+
+
 _OBJECT = ("<Contents><Key>k</Key><LastModified>t</LastModified><ETag>e</ETag><Size>1</Size>"
            "<StorageClass>STANDARD</StorageClass></Contents>")
 
