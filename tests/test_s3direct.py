@@ -273,9 +273,9 @@ _OBJECT = ("<Contents><Key>k</Key><LastModified>t</LastModified><ETag>e</ETag><S
     _page(_OBJECT) + b"<x/>",
     b"<html><body>502 Bad Gateway</body></html>",
     b"\xff" + _page(_OBJECT),
-], ids=["cdata", "comment", "charref", "entity", "control", "cdata-end", "noncharacter", "unicode-space", "empty-element", "unknown-element", "attribute", "prefixes", "empty-prefixes",
-        "twice", "namespace", "cr", "latin-1", "no-token", "cut", "cut-by-one", "trailing",
-        "html", "not-utf-8"])
+], ids=["cdata", "comment", "charref", "entity", "control", "cdata-end", "noncharacter", "unicode-space",
+        "empty-element", "unknown-element", "attribute", "prefixes", "empty-prefixes", "twice", "namespace", "cr",
+        "latin-1", "no-token", "cut", "cut-by-one", "trailing", "html", "not-utf-8"])
 def test_any_other_page_is_left_to_elementtree(body):
     """Anything outside S3's usual layout is not read by the pattern; ElementTree reads it whole
     (the same objects where it is a listing) or refuses it (a page cut short, or not XML)."""
