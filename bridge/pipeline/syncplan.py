@@ -96,7 +96,8 @@ def plan_sync(source: str, destination: str, settings: Settings, *, delete: bool
         return "repaired" if mismatch(dst_store, there, entry) is not None else "unchanged"
 
     def adoption(rel: str, info, there, known=None):
-        text = adopting.quick(rel, info, there, known)   # (the usual case, for less)
+        # (the usual case, for less; without a prefetch the merge's loop asked it already)
+        text = adopting.quick(rel, info, there, known) if prefetch is not None else None
         if text is not None:
             return ("adopted", text) if text else "changed"
         found = adopting.compare(src_store, info, dst_store, there, rel, deep=adopt == "deep", known=known)
