@@ -32,10 +32,46 @@ def imported_by(code: str, modules: tuple[str, ...], env: dict[str, str]) -> lis
 
 
 def mcbridge(*args: str, env: dict[str, str], state_dir: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+    """The CLI run to its end. One still running after ``timeout`` fails the test with where each
+    of its processes' threads stood (faulthandler's dump on SIGABRT), not a bare timeout: a hang
+    that happens once in several runs is then seen in the run it happened in."""
     env = {k: v for k, v in env.items() if k != "MCBRIDGE_CONFIG"}
     env.update(MCBRIDGE_STATE_DIR=str(state_dir), XDG_CONFIG_HOME=NO_CONFIG,
-               AWS_EC2_METADATA_DISABLED="true", NO_GCE_CHECK="true")
-    return subprocess.run([*MCBRIDGE, *args], env=env, capture_output=True, text=True, timeout=timeout)
+               AWS_EC2_METADATA_DISABLED="true", NO_GCE_CHECK="true", PYTHONFAULTHANDLER="1")
+    with subprocess.Popen([*MCBRIDGE, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            out, err = _dumped(proc)
+            raise AssertionError(f"mcbridge {' '.join(args)} still ran after {timeout:g} s; where its "
+                                 f"processes stood:\n{err[-30000:]}\nits output:\n{out[-2000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _dumped(proc: subprocess.Popen) -> tuple[str, str]:
+    """SIGABRT to a hung CLI and every process it forked (each prints its threads' stacks to the
+    shared stderr as it dies), then what they wrote."""
+    import signal
+    import psutil
+    try:
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    for member in reversed(family):   # the children first: the parent's death may end them
+        try:
+            member.send_signal(signal.SIGABRT)
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        return proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        for member in family:
+            try:
+                member.kill()
+            except psutil.NoSuchProcess:
+                pass
+        return proc.communicate()
 
 
 def journaled_keys(state: Path, prefix: str) -> list[str]:
