@@ -231,7 +231,12 @@ def has_manifest(url: str, env: dict[str, str]) -> bool:
 
 
 # Each stops within WINDOW plus a retry's wait; unbounded (file by file) they ran for minutes.
+# The job's read timeout is READ_TIMEOUT here, so that a request an emulator holds unanswered
+# (not the vanished endpoint: that one refuses) ends well inside the guard; one the guard still
+# catches is a hang, and the failure prints where each process stood (tests/helpers.mcbridge).
+# (s3-to-gs once ran into the guard when both were 120 s, in one clean-clone run of several.)
 HANG_GUARD = 120
+READ_TIMEOUT = 30
 
 
 @pytest.mark.parametrize("src,dst", [("local", "s3"), ("s3", "gs"), ("local", "az")],
@@ -245,9 +250,12 @@ def test_a_destination_that_goes_away_stops_the_job_in_one_line(src, dst, make_r
         source = make_root(src) + "tree/"
         assert mcbridge("cp", f"{tree}/", source, "-q", env=env, state_dir=tmp_path / "seed").returncode == 0
     target = make_root(dst) + "copy/"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"profiles: {{default: {{transfer: {{read_timeout: {READ_TIMEOUT}}}}}}}\n")
     with Vanishing(emulator_for(dst).endpoint, after=40) as proxy:
         proxied = proxied_environment(env, {dst: proxy})
-        r = mcbridge("cp", source, target, "-q", env=proxied, state_dir=tmp_path / "state", timeout=HANG_GUARD)
+        r = mcbridge("cp", source, target, "-q", "--config", str(config), env=proxied, state_dir=tmp_path / "state",
+                     timeout=HANG_GUARD)
         assert proxy.gone, proxy.counts   # it did go away mid-copy
     line = one_line(r)
     print(f"{src} -> {dst}: {line}")
