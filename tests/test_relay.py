@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import time
 
 import pytest
 
@@ -93,22 +95,40 @@ def test_a_source_read_begun_again_mid_part_sends_the_part_whole(moto, fake_gcs,
     assert got == data
 
 
-def _relayed(moto, fake_gcs, buckets, tmp_path, files: dict[str, bytes], up: int) -> int:
+def _relayed(moto, fake_gcs, buckets, tmp_path, files: dict[str, bytes], up: int, hold: str | None = None) -> int:
     """``files`` copied s3 -> gs as one batch, 8 requests in flight each way, the source behind a
     link of 1 MiB/s: verified and byte-exact; the bytes the source's link had carried when the
-    destination's had carried ``up`` (_down_before_upload)."""
+    destination's had carried ``up`` (_down_before_upload). With ``hold`` (a pattern of request
+    lines), the source holds the answers to the GETs it matches until the destination's link has
+    carried ``up`` bytes (or 20 s have passed), so that the other files arrive first whatever
+    order moto would have answered them in."""
     src, dst = buckets
     s3 = moto.client()
     for key, body in files.items():
         s3.put_object(Bucket=src, Key=key, Body=body)
-    with LatencyProxy(_port(moto.endpoint), 0.0, rate=1 * MiB) as source, \
+    with FaultProxy(moto.endpoint) as faults, \
+            LatencyProxy(faults.port, 0.0, rate=1 * MiB) as source, \
             LatencyProxy(_port(fake_gcs.endpoint), 0.0) as destination:
+        released = threading.Event()
+        if hold:
+            faults.configure(rules=[Rule(hold, "hold", times=len(files))])
+
+            def release() -> None:
+                deadline = time.monotonic() + 20
+                while sum(size for _when, size in destination.carried["up"]) < up and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                faults.release()
+                released.set()
+
+            threading.Thread(target=release, daemon=True).start()
         env = _env(moto, fake_gcs, tmp_path, f"http://127.0.0.1:{source.port}",
                    f"http://127.0.0.1:{destination.port}", MCBRIDGE_SMALL_FILES_IN_FLIGHT="8")
         settings = settings_for(env)
         ops.copy(f"s3://{src}/c/", f"gs://{dst}/c/", settings)
         carried = _down_before_upload(source, destination, up)
         _verified(f"gs://{dst}/c/", settings)
+        if hold:
+            assert released.wait(30) and faults.counts["hold"] == len(files) - 1, faults.counts
     bucket = fake_gcs.client().bucket(dst)
     for key, body in files.items():
         assert bucket.blob(key).download_as_bytes() == body
@@ -123,16 +143,18 @@ def test_a_batch_of_small_files_is_sent_while_the_rest_is_read(moto, fake_gcs, b
 
 
 def test_a_relayed_file_is_sent_when_it_arrives_not_when_a_send_of_them_has(moto, fake_gcs, buckets, tmp_path):
-    """A small file first, then 15 of 128 KiB: the small one's upload crosses the destination's
-    link as soon as it has arrived. Sent in groups of a send's worth (8), it waited for seven of
-    the large ones (896 KiB) to arrive first. It is asked for first, but its answer may still
-    come after a few large ones (moto's threads answer the eight requests in flight in any
-    order; about 10 KB had crossed most times, 144 KB and 396 KB in one run of twenty each, and
-    781 KB once with another test run beside the suite): up to six of them is its arrival's
-    order, not the relay's. Sent in groups of eight, at least seven whole large files (over 917
-    KB) would have crossed first, which this bound still refuses."""
+    """A small file and 15 of 128 KiB, the answers to the large ones held at the source until the
+    small one's upload has crossed the destination's link: sent as it arrives, it crosses while
+    no large file has come (the source's link has carried the listing and the small file's
+    answer, 9,848 bytes in every run). Sent in groups of a send's worth (8), it waits for seven
+    of the large ones, which come only when the hold gives up (20 s): over 1 MB had crossed when
+    the relay was made to wait so. Without the hold, moto answers the eight requests in flight
+    in any order: the small file's answer had come after up to six of the large ones (781 KB),
+    and in a suite run on 2026-12-07 after seven (931 KB), which no bound on bytes can tell from
+    a relay that waits for eight."""
     files = {"c/000.bin": os.urandom(4096), **{f"c/{i:03d}.bin": os.urandom(128 * 1024 + i) for i in range(1, 16)}}
-    assert _relayed(moto, fake_gcs, buckets, tmp_path, files, 4096) < 7 * 128 * 1024
+    carried = _relayed(moto, fake_gcs, buckets, tmp_path, files, 4096, hold=r"^GET /[^?]*/c/0(0[1-9]|1[0-5])\.bin")
+    assert carried < 128 * 1024
 
 
 def test_a_file_of_a_relayed_batch_that_cannot_be_read_fails_alone(moto, fake_gcs, buckets, tmp_path):
